@@ -1,0 +1,18 @@
+// Subcommands of the `gpufeed` executable. Each Add*Command registers its
+// options on `app`; its callback parses nothing further, calls the library,
+// prints, and stores the process exit code in *exit_code.
+#ifndef GPUFEED_CLI_COMMANDS_H_
+#define GPUFEED_CLI_COMMANDS_H_
+
+#include <CLI/CLI.hpp>
+
+namespace gpufeed::cli {
+
+void AddConvertCommand(CLI::App& app, int* exit_code);
+void AddInspectCommand(CLI::App& app, int* exit_code);
+void AddBenchCommand(CLI::App& app, int* exit_code);
+void AddDevicesCommand(CLI::App& app, int* exit_code);
+
+}  // namespace gpufeed::cli
+
+#endif  // GPUFEED_CLI_COMMANDS_H_

@@ -1,0 +1,138 @@
+// `gpufeed inspect`: what a dataset is, how it is stored, how gpufeed reads it.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "gpufeed/dataset.h"
+#include "gpufeed/inspect.h"
+
+namespace gpufeed::cli {
+namespace {
+
+struct InspectArgs {
+  std::string spec, labels, out;
+  int64_t sample = -1;
+  bool json = false;
+};
+
+std::string ShapeText(const std::vector<uint64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+int RunInspect(const InspectArgs& a) {
+  OpenOptions o;
+  o.labels_path = a.labels;
+  auto ds = Dataset::Open(a.spec, o);
+  if (!ds.ok()) {
+    std::fprintf(stderr, "gpufeed inspect: %s\n", ds.status().ToString().c_str());
+    return 1;
+  }
+  if (a.sample >= 0 || !a.out.empty()) {
+    if (a.sample < 0 || a.out.empty()) {
+      std::fprintf(stderr, "gpufeed inspect: --sample K and --out FILE go together\n");
+      return 2;
+    }
+    Status s = ExportSample(*ds, static_cast<uint64_t>(a.sample), a.out);
+    if (!s.ok()) {
+      std::fprintf(stderr, "gpufeed inspect: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("wrote sample %lld to %s\n", static_cast<long long>(a.sample), a.out.c_str());
+    return 0;
+  }
+  const DatasetInfo& info = ds->info();
+  const InspectReport r = Inspect(*ds);
+  if (a.json) {
+    nlohmann::json filters = nlohmann::json::array();
+    for (const FilterInfo& f : info.filters) filters.push_back({{"id", f.id}, {"name", f.name}, {"params", f.params}});
+    nlohmann::json hist = nlohmann::json::object();
+    for (auto [label, n] : r.label_histogram) hist[std::to_string(label)] = n;
+    nlohmann::json j = {
+        {"file", info.file},
+        {"images", info.images_path},
+        {"labels", info.labels_path},
+        {"shape", info.shape},
+        {"dtype", DTypeName(ds->dtype())},
+        {"layout", info.layout},
+        {"storage", info.storage},
+        {"hdf5_chunk_shape", info.hdf5_chunk_shape},
+        {"filters", filters},
+        {"stored_bytes", info.stored_bytes},
+        {"raw_bytes", info.raw_bytes},
+        {"compression_ratio", r.compression_ratio},
+        {"read_path", ReadPathName(info.read_path)},
+        {"read_path_reason", info.read_path_reason},
+        {"read_unit_samples", ds->chunk_samples()},
+        {"read_units", ds->num_chunks()},
+        {"recommended_cache_bytes", r.recommended_cache_bytes},
+        {"label_histogram", hist},
+        {"class_names", info.class_names},
+        {"mean", info.mean},
+        {"std", info.stddev},
+    };
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s:%s\n", info.file.c_str(), info.images_path.c_str());
+  std::printf("  shape        %s %s%s\n", ShapeText(info.shape).c_str(), std::string(DTypeName(ds->dtype())).c_str(),
+              info.big_endian ? " (big-endian)" : "");
+  std::printf("  layout       %s\n", info.layout.empty() ? "(not recorded)" : info.layout.c_str());
+  std::printf("  storage      %s", info.storage.c_str());
+  if (!info.hdf5_chunk_shape.empty()) {
+    std::printf(", chunks %s, %llu chunks", ShapeText(info.hdf5_chunk_shape).c_str(),
+                static_cast<unsigned long long>(info.storage == "chunked" && info.read_path == ReadPath::kDirect
+                                                    ? ds->num_chunks()
+                                                    : 0));
+  }
+  std::printf("\n  filters      ");
+  if (info.filters.empty()) std::printf("none");
+  for (size_t i = 0; i < info.filters.size(); ++i) {
+    std::printf("%s%s", i ? " -> " : "", info.filters[i].name.c_str());
+    if (!info.filters[i].params.empty()) std::printf("(%u)", info.filters[i].params[0]);
+  }
+  std::printf("\n  size         %.2f MB stored, %.2f MB raw (%.2fx)\n", info.stored_bytes / 1e6, info.raw_bytes / 1e6,
+              r.compression_ratio);
+  std::printf("  read path    %s", std::string(ReadPathName(info.read_path)).c_str());
+  if (!info.read_path_reason.empty()) std::printf(" (%s)", info.read_path_reason.c_str());
+  std::printf(", read unit %llu samples (%.2f MiB), %llu units\n",
+              static_cast<unsigned long long>(ds->chunk_samples()), ds->chunk_bytes_max() / 1048576.0,
+              static_cast<unsigned long long>(ds->num_chunks()));
+  std::printf("  cache        %.1f MiB recommended (a %llu-chunk shuffle window, decoded)\n",
+              r.recommended_cache_bytes / 1048576.0,
+              static_cast<unsigned long long>(InspectReport::kRecommendedWindow));
+  if (!info.mean.empty()) {
+    std::printf("  mean/std    ");
+    for (size_t c = 0; c < info.mean.size(); ++c) {
+      std::printf(" %.3f/%.3f", info.mean[c], c < info.stddev.size() ? info.stddev[c] : 0.0);
+    }
+    std::printf("\n");
+  }
+  if (info.labels_path.empty()) {
+    std::printf("  labels       none\n");
+  } else {
+    std::printf("  labels       %s, %zu classes\n", info.labels_path.c_str(), r.label_histogram.size());
+    for (auto [label, n] : r.label_histogram) {
+      const bool named = label >= 0 && static_cast<size_t>(label) < info.class_names.size();
+      std::printf("    %6lld %-16s %llu\n", static_cast<long long>(label),
+                  named ? info.class_names[label].c_str() : "", static_cast<unsigned long long>(n));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddInspectCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* cmd = app.add_subcommand("inspect", "Show a dataset's shape, storage, filters, read path and labels");
+  cmd->add_option("dataset", args->spec, "FILE.h5 or FILE.h5:/path")->required();
+  cmd->add_option("--labels", args->labels, "labels dataset path (default /labels if present; 'none')");
+  cmd->add_flag("--json", args->json, "print as JSON");
+  cmd->add_option("--sample", args->sample, "write sample K ...");
+  cmd->add_option("--out", args->out, "... to this .npy, .pgm or .ppm file");
+  cmd->callback([args, exit_code] { *exit_code = RunInspect(*args); });
+}
+
+}  // namespace gpufeed::cli

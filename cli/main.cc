@@ -1,0 +1,18 @@
+// `gpufeed`: a thin command line over the library. Subcommands live in
+// *_cmd.cc; none holds logic the library does not also offer.
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"gpufeed: keeps GPUs fed from HDF5 datasets"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "gpufeed 0.1.0");
+  int exit_code = 0;
+  gpufeed::cli::AddConvertCommand(app, &exit_code);
+  gpufeed::cli::AddInspectCommand(app, &exit_code);
+  gpufeed::cli::AddBenchCommand(app, &exit_code);
+  gpufeed::cli::AddDevicesCommand(app, &exit_code);
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}

@@ -1,0 +1,74 @@
+// Chunk codecs: the HDF5 filters gpufeed runs in its own threads (shuffle,
+// deflate through libdeflate, zstd), in both directions. Byte-compatible with
+// HDF5's built-in shuffle/deflate filters and with the zstd filter 32015 of
+// hdf5plugin (one zstd frame per chunk).
+//
+// Thread safety: every function may be called from any thread; each thread
+// keeps its own (de)compressor state.
+#ifndef GPUFEED_HDF5IO_CODEC_H_
+#define GPUFEED_HDF5IO_CODEC_H_
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpufeed/status.h"
+
+namespace gpufeed::codec {
+
+inline constexpr int kFilterDeflate = 1;   // H5Z_FILTER_DEFLATE
+inline constexpr int kFilterShuffle = 2;   // H5Z_FILTER_SHUFFLE
+inline constexpr int kFilterZstd = 32015;  // registered zstd filter id
+
+// Byte-plane transpose as HDF5's shuffle filter does it: byte j of element e
+// goes to dst[j * n + e]. Trailing bytes that do not fill an element are
+// copied as is. elem_size 1 is a plain copy.
+void Shuffle(std::span<const std::byte> src, std::span<std::byte> dst, size_t elem_size);
+// Inverse of Shuffle over src.size() bytes, writing only the first dst.size()
+// bytes of the result (dst.size() <= src.size()), so a partial last chunk can
+// be unshuffled straight into the caller's buffer.
+void Unshuffle(std::span<const std::byte> src, std::span<std::byte> dst, size_t elem_size);
+
+// zlib-format streams, as HDF5's deflate filter writes them.
+size_t DeflateBound(size_t n);
+// Returns the compressed size, or 0 if it did not fit in dst.
+size_t Deflate(std::span<const std::byte> src, std::span<std::byte> dst, int level);
+// Decompresses into dst and requires exactly dst.size() bytes to result.
+// `what` names the chunk for the error message.
+Status Inflate(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what);
+
+size_t ZstdBound(size_t n);
+size_t ZstdCompress(std::span<const std::byte> src, std::span<std::byte> dst, int level);
+Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst,
+                      const std::string& what);
+
+// One filter of a dataset's pipeline, as the direct path runs it.
+struct FilterStep {
+  int id = 0;              // kFilterDeflate, kFilterShuffle or kFilterZstd
+  size_t elem_size = 1;    // for shuffle
+};
+
+// Per-thread scratch for DecodeChunk; grows to the largest chunk seen.
+struct DecodeScratch {
+  std::vector<std::byte> a, b;
+};
+
+// Undoes `pipeline` (in write order; filters whose bit is set in
+// `filter_mask` were skipped when the chunk was written) on `stored`, which
+// must decode to exactly `decoded_size` bytes, and writes the first
+// dst.size() (<= decoded_size) of them into dst.
+Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask,
+                   std::span<const std::byte> stored, size_t decoded_size,
+                   std::span<std::byte> dst, DecodeScratch& scratch, const std::string& what);
+
+// Applies `pipeline` to a full chunk. Returns the stored bytes in `out`
+// (resized). A compressor whose output would not be smaller than its input
+// fails, as HDF5's do, and the filter is recorded as skipped in *filter_mask.
+void EncodeChunk(const std::vector<FilterStep>& pipeline, int level,
+                 std::span<const std::byte> raw, std::vector<std::byte>& out,
+                 unsigned* filter_mask, DecodeScratch& scratch);
+
+}  // namespace gpufeed::codec
+
+#endif  // GPUFEED_HDF5IO_CODEC_H_

@@ -1,0 +1,316 @@
+// Convert: the parallel read → statistics → compress → ordered write pipeline
+// that turns any SampleSource into a gpufeed dataset, and OpenSource's choice
+// of reader.
+#include "gpufeed/convert.h"
+
+#include <sys/stat.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_pipeline.h>
+#include <tbb/task_arena.h>
+#include <zlib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "gpufeed/dataset.h"
+
+namespace gpufeed {
+namespace {
+
+// Per-channel running sums. Kept as exact integers for integer dtypes up to
+// 32 bits (a uint8 chunk's sums fit in uint64 for billions of samples).
+struct ChannelSums {
+  std::vector<double> sum, sum_sq;
+  uint64_t per_channel = 0;  // elements counted per channel
+
+  void Resize(size_t c) {
+    sum.assign(c, 0.0);
+    sum_sq.assign(c, 0.0);
+  }
+  void Add(const ChannelSums& o) {
+    for (size_t c = 0; c < sum.size(); ++c) {
+      sum[c] += o.sum[c];
+      sum_sq[c] += o.sum_sq[c];
+    }
+    per_channel += o.per_channel;
+  }
+};
+
+// Where the channel axis is: `channels` planes of `inner` elements repeated
+// `outer` times within each sample.
+struct ChannelGeometry {
+  size_t channels = 1, outer = 1, inner = 1;
+};
+
+ChannelGeometry GeometryOf(const std::string& layout, const std::vector<uint64_t>& shape) {
+  ChannelGeometry g;
+  uint64_t total = 1;
+  for (uint64_t x : shape) total *= x;
+  if (layout == "NCHW" && shape.size() == 3) {
+    g.channels = shape[0];
+    g.inner = shape[1] * shape[2];
+  } else if (layout == "NHWC" && shape.size() == 3) {
+    g.channels = shape[2];
+    g.outer = shape[0] * shape[1];
+  } else {
+    g.inner = total;
+  }
+  return g;
+}
+
+template <typename T>
+void AccumulateTyped(const std::byte* data, uint64_t samples, const ChannelGeometry& g, ChannelSums* s) {
+  const T* p = reinterpret_cast<const T*>(data);
+  for (uint64_t n = 0; n < samples; ++n) {
+    for (size_t o = 0; o < g.outer; ++o) {
+      for (size_t c = 0; c < g.channels; ++c) {
+        double sum = 0, sq = 0;
+        if constexpr (std::is_same_v<T, uint8_t>) {
+          uint64_t isum = 0, isq = 0;  // exact and fast for the common case
+          for (size_t k = 0; k < g.inner; ++k) {
+            const uint64_t v = p[k];
+            isum += v;
+            isq += v * v;
+          }
+          sum = static_cast<double>(isum);
+          sq = static_cast<double>(isq);
+        } else {
+          for (size_t k = 0; k < g.inner; ++k) {
+            const double v = static_cast<double>(p[k]);
+            sum += v;
+            sq += v * v;
+          }
+        }
+        s->sum[c] += sum;
+        s->sum_sq[c] += sq;
+        p += g.inner;
+      }
+    }
+  }
+  s->per_channel += samples * g.outer * g.inner;
+}
+
+// Returns false for dtypes without channel statistics (float16).
+bool Accumulate(DType t, const std::byte* data, uint64_t samples, const ChannelGeometry& g, ChannelSums* s) {
+  switch (t) {
+    case DType::kUInt8: AccumulateTyped<uint8_t>(data, samples, g, s); return true;
+    case DType::kInt8: AccumulateTyped<int8_t>(data, samples, g, s); return true;
+    case DType::kUInt16: AccumulateTyped<uint16_t>(data, samples, g, s); return true;
+    case DType::kInt16: AccumulateTyped<int16_t>(data, samples, g, s); return true;
+    case DType::kUInt32: AccumulateTyped<uint32_t>(data, samples, g, s); return true;
+    case DType::kInt32: AccumulateTyped<int32_t>(data, samples, g, s); return true;
+    case DType::kUInt64: AccumulateTyped<uint64_t>(data, samples, g, s); return true;
+    case DType::kInt64: AccumulateTyped<int64_t>(data, samples, g, s); return true;
+    case DType::kFloat32: AccumulateTyped<float>(data, samples, g, s); return true;
+    case DType::kFloat64: AccumulateTyped<double>(data, samples, g, s); return true;
+    default: return false;
+  }
+}
+
+uint64_t FileSize(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+// One chunk in flight through the pipeline.
+struct Work {
+  uint64_t index = 0;
+  uint64_t samples = 0;
+  DatasetWriter::EncodedChunk encoded;
+  ChannelSums sums;
+};
+
+}  // namespace
+
+Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path,
+                               const ConvertOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  WriteOptions wopt = options.write;
+  if (wopt.layout.empty()) wopt.layout = source.layout();
+  if (wopt.class_names.empty()) wopt.class_names = source.class_names();
+  const uint64_t total = source.num_samples();
+  auto writer_or = DatasetWriter::Create(out_path, source.sample_shape(), source.dtype(), total, wopt);
+  if (!writer_or.ok()) return writer_or.status().WithContext("converting " + source.description());
+  DatasetWriter& writer = *writer_or;
+
+  const uint64_t k = writer.chunk_samples();
+  const uint64_t sb = writer.sample_bytes();
+  const uint64_t n_chunks = writer.num_chunks();
+  const ChannelGeometry geom = GeometryOf(wopt.layout, source.sample_shape());
+  const int threads = options.threads > 0 ? options.threads
+                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  std::mutex error_mu;
+  Status first_error;  // GUARDED_BY(error_mu)
+  std::atomic<bool> failed{false};
+  auto fail = [&](Status s) {
+    std::lock_guard<std::mutex> lock(error_mu);
+    if (first_error.ok()) first_error = std::move(s);
+    failed.store(true);
+  };
+
+  ChannelSums totals;
+  totals.Resize(geom.channels);
+  bool have_stats = true;
+  uint64_t next = 0, done = 0;
+
+  tbb::task_arena arena(threads);
+  arena.execute([&] {
+    tbb::parallel_pipeline(
+        static_cast<size_t>(threads) * 2,
+        tbb::make_filter<void, uint64_t>(tbb::filter_mode::serial_in_order,
+                                         [&](tbb::flow_control& fc) -> uint64_t {
+                                           if (next >= n_chunks || failed.load()) {
+                                             fc.stop();
+                                             return 0;
+                                           }
+                                           return next++;
+                                         }) &
+            tbb::make_filter<uint64_t, std::shared_ptr<Work>>(
+                tbb::filter_mode::parallel,
+                [&](uint64_t i) -> std::shared_ptr<Work> {
+                  auto w = std::make_shared<Work>();
+                  w->index = i;
+                  w->samples = std::min(k, total - i * k);
+                  if (failed.load()) return w;
+                  thread_local std::vector<std::byte> buf;
+                  buf.resize(w->samples * sb);
+                  try {
+                    Status s = source.Read(i * k, w->samples, buf);
+                    if (s.ok()) {
+                      w->sums.Resize(geom.channels);
+                      if (!Accumulate(source.dtype(), buf.data(), w->samples, geom, &w->sums)) {
+                        w->sums.per_channel = 0;
+                      }
+                      s = writer.EncodeChunk(i, buf, &w->encoded);
+                    }
+                    if (!s.ok()) fail(std::move(s));
+                  } catch (const std::exception& e) {
+                    fail(Status::Internal(source.description() + ": chunk " + std::to_string(i) + ": " + e.what()));
+                  }
+                  return w;
+                }) &
+            tbb::make_filter<std::shared_ptr<Work>, void>(
+                tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
+                  if (failed.load()) return;
+                  Status s = writer.WriteChunk(w->index, w->encoded);
+                  if (!s.ok()) {
+                    fail(std::move(s));
+                    return;
+                  }
+                  if (w->sums.per_channel == 0) have_stats = false;
+                  if (have_stats) totals.Add(w->sums);
+                  done += w->samples;
+                  if (options.progress) options.progress(done, total);
+                }));
+  });
+  if (failed.load()) return first_error.WithContext("converting " + source.description() + " to " + out_path);
+
+  if (!source.labels().empty()) {
+    GPUFEED_RETURN_IF_ERROR(writer.WriteLabels(source.labels()));
+  }
+  ConvertSummary summary;
+  if (have_stats && totals.per_channel > 0) {
+    const double n = static_cast<double>(totals.per_channel);
+    for (size_t c = 0; c < geom.channels; ++c) {
+      const double mean = totals.sum[c] / n;
+      const double var = std::max(0.0, totals.sum_sq[c] / n - mean * mean);
+      summary.mean.push_back(mean);
+      summary.stddev.push_back(std::sqrt(var));
+    }
+    GPUFEED_RETURN_IF_ERROR(writer.WriteChannelStats(summary.mean, summary.stddev));
+  }
+  GPUFEED_RETURN_IF_ERROR(writer.Commit());
+  summary.samples = total;
+  summary.chunk_samples = k;
+  summary.input_bytes = source.input_bytes();
+  summary.raw_bytes = total * sb;
+  summary.output_bytes = FileSize(out_path);
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return summary;
+}
+
+// ---------------------------------------------------------------------------
+// HDF5 input: rechunk / recompress an existing dataset.
+
+namespace {
+
+class Hdf5Source final : public SampleSource {
+ public:
+  explicit Hdf5Source(Dataset ds) : ds_(std::move(ds)) {
+    layout_ = ds_.info().layout;
+    const auto& s = ds_.sample_shape();
+    if (layout_.empty() && s.size() == 3) {
+      if (s[0] == 1 || s[0] == 3 || s[0] == 4) layout_ = "NCHW";
+      else if (s[2] == 1 || s[2] == 3 || s[2] == 4) layout_ = "NHWC";
+    }
+  }
+  uint64_t num_samples() const override { return ds_.num_samples(); }
+  const std::vector<uint64_t>& sample_shape() const override { return ds_.sample_shape(); }
+  DType dtype() const override { return ds_.dtype(); }
+  std::string layout() const override { return layout_; }
+  std::vector<std::string> class_names() const override { return ds_.info().class_names; }
+  const std::vector<int64_t>& labels() const override { return ds_.labels(); }
+  uint64_t input_bytes() const override { return ds_.info().stored_bytes; }
+  std::string description() const override { return ds_.info().file + ":" + ds_.info().images_path; }
+  Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const override {
+    return ds_.ReadSamples(first, count, dst);
+  }
+
+ private:
+  Dataset ds_;
+  std::string layout_;
+};
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool HasHdf5Signature(const std::string& path) {
+  // The superblock signature sits at 0, 512, 1024, ... (after a user block).
+  static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  std::ifstream f(path, std::ios::binary);
+  unsigned char buf[8];
+  for (uint64_t off = 0; off <= (1u << 20) && f; off = off ? off * 2 : 512) {
+    f.seekg(static_cast<std::streamoff>(off));
+    if (!f.read(reinterpret_cast<char*>(buf), 8)) return false;
+    if (std::memcmp(buf, kSig, 8) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SampleSource>> OpenHdf5Source(const std::string& spec, const std::string& labels_path) {
+  OpenOptions o;
+  o.labels_path = labels_path;
+  auto ds = Dataset::Open(spec, o);
+  if (!ds.ok()) return ds.status();
+  return std::unique_ptr<SampleSource>(std::make_unique<Hdf5Source>(std::move(*ds)));
+}
+
+Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const std::string& labels_path,
+                                                 const ImageFolderOptions& image_options) {
+  auto spec = DatasetSpec::Parse(input);
+  if (!spec.ok()) return spec.status();
+  struct stat st;
+  if (::stat(spec->file.c_str(), &st) != 0) {
+    return Status::NotFound(spec->file + ": cannot open: " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    if (image_options.height == 0 || image_options.width == 0) {
+      return Status::InvalidArgument(input + ": converting an image folder needs --size HxW");
+    }
+    return OpenImageFolderSource(input, image_options);
+  }
+  if (spec->file != input || HasHdf5Signature(input)) return OpenHdf5Source(input, labels_path);
+  if (EndsWith(input, ".npy")) return OpenNpySource(input, labels_path);
+  return OpenIdxSource(input, labels_path);
+}
+
+}  // namespace gpufeed

@@ -1,0 +1,565 @@
+// Dataset: opens an HDF5 images dataset, decides the read path, enumerates the
+// chunk index once, and serves ReadChunk either by pread + codec (direct) or
+// by H5Dread through a tuned chunk cache (hdf5).
+#include "gpufeed/dataset.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "hdf5io/codec.h"
+#include "hdf5io/h5_util.h"
+
+namespace gpufeed {
+namespace {
+
+constexpr uint64_t kContiguousReadUnitBytes = 4u << 20;  // virtual chunk for contiguous data
+constexpr uint64_t kHdf5ReadUnitMinBytes = 1u << 20;
+
+uint64_t NextPrime(uint64_t n) {
+  auto is_prime = [](uint64_t v) {
+    if (v < 2) return false;
+    for (uint64_t d = 2; d * d <= v; ++d) {
+      if (v % d == 0) return false;
+    }
+    return true;
+  };
+  while (!is_prime(n)) ++n;
+  return n;
+}
+
+std::string FilterName(int id, const char* hdf5_name) {
+  switch (id) {
+    case codec::kFilterDeflate: return "deflate";
+    case codec::kFilterShuffle: return "shuffle";
+    case codec::kFilterZstd: return "zstd";
+    case 3: return "fletcher32";
+    case 4: return "szip";
+    case 5: return "nbit";
+    case 6: return "scaleoffset";
+    default: return hdf5_name[0] ? hdf5_name : "filter " + std::to_string(id);
+  }
+}
+
+// Maps an HDF5 numeric type to a DType; nullopt for anything else.
+std::optional<DType> DTypeOf(hid_t type) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  if (cls == H5T_INTEGER) {
+    const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+    switch (size) {
+      case 1: return is_signed ? DType::kInt8 : DType::kUInt8;
+      case 2: return is_signed ? DType::kInt16 : DType::kUInt16;
+      case 4: return is_signed ? DType::kInt32 : DType::kUInt32;
+      case 8: return is_signed ? DType::kInt64 : DType::kUInt64;
+      default: return std::nullopt;
+    }
+  }
+  if (cls == H5T_FLOAT) {
+    switch (size) {
+      case 2: return DType::kFloat16;
+      case 4: return DType::kFloat32;
+      case 8: return DType::kFloat64;
+      default: return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string_view ClassName(H5T_class_t cls) {
+  switch (cls) {
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    case H5T_VLEN: return "variable-length";
+    case H5T_ENUM: return "enum";
+    case H5T_ARRAY: return "array";
+    case H5T_OPAQUE: return "opaque";
+    case H5T_REFERENCE: return "reference";
+    case H5T_BITFIELD: return "bitfield";
+    case H5T_TIME: return "time";
+    default: return "non-numeric";
+  }
+}
+
+// Full-length pread; returns bytes read (< n only at end of file) or -errno.
+int64_t PreadFull(int fd, std::byte* dst, size_t n, uint64_t offset) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return static_cast<int64_t>(done);
+}
+
+}  // namespace
+
+std::string_view ReadPathName(ReadPath p) { return p == ReadPath::kDirect ? "direct" : "hdf5"; }
+
+Result<DatasetSpec> DatasetSpec::Parse(std::string_view spec) {
+  DatasetSpec out;
+  size_t colon = spec.rfind(":/");
+  if (colon != std::string_view::npos && colon > 0) {
+    out.file = std::string(spec.substr(0, colon));
+    out.images = std::string(spec.substr(colon + 1));
+  } else {
+    out.file = std::string(spec);
+  }
+  if (out.file.empty()) {
+    return Status::InvalidArgument("dataset spec '" + std::string(spec) +
+                                   "' names no file (expected FILE.h5 or FILE.h5:/dataset)");
+  }
+  return out;
+}
+
+struct Dataset::Impl {
+  DatasetInfo info;
+  std::vector<uint64_t> sample_shape;
+  uint64_t num_samples = 0;
+  uint64_t sample_bytes = 0;
+  DType dtype = DType::kUInt8;
+  uint64_t chunk_samples = 1;
+  uint64_t num_chunks = 0;
+  std::vector<int64_t> labels;
+  std::string what;  // "file:/images", the prefix of every error message
+
+  // Direct path.
+  int fd = -1;
+  bool contiguous = false;
+  uint64_t contiguous_addr = 0;
+  std::vector<uint64_t> chunk_addr;   // absolute file offsets
+  std::vector<uint64_t> chunk_size;   // stored bytes
+  std::vector<uint32_t> chunk_mask;   // HDF5 filter mask (bit k: filter k skipped)
+  std::vector<codec::FilterStep> pipeline;
+
+  // hdf5 path (and metadata). HDF5's thread-safe build serializes calls
+  // anyway; the mutex makes a non-thread-safe build safe too.
+  h5::Id file;
+  h5::Id dset;
+  h5::Id mem_type;
+  std::mutex h5_mu;
+
+  ~Impl() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  std::string ChunkWhat(uint64_t i) const { return what + " chunk " + std::to_string(i); }
+
+  Status ReadDirect(uint64_t i, std::span<std::byte> dst) const;
+  Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst);
+  Result<std::string> PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size);
+};
+
+Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
+  const uint64_t want = dst.size();
+  if (contiguous) {
+    const uint64_t off = contiguous_addr + i * chunk_samples * sample_bytes;
+    int64_t r = PreadFull(fd, dst.data(), want, off);
+    if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
+    if (static_cast<uint64_t>(r) != want) {
+      return Status::Corrupt(ChunkWhat(i) + ": file is truncated (needed " + std::to_string(want) +
+                             " bytes at offset " + std::to_string(off) + ", got " +
+                             std::to_string(r) + ")");
+    }
+    return Status::Ok();
+  }
+  const uint64_t stored = chunk_size[i];
+  const uint64_t decoded = chunk_samples * sample_bytes;
+  const bool unfiltered = pipeline.empty() || chunk_mask[i] == (1u << pipeline.size()) - 1;
+  if (unfiltered && stored == decoded) {
+    // Raw chunk: read just the prefix the caller wants, straight into dst.
+    int64_t r = PreadFull(fd, dst.data(), want, chunk_addr[i]);
+    if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
+    if (static_cast<uint64_t>(r) != want) {
+      return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " +
+                             std::to_string(chunk_addr[i]) + " needs " + std::to_string(want) +
+                             " bytes, got " + std::to_string(r) + ")");
+    }
+    return Status::Ok();
+  }
+  thread_local std::vector<std::byte> raw;
+  thread_local codec::DecodeScratch scratch;
+  if (raw.size() < stored) raw.resize(stored);
+  int64_t r = PreadFull(fd, raw.data(), stored, chunk_addr[i]);
+  if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
+  if (static_cast<uint64_t>(r) != stored) {
+    return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " +
+                           std::to_string(chunk_addr[i]) + " has " + std::to_string(stored) +
+                           " stored bytes, got " + std::to_string(r) + ")");
+  }
+  return codec::DecodeChunk(pipeline, chunk_mask[i], std::span(raw.data(), stored), decoded, dst,
+                            scratch, ChunkWhat(i));
+}
+
+Status Dataset::Impl::ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) {
+  std::lock_guard<std::mutex> lock(h5_mu);
+  h5::QuietErrors();
+  const int rank = static_cast<int>(sample_shape.size()) + 1;
+  std::vector<hsize_t> start(rank, 0), cnt(rank);
+  start[0] = first;
+  cnt[0] = count;
+  for (int d = 1; d < rank; ++d) cnt[d] = sample_shape[d - 1];
+  h5::Id fspace(H5Dget_space(dset.get()));
+  h5::Id mspace(H5Screate_simple(rank, cnt.data(), nullptr));
+  if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, cnt.data(),
+                          nullptr) < 0 ||
+      H5Dread(dset.get(), mem_type.get(), mspace.get(), fspace.get(), H5P_DEFAULT, dst.data()) <
+          0) {
+    return Status::Corrupt(what + " samples [" + std::to_string(first) + ", " +
+                           std::to_string(first + count) +
+                           "): HDF5 read failed: " + h5::LastErrorText());
+  }
+  return Status::Ok();
+}
+
+Dataset::Dataset(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Dataset::Dataset(Dataset&&) noexcept = default;
+Dataset& Dataset::operator=(Dataset&&) noexcept = default;
+Dataset::~Dataset() = default;
+
+uint64_t Dataset::num_samples() const { return impl_->num_samples; }
+const std::vector<uint64_t>& Dataset::sample_shape() const { return impl_->sample_shape; }
+uint64_t Dataset::sample_bytes() const { return impl_->sample_bytes; }
+DType Dataset::dtype() const { return impl_->dtype; }
+uint64_t Dataset::chunk_samples() const { return impl_->chunk_samples; }
+uint64_t Dataset::num_chunks() const { return impl_->num_chunks; }
+bool Dataset::has_labels() const { return !impl_->info.labels_path.empty(); }
+const std::vector<int64_t>& Dataset::labels() const { return impl_->labels; }
+const DatasetInfo& Dataset::info() const { return impl_->info; }
+
+uint64_t Dataset::samples_in_chunk(uint64_t i) const {
+  assert(i < impl_->num_chunks);
+  return std::min(impl_->chunk_samples, impl_->num_samples - i * impl_->chunk_samples);
+}
+
+uint64_t Dataset::stored_chunk_bytes(uint64_t i) const {
+  assert(i < impl_->num_chunks);
+  if (impl_->info.read_path == ReadPath::kDirect && !impl_->contiguous) return impl_->chunk_size[i];
+  return samples_in_chunk(i) * impl_->sample_bytes;
+}
+
+Status Dataset::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
+  if (i >= impl_->num_chunks) {
+    return Status::InvalidArgument(impl_->what + ": chunk " + std::to_string(i) +
+                                   " out of range (" + std::to_string(impl_->num_chunks) +
+                                   " chunks)");
+  }
+  const uint64_t n = samples_in_chunk(i);
+  const uint64_t want = n * impl_->sample_bytes;
+  if (dst.size() < want) {
+    return Status::InvalidArgument(impl_->ChunkWhat(i) + ": destination holds " +
+                                   std::to_string(dst.size()) + " bytes, chunk needs " +
+                                   std::to_string(want));
+  }
+  dst = dst.first(want);
+  if (impl_->info.read_path == ReadPath::kDirect) return impl_->ReadDirect(i, dst);
+  return impl_->ReadHdf5(i * impl_->chunk_samples, n, dst);
+}
+
+Status Dataset::ReadSamples(uint64_t first, uint64_t count, std::span<std::byte> dst) const {
+  const uint64_t sb = impl_->sample_bytes;
+  if (first + count > impl_->num_samples || dst.size() < count * sb) {
+    return Status::InvalidArgument(impl_->what + ": samples [" + std::to_string(first) + ", " +
+                                   std::to_string(first + count) + ") out of range or buffer " +
+                                   "too small");
+  }
+  if (impl_->info.read_path == ReadPath::kHdf5) return impl_->ReadHdf5(first, count, dst);
+  const uint64_t k = impl_->chunk_samples;
+  thread_local std::vector<std::byte> tmp;
+  uint64_t s = first;
+  while (s < first + count) {
+    const uint64_t c = s / k;
+    const uint64_t c_first = c * k;
+    const uint64_t c_n = samples_in_chunk(c);
+    const uint64_t take = std::min(first + count, c_first + c_n) - s;
+    std::byte* out = dst.data() + (s - first) * sb;
+    if (s == c_first && take == c_n) {
+      GPUFEED_RETURN_IF_ERROR(ReadChunk(c, std::span(out, take * sb)));
+    } else {
+      if (tmp.size() < c_n * sb) tmp.resize(c_n * sb);
+      GPUFEED_RETURN_IF_ERROR(ReadChunk(c, std::span(tmp.data(), c_n * sb)));
+      std::memcpy(out, tmp.data() + (s - c_first) * sb, take * sb);
+    }
+    s += take;
+  }
+  return Status::Ok();
+}
+
+// Picks the read path of a dataset and fills the direct-path chunk index.
+// Returns the reason for the hdf5 path, or "" for the direct path.
+Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock,
+                                                  uint64_t file_size) {
+  Impl& d = *this;
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  if (d.info.big_endian) return std::string("data is big-endian");
+  if (layout == H5D_COMPACT) return std::string("compact storage");
+  if (layout == H5D_CONTIGUOUS) {
+    if (H5Pget_external_count(dcpl) > 0) return std::string("data is in external files");
+    haddr_t addr = H5Dget_offset(d.dset.get());
+    H5Eclear2(H5E_DEFAULT);
+    if (addr == HADDR_UNDEF) return std::string("contiguous storage is not allocated (fill value)");
+    d.contiguous = true;
+    d.contiguous_addr = addr;  // H5Dget_offset is absolute (user block included); chunk addresses are not
+    if (d.contiguous_addr + d.num_samples * d.sample_bytes > file_size) {
+      return Status::Corrupt(d.what + ": file is truncated (data ends at byte " +
+                             std::to_string(d.contiguous_addr + d.num_samples * d.sample_bytes) +
+                             ", file has " + std::to_string(file_size) + ")");
+    }
+    d.chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d.sample_bytes),
+                                           1, std::max<uint64_t>(1, d.num_samples));
+    return std::string();
+  }
+  if (layout != H5D_CHUNKED) return std::string("unknown storage layout");
+  const auto& cs = d.info.hdf5_chunk_shape;
+  for (size_t k = 1; k < cs.size(); ++k) {
+    if (cs[k] != d.info.shape[k]) {
+      return std::string("chunks split samples (chunk shape differs from the sample shape past axis 0)");
+    }
+  }
+  for (const FilterInfo& f : d.info.filters) {
+    if (f.id != codec::kFilterDeflate && f.id != codec::kFilterShuffle && f.id != codec::kFilterZstd) {
+      return "filter " + std::to_string(f.id) + " (" + f.name + ") is not handled by the direct path";
+    }
+    codec::FilterStep step{f.id, DTypeSize(d.dtype)};
+    if (f.id == codec::kFilterShuffle && !f.params.empty() && f.params[0] > 0) step.elem_size = f.params[0];
+    d.pipeline.push_back(step);
+  }
+  d.chunk_samples = cs[0];
+  const uint64_t n_chunks = (d.num_samples + cs[0] - 1) / cs[0];
+  d.chunk_addr.resize(n_chunks);
+  d.chunk_size.resize(n_chunks);
+  d.chunk_mask.resize(n_chunks);
+  std::vector<hsize_t> offset(cs.size(), 0);
+  for (uint64_t i = 0; i < n_chunks; ++i) {
+    offset[0] = i * cs[0];
+    unsigned mask = 0;
+    haddr_t addr = HADDR_UNDEF;
+    hsize_t size = 0;
+    if (H5Dget_chunk_info_by_coord(d.dset.get(), offset.data(), &mask, &addr, &size) < 0) {
+      return Status::Corrupt(d.ChunkWhat(i) + ": chunk index unreadable: " + h5::LastErrorText());
+    }
+    if (addr == HADDR_UNDEF) {
+      d.chunk_addr.clear();
+      return "chunk " + std::to_string(i) + " is not allocated (reads as the fill value)";
+    }
+    d.chunk_addr[i] = userblock + addr;
+    d.chunk_size[i] = size;
+    d.chunk_mask[i] = mask;
+    if (d.chunk_addr[i] + size > file_size) {
+      return Status::Corrupt(d.ChunkWhat(i) + ": file is truncated (chunk ends at byte " +
+                             std::to_string(d.chunk_addr[i] + size) + ", file has " +
+                             std::to_string(file_size) + " bytes)");
+    }
+  }
+  return std::string();
+}
+
+Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& options) {
+  auto spec_or = DatasetSpec::Parse(spec_text);
+  if (!spec_or.ok()) return spec_or.status();
+  const DatasetSpec& spec = *spec_or;
+  h5::QuietErrors();
+  h5::EnsureZstdFilterRegistered();
+
+  auto d = std::make_unique<Impl>();
+  d->what = spec.file + ":" + spec.images;
+  d->info.file = spec.file;
+  d->info.images_path = spec.images;
+
+  struct stat st;
+  if (::stat(spec.file.c_str(), &st) != 0) {
+    return Status::NotFound(spec.file + ": cannot open: " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(spec.file + ": is a directory, not an HDF5 file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (H5Fis_hdf5(spec.file.c_str()) <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::Corrupt(spec.file + ": not an HDF5 file (no HDF5 signature found; " +
+                           std::to_string(file_size) + " bytes)");
+  }
+  d->file = h5::Id(H5Fopen(spec.file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!d->file.valid()) {
+    return Status::Corrupt(spec.file + ": HDF5 cannot open it (truncated or damaged?): " +
+                           h5::LastErrorText());
+  }
+  if (H5Lexists(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0 ||
+      H5Oexists_by_name(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    std::string have;
+    for (const std::string& p : h5::ListDatasets(d->file.get())) have += (have.empty() ? "" : ", ") + p;
+    return Status::NotFound(d->what + ": no such dataset (the file has: " +
+                            (have.empty() ? "no datasets" : have) +
+                            "; name one as FILE.h5:/path)");
+  }
+  // First open (default access) to learn the layout; reopened below with a
+  // tuned chunk cache if the hdf5 path is taken.
+  d->dset = h5::Id(H5Dopen2(d->file.get(), spec.images.c_str(), H5P_DEFAULT));
+  if (!d->dset.valid()) {
+    return Status::InvalidArgument(d->what + ": not a dataset: " + h5::LastErrorText());
+  }
+  h5::Id ftype(H5Dget_type(d->dset.get()));
+  auto dtype = DTypeOf(ftype.get());
+  if (!dtype) {
+    return Status::Unsupported(d->what + ": element type is " +
+                               std::string(ClassName(H5Tget_class(ftype.get()))) + " of " +
+                               std::to_string(H5Tget_size(ftype.get())) +
+                               " bytes; gpufeed reads integer and float arrays");
+  }
+  d->dtype = *dtype;
+  d->info.big_endian = H5Tget_order(ftype.get()) == H5T_ORDER_BE;
+  h5::Id space(H5Dget_space(d->dset.get()));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 1) return Status::Unsupported(d->what + ": scalar dataset; expected [N, ...] samples");
+  std::vector<hsize_t> dims(rank);
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  d->info.shape.assign(dims.begin(), dims.end());
+  d->num_samples = dims[0];
+  d->sample_shape.assign(dims.begin() + 1, dims.end());
+  d->sample_bytes = DTypeSize(d->dtype);
+  for (uint64_t x : d->sample_shape) d->sample_bytes *= x;
+  d->info.raw_bytes = d->num_samples * d->sample_bytes;
+  d->info.stored_bytes = H5Dget_storage_size(d->dset.get());
+
+  h5::Id dcpl(H5Dget_create_plist(d->dset.get()));
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  d->info.storage = layout == H5D_CHUNKED ? "chunked" : layout == H5D_CONTIGUOUS ? "contiguous" : "compact";
+  if (layout == H5D_CHUNKED) {
+    std::vector<hsize_t> cdims(rank);
+    H5Pget_chunk(dcpl.get(), rank, cdims.data());
+    d->info.hdf5_chunk_shape.assign(cdims.begin(), cdims.end());
+  }
+  const int nfilters = H5Pget_nfilters(dcpl.get());
+  for (int k = 0; k < nfilters; ++k) {
+    unsigned flags = 0, cd[16];
+    size_t ncd = 16;
+    char name[128] = {0};
+    H5Z_filter_t id = H5Pget_filter2(dcpl.get(), k, &flags, &ncd, cd, sizeof(name), name, nullptr);
+    FilterInfo f{static_cast<int>(id), FilterName(static_cast<int>(id), name),
+                 std::vector<unsigned>(cd, cd + std::min<size_t>(ncd, 16))};
+    d->info.filters.push_back(std::move(f));
+  }
+
+  h5::Id fcpl(H5Fget_create_plist(d->file.get()));
+  hsize_t userblock = 0;
+  H5Pget_userblock(fcpl.get(), &userblock);
+
+  std::string hdf5_reason = "forced by option";
+  if (!options.force_hdf5_path) {
+    auto reason = d->PlanDirectPath(dcpl.get(), userblock, file_size);
+    if (!reason.ok()) return reason.status();
+    hdf5_reason = *reason;
+  }
+  if (hdf5_reason.empty()) {
+    d->info.read_path = ReadPath::kDirect;
+    d->fd = ::open(spec.file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (d->fd < 0) return Status::IOError(spec.file + ": cannot open for reading: " + std::strerror(errno));
+  } else {
+    d->info.read_path = ReadPath::kHdf5;
+    d->info.read_path_reason = hdf5_reason;
+    d->contiguous = false;
+    d->chunk_addr.clear();
+    d->chunk_size.clear();
+    d->chunk_mask.clear();
+    d->pipeline.clear();
+    // Read unit and a chunk cache that holds every HDF5 chunk one read unit
+    // touches, so each chunk is decoded once per pass, not once per sample.
+    uint64_t cache_bytes = options.hdf5_cache_bytes;
+    uint64_t chunk_nbytes = 0;
+    if (layout == H5D_CHUNKED) {
+      const auto& cs = d->info.hdf5_chunk_shape;
+      chunk_nbytes = DTypeSize(d->dtype);
+      uint64_t chunks_per_row = 1;
+      for (int k = 0; k < rank; ++k) {
+        chunk_nbytes *= cs[k];
+        if (k > 0) chunks_per_row *= (dims[k] + cs[k] - 1) / cs[k];
+      }
+      const uint64_t row_bytes = std::max<uint64_t>(1, cs[0] * d->sample_bytes);
+      const uint64_t rows = std::max<uint64_t>(1, (kHdf5ReadUnitMinBytes + row_bytes - 1) / row_bytes);
+      d->chunk_samples = std::min<uint64_t>(cs[0] * rows, std::max<uint64_t>(1, d->num_samples));
+      const uint64_t needed = (rows + 1) * chunks_per_row * chunk_nbytes;
+      cache_bytes = std::max(cache_bytes, needed);
+    } else {
+      d->chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d->sample_bytes),
+                                              1, std::max<uint64_t>(1, d->num_samples));
+    }
+    h5::Id dapl(H5Pcreate(H5P_DATASET_ACCESS));
+    if (chunk_nbytes > 0) {
+      const uint64_t fit = std::max<uint64_t>(1, cache_bytes / chunk_nbytes);
+      H5Pset_chunk_cache(dapl.get(), NextPrime(100 * fit), cache_bytes, 1.0);
+    }
+    d->dset = h5::Id(H5Dopen2(d->file.get(), spec.images.c_str(), dapl.get()));
+    if (!d->dset.valid()) return Status::Internal(d->what + ": reopen failed: " + h5::LastErrorText());
+    // Native-order type of the same size; for little-endian float16 (no
+    // native HDF5 type in 1.10), the file type itself.
+    hid_t native = H5Tget_native_type(ftype.get(), H5T_DIR_ASCEND);
+    if (native < 0 || H5Tget_size(native) != DTypeSize(d->dtype)) {
+      if (native >= 0) H5Tclose(native);
+      H5Eclear2(H5E_DEFAULT);
+      if (d->info.big_endian) {
+        return Status::Unsupported(d->what + ": big-endian " + std::string(DTypeName(d->dtype)) +
+                                   " cannot be converted to native order");
+      }
+      native = H5Tcopy(ftype.get());
+    }
+    d->mem_type = h5::Id(native);
+  }
+  d->num_chunks = d->num_samples == 0 ? 0 : (d->num_samples + d->chunk_samples - 1) / d->chunk_samples;
+
+  // Labels.
+  std::string labels_path = options.labels_path;
+  const bool explicit_labels = !labels_path.empty() && labels_path != "none";
+  if (labels_path.empty()) {
+    labels_path = "/labels";
+    if (H5Lexists(d->file.get(), "labels", H5P_DEFAULT) <= 0) labels_path.clear();
+    H5Eclear2(H5E_DEFAULT);
+  } else if (labels_path == "none") {
+    labels_path.clear();
+  }
+  if (explicit_labels && (H5Lexists(d->file.get(), labels_path.c_str(), H5P_DEFAULT) <= 0 ||
+                          H5Oexists_by_name(d->file.get(), labels_path.c_str(), H5P_DEFAULT) <= 0)) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::NotFound(spec.file + ":" + labels_path + ": no such labels dataset");
+  }
+  if (!labels_path.empty()) {
+    const std::string lwhat = spec.file + ":" + labels_path;
+    h5::Id ldset(H5Dopen2(d->file.get(), labels_path.c_str(), H5P_DEFAULT));
+    if (!ldset.valid()) return Status::InvalidArgument(lwhat + ": not a dataset: " + h5::LastErrorText());
+    h5::Id ltype(H5Dget_type(ldset.get()));
+    if (H5Tget_class(ltype.get()) != H5T_INTEGER) {
+      return Status::Unsupported(lwhat + ": labels must be integers, found " +
+                                 std::string(H5Tget_class(ltype.get()) == H5T_FLOAT
+                                                 ? "float"
+                                                 : ClassName(H5Tget_class(ltype.get()))));
+    }
+    h5::Id lspace(H5Dget_space(ldset.get()));
+    const hssize_t n = H5Sget_simple_extent_npoints(lspace.get());
+    if (n < 0 || static_cast<uint64_t>(n) != d->num_samples) {
+      return Status::InvalidArgument(lwhat + ": has " + std::to_string(n) + " labels but " +
+                                     d->what + " has " + std::to_string(d->num_samples) + " samples");
+    }
+    d->labels.resize(static_cast<size_t>(n));
+    if (n > 0 && H5Dread(ldset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                         d->labels.data()) < 0) {
+      return Status::Corrupt(lwhat + ": read failed: " + h5::LastErrorText());
+    }
+    d->info.labels_path = labels_path;
+  }
+
+  d->info.layout = h5::ReadStringAttr(d->dset.get(), "layout");
+  d->info.class_names = h5::ReadStringArrayAttr(d->dset.get(), "class_names");
+  d->info.mean = h5::ReadDoubleArrayAttr(d->dset.get(), "mean");
+  d->info.stddev = h5::ReadDoubleArrayAttr(d->dset.get(), "std");
+  H5Eclear2(H5E_DEFAULT);
+  return Dataset(std::move(d));
+}
+
+}  // namespace gpufeed

@@ -1,0 +1,599 @@
+// Image folders (DIR/<class>/<image>): a SampleSource that decodes JPEG
+// (TurboJPEG) and PNG (libpng) files to fixed-size RGB uint8 samples, and
+// ConvertEncodedImageFolder, which stores the JPEG bytes untouched in /jpeg.
+#include <fcntl.h>
+#include <png.h>
+#include <sys/stat.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "gpufeed/convert.h"
+#include "hdf5io/h5_util.h"
+#include "hdf5io/image_ops.h"
+
+namespace gpufeed {
+
+// ---------------------------------------------------------------------------
+// Resize + center crop (declared in hdf5io/image_ops.h).
+
+namespace image {
+namespace {
+
+// Averages k x k blocks of `src` into `out` (ceil(h/k) x ceil(w/k)). Edge
+// blocks average only the pixels that exist; their centers are then off by
+// under half a block, which nobody can see at the scales where this runs.
+void BoxShrink(std::span<const uint8_t> src, int h, int w, int channels, int k, std::vector<uint8_t>* out,
+               int* out_h, int* out_w) {
+  const int oh = (h + k - 1) / k, ow = (w + k - 1) / k;
+  out->resize(static_cast<size_t>(oh) * ow * channels);
+  std::vector<uint32_t> sums(static_cast<size_t>(ow) * channels);
+  for (int by = 0; by < oh; ++by) {
+    std::fill(sums.begin(), sums.end(), 0u);
+    const int y_end = std::min(h, (by + 1) * k);
+    for (int y = by * k; y < y_end; ++y) {
+      const uint8_t* row = src.data() + static_cast<size_t>(y) * w * channels;
+      for (int x = 0; x < w; ++x) {
+        uint32_t* s = &sums[static_cast<size_t>(x / k) * channels];
+        for (int c = 0; c < channels; ++c) s[c] += row[x * channels + c];
+      }
+    }
+    const int rows = y_end - by * k;
+    uint8_t* orow = out->data() + static_cast<size_t>(by) * ow * channels;
+    for (int bx = 0; bx < ow; ++bx) {
+      const uint32_t n = static_cast<uint32_t>(rows * (std::min(w, (bx + 1) * k) - bx * k));
+      for (int c = 0; c < channels; ++c) {
+        orow[bx * channels + c] = static_cast<uint8_t>((sums[bx * channels + c] + n / 2) / n);
+      }
+    }
+  }
+  *out_h = oh;
+  *out_w = ow;
+}
+
+// One output coordinate's two source taps and the weight of the second.
+struct Tap {
+  int i0, i1;
+  float frac;
+};
+
+// Taps for an output axis of dst_n pixels over a (possibly k-shrunk) source
+// axis of src_n pixels whose unshrunk length was full_n. See image_ops.h for
+// the mapping; dividing by k converts original to shrunk pixel units.
+std::vector<Tap> AxisTaps(int dst_n, int src_n, int full_n, double scale, int k) {
+  std::vector<Tap> taps(dst_n);
+  for (int o = 0; o < dst_n; ++o) {
+    double s = ((o + 0.5 - dst_n / 2.0) / scale + full_n / 2.0) / k - 0.5;
+    s = std::clamp(s, 0.0, static_cast<double>(src_n - 1));
+    const int i0 = static_cast<int>(s);
+    taps[o] = {i0, std::min(i0 + 1, src_n - 1), static_cast<float>(s - i0)};
+  }
+  return taps;
+}
+
+}  // namespace
+
+void ResizeCoverCrop(std::span<const uint8_t> src, int src_h, int src_w, int channels, std::span<uint8_t> dst,
+                     int dst_h, int dst_w) {
+  assert(src_h > 0 && src_w > 0 && dst_h > 0 && dst_w > 0 && channels > 0);
+  assert(src.size() == static_cast<size_t>(src_h) * src_w * channels);
+  assert(dst.size() == static_cast<size_t>(dst_h) * dst_w * channels);
+  if (src_h == dst_h && src_w == dst_w) {
+    std::memcpy(dst.data(), src.data(), dst.size());
+    return;
+  }
+  const double scale = std::max(static_cast<double>(dst_h) / src_h, static_cast<double>(dst_w) / src_w);
+  thread_local std::vector<uint8_t> shrunk;
+  std::span<const uint8_t> s = src;
+  int h = src_h, w = src_w, k = 1;
+  if (scale <= 0.5) {
+    k = static_cast<int>(1.0 / scale);
+    BoxShrink(src, src_h, src_w, channels, k, &shrunk, &h, &w);
+    s = shrunk;
+  }
+  const std::vector<Tap> xs = AxisTaps(dst_w, w, src_w, scale, k);
+  const std::vector<Tap> ys = AxisTaps(dst_h, h, src_h, scale, k);
+  const size_t src_row = static_cast<size_t>(w) * channels;
+  for (int oy = 0; oy < dst_h; ++oy) {
+    const uint8_t* r0 = s.data() + ys[oy].i0 * src_row;
+    const uint8_t* r1 = s.data() + ys[oy].i1 * src_row;
+    const float fy = ys[oy].frac;
+    uint8_t* out = dst.data() + static_cast<size_t>(oy) * dst_w * channels;
+    for (int ox = 0; ox < dst_w; ++ox) {
+      const int a = xs[ox].i0 * channels, b = xs[ox].i1 * channels;
+      const float fx = xs[ox].frac;
+      for (int c = 0; c < channels; ++c) {
+        const float top = r0[a + c] + (r0[b + c] - r0[a + c]) * fx;
+        const float bottom = r1[a + c] + (r1[b + c] - r1[a + c]) * fx;
+        const float v = top + (bottom - top) * fy;
+        out[ox * channels + c] = static_cast<uint8_t>(std::clamp(v + 0.5f, 0.0f, 255.0f));
+      }
+    }
+  }
+}
+
+}  // namespace image
+
+namespace {
+
+constexpr int kChannels = 3;  // every sample is RGB, whatever the file holds
+// Larger outputs are almost surely a typo, and int pixel math must not overflow.
+constexpr uint32_t kMaxSide = 1u << 15;
+
+// ---------------------------------------------------------------------------
+// Listing the folder.
+
+struct FolderListing {
+  std::vector<std::string> class_names;
+  std::vector<std::string> files;  // class by class, sorted within a class
+  std::vector<int64_t> labels;     // parallel to files
+  uint64_t total_bytes = 0;
+};
+
+std::string LowerExtension(const std::filesystem::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return ext;
+}
+
+bool IsImageExtension(const std::string& ext) { return ext == ".jpg" || ext == ".jpeg" || ext == ".png"; }
+
+// Hidden entries are skipped: macOS leaves "._name.jpg" AppleDouble files and
+// tools leave ".ipynb_checkpoints" folders; neither is a sample or a class.
+bool IsHidden(const std::filesystem::path& p) {
+  const std::string name = p.filename().string();
+  return !name.empty() && name[0] == '.';
+}
+
+Result<FolderListing> ListImageFolder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (!fs::exists(st)) {
+    return Status::NotFound(dir + ": no such directory" + (ec ? " (" + ec.message() + ")" : ""));
+  }
+  if (!fs::is_directory(st)) {
+    return Status::InvalidArgument(dir + ": not a directory (an image folder holds one subfolder per class)");
+  }
+  FolderListing out;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (IsHidden(it->path()) || !it->is_directory(ec)) continue;
+    out.class_names.push_back(it->path().filename().string());
+  }
+  if (ec) return Status::IOError(dir + ": cannot list: " + ec.message());
+  if (out.class_names.empty()) {
+    return Status::InvalidArgument(dir + ": no class subfolders (expected " + dir + "/<class>/<image>.jpg)");
+  }
+  std::sort(out.class_names.begin(), out.class_names.end());
+
+  for (size_t label = 0; label < out.class_names.size(); ++label) {
+    const fs::path class_dir = fs::path(dir) / out.class_names[label];
+    std::vector<std::pair<std::string, uint64_t>> files;  // name, size
+    for (fs::directory_iterator it(class_dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const fs::path& p = it->path();
+      if (IsHidden(p) || !IsImageExtension(LowerExtension(p))) continue;
+      std::error_code fec;
+      if (!it->is_regular_file(fec)) continue;  // follows symlinks
+      const uintmax_t size = it->file_size(fec);
+      if (fec) return Status::IOError(p.string() + ": cannot stat: " + fec.message());
+      files.emplace_back(p.filename().string(), size);
+    }
+    if (ec) return Status::IOError(class_dir.string() + ": cannot list: " + ec.message());
+    std::sort(files.begin(), files.end());
+    for (const auto& [name, size] : files) {
+      out.files.push_back((class_dir / name).string());
+      out.labels.push_back(static_cast<int64_t>(label));
+      out.total_bytes += size;
+    }
+  }
+  if (out.files.empty()) {
+    return Status::InvalidArgument(dir + ": no .jpg, .jpeg or .png files in its " +
+                                   std::to_string(out.class_names.size()) + " class subfolders");
+  }
+  return out;
+}
+
+// Reads a whole file into `out` (resized to fit). IOError names the path.
+Status ReadWholeFile(const std::string& path, std::vector<unsigned char>* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Status::IOError(path + ": cannot stat: " + std::strerror(err));
+  }
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < out->size()) {
+    const ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : 0;
+      ::close(fd);
+      return Status::IOError(path + ": read failed at byte " + std::to_string(done) + ": " +
+                             (err ? std::strerror(err) : "file shrank while being read"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// Decoding.
+
+// One TurboJPEG decompressor per thread: handles are not thread-safe, and
+// creating one per image costs more than decoding a thumbnail.
+tjhandle ThreadDecompressor() {
+  struct Handle {
+    tjhandle h = tjInitDecompress();
+    ~Handle() {
+      if (h != nullptr) tjDestroy(h);
+    }
+  };
+  thread_local Handle handle;
+  return handle.h;
+}
+
+bool LooksLikeJpeg(std::span<const unsigned char> b) {
+  return b.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF;
+}
+bool LooksLikePng(std::span<const unsigned char> b) {
+  static constexpr unsigned char kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  return b.size() >= 8 && std::memcmp(b.data(), kSig, 8) == 0;
+}
+
+struct RgbImage {
+  std::vector<uint8_t> pixels;  // height x width x 3, packed
+  int height = 0, width = 0;
+};
+
+// Parses a JPEG's header; Corrupt (naming `path`) if it is not one.
+Status JpegHeader(tjhandle tj, const std::string& path, std::span<const unsigned char> bytes, int* width,
+                  int* height, int* colorspace) {
+  int subsamp = 0;
+  if (tjDecompressHeader3(tj, bytes.data(), bytes.size(), width, height, &subsamp, colorspace) != 0) {
+    return Status::Corrupt(path + ": not a decodable JPEG: " + tjGetErrorStr2(tj));
+  }
+  // A damaged header can end the stream early, which then parses as a
+  // tables-only datastream: a "valid" header of a 0x0 image.
+  if (*width <= 0 || *height <= 0) {
+    return Status::Corrupt(path + ": JPEG header holds no image size (damaged header or tables-only stream)");
+  }
+  return Status::Ok();
+}
+
+// Decodes a JPEG to RGB, letting the DCT scale it down as far as it can while
+// staying >= target_h x target_w (the scaled IDCT is both faster and a better
+// low-pass than resampling the full image).
+Status DecodeJpeg(const std::string& path, std::span<const unsigned char> bytes, int target_h, int target_w,
+                  RgbImage* out) {
+  tjhandle tj = ThreadDecompressor();
+  if (tj == nullptr) return Status::Internal(path + ": tjInitDecompress failed: " + tjGetErrorStr2(nullptr));
+  int w = 0, h = 0, cs = 0;
+  GPUFEED_RETURN_IF_ERROR(JpegHeader(tj, path, bytes, &w, &h, &cs));
+
+  int num_factors = 0;
+  const tjscalingfactor* factors = tjGetScalingFactors(&num_factors);
+  tjscalingfactor best = {1, 1};
+  for (int i = 0; factors != nullptr && i < num_factors; ++i) {
+    const tjscalingfactor f = factors[i];
+    if (f.num > f.denom) continue;  // upscaling is left to the bilinear resize
+    if (TJSCALED(w, f) < target_w || TJSCALED(h, f) < target_h) continue;
+    if (static_cast<int64_t>(f.num) * best.denom < static_cast<int64_t>(best.num) * f.denom) best = f;
+  }
+  const int sw = TJSCALED(w, best), sh = TJSCALED(h, best);
+
+  // libjpeg cannot convert CMYK/YCCK to RGB, so those decode to CMYK and are
+  // converted below.
+  const bool cmyk = cs == TJCS_CMYK || cs == TJCS_YCCK;
+  const TJPF pf = cmyk ? TJPF_CMYK : TJPF_RGB;
+  thread_local std::vector<uint8_t> cmyk_buf;
+  std::vector<uint8_t>& buf = cmyk ? cmyk_buf : out->pixels;
+  buf.resize(static_cast<size_t>(sw) * sh * tjPixelSize[pf]);
+  // Warnings are fatal: libjpeg warns on truncated or damaged entropy data and
+  // then makes up the missing pixels (grey), which must not become a sample.
+  if (tjDecompress2(tj, bytes.data(), bytes.size(), buf.data(), sw, 0, sh, pf, TJFLAG_STOPONWARNING) != 0) {
+    return Status::Corrupt(path + ": JPEG decode failed: " + tjGetErrorStr2(tj));
+  }
+  if (cmyk) {
+    // Photoshop (the source of nearly all CMYK JPEGs) stores inverted CMYK,
+    // so a stored value is 255 - ink and R = (255 - C)(255 - K) / 255 reads
+    // as stored C * stored K / 255 (as OpenCV and Pillow do).
+    out->pixels.resize(static_cast<size_t>(sw) * sh * kChannels);
+    for (size_t i = 0, n = static_cast<size_t>(sw) * sh; i < n; ++i) {
+      const unsigned k = cmyk_buf[i * 4 + 3];
+      for (int c = 0; c < kChannels; ++c) {
+        out->pixels[i * kChannels + c] = static_cast<uint8_t>((cmyk_buf[i * 4 + c] * k + 127) / 255);
+      }
+    }
+  }
+  out->height = sh;
+  out->width = sw;
+  return Status::Ok();
+}
+
+// Decodes a PNG of any bit depth / color type to 8-bit sRGB RGB. Transparent
+// pixels are composited onto white: images with alpha are overwhelmingly
+// logos and cut-outs drawn to be seen on a white page.
+Status DecodePng(const std::string& path, std::span<const unsigned char> bytes, RgbImage* out) {
+  png_image img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size())) {
+    png_image_free(&img);
+    return Status::Corrupt(path + ": not a decodable PNG: " + img.message);
+  }
+  img.format = PNG_FORMAT_RGB;
+  out->pixels.resize(PNG_IMAGE_SIZE(img));
+  const png_color white = {255, 255, 255};
+  if (!png_image_finish_read(&img, &white, out->pixels.data(), 0, nullptr)) {
+    png_image_free(&img);
+    return Status::Corrupt(path + ": PNG decode failed: " + img.message);
+  }
+  // Warnings (PNG_IMAGE_WARNING) are accepted: libpng's are about metadata
+  // such as a mismatched iCCP profile, not about pixels.
+  out->height = static_cast<int>(img.height);
+  out->width = static_cast<int>(img.width);
+  return Status::Ok();
+}
+
+// Decodes by content, not extension: image sets in the wild have PNGs named
+// .jpg (ImageNet has some).
+Status DecodeImage(const std::string& path, std::span<const unsigned char> bytes, int target_h, int target_w,
+                   RgbImage* out) {
+  if (LooksLikeJpeg(bytes)) return DecodeJpeg(path, bytes, target_h, target_w, out);
+  if (LooksLikePng(bytes)) return DecodePng(path, bytes, out);
+  return Status::Corrupt(path + ": neither a JPEG nor a PNG (" + std::to_string(bytes.size()) +
+                         " bytes, unknown signature)");
+}
+
+// ---------------------------------------------------------------------------
+// The source.
+
+class ImageFolderSource : public SampleSource {
+ public:
+  ImageFolderSource(std::string dir, FolderListing listing, const ImageFolderOptions& options)
+      : dir_(std::move(dir)),
+        listing_(std::move(listing)),
+        height_(static_cast<int>(options.height)),
+        width_(static_cast<int>(options.width)),
+        nhwc_(options.layout == "NHWC"),
+        layout_(options.layout) {
+    shape_ = nhwc_ ? std::vector<uint64_t>{options.height, options.width, kChannels}
+                   : std::vector<uint64_t>{kChannels, options.height, options.width};
+    sample_bytes_ = static_cast<uint64_t>(kChannels) * options.height * options.width;
+  }
+
+  uint64_t num_samples() const override { return listing_.files.size(); }
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  DType dtype() const override { return DType::kUInt8; }
+  std::string layout() const override { return layout_; }
+  std::vector<std::string> class_names() const override { return listing_.class_names; }
+  const std::vector<int64_t>& labels() const override { return listing_.labels; }
+  uint64_t input_bytes() const override { return listing_.total_bytes; }
+  std::string description() const override {
+    return "image folder " + dir_ + " (" + std::to_string(listing_.files.size()) + " images, " +
+           std::to_string(listing_.class_names.size()) + " classes)";
+  }
+
+  // Thread-safe: touches only const members and per-thread scratch.
+  Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const override {
+    const uint64_t n = num_samples();
+    if (first > n || count > n - first || dst.size() != count * sample_bytes_) {
+      return Status::InvalidArgument(description() + ": Read(" + std::to_string(first) + ", " +
+                                     std::to_string(count) + ") into " + std::to_string(dst.size()) +
+                                     " bytes is out of range or mis-sized");
+    }
+    thread_local std::vector<unsigned char> file;
+    thread_local RgbImage decoded;
+    thread_local std::vector<uint8_t> hwc;
+    for (uint64_t i = 0; i < count; ++i) {
+      const std::string& path = listing_.files[first + i];
+      GPUFEED_RETURN_IF_ERROR(ReadWholeFile(path, &file));
+      GPUFEED_RETURN_IF_ERROR(DecodeImage(path, file, height_, width_, &decoded));
+      auto* out = reinterpret_cast<uint8_t*>(dst.data() + i * sample_bytes_);
+      std::span<uint8_t> out_span(out, sample_bytes_);
+      if (nhwc_) {
+        image::ResizeCoverCrop(decoded.pixels, decoded.height, decoded.width, kChannels, out_span, height_,
+                               width_);
+        continue;
+      }
+      hwc.resize(sample_bytes_);
+      image::ResizeCoverCrop(decoded.pixels, decoded.height, decoded.width, kChannels, hwc, height_, width_);
+      const size_t plane = static_cast<size_t>(height_) * width_;
+      for (size_t p = 0; p < plane; ++p) {
+        for (int c = 0; c < kChannels; ++c) out[c * plane + p] = hwc[p * kChannels + c];
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const std::string dir_;
+  const FolderListing listing_;
+  const int height_, width_;
+  const bool nhwc_;
+  const std::string layout_;
+  std::vector<uint64_t> shape_;
+  uint64_t sample_bytes_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Encoded conversion helpers.
+
+// Removes the temporary file unless Keep() was called. Declare it before the
+// HDF5 file handle so the handle closes first.
+class TempFileGuard {
+ public:
+  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
+  TempFileGuard(const TempFileGuard&) = delete;
+  TempFileGuard& operator=(const TempFileGuard&) = delete;
+  ~TempFileGuard() {
+    if (!kept_) ::unlink(path_.c_str());
+  }
+  void Keep() { kept_ = true; }
+
+ private:
+  std::string path_;
+  bool kept_ = false;
+};
+
+// The narrowest integer type holding labels 0..max_label, as
+// DatasetWriter::WriteLabels picks it.
+hid_t LabelFileType(int64_t max_label) {
+  if (max_label <= 255) return H5T_STD_U8LE;
+  if (max_label <= INT16_MAX) return H5T_STD_I16LE;
+  if (max_label <= INT32_MAX) return H5T_STD_I32LE;
+  return H5T_STD_I64LE;
+}
+
+// Entries per /jpeg chunk and per write batch. A vlen chunk holds only heap
+// references (16 bytes an entry), so this is about the batch's file bytes in
+// memory: 1024 typical JPEGs are ~100 MiB.
+constexpr uint64_t kEncodedChunkEntries = 1024;
+// A batch is also cut at this many file bytes, so folders of huge JPEGs stay
+// bounded too.
+constexpr uint64_t kEncodedBatchBytes = 256ull << 20;
+
+}  // namespace
+
+Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& dir,
+                                                            const ImageFolderOptions& options) {
+  if (options.height == 0 || options.width == 0 || options.height > kMaxSide || options.width > kMaxSide) {
+    return Status::InvalidArgument(dir + ": image folder output size " + std::to_string(options.height) +
+                                   "x" + std::to_string(options.width) +
+                                   " is invalid; set height and width to 1.." + std::to_string(kMaxSide));
+  }
+  if (options.layout != "NCHW" && options.layout != "NHWC") {
+    return Status::InvalidArgument(dir + ": image layout '" + options.layout + "' is not NCHW or NHWC");
+  }
+  Result<FolderListing> listing = ListImageFolder(dir);
+  if (!listing.ok()) return listing.status();
+  return std::unique_ptr<SampleSource>(
+      std::make_unique<ImageFolderSource>(dir, std::move(listing).value(), options));
+}
+
+Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
+                                                 const ConvertOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  h5::QuietErrors();
+  Result<FolderListing> listed = ListImageFolder(dir);
+  if (!listed.ok()) return listed.status();
+  const FolderListing& listing = *listed;
+  // Fail before writing anything: one PNG would otherwise abort a long run.
+  for (const std::string& f : listing.files) {
+    if (LowerExtension(f) == ".png") {
+      return Status::Unsupported(f + ": PNG; only JPEG files can be stored encoded (convert " + dir +
+                                 " to decoded samples instead, or re-encode its PNGs as JPEG)");
+    }
+  }
+  const uint64_t n = listing.files.size();
+  const std::string tmp_path = out_path + ".tmp-" + std::to_string(::getpid());
+  auto h5_error = [&](const std::string& what) {
+    return Status::IOError(out_path + ": " + what + ": " + h5::LastErrorText());
+  };
+
+  TempFileGuard guard(tmp_path);  // before `file`: the file closes first
+  h5::Id file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  if (!file.valid()) return h5_error("cannot create " + tmp_path);
+
+  const hsize_t dims = n;
+  const hsize_t chunk = std::min<uint64_t>(kEncodedChunkEntries, n);
+  h5::Id space(H5Screate_simple(1, &dims, nullptr));
+  h5::Id file_type(H5Tvlen_create(H5T_STD_U8LE));
+  h5::Id mem_type(H5Tvlen_create(H5T_NATIVE_UINT8));
+  h5::Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  if (!space.valid() || !file_type.valid() || !mem_type.valid() || !dcpl.valid() ||
+      H5Pset_chunk(dcpl.get(), 1, &chunk) < 0) {
+    return h5_error("cannot set up /jpeg");
+  }
+  h5::Id jpeg(
+      H5Dcreate2(file.get(), "jpeg", file_type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  if (!jpeg.valid()) return h5_error("cannot create /jpeg");
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(jpeg.get(), "layout", "encoded"));
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringArrayAttr(jpeg.get(), "class_names", listing.class_names));
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "gpufeed_format", "1"));
+
+  tjhandle tj = ThreadDecompressor();
+  if (tj == nullptr) {
+    return Status::Internal("tjInitDecompress failed: " + std::string(tjGetErrorStr2(nullptr)));
+  }
+  std::vector<std::vector<unsigned char>> batch;
+  std::vector<hvl_t> refs;
+  uint64_t input_bytes = 0;
+  for (uint64_t first = 0; first < n;) {
+    // Fill a batch of whole files, cut at a chunk boundary or the byte cap.
+    batch.clear();
+    uint64_t batch_bytes = 0;
+    while (first + batch.size() < n && batch.size() < kEncodedChunkEntries &&
+           batch_bytes < kEncodedBatchBytes) {
+      const std::string& path = listing.files[first + batch.size()];
+      std::vector<unsigned char>& bytes = batch.emplace_back();
+      GPUFEED_RETURN_IF_ERROR(ReadWholeFile(path, &bytes));
+      if (LooksLikePng(bytes)) {
+        return Status::Unsupported(path + ": a PNG despite its name; only JPEG files can be stored " +
+                                   "encoded (re-encode it as JPEG, or convert to decoded samples)");
+      }
+      // Headers only: cheap, and catches files the loader could never decode.
+      int w = 0, h = 0, cs = 0;
+      GPUFEED_RETURN_IF_ERROR(JpegHeader(tj, path, bytes, &w, &h, &cs));
+      batch_bytes += bytes.size();
+    }
+    refs.resize(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) refs[i] = {batch[i].size(), batch[i].data()};
+    const hsize_t start_entry = first, count = batch.size();
+    h5::Id mem_space(H5Screate_simple(1, &count, nullptr));
+    h5::Id file_space(H5Dget_space(jpeg.get()));
+    const hid_t mem = mem_space.get(), fsel = file_space.get();
+    if (!mem_space.valid() || !file_space.valid() ||
+        H5Sselect_hyperslab(fsel, H5S_SELECT_SET, &start_entry, nullptr, &count, nullptr) < 0 ||
+        H5Dwrite(jpeg.get(), mem_type.get(), mem, fsel, H5P_DEFAULT, refs.data()) < 0) {
+      return h5_error("writing /jpeg entries " + std::to_string(first) + ".." +
+                      std::to_string(first + count - 1));
+    }
+    first += count;
+    input_bytes += batch_bytes;
+    if (options.progress) options.progress(first, n);
+  }
+  batch = {};
+
+  int64_t max_label =
+      listing.labels.empty() ? 0 : *std::max_element(listing.labels.begin(), listing.labels.end());
+  h5::Id labels(H5Dcreate2(file.get(), "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT,
+                           H5P_DEFAULT, H5P_DEFAULT));
+  if (!labels.valid() ||
+      H5Dwrite(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, listing.labels.data()) < 0) {
+    return h5_error("writing /labels");
+  }
+  labels.Reset();
+  jpeg.Reset();
+  if (H5Fclose(file.Release()) < 0) return h5_error("closing " + tmp_path);
+  if (std::rename(tmp_path.c_str(), out_path.c_str()) != 0) {
+    return Status::IOError(out_path + ": cannot rename " + tmp_path + " onto it: " + std::strerror(errno));
+  }
+  guard.Keep();
+
+  ConvertSummary summary;
+  summary.samples = n;
+  summary.chunk_samples = chunk;
+  summary.input_bytes = input_bytes;
+  summary.raw_bytes = input_bytes;  // stored as they came
+  struct stat st;
+  if (::stat(out_path.c_str(), &st) == 0) summary.output_bytes = static_cast<uint64_t>(st.st_size);
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
+}  // namespace gpufeed

@@ -1,0 +1,245 @@
+// DatasetWriter: creates the chunked /images dataset with the filters HDF5
+// readers need to know about, stores chunks that gpufeed's codecs encoded
+// (H5Dwrite_chunk, no HDF5 filter call), and commits by rename.
+#include "gpufeed/writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "hdf5io/codec.h"
+#include "hdf5io/h5_util.h"
+#include "hdf5io/zstd_filter.h"
+
+namespace gpufeed {
+
+std::string_view CodecName(Codec c) {
+  switch (c) {
+    case Codec::kNone: return "none";
+    case Codec::kDeflate: return "deflate";
+    case Codec::kZstd: return "zstd";
+  }
+  return "?";
+}
+
+Result<Codec> CodecFromName(std::string_view name) {
+  if (name == "none") return Codec::kNone;
+  if (name == "deflate" || name == "gzip") return Codec::kDeflate;
+  if (name == "zstd") return Codec::kZstd;
+  return Status::InvalidArgument("unknown codec '" + std::string(name) + "' (expected none, deflate or zstd)");
+}
+
+uint64_t AutoChunkSamples(uint64_t sample_bytes, uint64_t num_samples) {
+  constexpr uint64_t kTargetChunkBytes = 2u << 20;
+  uint64_t k = std::max<uint64_t>(1, kTargetChunkBytes / std::max<uint64_t>(1, sample_bytes));
+  return std::min(k, std::max<uint64_t>(1, num_samples));
+}
+
+namespace {
+
+hid_t FileTypeOf(DType t) {
+  switch (t) {
+    case DType::kUInt8: return H5T_STD_U8LE;
+    case DType::kInt8: return H5T_STD_I8LE;
+    case DType::kUInt16: return H5T_STD_U16LE;
+    case DType::kInt16: return H5T_STD_I16LE;
+    case DType::kUInt32: return H5T_STD_U32LE;
+    case DType::kInt32: return H5T_STD_I32LE;
+    case DType::kUInt64: return H5T_STD_U64LE;
+    case DType::kInt64: return H5T_STD_I64LE;
+    case DType::kFloat32: return H5T_IEEE_F32LE;
+    case DType::kFloat64: return H5T_IEEE_F64LE;
+    case DType::kFloat16:
+    case DType::kBFloat16: return H5I_INVALID_HID;
+  }
+  return H5I_INVALID_HID;
+}
+
+}  // namespace
+
+struct DatasetWriter::Impl {
+  std::string path;
+  std::string tmp_path;
+  std::vector<uint64_t> sample_shape;
+  DType dtype = DType::kUInt8;
+  uint64_t num_samples = 0;
+  uint64_t sample_bytes = 0;
+  uint64_t chunk_samples = 1;
+  int level = 0;
+  std::vector<codec::FilterStep> pipeline;
+  h5::Id file;
+  h5::Id images;
+  uint64_t bytes_written = 0;
+  bool committed = false;
+
+  ~Impl() {
+    images.Reset();
+    file.Reset();
+    if (!committed && !tmp_path.empty()) ::unlink(tmp_path.c_str());
+  }
+  Status Error(const std::string& what) const {
+    return Status::IOError(path + ": " + what + ": " + h5::LastErrorText());
+  }
+};
+
+DatasetWriter::DatasetWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DatasetWriter::DatasetWriter(DatasetWriter&&) noexcept = default;
+DatasetWriter& DatasetWriter::operator=(DatasetWriter&&) noexcept = default;
+DatasetWriter::~DatasetWriter() = default;
+
+uint64_t DatasetWriter::chunk_samples() const { return impl_->chunk_samples; }
+uint64_t DatasetWriter::sample_bytes() const { return impl_->sample_bytes; }
+uint64_t DatasetWriter::bytes_written() const { return impl_->bytes_written; }
+uint64_t DatasetWriter::num_chunks() const {
+  return (impl_->num_samples + impl_->chunk_samples - 1) / impl_->chunk_samples;
+}
+
+Result<DatasetWriter> DatasetWriter::Create(const std::string& path,
+                                            const std::vector<uint64_t>& sample_shape, DType dtype,
+                                            uint64_t num_samples, const WriteOptions& options) {
+  h5::QuietErrors();
+  h5::EnsureZstdFilterRegistered();
+  if (num_samples == 0) return Status::InvalidArgument(path + ": no samples to write");
+  const hid_t ftype = FileTypeOf(dtype);
+  if (ftype == H5I_INVALID_HID) {
+    return Status::Unsupported(path + ": writing " + std::string(DTypeName(dtype)) + " is not supported");
+  }
+  auto d = std::make_unique<Impl>();
+  d->path = path;
+  d->tmp_path = path + ".tmp-" + std::to_string(::getpid());
+  d->sample_shape = sample_shape;
+  d->dtype = dtype;
+  d->num_samples = num_samples;
+  d->sample_bytes = DTypeSize(dtype);
+  for (uint64_t x : sample_shape) d->sample_bytes *= x;
+  d->chunk_samples = options.chunk_samples ? std::min(options.chunk_samples, num_samples)
+                                           : AutoChunkSamples(d->sample_bytes, num_samples);
+  if (d->chunk_samples * d->sample_bytes > (4ull << 30) - 1) {
+    return Status::InvalidArgument(path + ": a chunk of " + std::to_string(d->chunk_samples) +
+                                   " samples exceeds HDF5's 4 GiB chunk limit; use fewer --chunk-samples");
+  }
+  d->level = options.level;
+  if (d->level < 0) d->level = options.codec == Codec::kDeflate ? 4 : 3;
+
+  d->file = h5::Id(H5Fcreate(d->tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  if (!d->file.valid()) return d->Error("cannot create " + d->tmp_path);
+
+  const int rank = static_cast<int>(sample_shape.size()) + 1;
+  std::vector<hsize_t> dims(rank), chunk(rank);
+  dims[0] = num_samples;
+  chunk[0] = d->chunk_samples;
+  for (int k = 1; k < rank; ++k) dims[k] = chunk[k] = sample_shape[k - 1];
+  h5::Id space(H5Screate_simple(rank, dims.data(), nullptr));
+  h5::Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_chunk(dcpl.get(), rank, chunk.data());
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  if (options.codec != Codec::kNone && options.shuffle_filter) {
+    H5Pset_shuffle(dcpl.get());
+    d->pipeline.push_back({codec::kFilterShuffle, DTypeSize(dtype)});
+  }
+  if (options.codec == Codec::kDeflate) {
+    H5Pset_deflate(dcpl.get(), static_cast<unsigned>(std::clamp(d->level, 0, 9)));
+    d->pipeline.push_back({codec::kFilterDeflate, 1});
+    d->level = std::clamp(d->level, 0, 12);
+  } else if (options.codec == Codec::kZstd) {
+    const unsigned cd = static_cast<unsigned>(d->level);
+    if (H5Pset_filter(dcpl.get(), h5::kZstdFilterId, H5Z_FLAG_OPTIONAL, 1, &cd) < 0) {
+      return d->Error("cannot set the zstd filter");
+    }
+    d->pipeline.push_back({codec::kFilterZstd, 1});
+  }
+  d->images = h5::Id(H5Dcreate2(d->file.get(), "images", ftype, space.get(), H5P_DEFAULT,
+                                dcpl.get(), H5P_DEFAULT));
+  if (!d->images.valid()) return d->Error("cannot create /images");
+  if (!options.layout.empty()) {
+    GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(d->images.get(), "layout", options.layout));
+  }
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringArrayAttr(d->images.get(), "class_names", options.class_names));
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(d->file.get(), "gpufeed_format", "1"));
+  return DatasetWriter(std::move(d));
+}
+
+Status DatasetWriter::EncodeChunk(uint64_t i, std::span<const std::byte> samples,
+                                  EncodedChunk* out) const {
+  const uint64_t full = impl_->chunk_samples * impl_->sample_bytes;
+  const uint64_t first = i * impl_->chunk_samples;
+  const uint64_t n = std::min(impl_->chunk_samples, impl_->num_samples - first);
+  if (samples.size() != n * impl_->sample_bytes) {
+    return Status::InvalidArgument(impl_->path + ": chunk " + std::to_string(i) + " given " +
+                                   std::to_string(samples.size()) + " bytes, expected " +
+                                   std::to_string(n * impl_->sample_bytes));
+  }
+  thread_local codec::DecodeScratch scratch;
+  thread_local std::vector<std::byte> padded;
+  std::span<const std::byte> raw = samples;
+  if (samples.size() < full) {  // HDF5 stores edge chunks at full size
+    padded.assign(full, std::byte{0});
+    std::memcpy(padded.data(), samples.data(), samples.size());
+    raw = padded;
+  }
+  unsigned mask = 0;
+  codec::EncodeChunk(impl_->pipeline, impl_->level, raw, out->bytes, &mask, scratch);
+  out->filter_mask = mask;
+  return Status::Ok();
+}
+
+Status DatasetWriter::WriteChunk(uint64_t i, const EncodedChunk& chunk) {
+  h5::QuietErrors();
+  std::vector<hsize_t> offset(impl_->sample_shape.size() + 1, 0);
+  offset[0] = i * impl_->chunk_samples;
+  if (H5Dwrite_chunk(impl_->images.get(), H5P_DEFAULT, chunk.filter_mask, offset.data(),
+                     chunk.bytes.size(), chunk.bytes.data()) < 0) {
+    return impl_->Error("writing chunk " + std::to_string(i));
+  }
+  impl_->bytes_written += chunk.bytes.size();
+  return Status::Ok();
+}
+
+Status DatasetWriter::WriteLabels(std::span<const int64_t> labels) {
+  h5::QuietErrors();
+  if (labels.size() != impl_->num_samples) {
+    return Status::InvalidArgument(impl_->path + ": " + std::to_string(labels.size()) +
+                                   " labels for " + std::to_string(impl_->num_samples) + " samples");
+  }
+  int64_t lo = 0, hi = 0;
+  if (!labels.empty()) {
+    auto [mn, mx] = std::minmax_element(labels.begin(), labels.end());
+    lo = *mn;
+    hi = *mx;
+  }
+  hid_t ftype = H5T_STD_I64LE;
+  if (lo >= 0 && hi <= 255) ftype = H5T_STD_U8LE;
+  else if (lo >= INT16_MIN && hi <= INT16_MAX) ftype = H5T_STD_I16LE;
+  else if (lo >= INT32_MIN && hi <= INT32_MAX) ftype = H5T_STD_I32LE;
+  hsize_t n = labels.size();
+  h5::Id space(H5Screate_simple(1, &n, nullptr));
+  h5::Id dset(H5Dcreate2(impl_->file.get(), "labels", ftype, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                         H5P_DEFAULT));
+  if (!dset.valid() ||
+      H5Dwrite(dset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0) {
+    return impl_->Error("writing /labels");
+  }
+  return Status::Ok();
+}
+
+Status DatasetWriter::WriteChannelStats(const std::vector<double>& mean, const std::vector<double>& stddev) {
+  h5::QuietErrors();
+  GPUFEED_RETURN_IF_ERROR(h5::WriteDoubleArrayAttr(impl_->images.get(), "mean", mean));
+  return h5::WriteDoubleArrayAttr(impl_->images.get(), "std", stddev);
+}
+
+Status DatasetWriter::Commit() {
+  h5::QuietErrors();
+  impl_->images.Reset();
+  if (H5Fclose(impl_->file.Release()) < 0) return impl_->Error("closing " + impl_->tmp_path);
+  if (std::rename(impl_->tmp_path.c_str(), impl_->path.c_str()) != 0) {
+    return Status::IOError(impl_->path + ": cannot rename " + impl_->tmp_path + " onto it: " +
+                           std::strerror(errno));
+  }
+  impl_->committed = true;
+  return Status::Ok();
+}
+
+}  // namespace gpufeed

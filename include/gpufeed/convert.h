@@ -1,0 +1,95 @@
+// Conversion of datasets into gpufeed's chunked HDF5 format (docs/format.md):
+// IDX (MNIST / Fashion-MNIST, gzip or plain), NumPy .npy, a folder of class
+// subfolders of JPEG/PNG images, or an existing HDF5 dataset (rechunk and
+// recompress). Chunks are read, compressed and checksummed in parallel (TBB),
+// written in order with H5Dwrite_chunk, and committed atomically.
+#ifndef GPUFEED_CONVERT_H_
+#define GPUFEED_CONVERT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpufeed/dtype.h"
+#include "gpufeed/status.h"
+#include "gpufeed/writer.h"
+
+namespace gpufeed {
+
+// Samples to convert. Read() must be thread-safe: the converter calls it from
+// many threads at once, each for its own chunk.
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual uint64_t num_samples() const = 0;
+  virtual const std::vector<uint64_t>& sample_shape() const = 0;
+  virtual DType dtype() const = 0;
+  virtual std::string layout() const = 0;                 // "" when unknown
+  virtual std::vector<std::string> class_names() const { return {}; }
+  virtual const std::vector<int64_t>& labels() const = 0;  // empty: no labels
+  virtual uint64_t input_bytes() const = 0;                // bytes the source occupies
+  virtual std::string description() const = 0;            // for messages
+  // Decodes samples [first, first + count) into dst (count * sample bytes).
+  virtual Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const = 0;
+};
+
+// IDX files (the MNIST format), gzip-compressed or plain. 3-D image files
+// become [N, 1, H, W] with layout NCHW. `labels_path` may be empty.
+Result<std::unique_ptr<SampleSource>> OpenIdxSource(const std::string& images_path,
+                                                    const std::string& labels_path);
+// A NumPy .npy array (C order, little-endian numeric) and optional labels .npy.
+Result<std::unique_ptr<SampleSource>> OpenNpySource(const std::string& path,
+                                                    const std::string& labels_path);
+// An HDF5 dataset ("file.h5" or "file.h5:/path"), read through Dataset.
+Result<std::unique_ptr<SampleSource>> OpenHdf5Source(const std::string& spec,
+                                                     const std::string& labels_path);
+
+struct ImageFolderOptions {
+  uint32_t height = 0, width = 0;  // required: output size (resize + center crop)
+  std::string layout = "NCHW";     // "NCHW" or "NHWC"
+};
+// A folder of class subfolders (sorted names become labels 0..C-1) of JPEG
+// (libjpeg-turbo) and PNG (libpng) files, decoded to RGB, resized so the
+// shorter side fits and center-cropped to height x width.
+Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& dir,
+                                                            const ImageFolderOptions& options);
+
+// Picks the reader from the input: a directory, *.npy, an HDF5 file (by its
+// signature, or a "file:/path" spec), else IDX (by its magic, gzip or not).
+Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const std::string& labels_path,
+                                                 const ImageFolderOptions& image_options);
+
+struct ConvertOptions {
+  WriteOptions write;
+  int threads = 0;  // 0: all hardware threads
+  // Called from one thread, in order, after each chunk is written.
+  std::function<void(uint64_t samples_done, uint64_t samples_total)> progress;
+};
+
+struct ConvertSummary {
+  uint64_t samples = 0;
+  uint64_t chunk_samples = 0;
+  uint64_t input_bytes = 0;  // what the source occupied (e.g. gzip'd IDX)
+  uint64_t raw_bytes = 0;    // decoded sample bytes
+  uint64_t output_bytes = 0; // size of the written file
+  double seconds = 0;
+  std::vector<double> mean, stddev;  // per channel, stored as attributes
+};
+
+// Writes `source` to `out_path` (atomically). Fails naming the input and
+// output on any error; the target is then left untouched.
+Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path,
+                               const ConvertOptions& options);
+
+// Stores the image folder's files as they are (JPEG only) in /jpeg, a
+// variable-length uint8 dataset, with /labels and class names; the loader
+// decodes them. Atomic like Convert().
+Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
+                                                 const ConvertOptions& options);
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_CONVERT_H_

@@ -1,0 +1,149 @@
+// Dataset: read access to a sample array stored in HDF5, in units of "chunks"
+// (runs of whole consecutive samples), without taking the HDF5 global lock on
+// the hot path.
+//
+// The common case (a dataset chunked along axis 0 only, filtered by any of
+// shuffle / deflate / zstd, or stored contiguously) takes the *direct* path:
+// Open() reads the chunk index once through HDF5; ReadChunk() then pread()s the
+// raw chunk bytes and runs the filters in the calling thread, so N threads
+// decode N chunks at once. Anything else (chunks that split samples, other
+// filters, big-endian data, unallocated chunks) takes the *hdf5* path: H5Dread
+// through a chunk cache sized for the access. Both return identical bytes; the
+// path taken is reported by info().read_path with its reason.
+//
+// Example:
+//   auto ds = gpufeed::Dataset::Open("train.h5");          // /images, /labels
+//   if (!ds.ok()) { fprintf(stderr, "%s\n", ds.status().ToString().c_str()); }
+//   std::vector<std::byte> buf(ds->chunk_bytes_max());
+//   gpufeed::Status s = ds->ReadChunk(0, buf);
+#ifndef GPUFEED_DATASET_H_
+#define GPUFEED_DATASET_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpufeed/dtype.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+// Where the samples live. Parsed from "file.h5" or "file.h5:/path/to/images".
+struct DatasetSpec {
+  std::string file;
+  std::string images = "/images";  // default dataset path
+
+  // Splits at the last ':' that is followed by '/', so "C:/x.h5" style paths
+  // and paths with ':' in a file name keep working. Fails on an empty file.
+  static Result<DatasetSpec> Parse(std::string_view spec);
+};
+
+enum class ReadPath {
+  kDirect,  // pread + our own filters, no HDF5 call per chunk
+  kHdf5,    // H5Dread through HDF5's (tuned) chunk cache
+};
+std::string_view ReadPathName(ReadPath p);  // "direct" / "hdf5"
+
+struct OpenOptions {
+  // Labels dataset. Empty: "/labels" if the file has it, else no labels.
+  // Named explicitly: it must exist. "none": ignore labels.
+  std::string labels_path;
+  // Byte budget for HDF5's chunk cache on the hdf5 path (per dataset). The
+  // cache is grown if one read unit's chunks would not fit, since a cache
+  // smaller than that re-decodes every chunk for every sample (h5py's
+  // 1 MiB default is what makes it ~100x slower on 11 MB chunks).
+  size_t hdf5_cache_bytes = 64u << 20;
+  // Forces the hdf5 path even where the direct path applies (for tests and
+  // for comparing the two).
+  bool force_hdf5_path = false;
+};
+
+struct FilterInfo {
+  int id = 0;                   // HDF5 filter id: 1 deflate, 2 shuffle, 32015 zstd
+  std::string name;             // "deflate", "shuffle", "zstd", or HDF5's name
+  std::vector<unsigned> params; // the filter's client data (level, element size)
+};
+
+// Everything `gpufeed inspect` shows about a dataset; fixed at Open().
+struct DatasetInfo {
+  std::string file;
+  std::string images_path;
+  std::string labels_path;             // empty when the dataset has no labels
+  std::vector<uint64_t> shape;         // [N, sample dims...]
+  std::string storage;                 // "chunked", "contiguous" or "compact"
+  std::vector<uint64_t> hdf5_chunk_shape;  // empty unless chunked
+  std::vector<FilterInfo> filters;     // in pipeline (write) order
+  uint64_t stored_bytes = 0;           // bytes on disk for the images
+  uint64_t raw_bytes = 0;              // N * sample bytes
+  ReadPath read_path = ReadPath::kDirect;
+  std::string read_path_reason;        // why the hdf5 path was taken, if it was
+  bool big_endian = false;
+  // Optional attributes of the images dataset (empty when absent).
+  std::string layout;                  // "NCHW", "NHWC", ...
+  std::vector<std::string> class_names;
+  std::vector<double> mean;            // per channel, in stored units (0..255)
+  std::vector<double> stddev;
+};
+
+// A read-only view of one images dataset and its labels.
+//
+// Thread safety: every const member may be called from any number of threads
+// at once, ReadChunk included. A Dataset is movable, not copyable; it owns
+// its file descriptor and HDF5 handles and closes them on destruction.
+class Dataset {
+ public:
+  // Opens `spec` ("file.h5" or "file.h5:/path"). Fails with NotFound (no file,
+  // no dataset — the message lists the datasets the file has), Corrupt (not
+  // HDF5, truncated), Unsupported (non-numeric dtype, rank < 1) or
+  // InvalidArgument (labels count != samples, labels not integers).
+  static Result<Dataset> Open(std::string_view spec, const OpenOptions& options = {});
+
+  Dataset(Dataset&&) noexcept;
+  Dataset& operator=(Dataset&&) noexcept;
+  ~Dataset();
+
+  uint64_t num_samples() const;
+  const std::vector<uint64_t>& sample_shape() const;  // shape without axis 0
+  uint64_t sample_bytes() const;  // product of sample_shape * dtype size
+  DType dtype() const;            // element type as stored (native byte order)
+
+  // The read unit: chunk i holds samples [i * chunk_samples(), ...), the last
+  // one possibly fewer. On the direct path of a chunked file this is the
+  // file's own chunking; for a contiguous file, about 4 MiB of samples.
+  uint64_t chunk_samples() const;
+  uint64_t num_chunks() const;
+  uint64_t samples_in_chunk(uint64_t i) const;
+  uint64_t chunk_bytes_max() const { return chunk_samples() * sample_bytes(); }
+  // Bytes the chunk occupies in the file (compressed size); for read
+  // amplification figures. On the hdf5 path, an estimate (raw size).
+  uint64_t stored_chunk_bytes(uint64_t i) const;
+
+  // Decodes chunk i into dst[0, samples_in_chunk(i) * sample_bytes()).
+  // Requires i < num_chunks() and dst large enough. Returns Corrupt naming the
+  // file, dataset and chunk when bytes are missing (short read) or fail to
+  // decompress, or decompress to the wrong size. Thread-safe.
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const;
+
+  // Decodes samples [first, first + count) into dst (count * sample_bytes()),
+  // crossing chunk boundaries as needed. Thread-safe. For rechunking.
+  Status ReadSamples(uint64_t first, uint64_t count, std::span<std::byte> dst) const;
+
+  bool has_labels() const;
+  // One label per sample, widened to int64; empty when !has_labels().
+  const std::vector<int64_t>& labels() const;
+
+  const DatasetInfo& info() const;
+
+ private:
+  struct Impl;
+  explicit Dataset(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_DATASET_H_

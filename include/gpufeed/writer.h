@@ -1,0 +1,93 @@
+// DatasetWriter: writes a gpufeed dataset (docs/format.md) — /images chunked
+// along axis 0 only, compressed by gpufeed's own codecs in the caller's
+// threads and stored with H5Dwrite_chunk, plus /labels and attributes.
+//
+// Atomicity: everything is written to "<path>.tmp-<pid>" and renamed onto
+// `path` by Commit(). A writer destroyed without a successful Commit() (an
+// error, an exception, a signal-free interruption) removes its temporary file,
+// so `path` is either the old file or the complete new one, never half.
+#ifndef GPUFEED_WRITER_H_
+#define GPUFEED_WRITER_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpufeed/dtype.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+enum class Codec { kNone, kDeflate, kZstd };
+std::string_view CodecName(Codec c);               // "none", "deflate", "zstd"
+Result<Codec> CodecFromName(std::string_view name);
+
+struct WriteOptions {
+  Codec codec = Codec::kZstd;
+  // Compression level; -1 picks the codec's default (deflate 4, zstd 3: both
+  // decode at the same speed whatever the level, and these are where higher
+  // levels stop paying for their encode time).
+  int level = -1;
+  // HDF5 shuffle filter before the compressor. Helps multi-byte dtypes; a
+  // no-op for uint8.
+  bool shuffle_filter = false;
+  // Samples per chunk; 0 picks one so a chunk holds about 2 MiB (1-4 MiB: big
+  // enough for pread and the codec to run at full speed, small enough that a
+  // shuffle window of several chunks fits in cache).
+  uint64_t chunk_samples = 0;
+  std::string layout;                    // "NCHW", "NHWC", ... (attribute)
+  std::vector<std::string> class_names;  // attribute, optional
+};
+
+// Chunk size `WriteOptions::chunk_samples == 0` resolves to.
+uint64_t AutoChunkSamples(uint64_t sample_bytes, uint64_t num_samples);
+
+// Not thread-safe: one thread calls WriteChunk in chunk order or any order;
+// EncodeChunk (static) is the part meant to run in parallel.
+class DatasetWriter {
+ public:
+  // Creates the temporary file with /images [num_samples, sample_shape...].
+  static Result<DatasetWriter> Create(const std::string& path, const std::vector<uint64_t>& sample_shape,
+                                      DType dtype, uint64_t num_samples, const WriteOptions& options);
+
+  DatasetWriter(DatasetWriter&&) noexcept;
+  DatasetWriter& operator=(DatasetWriter&&) noexcept;
+  ~DatasetWriter();  // removes the temporary file unless committed
+
+  uint64_t chunk_samples() const;
+  uint64_t num_chunks() const;
+  uint64_t sample_bytes() const;
+
+  // An encoded chunk, ready for WriteChunk.
+  struct EncodedChunk {
+    std::vector<std::byte> bytes;
+    uint32_t filter_mask = 0;
+  };
+  // Encodes chunk i's samples (samples_in_chunk * sample_bytes bytes; a short
+  // last chunk is zero-padded to the full chunk as HDF5 stores it).
+  // Thread-safe: call from many threads at once.
+  Status EncodeChunk(uint64_t i, std::span<const std::byte> samples, EncodedChunk* out) const;
+  // Stores an encoded chunk. Returns IOError/Internal naming the file.
+  Status WriteChunk(uint64_t i, const EncodedChunk& chunk);
+
+  // Writes /labels (int64 widened values stored as the narrowest of uint8,
+  // int16, int32, int64 that holds them). Requires labels.size() == samples.
+  Status WriteLabels(std::span<const int64_t> labels);
+  // Per-channel mean and std attributes of /images, in stored units.
+  Status WriteChannelStats(const std::vector<double>& mean, const std::vector<double>& stddev);
+
+  // Closes the file and renames it onto the target path.
+  Status Commit();
+  uint64_t bytes_written() const;  // stored chunk bytes so far
+
+ private:
+  struct Impl;
+  explicit DatasetWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_WRITER_H_

@@ -1,0 +1,100 @@
+// Codec round trips and damage detection.
+#include "hdf5io/codec.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/test_data.h"
+
+namespace gpufeed::codec {
+namespace {
+
+using gpufeed::testing::IndexSamples;
+
+TEST(CodecTest, ShuffleRoundTripsForEveryElementSizeAndPrefix) {
+  for (size_t elem : {1, 2, 4, 8}) {
+    std::vector<std::byte> raw = IndexSamples(13, 24);
+    raw.resize(raw.size() + 3);  // bytes that do not fill an element stay in place
+    std::vector<std::byte> shuffled(raw.size());
+    Shuffle(raw, shuffled, elem);
+    if (elem > 1) EXPECT_NE(shuffled, raw);
+    for (size_t prefix : {raw.size(), raw.size() - 3, size_t{17}, size_t{0}}) {
+      std::vector<std::byte> back(prefix);
+      Unshuffle(shuffled, back, elem);
+      EXPECT_TRUE(std::equal(back.begin(), back.end(), raw.begin())) << "elem " << elem << " prefix " << prefix;
+    }
+  }
+}
+
+TEST(CodecTest, DeflateAndZstdRoundTrip) {
+  const std::vector<std::byte> raw = IndexSamples(50, 1000);
+  std::vector<std::byte> packed(std::max(DeflateBound(raw.size()), ZstdBound(raw.size())));
+  std::vector<std::byte> out(raw.size());
+
+  size_t n = Deflate(raw, packed, 4);
+  ASSERT_GT(n, 0u);
+  ASSERT_TRUE(Inflate(std::span(packed.data(), n), out, "t").ok());
+  EXPECT_EQ(out, raw);
+
+  n = ZstdCompress(raw, packed, 3);
+  ASSERT_GT(n, 0u);
+  std::fill(out.begin(), out.end(), std::byte{0});
+  ASSERT_TRUE(ZstdDecompress(std::span(packed.data(), n), out, "t").ok());
+  EXPECT_EQ(out, raw);
+}
+
+TEST(CodecTest, DamagedOrWrongSizeStreamsAreCorrupt) {
+  const std::vector<std::byte> raw = IndexSamples(20, 500);
+  std::vector<std::byte> packed(DeflateBound(raw.size()));
+  size_t n = Deflate(raw, packed, 6);
+  std::vector<std::byte> out(raw.size());
+
+  std::vector<std::byte> bad(packed.begin(), packed.begin() + n);
+  bad[n / 2] ^= std::byte{0x5a};
+  Status s = Inflate(bad, out, "file.h5:/images chunk 3");
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find("chunk 3"), std::string::npos) << s.message();
+
+  std::vector<std::byte> bigger(raw.size() + 1);
+  EXPECT_EQ(Inflate(std::span(packed.data(), n), bigger, "c").code(), StatusCode::kCorrupt);
+  std::vector<std::byte> smaller(raw.size() - 1);
+  EXPECT_EQ(Inflate(std::span(packed.data(), n), smaller, "c").code(), StatusCode::kCorrupt);
+
+  n = ZstdCompress(raw, packed, 3);
+  EXPECT_EQ(ZstdDecompress(std::span(packed.data(), n - 7), out, "c").code(), StatusCode::kCorrupt);
+  EXPECT_EQ(ZstdDecompress(std::span(packed.data(), n), bigger, "c").code(), StatusCode::kCorrupt);
+}
+
+TEST(CodecTest, PipelinesRoundTripWithSkippedFilters) {
+  const std::vector<std::byte> raw = IndexSamples(64, 96);
+  const std::vector<std::vector<FilterStep>> pipelines = {
+      {},
+      {{kFilterDeflate, 1}},
+      {{kFilterShuffle, 4}, {kFilterDeflate, 1}},
+      {{kFilterZstd, 1}},
+      {{kFilterShuffle, 2}, {kFilterZstd, 1}},
+  };
+  DecodeScratch scratch;
+  for (const auto& p : pipelines) {
+    std::vector<std::byte> enc;
+    unsigned mask = 0;
+    EncodeChunk(p, 3, raw, enc, &mask, scratch);
+    for (size_t prefix : {raw.size(), raw.size() / 3}) {
+      std::vector<std::byte> out(prefix);
+      ASSERT_TRUE(DecodeChunk(p, mask, enc, raw.size(), out, scratch, "c").ok());
+      EXPECT_TRUE(std::equal(out.begin(), out.end(), raw.begin())) << p.size() << " filters, prefix " << prefix;
+    }
+  }
+  // Incompressible input: the compressor is skipped and recorded in the mask.
+  std::vector<std::byte> noise(4096);
+  for (size_t i = 0; i < noise.size(); ++i) noise[i] = std::byte{gpufeed::testing::IndexByte(i, i * 7)};
+  std::vector<std::byte> enc;
+  unsigned mask = 0;
+  EncodeChunk({{kFilterZstd, 1}}, 3, noise, enc, &mask, scratch);
+  EXPECT_EQ(mask, 1u);
+  std::vector<std::byte> out(noise.size());
+  ASSERT_TRUE(DecodeChunk({{kFilterZstd, 1}}, mask, enc, noise.size(), out, scratch, "c").ok());
+  EXPECT_EQ(out, noise);
+}
+
+}  // namespace
+}  // namespace gpufeed::codec
