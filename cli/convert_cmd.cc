@@ -11,6 +11,7 @@ namespace {
 
 struct ConvertArgs {
   std::string input, output, labels, size, layout = "NCHW", codec = "zstd";
+  std::vector<std::string> class_names;
   int level = -1, threads = 0;
   uint64_t chunk_samples = 0;
   bool shuffle_filter = false, keep_encoded = false, json = false;
@@ -27,6 +28,7 @@ int RunConvert(const ConvertArgs& a) {
   opts.write.level = a.level;
   opts.write.shuffle_filter = a.shuffle_filter;
   opts.write.chunk_samples = a.chunk_samples;
+  opts.write.class_names = a.class_names;
   opts.threads = a.threads;
   Progress progress("convert " + a.output);
   opts.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
@@ -103,6 +105,8 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
                   "labels: an IDX or .npy file, or for HDF5 input a dataset path in the same file");
   cmd->add_option("--size", args->size, "image folders: output size HxW (resize + center crop)");
   cmd->add_option("--layout", args->layout, "image folders: NCHW or NHWC")->check(CLI::IsMember({"NCHW", "NHWC"}));
+  cmd->add_option("--class-names", args->class_names, "class names, label order (comma-separated)")
+      ->delimiter(',');
   cmd->add_flag("--keep-encoded", args->keep_encoded, "image folders: store the JPEG files as they are (/jpeg)");
   cmd->add_option("--chunk-samples", args->chunk_samples, "samples per chunk (default: about 2 MiB a chunk)");
   cmd->add_option("--codec", args->codec, "none, deflate or zstd")->check(CLI::IsMember({"none", "deflate", "gzip", "zstd"}));

@@ -127,6 +127,16 @@ struct Work {
 
 }  // namespace
 
+std::string GuessLayout(const std::vector<uint64_t>& s) {
+  if (s.size() != 3) return "";
+  auto channels = [](uint64_t x) { return x == 1 || x == 3; };
+  if (channels(s[0]) && !channels(s[2])) return "NCHW";
+  if (channels(s[2]) && !channels(s[0])) return "NHWC";
+  if (s[0] == 4 && s[2] > 4) return "NCHW";  // RGBA
+  if (s[2] == 4 && s[0] > 4) return "NHWC";
+  return "";
+}
+
 Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path,
                                const ConvertOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -244,11 +254,7 @@ class Hdf5Source final : public SampleSource {
  public:
   explicit Hdf5Source(Dataset ds) : ds_(std::move(ds)) {
     layout_ = ds_.info().layout;
-    const auto& s = ds_.sample_shape();
-    if (layout_.empty() && s.size() == 3) {
-      if (s[0] == 1 || s[0] == 3 || s[0] == 4) layout_ = "NCHW";
-      else if (s[2] == 1 || s[2] == 3 || s[2] == 4) layout_ = "NHWC";
-    }
+    if (layout_.empty()) layout_ = GuessLayout(ds_.sample_shape());
   }
   uint64_t num_samples() const override { return ds_.num_samples(); }
   const std::vector<uint64_t>& sample_shape() const override { return ds_.sample_shape(); }

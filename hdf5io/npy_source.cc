@@ -114,10 +114,7 @@ class NpySource final : public SampleSource {
     shape_.assign(m_->shape.begin() + 1, m_->shape.end());
     sample_bytes_ = DTypeSize(m_->dtype);
     for (uint64_t x : shape_) sample_bytes_ *= x;
-    if (shape_.size() == 3) {
-      if (shape_[0] == 1 || shape_[0] == 3 || shape_[0] == 4) layout_ = "NCHW";
-      else if (shape_[2] == 1 || shape_[2] == 3 || shape_[2] == 4) layout_ = "NHWC";
-    }
+    layout_ = GuessLayout(shape_);
   }
   uint64_t num_samples() const override { return m_->shape[0]; }
   const std::vector<uint64_t>& sample_shape() const override { return shape_; }

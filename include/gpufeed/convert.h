@@ -36,6 +36,10 @@ class SampleSource {
   virtual Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const = 0;
 };
 
+// The layout a [C, H, W] or [H, W, C] sample shape most likely has: "NCHW"
+// when 1 or 3 channels lead, "NHWC" when they trail, "" when unclear.
+std::string GuessLayout(const std::vector<uint64_t>& sample_shape);
+
 // IDX files (the MNIST format), gzip-compressed or plain. 3-D image files
 // become [N, 1, H, W] with layout NCHW. `labels_path` may be empty.
 Result<std::unique_ptr<SampleSource>> OpenIdxSource(const std::string& images_path,
