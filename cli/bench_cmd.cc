@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/read_bench.h"
+#include "bench/synthetic_source.h"
+#include "cli/progress.h"
 #include "cli/commands.h"
 #include "gpufeed/device.h"
 
@@ -44,6 +46,34 @@ int RunReadBenchCmd(const bench::ReadBenchOptions& o, bool json) {
   return 0;
 }
 
+struct GenArgs {
+  std::string workload = "celeba-deflate", output;
+  uint64_t samples = 20000, seed = 1;
+  int threads = 0;
+};
+
+int RunGen(const GenArgs& a) {
+  ConvertOptions o;
+  if (Status s = bench::WorkloadWriteOptions(a.workload, &o.write); !s.ok()) {
+    std::fprintf(stderr, "gpufeed bench gen: %s\n", s.message().c_str());
+    return 2;
+  }
+  o.threads = a.threads;
+  Progress progress("gen " + a.workload);
+  o.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
+  auto source = bench::MakeCelebaLikeSource(a.samples, a.seed);
+  auto s = Convert(*source, a.output, o);
+  progress.Finish();
+  if (!s.ok()) {
+    std::fprintf(stderr, "gpufeed bench gen: %s\n", s.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("wrote %s: %s, %llu samples, %.1f MB raw, %.1f MB file (%.2fx), %.1f s\n", a.output.c_str(),
+              a.workload.c_str(), static_cast<unsigned long long>(s->samples), s->raw_bytes / 1e6,
+              s->output_bytes / 1e6, static_cast<double>(s->raw_bytes) / s->output_bytes, s->seconds);
+  return 0;
+}
+
 }  // namespace
 
 void AddBenchCommand(CLI::App& app, int* exit_code) {
@@ -58,6 +88,15 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   read->add_option("--repeats", ro->repeats, "timed passes; the median is reported");
   read->add_flag("--json", *json, "print as JSON");
   read->callback([ro, json, exit_code] { *exit_code = RunReadBenchCmd(*ro, *json); });
+
+  auto ga = std::make_shared<GenArgs>();
+  CLI::App* gen = bench_cmd->add_subcommand("gen", "Write a benchmark workload of ../shared/WORKLOADS.md");
+  gen->add_option("--workload", ga->workload, "celeba-raw, celeba-deflate or celeba-zstd");
+  gen->add_option("--samples", ga->samples, "N (default 20000)");
+  gen->add_option("--seed", ga->seed, "generator seed");
+  gen->add_option("--threads", ga->threads, "threads (default: all cores)");
+  gen->add_option("-o,--output", ga->output, "output .h5")->required();
+  gen->callback([ga, exit_code] { *exit_code = RunGen(*ga); });
 }
 
 void AddDevicesCommand(CLI::App& app, int* exit_code) {
