@@ -58,6 +58,7 @@ int RunInspect(const InspectArgs& a) {
         {"layout", info.layout},
         {"storage", info.storage},
         {"hdf5_chunk_shape", info.hdf5_chunk_shape},
+        {"hdf5_chunks", r.hdf5_chunks},
         {"filters", filters},
         {"stored_bytes", info.stored_bytes},
         {"raw_bytes", info.raw_bytes},
@@ -82,9 +83,7 @@ int RunInspect(const InspectArgs& a) {
   std::printf("  storage      %s", info.storage.c_str());
   if (!info.hdf5_chunk_shape.empty()) {
     std::printf(", chunks %s, %llu chunks", ShapeText(info.hdf5_chunk_shape).c_str(),
-                static_cast<unsigned long long>(info.storage == "chunked" && info.read_path == ReadPath::kDirect
-                                                    ? ds->num_chunks()
-                                                    : 0));
+                static_cast<unsigned long long>(r.hdf5_chunks));
   }
   std::printf("\n  filters      ");
   if (info.filters.empty()) std::printf("none");

@@ -13,6 +13,12 @@ InspectReport Inspect(const Dataset& ds) {
   for (int64_t l : ds.labels()) ++r.label_histogram[l];
   const DatasetInfo& info = ds.info();
   if (info.stored_bytes > 0) r.compression_ratio = static_cast<double>(info.raw_bytes) / info.stored_bytes;
+  if (!info.hdf5_chunk_shape.empty()) {
+    r.hdf5_chunks = 1;
+    for (size_t d = 0; d < info.shape.size(); ++d) {
+      r.hdf5_chunks *= (info.shape[d] + info.hdf5_chunk_shape[d] - 1) / info.hdf5_chunk_shape[d];
+    }
+  }
   r.recommended_cache_bytes = std::min(info.raw_bytes, InspectReport::kRecommendedWindow * ds.chunk_bytes_max());
   return r;
 }

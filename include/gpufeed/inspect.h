@@ -14,6 +14,7 @@ namespace gpufeed {
 struct InspectReport {
   std::map<int64_t, uint64_t> label_histogram;  // label -> count
   double compression_ratio = 1;                 // raw / stored bytes
+  uint64_t hdf5_chunks = 0;                     // chunks of the HDF5 chunk grid (0 unless chunked)
   // Decoded-chunk cache that holds a shuffle window of kRecommendedWindow
   // chunks (the loader's `block` order reads each chunk once per epoch with
   // it), capped at the whole dataset.
