@@ -11,7 +11,7 @@ macro(gpufeed_test_finish)
   add_executable(gpufeed_tests ${GPUFEED_TEST_SOURCES} ${PROJECT_SOURCE_DIR}/tests/testing/test_data.cc)
   target_include_directories(gpufeed_tests PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(gpufeed_tests PRIVATE gpufeed GTest::gtest_main PkgConfig::HDF5
-                        PkgConfig::TURBOJPEG PNG::PNG ZLIB::ZLIB)
+                        PkgConfig::TURBOJPEG PkgConfig::XXHASH PNG::PNG ZLIB::ZLIB)
   target_compile_definitions(gpufeed_tests PRIVATE GPUFEED_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   gtest_discover_tests(gpufeed_tests PROPERTIES LABELS cpu DISCOVERY_TIMEOUT 60)
 endmacro()

@@ -235,6 +235,7 @@ uint64_t Dataset::num_chunks() const { return impl_->num_chunks; }
 bool Dataset::has_labels() const { return !impl_->info.labels_path.empty(); }
 const std::vector<int64_t>& Dataset::labels() const { return impl_->labels; }
 const DatasetInfo& Dataset::info() const { return impl_->info; }
+std::string Dataset::name() const { return impl_->what; }
 
 uint64_t Dataset::samples_in_chunk(uint64_t i) const {
   assert(i < impl_->num_chunks);

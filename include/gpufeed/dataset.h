@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpufeed/chunk_source.h"
 #include "gpufeed/dtype.h"
 #include "gpufeed/status.h"
 
@@ -94,7 +95,7 @@ struct DatasetInfo {
 // Thread safety: every const member may be called from any number of threads
 // at once, ReadChunk included. A Dataset is movable, not copyable; it owns
 // its file descriptor and HDF5 handles and closes them on destruction.
-class Dataset {
+class Dataset final : public ChunkSource {
  public:
   // Opens `spec` ("file.h5" or "file.h5:/path"). Fails with NotFound (no file,
   // no dataset — the message lists the datasets the file has), Corrupt (not
@@ -104,29 +105,29 @@ class Dataset {
 
   Dataset(Dataset&&) noexcept;
   Dataset& operator=(Dataset&&) noexcept;
-  ~Dataset();
+  ~Dataset() override;
 
-  uint64_t num_samples() const;
-  const std::vector<uint64_t>& sample_shape() const;  // shape without axis 0
-  uint64_t sample_bytes() const;  // product of sample_shape * dtype size
-  DType dtype() const;            // element type as stored (native byte order)
+  uint64_t num_samples() const override;
+  const std::vector<uint64_t>& sample_shape() const override;  // shape without axis 0
+  uint64_t sample_bytes() const override;  // product of sample_shape * dtype size
+  DType dtype() const override;   // element type as stored (native byte order)
 
   // The read unit: chunk i holds samples [i * chunk_samples(), ...), the last
   // one possibly fewer. On the direct path of a chunked file this is the
   // file's own chunking; for a contiguous file, about 4 MiB of samples.
-  uint64_t chunk_samples() const;
-  uint64_t num_chunks() const;
-  uint64_t samples_in_chunk(uint64_t i) const;
+  uint64_t chunk_samples() const override;
+  uint64_t num_chunks() const override;
+  uint64_t samples_in_chunk(uint64_t i) const override;
   uint64_t chunk_bytes_max() const { return chunk_samples() * sample_bytes(); }
   // Bytes the chunk occupies in the file (compressed size); for read
   // amplification figures. On the hdf5 path, an estimate (raw size).
-  uint64_t stored_chunk_bytes(uint64_t i) const;
+  uint64_t stored_chunk_bytes(uint64_t i) const override;
 
   // Decodes chunk i into dst[0, samples_in_chunk(i) * sample_bytes()).
   // Requires i < num_chunks() and dst large enough. Returns Corrupt naming the
   // file, dataset and chunk when bytes are missing (short read) or fail to
   // decompress, or decompress to the wrong size. Thread-safe.
-  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const;
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override;
 
   // Decodes samples [first, first + count) into dst (count * sample_bytes()),
   // crossing chunk boundaries as needed. Thread-safe. For rechunking.
@@ -134,7 +135,8 @@ class Dataset {
 
   bool has_labels() const;
   // One label per sample, widened to int64; empty when !has_labels().
-  const std::vector<int64_t>& labels() const;
+  const std::vector<int64_t>& labels() const override;
+  std::string name() const override;  // "file.h5:/images"
 
   const DatasetInfo& info() const;
 

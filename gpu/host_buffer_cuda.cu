@@ -1,0 +1,26 @@
+// Page-locked host allocations through the CUDA runtime.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace gpufeed::gpu {
+
+// False when there is no device or the allocation fails (the caller then uses
+// plain memory); never leaves a sticky CUDA error behind.
+bool PinnedAlloc(size_t bytes, void** out) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  if (cudaHostAlloc(out, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();
+    *out = nullptr;
+    return false;
+  }
+  return true;
+}
+
+void PinnedFree(void* p) { cudaFreeHost(p); }
+
+}  // namespace gpufeed::gpu

@@ -1,0 +1,221 @@
+// Loader: turns a ChunkSource (usually a Dataset) into a stream of uint8
+// batches {images [B, sample dims...], labels [B]} in recycled host buffers,
+// prefetched by a TBB pipeline: plan -> fetch/decode chunks through a cache
+// that knows the epoch's order -> assemble -> deliver in order.
+//
+//   auto ds = gpufeed::Dataset::Open("train.h5");
+//   gpufeed::Loader loader(*ds, {.batch_size = 256, .order = gpufeed::Order::kBlock, .seed = 1});
+//   for (const gpufeed::Batch& b : loader.Epoch(0)) { use(b.images(), b.labels()); }
+//
+// Order. The sample order of an epoch is a pure function of (seed, epoch,
+// rank, world_size, order, shuffle_window, batch_size, drop_last) and the
+// source's shape — never of thread counts or timing — so a run resumes from
+// (epoch, next_batch) with any number of threads and gets identical batches.
+//
+// Memory. At most `prefetch` batches are in flight; buffers come from a pool
+// of prefetch + 1 batches allocated once (pinned when a CUDA device is
+// present). Resident memory is bounded by
+//   cache_bytes + (prefetch + 1) x batch bytes + threads x chunk bytes
+// plus decoded chunks evicted from the cache while a batch still copies from
+// them (at most the chunks of the batches in flight).
+//
+// Threads. A Loader may run one epoch stream at a time; its methods are not
+// thread-safe with respect to each other. The stream is consumed from one
+// thread. Destroying a stream (or the loader) mid-epoch stops the pipeline,
+// waits for its tasks and frees everything: no leak, no stray thread.
+#ifndef GPUFEED_LOADER_H_
+#define GPUFEED_LOADER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpufeed/chunk_source.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+enum class Order {
+  kSequential,  // 0, 1, 2, ...
+  kRandom,      // a full permutation each epoch
+  // Chunk-aware: shuffle the chunk order, then shuffle the samples of each
+  // window of `shuffle_window` consecutive chunks together. Each chunk is read
+  // and decoded once per epoch when the cache holds a window.
+  kBlock,
+};
+std::string_view OrderName(Order o);
+Result<Order> OrderFromName(std::string_view name);
+
+struct LoaderOptions {
+  uint64_t batch_size = 256;
+  Order order = Order::kBlock;
+  uint64_t seed = 0;
+  int threads = 0;               // TBB threads; 0: all hardware threads
+  int prefetch = 8;              // batches in flight ahead of the consumer
+  uint64_t cache_bytes = 1ull << 30;  // decoded-chunk cache budget
+  uint64_t shuffle_window = 16;  // chunks per shuffle window (kBlock)
+  int rank = 0;                  // this process's shard
+  int world_size = 1;            // number of shards
+  // false (default): ranks get ceil(N / world_size) samples each, the short
+  // ones padded with samples from the start of the epoch's order (as
+  // PyTorch's DistributedSampler does), and the last batch may be short.
+  // true: each rank gets floor(N / world_size) samples rounded down to whole
+  // batches; nothing is repeated, every batch is full.
+  bool drop_last = false;
+  // Allocate batch buffers with cudaHostAlloc when a CUDA device is present.
+  bool pin_memory = true;
+};
+
+// Where a run is: resume with Loader::Epoch(state.epoch, state.next_batch).
+// Serialized with a magic and a version.
+struct LoaderState {
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+  uint64_t next_batch = 0;  // batches the consumer has received this epoch
+  std::string Serialize() const;
+  static Result<LoaderState> Deserialize(std::string_view bytes);
+};
+
+// One delivered batch. Move-only; its buffer returns to the loader's pool when
+// the Batch is destroyed (the range-for iterator does that when it advances).
+// Valid only while its Loader lives.
+class Batch {
+ public:
+  Batch() = default;
+  Batch(Batch&&) noexcept;
+  Batch& operator=(Batch&&) noexcept;
+  ~Batch();
+
+  uint64_t epoch() const { return epoch_; }
+  uint64_t index() const { return index_; }          // batch index within the epoch
+  uint64_t size() const { return indices_.size(); }  // samples (<= batch_size)
+  uint64_t sample_bytes() const { return sample_bytes_; }
+  const std::vector<uint64_t>& sample_shape() const { return *sample_shape_; }
+  // size() x sample_bytes() bytes, sample after sample (pinned when pinned()).
+  std::span<const std::byte> images() const { return {data_, size() * sample_bytes_}; }
+  std::span<const int64_t> labels() const { return labels_; }        // empty if the source has none
+  std::span<const uint64_t> indices() const { return indices_; }     // global sample indices
+  bool pinned() const { return pinned_; }
+
+  struct Slot;  // a pool buffer; defined in loader.cc
+
+ private:
+  friend class EpochStream;
+  Slot* slot_ = nullptr;
+  const std::byte* data_ = nullptr;
+  std::span<const int64_t> labels_;
+  std::span<const uint64_t> indices_;
+  const std::vector<uint64_t>* sample_shape_ = nullptr;
+  uint64_t epoch_ = 0, index_ = 0, sample_bytes_ = 0;
+  bool pinned_ = false;
+};
+
+struct LoaderStats {
+  uint64_t batches = 0, samples = 0;
+  uint64_t bytes_delivered = 0;       // image bytes handed to the consumer
+  uint64_t chunk_reads = 0;           // chunks read and decoded
+  uint64_t bytes_read = 0;            // stored bytes read from the source
+  uint64_t bytes_decoded = 0;         // decoded bytes produced
+  uint64_t chunk_hits = 0;            // chunk uses served by the cache
+  uint64_t chunk_misses = 0;          // chunk uses that needed a read
+  uint64_t prefetched = 0;            // reads started ahead of their batch
+  double plan_seconds = 0;            // busy time per stage, summed over threads
+  double fetch_seconds = 0;           // read + decode
+  double assemble_seconds = 0;        // copying samples into batches
+  double consumer_wait_seconds = 0;   // time Next() waited for a batch
+  double wall_seconds = 0;            // since the stream started
+  uint64_t queue_depth_sum = 0;       // ready batches seen at each Next()
+  double hit_rate() const {
+    return chunk_hits + chunk_misses ? double(chunk_hits) / double(chunk_hits + chunk_misses) : 0;
+  }
+  // Bytes read and decoded per byte delivered (1.0: every chunk once).
+  double read_amplification() const { return bytes_delivered ? double(bytes_decoded) / bytes_delivered : 0; }
+  double samples_per_second() const { return wall_seconds > 0 ? samples / wall_seconds : 0; }
+  double mean_queue_depth() const { return batches ? double(queue_depth_sum) / batches : 0; }
+};
+
+class Loader;
+
+// One epoch (from a start batch to its end) of batches, in order.
+class EpochStream {
+ public:
+  EpochStream(EpochStream&&) noexcept;
+  EpochStream& operator=(EpochStream&&) noexcept;
+  ~EpochStream();  // stops the pipeline if it is still running
+
+  // The next batch; nullopt at the end of the epoch; a Status naming the
+  // source, chunk and cause if any stage failed (the stream then ends).
+  Result<std::optional<Batch>> Next();
+  uint64_t num_batches() const;  // in the whole epoch, for this rank
+  LoaderStats stats() const;
+
+  // Range-for support. The iterator throws gpufeed::LoaderError (carrying
+  // the Status) on failure; use Next() to handle errors as values.
+  class Iterator {
+   public:
+    const Batch& operator*() const { return batch_; }
+    const Batch* operator->() const { return &batch_; }
+    Iterator& operator++();
+    bool operator!=(const Iterator& o) const { return stream_ != o.stream_; }
+
+   private:
+    friend class EpochStream;
+    EpochStream* stream_ = nullptr;
+    Batch batch_;
+  };
+  Iterator begin();
+  Iterator end() { return Iterator(); }
+
+ private:
+  friend class Loader;
+  struct Impl;
+  explicit EpochStream(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Thrown by EpochStream::Iterator only.
+class LoaderError : public std::exception {
+ public:
+  explicit LoaderError(Status s) : status_(std::move(s)), what_(status_.ToString()) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+  std::string what_;
+};
+
+class Loader {
+ public:
+  // `source` must outlive the Loader. Options are checked when an epoch
+  // starts (Epoch() fails the stream with InvalidArgument on bad options).
+  Loader(const ChunkSource& source, const LoaderOptions& options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Starts epoch `epoch` at batch `start_batch` (resume). Only one stream may
+  // be alive at a time; starting another ends the previous one.
+  EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0);
+  EpochStream Resume(const LoaderState& state) { return Epoch(state.epoch, state.next_batch); }
+
+  // Where the consumer is: the epoch of the last stream and how many of its
+  // batches were received.
+  LoaderState state() const;
+  uint64_t num_batches() const;  // per epoch, for this rank
+  const LoaderOptions& options() const;
+  uint64_t batch_bytes() const;
+
+ private:
+  friend class EpochStream;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_LOADER_H_

@@ -1,0 +1,153 @@
+// Belady-managed decoded-chunk cache with prefetch.
+#include "loader/chunk_cache.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace gpufeed::loader {
+
+ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes) : source_(source), budget_(budget_bytes) {}
+
+ChunkCache::~ChunkCache() = default;
+
+uint64_t ChunkCache::ChunkBytes(uint32_t c) const { return source_.samples_in_chunk(c) * source_.sample_bytes(); }
+
+uint64_t ChunkCache::NextUse(uint32_t c) const {
+  if (plan_ == nullptr) return kNever;
+  const auto& users = plan_->chunk_users[c];
+  return uses_done_[c] < users.size() ? users[uses_done_[c]] : kNever;
+}
+
+void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_ = plan;
+  uses_done_.assign(source_.num_chunks(), 0);
+  for (size_t c = 0; c < plan->chunk_users.size(); ++c) {
+    const auto& u = plan->chunk_users[c];
+    uses_done_[c] = static_cast<uint32_t>(std::lower_bound(u.begin(), u.end(), start_batch) - u.begin());
+  }
+  by_next_use_.clear();
+  for (auto& [c, e] : resident_) {
+    key_[c] = NextUse(c);
+    by_next_use_.insert({key_[c], c});
+  }
+  counters_.reads = counters_.bytes_read = counters_.bytes_decoded = 0;
+  counters_.hits = counters_.misses = counters_.prefetched = counters_.fetch_ns = 0;
+}
+
+void ChunkCache::Insert(const std::shared_ptr<ChunkEntry>& e) {
+  resident_[e->chunk] = e;
+  resident_bytes_ += ChunkBytes(e->chunk);
+  key_[e->chunk] = NextUse(e->chunk);
+  by_next_use_.insert({key_[e->chunk], e->chunk});
+}
+
+void ChunkCache::Erase(uint32_t c) {
+  auto it = resident_.find(c);
+  if (it == resident_.end()) return;
+  by_next_use_.erase({key_[c], c});
+  key_.erase(c);
+  resident_bytes_ -= ChunkBytes(c);
+  resident_.erase(it);
+}
+
+bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
+  if (bytes > budget_) return false;
+  while (resident_bytes_ + bytes > budget_) {
+    auto victim = std::prev(by_next_use_.end());  // needed furthest in the future
+    if (victim->first <= next_use && victim->first != kNever) return false;
+    Erase(victim->second);
+  }
+  return true;
+}
+
+void ChunkCache::Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks) {
+  tasks.run([this, e] { (void)Ensure(*e); });
+}
+
+Status ChunkCache::Ensure(ChunkEntry& e) {
+  int expected = ChunkEntry::kQueued;
+  if (e.state.compare_exchange_strong(expected, ChunkEntry::kRunning)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    e.data.resize(ChunkBytes(e.chunk));
+    e.status = source_.ReadChunk(e.chunk, e.data);
+    if (!e.status.ok()) e.data = {};
+    counters_.reads += 1;
+    counters_.bytes_read += source_.stored_chunk_bytes(e.chunk);
+    counters_.bytes_decoded += ChunkBytes(e.chunk);
+    counters_.fetch_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    {
+      std::lock_guard<std::mutex> lock(e.mu);
+      e.state.store(ChunkEntry::kDone);
+    }
+    e.done_cv.notify_all();
+    return e.status;
+  }
+  // Another thread is decoding it (it is running, so waiting cannot
+  // deadlock the arena), or it is done.
+  std::unique_lock<std::mutex> lock(e.mu);
+  e.done_cv.wait(lock, [&] { return e.state.load() == ChunkEntry::kDone; });
+  return e.status;
+}
+
+std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_t lookahead, tbb::task_group& tasks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const EpochPlan& plan = *plan_;
+  std::vector<std::shared_ptr<ChunkEntry>> handles;
+  handles.reserve(plan.batch_chunks[b].size());
+  for (uint32_t c : plan.batch_chunks[b]) {
+    // This batch's use is consumed now: the chunk's key becomes its next use.
+    ++uses_done_[c];
+    auto it = resident_.find(c);
+    if (it != resident_.end()) {
+      counters_.hits += 1;
+      handles.push_back(it->second);
+      by_next_use_.erase({key_[c], c});
+      key_[c] = NextUse(c);
+      by_next_use_.insert({key_[c], c});
+      continue;
+    }
+    counters_.misses += 1;
+    auto e = std::make_shared<ChunkEntry>(c);
+    const uint64_t next = NextUse(c);
+    if (next != kNever && Admit(ChunkBytes(c), next)) {
+      Insert(e);
+      Spawn(e, tasks);
+    }  // else transient: decoded by the assembling thread, freed after
+    handles.push_back(std::move(e));
+  }
+  // Chunks no later batch needs leave now; the handles keep them alive for
+  // this batch.
+  for (uint32_t c : plan.batch_chunks[b]) {
+    if (NextUse(c) == kNever) Erase(c);
+  }
+  // Prefetch what the next batches need, as long as each is needed sooner
+  // than what it would displace.
+  for (uint64_t b2 = b + 1; b2 < std::min<uint64_t>(plan.num_batches, b + 1 + lookahead); ++b2) {
+    for (uint32_t c : plan.batch_chunks[b2]) {
+      if (resident_.count(c)) continue;
+      if (!Admit(ChunkBytes(c), NextUse(c))) return handles;
+      auto e = std::make_shared<ChunkEntry>(c);
+      Insert(e);
+      Spawn(e, tasks);
+      counters_.prefetched += 1;
+    }
+  }
+  return handles;
+}
+
+uint64_t ChunkCache::resident_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return resident_bytes_;
+}
+
+std::vector<uint32_t> ChunkCache::ResidentChunks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint32_t> out;
+  for (const auto& [c, e] : resident_) out.push_back(c);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace gpufeed::loader

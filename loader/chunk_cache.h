@@ -1,0 +1,101 @@
+// ChunkCache: decoded chunks under a byte budget, managed with the epoch's
+// known future (Belady): a chunk is dropped as soon as no later batch needs
+// it; when the budget is full, the chunk needed furthest in the future goes,
+// and a chunk is only admitted if it is needed sooner than that one. It also
+// prefetches: chunks of the next batches start decoding while earlier
+// batches are assembled.
+//
+// Threading: Acquire() is called by one thread at a time, in batch order (the
+// pipeline's serial plan stage), which makes every cache decision — and so
+// every read count — independent of thread counts and timing. Ensure() and
+// the entries it returns are used from any thread.
+#ifndef GPUFEED_LOADER_CHUNK_CACHE_H_
+#define GPUFEED_LOADER_CHUNK_CACHE_H_
+
+#include <tbb/task_group.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "gpufeed/chunk_source.h"
+#include "loader/sampler.h"
+
+namespace gpufeed::loader {
+
+// One decoded chunk, or one being decoded.
+struct ChunkEntry {
+  enum State : int { kQueued = 0, kRunning = 1, kDone = 2 };
+  explicit ChunkEntry(uint32_t c) : chunk(c) {}
+  const uint32_t chunk;
+  std::vector<std::byte> data;   // written once, by the thread that wins kQueued -> kRunning
+  Status status;                 // valid once state == kDone
+  std::atomic<int> state{kQueued};
+  std::mutex mu;                 // guards the wait below
+  std::condition_variable done_cv;
+};
+
+struct CacheCounters {
+  std::atomic<uint64_t> reads{0}, bytes_read{0}, bytes_decoded{0};
+  std::atomic<uint64_t> hits{0}, misses{0}, prefetched{0};
+  std::atomic<uint64_t> fetch_ns{0};
+};
+
+class ChunkCache {
+ public:
+  ChunkCache(const ChunkSource& source, uint64_t budget_bytes);
+  ~ChunkCache();
+
+  // Starts an epoch at batch `start_batch` (uses by earlier batches count as
+  // done): `plan` must outlive its use. Resident chunks stay and are ranked
+  // by their next use in the new plan. Resets the counters.
+  void BeginEpoch(const EpochPlan* plan, uint64_t start_batch);
+
+  // Serial, in batch order: handles to batch b's chunks (plan.batch_chunks[b]
+  // order), cached or transient (decoded by whoever Ensure()s it first, then
+  // freed with the last handle). Starts decoding admitted misses and the
+  // chunks of up to `lookahead` following batches on `tasks`.
+  std::vector<std::shared_ptr<ChunkEntry>> Acquire(uint64_t b, uint64_t lookahead, tbb::task_group& tasks);
+
+  // Decodes `e` now unless another thread already started it, then waits for
+  // it. Returns the decode status.
+  Status Ensure(ChunkEntry& e);
+
+  uint64_t resident_bytes() const;
+  uint64_t budget_bytes() const { return budget_; }
+  CacheCounters& counters() { return counters_; }
+  // The chunks resident now, ascending (for tests).
+  std::vector<uint32_t> ResidentChunks() const;
+
+ private:
+  static constexpr uint64_t kNever = UINT64_MAX;
+  uint64_t NextUse(uint32_t c) const;       // REQUIRES(mu_)
+  uint64_t ChunkBytes(uint32_t c) const;
+  // Makes room for `bytes` by evicting chunks used later than `next_use`;
+  // false (nothing evicted beyond what was free) if it cannot.
+  bool Admit(uint64_t bytes, uint64_t next_use);  // REQUIRES(mu_)
+  void Insert(const std::shared_ptr<ChunkEntry>& e);  // REQUIRES(mu_)
+  void Erase(uint32_t c);                            // REQUIRES(mu_)
+  void Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks);
+
+  const ChunkSource& source_;
+  const uint64_t budget_;
+  CacheCounters counters_;
+
+  mutable std::mutex mu_;
+  const EpochPlan* plan_ = nullptr;                                      // GUARDED_BY(mu_)
+  std::vector<uint32_t> uses_done_;                                      // GUARDED_BY(mu_)
+  std::unordered_map<uint32_t, std::shared_ptr<ChunkEntry>> resident_;   // GUARDED_BY(mu_)
+  std::set<std::pair<uint64_t, uint32_t>> by_next_use_;                  // GUARDED_BY(mu_)
+  std::unordered_map<uint32_t, uint64_t> key_;                           // GUARDED_BY(mu_): chunk -> its key
+  uint64_t resident_bytes_ = 0;                                          // GUARDED_BY(mu_)
+};
+
+}  // namespace gpufeed::loader
+
+#endif  // GPUFEED_LOADER_CHUNK_CACHE_H_

@@ -1,0 +1,97 @@
+// Sample orders (sequential, random, block), sharding and batch planning.
+#include "loader/sampler.h"
+
+#include <algorithm>
+
+namespace gpufeed::loader {
+
+uint64_t Rng::Next() {
+  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::vector<uint64_t> GlobalOrder(uint64_t n, uint64_t chunk_samples, Order order, uint64_t seed, uint64_t epoch,
+                                  uint64_t shuffle_window) {
+  std::vector<uint64_t> out;
+  out.reserve(n);
+  // Mix seed and epoch so that (seed, epoch) pairs give unrelated streams.
+  Rng rng(Rng(seed ^ 0x5851F42D4C957F2Dull).Next() ^ Rng(epoch + 0x14057B7EF767814Full).Next());
+  switch (order) {
+    case Order::kSequential:
+      for (uint64_t i = 0; i < n; ++i) out.push_back(i);
+      break;
+    case Order::kRandom:
+      for (uint64_t i = 0; i < n; ++i) out.push_back(i);
+      FisherYates(out, rng);
+      break;
+    case Order::kBlock: {
+      const uint64_t k = std::max<uint64_t>(1, chunk_samples);
+      const uint64_t chunks = (n + k - 1) / k;
+      std::vector<uint64_t> chunk_order(chunks);
+      for (uint64_t c = 0; c < chunks; ++c) chunk_order[c] = c;
+      FisherYates(chunk_order, rng);
+      const uint64_t w = std::max<uint64_t>(1, shuffle_window);
+      for (uint64_t g = 0; g < chunks; g += w) {
+        const size_t begin = out.size();
+        for (uint64_t j = g; j < std::min(chunks, g + w); ++j) {
+          const uint64_t c = chunk_order[j];
+          for (uint64_t s = c * k; s < std::min(n, (c + 1) * k); ++s) out.push_back(s);
+        }
+        std::vector<uint64_t> window(out.begin() + begin, out.end());
+        FisherYates(window, rng);
+        std::copy(window.begin(), window.end(), out.begin() + begin);
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, uint64_t num_chunks,
+                                const LoaderOptions& o, uint64_t epoch) {
+  if (o.batch_size == 0) return Status::InvalidArgument("loader: batch_size must be > 0");
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return Status::InvalidArgument("loader: rank " + std::to_string(o.rank) + " outside world of " +
+                                   std::to_string(o.world_size));
+  }
+  if (num_samples == 0) return Status::InvalidArgument("loader: the source has no samples");
+  if (num_chunks >= (1ull << 32)) return Status::Unsupported("loader: more than 2^32 chunks");
+  const std::vector<uint64_t> global =
+      GlobalOrder(num_samples, chunk_samples, o.order, o.seed, epoch, o.shuffle_window);
+  const uint64_t world = static_cast<uint64_t>(o.world_size);
+  EpochPlan plan;
+  plan.batch_size = o.batch_size;
+  // Contiguous shards of the global order: with kBlock a rank's share is made
+  // of whole windows, so ranks do not read each other's chunks.
+  uint64_t per_rank;
+  if (o.drop_last) {
+    per_rank = num_samples / world / o.batch_size * o.batch_size;
+  } else {
+    per_rank = (num_samples + world - 1) / world;
+  }
+  const uint64_t start = static_cast<uint64_t>(o.rank) * per_rank;
+  plan.samples.reserve(per_rank);
+  for (uint64_t p = start; p < start + per_rank; ++p) plan.samples.push_back(global[p % num_samples]);
+  plan.num_batches = (plan.samples.size() + o.batch_size - 1) / o.batch_size;
+  if (plan.num_batches >= (1ull << 32)) return Status::Unsupported("loader: more than 2^32 batches");
+
+  const uint64_t k = std::max<uint64_t>(1, chunk_samples);
+  plan.batch_chunks.resize(plan.num_batches);
+  plan.chunk_users.assign(num_chunks, {});
+  std::vector<uint32_t> last_user(num_chunks, UINT32_MAX);
+  for (uint64_t b = 0; b < plan.num_batches; ++b) {
+    for (uint64_t i = plan.batch_first(b); i < plan.batch_first(b) + plan.batch_count(b); ++i) {
+      const uint64_t c = plan.samples[i] / k;
+      if (last_user[c] != b) {
+        last_user[c] = static_cast<uint32_t>(b);
+        plan.batch_chunks[b].push_back(static_cast<uint32_t>(c));
+        plan.chunk_users[c].push_back(static_cast<uint32_t>(b));
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace gpufeed::loader

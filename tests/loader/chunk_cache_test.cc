@@ -1,0 +1,89 @@
+// Belady eviction and prefetch decisions of the chunk cache.
+#include "loader/chunk_cache.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/sources.h"
+
+namespace gpufeed::loader {
+namespace {
+
+// A plan whose batch b touches exactly the chunks in `seq[b]` (one sample
+// each, chunk_samples 1).
+EpochPlan PlanOf(const std::vector<std::vector<uint32_t>>& seq, uint64_t num_chunks) {
+  EpochPlan p;
+  p.batch_size = 1;
+  p.num_batches = seq.size();
+  p.batch_chunks = seq;
+  p.chunk_users.assign(num_chunks, {});
+  for (uint32_t b = 0; b < seq.size(); ++b) {
+    for (uint32_t c : seq[b]) p.chunk_users[c].push_back(b);
+  }
+  return p;
+}
+
+TEST(ChunkCacheTest, EvictsTheChunkNeededFurthestInTheFuture) {
+  testing::InMemorySource src(/*n=*/6, /*sample_bytes=*/100, /*chunk_samples=*/1);
+  // Budget: two chunks. Accesses: 0 1 2 0 1 3 0 ...
+  ChunkCache cache(src, 200);
+  EpochPlan plan = PlanOf({{0}, {1}, {2}, {0}, {1}, {3}, {0}}, 6);
+  cache.BeginEpoch(&plan, 0);
+  tbb::task_group tasks;
+  auto run = [&](uint64_t b) {
+    auto h = cache.Acquire(b, /*lookahead=*/0, tasks);
+    for (auto& e : h) EXPECT_TRUE(cache.Ensure(*e).ok());
+  };
+  run(0);
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0}));
+  run(1);
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1}));
+  // 2 is used once only: not admitted (transient); 0 and 1 stay.
+  run(2);
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1}));
+  run(3);  // hit 0
+  run(4);  // hit 1, and 1 is never needed again: dropped
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0}));
+  run(5);  // 3: used once, transient
+  run(6);  // hit 0, dropped after
+  EXPECT_TRUE(cache.ResidentChunks().empty());
+  tasks.wait();
+  EXPECT_EQ(cache.counters().hits.load(), 3u);
+  EXPECT_EQ(cache.counters().misses.load(), 4u);
+  EXPECT_EQ(src.reads(), 4u);  // Belady's optimum for this trace and budget
+}
+
+TEST(ChunkCacheTest, BeladyKeepsTheSoonerOfTwoCandidates) {
+  testing::InMemorySource src(4, 100, 1);
+  ChunkCache cache(src, 200);
+  // 0 1 2 | 1 ... 0 much later: when 2 arrives (needed again at 4), the
+  // victim is 0 (next use 6), not 1 (next use 3).
+  EpochPlan plan = PlanOf({{0}, {1}, {2}, {1}, {2}, {3}, {0}}, 4);
+  cache.BeginEpoch(&plan, 0);
+  tbb::task_group tasks;
+  for (uint64_t b = 0; b < 3; ++b) {
+    for (auto& e : cache.Acquire(b, 0, tasks)) ASSERT_TRUE(cache.Ensure(*e).ok());
+  }
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{1, 2}));
+  tasks.wait();
+}
+
+TEST(ChunkCacheTest, PrefetchesWhatTheNextBatchesNeed) {
+  testing::InMemorySource src(8, 100, 1);
+  ChunkCache cache(src, 400);
+  EpochPlan plan = PlanOf({{0}, {1}, {2}, {3}, {4}}, 8);
+  cache.BeginEpoch(&plan, 0);
+  tbb::task_group tasks;
+  auto h = cache.Acquire(0, /*lookahead=*/3, tasks);
+  tasks.wait();
+  EXPECT_EQ(cache.counters().prefetched.load(), 3u);
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{1, 2, 3}));
+  for (uint64_t b = 1; b < 4; ++b) {
+    for (auto& e : cache.Acquire(b, 0, tasks)) {
+      EXPECT_EQ(e->state.load(), ChunkEntry::kDone) << "decoded ahead of its batch";
+    }
+  }
+  tasks.wait();
+}
+
+}  // namespace
+}  // namespace gpufeed::loader
