@@ -1,7 +1,9 @@
 // `gpufeed bench ...`: benchmarks that verify what they read before timing.
 #include <cstdio>
+#include <thread>
 #include <nlohmann/json.hpp>
 
+#include "bench/loader_bench.h"
 #include "bench/read_bench.h"
 #include "bench/synthetic_source.h"
 #include "cli/progress.h"
@@ -43,6 +45,59 @@ int RunReadBenchCmd(const bench::ReadBenchOptions& o, bool json) {
   std::printf("  HDF5 H5Dread, 1 thread:        %10.0f samples/s  %6.2f GB/s\n", r->baseline_samples_per_s(),
               r->raw_bytes / r->baseline_seconds / 1e9);
   std::printf("  ratio: %.2fx\n", r->speedup());
+  return 0;
+}
+
+struct LoaderArgs {
+  bench::LoaderBenchOptions bench;
+  std::string order = "block";
+  bool json = false;
+};
+
+int RunLoaderBenchCmd(LoaderArgs& a) {
+  auto order = OrderFromName(a.order);
+  if (!order.ok()) {
+    std::fprintf(stderr, "gpufeed bench loader: %s\n", order.status().message().c_str());
+    return 2;
+  }
+  a.bench.loader.order = *order;
+  auto r = bench::RunLoaderBench(a.bench);
+  if (!r.ok()) {
+    std::fprintf(stderr, "gpufeed bench loader: FAILED: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  const LoaderStats& s = r->stats;
+  const LoaderOptions& lo = a.bench.loader;
+  if (a.json) {
+    nlohmann::json j = {
+        {"data", a.bench.data}, {"order", a.order}, {"threads", lo.threads}, {"batch_size", lo.batch_size},
+        {"prefetch", lo.prefetch}, {"cache_bytes", lo.cache_bytes}, {"shuffle_window", lo.shuffle_window},
+        {"samples", r->samples}, {"seconds", r->seconds}, {"samples_per_s", r->samples_per_s()},
+        {"gb_per_s", r->gb_per_s()}, {"full_epoch", r->full_epoch}, {"spot_checked", r->spot_checked},
+        {"verified", true},
+        {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
+                    {"assemble_s", s.assemble_seconds}, {"consumer_wait_s", s.consumer_wait_seconds}}},
+        {"mean_queue_depth", s.mean_queue_depth()},
+        {"cache", {{"chunk_reads", s.chunk_reads}, {"hits", s.chunk_hits}, {"misses", s.chunk_misses},
+                   {"prefetched", s.prefetched}, {"hit_rate", s.hit_rate()},
+                   {"read_amplification", s.read_amplification()}, {"bytes_read", s.bytes_read},
+                   {"bytes_decoded", s.bytes_decoded}}}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("loader %s: order %s, %d threads, batch %llu, prefetch %d, cache %.0f MiB, window %llu\n",
+              a.bench.data.c_str(), a.order.c_str(), lo.threads, static_cast<unsigned long long>(lo.batch_size),
+              lo.prefetch, lo.cache_bytes / 1048576.0, static_cast<unsigned long long>(lo.shuffle_window));
+  std::printf("  verified: %s, every index once, labels equal, %llu samples' bytes compared\n",
+              r->full_epoch ? "full epoch" : "partial epoch", static_cast<unsigned long long>(r->spot_checked));
+  std::printf("  %llu samples in %.2f s: %.0f samples/s, %.2f GB/s\n", static_cast<unsigned long long>(r->samples),
+              r->seconds, r->samples_per_s(), r->gb_per_s());
+  std::printf("  stages (busy s, summed over threads): plan %.3f, fetch+decode %.3f, assemble %.3f; consumer waited %.3f s; "
+              "mean ready queue %.1f\n",
+              s.plan_seconds, s.fetch_seconds, s.assemble_seconds, s.consumer_wait_seconds, s.mean_queue_depth());
+  std::printf("  cache: %llu chunk reads, hit rate %.3f, %llu prefetched, read amplification %.2f\n",
+              static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(), static_cast<unsigned long long>(s.prefetched),
+              s.read_amplification());
   return 0;
 }
 
@@ -88,6 +143,25 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   read->add_option("--repeats", ro->repeats, "timed passes; the median is reported");
   read->add_flag("--json", *json, "print as JSON");
   read->callback([ro, json, exit_code] { *exit_code = RunReadBenchCmd(*ro, *json); });
+
+  auto la = std::make_shared<LoaderArgs>();
+  la->bench.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
+  la->bench.loader.pin_memory = false;  // no GPU consumer here
+  CLI::App* lcmd = bench_cmd->add_subcommand(
+      "loader", "Run the loader with a do-nothing consumer; verify every sample, then report throughput");
+  lcmd->add_option("--data", la->bench.data, "FILE.h5 or FILE.h5:/path")->required();
+  lcmd->add_option("--order", la->order, "sequential, random or block")
+      ->check(CLI::IsMember({"sequential", "random", "block"}));
+  lcmd->add_option("--threads", la->bench.loader.threads, "TBB threads (default: all cores)");
+  lcmd->add_option("--batch-size", la->bench.loader.batch_size, "samples per batch");
+  lcmd->add_option("--prefetch", la->bench.loader.prefetch, "batches in flight");
+  lcmd->add_option("--cache-bytes", la->bench.loader.cache_bytes, "decoded-chunk cache budget");
+  lcmd->add_option("--shuffle-window", la->bench.loader.shuffle_window, "chunks per shuffle window (block)");
+  lcmd->add_option("--seed", la->bench.loader.seed, "order seed");
+  lcmd->add_option("--epoch", la->bench.epoch, "epoch to run");
+  lcmd->add_option("--batches", la->bench.batches, "stop after N batches (default: the epoch)");
+  lcmd->add_flag("--json,--stats", la->json, "print everything as JSON");
+  lcmd->callback([la, exit_code] { *exit_code = RunLoaderBenchCmd(*la); });
 
   auto ga = std::make_shared<GenArgs>();
   CLI::App* gen = bench_cmd->add_subcommand("gen", "Write a benchmark workload of ../shared/WORKLOADS.md");

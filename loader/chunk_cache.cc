@@ -62,10 +62,40 @@ bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
 }
 
 void ChunkCache::Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks) {
-  tasks.run([this, e] { (void)Ensure(*e); });
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    pending_.push_back(e);
+  }
+  // Each task decodes the oldest queued chunk, which is not necessarily `e`:
+  // decodes then start in schedule order whoever runs them.
+  tasks.run([this] { HelpOne(); });
+}
+
+bool ChunkCache::HelpOne() {
+  while (true) {
+    std::shared_ptr<ChunkEntry> e;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      if (pending_.empty()) return false;
+      e = pending_.front().lock();
+      pending_.pop_front();
+    }
+    if (e && TryDecode(*e)) return true;
+  }
 }
 
 Status ChunkCache::Ensure(ChunkEntry& e) {
+  while (e.state.load() != ChunkEntry::kDone) {
+    if (TryDecode(e)) break;
+    if (e.state.load() == ChunkEntry::kDone) break;
+    if (HelpOne()) continue;  // useful work while another thread decodes `e`
+    std::unique_lock<std::mutex> lock(e.mu);
+    e.done_cv.wait(lock, [&] { return e.state.load() == ChunkEntry::kDone; });
+  }
+  return e.status;
+}
+
+bool ChunkCache::TryDecode(ChunkEntry& e) {
   int expected = ChunkEntry::kQueued;
   if (e.state.compare_exchange_strong(expected, ChunkEntry::kRunning)) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -82,13 +112,9 @@ Status ChunkCache::Ensure(ChunkEntry& e) {
       e.state.store(ChunkEntry::kDone);
     }
     e.done_cv.notify_all();
-    return e.status;
+    return true;
   }
-  // Another thread is decoding it (it is running, so waiting cannot
-  // deadlock the arena), or it is done.
-  std::unique_lock<std::mutex> lock(e.mu);
-  e.done_cv.wait(lock, [&] { return e.state.load() == ChunkEntry::kDone; });
-  return e.status;
+  return false;
 }
 
 std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_t lookahead, tbb::task_group& tasks) {

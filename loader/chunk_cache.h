@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -62,9 +63,13 @@ class ChunkCache {
   // chunks of up to `lookahead` following batches on `tasks`.
   std::vector<std::shared_ptr<ChunkEntry>> Acquire(uint64_t b, uint64_t lookahead, tbb::task_group& tasks);
 
-  // Decodes `e` now unless another thread already started it, then waits for
-  // it. Returns the decode status.
+  // Decodes `e` now unless another thread already started it; while another
+  // thread decodes it, this one decodes other queued chunks (oldest first)
+  // instead of idling, and only blocks when none is left. Returns the decode
+  // status.
   Status Ensure(ChunkEntry& e);
+  // Decodes the oldest queued chunk, if any; false when none is queued.
+  bool HelpOne();
 
   uint64_t resident_bytes() const;
   uint64_t budget_bytes() const { return budget_; }
@@ -82,6 +87,8 @@ class ChunkCache {
   void Insert(const std::shared_ptr<ChunkEntry>& e);  // REQUIRES(mu_)
   void Erase(uint32_t c);                            // REQUIRES(mu_)
   void Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks);
+  // Runs the decode if `e` is still queued; true if this call ran it.
+  bool TryDecode(ChunkEntry& e);
 
   const ChunkSource& source_;
   const uint64_t budget_;
@@ -94,6 +101,9 @@ class ChunkCache {
   std::set<std::pair<uint64_t, uint32_t>> by_next_use_;                  // GUARDED_BY(mu_)
   std::unordered_map<uint32_t, uint64_t> key_;                           // GUARDED_BY(mu_): chunk -> its key
   uint64_t resident_bytes_ = 0;                                          // GUARDED_BY(mu_)
+
+  std::mutex pending_mu_;
+  std::deque<std::weak_ptr<ChunkEntry>> pending_;  // GUARDED_BY(pending_mu_): spawned, in schedule order
 };
 
 }  // namespace gpufeed::loader

@@ -1,0 +1,37 @@
+// `gpufeed bench loader`: runs the Loader over a dataset as a consumer that
+// does nothing, then checks what it delivered — every sample of the epoch
+// exactly once (indices and an index/label checksum), labels equal to the
+// file's, spot-checked bytes equal to a direct read — and only then reports
+// samples/s, GB/s, the stage breakdown and the cache figures.
+#ifndef GPUFEED_BENCH_LOADER_BENCH_H_
+#define GPUFEED_BENCH_LOADER_BENCH_H_
+
+#include <string>
+
+#include "gpufeed/loader.h"
+
+namespace gpufeed::bench {
+
+struct LoaderBenchOptions {
+  std::string data;
+  LoaderOptions loader;
+  uint64_t batches = 0;  // 0: the whole epoch
+  uint64_t epoch = 0;
+};
+
+struct LoaderBenchResult {
+  LoaderStats stats;
+  uint64_t samples = 0;
+  uint64_t sample_bytes = 0;
+  double seconds = 0;         // Epoch() to the last batch
+  uint64_t spot_checked = 0;  // samples whose bytes were compared with a direct read
+  bool full_epoch = false;
+  double samples_per_s() const { return samples / seconds; }
+  double gb_per_s() const { return samples * double(sample_bytes) / seconds / 1e9; }
+};
+
+Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& options);
+
+}  // namespace gpufeed::bench
+
+#endif  // GPUFEED_BENCH_LOADER_BENCH_H_
