@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The peer: PyTorch DataLoader over an h5py Dataset, written the way its users
+write it (file opened lazily in each worker, shuffle=True, pin_memory=True,
+persistent_workers, prefetch_factor), swept over num_workers; then gpufeed's
+loader on the same file in the same run. Prints both figures and the ratio.
+
+Steady state: the clock starts only after `warmup` batches, by default
+num_workers * prefetch_factor + num_workers, so the batches the workers made
+before the clock started are consumed outside the timed window.
+
+Where torch or h5py is missing it says so and exits 0.
+
+  bench/peer/torch_h5py.py --data celeba-raw.h5 --gpufeed dist/gpufeed/bin/gpufeed \
+      --workers 0,4,8,12,15 --batches 60 --order block --threads 16
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def peer_rate(torch, h5py, path, workers, batch_size, batches, prefetch_factor, warmup):
+    class H5Images(torch.utils.data.Dataset):
+        def __init__(self, path):
+            self.path = path
+            self.file = None
+            with h5py.File(path, "r") as f:
+                self.n = len(f["images"])
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            if self.file is None:  # opened lazily, once per worker process
+                self.file = h5py.File(self.path, "r")
+                self.images = self.file["images"]
+                self.labels = self.file["labels"]
+            return torch.from_numpy(self.images[i]), int(self.labels[i])
+
+    loader = torch.utils.data.DataLoader(
+        H5Images(path), batch_size=batch_size, shuffle=True, num_workers=workers,
+        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
+        prefetch_factor=prefetch_factor if workers > 0 else None, drop_last=True)
+    if warmup is None:
+        warmup = workers * prefetch_factor + workers if workers > 0 else 2
+    it = iter(loader)
+    seen = 0
+    for _ in range(warmup):
+        x, y = next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        x, y = next(it)
+        seen += x.shape[0]
+    dt = time.perf_counter() - t0
+    del it, loader
+    return seen / dt
+
+
+def gpufeed_rate(binary, path, order, threads, batches, batch_size, cache_bytes):
+    cmd = [binary, "bench", "loader", "--data", path, "--order", order, "--json", "--batch-size", str(batch_size)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    if batches:
+        cmd += ["--batches", str(batches)]
+    if cache_bytes:
+        cmd += ["--cache-bytes", str(cache_bytes)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--gpufeed", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "gpufeed"))
+    ap.add_argument("--workers", default="0,4,8,12,15")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--batches", type=int, default=40, help="timed batches per worker count")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed batches (default: workers*prefetch+workers)")
+    ap.add_argument("--prefetch-factor", type=int, default=4)
+    ap.add_argument("--order", default="block", help="gpufeed's order")
+    ap.add_argument("--threads", type=int, default=0, help="gpufeed's threads (default: all cores)")
+    ap.add_argument("--cache-bytes", type=int, default=0, help="gpufeed's cache (default: its own)")
+    ap.add_argument("--gpufeed-batches", type=int, default=0, help="gpufeed batches (default: one epoch)")
+    ap.add_argument("--json-out", default=None)
+    a = ap.parse_args()
+    try:
+        import h5py
+        import torch
+    except ImportError as e:
+        print(f"torch_h5py: {e.name} is not installed here; the peer cannot run (skipped)")
+        return 0
+
+    results = {"data": a.data, "batch_size": a.batch_size, "peer": {}, "torch": torch.__version__,
+               "h5py": h5py.__version__}
+    for w in [int(x) for x in a.workers.split(",") if x != ""]:
+        r = peer_rate(torch, h5py, a.data, w, a.batch_size, a.batches, a.prefetch_factor, a.warmup)
+        results["peer"][w] = r
+        print(f"peer  DataLoader+h5py  workers {w:2d}: {r:10.0f} samples/s", flush=True)
+    g = gpufeed_rate(a.gpufeed, a.data, a.order, a.threads, a.gpufeed_batches, a.batch_size, a.cache_bytes)
+    results["gpufeed"] = g
+    best_w = max(results["peer"], key=results["peer"].get)
+    best = results["peer"][best_w]
+    print(f"gpufeed loader, order {a.order}, {g['threads']} threads: {g['samples_per_s']:10.0f} samples/s "
+          f"({g['gb_per_s']:.2f} GB/s, verified, read amplification {g['cache']['read_amplification']:.2f})")
+    print(f"ratio gpufeed / best peer ({best_w} workers, {best:.0f} samples/s): {g['samples_per_s'] / best:.1f}x")
+    results["ratio"] = g["samples_per_s"] / best
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
