@@ -1,10 +1,12 @@
 // Loader benchmark: time a do-nothing consumer, then verify what it got.
 #include "bench/loader_bench.h"
 
+#include <sys/resource.h>
 #include <xxhash.h>
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "gpufeed/dataset.h"
 
@@ -74,6 +76,12 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     }
   }
   r.spot_checked = spots.size();
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
+  r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * o.loader.batch_size * sb +
+                         threads * ds->chunk_bytes_max();
   return r;
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/loader_bench.h"
+#include "bench/order_stats.h"
 #include "bench/read_bench.h"
 #include "bench/synthetic_source.h"
 #include "cli/progress.h"
@@ -78,6 +79,7 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
                     {"assemble_s", s.assemble_seconds}, {"consumer_wait_s", s.consumer_wait_seconds}}},
         {"mean_queue_depth", s.mean_queue_depth()},
+        {"max_rss_bytes", r->max_rss_bytes}, {"memory_bound_bytes", r->memory_bound_bytes},
         {"cache", {{"chunk_reads", s.chunk_reads}, {"hits", s.chunk_hits}, {"misses", s.chunk_misses},
                    {"prefetched", s.prefetched}, {"hit_rate", s.hit_rate()},
                    {"read_amplification", s.read_amplification()}, {"bytes_read", s.bytes_read},
@@ -95,6 +97,8 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   std::printf("  stages (busy s, summed over threads): plan %.3f, fetch+decode %.3f, assemble %.3f; consumer waited %.3f s; "
               "mean ready queue %.1f\n",
               s.plan_seconds, s.fetch_seconds, s.assemble_seconds, s.consumer_wait_seconds, s.mean_queue_depth());
+  std::printf("  memory: peak RSS %.0f MiB (includes the verifier's file handle and index); bound %.0f MiB\n",
+              r->max_rss_bytes / 1048576.0, r->memory_bound_bytes / 1048576.0);
   std::printf("  cache: %llu chunk reads, hit rate %.3f, %llu prefetched, read amplification %.2f\n",
               static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(), static_cast<unsigned long long>(s.prefetched),
               s.read_amplification());
@@ -162,6 +166,31 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   lcmd->add_option("--batches", la->bench.batches, "stop after N batches (default: the epoch)");
   lcmd->add_flag("--json,--stats", la->json, "print everything as JSON");
   lcmd->callback([la, exit_code] { *exit_code = RunLoaderBenchCmd(*la); });
+
+  struct OrderArgs {
+    uint64_t samples = 20000, chunk = 100, seed = 1;
+    std::vector<uint64_t> windows{1, 4, 16, 64, 200};
+  };
+  auto oa = std::make_shared<OrderArgs>();
+  CLI::App* ocmd = bench_cmd->add_subcommand(
+      "order", "How far apart one chunk's samples land in an epoch: block windows against random (no I/O)");
+  ocmd->add_option("--samples", oa->samples, "N");
+  ocmd->add_option("--chunk-samples", oa->chunk, "samples per chunk");
+  ocmd->add_option("--windows", oa->windows, "shuffle windows (chunks) to measure")->delimiter(',');
+  ocmd->add_option("--seed", oa->seed, "seed");
+  ocmd->callback([oa, exit_code] {
+    std::printf("N %llu, %llu samples a chunk; per chunk: span = (last - first position) / N, std of positions / N\n",
+                static_cast<unsigned long long>(oa->samples), static_cast<unsigned long long>(oa->chunk));
+    std::printf("  %-22s %8s %8s %14s\n", "order", "span", "std", "displacement");
+    auto row = [&](const std::string& name, Order o, uint64_t w) {
+      const bench::OrderStats s = bench::MeasureOrder(oa->samples, oa->chunk, o, w, oa->seed);
+      std::printf("  %-22s %8.4f %8.4f %14.4f\n", name.c_str(), s.mean_span, s.mean_std, s.mean_abs_displacement);
+    };
+    row("sequential", Order::kSequential, 1);
+    for (uint64_t w : oa->windows) row("block W=" + std::to_string(w), Order::kBlock, w);
+    row("random", Order::kRandom, 1);
+    *exit_code = 0;
+  });
 
   auto ga = std::make_shared<GenArgs>();
   CLI::App* gen = bench_cmd->add_subcommand("gen", "Write a benchmark workload of ../shared/WORKLOADS.md");
