@@ -21,67 +21,73 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   r.sample_bytes = sb;
 
   constexpr uint64_t kSpotEvery = 61;  // prime: lands on every batch position over time
-  std::vector<uint64_t> seen_count(ds->num_samples(), 0);
-  std::vector<std::pair<uint64_t, uint64_t>> spots;  // (index, XXH3 of delivered bytes)
-  uint64_t label_mismatch = 0, sum_hash = 0, delivered = 0;
-
-  const auto t0 = std::chrono::steady_clock::now();
-  EpochStream stream = loader.Epoch(o.epoch);
-  const uint64_t want_batches = o.batches ? std::min(o.batches, stream.num_batches()) : stream.num_batches();
-  for (uint64_t nb = 0; nb < want_batches; ++nb) {
-    auto b = stream.Next();
-    if (!b.ok()) return b.status();
-    if (!b->has_value()) return Status::Internal(o.data + ": the epoch ended after " + std::to_string(nb) + " batches");
-    const Batch& batch = **b;
-    for (uint64_t i = 0; i < batch.size(); ++i) {
-      const uint64_t idx = batch.indices()[i];
-      ++seen_count[idx];
-      if (ds->has_labels() && batch.labels()[i] != ds->labels()[idx]) ++label_mismatch;
-      sum_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(ds->has_labels() ? batch.labels()[i] : 0));
-      if (++delivered % kSpotEvery == 0) {
-        spots.emplace_back(idx, XXH3_64bits(batch.images().data() + i * sb, sb));
-      }
-    }
-  }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.stats = stream.stats();
-  r.samples = delivered;
-  r.full_epoch = want_batches == stream.num_batches();
-
-  // Verify before anything is printed.
-  uint64_t doubled = 0, missing = 0;
-  for (uint64_t c : seen_count) {
-    if (c > 1) doubled += c - 1;
-  }
-  if (r.full_epoch && o.loader.world_size == 1) {
-    for (uint64_t c : seen_count) missing += c == 0;
-    uint64_t want_hash = 0;
-    for (uint64_t idx = 0; idx < ds->num_samples(); ++idx) {
-      want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(ds->has_labels() ? ds->labels()[idx] : 0));
-    }
-    if (want_hash != sum_hash) {
-      return Status::Corrupt(o.data + ": index/label checksum of the epoch differs from the file's");
-    }
-  }
-  if (doubled || missing || label_mismatch) {
-    return Status::Corrupt(o.data + ": the loader delivered " + std::to_string(doubled) + " doubled and " +
-                           std::to_string(missing) + " missing samples, " + std::to_string(label_mismatch) +
-                           " wrong labels; no figure is printed for a wrong loader");
+  std::vector<uint64_t> seen_count(ds->num_samples());
+  uint64_t want_hash = 0;
+  for (uint64_t idx = 0; idx < ds->num_samples(); ++idx) {
+    want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(ds->has_labels() ? ds->labels()[idx] : 0));
   }
   std::vector<std::byte> buf(sb);
-  for (const auto& [idx, hash] : spots) {
-    GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(idx, 1, buf));
-    if (XXH3_64bits(buf.data(), sb) != hash) {
-      return Status::Corrupt(o.data + ": sample " + std::to_string(idx) + " delivered with wrong bytes");
+  for (int ep = 0; ep < std::max(1, o.epochs); ++ep) {
+    std::fill(seen_count.begin(), seen_count.end(), 0);
+    std::vector<std::pair<uint64_t, uint64_t>> spots;  // (index, XXH3 of delivered bytes)
+    uint64_t label_mismatch = 0, sum_hash = 0, delivered = 0;
+    const uint64_t epoch = o.epoch + static_cast<uint64_t>(ep);
+    const auto t0 = std::chrono::steady_clock::now();
+    EpochStream stream = loader.Epoch(epoch);
+    const uint64_t want_batches = o.batches ? std::min(o.batches, stream.num_batches()) : stream.num_batches();
+    for (uint64_t nb = 0; nb < want_batches; ++nb) {
+      auto b = stream.Next();
+      if (!b.ok()) return b.status();
+      if (!b->has_value()) return Status::Internal(o.data + ": the epoch ended after " + std::to_string(nb) + " batches");
+      const Batch& batch = **b;
+      if (nb == 0) r.first_batch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (uint64_t i = 0; i < batch.size(); ++i) {
+        const uint64_t idx = batch.indices()[i];
+        ++seen_count[idx];
+        if (ds->has_labels() && batch.labels()[i] != ds->labels()[idx]) ++label_mismatch;
+        sum_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(ds->has_labels() ? batch.labels()[i] : 0));
+        if (++delivered % kSpotEvery == 0) spots.emplace_back(idx, XXH3_64bits(batch.images().data() + i * sb, sb));
+      }
     }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (ep == 0) r.first_epoch_seconds = secs;
+    r.seconds = secs;
+    r.stats = stream.stats();
+    r.samples = delivered;
+    r.full_epoch = want_batches == stream.num_batches();
+
+    // Verify before anything is printed.
+    uint64_t doubled = 0, missing = 0;
+    for (uint64_t c : seen_count) {
+      if (c > 1) doubled += c - 1;
+    }
+    if (r.full_epoch && o.loader.world_size == 1) {
+      for (uint64_t c : seen_count) missing += c == 0;
+      if (want_hash != sum_hash) {
+        return Status::Corrupt(o.data + ": index/label checksum of epoch " + std::to_string(epoch) +
+                               " differs from the file's");
+      }
+    }
+    if (doubled || missing || label_mismatch) {
+      return Status::Corrupt(o.data + ": epoch " + std::to_string(epoch) + ": the loader delivered " +
+                             std::to_string(doubled) + " doubled and " + std::to_string(missing) +
+                             " missing samples, " + std::to_string(label_mismatch) +
+                             " wrong labels; no figure is printed for a wrong loader");
+    }
+    for (const auto& [idx, hash] : spots) {
+      GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(idx, 1, buf));
+      if (XXH3_64bits(buf.data(), sb) != hash) {
+        return Status::Corrupt(o.data + ": sample " + std::to_string(idx) + " delivered with wrong bytes");
+      }
+    }
+    r.spot_checked += spots.size();
   }
-  r.spot_checked = spots.size();
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * o.loader.batch_size * sb +
-                         threads * ds->chunk_bytes_max();
+                         (2 * threads + 4) * ds->chunk_bytes_max();
   return r;
 }
 

@@ -6,7 +6,28 @@
 
 namespace gpufeed::loader {
 
-ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes) : source_(source), budget_(budget_bytes) {}
+std::unique_ptr<std::byte[]> ChunkBufferPool::Get() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_.empty()) {
+      auto b = std::move(free_.back());
+      free_.pop_back();
+      return b;
+    }
+  }
+  return std::make_unique_for_overwrite<std::byte[]>(bytes_);
+}
+
+void ChunkBufferPool::Put(std::unique_ptr<std::byte[]> b) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < max_free_) free_.push_back(std::move(b));
+}
+
+ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t spare_buffers)
+    : source_(source),
+      budget_(budget_bytes),
+      buffers_(std::make_shared<ChunkBufferPool>(
+          std::max<uint64_t>(1, source.chunk_samples() * source.sample_bytes()), spare_buffers)) {}
 
 ChunkCache::~ChunkCache() = default;
 
@@ -99,9 +120,8 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
   int expected = ChunkEntry::kQueued;
   if (e.state.compare_exchange_strong(expected, ChunkEntry::kRunning)) {
     const auto t0 = std::chrono::steady_clock::now();
-    e.data.resize(ChunkBytes(e.chunk));
-    e.status = source_.ReadChunk(e.chunk, e.data);
-    if (!e.status.ok()) e.data = {};
+    e.data = buffers_->Get();
+    e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), ChunkBytes(e.chunk)));
     counters_.reads += 1;
     counters_.bytes_read += source_.stored_chunk_bytes(e.chunk);
     counters_.bytes_decoded += ChunkBytes(e.chunk);
@@ -135,7 +155,7 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
       continue;
     }
     counters_.misses += 1;
-    auto e = std::make_shared<ChunkEntry>(c);
+    auto e = std::make_shared<ChunkEntry>(c, buffers_);
     const uint64_t next = NextUse(c);
     if (next != kNever && Admit(ChunkBytes(c), next)) {
       Insert(e);
@@ -154,7 +174,7 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
     for (uint32_t c : plan.batch_chunks[b2]) {
       if (resident_.count(c)) continue;
       if (!Admit(ChunkBytes(c), NextUse(c))) return handles;
-      auto e = std::make_shared<ChunkEntry>(c);
+      auto e = std::make_shared<ChunkEntry>(c, buffers_);
       Insert(e);
       Spawn(e, tasks);
       counters_.prefetched += 1;

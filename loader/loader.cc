@@ -166,7 +166,7 @@ struct Loader::Impl {
   Impl(const ChunkSource& s, const LoaderOptions& o) : source(s), options(o) {
     threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     state.seed = o.seed;
-    cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes);
+    cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(2 * threads + 4));
   }
   uint64_t batch_bytes() const { return options.batch_size * source.sample_bytes(); }
 
@@ -180,6 +180,9 @@ struct Loader::Impl {
         return Status::Internal("loader: cannot allocate a " + std::to_string(batch_bytes()) + "-byte batch buffer");
       }
       pinned = slot->images.pinned();
+      // Fault the pages in now, once, rather than during the first batches
+      // (pinned memory is resident already).
+      if (!pinned) std::memset(slot->images.data(), 0, slot->images.bytes());
       slot->labels.resize(options.batch_size);
       slot->indices.resize(options.batch_size);
       slot->pool = &pool;
@@ -310,7 +313,7 @@ void EpochStream::Impl::Run() {
                         }
                         const uint64_t base = uint64_t(e.chunk) * k;
                         for (uint32_t i : by_chunk[j]) {
-                          std::memcpy(slot.images.data() + i * sb, e.data.data() + (slot.indices[i] - base) * sb, sb);
+                          std::memcpy(slot.images.data() + i * sb, e.data.get() + (slot.indices[i] - base) * sb, sb);
                         }
                         w->chunks[j].reset();  // a transient chunk is freed here
                       });

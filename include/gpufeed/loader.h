@@ -15,7 +15,7 @@
 // Memory. At most `prefetch` batches are in flight; buffers come from a pool
 // of prefetch + 1 batches allocated once (pinned when a CUDA device is
 // present). Resident memory is bounded by
-//   cache_bytes + (prefetch + 1) x batch bytes + threads x chunk bytes
+//   cache_bytes + (prefetch + 1) x batch bytes + (2 x threads + 4) x chunk bytes
 // plus decoded chunks evicted from the cache while a batch still copies from
 // them (at most the chunks of the batches in flight).
 //
