@@ -2,20 +2,35 @@
 #include "bench/loader_bench.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
 #include "gpufeed/dataset.h"
 
 namespace gpufeed::bench {
+namespace {
+
+uint64_t CurrentRss() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   auto ds = Dataset::Open(o.data);
   if (!ds.ok()) return ds.status();
   const uint64_t sb = ds->sample_bytes();
+  const uint64_t rss_before = CurrentRss();  // the process before the loader exists
   Loader loader(*ds, o.loader);
   LoaderBenchResult r;
   r.sample_bytes = sb;
@@ -85,6 +100,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  r.rss_before_bytes = rss_before;
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * o.loader.batch_size * sb +
                          (2 * threads + 4) * ds->chunk_bytes_max();

@@ -32,6 +32,7 @@ struct LoaderBenchResult {
   uint64_t spot_checked = 0;  // samples whose bytes were compared with a direct read
   bool full_epoch = false;
   uint64_t max_rss_bytes = 0;      // peak resident memory of the process
+  uint64_t rss_before_bytes = 0;   // resident before the Loader existed (code, libraries, the index)
   uint64_t memory_bound_bytes = 0; // cache + (prefetch + 1) x batch + threads x chunk (docs: loader.h)
   double samples_per_s() const { return samples / seconds; }
   double gb_per_s() const { return samples * double(sample_bytes) / seconds / 1e9; }

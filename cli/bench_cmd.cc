@@ -80,7 +80,8 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
                     {"assemble_s", s.assemble_seconds}, {"consumer_wait_s", s.consumer_wait_seconds}}},
         {"mean_queue_depth", s.mean_queue_depth()},
-        {"max_rss_bytes", r->max_rss_bytes}, {"memory_bound_bytes", r->memory_bound_bytes},
+        {"max_rss_bytes", r->max_rss_bytes}, {"rss_before_bytes", r->rss_before_bytes},
+        {"memory_bound_bytes", r->memory_bound_bytes},
         {"cache", {{"chunk_reads", s.chunk_reads}, {"hits", s.chunk_hits}, {"misses", s.chunk_misses},
                    {"prefetched", s.prefetched}, {"hit_rate", s.hit_rate()},
                    {"read_amplification", s.read_amplification()}, {"bytes_read", s.bytes_read},
@@ -100,8 +101,8 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   std::printf("  stages (busy s, summed over threads): plan %.3f, fetch+decode %.3f, assemble %.3f; consumer waited %.3f s; "
               "mean ready queue %.1f\n",
               s.plan_seconds, s.fetch_seconds, s.assemble_seconds, s.consumer_wait_seconds, s.mean_queue_depth());
-  std::printf("  memory: peak RSS %.0f MiB (includes the verifier's file handle and index); bound %.0f MiB\n",
-              r->max_rss_bytes / 1048576.0, r->memory_bound_bytes / 1048576.0);
+  std::printf("  memory: peak RSS %.0f MiB, %.0f MiB of it before the loader existed; loader bound %.0f MiB\n",
+              r->max_rss_bytes / 1048576.0, r->rss_before_bytes / 1048576.0, r->memory_bound_bytes / 1048576.0);
   std::printf("  cache: %llu chunk reads, hit rate %.3f, %llu prefetched, read amplification %.2f\n",
               static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(), static_cast<unsigned long long>(s.prefetched),
               s.read_amplification());

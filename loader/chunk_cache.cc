@@ -75,14 +75,28 @@ void ChunkCache::Erase(uint32_t c) {
 bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
   if (bytes > budget_) return false;
   while (resident_bytes_ + bytes > budget_) {
-    auto victim = std::prev(by_next_use_.end());  // needed furthest in the future
-    if (victim->first <= next_use && victim->first != kNever) return false;
-    Erase(victim->second);
+    // The unheld chunk needed furthest in the future. A held one (a batch in
+    // flight reads it, or it is being decoded) would not free memory. Handles
+    // are only copied under mu_, so use_count() == 1 cannot go stale.
+    auto it = by_next_use_.end();
+    uint32_t victim = UINT32_MAX;
+    while (it != by_next_use_.begin()) {
+      --it;
+      if (resident_[it->second].use_count() == 1) {
+        victim = it->second;
+        break;
+      }
+    }
+    if (victim == UINT32_MAX) return false;
+    if (it->first <= next_use && it->first != kNever) return false;
+    Erase(victim);  // frees it now: the map held the only reference
   }
   return true;
 }
 
 void ChunkCache::Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks) {
+  e->spawned = true;
+  pending_decodes_ += 1;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     pending_.push_back(e);
@@ -127,6 +141,7 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
     counters_.bytes_decoded += ChunkBytes(e.chunk);
     counters_.fetch_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    if (e.spawned) pending_decodes_ -= 1;
     {
       std::lock_guard<std::mutex> lock(e.mu);
       e.state.store(ChunkEntry::kDone);
@@ -137,23 +152,32 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
   return false;
 }
 
-std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_t lookahead, tbb::task_group& tasks) {
+std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_t max_pending, tbb::task_group& tasks) {
   std::lock_guard<std::mutex> lock(mu_);
   const EpochPlan& plan = *plan_;
-  std::vector<std::shared_ptr<ChunkEntry>> handles;
-  handles.reserve(plan.batch_chunks[b].size());
-  for (uint32_t c : plan.batch_chunks[b]) {
-    // This batch's use is consumed now: the chunk's key becomes its next use.
+  const std::vector<uint32_t>& chunks = plan.batch_chunks[b];
+  std::vector<std::shared_ptr<ChunkEntry>> handles(chunks.size());
+  // First consume this batch's uses of every chunk, so that chunks it is the
+  // last user of leave the budget before its misses are admitted (at a block
+  // window boundary, the old window makes room for the new one).
+  for (size_t j = 0; j < chunks.size(); ++j) {
+    const uint32_t c = chunks[j];
     ++uses_done_[c];
     auto it = resident_.find(c);
-    if (it != resident_.end()) {
-      counters_.hits += 1;
-      handles.push_back(it->second);
+    if (it == resident_.end()) continue;
+    counters_.hits += 1;
+    handles[j] = it->second;
+    if (NextUse(c) == kNever) {
+      Erase(c);  // the handle keeps it alive for this batch
+    } else {
       by_next_use_.erase({key_[c], c});
       key_[c] = NextUse(c);
       by_next_use_.insert({key_[c], c});
-      continue;
     }
+  }
+  for (size_t j = 0; j < chunks.size(); ++j) {
+    if (handles[j]) continue;
+    const uint32_t c = chunks[j];
     counters_.misses += 1;
     auto e = std::make_shared<ChunkEntry>(c, buffers_);
     const uint64_t next = NextUse(c);
@@ -161,17 +185,13 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
       Insert(e);
       Spawn(e, tasks);
     }  // else transient: decoded by the assembling thread, freed after
-    handles.push_back(std::move(e));
-  }
-  // Chunks no later batch needs leave now; the handles keep them alive for
-  // this batch.
-  for (uint32_t c : plan.batch_chunks[b]) {
-    if (NextUse(c) == kNever) Erase(c);
+    handles[j] = std::move(e);
   }
   // Prefetch what the next batches need, as long as each is needed sooner
-  // than what it would displace.
-  for (uint64_t b2 = b + 1; b2 < std::min<uint64_t>(plan.num_batches, b + 1 + lookahead); ++b2) {
+  // than what it would displace, keeping up to max_pending decodes going.
+  for (uint64_t b2 = b + 1; b2 < std::min<uint64_t>(plan.num_batches, b + 1 + kMaxLookaheadBatches); ++b2) {
     for (uint32_t c : plan.batch_chunks[b2]) {
+      if (pending_decodes_.load() >= max_pending) return handles;
       if (resident_.count(c)) continue;
       if (!Admit(ChunkBytes(c), NextUse(c))) return handles;
       auto e = std::make_shared<ChunkEntry>(c, buffers_);

@@ -1,9 +1,16 @@
 // ChunkCache: decoded chunks under a byte budget, managed with the epoch's
-// known future (Belady): a chunk is dropped as soon as no later batch needs
-// it; when the budget is full, the chunk needed furthest in the future goes,
-// and a chunk is only admitted if it is needed sooner than that one. It also
-// prefetches: chunks of the next batches start decoding while earlier
-// batches are assembled.
+// known future (Belady): a chunk leaves as soon as no later batch needs it;
+// when the budget is full, the unheld chunk needed furthest in the future
+// goes, and a chunk is only admitted if it is needed sooner than that one.
+// It also prefetches: chunks of the next batches start decoding while
+// earlier batches are assembled.
+//
+// Memory: the cached chunks stay within the budget. A chunk a batch in
+// flight still reads is never evicted (that would free nothing and cost a
+// re-read); one whose last use is such a batch has already left the budget
+// and is freed when the batch has copied it. So the bytes alive are at most
+// the budget plus the chunks at their last use in batches in flight (a
+// window's worth at a block-order window boundary, a few otherwise).
 //
 // Threading: Acquire() is called by one thread at a time, in batch order (the
 // pipeline's serial plan stage), which makes every cache decision — and so
@@ -55,6 +62,7 @@ struct ChunkEntry {
   }
   const uint32_t chunk;
   const std::shared_ptr<ChunkBufferPool> pool;
+  bool spawned = false;         // a prefetch decode was queued for it
   std::unique_ptr<std::byte[]> data;  // written once, by the thread that wins kQueued -> kRunning
   Status status;                 // valid once state == kDone
   std::atomic<int> state{kQueued};
@@ -83,9 +91,12 @@ class ChunkCache {
 
   // Serial, in batch order: handles to batch b's chunks (plan.batch_chunks[b]
   // order), cached or transient (decoded by whoever Ensure()s it first, then
-  // freed with the last handle). Starts decoding admitted misses and the
-  // chunks of up to `lookahead` following batches on `tasks`.
-  std::vector<std::shared_ptr<ChunkEntry>> Acquire(uint64_t b, uint64_t lookahead, tbb::task_group& tasks);
+  // freed with the last handle). Starts decoding admitted misses on `tasks`,
+  // then prefetches the chunks of the following batches (at most
+  // kMaxLookaheadBatches ahead) until `max_pending` decodes are queued or
+  // running, or the budget is full.
+  std::vector<std::shared_ptr<ChunkEntry>> Acquire(uint64_t b, uint64_t max_pending, tbb::task_group& tasks);
+  static constexpr uint64_t kMaxLookaheadBatches = 64;
 
   // Decodes `e` now unless another thread already started it; while another
   // thread decodes it, this one decodes other queued chunks (oldest first)
@@ -105,8 +116,8 @@ class ChunkCache {
   static constexpr uint64_t kNever = UINT64_MAX;
   uint64_t NextUse(uint32_t c) const;       // REQUIRES(mu_)
   uint64_t ChunkBytes(uint32_t c) const;
-  // Makes room for `bytes` by evicting chunks used later than `next_use`;
-  // false (nothing evicted beyond what was free) if it cannot.
+  // Makes room for `bytes` by evicting unheld chunks used later than
+  // `next_use` (furthest first); false if it cannot.
   bool Admit(uint64_t bytes, uint64_t next_use);  // REQUIRES(mu_)
   void Insert(const std::shared_ptr<ChunkEntry>& e);  // REQUIRES(mu_)
   void Erase(uint32_t c);                            // REQUIRES(mu_)
@@ -127,6 +138,7 @@ class ChunkCache {
   std::unordered_map<uint32_t, uint64_t> key_;                           // GUARDED_BY(mu_): chunk -> its key
   uint64_t resident_bytes_ = 0;                                          // GUARDED_BY(mu_)
 
+  std::atomic<uint64_t> pending_decodes_{0};  // spawned and not yet decoded
   std::mutex pending_mu_;
   std::deque<std::weak_ptr<ChunkEntry>> pending_;  // GUARDED_BY(pending_mu_): spawned, in schedule order
 };

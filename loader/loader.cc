@@ -166,7 +166,7 @@ struct Loader::Impl {
   Impl(const ChunkSource& s, const LoaderOptions& o) : source(s), options(o) {
     threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     state.seed = o.seed;
-    cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(2 * threads + 4));
+    cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
   }
   uint64_t batch_bytes() const { return options.batch_size * source.sample_bytes(); }
 
@@ -275,8 +275,9 @@ void EpochStream::Impl::Run() {
                   auto w = std::make_shared<Work>();
                   w->batch = next++;
                   w->slot = slot;
-                  w->chunks = L.cache->Acquire(w->batch, static_cast<uint64_t>(std::max(1, L.options.prefetch)),
-                                               prefetch_tasks);
+                  // Enough decodes queued to keep every thread busy across
+                  // a window boundary, never more than the budget admits.
+                  w->chunks = L.cache->Acquire(w->batch, 2 * static_cast<uint64_t>(L.threads), prefetch_tasks);
                   plan_ns += static_cast<uint64_t>((std::chrono::steady_clock::now() - t0).count());
                   return w;
                 }) &

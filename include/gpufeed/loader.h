@@ -16,8 +16,9 @@
 // of prefetch + 1 batches allocated once (pinned when a CUDA device is
 // present). Resident memory is bounded by
 //   cache_bytes + (prefetch + 1) x batch bytes + (2 x threads + 4) x chunk bytes
-// plus decoded chunks evicted from the cache while a batch still copies from
-// them (at most the chunks of the batches in flight).
+// plus the chunks whose last use is a batch still in flight (they have left
+// the cache's budget and are freed once copied: at most a shuffle window at a
+// block-order window boundary, a few chunks otherwise).
 //
 // Threads. A Loader may run one epoch stream at a time; its methods are not
 // thread-safe with respect to each other. The stream is consumed from one

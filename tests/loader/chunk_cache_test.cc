@@ -30,7 +30,7 @@ TEST(ChunkCacheTest, EvictsTheChunkNeededFurthestInTheFuture) {
   cache.BeginEpoch(&plan, 0);
   tbb::task_group tasks;
   auto run = [&](uint64_t b) {
-    auto h = cache.Acquire(b, /*lookahead=*/0, tasks);
+    auto h = cache.Acquire(b, /*max_pending=*/0, tasks);
     for (auto& e : h) EXPECT_TRUE(cache.Ensure(*e).ok());
   };
   run(0);
@@ -73,7 +73,7 @@ TEST(ChunkCacheTest, PrefetchesWhatTheNextBatchesNeed) {
   EpochPlan plan = PlanOf({{0}, {1}, {2}, {3}, {4}}, 8);
   cache.BeginEpoch(&plan, 0);
   tbb::task_group tasks;
-  auto h = cache.Acquire(0, /*lookahead=*/3, tasks);
+  auto h = cache.Acquire(0, /*max_pending=*/3, tasks);
   tasks.wait();
   EXPECT_EQ(cache.counters().prefetched.load(), 3u);
   EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{1, 2, 3}));
