@@ -32,9 +32,14 @@ Result<Codec> CodecFromName(std::string_view name) {
 }
 
 uint64_t AutoChunkSamples(uint64_t sample_bytes, uint64_t num_samples) {
-  constexpr uint64_t kTargetChunkBytes = 2u << 20;
-  uint64_t k = std::max<uint64_t>(1, kTargetChunkBytes / std::max<uint64_t>(1, sample_bytes));
-  return std::min(k, std::max<uint64_t>(1, num_samples));
+  constexpr uint64_t kMaxChunkBytes = 2u << 20;   // pread and codecs at full speed well before this
+  constexpr uint64_t kMinChunkBytes = 64u << 10;  // below this, per-chunk overhead shows
+  constexpr uint64_t kMinChunks = 256;            // so block-order shuffling has windows to mix
+  const uint64_t sb = std::max<uint64_t>(1, sample_bytes);
+  const uint64_t k_max = std::max<uint64_t>(1, kMaxChunkBytes / sb);
+  const uint64_t k_min = std::max<uint64_t>(1, kMinChunkBytes / sb);
+  const uint64_t k_spread = std::max<uint64_t>(1, (num_samples + kMinChunks - 1) / kMinChunks);
+  return std::min({k_max, std::max(k_min, k_spread), std::max<uint64_t>(1, num_samples)});
 }
 
 namespace {

@@ -1,24 +1,30 @@
 // Belady-managed decoded-chunk cache with prefetch.
 #include "loader/chunk_cache.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 
 namespace gpufeed::loader {
 
-std::unique_ptr<std::byte[]> ChunkBufferPool::Get() {
+void ChunkBufferPool::Unmap::operator()(std::byte* p) const { ::munmap(p, bytes); }
+
+ChunkBufferPool::Buffer ChunkBufferPool::Get() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!free_.empty()) {
-      auto b = std::move(free_.back());
+      Buffer b = std::move(free_.back());
       free_.pop_back();
       return b;
     }
   }
-  return std::make_unique_for_overwrite<std::byte[]>(bytes_);
+  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return Buffer(static_cast<std::byte*>(p), Unmap{bytes_});
 }
 
-void ChunkBufferPool::Put(std::unique_ptr<std::byte[]> b) {
+void ChunkBufferPool::Put(Buffer b) {
   std::lock_guard<std::mutex> lock(mu_);
   if (free_.size() < max_free_) free_.push_back(std::move(b));
 }
@@ -134,8 +140,16 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
   int expected = ChunkEntry::kQueued;
   if (e.state.compare_exchange_strong(expected, ChunkEntry::kRunning)) {
     const auto t0 = std::chrono::steady_clock::now();
-    e.data = buffers_->Get();
-    e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), ChunkBytes(e.chunk)));
+    // Whatever happens, the entry must reach kDone: other threads wait on it.
+    try {
+      e.data = buffers_->Get();
+      e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), ChunkBytes(e.chunk)));
+    } catch (const std::bad_alloc&) {
+      e.status = Status::Internal(source_.name() + " chunk " + std::to_string(e.chunk) +
+                                  ": out of memory for its decoded bytes");
+    } catch (const std::exception& ex) {
+      e.status = Status::Internal(source_.name() + " chunk " + std::to_string(e.chunk) + ": " + ex.what());
+    }
     counters_.reads += 1;
     counters_.bytes_read += source_.stored_chunk_bytes(e.chunk);
     counters_.bytes_decoded += ChunkBytes(e.chunk);

@@ -40,17 +40,25 @@ namespace gpufeed::loader {
 // every page faults (and a std::vector would also zero it) — that cost more
 // than a tenth of a deflate decode. Thread-safe; outlives every entry that
 // holds one of its buffers (shared ownership).
+// Buffers are mapped and unmapped directly, so a buffer given back is
+// returned to the OS at once instead of lingering in malloc's arenas.
 class ChunkBufferPool {
  public:
+  struct Unmap {
+    size_t bytes = 0;
+    void operator()(std::byte* p) const;
+  };
+  using Buffer = std::unique_ptr<std::byte[], Unmap>;
+
   ChunkBufferPool(size_t buffer_bytes, size_t max_free) : bytes_(buffer_bytes), max_free_(max_free) {}
-  std::unique_ptr<std::byte[]> Get();
-  void Put(std::unique_ptr<std::byte[]> b);
+  Buffer Get();  // throws std::bad_alloc when the OS refuses
+  void Put(Buffer b);
   size_t buffer_bytes() const { return bytes_; }
 
  private:
   const size_t bytes_, max_free_;
   std::mutex mu_;
-  std::vector<std::unique_ptr<std::byte[]>> free_;  // GUARDED_BY(mu_)
+  std::vector<Buffer> free_;  // GUARDED_BY(mu_)
 };
 
 // One decoded chunk, or one being decoded.
@@ -63,7 +71,7 @@ struct ChunkEntry {
   const uint32_t chunk;
   const std::shared_ptr<ChunkBufferPool> pool;
   bool spawned = false;         // a prefetch decode was queued for it
-  std::unique_ptr<std::byte[]> data;  // written once, by the thread that wins kQueued -> kRunning
+  ChunkBufferPool::Buffer data;  // written once, by the thread that wins kQueued -> kRunning
   Status status;                 // valid once state == kDone
   std::atomic<int> state{kQueued};
   std::mutex mu;                 // guards the wait below

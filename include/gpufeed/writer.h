@@ -33,9 +33,10 @@ struct WriteOptions {
   // HDF5 shuffle filter before the compressor. Helps multi-byte dtypes; a
   // no-op for uint8.
   bool shuffle_filter = false;
-  // Samples per chunk; 0 picks one so a chunk holds about 2 MiB (1-4 MiB: big
-  // enough for pread and the codec to run at full speed, small enough that a
-  // shuffle window of several chunks fits in cache).
+  // Samples per chunk; 0 picks AutoChunkSamples: at most 2 MiB a chunk (pread
+  // and the codecs are at full speed well before; a shuffle window of 16
+  // chunks stays small), at least 64 KiB, and otherwise N / 256 samples, so
+  // that even a small dataset has enough chunks for block-order shuffling.
   uint64_t chunk_samples = 0;
   std::string layout;                    // "NCHW", "NHWC", ... (attribute)
   std::vector<std::string> class_names;  // attribute, optional
