@@ -475,6 +475,7 @@ Loader::~Loader() {
 }
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
+const ChunkSource& Loader::source() const { return impl_->source; }
 uint64_t Loader::batch_bytes() const { return impl_->batch_bytes(); }
 LoaderState Loader::state() const { return impl_->state; }
 

@@ -209,6 +209,7 @@ class Loader {
   LoaderState state() const;
   uint64_t num_batches() const;  // per epoch, for this rank
   const LoaderOptions& options() const;
+  const ChunkSource& source() const;
   uint64_t batch_bytes() const;
 
  private:

@@ -1,0 +1,60 @@
+// DeviceOps on the CPU: memory is host memory, copies are memcpy, the
+// transform is TransformCpu; streams and events are placeholders.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "gpu/device_ops.h"
+
+namespace gpufeed::gpu {
+namespace {
+
+class CpuOps final : public DeviceOps {
+ public:
+  bool is_gpu() const override { return false; }
+  Status Alloc(size_t bytes, void** p) override {
+    *p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+    return *p ? Status::Ok() : Status::Internal("out of host memory for " + std::to_string(bytes) + " bytes");
+  }
+  void Free(void* p) override { std::free(p); }
+  Status AllocPinned(size_t bytes, void** p) override { return Alloc(bytes, p); }
+  void FreePinned(void* p) override { std::free(p); }
+  Status NewStream(void** s) override {
+    *s = this;  // any non-null token
+    return Status::Ok();
+  }
+  void FreeStream(void*) override {}
+  Status NewEvent(void** e) override {
+    *e = nullptr;
+    return Status::Ok();
+  }
+  void FreeEvent(void*) override {}
+  Status CopyToDevice(void* dst, const void* src, size_t bytes, void*) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status CopyToHost(void* dst, const void* src, size_t bytes, void*) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Record(void*, void*) override { return Status::Ok(); }
+  Status StreamWait(void*, void*) override { return Status::Ok(); }
+  Status EventSync(void*) override { return Status::Ok(); }
+  Status StreamSync(void*) override { return Status::Ok(); }
+  Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
+                   void* dst_labels, void*) override {
+    return TransformCpu(p, src, src_labels, dst, dst_labels);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceOps> MakeCpuOps() { return std::make_unique<CpuOps>(); }
+
+#ifndef GPUFEED_WITH_CUDA
+Result<std::unique_ptr<DeviceOps>> MakeCudaOps(int) {
+  return Status::Unsupported("gpufeed was built without CUDA (GPUFEED_CUDA=OFF or no nvcc found)");
+}
+#endif
+
+}  // namespace gpufeed::gpu

@@ -1,0 +1,429 @@
+// GpuFeeder: the upload / transform / echo state machine over DeviceOps.
+//
+// Two input slots on the device, each holding one super-batch (super_batch
+// loader batches): while the consumer works on batches cut from one, the
+// other is filled by the copy stream. An input slot yields echo x
+// (batches in it) output batches; pass 0 in the loader's order, pass p > 0
+// through EchoPermutation(seed, epoch, upload, p) over the whole slot.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "gpu/device_ops.h"
+#include "gpufeed/gpu_feed.h"
+
+namespace gpufeed {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+constexpr int kInSlots = 2;
+constexpr int kAutoEchoProbeUploads = 4;  // uploads measured before echo = 0 picks a factor
+constexpr int kMaxAutoEcho = 4;
+
+}  // namespace
+
+struct GpuFeeder::Impl {
+  Loader& loader;
+  FeedOptions o;
+  uint64_t epoch;
+  EpochStream stream;
+  std::unique_ptr<gpu::DeviceOps> ops;
+  Status init_status;
+  Status error;
+  bool error_returned = false;
+
+  int C = 0, H = 0, W = 0;
+  uint64_t B = 0, sample_bytes = 0;
+  size_t out_elem = 4;
+  int echo = 1;
+
+  struct InSlot {
+    void* images = nullptr;
+    void* labels = nullptr;         // int64 [super_batch x B]
+    void* labels_staging = nullptr; // pinned host copy source
+    void* uploaded = nullptr;       // event after the copy
+    void* consumed = nullptr;       // event after the last transform reading it
+    bool consumed_recorded = false;
+    std::vector<Batch> host;        // kept until the copy is done
+    uint64_t samples = 0;
+    uint64_t batches = 0;           // output batches per pass
+    uint64_t upload_index = 0;
+    int pass = 0;
+    uint64_t next = 0;              // next output batch within the pass
+    bool filled = false;
+  };
+  struct OutSlot {
+    void* images = nullptr;
+    void* labels = nullptr;
+    void* ready = nullptr;
+    void* free_event = nullptr;
+    bool free_recorded = false;
+    bool held = false;
+  };
+  InSlot in[kInSlots];
+  std::vector<OutSlot> out;
+  void* copy_stream = nullptr;
+  void* compute_stream = nullptr;
+  int cur = 0;
+  bool started = false, loader_done = false;
+  uint64_t uploads = 0, out_index = 0;
+  FeedStats st;
+  double start_time = 0;
+  // echo = 0: time the consumer spends between Next() calls, and waits.
+  double last_return = 0, step_seconds = 0, probe_wait = 0;
+  uint64_t steps = 0;
+
+  Impl(Loader& l, const FeedOptions& opt, uint64_t e) : loader(l), o(opt), epoch(e), stream(l.Epoch(e)) {}
+
+  Status Init();
+  Status Fill(int k);
+  Result<std::optional<DeviceBatch>> Produce(GpuFeeder* owner);
+  void Teardown();
+};
+
+Status GpuFeeder::Impl::Init() {
+  const ChunkSource& src = loader.source();
+  if (src.dtype() != DType::kUInt8) {
+    return Status::Unsupported(src.name() + ": the GPU feed takes uint8 samples, dataset is " +
+                               std::string(DTypeName(src.dtype())));
+  }
+  const auto& shape = src.sample_shape();
+  if (shape.size() != 3) {
+    return Status::InvalidArgument(src.name() + ": the GPU feed needs [C, H, W] or [H, W, C] samples, got rank " +
+                                   std::to_string(shape.size()));
+  }
+  const bool nchw = o.input_layout == Layout::kNCHW;
+  C = static_cast<int>(nchw ? shape[0] : shape[2]);
+  H = static_cast<int>(nchw ? shape[1] : shape[0]);
+  W = static_cast<int>(nchw ? shape[2] : shape[1]);
+  if (C > gpu::kMaxChannels) {
+    return Status::Unsupported(src.name() + ": " + std::to_string(C) + " channels; is input_layout right?");
+  }
+  if (!o.mean.empty() && o.mean.size() != static_cast<size_t>(C)) {
+    return Status::InvalidArgument("feed: " + std::to_string(o.mean.size()) + " means for " + std::to_string(C) +
+                                   " channels");
+  }
+  if (!o.stddev.empty() && o.stddev.size() != static_cast<size_t>(C)) {
+    return Status::InvalidArgument("feed: " + std::to_string(o.stddev.size()) + " stds for " + std::to_string(C) +
+                                   " channels");
+  }
+  for (double s : o.stddev) {
+    if (!(s > 0)) return Status::InvalidArgument("feed: std must be > 0");
+  }
+  if (o.dtype != DType::kFloat32 && o.dtype != DType::kFloat16 && o.dtype != DType::kBFloat16) {
+    return Status::Unsupported("feed: output dtype " + std::string(DTypeName(o.dtype)) + " (fp32, fp16 or bf16)");
+  }
+  if (o.echo < 0 || o.super_batch < 1 || o.slots < 1) {
+    return Status::InvalidArgument("feed: echo >= 0, super_batch >= 1 and slots >= 1 required");
+  }
+  echo = o.echo == 0 ? 1 : o.echo;
+  B = loader.options().batch_size;
+  sample_bytes = src.sample_bytes();
+  out_elem = DTypeSize(o.dtype);
+
+  if (o.force_cpu) {
+    ops = gpu::MakeCpuOps();
+  } else {
+    auto cuda = gpu::MakeCudaOps(o.device);
+    if (cuda.ok()) {
+      ops = std::move(*cuda);
+    } else if (cuda.status().code() == StatusCode::kUnsupported) {
+      ops = gpu::MakeCpuOps();  // no GPU here: the CPU twins, documented fallback
+    } else {
+      return cuda.status();
+    }
+  }
+  st.on_gpu = ops->is_gpu();
+  GPUFEED_RETURN_IF_ERROR(ops->NewStream(&copy_stream));
+  GPUFEED_RETURN_IF_ERROR(ops->NewStream(&compute_stream));
+  const uint64_t super = B * static_cast<uint64_t>(o.super_batch);
+  for (InSlot& s : in) {
+    GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * sample_bytes, &s.images));
+    GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * sizeof(int64_t), &s.labels));
+    GPUFEED_RETURN_IF_ERROR(ops->AllocPinned(super * sizeof(int64_t), &s.labels_staging));
+    GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.uploaded));
+    GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.consumed));
+  }
+  out.resize(static_cast<size_t>(o.slots));
+  for (OutSlot& s : out) {
+    GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * C * H * W * out_elem, &s.images));
+    GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * (o.labels_int32 ? 4 : 8), &s.labels));
+    GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.ready));
+    GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.free_event));
+  }
+  return Status::Ok();
+}
+
+// Fills input slot k with the next super-batch: waits (on the device) until
+// its last reader is done, pulls loader batches (the host may wait here: that
+// is the data wait), queues their copies and records `uploaded`.
+Status GpuFeeder::Impl::Fill(int k) {
+  InSlot& s = in[k];
+  s.filled = false;
+  if (loader_done) return Status::Ok();
+  if (s.consumed_recorded) {
+    GPUFEED_RETURN_IF_ERROR(ops->StreamWait(copy_stream, s.consumed));
+    s.consumed_recorded = false;
+  }
+  if (!s.host.empty()) {  // their copies finished long ago; make it certain
+    GPUFEED_RETURN_IF_ERROR(ops->EventSync(s.uploaded));
+    s.host.clear();       // back to the loader's pool
+  }
+  s.samples = 0;
+  const double t0 = Now();
+  for (int t = 0; t < o.super_batch; ++t) {
+    auto r = stream.Next();
+    if (!r.ok()) return r.status();
+    if (!r->has_value()) {
+      loader_done = true;
+      break;
+    }
+    Batch b = std::move(**r);
+    const uint64_t n = b.size();
+    GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.images) + s.samples * sample_bytes,
+                                              b.images().data(), n * sample_bytes, copy_stream));
+    auto* staging = static_cast<int64_t*>(s.labels_staging) + s.samples;
+    if (b.labels().empty()) {
+      std::fill(staging, staging + n, int64_t{-1});
+    } else {
+      std::memcpy(staging, b.labels().data(), n * sizeof(int64_t));
+    }
+    st.bytes_uploaded += n * sample_bytes;
+    s.samples += n;
+    s.host.push_back(std::move(b));
+  }
+  const double waited = Now() - t0;
+  st.data_wait_seconds += waited;
+  if (s.samples == 0) return Status::Ok();
+  GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(s.labels, s.labels_staging, s.samples * sizeof(int64_t), copy_stream));
+  GPUFEED_RETURN_IF_ERROR(ops->Record(s.uploaded, copy_stream));
+  s.batches = (s.samples + B - 1) / B;
+  s.pass = 0;
+  s.next = 0;
+  s.upload_index = uploads++;
+  s.filled = true;
+  st.uploads = uploads;
+
+  if (o.echo == 0 && uploads <= kAutoEchoProbeUploads) {
+    probe_wait += waited;
+    if (uploads == kAutoEchoProbeUploads && steps > 0) {
+      // Echo enough that the GPU's work per upload covers the wait for the
+      // next one: e ~ (wait + step) / step, per loader batch.
+      const double step = step_seconds / static_cast<double>(steps);
+      const double wait = probe_wait / static_cast<double>(uploads * o.super_batch);
+      echo = std::clamp(static_cast<int>(std::ceil((wait + step) / std::max(step, 1e-6))), 1, kMaxAutoEcho);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
+  if (!started) {
+    started = true;
+    start_time = Now();
+    GPUFEED_RETURN_IF_ERROR(Fill(0));
+    cur = 0;
+  } else if (!in[1 - cur].filled && !loader_done && in[cur].filled) {
+    // Queue the next upload now: the consumer's work on the previous batch
+    // is already on the GPU, so this host-side wait overlaps it.
+    GPUFEED_RETURN_IF_ERROR(Fill(1 - cur));
+  }
+  InSlot* s = &in[cur];
+  if (!s->filled) return std::optional<DeviceBatch>();
+  // Pick an output slot the consumer does not hold.
+  int slot = -1;
+  for (int t = 0; t < static_cast<int>(out.size()); ++t) {
+    const int c = static_cast<int>((out_index + t) % out.size());
+    if (!out[c].held) {
+      slot = c;
+      break;
+    }
+  }
+  if (slot < 0) {
+    return Status::InvalidArgument("feed: the consumer holds all " + std::to_string(out.size()) +
+                                   " output slots; release batches (or raise FeedOptions::slots)");
+  }
+  OutSlot& os = out[slot];
+  GPUFEED_RETURN_IF_ERROR(ops->StreamWait(compute_stream, s->uploaded));
+  if (os.free_recorded) GPUFEED_RETURN_IF_ERROR(ops->StreamWait(compute_stream, os.free_event));
+
+  gpu::TransformParams p;
+  p.channels = C;
+  p.height = H;
+  p.width = W;
+  p.in_layout = o.input_layout == Layout::kNCHW ? gpu::TensorLayout::kNCHW : gpu::TensorLayout::kNHWC;
+  p.out_layout = o.layout == Layout::kNCHW ? gpu::TensorLayout::kNCHW : gpu::TensorLayout::kNHWC;
+  p.out_dtype = o.dtype;
+  p.labels_int32 = o.labels_int32;
+  for (int c = 0; c < C; ++c) {
+    p.mean[c] = static_cast<float>(o.mean.empty() ? 0.0 : o.mean[c]);
+    p.inv_std[c] = static_cast<float>(1.0 / (o.stddev.empty() ? 255.0 : o.stddev[c]));
+  }
+  p.crop_padding = o.crop_padding;
+  p.flip = o.flip;
+  const uint64_t first = s->next * B;
+  p.batch = static_cast<int>(std::min<uint64_t>(B, s->samples - first));
+  p.perm_offset = static_cast<uint32_t>(first);
+  if (s->pass > 0) {
+    p.perm_domain = static_cast<uint32_t>(s->samples);
+    p.perm_seed = gpu::Mix64(o.seed ^ gpu::Mix64(epoch * 0x100000001B3ull + s->upload_index) ^
+                             (0xD1B54A32D192ED03ull * static_cast<uint64_t>(s->pass)));
+  }
+  // Fresh augmentation for every output batch, reproducible from
+  // (seed, epoch, output batch index).
+  p.seed = gpu::Mix64(o.seed ^ gpu::Mix64((epoch << 32) ^ out_index));
+  GPUFEED_RETURN_IF_ERROR(ops->Transform(p, static_cast<const uint8_t*>(s->images),
+                                         static_cast<const int64_t*>(s->labels), os.images, os.labels,
+                                         compute_stream));
+  GPUFEED_RETURN_IF_ERROR(ops->Record(os.ready, compute_stream));
+  os.held = true;
+  os.free_recorded = false;
+
+  DeviceBatch b;
+  b.owner_ = owner;
+  b.slot_ = slot;
+  b.images_ = os.images;
+  b.labels_ = os.labels;
+  b.ready_event_ = ops->is_gpu() ? os.ready : nullptr;
+  b.size_ = p.batch;
+  b.pass_ = s->pass;
+  b.index_ = out_index++;
+  if (s->pass == 0) {
+    ++st.fresh_batches;
+    st.fresh_samples += p.batch;
+  } else {
+    ++st.echoed_batches;
+    st.echoed_samples += p.batch;
+  }
+
+  if (++s->next == s->batches) {
+    s->next = 0;
+    if (++s->pass >= echo) {
+      // Last reader of this input slot: its refill waits on this event.
+      GPUFEED_RETURN_IF_ERROR(ops->Record(s->consumed, compute_stream));
+      s->consumed_recorded = true;
+      s->filled = false;
+      const int other = 1 - cur;
+      if (!in[other].filled) GPUFEED_RETURN_IF_ERROR(Fill(other));
+      cur = other;
+    }
+  }
+  return std::optional<DeviceBatch>(std::move(b));
+}
+
+void GpuFeeder::Impl::Teardown() {
+  if (!ops) return;
+  if (compute_stream) (void)ops->StreamSync(compute_stream);
+  if (copy_stream) (void)ops->StreamSync(copy_stream);
+  for (InSlot& s : in) {
+    s.host.clear();
+    if (s.images) ops->Free(s.images);
+    if (s.labels) ops->Free(s.labels);
+    if (s.labels_staging) ops->FreePinned(s.labels_staging);
+    if (s.uploaded) ops->FreeEvent(s.uploaded);
+    if (s.consumed) ops->FreeEvent(s.consumed);
+  }
+  for (OutSlot& s : out) {
+    if (s.images) ops->Free(s.images);
+    if (s.labels) ops->Free(s.labels);
+    if (s.ready) ops->FreeEvent(s.ready);
+    if (s.free_event) ops->FreeEvent(s.free_event);
+  }
+  if (compute_stream) ops->FreeStream(compute_stream);
+  if (copy_stream) ops->FreeStream(copy_stream);
+  ops.reset();
+}
+
+GpuFeeder::GpuFeeder(Loader& loader, const FeedOptions& options, uint64_t epoch)
+    : impl_(std::make_unique<Impl>(loader, options, epoch)) {
+  impl_->init_status = impl_->Init();
+}
+
+GpuFeeder::~GpuFeeder() { impl_->Teardown(); }
+
+bool GpuFeeder::on_gpu() const { return impl_->st.on_gpu; }
+
+FeedStats GpuFeeder::stats() const {
+  FeedStats s = impl_->st;
+  s.echo = impl_->echo;
+  s.wall_seconds = impl_->started ? Now() - impl_->start_time : 0;
+  return s;
+}
+
+Result<std::optional<DeviceBatch>> GpuFeeder::Next() {
+  Impl& d = *impl_;
+  if (!d.init_status.ok()) {
+    if (d.error_returned) return std::optional<DeviceBatch>();
+    d.error_returned = true;
+    return d.init_status;
+  }
+  if (!d.error.ok()) return std::optional<DeviceBatch>();  // the stream ended with that error
+  const double t = Now();
+  if (d.last_return > 0) {
+    d.step_seconds += t - d.last_return;
+    ++d.steps;
+  }
+  auto r = d.Produce(this);
+  d.last_return = Now();
+  if (!r.ok()) d.error = r.status();
+  return r;
+}
+
+Status GpuFeeder::CopyToHost(const DeviceBatch& b, void* images, void* labels) const {
+  const Impl& d = *impl_;
+  if (b.owner_ != this) return Status::InvalidArgument("feed: the batch is released or from another feeder");
+  const Impl::OutSlot& os = d.out[static_cast<size_t>(b.slot_)];
+  const uint64_t n = static_cast<uint64_t>(b.size());
+  if (images != nullptr) {
+    GPUFEED_RETURN_IF_ERROR(d.ops->CopyToHost(images, os.images, n * d.C * d.H * d.W * d.out_elem, os.ready));
+  }
+  if (labels != nullptr) {
+    GPUFEED_RETURN_IF_ERROR(d.ops->CopyToHost(labels, os.labels, n * (d.o.labels_int32 ? 4 : 8), os.ready));
+  }
+  return Status::Ok();
+}
+
+void GpuFeeder::ReleaseSlot(int slot, void* consumer_stream) {
+  Impl::OutSlot& os = impl_->out[static_cast<size_t>(slot)];
+  if (!os.held) return;
+  // The next transform into this slot waits for what the consumer queued.
+  Status s = impl_->ops->Record(os.free_event, consumer_stream);
+  if (!s.ok()) {
+    // Without the event we cannot order reuse on the device: wait on the host.
+    (void)impl_->ops->StreamSync(consumer_stream);
+    os.free_recorded = false;
+  } else {
+    os.free_recorded = true;
+  }
+  os.held = false;
+}
+
+DeviceBatch::DeviceBatch(DeviceBatch&& o) noexcept { *this = std::move(o); }
+DeviceBatch& DeviceBatch::operator=(DeviceBatch&& o) noexcept {
+  if (this != &o) {
+    Release(nullptr);
+    owner_ = std::exchange(o.owner_, nullptr);
+    slot_ = std::exchange(o.slot_, -1);
+    images_ = o.images_;
+    labels_ = o.labels_;
+    ready_event_ = o.ready_event_;
+    size_ = o.size_;
+    pass_ = o.pass_;
+    index_ = o.index_;
+  }
+  return *this;
+}
+DeviceBatch::~DeviceBatch() { Release(nullptr); }
+
+void DeviceBatch::Release(void* consumer_stream) {
+  if (owner_ == nullptr) return;
+  owner_->ReleaseSlot(slot_, consumer_stream);
+  owner_ = nullptr;
+  slot_ = -1;
+}
+
+}  // namespace gpufeed

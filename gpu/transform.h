@@ -1,0 +1,178 @@
+// The fused batch transform: uint8 samples -> per-channel (x - mean) / std in
+// fp32/fp16/bf16, NCHW or NHWC from either, with an optional random crop
+// (zero padding) and horizontal flip per sample, and an optional gather
+// through a permutation (batch echoing). One pass over the bytes.
+//
+// TransformCpu (transform_cpu.cc) is the reference; TransformGpu
+// (transform.cu) has the same signature plus a stream and must produce the
+// same bytes: fp32 exactly (the same float operations, no contraction is
+// possible in (x - m) * s), fp16/bf16 exactly too (both round the same fp32
+// value to nearest-even), which the tests check on the GPU host.
+#ifndef GPUFEED_GPU_TRANSFORM_H_
+#define GPUFEED_GPU_TRANSFORM_H_
+
+#include <cstdint>
+
+#include "gpufeed/dtype.h"
+#include "gpufeed/status.h"
+
+#ifdef __CUDACC__
+#define GPUFEED_HD __host__ __device__ __forceinline__
+#else
+#define GPUFEED_HD inline
+#endif
+
+namespace gpufeed::gpu {
+
+enum class TensorLayout : int { kNCHW = 0, kNHWC = 1 };
+
+constexpr int kMaxChannels = 8;
+
+struct TransformParams {
+  int batch = 0;             // output samples
+  int channels = 0, height = 0, width = 0;
+  TensorLayout in_layout = TensorLayout::kNCHW;
+  TensorLayout out_layout = TensorLayout::kNCHW;
+  DType out_dtype = DType::kFloat32;  // kFloat32, kFloat16 or kBFloat16
+  bool labels_int32 = false;           // else int64
+  float mean[kMaxChannels] = {};
+  float inv_std[kMaxChannels] = {};    // 1 / std
+  int crop_padding = 0;                // 0: no crop
+  bool flip = false;
+  uint64_t seed = 0;                   // augmentation seed of this output batch
+  // Output sample i reads input sample perm_offset + i through the
+  // permutation (see EchoPermutation) when perm_domain > 0, else sample
+  // perm_offset + i itself.
+  uint32_t perm_offset = 0;
+  uint32_t perm_domain = 0;            // size of the permuted super-batch (0: none)
+  uint64_t perm_seed = 0;
+};
+
+Status ValidateTransform(const TransformParams& p);
+
+// splitmix64 finalizer: the one hash both sides use.
+GPUFEED_HD uint64_t Mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+struct SampleAug {
+  int dy = 0, dx = 0;  // crop offset in [-padding, padding]
+  bool flip = false;
+};
+
+GPUFEED_HD SampleAug AugFor(uint64_t seed, uint32_t i, int padding, bool flip) {
+  SampleAug a;
+  const uint64_t h = Mix64(seed ^ (0xA24BAED4963EE407ull * (uint64_t(i) + 1)));
+  const uint32_t span = 2u * static_cast<uint32_t>(padding) + 1u;
+  if (padding > 0) {
+    a.dy = static_cast<int>((h & 0xffffu) % span) - padding;
+    a.dx = static_cast<int>(((h >> 16) & 0xffffu) % span) - padding;
+  }
+  a.flip = flip && ((h >> 40) & 1u);
+  return a;
+}
+
+// A bijection of [0, n) keyed by `seed`: a 4-round Feistel network on the
+// smallest even power of two >= n, cycle-walking out-of-range values back in.
+// Computed per index on either side, so an echo pass needs no sort and no
+// upload, and the CPU twin is the same function.
+GPUFEED_HD uint32_t EchoPermutation(uint32_t i, uint32_t n, uint64_t seed) {
+  int bits = 2;
+  while ((1u << bits) < n) bits += 2;
+  const int half = bits / 2;
+  const uint32_t mask = (1u << half) - 1u;
+  uint32_t x = i;
+  do {
+    uint32_t l = x >> half, r = x & mask;
+    for (uint32_t round = 0; round < 4; ++round) {
+      const uint32_t f = static_cast<uint32_t>(Mix64(seed + round * 0x632BE59BD9B4E019ull + r)) & mask;
+      const uint32_t nl = r;
+      r = l ^ f;
+      l = nl;
+    }
+    x = (l << half) | r;
+  } while (x >= n);
+  return x;
+}
+
+// Round-to-nearest-even conversions of fp32, bit-exact with CUDA's
+// __float2half_rn and __float2bfloat16_rn (NaN stays NaN).
+GPUFEED_HD uint16_t FloatToBf16Bits(float f) {
+  uint32_t u;
+#ifdef __CUDA_ARCH__
+  u = __float_as_uint(f);
+#else
+  __builtin_memcpy(&u, &f, 4);
+#endif
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+GPUFEED_HD uint16_t FloatToHalfBits(float f) {
+  uint32_t x;
+#ifdef __CUDA_ARCH__
+  x = __float_as_uint(f);
+#else
+  __builtin_memcpy(&x, &f, 4);
+#endif
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);      // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);     // overflow -> inf (>= 65520)
+  if (abs < 0x38800000u) {                                                   // subnormal half or zero
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);               // < 2^-25 rounds to 0
+    const uint32_t e = abs >> 23;
+    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - e;  // 14..24
+    uint32_t h = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+    if (rem > halfway || (rem == halfway && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = ((abs >> 13) - (112u << 10));  // rebias exponent 127 -> 15
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+// The value of output element (i, c, y, x), before conversion, and where it
+// goes. Shared by both implementations so they cannot drift apart.
+GPUFEED_HD float TransformValue(const TransformParams& p, const uint8_t* src, uint32_t i, int c, int y, int x) {
+  const uint32_t s = p.perm_domain ? EchoPermutation(p.perm_offset + i, p.perm_domain, p.perm_seed) : p.perm_offset + i;
+  const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
+  const int xs = a.flip ? (p.width - 1 - x) : x;
+  const int sy = y + a.dy, sx = xs + a.dx;
+  float v = 0.0f;  // zero padding, as torchvision's RandomCrop(padding)
+  if (sy >= 0 && sy < p.height && sx >= 0 && sx < p.width) {
+    const uint64_t hw = uint64_t(p.height) * p.width;
+    const uint64_t off = p.in_layout == TensorLayout::kNCHW
+                             ? (uint64_t(s) * p.channels + c) * hw + uint64_t(sy) * p.width + sx
+                             : ((uint64_t(s) * p.height + sy) * p.width + sx) * p.channels + c;
+    v = static_cast<float>(src[off]);
+  }
+  return (v - p.mean[c]) * p.inv_std[c];
+}
+
+GPUFEED_HD uint64_t OutputOffset(const TransformParams& p, uint32_t i, int c, int y, int x) {
+  const uint64_t hw = uint64_t(p.height) * p.width;
+  return p.out_layout == TensorLayout::kNCHW ? (uint64_t(i) * p.channels + c) * hw + uint64_t(y) * p.width + x
+                                             : ((uint64_t(i) * p.height + y) * p.width + x) * p.channels + c;
+}
+
+// CPU reference: writes p.batch samples to dst_images and their labels
+// (gathered through the same permutation) to dst_labels.
+Status TransformCpu(const TransformParams& p, const uint8_t* src_images, const int64_t* src_labels,
+                    void* dst_images, void* dst_labels);
+
+// GPU: the same on `stream` (a cudaStream_t). Returns the CUDA error by name
+// on a failed launch. Defined only in CUDA builds.
+Status TransformGpu(const TransformParams& p, const uint8_t* src_images, const int64_t* src_labels,
+                    void* dst_images, void* dst_labels, void* stream);
+
+}  // namespace gpufeed::gpu
+
+#endif  // GPUFEED_GPU_TRANSFORM_H_

@@ -1,0 +1,141 @@
+// GpuFeeder: takes the Loader's uint8 batches to the GPU and hands the
+// consumer ready batches: normalized, converted to fp32/fp16/bf16, in NCHW or
+// NHWC, optionally cropped and flipped per sample, and optionally *echoed*
+// (each upload used `echo` times, reshuffled on the GPU for every pass).
+//
+//   gpufeed::GpuFeeder feeder(loader, {.dtype = gpufeed::DType::kBFloat16, .echo = 2,
+//                                      .crop_padding = 4, .flip = true});
+//   for (;;) {
+//     auto b = feeder.Next();                 // Result<std::optional<DeviceBatch>>
+//     if (!b.ok()) { report(b.status()); break; }
+//     if (!*b) break;                         // end of the epoch
+//     cudaStreamWaitEvent(my_stream, (cudaEvent_t)(*b)->ready_event());
+//     train_step((*b)->images(), (*b)->labels(), my_stream);
+//     (*b)->Release(my_stream);               // or let it go out of scope
+//   }
+//
+// Copies. Host batches come from the loader's pinned pool; each super-batch is
+// copied with cudaMemcpyAsync on a copy stream into one of two device input
+// slots, the transform runs on a compute stream after the copy's event, and
+// writes one of `slots` output slots. A slot is reused only after the work
+// reading it has finished — input slots after their last transform's event,
+// output slots after the event Release() records on the consumer's stream —
+// never through a device-wide synchronize. The copy of the next super-batch
+// is queued before the current one's batches are handed out, so it overlaps
+// the consumer's compute.
+//
+// Without a GPU (or with force_cpu), the same state machine runs on the CPU
+// twins of every step (memcpy, TransformCpu): the whole chain works on a
+// laptop, slowly, and the CPU tests exercise the feeder's logic.
+//
+// Errors (no device, out of memory, a failed launch, a loader failure) come
+// back from Next() as a Status carrying the CUDA error name or the loader's
+// message; nothing throws or aborts. Not thread-safe: one consumer thread.
+#ifndef GPUFEED_GPU_FEED_H_
+#define GPUFEED_GPU_FEED_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "gpufeed/dtype.h"
+#include "gpufeed/loader.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+enum class Layout { kNCHW, kNHWC };
+
+struct FeedOptions {
+  int device = 0;
+  DType dtype = DType::kFloat32;         // kFloat32, kFloat16 or kBFloat16
+  Layout layout = Layout::kNCHW;         // output layout
+  Layout input_layout = Layout::kNCHW;   // how samples are stored ([C,H,W] or [H,W,C])
+  // Per-channel mean and std in stored units (0..255). Empty: 0 and 255
+  // (i.e. x / 255); pass the dataset's attributes (DatasetInfo::mean/stddev)
+  // for standardization.
+  std::vector<double> mean, stddev;
+  int echo = 1;          // uses of each upload; 0 = auto (measured, at most 4)
+  int super_batch = 1;   // loader batches per upload; echo passes reshuffle all of them
+  int crop_padding = 0;  // random crop with this zero padding (0: none)
+  bool flip = false;     // random horizontal flip, probability 1/2
+  uint64_t seed = 0;     // augmentation and echo permutations: same seed, epoch, batch -> same bytes
+  int slots = 3;         // output slots on the device
+  bool labels_int32 = false;  // labels as int32 (else int64)
+  bool force_cpu = false;     // use the CPU twins even where a GPU exists
+};
+
+struct FeedStats {
+  uint64_t fresh_batches = 0, echoed_batches = 0;
+  uint64_t fresh_samples = 0, echoed_samples = 0;
+  uint64_t uploads = 0, bytes_uploaded = 0;
+  double data_wait_seconds = 0;  // Next() blocked on the loader
+  double wall_seconds = 0;       // since the feeder started
+  int echo = 1;                  // the factor in use (chosen, with echo = 0)
+  bool on_gpu = false;
+  double fresh_samples_per_s() const { return wall_seconds > 0 ? fresh_samples / wall_seconds : 0; }
+  double echoed_samples_per_s() const { return wall_seconds > 0 ? echoed_samples / wall_seconds : 0; }
+};
+
+class GpuFeeder;
+
+// One transformed batch in an output slot. Move-only; valid until released.
+class DeviceBatch {
+ public:
+  DeviceBatch() = default;
+  DeviceBatch(DeviceBatch&&) noexcept;
+  DeviceBatch& operator=(DeviceBatch&&) noexcept;
+  ~DeviceBatch();  // Release(nullptr)
+
+  const void* images() const { return images_; }  // device pointer (host memory on the CPU path)
+  const void* labels() const { return labels_; }  // int32 or int64 per FeedOptions
+  int size() const { return size_; }
+  int pass() const { return pass_; }              // 0: fresh, >0: an echo of an earlier upload
+  bool echoed() const { return pass_ > 0; }
+  uint64_t index() const { return index_; }       // output batch index within the epoch
+  // A cudaEvent_t recorded after the transform: make your stream wait on it.
+  // nullptr on the CPU path (the data is ready when Next() returns).
+  void* ready_event() const { return ready_event_; }
+  // Returns the slot to the feeder after the work queued on `consumer_stream`
+  // (a cudaStream_t; nullptr = the legacy default stream) so far.
+  void Release(void* consumer_stream = nullptr);
+
+ private:
+  friend class GpuFeeder;
+  GpuFeeder* owner_ = nullptr;
+  int slot_ = -1;
+  const void* images_ = nullptr;
+  const void* labels_ = nullptr;
+  void* ready_event_ = nullptr;
+  int size_ = 0, pass_ = 0;
+  uint64_t index_ = 0;
+};
+
+class GpuFeeder {
+ public:
+  // Streams epoch `epoch` of `loader` (which must outlive the feeder and
+  // should have prefetch >= 2 x super_batch). Errors surface from Next().
+  GpuFeeder(Loader& loader, const FeedOptions& options, uint64_t epoch = 0);
+  ~GpuFeeder();  // waits for the work it queued; releases everything
+  GpuFeeder(const GpuFeeder&) = delete;
+  GpuFeeder& operator=(const GpuFeeder&) = delete;
+
+  Result<std::optional<DeviceBatch>> Next();
+  // Waits for `b` and copies its images (size x C x H x W x dtype bytes) and
+  // labels to host memory; either pointer may be null. For tests, debugging
+  // and checksums — not for the training loop.
+  Status CopyToHost(const DeviceBatch& b, void* images, void* labels) const;
+  FeedStats stats() const;
+  bool on_gpu() const;
+
+ private:
+  friend class DeviceBatch;
+  void ReleaseSlot(int slot, void* consumer_stream);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_GPU_FEED_H_

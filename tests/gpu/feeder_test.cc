@@ -1,0 +1,207 @@
+// GpuFeeder on index-valued data: the bytes that reach the device are the
+// loader's, echo passes are permutations of their upload, slots in use are
+// never overwritten, errors surface. Runs on the CPU twins everywhere and, on
+// a machine with a GPU, once more on the GPU.
+#include "gpufeed/gpu_feed.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "tests/testing/sources.h"
+
+namespace gpufeed {
+namespace {
+
+using testing::InMemorySource;
+
+// [C=2, H=4, W=4] uint8 samples: 32 bytes, the first 8 of which are the index.
+constexpr uint64_t kSampleBytes = 2 * 4 * 4;
+
+class TensorSource : public InMemorySource {
+ public:
+  TensorSource(uint64_t n, uint64_t k) : InMemorySource(n, kSampleBytes, k), shape_{2, 4, 4} {}
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+
+ private:
+  std::vector<uint64_t> shape_;
+};
+
+LoaderOptions LoaderOpts() {
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.order = Order::kRandom;
+  o.seed = 3;
+  o.threads = 2;
+  o.prefetch = 6;
+  o.pin_memory = true;
+  return o;
+}
+
+// Recovers the sample index from fp32 output made with mean 0, std 1 and no
+// augmentation: the first 8 values are the index's bytes.
+int64_t IndexOf(const float* sample) {
+  uint64_t idx = 0;
+  for (int b = 0; b < 8; ++b) idx |= uint64_t(uint8_t(sample[b])) << (8 * b);
+  return static_cast<int64_t>(idx);
+}
+
+class FeederTest : public ::testing::TestWithParam<bool> {  // param: use the GPU
+ protected:
+  void SetUp() override {
+    if (GetParam()) {
+      TensorSource probe(8, 4);
+      Loader l(probe, LoaderOpts());
+      GpuFeeder f(l, {});
+      if (!f.on_gpu()) GTEST_SKIP() << "no GPU here; the GPU variant of the feeder tests runs on the GPU host";
+    }
+  }
+  FeedOptions Opts() {
+    FeedOptions f;
+    f.mean = {0, 0};
+    f.stddev = {1, 1};
+    f.force_cpu = !GetParam();
+    return f;
+  }
+};
+
+TEST_P(FeederTest, DeliversExactlyTheLoadersBytes) {
+  TensorSource src(203, 10);
+  Loader loader(src, LoaderOpts());
+  GpuFeeder feeder(loader, Opts(), 2);
+  std::set<int64_t> seen;
+  std::vector<float> img(8 * kSampleBytes);
+  std::vector<int64_t> lab(8);
+  for (;;) {
+    auto b = feeder.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), lab.data()).ok());
+    for (int i = 0; i < (*b)->size(); ++i) {
+      const int64_t idx = IndexOf(&img[i * kSampleBytes]);
+      ASSERT_TRUE(seen.insert(idx).second) << "sample " << idx << " twice";
+      std::vector<std::byte> want(kSampleBytes);
+      testing::FillIndexSamples(idx, 1, kSampleBytes, want);
+      for (uint64_t k = 0; k < kSampleBytes; ++k) ASSERT_EQ(img[i * kSampleBytes + k], float(uint8_t(want[k])));
+      EXPECT_EQ(lab[i], testing::IndexLabel(idx));
+    }
+  }
+  EXPECT_EQ(seen.size(), 203u);
+  const FeedStats st = feeder.stats();
+  EXPECT_EQ(st.fresh_samples, 203u);
+  EXPECT_EQ(st.echoed_samples, 0u);
+  EXPECT_EQ(st.on_gpu, GetParam());
+}
+
+TEST_P(FeederTest, EchoPassesArePermutationsOfTheirUpload) {
+  TensorSource src(160, 10);
+  Loader loader(src, LoaderOpts());
+  FeedOptions o = Opts();
+  o.echo = 3;
+  o.super_batch = 2;  // uploads of 16 samples, 2 batches a pass
+  GpuFeeder feeder(loader, o);
+  std::map<int, std::vector<int64_t>> by_pass;  // for the current upload
+  std::vector<float> img(8 * kSampleBytes);
+  uint64_t batches = 0, uploads = 0;
+  auto check_upload = [&] {
+    ASSERT_EQ(by_pass.size(), 3u);
+    std::multiset<int64_t> fresh(by_pass[0].begin(), by_pass[0].end());
+    for (int p = 1; p < 3; ++p) {
+      EXPECT_EQ(std::multiset<int64_t>(by_pass[p].begin(), by_pass[p].end()), fresh) << "pass " << p;
+      EXPECT_NE(by_pass[p], by_pass[0]) << "pass " << p << " not reshuffled";
+    }
+    EXPECT_NE(by_pass[1], by_pass[2]);
+    by_pass.clear();
+    ++uploads;
+  };
+  for (;;) {
+    auto b = feeder.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    if ((*b)->pass() == 0 && by_pass.count(2)) check_upload();
+    ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), nullptr).ok());
+    for (int i = 0; i < (*b)->size(); ++i) by_pass[(*b)->pass()].push_back(IndexOf(&img[i * kSampleBytes]));
+    ++batches;
+  }
+  check_upload();
+  EXPECT_EQ(uploads, 10u);
+  EXPECT_EQ(batches, 60u);
+  const FeedStats st = feeder.stats();
+  EXPECT_EQ(st.fresh_samples, 160u);
+  EXPECT_EQ(st.echoed_samples, 320u);
+}
+
+TEST_P(FeederTest, SlotsInUseAreNeverOverwritten) {
+  TensorSource src(400, 10);
+  Loader loader(src, LoaderOpts());
+  FeedOptions o = Opts();
+  o.slots = 3;
+  GpuFeeder feeder(loader, o);
+  std::vector<float> first(8 * kSampleBytes), again(8 * kSampleBytes);
+  auto held = feeder.Next();
+  ASSERT_TRUE(held.ok() && *held);
+  ASSERT_TRUE(feeder.CopyToHost(**held, first.data(), nullptr).ok());
+  // Churn through many batches with the other two slots while holding one.
+  for (int i = 0; i < 30; ++i) {
+    auto b = feeder.Next();
+    ASSERT_TRUE(b.ok() && *b) << i;
+  }
+  ASSERT_TRUE(feeder.CopyToHost(**held, again.data(), nullptr).ok());
+  EXPECT_EQ(first, again) << "a held slot was overwritten";
+  // Holding every slot is an error, not a hang or a silent overwrite.
+  auto b1 = feeder.Next();
+  auto b2 = feeder.Next();
+  ASSERT_TRUE(b1.ok() && b2.ok());
+  auto b3 = feeder.Next();
+  ASSERT_FALSE(b3.ok());
+  EXPECT_EQ(b3.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(FeederTest, LoaderErrorsSurface) {
+  TensorSource src(200, 10);
+  src.set_fail_chunk(12);
+  LoaderOptions lo = LoaderOpts();
+  lo.order = Order::kSequential;
+  Loader loader(src, lo);
+  GpuFeeder feeder(loader, Opts());
+  Status err;
+  int good = 0;
+  for (;;) {
+    auto b = feeder.Next();
+    if (!b.ok()) {
+      err = b.status();
+      break;
+    }
+    ASSERT_TRUE(b->has_value()) << "ended without the error";
+    ++good;
+  }
+  EXPECT_EQ(err.code(), StatusCode::kCorrupt);
+  EXPECT_NE(err.message().find("chunk 12"), std::string::npos) << err.ToString();
+  auto after = feeder.Next();
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(after->has_value());
+}
+
+TEST_P(FeederTest, BadShapesAndOptionsAreRefused) {
+  InMemorySource flat(50, 32, 10);  // rank-1 samples
+  Loader loader(flat, LoaderOpts());
+  GpuFeeder feeder(loader, Opts());
+  auto b = feeder.Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+
+  TensorSource src(50, 10);
+  Loader loader2(src, LoaderOpts());
+  FeedOptions o = Opts();
+  o.stddev = {1, 0};
+  GpuFeeder bad(loader2, o);
+  EXPECT_EQ(bad.Next().status().code(), StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuAndGpu, FeederTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Gpu" : "Cpu"; });
+
+}  // namespace
+}  // namespace gpufeed

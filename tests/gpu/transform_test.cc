@@ -1,0 +1,217 @@
+// The fused transform: CPU reference checked against direct computations;
+// the GPU kernel checked against the CPU reference for every dtype, layout,
+// normalization, augmentation and echo permutation (on a machine with a GPU;
+// skipped with a message elsewhere).
+#include "gpu/transform.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "gpu/device_ops.h"
+
+namespace gpufeed::gpu {
+namespace {
+
+std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+TransformParams Params(int batch, int c, int h, int w) {
+  TransformParams p;
+  p.batch = batch;
+  p.channels = c;
+  p.height = h;
+  p.width = w;
+  for (int k = 0; k < c; ++k) {
+    p.mean[k] = 0;
+    p.inv_std[k] = 1;
+  }
+  return p;
+}
+
+TEST(TransformTest, IdentityNormalizationAndLayouts) {
+  const int B = 3, C = 3, H = 5, W = 7;
+  const auto src = RandomBytes(B * C * H * W, 1);
+  std::vector<int64_t> labels = {7, 8, 9};
+  TransformParams p = Params(B, C, H, W);
+  const float mean[3] = {10, 20, 30}, sd[3] = {2, 4, 8};
+  for (int k = 0; k < C; ++k) {
+    p.mean[k] = mean[k];
+    p.inv_std[k] = 1 / sd[k];
+  }
+  for (auto in : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
+    for (auto out : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
+      p.in_layout = in;
+      p.out_layout = out;
+      std::vector<float> dst(src.size());
+      std::vector<int64_t> dl(B);
+      ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), dst.data(), dl.data()).ok());
+      EXPECT_EQ(dl, labels);
+      for (int i = 0; i < B; ++i)
+        for (int c = 0; c < C; ++c)
+          for (int y = 0; y < H; ++y)
+            for (int x = 0; x < W; ++x) {
+              const size_t si = in == TensorLayout::kNCHW ? ((i * C + c) * H + y) * W + x : ((i * H + y) * W + x) * C + c;
+              const size_t di = out == TensorLayout::kNCHW ? ((i * C + c) * H + y) * W + x : ((i * H + y) * W + x) * C + c;
+              ASSERT_EQ(dst[di], (float(src[si]) - mean[c]) * (1 / sd[c])) << i << c << y << x;
+            }
+    }
+  }
+}
+
+TEST(TransformTest, CropWithZeroPaddingAndFlipFollowAugFor) {
+  const int B = 16, C = 1, H = 6, W = 9;
+  const auto src = RandomBytes(B * H * W, 2);
+  TransformParams p = Params(B, C, H, W);
+  p.crop_padding = 2;
+  p.flip = true;
+  p.seed = 1234;
+  std::vector<float> dst(src.size());
+  ASSERT_TRUE(TransformCpu(p, src.data(), nullptr, dst.data(), nullptr).ok());
+  int flipped = 0, shifted = 0;
+  for (int i = 0; i < B; ++i) {
+    const SampleAug a = AugFor(p.seed, i, 2, true);
+    flipped += a.flip;
+    shifted += a.dx != 0 || a.dy != 0;
+    EXPECT_LE(std::abs(a.dx), 2);
+    EXPECT_LE(std::abs(a.dy), 2);
+    for (int y = 0; y < H; ++y)
+      for (int x = 0; x < W; ++x) {
+        // Crop the zero-padded image at (2 + dy, 2 + dx), then mirror it.
+        const int cx = a.flip ? W - 1 - x : x;
+        const int sy = y + a.dy, sx = cx + a.dx;
+        const float want = (sy < 0 || sy >= H || sx < 0 || sx >= W) ? 0.f : float(src[(i * H + sy) * W + sx]);
+        ASSERT_EQ(dst[(i * H + y) * W + x], want) << "sample " << i;
+      }
+  }
+  EXPECT_GT(flipped, 2);
+  EXPECT_LT(flipped, 14);
+  EXPECT_GT(shifted, 8);
+  // Same seed, same bytes; another seed, other crops.
+  std::vector<float> again(src.size()), other(src.size());
+  ASSERT_TRUE(TransformCpu(p, src.data(), nullptr, again.data(), nullptr).ok());
+  EXPECT_EQ(again, dst);
+  p.seed = 99;
+  ASSERT_TRUE(TransformCpu(p, src.data(), nullptr, other.data(), nullptr).ok());
+  EXPECT_NE(other, dst);
+}
+
+TEST(TransformTest, EchoPermutationIsABijection) {
+  for (uint32_t n : {1u, 2u, 3u, 5u, 100u, 256u, 257u, 1000u, 4097u}) {
+    for (uint64_t seed : {0ull, 1ull, 0xdeadbeefull}) {
+      std::set<uint32_t> seen;
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t v = EchoPermutation(i, n, seed);
+        ASSERT_LT(v, n);
+        seen.insert(v);
+      }
+      ASSERT_EQ(seen.size(), n) << "n " << n;
+    }
+  }
+  int moved = 0;
+  for (uint32_t i = 0; i < 1000; ++i) moved += EchoPermutation(i, 1000, 5) != i;
+  EXPECT_GT(moved, 900);
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST(TransformTest, HalfAndBf16RoundToNearestEven) {
+  EXPECT_EQ(FloatToHalfBits(1.0f), 0x3C00);
+  EXPECT_EQ(FloatToHalfBits(-2.0f), 0xC000);
+  EXPECT_EQ(FloatToHalfBits(0.1f), 0x2E66);
+  EXPECT_EQ(FloatToHalfBits(65504.0f), 0x7BFF);
+  EXPECT_EQ(FloatToHalfBits(65519.0f), 0x7BFF);
+  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7C00);                 // rounds to inf
+  EXPECT_EQ(FloatToHalfBits(FromBits(0x33800000)), 0x0001);     // 2^-24, smallest subnormal
+  EXPECT_EQ(FloatToHalfBits(FromBits(0x33000000)), 0x0000);     // 2^-25: tie, to even (0)
+  EXPECT_EQ(FloatToHalfBits(1.0f + 1.0f / 2048), 0x3C00);       // tie between 1 and 1+2^-10: even
+  EXPECT_EQ(FloatToHalfBits(1.0f + 3.0f / 2048), 0x3C02);       // tie: up to even
+  EXPECT_EQ(FloatToBf16Bits(1.0f), 0x3F80);
+  EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F808000)), 0x3F80);     // tie: even
+  EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F818000)), 0x3F82);     // tie: up to even
+  EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F808001)), 0x3F81);
+}
+
+// GPU against CPU, every combination. Skips where no GPU is usable.
+TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
+  auto ops = MakeCudaOps(0);
+  if (!ops.ok()) GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  DeviceOps& d = **ops;
+  const int B = 9, C = 3, H = 37, W = 29;
+  const size_t n = size_t(B) * C * H * W;
+  const auto src = RandomBytes(n * 2, 3);  // a super-batch of 2B samples, for the echo gather
+  std::vector<int64_t> labels(2 * B);
+  for (int i = 0; i < 2 * B; ++i) labels[i] = 1000 + i;
+  void *dsrc, *dlab, *ddst, *ddl, *stream;
+  ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
+  ASSERT_TRUE(d.Alloc(labels.size() * 8, &dlab).ok());
+  ASSERT_TRUE(d.Alloc(n * 4, &ddst).ok());
+  ASSERT_TRUE(d.Alloc(B * 8, &ddl).ok());
+  ASSERT_TRUE(d.NewStream(&stream).ok());
+  ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
+  ASSERT_TRUE(d.CopyToDevice(dlab, labels.data(), labels.size() * 8, stream).ok());
+  ASSERT_TRUE(d.StreamSync(stream).ok());
+  int cases = 0;
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (auto in : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
+      for (auto out : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
+        for (int aug = 0; aug < 2; ++aug) {
+          for (int perm = 0; perm < 2; ++perm) {
+            TransformParams p = Params(B, C, H, W);
+            p.out_dtype = dt;
+            p.in_layout = in;
+            p.out_layout = out;
+            p.labels_int32 = perm;
+            const float mean[3] = {125.3f, 122.9f, 113.8f}, sd[3] = {62.99f, 62.08f, 66.7f};
+            for (int k = 0; k < C; ++k) {
+              p.mean[k] = mean[k];
+              p.inv_std[k] = 1 / sd[k];
+            }
+            p.crop_padding = aug ? 4 : 0;
+            p.flip = aug;
+            p.seed = 77 + cases;
+            if (perm) {
+              p.perm_domain = 2 * B;
+              p.perm_offset = B;
+              p.perm_seed = 4242;
+            }
+            const size_t bytes = n * DTypeSize(dt);
+            std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
+            std::vector<int64_t> want_l(B), got_l(B, -7);
+            ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), want.data(), want_l.data()).ok());
+            ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc), static_cast<const int64_t*>(dlab), ddst,
+                                    ddl, stream)
+                            .ok());
+            ASSERT_TRUE(d.StreamSync(stream).ok());
+            ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
+            ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl, B * (perm ? 4 : 8), nullptr).ok());
+            ASSERT_EQ(got, want) << DTypeName(dt) << " in " << int(in) << " out " << int(out) << " aug " << aug
+                                 << " perm " << perm;
+            ASSERT_EQ(0, std::memcmp(got_l.data(), want_l.data(), B * (perm ? 4 : 8)));
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 48);
+  d.Free(dsrc);
+  d.Free(dlab);
+  d.Free(ddst);
+  d.Free(ddl);
+  d.FreeStream(stream);
+}
+
+}  // namespace
+}  // namespace gpufeed::gpu
