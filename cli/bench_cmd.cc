@@ -3,6 +3,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "bench/gpu_bench.h"
 #include "bench/loader_bench.h"
 #include "bench/order_stats.h"
 #include "bench/read_bench.h"
@@ -194,6 +195,116 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
     row("sequential", Order::kSequential, 1);
     for (uint64_t w : oa->windows) row("block W=" + std::to_string(w), Order::kBlock, w);
     row("random", Order::kRandom, 1);
+    *exit_code = 0;
+  });
+
+  // --- GPU benchmarks ---
+  auto h2d = std::make_shared<std::pair<uint64_t, int>>(256ull * 3 * 218 * 178, 9);
+  CLI::App* hcmd = bench_cmd->add_subcommand("h2d", "Host-to-device copies from a pinned pool vs pinned bandwidth");
+  hcmd->add_option("--batch-bytes", h2d->first, "bytes per pool slot (default: a CelebA batch of 256)");
+  hcmd->add_option("--slots", h2d->second, "pool slots");
+  hcmd->add_flag("--json", *json, "print as JSON");
+  hcmd->callback([h2d, json, exit_code] {
+    auto r = bench::RunH2dBench(h2d->first, h2d->second);
+    if (!r.ok()) {
+      std::fprintf(stderr, "gpufeed bench h2d: %s\n", r.status().ToString().c_str());
+      *exit_code = r.status().code() == StatusCode::kUnsupported ? 0 : 1;
+      return;
+    }
+    if (*json) {
+      std::printf("%s\n", nlohmann::json({{"batch_bytes", r->batch_bytes}, {"pinned_gb_per_s", r->pinned_gb_per_s},
+                                           {"pool_gb_per_s", r->pool_gb_per_s}, {"pageable_gb_per_s", r->pageable_gb_per_s},
+                                           {"ratio", r->ratio()}})
+                               .dump(2)
+                               .c_str());
+    } else {
+      std::printf("h2d: pinned %.1f GB/s (ceiling, one %.0f MB buffer); pool of batch slots %.1f GB/s = %.1f%%; "
+                  "pageable %.1f GB/s\n",
+                  r->pinned_gb_per_s, r->batch_bytes * h2d->second / 1e6, r->pool_gb_per_s, 100 * r->ratio(),
+                  r->pageable_gb_per_s);
+    }
+    *exit_code = 0;
+  });
+
+  auto kbatch = std::make_shared<int>(256);
+  CLI::App* kcmd = bench_cmd->add_subcommand("kernel", "The fused transform kernel vs device memory bandwidth");
+  kcmd->add_option("--batch", *kbatch, "samples of 3x218x178");
+  kcmd->add_flag("--json", *json, "print as JSON");
+  kcmd->callback([kbatch, json, exit_code] {
+    auto r = bench::RunKernelBench(*kbatch);
+    if (!r.ok()) {
+      std::fprintf(stderr, "gpufeed bench kernel: %s\n", r.status().ToString().c_str());
+      *exit_code = r.status().code() == StatusCode::kUnsupported ? 0 : 1;
+      return;
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& k : *r) {
+      rows.push_back({{"dtype", k.dtype}, {"layout", k.layout}, {"ms", k.ms}, {"gb_per_s", k.kernel_gb_per_s},
+                      {"memcpy_gb_per_s", k.memcpy_gb_per_s}, {"ratio", k.ratio()}});
+      if (!*json) {
+        std::printf("transform %s %s (crop+flip, normalize): %.3f ms, %.0f GB/s = %.1f%% of D2D copy %.0f GB/s "
+                    "(verified against the CPU reference)\n",
+                    k.dtype.c_str(), k.layout.c_str(), k.ms, k.kernel_gb_per_s, 100 * k.ratio(), k.memcpy_gb_per_s);
+      }
+    }
+    if (*json) std::printf("%s\n", rows.dump(2).c_str());
+    *exit_code = 0;
+  });
+
+  struct FeedArgs {
+    bench::FeedBenchOptions o;
+    std::string order = "block", dtype = "bfloat16";
+    bool json = false;
+  };
+  auto fa = std::make_shared<FeedArgs>();
+  fa->o.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
+  CLI::App* fcmd = bench_cmd->add_subcommand("feed", "Loader -> GPU -> transformed batches, no model, vs the loader alone");
+  fcmd->add_option("--data", fa->o.data, "a `bench gen` file")->required();
+  fcmd->add_option("--order", fa->order, "loader order")->check(CLI::IsMember({"sequential", "random", "block"}));
+  fcmd->add_option("--threads", fa->o.loader.threads, "loader threads");
+  fcmd->add_option("--batch-size", fa->o.loader.batch_size, "samples per batch");
+  fcmd->add_option("--dtype", fa->dtype, "float32, float16 or bfloat16");
+  fcmd->add_option("--echo", fa->o.feed.echo, "uses per upload (0: auto)");
+  fcmd->add_option("--super-batch", fa->o.feed.super_batch, "loader batches per upload");
+  fcmd->add_option("--crop-padding", fa->o.feed.crop_padding, "random crop padding");
+  fcmd->add_flag("--flip", fa->o.feed.flip, "random horizontal flip");
+  fcmd->add_option("--epochs", fa->o.epochs, "epochs (the first verifies; the last is reported)");
+  fcmd->add_flag("--json", fa->json, "print as JSON");
+  fcmd->callback([fa, exit_code] {
+    auto order = OrderFromName(fa->order);
+    auto dt = DTypeFromName(fa->dtype);
+    if (!dt) {
+      std::fprintf(stderr, "gpufeed bench feed: unknown dtype %s\n", fa->dtype.c_str());
+      *exit_code = 2;
+      return;
+    }
+    fa->o.loader.order = *order;
+    fa->o.feed.dtype = *dt;
+    auto r = bench::RunFeedBench(fa->o);
+    if (!r.ok()) {
+      std::fprintf(stderr, "gpufeed bench feed: FAILED: %s\n", r.status().ToString().c_str());
+      *exit_code = 1;
+      return;
+    }
+    const FeedStats& s = r->stats;
+    if (fa->json) {
+      std::printf("%s\n", nlohmann::json({{"data", fa->o.data}, {"on_gpu", s.on_gpu}, {"dtype", fa->dtype},
+                                           {"echo", s.echo}, {"loader_samples_per_s", r->loader_samples_per_s},
+                                           {"fresh_samples_per_s", s.fresh_samples / r->seconds},
+                                           {"echoed_samples_per_s", s.echoed_samples / r->seconds},
+                                           {"fresh_share_of_loader", r->fresh_share()},
+                                           {"data_wait_s", s.data_wait_seconds}, {"seconds", r->seconds},
+                                           {"verified_samples", r->verified_samples}})
+                               .dump(2)
+                               .c_str());
+    } else {
+      std::printf("feed %s (%s, %s, echo %d): %.0f fresh samples/s = %.1f%% of the loader alone (%.0f); "
+                  "%.0f echoed samples/s; data wait %.2f s of %.2f s; %llu samples verified on the %s\n",
+                  fa->o.data.c_str(), s.on_gpu ? "GPU" : "CPU twins", fa->dtype.c_str(), s.echo,
+                  s.fresh_samples / r->seconds, 100 * r->fresh_share(), r->loader_samples_per_s,
+                  s.echoed_samples / r->seconds, s.data_wait_seconds, r->seconds,
+                  static_cast<unsigned long long>(r->verified_samples), s.on_gpu ? "GPU" : "CPU");
+    }
     *exit_code = 0;
   });
 

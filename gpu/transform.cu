@@ -11,43 +11,43 @@
 namespace gpufeed::gpu {
 namespace {
 
+// Grid: blockIdx.y is the output sample, so its source sample and
+// augmentation are computed once per block; x strides over the sample's
+// elements in output order (coalesced writes), with 32-bit index math.
 template <DType kOut>
 __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ src,
                                 const int64_t* __restrict__ src_labels, void* __restrict__ dst,
                                 void* __restrict__ dst_labels) {
-  const uint64_t hw = uint64_t(p.height) * p.width;
-  const uint64_t per_sample = hw * p.channels;
-  const uint64_t total = per_sample * p.batch;
-  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-  for (uint64_t o = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += stride) {
-    // Decompose the *output* offset so writes are coalesced.
-    const uint32_t i = static_cast<uint32_t>(o / per_sample);
-    const uint64_t r = o - uint64_t(i) * per_sample;
+  const uint32_t i = blockIdx.y;
+  const uint32_t hw = uint32_t(p.height) * p.width;
+  const uint32_t per_sample = hw * p.channels;
+  const uint32_t s = SourceSample(p, i);
+  const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
+  const uint8_t* sample = src + uint64_t(s) * per_sample;
+  const uint64_t base = uint64_t(i) * per_sample;
+  for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < per_sample; r += gridDim.x * blockDim.x) {
     int c, y, x;
     if (p.out_layout == TensorLayout::kNCHW) {
       c = static_cast<int>(r / hw);
-      const uint64_t q = r - uint64_t(c) * hw;
+      const uint32_t q = r - uint32_t(c) * hw;
       y = static_cast<int>(q / p.width);
-      x = static_cast<int>(q - uint64_t(y) * p.width);
+      x = static_cast<int>(q - uint32_t(y) * p.width);
     } else {
-      const uint64_t pix = r / p.channels;
+      const uint32_t pix = r / p.channels;
       c = static_cast<int>(r - pix * p.channels);
       y = static_cast<int>(pix / p.width);
-      x = static_cast<int>(pix - uint64_t(y) * p.width);
+      x = static_cast<int>(pix - uint32_t(y) * p.width);
     }
-    const float v = TransformValue(p, src, i, c, y, x);
+    const float v = ElementValue(p, sample, a, c, y, x);
     if constexpr (kOut == DType::kFloat32) {
-      static_cast<float*>(dst)[o] = v;
+      static_cast<float*>(dst)[base + r] = v;
     } else if constexpr (kOut == DType::kFloat16) {
-      static_cast<uint16_t*>(dst)[o] = FloatToHalfBits(v);
+      static_cast<uint16_t*>(dst)[base + r] = FloatToHalfBits(v);
     } else {
-      static_cast<uint16_t*>(dst)[o] = FloatToBf16Bits(v);
+      static_cast<uint16_t*>(dst)[base + r] = FloatToBf16Bits(v);
     }
   }
-  const uint64_t t = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (src_labels != nullptr && dst_labels != nullptr && t < uint64_t(p.batch)) {
-    const uint32_t i = static_cast<uint32_t>(t);
-    const uint32_t s = p.perm_domain ? EchoPermutation(p.perm_offset + i, p.perm_domain, p.perm_seed) : p.perm_offset + i;
+  if (src_labels != nullptr && dst_labels != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
     if (p.labels_int32) {
       static_cast<int32_t*>(dst_labels)[i] = static_cast<int32_t>(src_labels[s]);
     } else {
@@ -62,20 +62,19 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
                     void* dst_labels, void* stream) {
   GPUFEED_RETURN_IF_ERROR(ValidateTransform(p));
   nvtxRangePushA("gpufeed transform");
-  const uint64_t total = uint64_t(p.batch) * p.channels * p.height * p.width;
-  constexpr int kThreads = 256;
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  // Enough blocks to fill every SM several times; the grid-stride loop covers the rest.
-  const uint64_t want = (total + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(std::max<uint64_t>(
-      1, std::min<uint64_t>(want, uint64_t(std::max(sms, 1)) * 32)));
+  if (p.batch > 65535) return Status::InvalidArgument("transform: at most 65535 samples a batch");
+  const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
+  if (per_sample >= (1ull << 32)) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
+  constexpr unsigned kThreads = 256;
+  // Per sample, enough blocks to cover it with a few elements per thread
+  // (the loop covers the rest); samples along y.
+  const unsigned x_blocks = static_cast<unsigned>(std::clamp<uint64_t>((per_sample + kThreads * 4 - 1) / (kThreads * 4), 1, 1024));
+  const dim3 grid(x_blocks, static_cast<unsigned>(p.batch));
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.out_dtype) {
-    case DType::kFloat32: TransformKernel<DType::kFloat32><<<blocks, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
-    case DType::kFloat16: TransformKernel<DType::kFloat16><<<blocks, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
-    default: TransformKernel<DType::kBFloat16><<<blocks, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
+    case DType::kFloat32: TransformKernel<DType::kFloat32><<<grid, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
+    case DType::kFloat16: TransformKernel<DType::kFloat16><<<grid, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
+    default: TransformKernel<DType::kBFloat16><<<grid, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
   }
   nvtxRangePop();
   GPUFEED_CUDA_RETURN(cudaGetLastError());

@@ -139,28 +139,32 @@ GPUFEED_HD uint16_t FloatToHalfBits(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
-// The value of output element (i, c, y, x), before conversion, and where it
-// goes. Shared by both implementations so they cannot drift apart.
-GPUFEED_HD float TransformValue(const TransformParams& p, const uint8_t* src, uint32_t i, int c, int y, int x) {
-  const uint32_t s = p.perm_domain ? EchoPermutation(p.perm_offset + i, p.perm_domain, p.perm_seed) : p.perm_offset + i;
-  const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
+// The input sample output sample i reads.
+GPUFEED_HD uint32_t SourceSample(const TransformParams& p, uint32_t i) {
+  return p.perm_domain ? EchoPermutation(p.perm_offset + i, p.perm_domain, p.perm_seed) : p.perm_offset + i;
+}
+
+// The value of output element (c, y, x) of a sample whose bytes start at
+// `sample` and whose augmentation is `a`, before conversion. Shared by both
+// implementations so they cannot drift apart. 32-bit index math: one sample
+// is far below 4 GiB.
+GPUFEED_HD float ElementValue(const TransformParams& p, const uint8_t* sample, SampleAug a, int c, int y, int x) {
   const int xs = a.flip ? (p.width - 1 - x) : x;
   const int sy = y + a.dy, sx = xs + a.dx;
   float v = 0.0f;  // zero padding, as torchvision's RandomCrop(padding)
   if (sy >= 0 && sy < p.height && sx >= 0 && sx < p.width) {
-    const uint64_t hw = uint64_t(p.height) * p.width;
-    const uint64_t off = p.in_layout == TensorLayout::kNCHW
-                             ? (uint64_t(s) * p.channels + c) * hw + uint64_t(sy) * p.width + sx
-                             : ((uint64_t(s) * p.height + sy) * p.width + sx) * p.channels + c;
-    v = static_cast<float>(src[off]);
+    const uint32_t off = p.in_layout == TensorLayout::kNCHW
+                             ? (uint32_t(c) * p.height + sy) * uint32_t(p.width) + sx
+                             : (uint32_t(sy) * p.width + sx) * uint32_t(p.channels) + c;
+    v = static_cast<float>(sample[off]);
   }
   return (v - p.mean[c]) * p.inv_std[c];
 }
 
-GPUFEED_HD uint64_t OutputOffset(const TransformParams& p, uint32_t i, int c, int y, int x) {
-  const uint64_t hw = uint64_t(p.height) * p.width;
-  return p.out_layout == TensorLayout::kNCHW ? (uint64_t(i) * p.channels + c) * hw + uint64_t(y) * p.width + x
-                                             : ((uint64_t(i) * p.height + y) * p.width + x) * p.channels + c;
+// Offset of element (c, y, x) within one output sample.
+GPUFEED_HD uint32_t OutputOffset(const TransformParams& p, int c, int y, int x) {
+  return p.out_layout == TensorLayout::kNCHW ? (uint32_t(c) * p.height + y) * uint32_t(p.width) + x
+                                             : (uint32_t(y) * p.width + x) * uint32_t(p.channels) + c;
 }
 
 // CPU reference: writes p.batch samples to dst_images and their labels

@@ -27,12 +27,15 @@ Status ValidateTransform(const TransformParams& p) {
 Status TransformCpu(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
                     void* dst_labels) {
   GPUFEED_RETURN_IF_ERROR(ValidateTransform(p));
+  const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
   for (int i = 0; i < p.batch; ++i) {
+    const uint8_t* sample = src + uint64_t(SourceSample(p, i)) * per_sample;
+    const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
     for (int c = 0; c < p.channels; ++c) {
       for (int y = 0; y < p.height; ++y) {
         for (int x = 0; x < p.width; ++x) {
-          const float v = TransformValue(p, src, i, c, y, x);
-          const uint64_t o = OutputOffset(p, i, c, y, x);
+          const float v = ElementValue(p, sample, a, c, y, x);
+          const uint64_t o = uint64_t(i) * per_sample + OutputOffset(p, c, y, x);
           if (p.out_dtype == DType::kFloat32) {
             static_cast<float*>(dst)[o] = v;
           } else if (p.out_dtype == DType::kFloat16) {
@@ -44,8 +47,7 @@ Status TransformCpu(const TransformParams& p, const uint8_t* src, const int64_t*
       }
     }
     if (src_labels != nullptr && dst_labels != nullptr) {
-      const uint32_t s =
-          p.perm_domain ? EchoPermutation(p.perm_offset + i, p.perm_domain, p.perm_seed) : p.perm_offset + i;
+      const uint32_t s = SourceSample(p, i);
       if (p.labels_int32) {
         static_cast<int32_t*>(dst_labels)[i] = static_cast<int32_t>(src_labels[s]);
       } else {
