@@ -11,40 +11,95 @@
 namespace gpufeed::gpu {
 namespace {
 
-// Grid: blockIdx.y is the output sample, so its source sample and
-// augmentation are computed once per block; x strides over the sample's
-// elements in output order (coalesced writes), with 32-bit index math.
+// Grid: blockIdx.y is the output sample (its source and augmentation are
+// computed once per block); each warp takes output rows (one (c, y) of NCHW,
+// one y of NHWC) and its lanes take kVec consecutive x each, so there is no
+// division per element, reads of a row are contiguous and writes are vector
+// stores where aligned.
+constexpr int kVec = 2;
+constexpr int kWarps = 8;
+
+template <DType kOut>
+struct OutT;
+template <>
+struct OutT<DType::kFloat32> {
+  using Scalar = float;
+  using Pair = float2;
+  static __device__ __forceinline__ Scalar Cvt(float v) { return v; }
+  static __device__ __forceinline__ Pair Make(Scalar a, Scalar b) { return make_float2(a, b); }
+};
+template <>
+struct OutT<DType::kFloat16> {
+  using Scalar = uint16_t;
+  using Pair = uint32_t;
+  static __device__ __forceinline__ Scalar Cvt(float v) { return FloatToHalfBits(v); }
+  static __device__ __forceinline__ Pair Make(Scalar a, Scalar b) { return uint32_t(a) | (uint32_t(b) << 16); }
+};
+template <>
+struct OutT<DType::kBFloat16> {
+  using Scalar = uint16_t;
+  using Pair = uint32_t;
+  static __device__ __forceinline__ Scalar Cvt(float v) { return FloatToBf16Bits(v); }
+  static __device__ __forceinline__ Pair Make(Scalar a, Scalar b) { return uint32_t(a) | (uint32_t(b) << 16); }
+};
+
 template <DType kOut>
 __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ src,
                                 const int64_t* __restrict__ src_labels, void* __restrict__ dst,
                                 void* __restrict__ dst_labels) {
+  using T = OutT<kOut>;
+  using Scalar = typename T::Scalar;
   const uint32_t i = blockIdx.y;
-  const uint32_t hw = uint32_t(p.height) * p.width;
-  const uint32_t per_sample = hw * p.channels;
+  const int C = p.channels, H = p.height, W = p.width;
+  const uint32_t per_sample = uint32_t(C) * H * W;
   const uint32_t s = SourceSample(p, i);
   const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
   const uint8_t* sample = src + uint64_t(s) * per_sample;
-  const uint64_t base = uint64_t(i) * per_sample;
-  for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < per_sample; r += gridDim.x * blockDim.x) {
-    int c, y, x;
-    if (p.out_layout == TensorLayout::kNCHW) {
-      c = static_cast<int>(r / hw);
-      const uint32_t q = r - uint32_t(c) * hw;
-      y = static_cast<int>(q / p.width);
-      x = static_cast<int>(q - uint32_t(y) * p.width);
-    } else {
-      const uint32_t pix = r / p.channels;
-      c = static_cast<int>(r - pix * p.channels);
-      y = static_cast<int>(pix / p.width);
-      x = static_cast<int>(pix - uint32_t(y) * p.width);
-    }
-    const float v = ElementValue(p, sample, a, c, y, x);
-    if constexpr (kOut == DType::kFloat32) {
-      static_cast<float*>(dst)[base + r] = v;
-    } else if constexpr (kOut == DType::kFloat16) {
-      static_cast<uint16_t*>(dst)[base + r] = FloatToHalfBits(v);
-    } else {
-      static_cast<uint16_t*>(dst)[base + r] = FloatToBf16Bits(v);
+  Scalar* out = static_cast<Scalar*>(dst) + uint64_t(i) * per_sample;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
+  const bool nchw_in = p.in_layout == TensorLayout::kNCHW;
+  const int rows = nchw_out ? C * H : H;
+  for (int row = blockIdx.x * kWarps + warp; row < rows; row += gridDim.x * kWarps) {
+    if (nchw_out) {
+      const int c = row / H, y = row - c * H;  // one division per row
+      const int sy = y + a.dy;
+      const bool row_in = sy >= 0 && sy < H;
+      const float m = p.mean[c], is = p.inv_std[c];
+      const uint8_t* srow = nchw_in ? sample + (uint32_t(c) * H + (row_in ? sy : 0)) * W
+                                    : sample + uint32_t(row_in ? sy : 0) * W * C + c;
+      const int sstride = nchw_in ? 1 : C;
+      Scalar* orow = out + uint32_t(row) * W;
+      for (int x0 = lane * kVec; x0 < W; x0 += 32 * kVec) {
+        Scalar v[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const int x = x0 + j;
+          const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
+          const float px = (row_in && x < W && sx >= 0 && sx < W) ? float(srow[sx * sstride]) : 0.0f;
+          v[j] = T::Cvt((px - m) * is);
+        }
+        Scalar* o = orow + x0;
+        if (x0 + 1 < W && (reinterpret_cast<uintptr_t>(o) % sizeof(typename T::Pair)) == 0) {
+          *reinterpret_cast<typename T::Pair*>(o) = T::Make(v[0], v[1]);
+        } else {
+          o[0] = v[0];
+          if (x0 + 1 < W) o[1] = v[1];
+        }
+      }
+    } else {  // NHWC out: a row is W pixels x C channels, contiguous
+      const int y = row, sy = y + a.dy;
+      const bool row_in = sy >= 0 && sy < H;
+      Scalar* orow = out + uint32_t(y) * W * C;
+      for (int x = lane; x < W; x += 32) {
+        const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
+        const bool in = row_in && sx >= 0 && sx < W;
+        for (int c = 0; c < C; ++c) {
+          const uint32_t off = nchw_in ? (uint32_t(c) * H + sy) * W + sx : (uint32_t(sy) * W + sx) * C + c;
+          const float px = in ? float(sample[off]) : 0.0f;
+          orow[x * C + c] = T::Cvt((px - p.mean[c]) * p.inv_std[c]);
+        }
+      }
     }
   }
   if (src_labels != nullptr && dst_labels != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
@@ -65,10 +120,10 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
   if (p.batch > 65535) return Status::InvalidArgument("transform: at most 65535 samples a batch");
   const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
   if (per_sample >= (1ull << 32)) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
-  constexpr unsigned kThreads = 256;
-  // Per sample, enough blocks to cover it with a few elements per thread
-  // (the loop covers the rest); samples along y.
-  const unsigned x_blocks = static_cast<unsigned>(std::clamp<uint64_t>((per_sample + kThreads * 4 - 1) / (kThreads * 4), 1, 1024));
+  constexpr unsigned kThreads = 32 * kWarps;
+  // Per sample, a block per kWarps rows (the loop covers the rest); samples along y.
+  const uint64_t rows = p.out_layout == TensorLayout::kNCHW ? uint64_t(p.channels) * p.height : p.height;
+  const unsigned x_blocks = static_cast<unsigned>(std::clamp<uint64_t>((rows + kWarps - 1) / kWarps, 1, 65535));
   const dim3 grid(x_blocks, static_cast<unsigned>(p.batch));
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.out_dtype) {
