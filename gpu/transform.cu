@@ -18,6 +18,7 @@ namespace {
 // stores where aligned.
 constexpr int kVec = 2;
 constexpr int kWarps = 8;
+constexpr int kRowsPerWarp = 8;  // work per block: short-lived blocks cost more than they do
 
 template <DType kOut>
 struct OutT;
@@ -121,9 +122,11 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
   const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
   if (per_sample >= (1ull << 32)) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
   constexpr unsigned kThreads = 32 * kWarps;
-  // Per sample, a block per kWarps rows (the loop covers the rest); samples along y.
+  // Per sample, a block per kWarps x kRowsPerWarp rows (the loop covers the
+  // rest); samples along y.
   const uint64_t rows = p.out_layout == TensorLayout::kNCHW ? uint64_t(p.channels) * p.height : p.height;
-  const unsigned x_blocks = static_cast<unsigned>(std::clamp<uint64_t>((rows + kWarps - 1) / kWarps, 1, 65535));
+  const uint64_t per_block = uint64_t(kWarps) * kRowsPerWarp;
+  const unsigned x_blocks = static_cast<unsigned>(std::clamp<uint64_t>((rows + per_block - 1) / per_block, 1, 65535));
   const dim3 grid(x_blocks, static_cast<unsigned>(p.batch));
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.out_dtype) {
