@@ -304,6 +304,10 @@ void EpochStream::Impl::Run() {
                         }
                       }
                       std::mutex status_mu;
+                      // Isolated: a thread waiting for this parallel_for must
+                      // not steal the plan stage, which can block on the pool
+                      // (back-pressure) and so deadlock beneath this batch.
+                      tbb::this_task_arena::isolate([&] {
                       tbb::parallel_for(size_t{0}, w->chunks.size(), [&](size_t j) {
                         loader::ChunkEntry& e = *w->chunks[j];
                         Status st = L.cache->Ensure(e);
@@ -317,6 +321,7 @@ void EpochStream::Impl::Run() {
                           std::memcpy(slot.images.data() + i * sb, e.data.get() + (slot.indices[i] - base) * sb, sb);
                         }
                         w->chunks[j].reset();  // a transient chunk is freed here
+                      });
                       });
                       w->chunks.clear();
                       assemble_ns += static_cast<uint64_t>((std::chrono::steady_clock::now() - t0).count());

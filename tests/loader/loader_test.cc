@@ -3,9 +3,11 @@
 #include "gpufeed/loader.h"
 
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 #include <xxhash.h>
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -173,6 +175,38 @@ TEST(LoaderTest, SlowConsumerBoundsWorkInFlight) {
   // 4 batches (4 chunks) can have been produced while it slept.
   EXPECT_LE(src.reads(), 4u);
   EXPECT_GE(src.reads(), 2u);
+}
+
+// A consumer that keeps `prefetch` batches at once (as the GPU feed does)
+// leaves the pool empty, so the plan stage blocks; that must never happen
+// beneath a batch being assembled (a thread waiting inside the assemble
+// stage's parallel_for once stole the plan stage and deadlocked; seen on the
+// 16-core GPU host, where the stacks showed it). A stress test: on a 2-core
+// machine it did not reproduce that hang without the fix.
+TEST(LoaderTest, ConsumerHoldingPrefetchBatchesNeverDeadlocks) {
+  // More threads than this machine's cores, so the stealing happens here too.
+  tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+  InMemorySource src(3000, 64, 10);
+  src.set_delay_ms(1);  // decodes that take time: long waits inside the assemble stage
+  for (int threads : {4, 8}) {
+    LoaderOptions o = Opts(Order::kRandom, threads, 2);
+    o.cache_bytes = 20 * 640;  // small: many transient decodes, long parallel_for waits
+    Loader loader(src, o);
+    for (uint64_t epoch = 0; epoch < 2; ++epoch) {
+      EpochStream stream = loader.Epoch(epoch);
+      std::deque<Batch> held;
+      uint64_t n = 0;
+      for (;;) {
+        auto b = stream.Next();
+        ASSERT_TRUE(b.ok()) << b.status().ToString();
+        if (!*b) break;
+        n += (*b)->size();
+        held.push_back(std::move(**b));
+        if (held.size() > 2) held.pop_front();  // hold `prefetch` batches
+      }
+      EXPECT_EQ(n, 3000u);
+    }
+  }
 }
 
 TEST(LoaderTest, EarlyStopAndDestructionMidEpochEndCleanly) {
