@@ -11,37 +11,47 @@
 namespace gpufeed::gpu {
 namespace {
 
-// Grid: blockIdx.y is the output sample (its source and augmentation are
-// computed once per block); each warp takes output rows (one (c, y) of NCHW,
-// one y of NHWC) and its lanes take kVec consecutive x each, so there is no
-// division per element, reads of a row are contiguous and writes are vector
-// stores where aligned.
-constexpr int kVec = 2;
+// A persistent grid: each warp takes output rows (one (c, y) of NCHW, one y
+// of NHWC) of the whole batch in turn — no tail of short-lived blocks — and
+// its lanes take kVec consecutive x each: no division per element, a row's
+// reads are contiguous, writes are 8- or 16-byte stores where aligned.
+constexpr int kVec = 4;
 constexpr int kWarps = 8;
-constexpr int kRowsPerWarp = 8;  // work per block: short-lived blocks cost more than they do
 
 template <DType kOut>
 struct OutT;
 template <>
 struct OutT<DType::kFloat32> {
   using Scalar = float;
-  using Pair = float2;
   static __device__ __forceinline__ Scalar Cvt(float v) { return v; }
-  static __device__ __forceinline__ Pair Make(Scalar a, Scalar b) { return make_float2(a, b); }
+  static __device__ __forceinline__ void Store4(Scalar* o, const Scalar* v) {
+    if ((reinterpret_cast<uintptr_t>(o) & 15) == 0) {
+      *reinterpret_cast<float4*>(o) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {  // rows of even width are always 8-byte aligned
+      reinterpret_cast<float2*>(o)[0] = make_float2(v[0], v[1]);
+      reinterpret_cast<float2*>(o)[1] = make_float2(v[2], v[3]);
+    }
+  }
+};
+struct Out16 {
+  using Scalar = uint16_t;
+  static __device__ __forceinline__ void Store4(Scalar* o, const Scalar* v) {
+    const uint32_t lo = uint32_t(v[0]) | (uint32_t(v[1]) << 16), hi = uint32_t(v[2]) | (uint32_t(v[3]) << 16);
+    if ((reinterpret_cast<uintptr_t>(o) & 7) == 0) {
+      *reinterpret_cast<uint2*>(o) = make_uint2(lo, hi);
+    } else {
+      reinterpret_cast<uint32_t*>(o)[0] = lo;
+      reinterpret_cast<uint32_t*>(o)[1] = hi;
+    }
+  }
 };
 template <>
-struct OutT<DType::kFloat16> {
-  using Scalar = uint16_t;
-  using Pair = uint32_t;
+struct OutT<DType::kFloat16> : Out16 {
   static __device__ __forceinline__ Scalar Cvt(float v) { return FloatToHalfBits(v); }
-  static __device__ __forceinline__ Pair Make(Scalar a, Scalar b) { return uint32_t(a) | (uint32_t(b) << 16); }
 };
 template <>
-struct OutT<DType::kBFloat16> {
-  using Scalar = uint16_t;
-  using Pair = uint32_t;
+struct OutT<DType::kBFloat16> : Out16 {
   static __device__ __forceinline__ Scalar Cvt(float v) { return FloatToBf16Bits(v); }
-  static __device__ __forceinline__ Pair Make(Scalar a, Scalar b) { return uint32_t(a) | (uint32_t(b) << 16); }
 };
 
 template <DType kOut>
@@ -50,20 +60,24 @@ __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ s
                                 void* __restrict__ dst_labels) {
   using T = OutT<kOut>;
   using Scalar = typename T::Scalar;
-  const uint32_t i = blockIdx.y;
   const int C = p.channels, H = p.height, W = p.width;
   const uint32_t per_sample = uint32_t(C) * H * W;
-  const uint32_t s = SourceSample(p, i);
-  const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
-  const uint8_t* sample = src + uint64_t(s) * per_sample;
-  Scalar* out = static_cast<Scalar*>(dst) + uint64_t(i) * per_sample;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
   const bool nchw_in = p.in_layout == TensorLayout::kNCHW;
-  const int rows = nchw_out ? C * H : H;
-  for (int row = blockIdx.x * kWarps + warp; row < rows; row += gridDim.x * kWarps) {
+  const int rows_per_sample = nchw_out ? C * H : H;
+  const uint32_t total_rows = uint32_t(rows_per_sample) * p.batch;
+  const int lane = threadIdx.x & 31;
+  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
+  for (uint32_t g = warp; g < total_rows; g += warps) {
+    const uint32_t i = g / rows_per_sample;  // one division per row
+    const int row = static_cast<int>(g - i * rows_per_sample);
+    const uint32_t s = SourceSample(p, i);
+    const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
+    const uint8_t* sample = src + uint64_t(s) * per_sample;
+    Scalar* out = static_cast<Scalar*>(dst) + uint64_t(i) * per_sample;
     if (nchw_out) {
-      const int c = row / H, y = row - c * H;  // one division per row
+      const int c = row / H, y = row - c * H;
       const int sy = y + a.dy;
       const bool row_in = sy >= 0 && sy < H;
       const float m = p.mean[c], is = p.inv_std[c];
@@ -81,11 +95,10 @@ __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ s
           v[j] = T::Cvt((px - m) * is);
         }
         Scalar* o = orow + x0;
-        if (x0 + 1 < W && (reinterpret_cast<uintptr_t>(o) % sizeof(typename T::Pair)) == 0) {
-          *reinterpret_cast<typename T::Pair*>(o) = T::Make(v[0], v[1]);
+        if (x0 + kVec <= W && (W & 1) == 0) {
+          T::Store4(o, v);
         } else {
-          o[0] = v[0];
-          if (x0 + 1 < W) o[1] = v[1];
+          for (int j = 0; j < kVec && x0 + j < W; ++j) o[j] = v[j];
         }
       }
     } else {  // NHWC out: a row is W pixels x C channels, contiguous
@@ -103,11 +116,13 @@ __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ s
       }
     }
   }
-  if (src_labels != nullptr && dst_labels != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+  const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (src_labels != nullptr && dst_labels != nullptr && t < uint32_t(p.batch)) {
+    const uint32_t s = SourceSample(p, t);
     if (p.labels_int32) {
-      static_cast<int32_t*>(dst_labels)[i] = static_cast<int32_t>(src_labels[s]);
+      static_cast<int32_t*>(dst_labels)[t] = static_cast<int32_t>(src_labels[s]);
     } else {
-      static_cast<int64_t*>(dst_labels)[i] = src_labels[s];
+      static_cast<int64_t*>(dst_labels)[t] = src_labels[s];
     }
   }
 }
@@ -122,12 +137,16 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
   const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
   if (per_sample >= (1ull << 32)) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
   constexpr unsigned kThreads = 32 * kWarps;
-  // Per sample, a block per kWarps x kRowsPerWarp rows (the loop covers the
-  // rest); samples along y.
-  const uint64_t rows = p.out_layout == TensorLayout::kNCHW ? uint64_t(p.channels) * p.height : p.height;
-  const uint64_t per_block = uint64_t(kWarps) * kRowsPerWarp;
-  const unsigned x_blocks = static_cast<unsigned>(std::clamp<uint64_t>((rows + per_block - 1) / per_block, 1, 65535));
-  const dim3 grid(x_blocks, static_cast<unsigned>(p.batch));
+  // Persistent: enough blocks to fill every SM (8 resident blocks of 256
+  // threads each), no more than there are rows, and at least enough threads
+  // for the labels.
+  int device = 0, sms = 0;
+  GPUFEED_CUDA_RETURN(cudaGetDevice(&device));
+  GPUFEED_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const uint64_t rows = (p.out_layout == TensorLayout::kNCHW ? uint64_t(p.channels) * p.height : p.height) * p.batch;
+  uint64_t blocks = std::min<uint64_t>(uint64_t(std::max(sms, 1)) * 8, (rows + kWarps - 1) / kWarps);
+  blocks = std::max<uint64_t>(blocks, (uint64_t(p.batch) + kThreads - 1) / kThreads);
+  const dim3 grid(static_cast<unsigned>(blocks));
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.out_dtype) {
     case DType::kFloat32: TransformKernel<DType::kFloat32><<<grid, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
