@@ -143,35 +143,46 @@ __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ s
   }
 }
 
+using KernelFn = void (*)(TransformParams, const uint8_t*, const int64_t*, void*, void*);
+
+// An NVTX range for the enclosing scope (shows the launch in a profile).
+struct NvtxRange {
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+};
+
+// Persistent grid: exactly the blocks that are resident at once on every SM
+// (a second, partial wave would double the time of the rows it holds), no
+// more than there are rows, and enough threads for the labels.
+Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
+              void* dst_labels, cudaStream_t s) {
+  constexpr unsigned kThreads = 32 * kWarps;
+  int device = 0, sms = 0, per_sm = 0;
+  GPUFEED_CUDA_RETURN(cudaGetDevice(&device));
+  GPUFEED_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  GPUFEED_CUDA_RETURN(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  const uint64_t rows = (p.out_layout == TensorLayout::kNCHW ? uint64_t(p.channels) * p.height : p.height) * p.batch;
+  uint64_t blocks = std::min<uint64_t>(uint64_t(std::max(sms, 1)) * std::max(per_sm, 1), (rows + kWarps - 1) / kWarps);
+  blocks = std::max<uint64_t>(blocks, (uint64_t(p.batch) + kThreads - 1) / kThreads);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels);
+  GPUFEED_CUDA_RETURN(cudaGetLastError());
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
                     void* dst_labels, void* stream) {
   GPUFEED_RETURN_IF_ERROR(ValidateTransform(p));
-  nvtxRangePushA("gpufeed transform");
-  if (p.batch > 65535) return Status::InvalidArgument("transform: at most 65535 samples a batch");
   const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
   if (per_sample >= (1ull << 32)) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
-  constexpr unsigned kThreads = 32 * kWarps;
-  // Persistent: enough blocks to fill every SM (8 resident blocks of 256
-  // threads each), no more than there are rows, and at least enough threads
-  // for the labels.
-  int device = 0, sms = 0;
-  GPUFEED_CUDA_RETURN(cudaGetDevice(&device));
-  GPUFEED_CUDA_RETURN(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const uint64_t rows = (p.out_layout == TensorLayout::kNCHW ? uint64_t(p.channels) * p.height : p.height) * p.batch;
-  uint64_t blocks = std::min<uint64_t>(uint64_t(std::max(sms, 1)) * 8, (rows + kWarps - 1) / kWarps);
-  blocks = std::max<uint64_t>(blocks, (uint64_t(p.batch) + kThreads - 1) / kThreads);
-  const dim3 grid(static_cast<unsigned>(blocks));
+  NvtxRange range("gpufeed transform");
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.out_dtype) {
-    case DType::kFloat32: TransformKernel<DType::kFloat32><<<grid, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
-    case DType::kFloat16: TransformKernel<DType::kFloat16><<<grid, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
-    default: TransformKernel<DType::kBFloat16><<<grid, kThreads, 0, s>>>(p, src, src_labels, dst, dst_labels); break;
+    case DType::kFloat32: return Launch(TransformKernel<DType::kFloat32>, p, src, src_labels, dst, dst_labels, s);
+    case DType::kFloat16: return Launch(TransformKernel<DType::kFloat16>, p, src, src_labels, dst, dst_labels, s);
+    default: return Launch(TransformKernel<DType::kBFloat16>, p, src, src_labels, dst, dst_labels, s);
   }
-  nvtxRangePop();
-  GPUFEED_CUDA_RETURN(cudaGetLastError());
-  return Status::Ok();
 }
 
 }  // namespace gpufeed::gpu
