@@ -59,15 +59,25 @@ struct OutT<DType::kBFloat16> : Out16 {
   static __device__ __forceinline__ Scalar Cvt(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 };
 
+// Per-sample constants, computed once per block into shared memory (a hash
+// and two modulos per sample, instead of per row).
+struct SampleInfo {
+  uint32_t src;
+  int16_t dy, dx;
+  int32_t flip;
+};
+constexpr int kMaxSharedSamples = 2048;  // 24 KiB; larger batches compute it per row
+
 template <DType kOut>
-__global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ src,
-                                const int64_t* __restrict__ src_labels, void* __restrict__ dst,
-                                void* __restrict__ dst_labels) {
+__global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p, const uint8_t* __restrict__ src,
+                                                             const int64_t* __restrict__ src_labels,
+                                                             void* __restrict__ dst, void* __restrict__ dst_labels) {
   using T = OutT<kOut>;
   using Scalar = typename T::Scalar;
   // Per-channel constants in shared memory: indexing the by-value parameter
   // struct with a runtime channel would copy it to local memory.
   __shared__ float s_mean[kMaxChannels], s_inv_std[kMaxChannels];
+  __shared__ SampleInfo s_info[kMaxSharedSamples];
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int k = 0; k < kMaxChannels; ++k) {  // constant indices: stays in the parameter bank
@@ -75,38 +85,46 @@ __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ s
       s_inv_std[k] = p.inv_std[k];
     }
   }
+  const bool shared_info = p.batch <= kMaxSharedSamples;
+  auto info_of = [&](uint32_t i) {
+    const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
+    return SampleInfo{SourceSample(p, i), static_cast<int16_t>(a.dy), static_cast<int16_t>(a.dx), a.flip ? 1 : 0};
+  };
+  if (shared_info) {
+    for (uint32_t i = threadIdx.x; i < uint32_t(p.batch); i += blockDim.x) s_info[i] = info_of(i);
+  }
   __syncthreads();
   const int C = p.channels, H = p.height, W = p.width;
   const uint32_t per_sample = uint32_t(C) * H * W;
   const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
   const bool nchw_in = p.in_layout == TensorLayout::kNCHW;
-  const int rows_per_sample = nchw_out ? C * H : H;
-  const uint32_t total_rows = uint32_t(rows_per_sample) * p.batch;
+  const uint32_t rows_per_sample = nchw_out ? uint32_t(C) * H : uint32_t(H);
   const int lane = threadIdx.x & 31;
   const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
-  for (uint32_t g = warp; g < total_rows; g += warps) {
-    const uint32_t i = g / rows_per_sample;  // one division per row
-    const int row = static_cast<int>(g - i * rows_per_sample);
-    const uint32_t s = SourceSample(p, i);
-    const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
-    const uint8_t* sample = src + uint64_t(s) * per_sample;
+  // Walk rows g = warp, warp + warps, ... as (i, row), updated without a
+  // division per step.
+  uint32_t i = warp / rows_per_sample, row = warp - i * rows_per_sample;
+  const uint32_t step_i = warps / rows_per_sample, step_row = warps - step_i * rows_per_sample;
+  for (; i < uint32_t(p.batch);) {
+    const SampleInfo si = shared_info ? s_info[i] : info_of(i);
+    const uint8_t* sample = src + uint64_t(si.src) * per_sample;
     Scalar* out = static_cast<Scalar*>(dst) + uint64_t(i) * per_sample;
     if (nchw_out) {
-      const int c = row / H, y = row - c * H;
-      const int sy = y + a.dy;
+      const int c = static_cast<int>(row / H), y = static_cast<int>(row) - c * H;
+      const int sy = y + si.dy;
       const bool row_in = sy >= 0 && sy < H;
       const float m = s_mean[c], is = s_inv_std[c];
       const uint8_t* srow = nchw_in ? sample + (uint32_t(c) * H + (row_in ? sy : 0)) * W
                                     : sample + uint32_t(row_in ? sy : 0) * W * C + c;
       const int sstride = nchw_in ? 1 : C;
-      Scalar* orow = out + uint32_t(row) * W;
+      Scalar* orow = out + row * W;
       for (int x0 = lane * kVec; x0 < W; x0 += 32 * kVec) {
         Scalar v[kVec];
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const int x = x0 + j;
-          const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
+          const int sx = (si.flip ? (W - 1 - x) : x) + si.dx;
           const float px = (row_in && x < W && sx >= 0 && sx < W) ? float(srow[sx * sstride]) : 0.0f;
           v[j] = T::Cvt((px - m) * is);
         }
@@ -118,11 +136,11 @@ __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ s
         }
       }
     } else {  // NHWC out: a row is W pixels x C channels, contiguous
-      const int y = row, sy = y + a.dy;
+      const int y = static_cast<int>(row), sy = y + si.dy;
       const bool row_in = sy >= 0 && sy < H;
       Scalar* orow = out + uint32_t(y) * W * C;
       for (int x = lane; x < W; x += 32) {
-        const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
+        const int sx = (si.flip ? (W - 1 - x) : x) + si.dx;
         const bool in = row_in && sx >= 0 && sx < W;
         for (int c = 0; c < C; ++c) {
           const uint32_t off = nchw_in ? (uint32_t(c) * H + sy) * W + sx : (uint32_t(sy) * W + sx) * C + c;
@@ -130,6 +148,12 @@ __global__ void TransformKernel(TransformParams p, const uint8_t* __restrict__ s
           orow[x * C + c] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
         }
       }
+    }
+    i += step_i;
+    row += step_row;
+    if (row >= rows_per_sample) {
+      row -= rows_per_sample;
+      ++i;
     }
   }
   const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
