@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "gpu/device_ops.h"
+#include "gpufeed/dataset.h"
 #include "gpufeed/gpu_feed.h"
 
 namespace gpufeed {
@@ -102,6 +103,15 @@ Status GpuFeeder::Impl::Init() {
   W = static_cast<int>(nchw ? shape[2] : shape[1]);
   if (C > gpu::kMaxChannels) {
     return Status::Unsupported(src.name() + ": " + std::to_string(C) + " channels; is input_layout right?");
+  }
+  if (o.mean.empty() && o.stddev.empty()) {
+    if (const auto* ds = dynamic_cast<const Dataset*>(&src);
+        ds != nullptr && ds->info().mean.size() == static_cast<size_t>(C) &&
+        ds->info().stddev.size() == static_cast<size_t>(C)) {
+      o.mean = ds->info().mean;
+      o.stddev = ds->info().stddev;
+      for (double& sd : o.stddev) sd = sd > 0 ? sd : 1.0;  // a constant channel: do not divide by 0
+    }
   }
   if (!o.mean.empty() && o.mean.size() != static_cast<size_t>(C)) {
     return Status::InvalidArgument("feed: " + std::to_string(o.mean.size()) + " means for " + std::to_string(C) +

@@ -10,6 +10,8 @@
 #include <map>
 #include <set>
 
+#include "gpufeed/convert.h"
+#include "gpufeed/dataset.h"
 #include "tests/testing/sources.h"
 
 namespace gpufeed {
@@ -198,6 +200,33 @@ TEST_P(FeederTest, BadShapesAndOptionsAreRefused) {
   o.stddev = {1, 0};
   GpuFeeder bad(loader2, o);
   EXPECT_EQ(bad.Next().status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(FeederTest, MeanAndStdDefaultToTheDatasetsAttributes) {
+  // A converted file carries per-channel mean/std; the feeder uses them.
+  const std::string dir = testing::MakeTempDir("feed_attrs");
+  const uint64_t n = 40;
+  std::vector<std::byte> data(n * kSampleBytes);
+  for (uint64_t k = 0; k < n; ++k)
+    for (uint64_t q = 0; q < kSampleBytes; ++q) data[k * kSampleBytes + q] = std::byte(q < 16 ? 10 : 30);
+  ASSERT_TRUE(testing::WriteH5(dir + "/in.h5", {n, 2, 4, 4}, H5T_NATIVE_UINT8, data, {.chunk = {8, 2, 4, 4}}));
+  auto src = OpenHdf5Source(dir + "/in.h5", "");
+  ASSERT_TRUE(src.ok());
+  ConvertOptions co;
+  co.write.layout = "NCHW";  // [2, 4, 4] is too ambiguous to guess
+  ASSERT_TRUE(Convert(**src, dir + "/out.h5", co).ok());  // channel 0 all 10, channel 1 all 30
+  auto ds = Dataset::Open(dir + "/out.h5");
+  ASSERT_TRUE(ds.ok());
+  ASSERT_EQ(ds->info().mean, (std::vector<double>{10, 30}));
+  Loader loader(*ds, LoaderOpts());
+  FeedOptions o;
+  o.force_cpu = !GetParam();
+  GpuFeeder feeder(loader, o);
+  auto b = feeder.Next();
+  ASSERT_TRUE(b.ok() && *b) << b.status().ToString();
+  std::vector<float> img((*b)->size() * kSampleBytes);
+  ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), nullptr).ok());
+  for (float v : img) EXPECT_EQ(v, 0.0f);  // (x - mean) / std with std 0 treated as 1
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuAndGpu, FeederTest, ::testing::Values(false, true),
