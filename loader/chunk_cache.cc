@@ -88,7 +88,7 @@ bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
     uint32_t victim = UINT32_MAX;
     while (it != by_next_use_.begin()) {
       --it;
-      if (resident_[it->second].use_count() == 1) {
+      if (resident_.find(it->second)->second.use_count() == 1) {
         victim = it->second;
         break;
       }

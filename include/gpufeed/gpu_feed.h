@@ -80,7 +80,8 @@ struct FeedStats {
 
 class GpuFeeder;
 
-// One transformed batch in an output slot. Move-only; valid until released.
+// One transformed batch in an output slot. Move-only; valid until released,
+// and must be released (or destroyed) before its GpuFeeder is.
 class DeviceBatch {
  public:
   DeviceBatch() = default;
