@@ -98,27 +98,28 @@ GPUFEED_HD uint32_t EchoPermutation(uint32_t i, uint32_t n, uint64_t seed) {
   return x;
 }
 
-// Round-to-nearest-even conversions of fp32, bit-exact with CUDA's
-// __float2half_rn and __float2bfloat16_rn (NaN stays NaN).
-GPUFEED_HD uint16_t FloatToBf16Bits(float f) {
-  uint32_t u;
+GPUFEED_HD uint32_t FloatBits(float f) {
 #ifdef __CUDA_ARCH__
-  u = __float_as_uint(f);
+  return __float_as_uint(f);
 #else
+  uint32_t u;
   __builtin_memcpy(&u, &f, 4);
+  return u;
 #endif
+}
+
+// Round-to-nearest-even conversions of fp32, bit-exact with CUDA's
+// __float2half_rn and __float2bfloat16_rn (which the kernel uses) for every
+// finite value; NaN stays NaN.
+GPUFEED_HD uint16_t FloatToBf16Bits(float f) {
+  uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
 
 GPUFEED_HD uint16_t FloatToHalfBits(float f) {
-  uint32_t x;
-#ifdef __CUDA_ARCH__
-  x = __float_as_uint(f);
-#else
-  __builtin_memcpy(&x, &f, 4);
-#endif
+  const uint32_t x = FloatBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);      // NaN

@@ -217,11 +217,6 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
   return handles;
 }
 
-uint64_t ChunkCache::resident_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return resident_bytes_;
-}
-
 std::vector<uint32_t> ChunkCache::ResidentChunks() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<uint32_t> out;

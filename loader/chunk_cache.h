@@ -114,7 +114,6 @@ class ChunkCache {
   // Decodes the oldest queued chunk, if any; false when none is queued.
   bool HelpOne();
 
-  uint64_t resident_bytes() const;
   uint64_t budget_bytes() const { return budget_; }
   CacheCounters& counters() { return counters_; }
   // The chunks resident now, ascending (for tests).

@@ -159,7 +159,6 @@ struct Loader::Impl {
   Pool pool;
   std::unique_ptr<loader::ChunkCache> cache;
   bool pool_ready = false;
-  bool pinned = false;
   LoaderState state;
   EpochStream::Impl* active = nullptr;  // the live stream, stopped by the next Epoch()
 
@@ -179,10 +178,9 @@ struct Loader::Impl {
       if (slot->images.data() == nullptr) {
         return Status::Internal("loader: cannot allocate a " + std::to_string(batch_bytes()) + "-byte batch buffer");
       }
-      pinned = slot->images.pinned();
       // Fault the pages in now, once, rather than during the first batches
       // (pinned memory is resident already).
-      if (!pinned) std::memset(slot->images.data(), 0, slot->images.bytes());
+      if (!slot->images.pinned()) std::memset(slot->images.data(), 0, slot->images.bytes());
       slot->labels.resize(options.batch_size);
       slot->indices.resize(options.batch_size);
       slot->pool = &pool;
