@@ -1,7 +1,6 @@
 // DeviceOps through the CUDA runtime. Every call is checked and mapped to a
 // Status carrying the CUDA error name; destructors never throw.
-#include <nvtx3/nvToolsExt.h>
-
+#include "common/trace.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device_ops.h"
 
@@ -37,9 +36,8 @@ class CudaOps final : public DeviceOps {
   }
   void FreeEvent(void* e) override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
   Status CopyToDevice(void* dst, const void* src, size_t bytes, void* stream) override {
-    nvtxRangePushA("gpufeed copy h2d");
+    TraceRange trace("gpufeed copy h2d");
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream));
-    nvtxRangePop();
     GPUFEED_CUDA_RETURN(e);
     return Status::Ok();
   }

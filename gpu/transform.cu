@@ -3,10 +3,10 @@
 // write; consecutive threads write consecutive output elements.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 
+#include "common/trace.h"
 #include "gpu/cuda_check.h"
 #include "gpu/transform.h"
 
@@ -169,11 +169,7 @@ __global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p
 
 using KernelFn = void (*)(TransformParams, const uint8_t*, const int64_t*, void*, void*);
 
-// An NVTX range for the enclosing scope (shows the launch in a profile).
-struct NvtxRange {
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-};
+
 
 // Persistent grid: exactly the blocks that are resident at once on every SM
 // (a second, partial wave would double the time of the rows it holds), no
@@ -200,7 +196,7 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
   GPUFEED_RETURN_IF_ERROR(ValidateTransform(p));
   const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
   if (per_sample >= (1ull << 32)) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
-  NvtxRange range("gpufeed transform");
+  TraceRange trace("gpufeed transform");
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.out_dtype) {
     case DType::kFloat32: return Launch(TransformKernel<DType::kFloat32>, p, src, src_labels, dst, dst_labels, s);

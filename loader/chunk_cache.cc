@@ -1,6 +1,8 @@
 // Belady-managed decoded-chunk cache with prefetch.
 #include "loader/chunk_cache.h"
 
+#include "common/trace.h"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -141,6 +143,7 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
   if (e.state.compare_exchange_strong(expected, ChunkEntry::kRunning)) {
     const auto t0 = std::chrono::steady_clock::now();
     // Whatever happens, the entry must reach kDone: other threads wait on it.
+    TraceRange trace("gpufeed read+decode chunk");
     try {
       e.data = buffers_->Get();
       e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), ChunkBytes(e.chunk)));

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/trace.h"
 #include "gpu/host_buffer.h"
 #include "loader/chunk_cache.h"
 #include "loader/sampler.h"
@@ -269,6 +270,7 @@ void EpochStream::Impl::Run() {
                     fc.stop();
                     return nullptr;
                   }
+                  TraceRange trace("gpufeed plan batch");
                   const auto t0 = std::chrono::steady_clock::now();
                   auto w = std::make_shared<Work>();
                   w->batch = next++;
@@ -282,6 +284,7 @@ void EpochStream::Impl::Run() {
                 tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
                     tbb::filter_mode::parallel,
                     [&](std::shared_ptr<Work> w) -> std::shared_ptr<Work> {
+                      TraceRange trace("gpufeed assemble batch");
                       const auto t0 = std::chrono::steady_clock::now();
                       const uint64_t first = plan.batch_first(w->batch);
                       const uint64_t count = plan.batch_count(w->batch);
