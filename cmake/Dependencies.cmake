@@ -11,3 +11,4 @@ find_package(PNG REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)   # CPU reference GEMMs of the trainer

@@ -1,0 +1,228 @@
+// `gpufeed train`: parses options, opens the datasets, calls gpufeed::Train,
+// prints the memory breakdown, per-epoch lines and the verdict (or --json).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "gpufeed/dataset.h"
+#include "gpufeed/trainer.h"
+
+namespace gpufeed::cli {
+namespace {
+
+struct TrainArgs {
+  std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
+  std::string widths = "256,128", channels = "32,64", checkpoint, json;
+  TrainOptions o;
+  int threads = 0;
+  uint64_t cache_bytes = 1ull << 30;
+};
+
+Result<std::vector<int>> ParseList(const std::string& s, const char* what) {
+  std::vector<int> v;
+  size_t pos = 0;
+  while (pos <= s.size() && !s.empty()) {
+    const size_t comma = s.find(',', pos);
+    const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    try {
+      size_t used = 0;
+      const int x = std::stoi(item, &used);
+      if (used != item.size() || x <= 0) throw std::invalid_argument(item);
+      v.push_back(x);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument(std::string(what) + ": '" + item + "' is not a positive integer");
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return v;
+}
+
+std::string Mb(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%9.1f MB", b / 1e6);
+  return buf;
+}
+
+nlohmann::json ToJson(const TrainReport& r) {
+  nlohmann::json j;
+  j["backend"] = r.backend;
+  j["model"] = r.model;
+  j["parameters"] = r.parameters;
+  j["memory_bytes"] = {{"weights", r.memory.weights},         {"gradients", r.memory.gradients},
+                       {"optimizer", r.memory.optimizer},     {"activations", r.memory.activations},
+                       {"workspace", r.memory.workspace},     {"total", r.memory.total()},
+                       {"device_used", r.memory.device_used}};
+  for (const EpochReport& e : r.epochs) {
+    j["epochs"].push_back({{"epoch", e.epoch},
+                           {"train_loss", e.train_loss},
+                           {"train_accuracy", e.train_accuracy},
+                           {"test_loss", e.test_loss},
+                           {"test_accuracy", e.test_accuracy},
+                           {"steps", e.steps},
+                           {"samples", e.samples},
+                           {"skipped_steps", e.skipped_steps},
+                           {"loss_scale", e.loss_scale},
+                           {"seconds", e.seconds},
+                           {"samples_per_s", e.samples_per_s},
+                           {"step_ms", e.step_ms},
+                           {"data_wait_seconds", e.data_wait_seconds},
+                           {"gpu_util", e.gpu_util},
+                           {"gpu_mem_used_mb", e.gpu_mem_used_mb},
+                           {"eval_seconds", e.eval_seconds}});
+  }
+  j["start_epoch"] = r.start_epoch;
+  j["wall_seconds"] = r.wall_seconds;
+  j["steady_gpu_util"] = r.steady_gpu_util;
+  j["steady_samples_per_s"] = r.steady_samples_per_s;
+  j["data_wait_fraction"] = r.data_wait_fraction;
+  j["telemetry"] = r.telemetry;
+  j["verdict"] = r.verdict;
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(r.weights_hash));
+  j["weights_hash"] = hash;
+  return j;
+}
+
+int RunTrain(TrainArgs& a) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "gpufeed train: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  TrainOptions& o = a.o;
+  auto model = ModelKindFromName(a.model);
+  if (!model.ok()) return fail(model.status());
+  o.model = *model;
+  auto opt = OptimizerFromName(a.optimizer);
+  if (!opt.ok()) return fail(opt.status());
+  o.optimizer = *opt;
+  if (a.precision == "fp32") o.precision = DType::kFloat32;
+  else if (a.precision == "bf16") o.precision = DType::kBFloat16;
+  else if (a.precision == "fp16") o.precision = DType::kFloat16;
+  else return fail(Status::InvalidArgument("--precision: fp32, bf16 or fp16, not '" + a.precision + "'"));
+  if (a.device == "auto") o.device = TrainDevice::kAuto;
+  else if (a.device == "cpu") o.device = TrainDevice::kCpu;
+  else if (a.device == "cuda") o.device = TrainDevice::kCuda;
+  else return fail(Status::InvalidArgument("--device: auto, cpu or cuda, not '" + a.device + "'"));
+  auto w = ParseList(a.widths, "--widths");
+  if (!w.ok()) return fail(w.status());
+  o.widths = *w;
+  auto c = ParseList(a.channels, "--channels");
+  if (!c.ok()) return fail(c.status());
+  o.channels = *c;
+  auto order = OrderFromName(a.order);
+  if (!order.ok()) return fail(order.status());
+  o.loader.order = *order;
+  o.loader.threads = a.threads;
+  o.loader.cache_bytes = a.cache_bytes;
+  o.checkpoint_path = a.checkpoint;
+
+  auto train = Dataset::Open(a.data);
+  if (!train.ok()) return fail(train.status());
+  std::optional<Dataset> test;
+  if (!a.test.empty()) {
+    auto t = Dataset::Open(a.test);
+    if (!t.ok()) return fail(t.status());
+    test.emplace(std::move(*t));
+  }
+  const bool quiet = !a.json.empty() && a.json == "-";
+  const bool tty = isatty(fileno(stderr));
+  o.on_start = [quiet](const std::string& backend, const std::string& model, const MemoryBreakdown& m) {
+    if (quiet) return;
+    std::printf("train: %s on %s\n", model.c_str(), backend.c_str());
+    std::printf("memory   weights %s  gradients %s  optimizer %s\n", Mb(m.weights).c_str(), Mb(m.gradients).c_str(),
+                Mb(m.optimizer).c_str());
+    std::printf("         activations %s  workspace %s  = %s", Mb(m.activations).c_str(), Mb(m.workspace).c_str(),
+                Mb(m.total()).c_str());
+    if (m.device_used) std::printf("  (device reports %s in use)", Mb(m.device_used).c_str());
+    std::printf("\n");
+    std::fflush(stdout);
+  };
+  o.on_progress = [tty, quiet](const TrainProgress& p) {
+    if (!tty || quiet) return;
+    const int width = 30;
+    const int filled = p.steps_in_epoch ? int(width * p.step_in_epoch / p.steps_in_epoch) : 0;
+    std::string bar(size_t(std::min(filled, width)), '#');
+    bar.resize(width, '.');
+    std::fprintf(stderr, "\repoch %d/%d [%s] %llu/%llu steps  %.0f samples/s", p.epoch + 1, p.epochs, bar.c_str(),
+                 (unsigned long long)p.step_in_epoch, (unsigned long long)p.steps_in_epoch, p.samples_per_s);
+    if (p.gpu_util >= 0) std::fprintf(stderr, "  GPU %3.0f%%", p.gpu_util);
+    if (p.step_in_epoch == p.steps_in_epoch) std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  };
+  auto r = Train(*train, test ? &*test : nullptr, o);
+  if (!r.ok()) return fail(r.status());
+  if (!quiet) {
+    for (const EpochReport& e : r->epochs) {
+      std::printf("epoch %3d  loss %.4f acc %.4f", e.epoch + 1, e.train_loss, e.train_accuracy);
+      if (e.test_accuracy >= 0) std::printf("  test loss %.4f acc %.4f", e.test_loss, e.test_accuracy);
+      std::printf("  %.2f s  %.0f samples/s  step %.2f ms  data wait %.2f s", e.seconds, e.samples_per_s, e.step_ms,
+                  e.data_wait_seconds);
+      if (e.gpu_util >= 0) std::printf("  GPU %.1f%%", e.gpu_util);
+      if (e.skipped_steps) std::printf("  skipped %llu (scale %g)", (unsigned long long)e.skipped_steps, e.loss_scale);
+      std::printf("\n");
+    }
+    std::printf("total %.2f s (data loading included); steady state %.0f samples/s", r->wall_seconds,
+                r->steady_samples_per_s);
+    if (r->steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r->steady_gpu_util);
+    std::printf("\nverdict: %s\n", r->verdict.c_str());
+    if (!r->telemetry.empty()) std::printf("telemetry: %s\n", r->telemetry.c_str());
+  }
+  if (!a.json.empty()) {
+    const std::string text = ToJson(*r).dump(2) + "\n";
+    if (a.json == "-") {
+      std::fputs(text.c_str(), stdout);
+    } else {
+      std::ofstream f(a.json);
+      f << text;
+      if (!f) return fail(Status::IOError("cannot write " + a.json));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddTrainCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<TrainArgs>();
+  TrainOptions& o = a->o;
+  CLI::App* cmd = app.add_subcommand("train", "Train an mlp or cnn classifier fed by gpufeed (cuBLAS/cuDNN or CPU)");
+  cmd->add_option("--data", a->data, "training split (FILE.h5 with /images and /labels)")->required();
+  cmd->add_option("--test", a->test, "test split, evaluated after every epoch");
+  cmd->add_option("--model", a->model, "mlp or cnn")->capture_default_str();
+  cmd->add_option("--widths", a->widths, "mlp hidden widths")->capture_default_str();
+  cmd->add_option("--channels", a->channels, "cnn block channels (conv-bn-relu-pool each)")->capture_default_str();
+  cmd->add_option("--precision", a->precision, "fp32, bf16 or fp16 (mixed, fp32 master weights)")
+      ->capture_default_str();
+  cmd->add_option("--optimizer", a->optimizer, "sgd (momentum) or adamw")->capture_default_str();
+  cmd->add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+  cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "weight decay (not on biases/batchnorm)")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup_epochs, "linear warmup, in epochs; then cosine to 0")->capture_default_str();
+  cmd->add_option("--epochs", o.epochs, "epochs")->capture_default_str();
+  cmd->add_option("--batch-size", o.batch_size, "micro-batch size")->capture_default_str();
+  cmd->add_option("--accum", o.accum, "micro-batches per optimizer step")->capture_default_str();
+  cmd->add_option("--clip", o.clip_norm, "clip the global gradient norm (0: off)")->capture_default_str();
+  cmd->add_option("--echo", o.echo, "reuse each upload this many times (0: auto)")->capture_default_str();
+  cmd->add_option("--crop-padding", o.crop_padding, "random crop with this zero padding")->capture_default_str();
+  cmd->add_flag("--flip", o.flip, "random horizontal flips");
+  cmd->add_option("--seed", o.seed, "seed of initialisation, order and augmentation")->capture_default_str();
+  cmd->add_option("--device", a->device, "auto, cpu or cuda")->capture_default_str();
+  cmd->add_option("--gpu", o.cuda_device, "CUDA device index")->capture_default_str();
+  cmd->add_option("--order", a->order, "sequential, random or block")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "loader threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--cache-bytes", a->cache_bytes, "loader chunk cache")->capture_default_str();
+  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint file, written after every epoch");
+  cmd->add_flag("--resume", o.resume, "continue from --checkpoint");
+  cmd->add_option("--stop-after", o.stop_after_epochs, "stop after this many epochs (as if interrupted)");
+  cmd->add_option("--device-resident", o.device_resident_batches,
+                  "compute ceiling: cycle the first N batches kept on the device (0: off)");
+  cmd->add_option("--json", a->json, "write the report as JSON to this file ('-': stdout only)");
+  cmd->callback([a, exit_code] { *exit_code = RunTrain(*a); });
+}
+
+}  // namespace gpufeed::cli

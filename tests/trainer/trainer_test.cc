@@ -1,0 +1,335 @@
+// Train() end to end: gradient accumulation equals one big batch, a resumed
+// run reproduces an uninterrupted one bit for bit, the fp16 loss scaler
+// recovers from overflow, checkpoints reject damage, bad options are named,
+// and the CPU mlp learns Fashion-MNIST to >= 0.85 (CI's real-data check).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "gpufeed/convert.h"
+#include "gpufeed/dataset.h"
+#include "gpufeed/device.h"
+#include "gpufeed/trainer.h"
+#include "tests/testing/test_data.h"
+#include "trainer/model.h"
+#include "trainer/ops.h"
+
+namespace gpufeed {
+namespace {
+
+// A learnable image set: sample k is class k % classes, drawn as a bright
+// bar whose position encodes the class, over noise that encodes k.
+class BarsSource : public ChunkSource {
+ public:
+  BarsSource(uint64_t n, int classes, int h = 8, int w = 8, uint64_t chunk = 32)
+      : n_(n), h_(h), w_(w), k_(chunk), shape_{1, uint64_t(h), uint64_t(w)} {
+    data_.resize(n * h * w);
+    for (uint64_t i = 0; i < n; ++i) {
+      labels_.push_back(int64_t(i % classes));
+      const int bar = int(i % classes) * h / classes;
+      for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x)
+          data_[(i * h + y) * w + x] = uint8_t((y == bar ? 160 : 40) + testing::IndexByte(i, y * w + x) % 64);
+    }
+  }
+  uint64_t num_samples() const override { return n_; }
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  uint64_t sample_bytes() const override { return uint64_t(h_) * w_; }
+  DType dtype() const override { return DType::kUInt8; }
+  uint64_t chunk_samples() const override { return k_; }
+  uint64_t num_chunks() const override { return (n_ + k_ - 1) / k_; }
+  uint64_t samples_in_chunk(uint64_t i) const override { return std::min(k_, n_ - i * k_); }
+  uint64_t stored_chunk_bytes(uint64_t i) const override { return samples_in_chunk(i) * sample_bytes(); }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    std::memcpy(dst.data(), data_.data() + i * k_ * sample_bytes(), samples_in_chunk(i) * sample_bytes());
+    return Status::Ok();
+  }
+  const std::vector<int64_t>& labels() const override { return labels_; }
+  std::string name() const override { return "bars"; }
+
+ private:
+  uint64_t n_;
+  int h_, w_;
+  uint64_t k_;
+  std::vector<uint64_t> shape_;
+  std::vector<uint8_t> data_;
+  std::vector<int64_t> labels_;
+};
+
+TrainOptions Small(TrainDevice device = TrainDevice::kCpu) {
+  TrainOptions o;
+  o.device = device;
+  o.widths = {32};
+  o.channels = {8, 8};
+  o.epochs = 3;
+  o.batch_size = 32;
+  o.lr = 3e-3f;
+  o.loader.threads = 2;
+  o.telemetry = false;
+  return o;
+}
+
+bool HaveGpu() { return !QueryGpus().devices.empty(); }
+
+TEST(TrainerTest, LearnsTheBarsOnTheCpu) {
+  BarsSource train(1024, 4), test(256, 4);
+  auto r = Train(train, &test, Small());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->epochs.size(), 3u);
+  EXPECT_GT(r->epochs.back().test_accuracy, 0.95);
+  EXPECT_LT(r->epochs.back().train_loss, r->epochs.front().train_loss);
+  EXPECT_EQ(r->epochs[0].samples, 1024u);  // drop_last: 32 full batches
+  EXPECT_EQ(r->epochs[0].steps, 32u);
+  EXPECT_FALSE(r->verdict.empty());
+}
+
+// k micro-batches of B accumulate the same gradients as one batch of k x B.
+TEST(TrainerTest, AccumulationEqualsOneLargeBatch) {
+  auto ops = trainer::MakeCpuOps();
+  trainer::ModelSpec s;
+  s.kind = ModelKind::kMlp;
+  s.widths = {24};
+  s.in_h = 4, s.in_w = 4, s.in_c = 1, s.classes = 5, s.max_batch = 32, s.seed = 3;
+  trainer::Model big(ops.get(), s), small(ops.get(), s);
+  ASSERT_TRUE(big.Init().ok());
+  ASSERT_TRUE(small.Init().ok());
+  std::vector<float> x(32 * 16);
+  std::vector<int32_t> y(32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * float(i));
+  for (int i = 0; i < 32; ++i) y[i] = (i * 3) % 5;
+  trainer::ScalerState sc;
+  double loss = 0;
+  int64_t correct = 0;
+  ASSERT_TRUE(big.Forward(x.data(), 32, true).ok());
+  ASSERT_TRUE(ops->SoftmaxXent(32, 5, DType::kFloat32, big.logits(), y.data(), &loss, &correct, big.dlogits(), &sc, 32)
+                  .ok());
+  ASSERT_TRUE(big.Backward(x.data(), 32, false).ok());
+  for (int m = 0; m < 4; ++m) {  // 4 micro-batches of 8, each loss over 8 x 4
+    const float* xm = x.data() + m * 8 * 16;
+    ASSERT_TRUE(small.Forward(xm, 8, true).ok());
+    ASSERT_TRUE(ops->SoftmaxXent(8, 5, DType::kFloat32, small.logits(), y.data() + m * 8, &loss, &correct,
+                                 small.dlogits(), &sc, 32)
+                    .ok());
+    ASSERT_TRUE(small.Backward(xm, 8, m > 0).ok());
+  }
+  for (size_t p = 0; p < big.params().size(); ++p) {
+    const auto& a = big.params()[p];
+    const auto& b = small.params()[p];
+    for (size_t i = 0; i < a.n; ++i) EXPECT_NEAR(a.grad[i], b.grad[i], 1e-6 + 1e-5 * std::fabs(a.grad[i])) << a.name;
+  }
+}
+
+// Train `epochs`, or stop after `stop` and resume: the same losses, accuracy
+// and final weights, bit for bit.
+void ExpectResumeIsBitIdentical(TrainOptions o, const std::string& tag) {
+  BarsSource train(512, 4), test(128, 4);
+  const std::string dir = testing::MakeTempDir("resume-" + tag);
+  o.checkpoint_path = dir + "/full.ckpt";
+  auto full = Train(train, &test, o);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  o.checkpoint_path = dir + "/part.ckpt";
+  o.stop_after_epochs = 1;
+  auto first = Train(train, &test, o);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->epochs.size(), 1u);
+  o.stop_after_epochs = 0;
+  o.resume = true;
+  auto rest = Train(train, &test, o);
+  ASSERT_TRUE(rest.ok()) << rest.status().ToString();
+  EXPECT_EQ(rest->start_epoch, 1);
+  ASSERT_EQ(rest->epochs.size(), full->epochs.size() - 1);
+  EXPECT_EQ(first->epochs[0].train_loss, full->epochs[0].train_loss);
+  for (size_t e = 0; e < rest->epochs.size(); ++e) {
+    EXPECT_EQ(rest->epochs[e].train_loss, full->epochs[e + 1].train_loss) << "epoch " << e + 1;
+    EXPECT_EQ(rest->epochs[e].test_loss, full->epochs[e + 1].test_loss) << "epoch " << e + 1;
+    EXPECT_EQ(rest->epochs[e].loss_scale, full->epochs[e + 1].loss_scale);
+  }
+  EXPECT_EQ(rest->weights_hash, full->weights_hash);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainerTest, ResumeIsBitIdenticalMlpAdamW) {
+  TrainOptions o = Small();
+  o.accum = 2;
+  o.clip_norm = 1.0f;
+  ExpectResumeIsBitIdentical(o, "mlp");
+}
+
+TEST(TrainerTest, ResumeIsBitIdenticalCnnSgdEcho) {
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.optimizer = Optimizer::kSgd;
+  o.lr = 0.05f;
+  o.echo = 2;
+  o.flip = true;
+  o.crop_padding = 1;
+  ExpectResumeIsBitIdentical(o, "cnn");
+}
+
+TEST(TrainerTest, ResumeIsBitIdenticalOnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU resume test runs on the GPU host";
+  for (DType p : {DType::kBFloat16, DType::kFloat16}) {
+    TrainOptions o = Small(TrainDevice::kCuda);
+    o.model = ModelKind::kCnn;
+    o.precision = p;
+    o.accum = 2;
+    ExpectResumeIsBitIdentical(o, std::string("gpu-") + std::string(DTypeName(p)));
+  }
+}
+
+// The GPU and CPU backends train the same model to the same place, within
+// rounding (fp32).
+TEST(TrainerTest, GpuTrainingMatchesTheCpuReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU training test runs on the GPU host";
+  BarsSource train(512, 4), test(128, 4);
+  for (ModelKind m : {ModelKind::kMlp, ModelKind::kCnn}) {
+    TrainOptions o = Small();
+    o.model = m;
+    o.epochs = 2;
+    auto cpu = Train(train, &test, o);
+    o.device = TrainDevice::kCuda;
+    auto gpu = Train(train, &test, o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+    ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+    for (size_t e = 0; e < 2; ++e) {
+      EXPECT_NEAR(gpu->epochs[e].train_loss, cpu->epochs[e].train_loss, 1e-3 * cpu->epochs[e].train_loss + 1e-5);
+      EXPECT_NEAR(gpu->epochs[e].test_accuracy, cpu->epochs[e].test_accuracy, 0.02);
+    }
+  }
+}
+
+// fp16 with an absurd initial scale: the first steps overflow, are skipped
+// and halve the scale until the gradients fit; then training proceeds.
+TEST(TrainerTest, Fp16LossScalerSkipsOverflowsAndRecovers) {
+  BarsSource train(1024, 4), test(256, 4);
+  TrainOptions o = Small(HaveGpu() ? TrainDevice::kCuda : TrainDevice::kCpu);
+  o.precision = DType::kFloat16;
+  o.init_scale = 1e12f;
+  o.growth_interval = 8;
+  auto r = Train(train, &test, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (const auto& e : r->epochs)
+    std::printf("epoch %d: %llu skipped, scale %g, loss %.4f, test accuracy %.3f\n", e.epoch,
+                (unsigned long long)e.skipped_steps, e.loss_scale, e.train_loss, e.test_accuracy);
+  EXPECT_GE(r->epochs[0].skipped_steps, 10u);   // 1e12 / 2^k fits fp16 gradients only after ~20 halvings
+  EXPECT_LT(r->epochs[0].skipped_steps, 32u);   // ... but not every step
+  EXPECT_LT(r->epochs[0].loss_scale, 1e12);
+  EXPECT_GT(r->epochs.back().test_accuracy, 0.9);
+}
+
+TEST(TrainerTest, CheckpointDamageAndMismatchAreNamed) {
+  BarsSource train(256, 4);
+  const std::string dir = testing::MakeTempDir("ckpt-bad");
+  TrainOptions o = Small();
+  o.epochs = 1;
+  o.checkpoint_path = dir + "/c.ckpt";
+  ASSERT_TRUE(Train(train, nullptr, o).ok());
+  std::string bytes;
+  {
+    std::ifstream f(o.checkpoint_path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto resume_with = [&](const std::string& content, TrainOptions r) {
+    std::ofstream(dir + "/x.ckpt", std::ios::binary | std::ios::trunc) << content;
+    r.checkpoint_path = dir + "/x.ckpt";
+    r.resume = true;
+    r.epochs = 2;
+    return Train(train, nullptr, r);
+  };
+  std::string flipped = bytes;
+  flipped[bytes.size() / 2] ^= 0x10;
+  auto a = resume_with(flipped, o);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(a.status().message().find("checksum"), std::string::npos) << a.status().ToString();
+  auto b = resume_with(bytes.substr(0, bytes.size() - 100), o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("truncated"), std::string::npos) << b.status().ToString();
+  auto c = resume_with("not a checkpoint at all, but long enough to have a header", o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("magic"), std::string::npos) << c.status().ToString();
+  TrainOptions wider = o;
+  wider.widths = {64};
+  auto d = resume_with(bytes, wider);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("mlp 64-32-4"), std::string::npos) << d.status().ToString();
+  TrainOptions missing = o;
+  missing.checkpoint_path = dir + "/none.ckpt";
+  missing.resume = true;
+  auto e = Train(train, nullptr, missing);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainerTest, BadOptionsAndDataAreNamed) {
+  BarsSource train(256, 4);
+  auto expect_bad = [&](TrainOptions o, const char* needle) {
+    auto r = Train(train, nullptr, o);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().ToString();
+  };
+  TrainOptions o = Small();
+  o.epochs = 0;
+  expect_bad(o, "--epochs");
+  o = Small();
+  o.accum = 0;
+  expect_bad(o, "--accum");
+  o = Small();
+  o.precision = DType::kUInt8;
+  expect_bad(o, "--precision");
+  o = Small();
+  o.batch_size = 1000;
+  expect_bad(o, "fewer samples than one batch");
+  o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {4, 4, 4, 4};  // 8x8 halves to 0
+  expect_bad(o, "too many cnn blocks");
+  o = Small();
+  o.resume = true;
+  expect_bad(o, "--resume needs --checkpoint");
+  BarsSource other(64, 4, 6, 6);
+  auto r = Train(train, &other, Small());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("another shape"), std::string::npos);
+}
+
+// The real-data check CI runs: Fashion-MNIST from Debian's package,
+// converted by gpufeed, an mlp on the CPU reaches >= 0.85 test accuracy.
+TEST(TrainerTest, CpuMlpLearnsFashionMnist) {
+  const std::string root = "/usr/share/datasets/fashion-mnist";
+  if (!std::filesystem::exists(root + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << root << " missing: install Debian's dataset-fashion-mnist (scripts/setup does)";
+  const std::string dir = testing::MakeTempDir("fmnist-train");
+  for (const char* split : {"train", "t10k"}) {
+    auto src = OpenIdxSource(root + "/" + split + "-images-idx3-ubyte.gz", root + "/" + split + "-labels-idx1-ubyte.gz");
+    ASSERT_TRUE(src.ok()) << src.status().ToString();
+    auto s = Convert(**src, dir + "/" + split + ".h5", {});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+  }
+  auto train = Dataset::Open(dir + "/train.h5");
+  auto test = Dataset::Open(dir + "/t10k.h5");
+  ASSERT_TRUE(train.ok() && test.ok());
+  TrainOptions o;
+  o.device = TrainDevice::kCpu;
+  o.widths = {128};
+  o.epochs = 2;
+  o.batch_size = 128;
+  o.lr = 2e-3f;
+  o.warmup_epochs = 0.1f;
+  o.loader.threads = 2;
+  auto r = Train(*train, &*test, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::printf("fashion-mnist cpu mlp: test accuracy %.4f after %d epochs, %.1f s\n", r->epochs.back().test_accuracy,
+              o.epochs, r->wall_seconds);
+  EXPECT_GE(r->epochs.back().test_accuracy, 0.85);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpufeed

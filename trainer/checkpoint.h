@@ -1,0 +1,43 @@
+// Training checkpoints: everything a resumed run needs to continue bit for
+// bit — fp32 master weights, optimizer state, batchnorm running statistics,
+// the loss scaler, the step counter and the loader position. The RNG needs no
+// state: initialisation and augmentation are pure functions of (seed, epoch,
+// batch).
+//
+// Format (little-endian): "GPFDCKPT" magic, u32 version, u32 0, u64 payload
+// bytes, u64 XXH64(payload), payload. Written to PATH.tmp-PID and renamed, so
+// a crash never leaves a half checkpoint under PATH.
+#ifndef GPUFEED_TRAINER_CHECKPOINT_H_
+#define GPUFEED_TRAINER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpufeed/loader.h"
+#include "gpufeed/status.h"
+#include "trainer/model.h"
+#include "trainer/ops.h"
+
+namespace gpufeed::trainer {
+
+constexpr uint32_t kCheckpointVersion = 1;
+
+struct CheckpointMeta {
+  std::string model;        // Model::Describe(): must match on load
+  std::string config;       // precision/optimizer/accum...: must match on load
+  int next_epoch = 0;
+  int64_t step = 0;         // optimizer steps taken
+  ScalerState scaler;
+  LoaderState loader;
+};
+
+Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& meta);
+// Restores into `model` (already Init()ed with the same spec) and fills meta.
+// `expect` gives the model and config that must match.
+Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& expect,
+                      CheckpointMeta* meta);
+
+}  // namespace gpufeed::trainer
+
+#endif  // GPUFEED_TRAINER_CHECKPOINT_H_

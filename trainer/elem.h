@@ -1,0 +1,100 @@
+// Per-element math shared by the CPU reference (ops_cpu.cc) and the CUDA
+// kernels (ops_cuda.cu), so the two cannot drift apart: storage conversions,
+// the optimizer updates, and the scaler's bookkeeping.
+#ifndef GPUFEED_TRAINER_ELEM_H_
+#define GPUFEED_TRAINER_ELEM_H_
+
+#include <cmath>
+#include <cstdint>
+
+#include "gpu/transform.h"  // GPUFEED_HD, FloatToBf16Bits, FloatToHalfBits
+#include "trainer/ops.h"
+
+namespace gpufeed::trainer {
+
+GPUFEED_HD float BitsToFloat(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+GPUFEED_HD float Bf16BitsToFloat(uint16_t h) { return BitsToFloat(uint32_t(h) << 16); }
+
+GPUFEED_HD float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0x1f) return BitsToFloat(sign | 0x7f800000u | (man << 13));  // inf / NaN
+  if (exp == 0) {
+    if (man == 0) return BitsToFloat(sign);
+    // Subnormal: value = man * 2^-24, exact in fp32.
+    const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  return BitsToFloat(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// Loads element i of a buffer in `dt` as fp32; stores fp32 into it (RNE).
+GPUFEED_HD float LoadAs(const void* p, size_t i, DType dt) {
+  if (dt == DType::kFloat32) return static_cast<const float*>(p)[i];
+  const uint16_t b = static_cast<const uint16_t*>(p)[i];
+  return dt == DType::kBFloat16 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
+}
+GPUFEED_HD void StoreAs(void* p, size_t i, DType dt, float v) {
+  if (dt == DType::kFloat32) {
+    static_cast<float*>(p)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p)[i] = dt == DType::kBFloat16 ? gpu::FloatToBf16Bits(v) : gpu::FloatToHalfBits(v);
+  }
+}
+
+// One optimizer update of element (w, g already multiplied by the step's
+// coefficient). Returns the new weight; updates s1 (momentum / Adam's m) and
+// s2 (Adam's v). The CPU and GPU both call this with the same operands, and
+// nvcc is built with --fmad=false for the trainer, so fp32 results agree.
+GPUFEED_HD float OptimizerUpdate(const OptimizerStep& o, bool decay, float w, float g, float* s1, float* s2,
+                                 float bc1, float bc2) {
+  if (o.kind == OptimizerKind::kSgd) {
+    if (decay) g += o.weight_decay * w;
+    const float m = o.momentum * *s1 + g;
+    *s1 = m;
+    return w - o.lr * m;
+  }
+  const float m = o.beta1 * *s1 + (1.0f - o.beta1) * g;
+  const float v = o.beta2 * *s2 + (1.0f - o.beta2) * g * g;
+  *s1 = m;
+  *s2 = v;
+  if (decay) w -= o.lr * o.weight_decay * w;
+  return w - o.lr * (m / bc1) / (sqrtf(v / bc2) + o.eps);
+}
+
+// From the sum of squares of the scaled gradients: the step's coefficient,
+// skip flag and norm, then the scale update for the next step.
+GPUFEED_HD void ScalerFinish(double sum_squares, float clip_norm, ScalerState* s) {
+  const bool finite = sum_squares == sum_squares && sum_squares < 1e300;
+  const float inv = 1.0f / s->scale;
+  const float norm = finite ? static_cast<float>(sqrt(sum_squares)) * inv : INFINITY;
+  float coef = inv;
+  if (finite && clip_norm > 0 && norm > clip_norm) coef = inv * (clip_norm / (norm + 1e-6f));
+  s->step_coef = coef;
+  s->step_skip = finite ? 0 : 1;
+  s->grad_norm = norm;
+  if (!finite) {
+    s->skipped += 1;
+    s->clean_steps = 0;
+    if (s->dynamic) s->scale = s->scale * 0.5f;
+  } else if (s->dynamic) {
+    s->clean_steps += 1;
+    if (s->clean_steps >= s->growth_interval) {
+      s->scale = s->scale * 2.0f;
+      s->clean_steps = 0;
+    }
+  }
+}
+
+}  // namespace gpufeed::trainer
+
+#endif  // GPUFEED_TRAINER_ELEM_H_

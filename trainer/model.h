@@ -1,0 +1,102 @@
+// The classifier's layers, parameters and buffers, and its forward and
+// backward passes written once against trainer::Ops (so the CPU and CUDA
+// backends run the same sequence of operations).
+#ifndef GPUFEED_TRAINER_MODEL_H_
+#define GPUFEED_TRAINER_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpufeed/status.h"
+#include "gpufeed/trainer.h"
+#include "trainer/ops.h"
+
+namespace gpufeed::trainer {
+
+struct ModelSpec {
+  ModelKind kind = ModelKind::kMlp;
+  std::vector<int> widths;    // mlp hidden widths / cnn channels
+  int in_h = 0, in_w = 0, in_c = 0;  // NHWC sample
+  int classes = 0;
+  int max_batch = 0;
+  DType dtype = DType::kFloat32;     // activations and weight copies
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  uint64_t seed = 0;
+};
+
+// One trainable tensor: fp32 master, fp32 gradient, optimizer state, and the
+// compute copy (the master itself in fp32).
+struct Param {
+  std::string name;
+  size_t n = 0;
+  bool decay = true;      // weight decay applies (not to biases and batchnorm)
+  float* master = nullptr;
+  float* grad = nullptr;
+  float* s1 = nullptr;    // SGD momentum / Adam m
+  float* s2 = nullptr;    // Adam v (null for SGD)
+  void* copy = nullptr;   // compute dtype
+};
+
+class Model {
+ public:
+  Model(Ops* ops, ModelSpec spec) : ops_(ops), spec_(std::move(spec)) {}
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  Status Init();  // allocates, initialises the weights from spec.seed
+
+  // x: batch x in_h x in_w x in_c in spec.dtype. Leaves the logits in logits().
+  Status Forward(const void* x, int batch, bool training);
+  // From dlogits() (already filled by the loss): parameter gradients, added
+  // to the existing ones when `accumulate`.
+  Status Backward(const void* x, int batch, bool accumulate);
+
+  const void* logits() const { return acts_.back(); }
+  void* dlogits() { return dlogits_; }
+  std::vector<Param>& params() { return params_; }
+  const ModelSpec& spec() const { return spec_; }
+  std::string Describe() const;  // "mlp 784-256-128-10"
+  uint64_t num_parameters() const;
+  // Bytes by category, for the memory breakdown.
+  uint64_t weight_bytes() const, grad_bytes() const, optimizer_bytes() const, activation_bytes() const;
+
+  // Batchnorm running statistics (part of the checkpoint), fp32, in order.
+  std::vector<std::pair<float*, size_t>> buffers();
+
+ private:
+  enum class Kind { kLinear, kConv, kBnRelu, kPool };
+  struct Layer {
+    Kind kind = Kind::kLinear;
+    int in_features = 0, out_features = 0;  // linear
+    bool relu = false;                       // linear
+    ConvShape conv;                          // conv (n = max batch)
+    int h = 0, w = 0, c = 0;                 // bn/pool input geometry
+    int p = -1, p2 = -1;                     // indices into params_ (weight/gamma, bias/beta)
+    float* run_mean = nullptr;               // bn
+    float* run_var = nullptr;
+    float* save_mean = nullptr;
+    float* save_invstd = nullptr;
+    uint8_t* argmax = nullptr;               // pool
+    size_t out_elems = 0;                    // per sample
+  };
+  Status Allocate(size_t bytes, void** p, uint64_t* counter);
+  Status AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index);
+
+  Ops* ops_;
+  ModelSpec spec_;
+  std::vector<Layer> layers_;
+  std::vector<Param> params_;
+  std::vector<void*> acts_;       // acts_[i]: output of layer i (max batch)
+  void* dlogits_ = nullptr;
+  void* grad_a_ = nullptr;        // ping-pong activation gradients
+  void* grad_b_ = nullptr;
+  std::vector<void*> owned_;
+  uint64_t weights_ = 0, grads_ = 0, opt_ = 0, acts_bytes_ = 0;
+  uint64_t rng_ = 0;
+};
+
+}  // namespace gpufeed::trainer
+
+#endif  // GPUFEED_TRAINER_MODEL_H_

@@ -1,0 +1,171 @@
+// The trainer's numerical operations behind one interface: the CUDA backend
+// (ops_cuda.cu: cuBLAS GEMMs, cuDNN convolutions, our own kernels for the
+// rest) and the CPU reference (ops_cpu.cc: Eigen GEMMs, loops), with the same
+// signatures so a test can run a layer on both and compare, and the training
+// loop (model.cc, trainer.cc) is one piece of code for both.
+//
+// Conventions. Pointers are backend memory (device memory for CUDA, host
+// memory for the CPU). Matrices are row-major. Images are NHWC. Activations
+// and their gradients are stored in the compute dtype (fp32, bf16 or fp16);
+// parameters have an fp32 master copy, gradients are fp32, and every
+// accumulation (GEMM, reductions, batchnorm statistics) is fp32. Calls are
+// queued in order on the backend's stream; only Download() and Sync() wait.
+#ifndef GPUFEED_TRAINER_OPS_H_
+#define GPUFEED_TRAINER_OPS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gpufeed/dtype.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed::trainer {
+
+// C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C, row-major. A and B in
+// `ab` dtype, C in `c` dtype, fp32 accumulation.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+  float alpha = 1, beta = 0;
+  const void* a = nullptr;
+  int lda = 0;
+  const void* b = nullptr;
+  int ldb = 0;
+  void* c = nullptr;
+  int ldc = 0;
+  DType ab = DType::kFloat32, c_dtype = DType::kFloat32;
+};
+
+// A 3x3 convolution, stride 1, zero padding 1, no bias (batchnorm follows),
+// NHWC activations and KRSC filters (out channels, 3, 3, in channels).
+struct ConvShape {
+  int n = 0, h = 0, w = 0, c = 0, k = 0;
+  DType dtype = DType::kFloat32;
+  size_t x_elems() const { return size_t(n) * h * w * c; }
+  size_t y_elems() const { return size_t(n) * h * w * k; }
+  size_t w_elems() const { return size_t(k) * 9 * c; }
+};
+
+// Training-mode batchnorm + ReLU over the channel (innermost) axis of
+// `rows` x `c` values: y = relu(gamma * (x - mean) * invstd + beta).
+struct BnArgs {
+  size_t rows = 0;
+  int c = 0;
+  DType dtype = DType::kFloat32;
+  float eps = 1e-5f, momentum = 0.1f;  // running = (1 - momentum) * running + momentum * batch
+};
+
+// Dynamic loss scaling state, kept where the gradients are (no host round
+// trip per step). fp16: scale starts at 2^16, halves on inf/NaN (the step
+// is skipped), doubles after `growth_interval` clean steps. fp32/bf16: scale
+// stays 1 and a non-finite gradient still skips the step.
+struct ScalerState {
+  float scale = 1;
+  int32_t clean_steps = 0;   // since the last overflow or growth
+  int32_t skipped = 0;       // steps skipped for inf/NaN, total
+  int32_t dynamic = 0;       // 1: grow/halve the scale
+  int32_t growth_interval = 2000;
+  // Written by FinishGradients for the optimizer step that follows.
+  float step_coef = 1;       // 1/scale_used x clip coefficient
+  int32_t step_skip = 0;     // 1: this step's gradients were not finite
+  float grad_norm = 0;       // global norm of the unscaled gradients
+};
+
+enum class OptimizerKind { kSgd, kAdamW };
+
+struct OptimizerStep {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float lr = 0, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0;  // SGD: added to the gradient; AdamW: decoupled
+  int64_t step = 1;        // 1-based, for Adam's bias correction
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual bool on_gpu() const = 0;
+  virtual std::string Describe() const = 0;  // "cuda:0 NVIDIA H200 (sm_90)" / "cpu"
+  virtual std::string PciBusId() const = 0;  // for NVML; empty on the CPU
+  virtual void* stream() const = 0;  // cudaStream_t on the GPU, nullptr on the CPU
+
+  virtual Status Alloc(size_t bytes, void** p) = 0;  // zero-filled
+  virtual void Free(void* p) = 0;
+  virtual Status Upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status Download(void* dst, const void* src, size_t bytes) = 0;  // waits for queued work
+  virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;  // queued, device to device
+  virtual Status Sync() = 0;
+  // Makes later work wait for `event` (a cudaEvent_t; ignored on the CPU).
+  virtual Status WaitEvent(void* event) = 0;
+  // Bytes the device reports in use (0 on the CPU) and the backend's own
+  // scratch (cuDNN/cuBLAS workspaces, reduction partials).
+  virtual size_t DeviceBytesUsed() const = 0;
+  virtual size_t WorkspaceBytes() const = 0;
+
+  virtual Status Gemm(const GemmArgs& g) = 0;
+  // dst[i] = dtype(src[i]) for n fp32 values (a parameter's compute copy).
+  virtual Status Cast(const float* src, void* dst, DType dtype, size_t n) = 0;
+  // y[r, j] = act(y[r, j] + bias[j]); relu when `relu`.
+  virtual Status BiasAct(void* y, const float* bias, int rows, int cols, bool relu, DType dtype) = 0;
+  // dy[i] = y[i] > 0 ? dy[i] : 0.
+  virtual Status ReluBackward(void* dy, const void* y, size_t n, DType dtype) = 0;
+  // db[j] = beta * db[j] + sum_r dy[r, j] (fp32).
+  virtual Status ColumnSum(const void* dy, int rows, int cols, DType dtype, float* db, float beta) = 0;
+
+  virtual Status ConvForward(const ConvShape& s, const void* x, const void* w, void* y) = 0;
+  virtual Status ConvBackwardData(const ConvShape& s, const void* dy, const void* w, void* dx) = 0;
+  // dw (fp32) = beta * dw + dL/dw.
+  virtual Status ConvBackwardFilter(const ConvShape& s, const void* x, const void* dy, float* dw, float beta) = 0;
+
+  // Training: computes the batch statistics into save_mean/save_invstd (c
+  // fp32 each), updates running_mean/var, writes y. Eval (`training` false):
+  // uses the running statistics.
+  virtual Status BnReluForward(const BnArgs& a, bool training, const void* x, const float* gamma, const float* beta,
+                               float* running_mean, float* running_var, float* save_mean, float* save_invstd,
+                               void* y) = 0;
+  // From x, y (the forward's output, for the ReLU mask) and dy: dx, and
+  // dgamma/dbeta accumulated with `beta_acc` (0: overwrite, 1: add).
+  virtual Status BnReluBackward(const BnArgs& a, const void* x, const void* y, const void* dy, const float* gamma,
+                                const float* save_mean, const float* save_invstd, void* dx, float* dgamma,
+                                float* dbeta, float beta_acc) = 0;
+
+  // 2x2 max pooling, stride 2, floor: [n, h, w, c] -> [n, h/2, w/2, c];
+  // argmax (uint8, 0..3) remembers the winner for the backward pass.
+  virtual Status MaxPoolForward(int n, int h, int w, int c, DType dtype, const void* x, void* y,
+                                uint8_t* argmax) = 0;
+  // dx (zeroed here) receives dy at each window's winner.
+  virtual Status MaxPoolBackward(int n, int h, int w, int c, DType dtype, const void* dy, const uint8_t* argmax,
+                                 void* dx) = 0;
+
+  // Softmax cross-entropy over `rows` x `classes` logits with int32 labels.
+  // Adds sum of the rows' losses to *loss_sum and their correct predictions
+  // to *correct (both fp32/int64 backend scalars). When dlogits is not null:
+  // dlogits = (softmax - onehot) * grad_scale, where grad_scale is
+  // *scale_ptr / denom (the loss scale lives on the device).
+  virtual Status SoftmaxXent(int rows, int classes, DType dtype, const void* logits, const int32_t* labels,
+                             double* loss_sum, int64_t* correct, void* dlogits, const ScalerState* scaler,
+                             float denom) = 0;
+
+  // Global norm of the gradients (fp32 tensors grads[i] of sizes[i]),
+  // unscaling, clipping coefficient (clip_norm <= 0: none), inf/NaN check and
+  // the loss scale update: fills scaler->step_coef/step_skip/grad_norm, then
+  // updates scale/clean_steps/skipped.
+  virtual Status FinishGradients(float* const* grads, const size_t* sizes, int count, float clip_norm,
+                                 ScalerState* scaler) = 0;
+  // One optimizer step on an fp32 master tensor with gradient `grad` (scaled:
+  // multiplied by scaler->step_coef), skipped when scaler->step_skip; writes
+  // the compute copy (`copy`, may be null) in `dtype`. `decay` false for
+  // biases and batchnorm parameters.
+  virtual Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad,
+                                float* state1, float* state2, void* copy, DType dtype,
+                                const ScalerState* scaler) = 0;
+};
+
+std::unique_ptr<Ops> MakeCpuOps();
+// cuBLAS/cuDNN on `device`; Unsupported in a build without CUDA.
+Result<std::unique_ptr<Ops>> MakeCudaOps(int device);
+
+}  // namespace gpufeed::trainer
+
+#endif  // GPUFEED_TRAINER_OPS_H_

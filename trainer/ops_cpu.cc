@@ -1,0 +1,342 @@
+// The CPU reference of every trainer operation (Eigen for the GEMMs, loops
+// for the rest): the backend of `gpufeed train --device cpu`, and what the
+// GPU kernels are tested against. Every reduction accumulates in double here,
+// so it is the more exact side of each comparison.
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "trainer/elem.h"
+#include "trainer/ops.h"
+
+namespace gpufeed::trainer {
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Stride = Eigen::OuterStride<>;
+
+// A float view of an fp32 buffer, or a converted copy of a bf16/fp16 one.
+struct FloatView {
+  std::vector<float> copy;
+  const float* p = nullptr;
+  FloatView(const void* src, size_t n, DType dt) {
+    if (dt == DType::kFloat32) {
+      p = static_cast<const float*>(src);
+      return;
+    }
+    copy.resize(n);
+    for (size_t i = 0; i < n; ++i) copy[i] = LoadAs(src, i, dt);
+    p = copy.data();
+  }
+};
+
+class CpuOps final : public Ops {
+ public:
+  bool on_gpu() const override { return false; }
+  std::string Describe() const override { return "cpu (Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." +
+                                                   std::to_string(EIGEN_MAJOR_VERSION) + ")"; }
+  std::string PciBusId() const override { return ""; }
+  void* stream() const override { return nullptr; }
+
+  Status Alloc(size_t bytes, void** p) override {
+    *p = std::calloc(std::max<size_t>(bytes, 1), 1);
+    return *p ? Status::Ok() : Status::Internal("cpu trainer: out of memory allocating " + std::to_string(bytes) + " bytes");
+  }
+  void Free(void* p) override { std::free(p); }
+  Status Upload(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Download(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Copy(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Sync() override { return Status::Ok(); }
+  Status WaitEvent(void*) override { return Status::Ok(); }
+  size_t DeviceBytesUsed() const override { return 0; }
+  size_t WorkspaceBytes() const override { return 0; }
+
+  Status Gemm(const GemmArgs& g) override {
+    const int ar = g.trans_a ? g.k : g.m, ac = g.trans_a ? g.m : g.k;
+    const int br = g.trans_b ? g.n : g.k, bc = g.trans_b ? g.k : g.n;
+    FloatView av(g.a, size_t(ar - 1) * g.lda + ac, g.ab), bv(g.b, size_t(br - 1) * g.ldb + bc, g.ab);
+    Eigen::Map<const RowMat, 0, Stride> A(av.p, ar, ac, Stride(g.lda)), B(bv.p, br, bc, Stride(g.ldb));
+    RowMat prod;
+    if (g.trans_a && g.trans_b) prod.noalias() = A.transpose() * B.transpose();
+    else if (g.trans_a) prod.noalias() = A.transpose() * B;
+    else if (g.trans_b) prod.noalias() = A * B.transpose();
+    else prod.noalias() = A * B;
+    for (int i = 0; i < g.m; ++i) {
+      for (int j = 0; j < g.n; ++j) {
+        const size_t ci = size_t(i) * g.ldc + j;
+        float v = g.alpha * prod(i, j);
+        if (g.beta != 0) v += g.beta * LoadAs(g.c, ci, g.c_dtype);
+        StoreAs(g.c, ci, g.c_dtype, v);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Cast(const float* src, void* dst, DType dt, size_t n) override {
+    for (size_t i = 0; i < n; ++i) StoreAs(dst, i, dt, src[i]);
+    return Status::Ok();
+  }
+
+  Status BiasAct(void* y, const float* bias, int rows, int cols, bool relu, DType dt) override {
+    for (size_t r = 0; r < size_t(rows); ++r) {
+      for (int j = 0; j < cols; ++j) {
+        const size_t i = r * cols + j;
+        float v = LoadAs(y, i, dt) + bias[j];
+        if (relu) v = v > 0 ? v : 0;
+        StoreAs(y, i, dt, v);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status ReluBackward(void* dy, const void* y, size_t n, DType dt) override {
+    for (size_t i = 0; i < n; ++i) {
+      if (!(LoadAs(y, i, dt) > 0)) StoreAs(dy, i, dt, 0.0f);
+    }
+    return Status::Ok();
+  }
+
+  Status ColumnSum(const void* dy, int rows, int cols, DType dt, float* db, float beta) override {
+    for (int j = 0; j < cols; ++j) {
+      double s = 0;
+      for (size_t r = 0; r < size_t(rows); ++r) s += LoadAs(dy, r * cols + j, dt);
+      db[j] = static_cast<float>(beta != 0 ? beta * db[j] + s : s);  // beta 0 overwrites (NaN too)
+    }
+    return Status::Ok();
+  }
+
+  // im2col of one 3x3/pad 1 window per output pixel: [n*h*w, 9*c], (r, s, c)
+  // order to match KRSC filters.
+  static std::vector<float> Im2Col(const ConvShape& s, const void* x) {
+    std::vector<float> col(size_t(s.n) * s.h * s.w * 9 * s.c, 0.0f);
+    for (int b = 0; b < s.n; ++b)
+      for (int y = 0; y < s.h; ++y)
+        for (int xx = 0; xx < s.w; ++xx) {
+          float* row = &col[((size_t(b) * s.h + y) * s.w + xx) * 9 * s.c];
+          for (int r = 0; r < 3; ++r)
+            for (int q = 0; q < 3; ++q) {
+              const int iy = y + r - 1, ix = xx + q - 1;
+              if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
+              const size_t base = ((size_t(b) * s.h + iy) * s.w + ix) * s.c;
+              for (int c = 0; c < s.c; ++c) row[(r * 3 + q) * s.c + c] = LoadAs(x, base + c, s.dtype);
+            }
+        }
+    return col;
+  }
+
+  Status ConvForward(const ConvShape& s, const void* x, const void* w, void* y) override {
+    std::vector<float> col = Im2Col(s, x);
+    FloatView wv(w, s.w_elems(), s.dtype);
+    const int rows = s.n * s.h * s.w, kk = 9 * s.c;
+    Eigen::Map<const RowMat> C(col.data(), rows, kk), W(wv.p, s.k, kk);
+    RowMat out = C * W.transpose();
+    for (size_t i = 0; i < s.y_elems(); ++i) StoreAs(y, i, s.dtype, out.data()[i]);
+    return Status::Ok();
+  }
+
+  Status ConvBackwardData(const ConvShape& s, const void* dy, const void* w, void* dx) override {
+    FloatView dyv(dy, s.y_elems(), s.dtype), wv(w, s.w_elems(), s.dtype);
+    const int rows = s.n * s.h * s.w, kk = 9 * s.c;
+    Eigen::Map<const RowMat> DY(dyv.p, rows, s.k), W(wv.p, s.k, kk);
+    RowMat dcol = DY * W;  // [rows, 9c]
+    std::vector<double> acc(s.x_elems(), 0.0);
+    for (int b = 0; b < s.n; ++b)
+      for (int y = 0; y < s.h; ++y)
+        for (int xx = 0; xx < s.w; ++xx) {
+          const float* row = &dcol(((size_t(b) * s.h + y) * s.w + xx), 0);
+          for (int r = 0; r < 3; ++r)
+            for (int q = 0; q < 3; ++q) {
+              const int iy = y + r - 1, ix = xx + q - 1;
+              if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
+              const size_t base = ((size_t(b) * s.h + iy) * s.w + ix) * s.c;
+              for (int c = 0; c < s.c; ++c) acc[base + c] += row[(r * 3 + q) * s.c + c];
+            }
+        }
+    for (size_t i = 0; i < acc.size(); ++i) StoreAs(dx, i, s.dtype, static_cast<float>(acc[i]));
+    return Status::Ok();
+  }
+
+  Status ConvBackwardFilter(const ConvShape& s, const void* x, const void* dy, float* dw, float beta) override {
+    std::vector<float> col = Im2Col(s, x);
+    FloatView dyv(dy, s.y_elems(), s.dtype);
+    const int rows = s.n * s.h * s.w, kk = 9 * s.c;
+    Eigen::Map<const RowMat> C(col.data(), rows, kk), DY(dyv.p, rows, s.k);
+    RowMat g = DY.transpose() * C;  // [k, 9c]
+    for (size_t i = 0; i < s.w_elems(); ++i) dw[i] = beta != 0 ? beta * dw[i] + g.data()[i] : g.data()[i];
+    return Status::Ok();
+  }
+
+  Status BnReluForward(const BnArgs& a, bool training, const void* x, const float* gamma, const float* beta,
+                       float* running_mean, float* running_var, float* save_mean, float* save_invstd,
+                       void* y) override {
+    std::vector<float> mean(a.c), invstd(a.c);
+    if (training) {
+      for (int c = 0; c < a.c; ++c) {
+        double s = 0, ss = 0;
+        for (size_t r = 0; r < a.rows; ++r) {
+          const double v = LoadAs(x, r * a.c + c, a.dtype);
+          s += v;
+          ss += v * v;
+        }
+        const double m = s / a.rows, var = std::max(0.0, ss / a.rows - m * m);
+        mean[c] = static_cast<float>(m);
+        invstd[c] = static_cast<float>(1.0 / std::sqrt(var + a.eps));
+        save_mean[c] = mean[c];
+        save_invstd[c] = invstd[c];
+        const double unbiased = a.rows > 1 ? var * a.rows / (a.rows - 1) : var;
+        running_mean[c] = static_cast<float>((1 - a.momentum) * running_mean[c] + a.momentum * m);
+        running_var[c] = static_cast<float>((1 - a.momentum) * running_var[c] + a.momentum * unbiased);
+      }
+    } else {
+      for (int c = 0; c < a.c; ++c) {
+        mean[c] = running_mean[c];
+        invstd[c] = 1.0f / std::sqrt(running_var[c] + a.eps);
+      }
+    }
+    for (size_t r = 0; r < a.rows; ++r)
+      for (int c = 0; c < a.c; ++c) {
+        const size_t i = r * a.c + c;
+        const float v = gamma[c] * ((LoadAs(x, i, a.dtype) - mean[c]) * invstd[c]) + beta[c];
+        StoreAs(y, i, a.dtype, v > 0 ? v : 0.0f);
+      }
+    return Status::Ok();
+  }
+
+  Status BnReluBackward(const BnArgs& a, const void* x, const void* y, const void* dy, const float* gamma,
+                        const float* save_mean, const float* save_invstd, void* dx, float* dgamma, float* dbeta,
+                        float beta_acc) override {
+    std::vector<double> sg(a.c, 0), sb(a.c, 0);
+    for (size_t r = 0; r < a.rows; ++r)
+      for (int c = 0; c < a.c; ++c) {
+        const size_t i = r * a.c + c;
+        const float g = LoadAs(y, i, a.dtype) > 0 ? LoadAs(dy, i, a.dtype) : 0.0f;
+        const float xhat = (LoadAs(x, i, a.dtype) - save_mean[c]) * save_invstd[c];
+        sg[c] += double(g) * xhat;
+        sb[c] += g;
+      }
+    const float inv_m = 1.0f / static_cast<float>(a.rows);
+    for (size_t r = 0; r < a.rows; ++r)
+      for (int c = 0; c < a.c; ++c) {
+        const size_t i = r * a.c + c;
+        const float g = LoadAs(y, i, a.dtype) > 0 ? LoadAs(dy, i, a.dtype) : 0.0f;
+        const float xhat = (LoadAs(x, i, a.dtype) - save_mean[c]) * save_invstd[c];
+        const float v = gamma[c] * save_invstd[c] *
+                        (g - inv_m * static_cast<float>(sb[c]) - xhat * inv_m * static_cast<float>(sg[c]));
+        StoreAs(dx, i, a.dtype, v);
+      }
+    for (int c = 0; c < a.c; ++c) {
+      dgamma[c] = static_cast<float>(beta_acc != 0 ? beta_acc * dgamma[c] + sg[c] : sg[c]);
+      dbeta[c] = static_cast<float>(beta_acc != 0 ? beta_acc * dbeta[c] + sb[c] : sb[c]);
+    }
+    return Status::Ok();
+  }
+
+  Status MaxPoolForward(int n, int h, int w, int c, DType dt, const void* x, void* y, uint8_t* argmax) override {
+    const int oh = h / 2, ow = w / 2;
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < oh; ++i)
+        for (int j = 0; j < ow; ++j)
+          for (int ch = 0; ch < c; ++ch) {
+            float best = -INFINITY;
+            int arg = 0;
+            for (int t = 0; t < 4; ++t) {
+              const size_t xi = ((size_t(b) * h + 2 * i + t / 2) * w + 2 * j + t % 2) * c + ch;
+              const float v = LoadAs(x, xi, dt);
+              if (v > best) best = v, arg = t;
+            }
+            const size_t yi = ((size_t(b) * oh + i) * ow + j) * c + ch;
+            StoreAs(y, yi, dt, best);
+            argmax[yi] = static_cast<uint8_t>(arg);
+          }
+    return Status::Ok();
+  }
+
+  Status MaxPoolBackward(int n, int h, int w, int c, DType dt, const void* dy, const uint8_t* argmax,
+                         void* dx) override {
+    std::memset(dx, 0, size_t(n) * h * w * c * DTypeSize(dt));
+    const int oh = h / 2, ow = w / 2;
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < oh; ++i)
+        for (int j = 0; j < ow; ++j)
+          for (int ch = 0; ch < c; ++ch) {
+            const size_t yi = ((size_t(b) * oh + i) * ow + j) * c + ch;
+            const int t = argmax[yi];
+            const size_t xi = ((size_t(b) * h + 2 * i + t / 2) * w + 2 * j + t % 2) * c + ch;
+            StoreAs(dx, xi, dt, LoadAs(dy, yi, dt));
+          }
+    return Status::Ok();
+  }
+
+  Status SoftmaxXent(int rows, int classes, DType dt, const void* logits, const int32_t* labels, double* loss_sum,
+                     int64_t* correct, void* dlogits, const ScalerState* scaler, float denom) override {
+    const float gs = scaler ? scaler->scale / denom : 1.0f / denom;
+    std::vector<float> p(classes);
+    for (int r = 0; r < rows; ++r) {
+      float mx = -INFINITY;
+      int arg = 0;
+      for (int j = 0; j < classes; ++j) {
+        p[j] = LoadAs(logits, size_t(r) * classes + j, dt);
+        if (p[j] > mx) mx = p[j], arg = j;
+      }
+      double sum = 0;
+      for (int j = 0; j < classes; ++j) sum += std::exp(double(p[j]) - mx);
+      const int label = labels[r];
+      *loss_sum += std::log(sum) - (double(p[label]) - mx);
+      *correct += arg == label;
+      if (dlogits) {
+        for (int j = 0; j < classes; ++j) {
+          const float sm = static_cast<float>(std::exp(double(p[j]) - mx) / sum);
+          StoreAs(dlogits, size_t(r) * classes + j, dt, (sm - (j == label ? 1.0f : 0.0f)) * gs);
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status FinishGradients(float* const* grads, const size_t* sizes, int count, float clip_norm,
+                         ScalerState* scaler) override {
+    double ss = 0;
+    for (int t = 0; t < count; ++t)
+      for (size_t i = 0; i < sizes[t]; ++i) ss += double(grads[t][i]) * grads[t][i];
+    ScalerFinish(ss, clip_norm, scaler);
+    return Status::Ok();
+  }
+
+  Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad,
+                        float* state1, float* state2, void* copy, DType dt, const ScalerState* scaler) override {
+    if (scaler->step_skip) return Status::Ok();
+    const float bc1 = 1.0f - std::pow(o.beta1, static_cast<float>(o.step));
+    const float bc2 = 1.0f - std::pow(o.beta2, static_cast<float>(o.step));
+    for (size_t i = 0; i < n; ++i) {
+      master[i] = OptimizerUpdate(o, decay, master[i], grad[i] * scaler->step_coef, &state1[i],
+                                  state2 ? &state2[i] : &state1[i], bc1, bc2);
+      if (copy) StoreAs(copy, i, dt, master[i]);
+    }
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> MakeCpuOps() { return std::make_unique<CpuOps>(); }
+
+#ifndef GPUFEED_WITH_CUDA
+Result<std::unique_ptr<Ops>> MakeCudaOps(int) {
+  return Status::Unsupported("this gpufeed was built without CUDA (GPUFEED_CUDA=OFF); use --device cpu");
+}
+#endif
+
+}  // namespace gpufeed::trainer

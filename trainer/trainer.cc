@@ -1,0 +1,547 @@
+// Train(): the training loop — feed, micro-batches, loss scaling, the
+// optimizer step on a warmup + cosine schedule, evaluation, checkpoints, and
+// the telemetry that ends in a verdict (input-bound or compute-bound).
+//
+// The loop never waits on the device in steady state: losses, accuracy and
+// the loss scaler stay on the device and are read once per epoch; the
+// GpuFeeder's slot events bound how far the host runs ahead.
+#include "gpufeed/trainer.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numbers>
+
+#include "gpufeed/dataset.h"
+#include "gpufeed/device.h"
+#include "gpufeed/gpu_feed.h"
+#include "trainer/checkpoint.h"
+#include "trainer/model.h"
+#include "trainer/nvml.h"
+#include "trainer/ops.h"
+
+namespace gpufeed {
+
+std::string ModelKindName(ModelKind k) { return k == ModelKind::kMlp ? "mlp" : "cnn"; }
+Result<ModelKind> ModelKindFromName(std::string_view n) {
+  if (n == "mlp") return ModelKind::kMlp;
+  if (n == "cnn") return ModelKind::kCnn;
+  return Status::InvalidArgument("unknown model '" + std::string(n) + "' (mlp or cnn)");
+}
+Result<Optimizer> OptimizerFromName(std::string_view n) {
+  if (n == "sgd") return Optimizer::kSgd;
+  if (n == "adamw") return Optimizer::kAdamW;
+  return Status::InvalidArgument("unknown optimizer '" + std::string(n) + "' (sgd or adamw)");
+}
+
+namespace {
+
+using trainer::Model;
+using trainer::Ops;
+using trainer::ScalerState;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Status Validate(const TrainOptions& o) {
+  if (o.epochs < 1) return Status::InvalidArgument("train: --epochs must be >= 1");
+  if (o.batch_size < 1 || o.batch_size > 65536) return Status::InvalidArgument("train: --batch-size in 1..65536");
+  if (o.accum < 1) return Status::InvalidArgument("train: --accum must be >= 1");
+  if (!(o.lr > 0)) return Status::InvalidArgument("train: --lr must be > 0");
+  if (o.clip_norm < 0) return Status::InvalidArgument("train: --clip must be >= 0");
+  if (o.warmup_epochs < 0) return Status::InvalidArgument("train: --warmup must be >= 0");
+  if (o.echo < 0) return Status::InvalidArgument("train: --echo must be >= 0");
+  if (o.precision != DType::kFloat32 && o.precision != DType::kBFloat16 && o.precision != DType::kFloat16)
+    return Status::InvalidArgument("train: --precision must be fp32, bf16 or fp16");
+  if (o.model == ModelKind::kCnn && o.channels.empty())
+    return Status::InvalidArgument("train: a cnn needs at least one block (--channels)");
+  if (o.resume && o.checkpoint_path.empty())
+    return Status::InvalidArgument("train: --resume needs --checkpoint PATH");
+  if (o.growth_interval < 1 || !(o.init_scale >= 1)) return Status::InvalidArgument("train: bad loss scaler options");
+  return Status::Ok();
+}
+
+// Linear warmup over `warmup` steps, then cosine from the peak to 0 at `total`.
+float LearningRate(float peak, int64_t step, int64_t warmup, int64_t total) {
+  if (step < warmup) return peak * float(step + 1) / float(warmup);
+  const double span = std::max<int64_t>(1, total - warmup);
+  const double t = std::min(1.0, double(step - warmup) / span);
+  return static_cast<float>(peak * 0.5 * (1 + std::cos(std::numbers::pi * t)));
+}
+
+// Device-side scalars the loop accumulates into; read once per epoch.
+struct Counters {
+  double loss = 0;
+  int64_t correct = 0;
+};
+
+// RAII for one backend allocation.
+struct Buffer {
+  Ops* ops = nullptr;
+  void* p = nullptr;
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() {
+    if (p) ops->Free(p);
+  }
+  Status Alloc(Ops* o, size_t bytes) {
+    ops = o;
+    return o->Alloc(bytes, &p);
+  }
+};
+
+struct Geometry {
+  int c = 0, h = 0, w = 0;
+  Layout layout = Layout::kNCHW;
+};
+
+Result<Geometry> SampleGeometry(const ChunkSource& src) {
+  if (src.dtype() != DType::kUInt8)
+    return Status::Unsupported(src.name() + ": the trainer takes uint8 images, this is " +
+                               std::string(DTypeName(src.dtype())));
+  const auto& s = src.sample_shape();
+  if (s.size() != 3)
+    return Status::InvalidArgument(src.name() + ": the trainer needs [C, H, W] or [H, W, C] samples, got rank " +
+                                   std::to_string(s.size()));
+  Geometry g;
+  const auto* ds = dynamic_cast<const Dataset*>(&src);
+  if (ds && ds->info().layout == "NHWC") g.layout = Layout::kNHWC;
+  if (g.layout == Layout::kNCHW) g.c = int(s[0]), g.h = int(s[1]), g.w = int(s[2]);
+  else g.h = int(s[0]), g.w = int(s[1]), g.c = int(s[2]);
+  return g;
+}
+
+std::string ConfigString(const TrainOptions& o) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "precision=%s optimizer=%s batch=%llu accum=%d seed=%llu",
+                std::string(DTypeName(o.precision)).c_str(), o.optimizer == Optimizer::kSgd ? "sgd" : "adamw",
+                (unsigned long long)o.batch_size, o.accum, (unsigned long long)o.seed);
+  return buf;
+}
+
+class Run {
+ public:
+  Run(const ChunkSource& train, const ChunkSource* test, const TrainOptions& o) : train_(train), test_(test), o_(o) {}
+  Result<TrainReport> Go();
+
+ private:
+  Status Setup();
+  Status TrainEpoch(int epoch, EpochReport* r);
+  Status Step(const void* images, const void* labels, int n, int micro);
+  Status OptimizerStep();
+  Status Evaluate(EpochReport* r);
+  Status ReadCounters(Counters* c);
+  Status ZeroCounters();
+  void Verdict();
+
+  const ChunkSource& train_;
+  const ChunkSource* test_;
+  TrainOptions o_;
+  TrainReport report_;
+  Geometry geo_;
+  int classes_ = 0;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Loader> loader_, test_loader_;
+  std::unique_ptr<trainer::NvmlSampler> nvml_;
+  Buffer counters_, scaler_, norm_ptrs_;
+  ScalerState scaler_host_;
+  int64_t step_ = 0, total_steps_ = 0, warmup_steps_ = 0;
+  uint64_t steps_per_epoch_ = 0;
+  int micro_ = 0;
+  std::vector<float*> grads_;
+  std::vector<size_t> grad_sizes_;
+  FeedOptions feed_;
+  // device_resident_batches: copies of the first batches, cycled.
+  std::vector<std::unique_ptr<Buffer>> resident_images_, resident_labels_;
+  std::vector<int> resident_sizes_;
+  double run_start_ = 0;
+};
+
+Status Run::Setup() {
+  GPUFEED_RETURN_IF_ERROR(Validate(o_));
+  auto g = SampleGeometry(train_);
+  if (!g.ok()) return g.status();
+  geo_ = *g;
+  if (train_.labels().empty()) return Status::InvalidArgument(train_.name() + ": no labels to train on");
+  int64_t max_label = 0;
+  for (int64_t l : train_.labels()) {
+    if (l < 0) return Status::InvalidArgument(train_.name() + ": negative label " + std::to_string(l));
+    max_label = std::max(max_label, l);
+  }
+  if (test_) {
+    auto tg = SampleGeometry(*test_);
+    if (!tg.ok()) return tg.status();
+    if (tg->c != geo_.c || tg->h != geo_.h || tg->w != geo_.w)
+      return Status::InvalidArgument(test_->name() + ": test samples have another shape than the training samples");
+    if (test_->labels().empty()) return Status::InvalidArgument(test_->name() + ": no labels to evaluate on");
+    for (int64_t l : test_->labels())
+      if (l < 0 || l > max_label)
+        return Status::InvalidArgument(test_->name() + ": label " + std::to_string(l) +
+                                       " never occurs in the training split");
+  }
+  classes_ = static_cast<int>(max_label + 1);
+  if (const auto* ds = dynamic_cast<const Dataset*>(&train_))
+    classes_ = std::max<int>(classes_, static_cast<int>(ds->info().class_names.size()));
+  if (classes_ < 2) return Status::InvalidArgument(train_.name() + ": a classifier needs at least 2 classes");
+
+  // Backend.
+  if (o_.device == TrainDevice::kCpu || (o_.device == TrainDevice::kAuto && QueryGpus().devices.empty())) {
+    ops_ = trainer::MakeCpuOps();
+  } else {
+    auto ops = trainer::MakeCudaOps(o_.cuda_device);
+    if (!ops.ok()) return ops.status();
+    ops_ = std::move(*ops);
+  }
+  report_.backend = ops_->Describe();
+
+  trainer::ModelSpec spec;
+  spec.kind = o_.model;
+  spec.widths = o_.model == ModelKind::kMlp ? o_.widths : o_.channels;
+  spec.in_c = geo_.c, spec.in_h = geo_.h, spec.in_w = geo_.w;
+  spec.classes = classes_;
+  spec.max_batch = static_cast<int>(o_.batch_size);
+  spec.dtype = o_.precision;
+  spec.optimizer = o_.optimizer == Optimizer::kSgd ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
+  spec.seed = o_.seed;
+  model_ = std::make_unique<Model>(ops_.get(), spec);
+  GPUFEED_RETURN_IF_ERROR(model_->Init());
+  report_.model = model_->Describe();
+  report_.parameters = model_->num_parameters();
+  for (auto& p : model_->params()) {
+    grads_.push_back(p.grad);
+    grad_sizes_.push_back(p.n);
+  }
+
+  LoaderOptions lo = o_.loader;
+  lo.batch_size = o_.batch_size;
+  lo.seed = o_.seed;
+  lo.drop_last = true;  // every micro-batch full: the same step shapes and loss weights
+  lo.pin_memory = ops_->on_gpu();
+  loader_ = std::make_unique<Loader>(train_, lo);
+  if (loader_->num_batches() == 0)
+    return Status::InvalidArgument(train_.name() + ": fewer samples than one batch of " +
+                                   std::to_string(o_.batch_size));
+  if (test_) {
+    LoaderOptions tl = lo;
+    tl.order = Order::kSequential;
+    tl.drop_last = false;
+    tl.rank = 0, tl.world_size = 1;
+    test_loader_ = std::make_unique<Loader>(*test_, tl);
+  }
+  feed_.dtype = o_.precision;
+  feed_.layout = Layout::kNHWC;
+  feed_.input_layout = geo_.layout;
+  feed_.echo = o_.echo;
+  feed_.crop_padding = o_.crop_padding;
+  feed_.flip = o_.flip;
+  feed_.seed = o_.seed;
+  feed_.labels_int32 = true;
+  feed_.force_cpu = !ops_->on_gpu();
+  feed_.device = o_.cuda_device;
+
+  steps_per_epoch_ = (loader_->num_batches() * std::max(1, o_.echo) + o_.accum - 1) / o_.accum;
+  total_steps_ = int64_t(steps_per_epoch_) * o_.epochs;
+  warmup_steps_ = static_cast<int64_t>(std::llround(o_.warmup_epochs * double(steps_per_epoch_)));
+
+  GPUFEED_RETURN_IF_ERROR(counters_.Alloc(ops_.get(), sizeof(Counters)));
+  GPUFEED_RETURN_IF_ERROR(scaler_.Alloc(ops_.get(), sizeof(ScalerState)));
+  scaler_host_.dynamic = o_.precision == DType::kFloat16;
+  scaler_host_.scale = scaler_host_.dynamic ? o_.init_scale : 1.0f;
+  scaler_host_.growth_interval = o_.growth_interval;
+  GPUFEED_RETURN_IF_ERROR(ops_->Upload(scaler_.p, &scaler_host_, sizeof scaler_host_));
+  // The gradient pointer table, where the backend can read it.
+  GPUFEED_RETURN_IF_ERROR(norm_ptrs_.Alloc(ops_.get(), grads_.size() * (sizeof(float*) + sizeof(size_t))));
+  GPUFEED_RETURN_IF_ERROR(ops_->Upload(norm_ptrs_.p, grads_.data(), grads_.size() * sizeof(float*)));
+  GPUFEED_RETURN_IF_ERROR(ops_->Upload(static_cast<char*>(norm_ptrs_.p) + grads_.size() * sizeof(float*),
+                                       grad_sizes_.data(), grads_.size() * sizeof(size_t)));
+
+  if (o_.resume) {
+    trainer::CheckpointMeta expect, meta;
+    expect.model = report_.model;
+    expect.config = ConfigString(o_);
+    GPUFEED_RETURN_IF_ERROR(trainer::LoadCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), expect, &meta));
+    step_ = meta.step;
+    report_.start_epoch = meta.next_epoch;
+    scaler_host_ = meta.scaler;
+    GPUFEED_RETURN_IF_ERROR(ops_->Upload(scaler_.p, &scaler_host_, sizeof scaler_host_));
+  }
+
+  if (ops_->on_gpu() && o_.telemetry) {
+    nvml_ = std::make_unique<trainer::NvmlSampler>(ops_->PciBusId(), 0.1);
+    if (!nvml_->ok()) report_.telemetry = nvml_->error();
+  } else if (!ops_->on_gpu()) {
+    report_.telemetry = "no GPU: utilization not sampled";
+  }
+  return Status::Ok();
+}
+
+// One micro-batch: forward, loss (gradient scaled by loss_scale / (n x
+// accum)), backward into the fp32 gradients (added to after the first
+// micro-batch of a step).
+Status Run::Step(const void* images, const void* labels, int n, int micro) {
+  GPUFEED_RETURN_IF_ERROR(model_->Forward(images, n, true));
+  auto* c = static_cast<Counters*>(counters_.p);
+  GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(n, classes_, o_.precision, model_->logits(),
+                                            static_cast<const int32_t*>(labels), &c->loss, &c->correct,
+                                            model_->dlogits(), static_cast<const ScalerState*>(scaler_.p),
+                                            float(n) * float(o_.accum)));
+  return model_->Backward(images, n, micro > 0);
+}
+
+Status Run::OptimizerStep() {
+  auto* sc = static_cast<ScalerState*>(scaler_.p);
+  auto* ptrs = static_cast<float* const*>(norm_ptrs_.p);
+  auto* sizes = reinterpret_cast<const size_t*>(static_cast<char*>(norm_ptrs_.p) + grads_.size() * sizeof(float*));
+  GPUFEED_RETURN_IF_ERROR(ops_->FinishGradients(ptrs, sizes, static_cast<int>(grads_.size()), o_.clip_norm, sc));
+  trainer::OptimizerStep os;
+  os.kind = o_.optimizer == Optimizer::kSgd ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
+  os.lr = LearningRate(o_.lr, step_, warmup_steps_, total_steps_);
+  os.momentum = o_.momentum, os.beta1 = o_.beta1, os.beta2 = o_.beta2, os.eps = o_.eps;
+  os.weight_decay = o_.weight_decay;
+  os.step = step_ + 1;
+  for (auto& p : model_->params()) {
+    GPUFEED_RETURN_IF_ERROR(ops_->ApplyOptimizer(os, p.decay, p.n, p.master, p.grad, p.s1, p.s2,
+                                                 p.copy != p.master ? p.copy : nullptr, o_.precision, sc));
+  }
+  ++step_;
+  return Status::Ok();
+}
+
+Status Run::ZeroCounters() {
+  Counters z;
+  return ops_->Upload(counters_.p, &z, sizeof z);
+}
+Status Run::ReadCounters(Counters* c) { return ops_->Download(c, counters_.p, sizeof *c); }
+
+Status Run::TrainEpoch(int epoch, EpochReport* r) {
+  const double t0 = Now();
+  GPUFEED_RETURN_IF_ERROR(ZeroCounters());
+  const ScalerState before = scaler_host_;
+  uint64_t samples = 0, micro_batches = 0;
+  double wait = 0;
+  const uint64_t micro_total = steps_per_epoch_ * o_.accum;
+  auto progress = [&](bool force) {
+    if (!o_.on_progress) return;
+    const uint64_t s = (micro_batches + o_.accum - 1) / o_.accum;
+    if (!force && s % std::max(1, o_.progress_every) != 0) return;
+    TrainProgress p;
+    p.epoch = epoch, p.epochs = o_.epochs;
+    p.step_in_epoch = s, p.steps_in_epoch = steps_per_epoch_;
+    const double dt = Now() - t0;
+    p.samples_per_s = dt > 0 ? samples / dt : 0;
+    if (nvml_ && nvml_->ok()) {
+      double mem;
+      nvml_->Mean(std::max(t0, Now() - 2.0), Now(), &p.gpu_util, &mem);
+    }
+    o_.on_progress(p);
+  };
+  auto after_micro = [&](int n) -> Status {
+    samples += n;
+    ++micro_batches;
+    if (++micro_ == o_.accum) {
+      GPUFEED_RETURN_IF_ERROR(OptimizerStep());
+      micro_ = 0;
+      progress(false);
+    }
+    return Status::Ok();
+  };
+
+  const bool cycle_resident = o_.device_resident_batches > 0 && !resident_images_.empty();
+  if (cycle_resident) {
+    for (uint64_t i = 0; i < micro_total; ++i) {
+      const size_t k = i % resident_images_.size();
+      GPUFEED_RETURN_IF_ERROR(Step(resident_images_[k]->p, resident_labels_[k]->p, resident_sizes_[k], micro_));
+      GPUFEED_RETURN_IF_ERROR(after_micro(resident_sizes_[k]));
+    }
+  } else {
+    GpuFeeder feeder(*loader_, feed_, static_cast<uint64_t>(epoch));
+    const size_t img_bytes = size_t(geo_.c) * geo_.h * geo_.w * DTypeSize(o_.precision);
+    for (;;) {
+      auto next = feeder.Next();
+      if (!next.ok()) return next.status().WithContext("epoch " + std::to_string(epoch));
+      if (!*next) break;
+      DeviceBatch& b = **next;
+      GPUFEED_RETURN_IF_ERROR(ops_->WaitEvent(b.ready_event()));
+      if (o_.device_resident_batches > 0 && int(resident_images_.size()) < o_.device_resident_batches) {
+        auto im = std::make_unique<Buffer>(), lb = std::make_unique<Buffer>();
+        GPUFEED_RETURN_IF_ERROR(im->Alloc(ops_.get(), img_bytes * b.size()));
+        GPUFEED_RETURN_IF_ERROR(lb->Alloc(ops_.get(), 4 * size_t(b.size())));
+        GPUFEED_RETURN_IF_ERROR(ops_->Copy(im->p, b.images(), img_bytes * b.size()));
+        GPUFEED_RETURN_IF_ERROR(ops_->Copy(lb->p, b.labels(), 4 * size_t(b.size())));
+        resident_images_.push_back(std::move(im));
+        resident_labels_.push_back(std::move(lb));
+        resident_sizes_.push_back(b.size());
+      }
+      GPUFEED_RETURN_IF_ERROR(Step(b.images(), b.labels(), b.size(), micro_));
+      b.Release(ops_->stream());
+      GPUFEED_RETURN_IF_ERROR(after_micro(b.size()));
+    }
+    wait = feeder.stats().data_wait_seconds;
+  }
+  if (micro_ > 0) {  // a trailing partial accumulation: step with what there is
+    GPUFEED_RETURN_IF_ERROR(OptimizerStep());
+    micro_ = 0;
+  }
+  Counters c;
+  GPUFEED_RETURN_IF_ERROR(ReadCounters(&c));  // waits for the epoch's work
+  GPUFEED_RETURN_IF_ERROR(ops_->Download(&scaler_host_, scaler_.p, sizeof scaler_host_));
+  const double t1 = Now();
+  progress(true);
+  r->epoch = epoch;
+  r->samples = samples;
+  r->steps = (micro_batches + o_.accum - 1) / o_.accum;
+  r->train_loss = samples ? c.loss / samples : 0;
+  r->train_accuracy = samples ? double(c.correct) / samples : 0;
+  r->skipped_steps = uint64_t(scaler_host_.skipped - before.skipped);
+  r->loss_scale = scaler_host_.scale;
+  r->seconds = t1 - t0;
+  r->samples_per_s = samples / r->seconds;
+  r->step_ms = r->steps ? 1000.0 * r->seconds / r->steps : 0;
+  r->data_wait_seconds = wait;
+  if (nvml_ && nvml_->ok()) nvml_->Mean(t0, t1, &r->gpu_util, &r->gpu_mem_used_mb);
+  return Status::Ok();
+}
+
+Status Run::Evaluate(EpochReport* r) {
+  r->test_loss = r->test_accuracy = -1;
+  if (!test_loader_) return Status::Ok();
+  const double t0 = Now();
+  GPUFEED_RETURN_IF_ERROR(ZeroCounters());
+  FeedOptions fo = feed_;
+  fo.echo = 1, fo.crop_padding = 0, fo.flip = false;
+  GpuFeeder feeder(*test_loader_, fo, 0);
+  uint64_t samples = 0;
+  auto* c = static_cast<Counters*>(counters_.p);
+  for (;;) {
+    auto next = feeder.Next();
+    if (!next.ok()) return next.status().WithContext("evaluation");
+    if (!*next) break;
+    DeviceBatch& b = **next;
+    GPUFEED_RETURN_IF_ERROR(ops_->WaitEvent(b.ready_event()));
+    GPUFEED_RETURN_IF_ERROR(model_->Forward(b.images(), b.size(), false));
+    GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(b.size(), classes_, o_.precision, model_->logits(),
+                                              static_cast<const int32_t*>(b.labels()), &c->loss, &c->correct,
+                                              nullptr, nullptr, 1.0f));
+    b.Release(ops_->stream());
+    samples += b.size();
+  }
+  Counters h;
+  GPUFEED_RETURN_IF_ERROR(ReadCounters(&h));
+  r->test_loss = samples ? h.loss / samples : 0;
+  r->test_accuracy = samples ? double(h.correct) / samples : 0;
+  r->eval_seconds = Now() - t0;
+  return Status::Ok();
+}
+
+void Run::Verdict() {
+  const auto& e = report_.epochs;
+  if (e.empty()) return;
+  // Steady state: every epoch after the first when there are several (the
+  // first pays for cuDNN's plans, the page cache and the pools), else the one.
+  size_t first = e.size() > 1 ? 1 : 0;
+  double secs = 0, samples = 0, wait = 0, util = 0;
+  int util_n = 0;
+  for (size_t i = first; i < e.size(); ++i) {
+    secs += e[i].seconds, samples += e[i].samples, wait += e[i].data_wait_seconds;
+    if (e[i].gpu_util >= 0) util += e[i].gpu_util, ++util_n;
+  }
+  report_.steady_samples_per_s = secs > 0 ? samples / secs : 0;
+  report_.data_wait_fraction = secs > 0 ? wait / secs : 0;
+  report_.steady_gpu_util = util_n ? util / util_n : -1;
+  char buf[512];
+  const double w = report_.data_wait_fraction;
+  if (report_.steady_gpu_util >= 0) {
+    const double u = report_.steady_gpu_util;
+    if (u >= 95 && w < 0.05) {
+      std::snprintf(buf, sizeof buf,
+                    "compute-bound: the GPU was busy %.1f%% of the time and the trainer waited for data %.1f%% of it; "
+                    "a faster model or GPU would go faster, a faster input would not",
+                    u, 100 * w);
+    } else {
+      std::snprintf(buf, sizeof buf,
+                    "input-bound: the GPU was busy only %.1f%% of the time; the trainer waited for data %.1f%% of "
+                    "it, so the input must deliver about %.2fx faster to keep the GPU busy",
+                    u, 100 * w, w < 0.999 ? 1.0 / (1.0 - w) : 1000.0);
+    }
+  } else if (w < 0.05) {
+    std::snprintf(buf, sizeof buf,
+                  "compute-bound: the trainer waited for data %.1f%% of the time (no GPU utilization: %s)", 100 * w,
+                  report_.telemetry.c_str());
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "input-bound: the trainer waited for data %.1f%% of the time; the input must deliver about "
+                  "%.2fx faster (no GPU utilization: %s)",
+                  100 * w, w < 0.999 ? 1.0 / (1.0 - w) : 1000.0, report_.telemetry.c_str());
+  }
+  report_.verdict = buf;
+}
+
+Result<TrainReport> Run::Go() {
+  run_start_ = Now();
+  GPUFEED_RETURN_IF_ERROR(Setup());
+  MemoryBreakdown& m = report_.memory;
+  m.weights = model_->weight_bytes();
+  m.gradients = model_->grad_bytes();
+  m.optimizer = model_->optimizer_bytes();
+  // Activations: the model's buffers plus the feed's device slots (3 output
+  // slots of a batch in the compute dtype, 2 input slots of uint8).
+  const uint64_t sample = uint64_t(geo_.c) * geo_.h * geo_.w;
+  m.activations = model_->activation_bytes() + (ops_->on_gpu() ? o_.batch_size * sample * (3 * DTypeSize(o_.precision) + 2) : 0);
+  int ran = 0;
+  for (int epoch = report_.start_epoch; epoch < o_.epochs; ++epoch) {
+    if (o_.stop_after_epochs > 0 && ran == o_.stop_after_epochs) break;
+    EpochReport r;
+    GPUFEED_RETURN_IF_ERROR(TrainEpoch(epoch, &r));
+    if (ran == 0) {  // after the first epoch every workspace exists
+      m.workspace = ops_->WorkspaceBytes();
+      m.device_used = ops_->DeviceBytesUsed();
+      if (o_.on_start) o_.on_start(report_.backend, report_.model, m);
+    }
+    GPUFEED_RETURN_IF_ERROR(Evaluate(&r));
+    report_.epochs.push_back(r);
+    ++ran;
+    if (!o_.checkpoint_path.empty()) {
+      trainer::CheckpointMeta meta{report_.model, ConfigString(o_), epoch + 1, step_, scaler_host_,
+                                   LoaderState{o_.seed, uint64_t(epoch + 1), 0}};
+      GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), meta));
+    }
+    if (o_.on_progress) {
+      TrainProgress p;
+      p.epoch = epoch, p.epochs = o_.epochs;
+      p.step_in_epoch = p.steps_in_epoch = steps_per_epoch_;
+      p.samples_per_s = r.samples_per_s;
+      p.gpu_util = r.gpu_util;
+      o_.on_progress(p);
+    }
+  }
+  // Final weights' hash: resumed and uninterrupted runs must agree on it.
+  XXH64_state_t* h = XXH64_createState();
+  XXH64_reset(h, 0);
+  std::vector<float> host;
+  for (auto& p : model_->params()) {
+    host.resize(p.n);
+    GPUFEED_RETURN_IF_ERROR(ops_->Download(host.data(), p.master, p.n * 4));
+    XXH64_update(h, host.data(), p.n * 4);
+  }
+  report_.weights_hash = XXH64_digest(h);
+  XXH64_freeState(h);
+  report_.wall_seconds = Now() - run_start_;
+  Verdict();
+  return report_;
+}
+
+}  // namespace
+
+Result<TrainReport> Train(const ChunkSource& train, const ChunkSource* test, const TrainOptions& options) {
+  Run run(train, test, options);
+  return run.Go();
+}
+
+}  // namespace gpufeed
