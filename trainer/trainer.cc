@@ -277,7 +277,7 @@ Status Run::Setup() {
     nvml_ = std::make_unique<trainer::NvmlSampler>(ops_->PciBusId(), 0.1);
     if (!nvml_->ok()) report_.telemetry = nvml_->error();
   } else if (!ops_->on_gpu()) {
-    report_.telemetry = "no GPU: utilization not sampled";
+    report_.telemetry = "no GPU";
   }
   return Status::Ok();
 }
