@@ -148,7 +148,14 @@ class Run {
   int classes_ = 0;
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Loader> loader_, test_loader_;
+  // Two loaders over the training split, even and odd epochs, so the next
+  // epoch's stream (and its GpuFeeder) starts while this one finishes: no
+  // pipeline refill at epoch boundaries. They split the cache budget.
+  std::unique_ptr<Loader> loaders_[2];
+  std::unique_ptr<Loader> test_loader_;
+  std::unique_ptr<GpuFeeder> next_feeder_;
+  int next_feeder_epoch_ = -1;
+  int last_epoch_ = 0;  // the last epoch this call trains
   std::unique_ptr<trainer::NvmlSampler> nvml_;
   Buffer counters_, scaler_, norm_ptrs_;
   ScalerState scaler_host_;
@@ -224,8 +231,10 @@ Status Run::Setup() {
   lo.seed = o_.seed;
   lo.drop_last = true;  // every micro-batch full: the same step shapes and loss weights
   lo.pin_memory = ops_->on_gpu();
-  loader_ = std::make_unique<Loader>(train_, lo);
-  if (loader_->num_batches() == 0)
+  lo.cache_bytes = std::max<uint64_t>(1, lo.cache_bytes / 2);
+  loaders_[0] = std::make_unique<Loader>(train_, lo);
+  loaders_[1] = std::make_unique<Loader>(train_, lo);
+  if (loaders_[0]->num_batches() == 0)
     return Status::InvalidArgument(train_.name() + ": fewer samples than one batch of " +
                                    std::to_string(o_.batch_size));
   if (test_) {
@@ -246,7 +255,7 @@ Status Run::Setup() {
   feed_.force_cpu = !ops_->on_gpu();
   feed_.device = o_.cuda_device;
 
-  steps_per_epoch_ = (loader_->num_batches() * std::max(1, o_.echo) + o_.accum - 1) / o_.accum;
+  steps_per_epoch_ = (loaders_[0]->num_batches() * std::max(1, o_.echo) + o_.accum - 1) / o_.accum;
   total_steps_ = int64_t(steps_per_epoch_) * o_.epochs;
   warmup_steps_ = static_cast<int64_t>(std::llround(o_.warmup_epochs * double(steps_per_epoch_)));
 
@@ -361,7 +370,15 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
       GPUFEED_RETURN_IF_ERROR(after_micro(resident_sizes_[k]));
     }
   } else {
-    GpuFeeder feeder(*loader_, feed_, static_cast<uint64_t>(epoch));
+    std::unique_ptr<GpuFeeder> owned = next_feeder_epoch_ == epoch
+                                           ? std::move(next_feeder_)
+                                           : std::make_unique<GpuFeeder>(*loaders_[epoch % 2], feed_, uint64_t(epoch));
+    next_feeder_.reset();
+    next_feeder_epoch_ = -1;
+    GpuFeeder& feeder = *owned;
+    // Start the next epoch's stream halfway through this one (not when this
+    // epoch fills the device-resident cache: the next one cycles it).
+    const bool prefetch_next = epoch < last_epoch_ && o_.device_resident_batches == 0;
     const size_t img_bytes = size_t(geo_.c) * geo_.h * geo_.w * DTypeSize(o_.precision);
     for (;;) {
       auto next = feeder.Next();
@@ -382,6 +399,10 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
       GPUFEED_RETURN_IF_ERROR(Step(b.images(), b.labels(), b.size(), micro_));
       b.Release(ops_->stream());
       GPUFEED_RETURN_IF_ERROR(after_micro(b.size()));
+      if (prefetch_next && !next_feeder_ && 2 * micro_batches >= micro_total) {
+        next_feeder_ = std::make_unique<GpuFeeder>(*loaders_[(epoch + 1) % 2], feed_, uint64_t(epoch + 1));
+        next_feeder_epoch_ = epoch + 1;
+      }
     }
     wait = feeder.stats().data_wait_seconds;
   }
@@ -490,10 +511,14 @@ Result<TrainReport> Run::Go() {
   m.weights = model_->weight_bytes();
   m.gradients = model_->grad_bytes();
   m.optimizer = model_->optimizer_bytes();
-  // Activations: the model's buffers plus the feed's device slots (3 output
-  // slots of a batch in the compute dtype, 2 input slots of uint8).
+  // Activations: the model's buffers plus the device slots of the two feeds
+  // alive at an epoch boundary (each: 3 output slots of a batch in the
+  // compute dtype, 2 input slots of uint8).
   const uint64_t sample = uint64_t(geo_.c) * geo_.h * geo_.w;
-  m.activations = model_->activation_bytes() + (ops_->on_gpu() ? o_.batch_size * sample * (3 * DTypeSize(o_.precision) + 2) : 0);
+  m.activations = model_->activation_bytes() +
+                  (ops_->on_gpu() ? 2 * o_.batch_size * sample * (3 * DTypeSize(o_.precision) + 2) : 0);
+  last_epoch_ = o_.epochs - 1;
+  if (o_.stop_after_epochs > 0) last_epoch_ = std::min(last_epoch_, report_.start_epoch + o_.stop_after_epochs - 1);
   int ran = 0;
   for (int epoch = report_.start_epoch; epoch < o_.epochs; ++epoch) {
     if (o_.stop_after_epochs > 0 && ran == o_.stop_after_epochs) break;
