@@ -11,3 +11,5 @@ find_package(PNG REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
+# Boost.Asio, header-only (Debian's libboost-dev): the daemon's networking.
+find_package(Boost 1.74 REQUIRED)
