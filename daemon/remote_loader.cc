@@ -169,28 +169,34 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
   if (max_payload64 > UINT32_MAX) return Status::Unsupported(peer + ": batches over 4 GiB");
   const uint32_t max_payload = static_cast<uint32_t>(std::max<uint64_t>(max_payload64, daemon::kMaxControlPayload));
   uint64_t expect = start_batch;
+  // A failed CREDIT send (the daemon closed its side) is reported only if no
+  // frame explains it: a SHUTDOWN or ERROR may still wait in the socket.
+  Status send_error;
   for (;;) {
     // One credit per slot this thread holds: the daemon never sends a batch
     // that has no slot to land in.
-    uint32_t grant = 0;
-    while (Batch::Slot* s = loader->pool.TryAcquire()) {
-      held.push_back(s);
-      ++grant;
-    }
-    if (held.empty()) {
-      Batch::Slot* s = loader->pool.Acquire();  // woken by a consumer release or Stop()
-      if (s == nullptr) return Status::IOError(peer + ": cancelled");
-      held.push_back(s);
-      grant = 1;
-    }
-    if (grant > 0) {
-      GPUFEED_RETURN_IF_ERROR(conn.SendFrame(FrameType::kCredit, daemon::EncodeCredit(grant), o.io_timeout_ms));
+    if (send_error.ok()) {
+      uint32_t grant = 0;
+      while (Batch::Slot* s = loader->pool.TryAcquire()) {
+        held.push_back(s);
+        ++grant;
+      }
+      if (held.empty()) {
+        Batch::Slot* s = loader->pool.Acquire();  // woken by a consumer release or Stop()
+        if (s == nullptr) return Status::IOError(peer + ": cancelled");
+        held.push_back(s);
+        grant = 1;
+      }
+      if (grant > 0) {
+        send_error = conn.SendFrame(FrameType::kCredit, daemon::EncodeCredit(grant), o.io_timeout_ms);
+      }
     }
     daemon::HeaderBytes hb;
-    GPUFEED_RETURN_IF_ERROR(conn.RecvAll(hb, o.io_timeout_ms));
+    if (Status st = conn.RecvAll(hb, o.io_timeout_ms); !st.ok()) return send_error.ok() ? st : send_error;
     auto h = daemon::ParseHeader(hb, max_payload, max_payload, peer);
     if (!h.ok()) return h.status();
     if (h->type == FrameType::kBatch) {
+      if (held.empty()) return Status::Corrupt(peer + ": a BATCH frame beyond the credit granted");
       Batch::Slot* slot = held.front();
       uint64_t count = 0;
       GPUFEED_RETURN_IF_ERROR(ReadBatch(conn, hb, *h, expect, slot, &count));
