@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   gpufeed::cli::AddInspectCommand(app, &exit_code);
   gpufeed::cli::AddBenchCommand(app, &exit_code);
   gpufeed::cli::AddDevicesCommand(app, &exit_code);
+  gpufeed::cli::AddServeCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }
