@@ -80,11 +80,61 @@ Result<std::pair<std::string, const Dataset*>> ServerCore::FindDataset(const std
 }
 
 bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {
+  std::vector<Parked> evicted;  // destroyed outside the lock
+  bool ok = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (reserved_ + bytes > options.memory_bytes && !parked_.empty()) {
+      reserved_ -= parked_.front().reserved_bytes;
+      evicted.push_back(std::move(parked_.front()));
+      parked_.erase(parked_.begin());
+    }
+    if (reserved_ + bytes <= options.memory_bytes) {
+      reserved_ += bytes;
+      *after = reserved_;
+      ok = true;
+    }
+  }
+  return ok;
+}
+
+void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes) {
+  std::vector<Parked> evicted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.push_back({key, std::move(loader), reserved_bytes});
+    while (parked_.size() > kMaxParked) {
+      reserved_ -= parked_.front().reserved_bytes;
+      evicted.push_back(std::move(parked_.front()));
+      parked_.erase(parked_.begin());
+    }
+  }
+}
+
+std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reserved_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (reserved_ + bytes > options.memory_bytes) return false;
-  reserved_ += bytes;
-  *after = reserved_;
-  return true;
+  for (auto it = parked_.rbegin(); it != parked_.rend(); ++it) {
+    if (it->key == key) {
+      std::unique_ptr<Loader> l = std::move(it->loader);
+      *reserved_bytes = it->reserved_bytes;
+      parked_.erase(std::next(it).base());
+      return l;
+    }
+  }
+  return nullptr;
+}
+
+size_t ServerCore::parked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return parked_.size();
+}
+
+void ServerCore::DropParked() {
+  std::vector<Parked> dropped;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Parked& p : parked_) reserved_ -= p.reserved_bytes;
+  dropped = std::move(parked_);
+  parked_.clear();
 }
 void ServerCore::Unreserve(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -343,6 +393,8 @@ std::string Server::Impl::Metrics() const {
   metric("gpufeed_protocol_errors_total", "counter", "Malformed frames, wrong tokens, handshake timeouts.",
          u(core.protocol_errors));
   metric("gpufeed_streams_active", "gauge", "Streams with a running Loader.", u(core.streams_active));
+  metric("gpufeed_loaders_parked", "gauge", "Warm Loaders kept for a client's next epoch or reconnect.",
+         u(core.parked()));
   metric("gpufeed_memory_reserved_bytes", "gauge", "Sum of admitted streams' memory bounds.", u(core.reserved()));
   metric("gpufeed_memory_budget_bytes", "gauge", "--memory-bytes.", u(core.options.memory_bytes));
   metric("gpufeed_queued_frames", "gauge", "Batch frames waiting for client sockets.", u(core.queued));
@@ -406,6 +458,7 @@ void Server::Impl::DoStop() {
   for (auto& s : core.Sessions()) {
     asio::post(s->executor(), [s] { s->BeginShutdown(); });
   }
+  core.DropParked();
 }
 
 // ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpufeed/dataset.h"
+#include "gpufeed/loader.h"
 #include "gpufeed/server.h"
 
 namespace gpufeed::daemon {
@@ -31,10 +32,20 @@ class ServerCore {
   void Log(const char* level, const std::string& event, const std::string& fields);
   // The dataset a client named (empty: the first), or an error listing them.
   Result<std::pair<std::string, const Dataset*>> FindDataset(const std::string& name) const;
-  // Admits `bytes` more within memory_bytes; false when they do not fit.
+  // Admits `bytes` more within memory_bytes, evicting parked Loaders (oldest
+  // first) to make room; false when they still do not fit.
   bool Reserve(uint64_t bytes, uint64_t* reserved_after);
   void Unreserve(uint64_t bytes);
   uint64_t reserved() const;
+
+  // Loaders of ended streams, kept warm (cache, pool) for the next
+  // connection with the same stream identity `key` (a client's next epoch,
+  // or its reconnect). A parked Loader keeps its reservation; Take() hands
+  // both over. Thread-safe.
+  void Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes);
+  std::unique_ptr<Loader> Take(const std::string& key, uint64_t* reserved_bytes);
+  size_t parked() const;
+  void DropParked();  // at shutdown
 
   void Register(const std::shared_ptr<Session>& s);
   void Unregister(uint64_t id);
@@ -54,6 +65,13 @@ class ServerCore {
   mutable std::mutex mu_;
   std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // GUARDED_BY(mu_)
   uint64_t reserved_ = 0;                                // GUARDED_BY(mu_)
+  struct Parked {
+    std::string key;
+    std::unique_ptr<Loader> loader;
+    uint64_t reserved_bytes = 0;
+  };
+  std::vector<Parked> parked_;  // GUARDED_BY(mu_); oldest first
+  static constexpr size_t kMaxParked = 64;
   std::mutex log_mu_;
 };
 

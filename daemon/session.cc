@@ -28,8 +28,14 @@ Session::~Session() {
   if (producer_.joinable()) producer_.join();
   out_.clear();  // batches back to the Loader's pool before the Loader goes
   if (reserved_bytes_ > 0) {
-    server_.Unreserve(reserved_bytes_);
     server_.streams_active -= 1;
+    if (loader_ && loader_ok_ && !server_.stopping) {
+      // Warm for this client's next epoch or reconnect; its reservation goes along.
+      server_.Park(stream_key_, std::move(loader_), reserved_bytes_);
+    } else {
+      loader_.reset();
+      server_.Unreserve(reserved_bytes_);
+    }
   }
   server_.Unregister(id_);
   server_.open -= 1;
@@ -218,19 +224,33 @@ void Session::StartProducer() {
   const uint64_t threads = static_cast<uint64_t>(server_.loader_threads);
   const uint64_t bound = hello_.loader.cache_bytes + (hello_.loader.prefetch + 1) * bb +
                          (2 * threads + 4) * dataset_->chunk_bytes_max() + (hello_.compress ? kMaxQueued * bb : 0);
-  uint64_t after = 0;
-  if (!server_.Reserve(bound, &after)) {
-    Fail(Status::Unsupported("the daemon's memory budget (" + std::to_string(server_.options.memory_bytes) +
-                             " bytes, " + std::to_string(server_.reserved()) + " reserved by " +
-                             std::to_string(server_.streams_active.load()) + " streams) has no room for a stream of " +
-                             std::to_string(bound) + " bytes; retry later or raise --memory-bytes"),
-         false);
-    return;
+  const LoaderOptions& lo = hello_.loader;
+  stream_key_ = dataset_->name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
+                std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
+                "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
+                (hello_.compress ? "z" : "-");
+  uint64_t parked_bytes = 0;
+  if (auto warm = server_.Take(stream_key_, &parked_bytes)) {
+    loader_ = std::move(warm);
+    reserved_bytes_ = parked_bytes;
+    server_.streams_active += 1;
+    Log("info", "stream_start", Kv("reserved_bytes", parked_bytes) + " loader=warm");
+  } else {
+    uint64_t after = 0;
+    if (!server_.Reserve(bound, &after)) {
+      Fail(Status::Unsupported("the daemon's memory budget (" + std::to_string(server_.options.memory_bytes) +
+                               " bytes, " + std::to_string(server_.reserved()) + " reserved by " +
+                               std::to_string(server_.streams_active.load()) +
+                               " streams) has no room for a stream of " + std::to_string(bound) +
+                               " bytes; retry later or raise --memory-bytes"),
+           false);
+      return;
+    }
+    reserved_bytes_ = bound;
+    server_.streams_active += 1;
+    Log("info", "stream_start", Kv("reserved_bytes", bound) + " " + Kv("daemon_reserved_bytes", after) + " loader=new");
+    loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
   }
-  reserved_bytes_ = bound;
-  server_.streams_active += 1;
-  Log("info", "stream_start", Kv("reserved_bytes", bound) + " " + Kv("daemon_reserved_bytes", after));
-  loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
   producer_running_ = true;
   keep_alive_ = shared_from_this();
   work_.emplace(server_.io.get_executor());
@@ -241,6 +261,7 @@ void Session::Produce() {
   // Exceptions must not leave this thread (STYLE.md): the Loader reports
   // failures as Status; anything else becomes an error frame.
   std::shared_ptr<OutFrame> final_frame;
+  bool loader_ok = true;
   try {
     EpochStream stream = loader_->Epoch(hello_.epoch, hello_.start_batch);
     for (;;) {
@@ -253,6 +274,7 @@ void Session::Produce() {
       }
       auto r = stream.Next();
       if (!r.ok()) {
+        loader_ok = false;
         final_frame = std::make_shared<OutFrame>();
         final_frame->body = EncodeError({r.status().code(), r.status().message()});
         final_frame->header = MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(final_frame->body.size()),
@@ -299,15 +321,18 @@ void Session::Produce() {
       asio::post(socket_.get_executor(), [self = shared_from_this(), f] { self->Enqueue(f); });
     }
   } catch (const std::exception& e) {
+    loader_ok = false;
     final_frame = std::make_shared<OutFrame>();
     final_frame->body = EncodeError({StatusCode::kInternal, std::string("daemon stream: ") + e.what()});
     final_frame->header =
         MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(final_frame->body.size()), {final_frame->body});
     final_frame->close_after = true;
   } catch (...) {
+    loader_ok = false;
     final_frame.reset();
   }
-  asio::post(socket_.get_executor(), [self = shared_from_this(), final_frame] {
+  asio::post(socket_.get_executor(), [self = shared_from_this(), final_frame, loader_ok] {
+    self->loader_ok_ = loader_ok;
     if (final_frame) self->Enqueue(final_frame);
     self->OnProducerDone();
   });

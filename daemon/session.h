@@ -106,6 +106,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   uint64_t write_seq_ = 0;
   bool draining_ = false, shutdown_sent_ = false, producer_running_ = false;
+  bool loader_ok_ = false;  // the stream ended without a Loader error: the Loader may be parked
   uint64_t reserved_bytes_ = 0;
   std::shared_ptr<Session> keep_alive_;  // while the producer runs
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
@@ -114,6 +115,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Hello hello_;
   const Dataset* dataset_ = nullptr;
   uint64_t num_batches_ = 0;
+  std::string stream_key_;  // dataset and stream parameters: which parked Loader fits
   std::unique_ptr<Loader> loader_;  // declared before out_: queued batches go back to its pool first
   std::thread producer_;
 
