@@ -497,7 +497,10 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     core.datasets.emplace_back(spec, std::make_unique<Dataset>(std::move(*ds)));
   }
   GPUFEED_RETURN_IF_ERROR(impl->Bind());
-  GPUFEED_RETURN_IF_ERROR(impl->BindMetrics());
+  if (Status st = impl->BindMetrics(); !st.ok()) {
+    if (addr->kind == daemon::Address::Kind::kUnix) ::unlink(addr->path.c_str());
+    return st;
+  }
   Impl* raw = impl.get();
   if (o.handle_signals) {
     raw->signals.add(SIGINT);
