@@ -7,6 +7,7 @@
 #include "bench/loader_bench.h"
 #include "bench/order_stats.h"
 #include "bench/read_bench.h"
+#include "bench/serve_bench.h"
 #include "bench/synthetic_source.h"
 #include "cli/progress.h"
 #include "cli/commands.h"
@@ -304,6 +305,85 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
                   s.fresh_samples / r->seconds, 100 * r->fresh_share(), r->loader_samples_per_s,
                   s.echoed_samples / r->seconds, s.data_wait_seconds, r->seconds,
                   static_cast<unsigned long long>(r->verified_samples), s.on_gpu ? "GPU" : "CPU");
+    }
+    *exit_code = 0;
+  });
+
+  struct ServeArgs {
+    bench::ServeBenchOptions o;
+    std::string order = "block";
+    bool json = false;
+  };
+  auto sa = std::make_shared<ServeArgs>();
+  sa->o.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
+  sa->o.loader.pin_memory = false;
+  CLI::App* scmd = bench_cmd->add_subcommand(
+      "serve", "Local Loader vs the daemon over a Unix socket (1 client, then N ranks), verified; then memory "
+               "with idle and stalled clients");
+  scmd->add_option("--data", sa->o.data, "a `bench gen` file")->required();
+  scmd->add_option("--order", sa->order, "sequential, random or block")
+      ->check(CLI::IsMember({"sequential", "random", "block"}));
+  scmd->add_option("--threads", sa->o.loader.threads, "loader threads (local, and each daemon stream)");
+  scmd->add_option("--batch-size", sa->o.loader.batch_size, "samples per batch");
+  scmd->add_option("--prefetch", sa->o.loader.prefetch, "batches in flight");
+  scmd->add_option("--cache-bytes", sa->o.loader.cache_bytes, "decoded-chunk cache per loader");
+  scmd->add_option("--epochs", sa->o.epochs, "epochs per run; the last is timed (default 2)");
+  scmd->add_option("--clients", sa->o.clients, "concurrent clients (ranks of one world) (default 4)");
+  scmd->add_flag("--compress", sa->o.compress, "zstd payloads");
+  scmd->add_option("--idle-clients", sa->o.idle_clients, "memory check: clients that say HELLO only");
+  scmd->add_option("--stalled-clients", sa->o.stalled_clients, "memory check: clients that grant credit, never read");
+  scmd->add_option("--memory-bytes", sa->o.memory_bytes, "memory check: the daemon's budget");
+  scmd->add_option("--socket-dir", sa->o.socket_dir, "where the Unix socket goes");
+  scmd->add_flag("--json", sa->json, "print as JSON");
+  scmd->callback([sa, exit_code] {
+    sa->o.loader.order = *OrderFromName(sa->order);
+    auto r = bench::RunServeBench(sa->o);
+    if (!r.ok()) {
+      std::fprintf(stderr, "gpufeed bench serve: FAILED: %s\n", r.status().ToString().c_str());
+      *exit_code = 1;
+      return;
+    }
+    const auto& o = sa->o;
+    const double growth = static_cast<double>(r->rss_later) - static_cast<double>(r->rss_before);
+    if (sa->json) {
+      std::printf("%s\n", nlohmann::json({{"data", o.data}, {"order", sa->order}, {"threads", o.loader.threads},
+                                           {"batch_size", o.loader.batch_size}, {"samples", r->samples},
+                                           {"compress", o.compress}, {"local_samples_per_s", r->local_sps},
+                                           {"remote1_samples_per_s", r->remote1_sps},
+                                           {"remote_n_samples_per_s", r->remote4_sps}, {"clients", o.clients},
+                                           {"remote1_ratio", r->remote1_ratio()},
+                                           {"remote_n_ratio", r->remote4_ratio()}, {"verified", true},
+                                           {"spot_checked", r->spot_checked},
+                                           {"memory", {{"idle_clients", o.idle_clients},
+                                                       {"stalled_clients", o.stalled_clients},
+                                                       {"stalled_streams_admitted", r->stalled_streams},
+                                                       {"rss_before", r->rss_before},
+                                                       {"rss_attached", r->rss_attached},
+                                                       {"rss_later", r->rss_later},
+                                                       {"reserved_bytes", r->reserved_bytes},
+                                                       {"budget_bytes", r->budget_bytes},
+                                                       {"within_budget", growth <= double(r->budget_bytes)}}}})
+                                 .dump(2)
+                                 .c_str());
+    } else {
+      std::printf("serve %s: order %s, batch %llu, %d loader threads, %llu samples an epoch; every run verified "
+                  "(each sample once, labels, %llu samples' bytes)\n",
+                  o.data.c_str(), sa->order.c_str(), static_cast<unsigned long long>(o.loader.batch_size),
+                  o.loader.threads, static_cast<unsigned long long>(r->samples),
+                  static_cast<unsigned long long>(r->spot_checked));
+      std::printf("  local Loader:                   %9.0f samples/s\n", r->local_sps);
+      std::printf("  daemon, 1 client (unix%s):      %9.0f samples/s = %5.1f%% of local\n",
+                  o.compress ? "+zstd" : "", r->remote1_sps, 100 * r->remote1_ratio());
+      std::printf("  daemon, %d clients (ranks of %d): %9.0f samples/s = %5.1f%% of local (together)\n", o.clients,
+                  o.clients, r->remote4_sps, 100 * r->remote4_ratio());
+      std::printf("  memory: %d idle + %d stalled clients (%llu streams admitted, %llu batches sent before they "
+                  "stalled): RSS %.0f -> %.0f -> %.0f MiB (+%.0f MiB; 2 s later %.0f); reserved %.0f MiB of a "
+                  "%.0f MiB budget: %s\n",
+                  o.idle_clients, o.stalled_clients, static_cast<unsigned long long>(r->stalled_streams),
+                  static_cast<unsigned long long>(r->stalled_batches_sent), r->rss_before / 1048576.0,
+                  r->rss_attached / 1048576.0, r->rss_later / 1048576.0, growth / 1048576.0,
+                  r->rss_later / 1048576.0, r->reserved_bytes / 1048576.0, r->budget_bytes / 1048576.0,
+                  growth <= double(r->budget_bytes) ? "within budget" : "OVER BUDGET");
     }
     *exit_code = 0;
   });

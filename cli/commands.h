@@ -13,6 +13,7 @@ void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddBenchCommand(CLI::App& app, int* exit_code);
 void AddDevicesCommand(CLI::App& app, int* exit_code);
 void AddTrainCommand(CLI::App& app, int* exit_code);
+void AddServeCommand(CLI::App& app, int* exit_code);
 
 }  // namespace gpufeed::cli
 

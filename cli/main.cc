@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   gpufeed::cli::AddBenchCommand(app, &exit_code);
   gpufeed::cli::AddDevicesCommand(app, &exit_code);
   gpufeed::cli::AddTrainCommand(app, &exit_code);
+  gpufeed::cli::AddServeCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -12,3 +12,5 @@ find_package(ZLIB REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)   # CPU reference GEMMs of the trainer
+# Boost.Asio, header-only (Debian's libboost-dev): the daemon's networking.
+find_package(Boost 1.74 REQUIRED)

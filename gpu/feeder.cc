@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include "gpu/device_ops.h"
-#include "gpufeed/dataset.h"
 #include "gpufeed/gpu_feed.h"
 
 namespace gpufeed {
@@ -28,7 +27,7 @@ constexpr int kMaxAutoEcho = 4;
 }  // namespace
 
 struct GpuFeeder::Impl {
-  Loader& loader;
+  BatchSource& loader;
   FeedOptions o;
   uint64_t epoch;
   EpochStream stream;
@@ -78,7 +77,7 @@ struct GpuFeeder::Impl {
   double last_return = 0, step_seconds = 0, probe_wait = 0;
   uint64_t steps = 0;
 
-  Impl(Loader& l, const FeedOptions& opt, uint64_t e) : loader(l), o(opt), epoch(e), stream(l.Epoch(e)) {}
+  Impl(BatchSource& l, const FeedOptions& opt, uint64_t e) : loader(l), o(opt), epoch(e), stream(l.Epoch(e)) {}
 
   Status Init();
   Status Fill(int k);
@@ -87,14 +86,14 @@ struct GpuFeeder::Impl {
 };
 
 Status GpuFeeder::Impl::Init() {
-  const ChunkSource& src = loader.source();
-  if (src.dtype() != DType::kUInt8) {
-    return Status::Unsupported(src.name() + ": the GPU feed takes uint8 samples, dataset is " +
-                               std::string(DTypeName(src.dtype())));
+  const BatchSourceInfo& src = loader.info();
+  if (src.dtype != DType::kUInt8) {
+    return Status::Unsupported(src.name + ": the GPU feed takes uint8 samples, dataset is " +
+                               std::string(DTypeName(src.dtype)));
   }
-  const auto& shape = src.sample_shape();
+  const auto& shape = src.sample_shape;
   if (shape.size() != 3) {
-    return Status::InvalidArgument(src.name() + ": the GPU feed needs [C, H, W] or [H, W, C] samples, got rank " +
+    return Status::InvalidArgument(src.name + ": the GPU feed needs [C, H, W] or [H, W, C] samples, got rank " +
                                    std::to_string(shape.size()));
   }
   const bool nchw = o.input_layout == Layout::kNCHW;
@@ -102,14 +101,13 @@ Status GpuFeeder::Impl::Init() {
   H = static_cast<int>(nchw ? shape[1] : shape[0]);
   W = static_cast<int>(nchw ? shape[2] : shape[1]);
   if (C > gpu::kMaxChannels) {
-    return Status::Unsupported(src.name() + ": " + std::to_string(C) + " channels; is input_layout right?");
+    return Status::Unsupported(src.name + ": " + std::to_string(C) + " channels; is input_layout right?");
   }
   if (o.mean.empty() && o.stddev.empty()) {
-    if (const auto* ds = dynamic_cast<const Dataset*>(&src);
-        ds != nullptr && ds->info().mean.size() == static_cast<size_t>(C) &&
-        ds->info().stddev.size() == static_cast<size_t>(C)) {
-      o.mean = ds->info().mean;
-      o.stddev = ds->info().stddev;
+    // The dataset's attributes, as the local Loader or the daemon reports them.
+    if (src.mean.size() == static_cast<size_t>(C) && src.stddev.size() == static_cast<size_t>(C)) {
+      o.mean = src.mean;
+      o.stddev = src.stddev;
       for (double& sd : o.stddev) sd = sd > 0 ? sd : 1.0;  // a constant channel: do not divide by 0
     }
   }
@@ -131,8 +129,8 @@ Status GpuFeeder::Impl::Init() {
     return Status::InvalidArgument("feed: echo >= 0, super_batch >= 1 and slots >= 1 required");
   }
   echo = o.echo == 0 ? 1 : o.echo;
-  B = loader.options().batch_size;
-  sample_bytes = src.sample_bytes();
+  B = src.batch_size;
+  sample_bytes = src.sample_bytes;
   out_elem = DTypeSize(o.dtype);
 
   if (o.force_cpu) {
@@ -348,7 +346,7 @@ void GpuFeeder::Impl::Teardown() {
   ops.reset();
 }
 
-GpuFeeder::GpuFeeder(Loader& loader, const FeedOptions& options, uint64_t epoch)
+GpuFeeder::GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch)
     : impl_(std::make_unique<Impl>(loader, options, epoch)) {
   impl_->init_status = impl_->Init();
 }

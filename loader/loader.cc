@@ -22,7 +22,10 @@
 
 #include "common/trace.h"
 #include "gpu/host_buffer.h"
+#include "gpufeed/dataset.h"
+#include "loader/batch_pool.h"
 #include "loader/chunk_cache.h"
+#include "loader/stream_impl.h"
 #include "loader/sampler.h"
 
 namespace gpufeed {
@@ -90,45 +93,62 @@ Result<LoaderState> LoaderState::Deserialize(std::string_view bytes) {
 // ---------------------------------------------------------------------------
 // Buffer pool
 
-struct Batch::Slot {
-  gpu::HostBuffer images;
-  std::vector<int64_t> labels;
-  std::vector<uint64_t> indices;
-  struct Pool* pool = nullptr;
-};
-
-// prefetch + 1 slots, allocated once. Acquire blocks until a slot is free or
-// the pool is cancelled (then returns nullptr).
-struct Pool {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::unique_ptr<Batch::Slot>> slots;  // owns them all
-  std::vector<Batch::Slot*> free;                   // GUARDED_BY(mu)
-  bool cancelled = false;                           // GUARDED_BY(mu)
-
-  Batch::Slot* Acquire() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return cancelled || !free.empty(); });
-    if (cancelled) return nullptr;
-    Batch::Slot* s = free.back();
-    free.pop_back();
-    return s;
-  }
-  void Release(Batch::Slot* s) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      free.push_back(s);
+Status BatchPool::Allocate(int n, uint64_t batch_size, uint64_t sample_bytes, bool pin_memory) {
+  if (allocated()) return Status::Ok();
+  const uint64_t batch_bytes = batch_size * sample_bytes;
+  std::vector<std::unique_ptr<Batch::Slot>> slots;
+  for (int i = 0; i < n; ++i) {
+    auto slot = std::make_unique<Batch::Slot>();
+    slot->images = gpu::HostBuffer::Allocate(std::max<uint64_t>(1, batch_bytes), pin_memory);
+    if (slot->images.data() == nullptr) {
+      return Status::Internal("loader: cannot allocate a " + std::to_string(batch_bytes) + "-byte batch buffer");
     }
-    cv.notify_all();
+    // Fault the pages in now, once, rather than during the first batches
+    // (pinned memory is resident already).
+    if (!slot->images.pinned()) std::memset(slot->images.data(), 0, slot->images.bytes());
+    slot->labels.resize(batch_size);
+    slot->indices.resize(batch_size);
+    slot->pool = this;
+    slots.push_back(std::move(slot));
   }
-  void SetCancelled(bool c) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      cancelled = c;
-    }
-    cv.notify_all();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& slot : slots) free_.push_back(slot.get());
+  slots_ = std::move(slots);
+  return Status::Ok();
+}
+
+Batch::Slot* BatchPool::Acquire() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return cancelled_ || !free_.empty(); });
+  if (cancelled_) return nullptr;
+  Batch::Slot* s = free_.back();
+  free_.pop_back();
+  return s;
+}
+
+Batch::Slot* BatchPool::TryAcquire() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_ || free_.empty()) return nullptr;
+  Batch::Slot* s = free_.back();
+  free_.pop_back();
+  return s;
+}
+
+void BatchPool::Release(Batch::Slot* s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(s);
   }
-};
+  cv_.notify_all();
+}
+
+void BatchPool::SetCancelled(bool c) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = c;
+  }
+  cv_.notify_all();
+}
 
 Batch::Batch(Batch&& o) noexcept { *this = std::move(o); }
 Batch& Batch::operator=(Batch&& o) noexcept {
@@ -153,50 +173,46 @@ Batch::~Batch() {
 // ---------------------------------------------------------------------------
 // Loader::Impl
 
+struct LocalStream;
+
 struct Loader::Impl {
   const ChunkSource& source;
   LoaderOptions options;
+  BatchSourceInfo info;
   int threads = 1;
-  Pool pool;
+  BatchPool pool;
   std::unique_ptr<loader::ChunkCache> cache;
-  bool pool_ready = false;
   LoaderState state;
-  EpochStream::Impl* active = nullptr;  // the live stream, stopped by the next Epoch()
+  LocalStream* active = nullptr;  // the live stream, stopped by the next Epoch()
 
   Impl(const ChunkSource& s, const LoaderOptions& o) : source(s), options(o) {
     threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     state.seed = o.seed;
     cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
+    info.name = s.name();
+    info.dtype = s.dtype();
+    info.sample_shape = s.sample_shape();
+    info.sample_bytes = s.sample_bytes();
+    info.num_samples = s.num_samples();
+    info.batch_size = o.batch_size;
+    info.has_labels = !s.labels().empty();
+    if (const auto* ds = dynamic_cast<const Dataset*>(&s); ds != nullptr) {
+      info.mean = ds->info().mean;
+      info.stddev = ds->info().stddev;
+    }
   }
   uint64_t batch_bytes() const { return options.batch_size * source.sample_bytes(); }
 
   Status EnsurePool() {
-    if (pool_ready) return Status::Ok();
-    const int n = std::max(1, options.prefetch) + 1;
-    for (int i = 0; i < n; ++i) {
-      auto slot = std::make_unique<Batch::Slot>();
-      slot->images = gpu::HostBuffer::Allocate(std::max<uint64_t>(1, batch_bytes()), options.pin_memory);
-      if (slot->images.data() == nullptr) {
-        return Status::Internal("loader: cannot allocate a " + std::to_string(batch_bytes()) + "-byte batch buffer");
-      }
-      // Fault the pages in now, once, rather than during the first batches
-      // (pinned memory is resident already).
-      if (!slot->images.pinned()) std::memset(slot->images.data(), 0, slot->images.bytes());
-      slot->labels.resize(options.batch_size);
-      slot->indices.resize(options.batch_size);
-      slot->pool = &pool;
-      pool.free.push_back(slot.get());
-      pool.slots.push_back(std::move(slot));
-    }
-    pool_ready = true;
-    return Status::Ok();
+    return pool.Allocate(std::max(1, options.prefetch) + 1, options.batch_size, source.sample_bytes(),
+                         options.pin_memory);
   }
 };
 
 // ---------------------------------------------------------------------------
-// EpochStream::Impl
+// LocalStream: the pipeline's EpochStream::Impl
 
-struct EpochStream::Impl {
+struct LocalStream final : EpochStream::Impl {
   Loader::Impl* loader = nullptr;
   uint64_t epoch = 0;
   uint64_t start_batch = 0;
@@ -235,10 +251,14 @@ struct EpochStream::Impl {
   }
 
   void Run();
-  void Stop();
+  void Stop() override;
+  Result<std::optional<Batch>> Next() override;
+  uint64_t num_batches() const override { return plan.num_batches; }
+  LoaderStats stats() const override;
+  static EpochStream Start(std::unique_ptr<LocalStream> s) { return Wrap(std::move(s)); }
 };
 
-void EpochStream::Impl::Run() {
+void LocalStream::Run() {
   Loader::Impl& L = *loader;
   const ChunkSource& src = L.source;
   const uint64_t sb = src.sample_bytes();
@@ -359,7 +379,7 @@ void EpochStream::Impl::Run() {
   cv.notify_all();
 }
 
-void EpochStream::Impl::Stop() {
+void LocalStream::Stop() {
   if (stopped) return;
   stopped = true;
   cancel = true;
@@ -389,10 +409,27 @@ EpochStream::~EpochStream() {
   if (impl_) impl_->Stop();
 }
 
-uint64_t EpochStream::num_batches() const { return impl_->plan.num_batches; }
+uint64_t EpochStream::num_batches() const { return impl_->num_batches(); }
+Result<std::optional<Batch>> EpochStream::Next() { return impl_->Next(); }
+LoaderStats EpochStream::stats() const { return impl_->stats(); }
 
-Result<std::optional<Batch>> EpochStream::Next() {
-  Impl& s = *impl_;
+Batch EpochStream::MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count,
+                             uint64_t sample_bytes, bool has_labels, const std::vector<uint64_t>* sample_shape) {
+  Batch b;
+  b.slot_ = slot;
+  b.data_ = slot->images.data();
+  b.labels_ = std::span<const int64_t>(slot->labels.data(), has_labels ? count : 0);
+  b.indices_ = std::span<const uint64_t>(slot->indices.data(), count);
+  b.sample_shape_ = sample_shape;
+  b.epoch_ = epoch;
+  b.index_ = index;
+  b.sample_bytes_ = sample_bytes;
+  b.pinned_ = slot->images.pinned();
+  return b;
+}
+
+Result<std::optional<Batch>> LocalStream::Next() {
+  LocalStream& s = *this;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(s.mu);
   s.queue_depth_sum += s.ready.size();
@@ -405,29 +442,21 @@ Result<std::optional<Batch>> EpochStream::Next() {
     }
     return std::optional<Batch>();
   }
-  Impl::Item it = s.ready.front();
+  Item it = s.ready.front();
   s.ready.pop_front();
   lock.unlock();
-  Batch b;
-  b.slot_ = it.slot;
-  b.data_ = it.slot->images.data();
-  b.labels_ = std::span<const int64_t>(it.slot->labels.data(), s.loader->source.labels().empty() ? 0 : it.count);
-  b.indices_ = std::span<const uint64_t>(it.slot->indices.data(), it.count);
-  b.sample_shape_ = &s.loader->source.sample_shape();
-  b.epoch_ = s.epoch;
-  b.index_ = it.batch;
-  b.sample_bytes_ = s.loader->source.sample_bytes();
-  b.pinned_ = it.slot->images.pinned();
+  Batch b = MakeBatch(it.slot, s.epoch, it.batch, it.count, s.loader->source.sample_bytes(),
+                      !s.loader->source.labels().empty(), &s.loader->source.sample_shape());
   ++s.delivered_batches;
   s.delivered_samples += it.count;
-  s.delivered_bytes += it.count * b.sample_bytes_;
+  s.delivered_bytes += it.count * b.sample_bytes();
   s.loader->state.epoch = s.epoch;
   s.loader->state.next_batch = it.batch + 1;
   return std::optional<Batch>(std::move(b));
 }
 
-LoaderStats EpochStream::stats() const {
-  const Impl& s = *impl_;
+LoaderStats LocalStream::stats() const {
+  const LocalStream& s = *this;
   LoaderStats st;
   st.batches = s.delivered_batches;
   st.samples = s.delivered_samples;
@@ -482,6 +511,7 @@ Loader::~Loader() {
 
 const LoaderOptions& Loader::options() const { return impl_->options; }
 const ChunkSource& Loader::source() const { return impl_->source; }
+const BatchSourceInfo& Loader::info() const { return impl_->info; }
 uint64_t Loader::batch_bytes() const { return impl_->batch_bytes(); }
 LoaderState Loader::state() const { return impl_->state; }
 
@@ -493,7 +523,7 @@ uint64_t Loader::num_batches() const {
 
 EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
   if (impl_->active != nullptr) impl_->active->Stop();
-  auto s = std::make_unique<EpochStream::Impl>();
+  auto s = std::make_unique<LocalStream>();
   s->loader = impl_.get();
   s->epoch = epoch;
   s->start_batch = start_batch;
@@ -504,7 +534,7 @@ EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
     s->error = std::move(st);
     s->producer_done = true;
     s->stopped = true;
-    return EpochStream(std::move(s));
+    return LocalStream::Start(std::move(s));
   };
   auto plan = loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
                                     impl_->source.num_chunks(), impl_->options, epoch);
@@ -517,9 +547,9 @@ EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
   if (Status st = impl_->EnsurePool(); !st.ok()) return fail_now(st);
   impl_->cache->BeginEpoch(&s->plan, start_batch);
   impl_->active = s.get();
-  EpochStream::Impl* raw = s.get();
+  LocalStream* raw = s.get();
   raw->producer = std::thread([raw] { raw->Run(); });
-  return EpochStream(std::move(s));
+  return LocalStream::Start(std::move(s));
 }
 
 }  // namespace gpufeed

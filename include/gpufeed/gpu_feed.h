@@ -115,9 +115,10 @@ class DeviceBatch {
 
 class GpuFeeder {
  public:
-  // Streams epoch `epoch` of `loader` (which must outlive the feeder and
-  // should have prefetch >= 2 x super_batch). Errors surface from Next().
-  GpuFeeder(Loader& loader, const FeedOptions& options, uint64_t epoch = 0);
+  // Streams epoch `epoch` of `loader` — a local Loader or a RemoteLoader —
+  // which must outlive the feeder and should have prefetch >= 2 x
+  // super_batch. Errors surface from Next().
+  GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch = 0);
   ~GpuFeeder();  // waits for the work it queued; releases everything
   GpuFeeder(const GpuFeeder&) = delete;
   GpuFeeder& operator=(const GpuFeeder&) = delete;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "gpufeed/chunk_source.h"
+#include "gpufeed/dtype.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -154,6 +155,11 @@ class EpochStream {
   uint64_t num_batches() const;  // in the whole epoch, for this rank
   LoaderStats stats() const;
 
+  // Opaque to users: the stream's implementation (a local pipeline, or a
+  // RemoteLoader's connection). Declared public only so that gpufeed's own
+  // stream kinds can derive from it (loader/stream_impl.h).
+  struct Impl;
+
   // Range-for support. The iterator throws gpufeed::LoaderError (carrying
   // the Status) on failure; use Next() to handle errors as values.
   class Iterator {
@@ -172,9 +178,10 @@ class EpochStream {
   Iterator end() { return Iterator(); }
 
  private:
-  friend class Loader;
-  struct Impl;
   explicit EpochStream(std::unique_ptr<Impl> impl);
+  // Builds the Batch view of a filled pool slot (for Impl's kinds).
+  static Batch MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count, uint64_t sample_bytes,
+                         bool has_labels, const std::vector<uint64_t>* sample_shape);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -190,30 +197,59 @@ class LoaderError : public std::exception {
   std::string what_;
 };
 
-class Loader {
+// What a batch consumer needs to know about the samples, whoever produces them.
+struct BatchSourceInfo {
+  std::string name;  // "file.h5:/images", or "unix:/run/gpufeed.sock file.h5:/images" for a remote one
+  DType dtype = DType::kUInt8;
+  std::vector<uint64_t> sample_shape;
+  uint64_t sample_bytes = 0;
+  uint64_t num_samples = 0;  // in the whole dataset (all ranks)
+  uint64_t batch_size = 0;
+  bool has_labels = false;
+  // Per-channel mean and std in stored units, when the dataset carries them
+  // (gpufeed convert writes them); empty otherwise.
+  std::vector<double> mean, stddev;
+};
+
+// Anything that produces EpochStreams: the local Loader, or a RemoteLoader
+// that receives the same batches from a `gpufeed serve` daemon. GpuFeeder and
+// trainers take a BatchSource&, so either works unchanged. The contracts of
+// Epoch() and state() are the Loader's (below).
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0) = 0;
+  EpochStream Resume(const LoaderState& state) { return Epoch(state.epoch, state.next_batch); }
+  virtual LoaderState state() const = 0;
+  virtual const BatchSourceInfo& info() const = 0;
+};
+
+class Loader : public BatchSource {
  public:
   // `source` must outlive the Loader. Options are checked when an epoch
   // starts (Epoch() fails the stream with InvalidArgument on bad options).
   Loader(const ChunkSource& source, const LoaderOptions& options);
-  ~Loader();
+  ~Loader() override;
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
   // Starts epoch `epoch` at batch `start_batch` (resume). Only one stream may
   // be alive at a time; starting another ends the previous one.
-  EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0);
-  EpochStream Resume(const LoaderState& state) { return Epoch(state.epoch, state.next_batch); }
+  EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0) override;
 
   // Where the consumer is: the epoch of the last stream and how many of its
   // batches were received.
-  LoaderState state() const;
+  LoaderState state() const override;
+  // The source's shape, dtype, labels and (for a Dataset) mean/std, and the
+  // batch size; fixed at construction.
+  const BatchSourceInfo& info() const override;
   uint64_t num_batches() const;  // per epoch, for this rank
   const LoaderOptions& options() const;
   const ChunkSource& source() const;
   uint64_t batch_bytes() const;
 
  private:
-  friend class EpochStream;
+  friend struct LocalStream;  // loader.cc: the local pipeline's stream
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

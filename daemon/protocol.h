@@ -1,0 +1,161 @@
+// The daemon's wire protocol (docs/protocol.md): length-prefixed binary
+// frames with a magic, a version, a type and an XXH3-64 checksum of header
+// and payload; messages encoded little-endian with every length checked
+// against a limit before anything is allocated.
+//
+// This file only encodes and decodes bytes; it does no I/O, so both the
+// Asio server and the blocking client use it, and tests feed it garbage.
+#ifndef GPUFEED_DAEMON_PROTOCOL_H_
+#define GPUFEED_DAEMON_PROTOCOL_H_
+
+#include <xxhash.h>
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpufeed/loader.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed::daemon {
+
+static_assert(std::endian::native == std::endian::little,
+              "the wire format is little-endian and is copied to and from memory as is");
+
+inline constexpr uint32_t kMagic = 0x57465047;  // bytes "GPFW"
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 32;
+
+// Limits, checked before any allocation.
+inline constexpr uint32_t kMaxControlPayload = 64 << 10;  // any frame but kBatch
+inline constexpr uint32_t kMaxString = 4096;              // token, names, messages
+inline constexpr uint32_t kMaxRank = 8;                   // sample rank (dims)
+inline constexpr uint32_t kMaxChannels = 64;              // mean/std entries
+inline constexpr uint64_t kMaxBatchSize = 1 << 20;        // samples per batch
+inline constexpr uint32_t kMaxCredits = 1024;             // outstanding batches a client may grant
+
+enum class FrameType : uint16_t {
+  kHello = 1,     // client -> server: token and stream parameters
+  kHelloOk = 2,   // server -> client: what the stream delivers
+  kCredit = 3,    // client -> server: permission to send N more batches
+  kBatch = 4,     // server -> client: one batch
+  kEnd = 5,       // server -> client: the epoch is complete
+  kError = 6,     // either way: why the connection is being closed
+  kShutdown = 7,  // server -> client: the daemon is stopping; resume elsewhere or later
+};
+std::string_view FrameTypeName(FrameType t);
+
+inline constexpr uint32_t kFlagZstd = 1;  // payload is one zstd frame of raw_bytes bytes
+
+struct FrameHeader {
+  FrameType type = FrameType::kError;
+  uint32_t flags = 0;
+  uint32_t payload_bytes = 0;  // bytes on the wire after the header
+  uint32_t raw_bytes = 0;      // payload bytes after decompression (== payload_bytes unless kFlagZstd)
+  uint64_t checksum = 0;       // XXH3-64 of header bytes [0, 24) then the payload as sent
+};
+
+using HeaderBytes = std::array<std::byte, kHeaderBytes>;
+
+// A header for a payload sent as the concatenation of `pieces`.
+HeaderBytes MakeHeader(FrameType type, uint32_t flags, uint32_t raw_bytes,
+                       std::initializer_list<std::span<const std::byte>> pieces);
+
+// Checks magic, version, type, flags and both lengths against `max_payload`
+// (and raw_bytes against `max_raw`). `peer` names the other side in messages.
+Result<FrameHeader> ParseHeader(std::span<const std::byte, kHeaderBytes> bytes, uint32_t max_payload,
+                                uint32_t max_raw, std::string_view peer);
+
+// Incremental checksum, for payloads read piece by piece.
+class Checksum {
+ public:
+  explicit Checksum(std::span<const std::byte, kHeaderBytes> header);
+  ~Checksum();
+  Checksum(const Checksum&) = delete;
+  Checksum& operator=(const Checksum&) = delete;
+  void Update(std::span<const std::byte> bytes);
+  uint64_t Digest() const;
+
+ private:
+  XXH3_state_t* state_;
+};
+Status VerifyChecksum(const FrameHeader& h, std::span<const std::byte, kHeaderBytes> header,
+                      std::span<const std::byte> payload, std::string_view peer);
+
+// zstd level 1 (fast enough for links slower than ~1 GB/s).
+std::vector<std::byte> Compress(std::initializer_list<std::span<const std::byte>> pieces);
+Status Decompress(std::span<const std::byte> src, std::span<std::byte> dst, std::string_view peer);
+
+// --- messages ---------------------------------------------------------------
+
+struct Hello {
+  std::string token;
+  std::string dataset;      // one of the daemon's --data; empty: its first
+  std::string client_name;  // for logs and metrics
+  LoaderOptions loader;     // batch_size, order, seed, shuffle_window, rank, world_size, drop_last are sent
+  uint64_t epoch = 0;
+  uint64_t start_batch = 0;
+  bool compress = false;
+  bool describe_only = false;  // answer kHelloOk and close (RemoteLoader::Connect)
+};
+
+struct HelloOk {
+  BatchSourceInfo info;
+  uint64_t num_batches = 0;  // in this epoch, for this rank
+  uint64_t client_id = 0;
+  bool compress = false;
+};
+
+// The part of a kBatch payload before the images.
+struct BatchHead {
+  uint64_t epoch = 0;
+  uint64_t index = 0;
+  uint32_t count = 0;
+  bool has_labels = false;
+  uint64_t sample_bytes = 0;
+  static constexpr size_t kFixedBytes = 32;
+  // Fixed part + indices + labels.
+  uint64_t head_bytes() const { return kFixedBytes + uint64_t{count} * 8 * (has_labels ? 2 : 1); }
+  uint64_t payload_bytes() const { return head_bytes() + uint64_t{count} * sample_bytes; }
+};
+
+struct End {
+  uint64_t epoch = 0;
+  uint64_t batches = 0;  // the epoch's batch count
+};
+
+struct ErrorMsg {
+  StatusCode code = StatusCode::kInternal;
+  std::string message;
+};
+
+std::vector<std::byte> EncodeHello(const Hello& m);
+Result<Hello> DecodeHello(std::span<const std::byte> p);
+std::vector<std::byte> EncodeHelloOk(const HelloOk& m);
+Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p);
+std::vector<std::byte> EncodeCredit(uint32_t batches);
+Result<uint32_t> DecodeCredit(std::span<const std::byte> p);
+// The fixed part, indices and labels of `b`; its images follow on the wire.
+std::vector<std::byte> EncodeBatchHead(const Batch& b);
+// The fixed part only (32 bytes); indices and labels are read by the caller.
+Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p);
+std::vector<std::byte> EncodeEnd(const End& m);
+Result<End> DecodeEnd(std::span<const std::byte> p);
+std::vector<std::byte> EncodeError(const ErrorMsg& m);
+Result<ErrorMsg> DecodeError(std::span<const std::byte> p);
+
+// A whole control frame (header + payload) in one buffer.
+std::vector<std::byte> MakeFrame(FrameType type, std::span<const std::byte> payload);
+
+// Compares in time independent of where the strings differ.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+}  // namespace gpufeed::daemon
+
+#endif  // GPUFEED_DAEMON_PROTOCOL_H_

@@ -1,0 +1,419 @@
+// RemoteLoader: a receiver thread per stream reads BATCH frames straight into
+// the pool's slots (no copy for uncompressed payloads) and grants one credit
+// per slot it holds; the consumer's Next() takes filled slots in order.
+#include "gpufeed/remote_loader.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "daemon/address.h"
+#include "daemon/conn.h"
+#include "daemon/protocol.h"
+#include "loader/batch_pool.h"
+#include "loader/stream_impl.h"
+
+namespace gpufeed {
+
+using daemon::Conn;
+using daemon::FrameType;
+
+namespace {
+
+Result<std::string> ReadToken(const RemoteLoaderOptions& o) {
+  if (!o.token.empty() || o.token_file.empty()) return o.token;
+  std::ifstream f(o.token_file, std::ios::binary);
+  if (!f) return Status::NotFound("token file '" + o.token_file + "' cannot be read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string t = ss.str();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  return t;
+}
+
+// A daemon's ERROR or SHUTDOWN frame as a Status.
+Status FromErrorFrame(const Conn::Frame& f, const std::string& peer) {
+  auto e = daemon::DecodeError(f.payload);
+  if (!e.ok()) return e.status().WithContext(peer);
+  if (f.header.type == FrameType::kShutdown) {
+    return Status::IOError(peer + ": the daemon is shutting down (" + e->message +
+                           "); resume with Epoch(state().epoch, state().next_batch)");
+  }
+  return Status(e->code, peer + ": daemon refused: " + e->message);
+}
+
+}  // namespace
+
+struct RemoteLoader::Impl {
+  RemoteLoaderOptions options;
+  daemon::Address address;
+  std::string token;
+  BatchSourceInfo info;
+  uint64_t num_batches = 0;
+  BatchPool pool;
+  LoaderState state;
+  struct RemoteStream* active = nullptr;
+
+  daemon::Hello MakeHello(uint64_t epoch, uint64_t start, bool describe) const {
+    daemon::Hello h;
+    h.token = token;
+    h.dataset = options.dataset;
+    h.client_name = options.client_name;
+    h.loader = options.loader;
+    h.epoch = epoch;
+    h.start_batch = start;
+    h.compress = options.compress;
+    h.describe_only = describe;
+    return h;
+  }
+
+  // Connects and completes the handshake; the HelloOk is returned.
+  Result<daemon::HelloOk> Handshake(Conn* conn, uint64_t epoch, uint64_t start, bool describe,
+                                    const std::atomic<bool>* cancel) const {
+    auto c = Conn::Connect(address, options.connect_timeout_ms);
+    if (!c.ok()) return c.status();
+    *conn = std::move(*c);
+    conn->set_cancel(cancel);
+    GPUFEED_RETURN_IF_ERROR(
+        conn->SendFrame(FrameType::kHello, daemon::EncodeHello(MakeHello(epoch, start, describe)),
+                        options.io_timeout_ms));
+    Conn::Frame f;
+    GPUFEED_RETURN_IF_ERROR(conn->RecvFrame(&f, daemon::kMaxControlPayload, options.io_timeout_ms));
+    if (f.header.type == FrameType::kError || f.header.type == FrameType::kShutdown) {
+      return FromErrorFrame(f, conn->peer());
+    }
+    if (f.header.type != FrameType::kHelloOk) {
+      return Status::Corrupt(conn->peer() + ": expected HELLO_OK, got " +
+                             std::string(daemon::FrameTypeName(f.header.type)));
+    }
+    auto ok = daemon::DecodeHelloOk(f.payload);
+    if (!ok.ok()) return ok.status().WithContext(conn->peer());
+    return ok;
+  }
+};
+
+// ---------------------------------------------------------------------------
+
+struct RemoteStream final : EpochStream::Impl {
+  RemoteLoader::Impl* loader = nullptr;
+  uint64_t epoch = 0, start_batch = 0;
+  std::string peer;
+  std::atomic<bool> cancel{false};
+  std::thread receiver;
+  bool stopped = false;
+
+  struct Item {
+    Batch::Slot* slot = nullptr;
+    uint64_t index = 0;
+    uint64_t count = 0;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Item> ready;  // GUARDED_BY(mu)
+  bool done = false;       // GUARDED_BY(mu)
+  Status error;            // GUARDED_BY(mu)
+  bool error_returned = false;
+
+  // Consumer-side stats.
+  uint64_t batches = 0, samples = 0, bytes = 0, depth_sum = 0;
+  double wait_seconds = 0;
+  std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
+
+  void Run();
+  Status Receive(Conn& conn, std::deque<Batch::Slot*>& held);
+  Status ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
+                   Batch::Slot* slot, uint64_t* count);
+  Result<std::optional<Batch>> Next() override;
+  uint64_t num_batches() const override { return loader->num_batches; }
+  LoaderStats stats() const override;
+  void Stop() override;
+  static EpochStream Start(std::unique_ptr<RemoteStream> s) { return Wrap(std::move(s)); }
+};
+
+void RemoteStream::Run() {
+  std::deque<Batch::Slot*> held;  // slots granted to the daemon as credit, in arrival order
+  Status st;
+  {
+    Conn conn;
+    st = Receive(conn, held);
+  }
+  for (Batch::Slot* s : held) loader->pool.Release(s);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!st.ok() && error.ok()) error = std::move(st);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
+  const RemoteLoaderOptions& o = loader->options;
+  auto ok = loader->Handshake(&conn, epoch, start_batch, false, &cancel);
+  if (!ok.ok()) return ok.status();
+  const BatchSourceInfo& want = loader->info;
+  if (ok->info.sample_bytes != want.sample_bytes || ok->info.batch_size != want.batch_size ||
+      ok->num_batches != loader->num_batches || ok->info.has_labels != want.has_labels) {
+    return Status::InvalidArgument(peer + ": the daemon now serves a different dataset (" + ok->info.name +
+                                   ") than at Connect() (" + want.name + ")");
+  }
+  const uint64_t sb = want.sample_bytes, bs = want.batch_size;
+  const uint64_t max_payload64 = daemon::BatchHead::kFixedBytes + bs * 16 + bs * sb;
+  if (max_payload64 > UINT32_MAX) return Status::Unsupported(peer + ": batches over 4 GiB");
+  const uint32_t max_payload = static_cast<uint32_t>(std::max<uint64_t>(max_payload64, daemon::kMaxControlPayload));
+  uint64_t expect = start_batch;
+  // A failed CREDIT send (the daemon closed its side) is reported only if no
+  // frame explains it: a SHUTDOWN or ERROR may still wait in the socket.
+  Status send_error;
+  for (;;) {
+    // One credit per slot this thread holds: the daemon never sends a batch
+    // that has no slot to land in.
+    if (send_error.ok()) {
+      uint32_t grant = 0;
+      while (Batch::Slot* s = loader->pool.TryAcquire()) {
+        held.push_back(s);
+        ++grant;
+      }
+      if (held.empty()) {
+        Batch::Slot* s = loader->pool.Acquire();  // woken by a consumer release or Stop()
+        if (s == nullptr) return Status::IOError(peer + ": cancelled");
+        held.push_back(s);
+        grant = 1;
+      }
+      if (grant > 0) {
+        send_error = conn.SendFrame(FrameType::kCredit, daemon::EncodeCredit(grant), o.io_timeout_ms);
+      }
+    }
+    daemon::HeaderBytes hb;
+    if (Status st = conn.RecvAll(hb, o.io_timeout_ms); !st.ok()) return send_error.ok() ? st : send_error;
+    auto h = daemon::ParseHeader(hb, max_payload, max_payload, peer);
+    if (!h.ok()) return h.status();
+    if (h->type == FrameType::kBatch) {
+      if (held.empty()) return Status::Corrupt(peer + ": a BATCH frame beyond the credit granted");
+      Batch::Slot* slot = held.front();
+      uint64_t count = 0;
+      GPUFEED_RETURN_IF_ERROR(ReadBatch(conn, hb, *h, expect, slot, &count));
+      held.pop_front();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ready.push_back({slot, expect, count});
+      }
+      cv.notify_all();
+      ++expect;
+      continue;
+    }
+    if (h->payload_bytes > daemon::kMaxControlPayload) {
+      return Status::Corrupt(peer + ": a " + std::string(daemon::FrameTypeName(h->type)) + " frame of " +
+                             std::to_string(h->payload_bytes) + " bytes");
+    }
+    Conn::Frame f;
+    f.header = *h;
+    f.payload.resize(h->payload_bytes);
+    GPUFEED_RETURN_IF_ERROR(conn.RecvAll(f.payload, o.io_timeout_ms));
+    GPUFEED_RETURN_IF_ERROR(daemon::VerifyChecksum(*h, hb, f.payload, peer));
+    switch (h->type) {
+      case FrameType::kEnd: {
+        auto end = daemon::DecodeEnd(f.payload);
+        if (!end.ok()) return end.status().WithContext(peer);
+        if (end->epoch != epoch || end->batches != expect) {
+          return Status::Corrupt(peer + ": END of epoch " + std::to_string(end->epoch) + " after " +
+                                 std::to_string(end->batches) + " batches, but " + std::to_string(expect) +
+                                 " of epoch " + std::to_string(epoch) + " were received");
+        }
+        return Status::Ok();
+      }
+      case FrameType::kError:
+      case FrameType::kShutdown:
+        return FromErrorFrame(f, peer);
+      default:
+        return Status::Corrupt(peer + ": unexpected " + std::string(daemon::FrameTypeName(h->type)) +
+                               " frame while streaming");
+    }
+  }
+}
+
+Status RemoteStream::ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h,
+                               uint64_t expect, Batch::Slot* slot, uint64_t* count) {
+  const int timeout = loader->options.io_timeout_ms;
+  const BatchSourceInfo& info = loader->info;
+  daemon::Checksum sum(hb);
+  std::vector<std::byte> raw;  // the decompressed payload (compressed frames only)
+  std::span<const std::byte> fixed;
+  std::array<std::byte, daemon::BatchHead::kFixedBytes> fixed_buf;
+  if (h.flags & daemon::kFlagZstd) {
+    std::vector<std::byte> wire(h.payload_bytes);
+    GPUFEED_RETURN_IF_ERROR(conn.RecvAll(wire, timeout));
+    GPUFEED_RETURN_IF_ERROR(daemon::VerifyChecksum(h, hb, wire, peer));
+    raw.resize(h.raw_bytes);
+    GPUFEED_RETURN_IF_ERROR(daemon::Decompress(wire, raw, peer));
+    fixed = std::span<const std::byte>(raw).first(std::min<size_t>(raw.size(), fixed_buf.size()));
+  } else {
+    if (h.payload_bytes < fixed_buf.size()) return Status::Corrupt(peer + ": BATCH frame shorter than its head");
+    GPUFEED_RETURN_IF_ERROR(conn.RecvAll(fixed_buf, timeout));
+    sum.Update(fixed_buf);
+    fixed = fixed_buf;
+  }
+  auto head = daemon::DecodeBatchFixed(fixed);
+  if (!head.ok()) return head.status().WithContext(peer);
+  if (head->epoch != epoch || head->index != expect || head->count == 0 || head->count > info.batch_size ||
+      head->sample_bytes != info.sample_bytes || head->has_labels != info.has_labels ||
+      head->payload_bytes() != h.raw_bytes) {
+    return Status::Corrupt(peer + ": BATCH head (epoch " + std::to_string(head->epoch) + ", batch " +
+                           std::to_string(head->index) + ", " + std::to_string(head->count) + " samples of " +
+                           std::to_string(head->sample_bytes) + " bytes) does not match the stream (epoch " +
+                           std::to_string(epoch) + ", batch " + std::to_string(expect) + ")");
+  }
+  const uint64_t n = head->count;
+  auto indices = std::as_writable_bytes(std::span(slot->indices.data(), n));
+  auto labels = std::as_writable_bytes(std::span(slot->labels.data(), head->has_labels ? n : 0));
+  auto images = std::span(slot->images.data(), n * info.sample_bytes);
+  if (!raw.empty()) {
+    size_t at = daemon::BatchHead::kFixedBytes;
+    for (auto dst : {indices, labels, images}) {
+      std::memcpy(dst.data(), raw.data() + at, dst.size());
+      at += dst.size();
+    }
+  } else {
+    for (auto dst : {indices, labels, images}) {
+      GPUFEED_RETURN_IF_ERROR(conn.RecvAll(dst, timeout));
+      sum.Update(dst);
+    }
+    if (sum.Digest() != h.checksum) {
+      return Status::Corrupt(peer + ": checksum mismatch in BATCH " + std::to_string(expect) +
+                             " (corrupted in transit)");
+    }
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    if (slot->indices[i] >= info.num_samples) {
+      return Status::Corrupt(peer + ": BATCH " + std::to_string(expect) + " names sample " +
+                             std::to_string(slot->indices[i]) + " of " + std::to_string(info.num_samples));
+    }
+  }
+  *count = n;
+  return Status::Ok();
+}
+
+Result<std::optional<Batch>> RemoteStream::Next() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu);
+  depth_sum += ready.size();
+  // The receiver always finishes (io_timeout_ms bounds every read), so this
+  // wait ends.
+  cv.wait(lock, [&] { return !ready.empty() || done; });
+  wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (ready.empty()) {
+    if (!error.ok() && !error_returned) {
+      error_returned = true;
+      return error;
+    }
+    return std::optional<Batch>();
+  }
+  Item it = ready.front();
+  ready.pop_front();
+  lock.unlock();
+  const BatchSourceInfo& info = loader->info;
+  Batch b = MakeBatch(it.slot, epoch, it.index, it.count, info.sample_bytes, info.has_labels, &info.sample_shape);
+  ++batches;
+  samples += it.count;
+  bytes += it.count * info.sample_bytes;
+  loader->state.epoch = epoch;
+  loader->state.next_batch = it.index + 1;
+  return std::optional<Batch>(std::move(b));
+}
+
+LoaderStats RemoteStream::stats() const {
+  LoaderStats s;
+  s.batches = batches;
+  s.samples = samples;
+  s.bytes_delivered = bytes;
+  s.consumer_wait_seconds = wait_seconds;
+  s.queue_depth_sum = depth_sum;
+  s.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  return s;
+}
+
+void RemoteStream::Stop() {
+  if (stopped) return;
+  stopped = true;
+  cancel = true;
+  loader->pool.SetCancelled(true);
+  if (receiver.joinable()) receiver.join();
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Item& it : ready) loader->pool.Release(it.slot);
+  ready.clear();
+  loader->pool.SetCancelled(false);
+  if (loader->active == this) loader->active = nullptr;
+}
+
+// ---------------------------------------------------------------------------
+
+RemoteLoader::RemoteLoader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RemoteLoader::~RemoteLoader() {
+  if (impl_->active != nullptr) impl_->active->Stop();
+}
+
+Result<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(const RemoteLoaderOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  auto addr = daemon::ParseAddress(options.address);
+  if (!addr.ok()) return addr.status();
+  impl->address = *addr;
+  auto token = ReadToken(options);
+  if (!token.ok()) return token.status();
+  impl->token = *token;
+  if (options.loader.batch_size == 0 || options.loader.world_size < 1 || options.loader.rank < 0 ||
+      options.loader.rank >= options.loader.world_size) {
+    return Status::InvalidArgument("remote loader: batch_size >= 1 and 0 <= rank < world_size required");
+  }
+  Conn conn;
+  auto ok = impl->Handshake(&conn, 0, 0, true, nullptr);
+  if (!ok.ok()) return ok.status();
+  impl->info = ok->info;
+  impl->info.name = addr->ToString() + " " + ok->info.name;
+  impl->num_batches = ok->num_batches;
+  impl->state.seed = options.loader.seed;
+  return std::unique_ptr<RemoteLoader>(new RemoteLoader(std::move(impl)));
+}
+
+EpochStream RemoteLoader::Epoch(uint64_t epoch, uint64_t start_batch) {
+  if (impl_->active != nullptr) impl_->active->Stop();
+  auto s = std::make_unique<RemoteStream>();
+  s->loader = impl_.get();
+  s->epoch = epoch;
+  s->start_batch = start_batch;
+  s->peer = impl_->address.ToString();
+  impl_->state.epoch = epoch;
+  impl_->state.next_batch = start_batch;
+  Status st;
+  if (start_batch > impl_->num_batches) {
+    st = Status::InvalidArgument(s->peer + ": resume at batch " + std::to_string(start_batch) + " past the epoch's " +
+                                 std::to_string(impl_->num_batches));
+  } else {
+    st = impl_->pool.Allocate(std::max(1, impl_->options.loader.prefetch) + 1, impl_->info.batch_size,
+                              impl_->info.sample_bytes, impl_->options.loader.pin_memory);
+  }
+  if (!st.ok()) {
+    s->error = st;
+    s->done = true;
+    s->stopped = true;
+    return RemoteStream::Start(std::move(s));
+  }
+  impl_->active = s.get();
+  RemoteStream* raw = s.get();
+  raw->receiver = std::thread([raw] { raw->Run(); });
+  return RemoteStream::Start(std::move(s));
+}
+
+LoaderState RemoteLoader::state() const { return impl_->state; }
+const BatchSourceInfo& RemoteLoader::info() const { return impl_->info; }
+uint64_t RemoteLoader::num_batches() const { return impl_->num_batches; }
+const RemoteLoaderOptions& RemoteLoader::options() const { return impl_->options; }
+
+}  // namespace gpufeed

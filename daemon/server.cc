@@ -1,0 +1,581 @@
+// Server: binds the listening socket, accepts sessions (within the
+// connection cap), serves /metrics, and stops gracefully on Stop() or a
+// signal. Sessions do the rest (daemon/session.cc).
+#include "gpufeed/server.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "daemon/address.h"
+#include "daemon/conn.h"
+#include "daemon/server_core.h"
+#include "daemon/session.h"
+
+namespace gpufeed {
+
+namespace asio = boost::asio;
+using daemon::ServerCore;
+using daemon::Session;
+using GenericProto = asio::generic::stream_protocol;
+
+namespace daemon {
+
+// ---------------------------------------------------------------------------
+// ServerCore
+
+ServerCore::ServerCore(const ServerOptions& o) : options(o) {}
+
+std::string Kv(const std::string& key, const std::string& value) {
+  bool plain = !value.empty();
+  for (char c : value) plain = plain && c > ' ' && c != '"' && c != '=' && c != '\\';
+  if (plain) return key + "=" + value;
+  std::string q = key + "=\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c == '\n' ? ' ' : c;
+  }
+  return q + "\"";
+}
+std::string Kv(const std::string& key, uint64_t value) { return key + "=" + std::to_string(value); }
+
+void ServerCore::Log(const char* level, const std::string& event, const std::string& fields) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const int ms = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char ts[64];
+  std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
+  const std::string line =
+      std::string("ts=") + ts + " level=" + level + " " + Kv("event", event) + (fields.empty() ? "" : " " + fields);
+  std::lock_guard<std::mutex> lock(log_mu_);
+  if (options.log) {
+    options.log(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+Result<std::pair<std::string, const Dataset*>> ServerCore::FindDataset(const std::string& name) const {
+  if (name.empty()) return std::pair<std::string, const Dataset*>(datasets.front().first, datasets.front().second.get());
+  std::string names;
+  for (const auto& [n, ds] : datasets) {
+    if (n == name) return std::make_pair(n, static_cast<const Dataset*>(ds.get()));
+    names += (names.empty() ? "" : ", ") + n;
+  }
+  return Status::NotFound("dataset '" + name + "' is not served here (serving: " + names + ")");
+}
+
+bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {
+  std::vector<Parked> evicted;  // destroyed outside the lock
+  bool ok = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (reserved_ + bytes > options.memory_bytes && !parked_.empty()) {
+      reserved_ -= parked_.front().reserved_bytes;
+      evicted.push_back(std::move(parked_.front()));
+      parked_.erase(parked_.begin());
+    }
+    if (reserved_ + bytes <= options.memory_bytes) {
+      reserved_ += bytes;
+      *after = reserved_;
+      ok = true;
+    }
+  }
+  return ok;
+}
+
+void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes) {
+  std::vector<Parked> evicted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.push_back({key, std::move(loader), reserved_bytes});
+    while (parked_.size() > kMaxParked) {
+      reserved_ -= parked_.front().reserved_bytes;
+      evicted.push_back(std::move(parked_.front()));
+      parked_.erase(parked_.begin());
+    }
+  }
+}
+
+std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reserved_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = parked_.rbegin(); it != parked_.rend(); ++it) {
+    if (it->key == key) {
+      std::unique_ptr<Loader> l = std::move(it->loader);
+      *reserved_bytes = it->reserved_bytes;
+      parked_.erase(std::next(it).base());
+      return l;
+    }
+  }
+  return nullptr;
+}
+
+size_t ServerCore::parked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return parked_.size();
+}
+
+void ServerCore::DropParked() {
+  std::vector<Parked> dropped;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Parked& p : parked_) reserved_ -= p.reserved_bytes;
+  dropped = std::move(parked_);
+  parked_.clear();
+}
+void ServerCore::Unreserve(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= bytes;
+}
+uint64_t ServerCore::reserved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserved_;
+}
+
+void ServerCore::Register(const std::shared_ptr<Session>& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_[s->id()] = s;
+}
+void ServerCore::Unregister(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_.erase(id);
+}
+std::vector<std::shared_ptr<Session>> ServerCore::Sessions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Session>> v;
+  for (const auto& [id, w] : sessions_) {
+    if (auto s = w.lock()) v.push_back(std::move(s));
+  }
+  return v;
+}
+
+}  // namespace daemon
+
+// ---------------------------------------------------------------------------
+// Server::Impl
+
+struct Server::Impl {
+  explicit Impl(const ServerOptions& o) : core(o), acceptor(core.io), metrics_acceptor(core.io), signals(core.io) {}
+
+  ServerCore core;
+  daemon::Address address;
+  std::string endpoint, metrics_endpoint;
+  asio::basic_socket_acceptor<GenericProto> acceptor;
+  asio::ip::tcp::acceptor metrics_acceptor;
+  asio::signal_set signals;
+  std::vector<std::thread> threads;
+  uint64_t next_id = 1;  // accept handler only (serialized: one accept at a time)
+  std::atomic<bool> stop_requested{false};
+  std::mutex wait_mu;
+  bool waited = false;  // GUARDED_BY(wait_mu)
+
+  Status Bind();
+  Status BindMetrics();
+  void Accept();
+  void Reject(GenericProto::socket socket, const std::string& why);
+  void AcceptMetrics();
+  void DoStop();  // on an io thread
+  std::string Metrics() const;
+};
+
+namespace {
+
+Result<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::NotFound("token file '" + path + "' cannot be read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string t = ss.str();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  if (t.empty()) return Status::InvalidArgument("token file '" + path + "' is empty");
+  if (t.size() > daemon::kMaxString) return Status::InvalidArgument("token file '" + path + "': token too long");
+  return t;
+}
+
+}  // namespace
+
+Status Server::Impl::Bind() {
+  boost::system::error_code ec;
+  if (address.kind == daemon::Address::Kind::kUnix) {
+    const std::string& path = address.path;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        return Status::InvalidArgument(path + " exists and is not a socket; choose another --listen path");
+      }
+      // A live daemon answers a connect; a stale socket file does not.
+      if (daemon::Conn::Connect(address, 200).ok()) {
+        return Status::InvalidArgument("another daemon is listening on " + path);
+      }
+      ::unlink(path.c_str());
+    }
+    GenericProto::endpoint ep{asio::local::stream_protocol::endpoint(path)};
+    acceptor.open(ep.protocol(), ec);
+    if (!ec) {
+      // Mode 0600 from the moment the file exists: umask covers bind();
+      // chmod below repeats it whatever the umask did.
+      const mode_t old = ::umask(0177);
+      acceptor.bind(ep, ec);
+      ::umask(old);
+      if (!ec) ::chmod(path.c_str(), 0600);
+    }
+    endpoint = address.ToString();
+  } else {
+    boost::system::error_code aec;
+    const auto ip = asio::ip::make_address(address.host, aec);
+    if (aec) return Status::InvalidArgument("--listen: '" + address.host + "' is not an IP address");
+    GenericProto::endpoint ep{asio::ip::tcp::endpoint(ip, address.port)};
+    acceptor.open(ep.protocol(), ec);
+    if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor.bind(ep, ec);
+    if (!ec) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      ::getsockname(acceptor.native_handle(), reinterpret_cast<sockaddr*>(&ss), &len);
+      const uint16_t port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                                           : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+      address.port = port;
+    }
+    endpoint = address.ToString();
+  }
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Status::IOError(address.ToString() + ": cannot listen: " + ec.message());
+  return Status::Ok();
+}
+
+Status Server::Impl::BindMetrics() {
+  if (core.options.metrics_listen.empty()) return Status::Ok();
+  auto a = daemon::ParseHostPort(core.options.metrics_listen);
+  if (!a.ok()) return a.status().WithContext("--metrics");
+  boost::system::error_code ec;
+  const auto ip = asio::ip::make_address(a->host, ec);
+  if (ec) return Status::InvalidArgument("--metrics: '" + a->host + "' is not an IP address");
+  asio::ip::tcp::endpoint ep(ip, a->port);
+  metrics_acceptor.open(ep.protocol(), ec);
+  if (!ec) metrics_acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) metrics_acceptor.bind(ep, ec);
+  if (!ec) metrics_acceptor.listen(16, ec);
+  if (ec) return Status::IOError("--metrics " + core.options.metrics_listen + ": " + ec.message());
+  metrics_endpoint = a->host + ":" + std::to_string(metrics_acceptor.local_endpoint().port());
+  return Status::Ok();
+}
+
+void Server::Impl::Accept() {
+  acceptor.async_accept(asio::make_strand(core.io), [this](const boost::system::error_code& ec,
+                                                           GenericProto::socket socket) {
+    if (ec == asio::error::operation_aborted || core.stopping) return;
+    if (ec) {
+      core.Log("warn", "accept_failed", daemon::Kv("error", ec.message()));
+      Accept();
+      return;
+    }
+    if (core.open.load() >= static_cast<uint64_t>(core.options.max_connections)) {
+      Reject(std::move(socket), "too many connections (cap " + std::to_string(core.options.max_connections) +
+                                    "); retry later");
+    } else {
+      boost::system::error_code oec;
+      if (address.kind == daemon::Address::Kind::kTcp) {
+        socket.set_option(asio::ip::tcp::no_delay(true), oec);
+      }
+      socket.set_option(asio::socket_base::send_buffer_size(4 << 20), oec);
+      core.open += 1;
+      core.accepted += 1;
+      const uint64_t id = next_id++;
+      std::string peer = address.kind == daemon::Address::Kind::kUnix ? "unix" : [&] {
+        boost::system::error_code pec;
+        sockaddr_storage ss{};
+        socklen_t len = sizeof ss;
+        if (::getpeername(socket.native_handle(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) return std::string("tcp");
+        char host[64] = "?";
+        if (ss.ss_family == AF_INET) {
+          auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+          return asio::ip::address_v4(ntohl(in->sin_addr.s_addr)).to_string() + ":" +
+                 std::to_string(ntohs(in->sin_port));
+        }
+        return std::string(host);
+      }();
+      auto session = std::make_shared<Session>(core, std::move(socket), id, std::move(peer));
+      core.Register(session);
+      asio::post(session->executor(), [session] { session->Start(); });
+    }
+    Accept();
+  });
+}
+
+void Server::Impl::Reject(GenericProto::socket socket, const std::string& why) {
+  core.rejected += 1;
+  core.Log("warn", "reject", daemon::Kv("reason", why));
+  auto s = std::make_shared<GenericProto::socket>(std::move(socket));
+  auto frame = std::make_shared<std::vector<std::byte>>(daemon::MakeFrame(
+      daemon::FrameType::kError, daemon::EncodeError({StatusCode::kUnsupported, why})));
+  // The frame is tiny and the socket fresh: this write completes at once
+  // (into the socket buffer) or fails; either way the socket is then closed.
+  asio::async_write(*s, asio::buffer(*frame), [s, frame](const boost::system::error_code&, size_t) {
+    boost::system::error_code ec;
+    s->shutdown(asio::socket_base::shutdown_both, ec);
+    s->close(ec);
+  });
+}
+
+void Server::Impl::AcceptMetrics() {
+  metrics_acceptor.async_accept(asio::make_strand(core.io), [this](const boost::system::error_code& ec,
+                                                                   asio::ip::tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || core.stopping) return;
+    if (!ec) {
+      struct Http {
+        explicit Http(asio::ip::tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+        asio::ip::tcp::socket socket;
+        asio::steady_timer timer;
+        asio::streambuf request{8192};  // limit: a longer request is refused
+        std::string response;
+      };
+      auto h = std::make_shared<Http>(std::move(socket));
+      h->timer.expires_after(std::chrono::seconds(5));
+      h->timer.async_wait([h](const boost::system::error_code& tec) {
+        if (!tec) {
+          boost::system::error_code c;
+          h->socket.close(c);
+        }
+      });
+      asio::async_read_until(h->socket, h->request, "\r\n\r\n", [this, h](const boost::system::error_code& rec, size_t) {
+        if (rec) {
+          h->timer.cancel();
+          return;
+        }
+        std::string line;
+        std::istream is(&h->request);
+        std::getline(is, line);
+        const bool ok = line.rfind("GET /metrics ", 0) == 0 || line.rfind("GET /metrics?", 0) == 0;
+        const std::string body = ok ? Metrics() : "not found: try GET /metrics\n";
+        h->response = std::string(ok ? "HTTP/1.1 200 OK" : "HTTP/1.1 404 Not Found") +
+                      "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " + std::to_string(body.size()) +
+                      "\r\nConnection: close\r\n\r\n" + body;
+        asio::async_write(h->socket, asio::buffer(h->response), [h](const boost::system::error_code&, size_t) {
+          h->timer.cancel();
+          boost::system::error_code c;
+          h->socket.shutdown(asio::socket_base::shutdown_both, c);
+          h->socket.close(c);
+        });
+      });
+    }
+    AcceptMetrics();
+  });
+}
+
+std::string Server::Impl::Metrics() const {
+  std::string m;
+  auto metric = [&](const char* name, const char* type, const char* help, const std::string& value) {
+    m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + value +
+         "\n";
+  };
+  auto u = [](uint64_t v) { return std::to_string(v); };
+  auto d = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.6g", v);
+    return std::string(b);
+  };
+  metric("gpufeed_connections_open", "gauge", "Connections open now.", u(core.open));
+  metric("gpufeed_connections_accepted_total", "counter", "Connections accepted.", u(core.accepted));
+  metric("gpufeed_connections_rejected_total", "counter", "Connections refused at the cap.", u(core.rejected));
+  metric("gpufeed_protocol_errors_total", "counter", "Malformed frames, wrong tokens, handshake timeouts.",
+         u(core.protocol_errors));
+  metric("gpufeed_streams_active", "gauge", "Streams with a running Loader.", u(core.streams_active));
+  metric("gpufeed_loaders_parked", "gauge", "Warm Loaders kept for a client's next epoch or reconnect.",
+         u(core.parked()));
+  metric("gpufeed_memory_reserved_bytes", "gauge", "Sum of admitted streams' memory bounds.", u(core.reserved()));
+  metric("gpufeed_memory_budget_bytes", "gauge", "--memory-bytes.", u(core.options.memory_bytes));
+  metric("gpufeed_queued_frames", "gauge", "Batch frames waiting for client sockets.", u(core.queued));
+  metric("gpufeed_batches_sent_total", "counter", "Batches written to clients.", u(core.batches_sent));
+  metric("gpufeed_bytes_sent_total", "counter", "Bytes written to clients.", u(core.bytes_sent));
+  const auto sessions = core.Sessions();
+  struct Per {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::string (*value)(const daemon::SessionMetrics&);
+  };
+  static const Per per[] = {
+      {"gpufeed_client_batches_sent_total", "counter", "Batches sent to this client.",
+       [](const daemon::SessionMetrics& s) { return std::to_string(s.batches_sent.load()); }},
+      {"gpufeed_client_samples_sent_total", "counter", "Samples sent to this client.",
+       [](const daemon::SessionMetrics& s) { return std::to_string(s.samples_sent.load()); }},
+      {"gpufeed_client_bytes_sent_total", "counter", "Bytes sent to this client.",
+       [](const daemon::SessionMetrics& s) { return std::to_string(s.bytes_sent.load()); }},
+      {"gpufeed_client_credits", "gauge", "Batches the client has granted and not yet received.",
+       [](const daemon::SessionMetrics& s) { return std::to_string(s.credits.load()); }},
+      {"gpufeed_client_queued_frames", "gauge", "Frames waiting for this client's socket (at most 2).",
+       [](const daemon::SessionMetrics& s) { return std::to_string(s.queued.load()); }},
+      {"gpufeed_client_loader_samples_per_second", "gauge", "This client's Loader throughput since its stream began.",
+       [](const daemon::SessionMetrics& s) {
+         char b[32];
+         std::snprintf(b, sizeof b, "%.6g", s.loader_samples_per_s.load());
+         return std::string(b);
+       }},
+      {"gpufeed_client_cache_hit_rate", "gauge", "This client's decoded-chunk cache hit rate.",
+       [](const daemon::SessionMetrics& s) {
+         char b[32];
+         std::snprintf(b, sizeof b, "%.6g", s.cache_hit_rate.load());
+         return std::string(b);
+       }},
+      {"gpufeed_client_loader_queue_depth", "gauge", "Mean ready batches in this client's Loader at each pull.",
+       [](const daemon::SessionMetrics& s) {
+         char b[32];
+         std::snprintf(b, sizeof b, "%.6g", s.loader_queue_depth.load());
+         return std::string(b);
+       }},
+  };
+  for (const Per& p : per) {
+    m += std::string("# HELP ") + p.name + " " + p.help + "\n# TYPE " + p.name + " " + p.type + "\n";
+    for (const auto& s : sessions) {
+      m += std::string(p.name) + "{client=\"" + std::to_string(s->id()) + "\",name=\"" + s->client_name() + "\"} " +
+           p.value(s->metrics()) + "\n";
+    }
+  }
+  (void)d;
+  return m;
+}
+
+void Server::Impl::DoStop() {
+  core.stopping = true;
+  core.Log("info", "shutdown", daemon::Kv("sessions", core.Sessions().size()));
+  boost::system::error_code ec;
+  acceptor.close(ec);
+  metrics_acceptor.close(ec);
+  signals.cancel(ec);
+  for (auto& s : core.Sessions()) {
+    asio::post(s->executor(), [s] { s->BeginShutdown(); });
+  }
+  core.DropParked();
+}
+
+// ---------------------------------------------------------------------------
+// Server
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  Stop();
+  (void)Wait();
+}
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
+  if (o.data.empty()) return Status::InvalidArgument("serve: no dataset (--data FILE)");
+  if (o.io_threads < 1 || o.prefetch < 1 || o.max_connections < 1 || o.handshake_timeout_ms < 1 ||
+      o.idle_timeout_ms < 1 || o.write_timeout_ms < 1 || o.shutdown_grace_ms < 0) {
+    return Status::InvalidArgument("serve: threads, prefetch, max connections and timeouts must be positive");
+  }
+  auto addr = daemon::ParseAddress(o.listen);
+  if (!addr.ok()) return addr.status().WithContext("--listen");
+  auto impl = std::make_unique<Impl>(o);
+  impl->address = *addr;
+  ServerCore& core = impl->core;
+  core.loader_threads = o.loader_threads > 0 ? o.loader_threads
+                                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!o.token_file.empty()) {
+    auto t = ReadTokenFile(o.token_file);
+    if (!t.ok()) return t.status();
+    core.token = *t;
+  } else if (addr->kind == daemon::Address::Kind::kTcp) {
+    return Status::InvalidArgument("serve: TCP (" + o.listen + ") needs --token-file: a shared secret clients must send");
+  }
+  for (const std::string& spec : o.data) {
+    auto ds = Dataset::Open(spec);
+    if (!ds.ok()) return ds.status();
+    core.datasets.emplace_back(spec, std::make_unique<Dataset>(std::move(*ds)));
+  }
+  GPUFEED_RETURN_IF_ERROR(impl->Bind());
+  if (Status st = impl->BindMetrics(); !st.ok()) {
+    if (addr->kind == daemon::Address::Kind::kUnix) ::unlink(addr->path.c_str());
+    return st;
+  }
+  Impl* raw = impl.get();
+  if (o.handle_signals) {
+    raw->signals.add(SIGINT);
+    raw->signals.add(SIGTERM);
+    raw->signals.async_wait([raw](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      raw->core.Log("info", "signal", daemon::Kv("signal", static_cast<uint64_t>(sig)));
+      raw->stop_requested = true;
+      raw->DoStop();
+    });
+  }
+  raw->Accept();
+  if (!raw->metrics_endpoint.empty()) raw->AcceptMetrics();
+  std::string data;
+  for (const auto& [n, ds] : core.datasets) data += (data.empty() ? "" : ",") + n;
+  core.Log("info", "listen",
+           daemon::Kv("endpoint", raw->endpoint) + " " + daemon::Kv("metrics", raw->metrics_endpoint) + " " +
+               daemon::Kv("data", data) + " " + daemon::Kv("io_threads", static_cast<uint64_t>(o.io_threads)) + " " +
+               daemon::Kv("loader_threads", static_cast<uint64_t>(core.loader_threads)) + " " +
+               daemon::Kv("memory_bytes", o.memory_bytes) + " " + daemon::Kv("token", core.token.empty() ? "no" : "yes"));
+  for (int i = 0; i < o.io_threads; ++i) {
+    raw->threads.emplace_back([raw] {
+      // Handlers catch what they can; anything escaping is logged, and the
+      // thread keeps serving (no exception crosses the thread root).
+      for (;;) {
+        try {
+          raw->core.io.run();
+          return;
+        } catch (const std::exception& e) {
+          raw->core.Log("error", "handler_exception", daemon::Kv("what", e.what()));
+        } catch (...) {
+          raw->core.Log("error", "handler_exception", "");
+        }
+      }
+    });
+  }
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+const std::string& Server::endpoint() const { return impl_->endpoint; }
+const std::string& Server::metrics_endpoint() const { return impl_->metrics_endpoint; }
+
+void Server::Stop() {
+  if (impl_->stop_requested.exchange(true)) return;
+  asio::post(impl_->core.io, [impl = impl_.get()] { impl->DoStop(); });
+}
+
+Status Server::Wait() {
+  std::lock_guard<std::mutex> lock(impl_->wait_mu);
+  if (impl_->waited) return Status::Ok();
+  for (std::thread& t : impl_->threads) t.join();
+  impl_->threads.clear();
+  impl_->waited = true;
+  if (impl_->address.kind == daemon::Address::Kind::kUnix) ::unlink(impl_->address.path.c_str());
+  impl_->core.Log("info", "stopped",
+                  daemon::Kv("batches_sent", impl_->core.batches_sent.load()) + " " +
+                      daemon::Kv("bytes_sent", impl_->core.bytes_sent.load()));
+  return Status::Ok();
+}
+
+ServerStats Server::stats() const {
+  const ServerCore& c = impl_->core;
+  ServerStats s;
+  s.connections_accepted = c.accepted;
+  s.connections_rejected = c.rejected;
+  s.connections_open = c.open;
+  s.streams_active = c.streams_active;
+  s.batches_sent = c.batches_sent;
+  s.bytes_sent = c.bytes_sent;
+  s.protocol_errors = c.protocol_errors;
+  s.reserved_bytes = c.reserved();
+  s.queued_frames = c.queued;
+  return s;
+}
+
+std::string Server::MetricsText() const { return impl_->Metrics(); }
+
+}  // namespace gpufeed

@@ -1,0 +1,84 @@
+// ServerCore: what every session of the daemon shares — options, the opened
+// datasets, the memory budget, counters, the session registry and the log.
+// Internal to daemon/.
+#ifndef GPUFEED_DAEMON_SERVER_CORE_H_
+#define GPUFEED_DAEMON_SERVER_CORE_H_
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
+#include <boost/asio.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpufeed/dataset.h"
+#include "gpufeed/loader.h"
+#include "gpufeed/server.h"
+
+namespace gpufeed::daemon {
+
+class Session;
+
+class ServerCore {
+ public:
+  explicit ServerCore(const ServerOptions& o);
+
+  // Thread-safe. `fields` is "key=value ..." (values quoted where needed).
+  void Log(const char* level, const std::string& event, const std::string& fields);
+  // The dataset a client named (empty: the first), or an error listing them.
+  Result<std::pair<std::string, const Dataset*>> FindDataset(const std::string& name) const;
+  // Admits `bytes` more within memory_bytes, evicting parked Loaders (oldest
+  // first) to make room; false when they still do not fit.
+  bool Reserve(uint64_t bytes, uint64_t* reserved_after);
+  void Unreserve(uint64_t bytes);
+  uint64_t reserved() const;
+
+  // Loaders of ended streams, kept warm (cache, pool) for the next
+  // connection with the same stream identity `key` (a client's next epoch,
+  // or its reconnect). A parked Loader keeps its reservation; Take() hands
+  // both over. Thread-safe.
+  void Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes);
+  std::unique_ptr<Loader> Take(const std::string& key, uint64_t* reserved_bytes);
+  size_t parked() const;
+  void DropParked();  // at shutdown
+
+  void Register(const std::shared_ptr<Session>& s);
+  void Unregister(uint64_t id);
+  std::vector<std::shared_ptr<Session>> Sessions() const;
+
+  const ServerOptions options;
+  boost::asio::io_context io;
+  std::string token;  // empty: none required
+  int loader_threads = 1;
+  std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> datasets;  // fixed after Start
+  std::atomic<bool> stopping{false};
+
+  std::atomic<uint64_t> accepted{0}, rejected{0}, open{0}, streams_active{0};
+  std::atomic<uint64_t> batches_sent{0}, bytes_sent{0}, protocol_errors{0}, queued{0};
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // GUARDED_BY(mu_)
+  uint64_t reserved_ = 0;                                // GUARDED_BY(mu_)
+  struct Parked {
+    std::string key;
+    std::unique_ptr<Loader> loader;
+    uint64_t reserved_bytes = 0;
+  };
+  std::vector<Parked> parked_;  // GUARDED_BY(mu_); oldest first
+  static constexpr size_t kMaxParked = 64;
+  std::mutex log_mu_;
+};
+
+// "key=value" with the value quoted and escaped when it has spaces or quotes.
+std::string Kv(const std::string& key, const std::string& value);
+std::string Kv(const std::string& key, uint64_t value);
+
+}  // namespace gpufeed::daemon
+
+#endif  // GPUFEED_DAEMON_SERVER_CORE_H_

@@ -1,0 +1,508 @@
+// A daemon connection: handshake -> credits -> batches, on one strand, with a
+// producer thread per streaming client (see session.h).
+#include "daemon/session.h"
+
+#include <chrono>
+
+#include "daemon/server_core.h"
+#include "loader/sampler.h"
+
+namespace gpufeed::daemon {
+
+namespace asio = boost::asio;
+using std::chrono::milliseconds;
+
+Session::Session(ServerCore& server, Socket socket, uint64_t id, std::string peer)
+    : server_(server),
+      socket_(std::move(socket)),
+      handshake_timer_(socket_.get_executor()),
+      idle_timer_(socket_.get_executor()),
+      write_timer_(socket_.get_executor()),
+      grace_timer_(socket_.get_executor()),
+      id_(id),
+      peer_(std::move(peer)),
+      client_name_("client-" + std::to_string(id)) {}
+
+Session::~Session() {
+  // OnProducerDone joined the producer before the last reference could go.
+  if (producer_.joinable()) producer_.join();
+  out_.clear();  // batches back to the Loader's pool before the Loader goes
+  if (reserved_bytes_ > 0) {
+    server_.streams_active -= 1;
+    if (loader_ && loader_ok_ && !server_.stopping) {
+      // Warm for this client's next epoch or reconnect; its reservation goes along.
+      server_.Park(stream_key_, std::move(loader_), reserved_bytes_);
+    } else {
+      loader_.reset();
+      server_.Unreserve(reserved_bytes_);
+    }
+  }
+  server_.Unregister(id_);
+  server_.open -= 1;
+}
+
+void Session::Log(const char* level, const std::string& event, const std::string& fields) {
+  server_.Log(level, event, Kv("client", id_) + " " + Kv("peer", peer_) + (fields.empty() ? "" : " " + fields));
+}
+
+void Session::Start() {
+  Log("info", "accept", "");
+  auto self = shared_from_this();
+  handshake_timer_.expires_after(milliseconds(server_.options.handshake_timeout_ms));
+  handshake_timer_.async_wait([self](const boost::system::error_code& ec) {
+    if (!ec && self->state_ == State::kHandshake) {
+      self->Fail(Status::InvalidArgument("no valid HELLO within " +
+                                         std::to_string(self->server_.options.handshake_timeout_ms) + " ms"),
+                 true);
+    }
+  });
+  ReadHeader();
+}
+
+void Session::ArmIdle() {
+  auto self = shared_from_this();
+  idle_timer_.expires_after(milliseconds(server_.options.idle_timeout_ms));
+  idle_timer_.async_wait([self](const boost::system::error_code& ec) {
+    if (!ec && self->state_ == State::kStreaming) {
+      self->Fail(Status::IOError("idle for " + std::to_string(self->server_.options.idle_timeout_ms) +
+                                 " ms (no frame from the client)"),
+                 false);
+    }
+  });
+}
+
+void Session::ReadHeader() {
+  auto self = shared_from_this();
+  asio::async_read(socket_, asio::buffer(in_header_), [self](const boost::system::error_code& ec, size_t) {
+    if (self->state_ != State::kHandshake && self->state_ != State::kStreaming) return;
+    if (ec) {
+      const bool clean = ec == asio::error::eof || ec == asio::error::connection_reset;
+      self->CloseNow(clean ? "client closed the connection" : "read failed: " + ec.message());
+      return;
+    }
+    auto h = ParseHeader(self->in_header_, kMaxControlPayload, kMaxControlPayload, "client " + self->peer_);
+    if (!h.ok()) {
+      self->Fail(h.status(), true);
+      return;
+    }
+    self->in_ = *h;
+    self->in_payload_.resize(h->payload_bytes);  // at most kMaxControlPayload: checked above
+    asio::async_read(self->socket_, asio::buffer(self->in_payload_),
+                     [self](const boost::system::error_code& ec2, size_t) {
+                       if (self->state_ != State::kHandshake && self->state_ != State::kStreaming) return;
+                       if (ec2) {
+                         self->CloseNow("connection lost in the middle of a frame: " + ec2.message());
+                         return;
+                       }
+                       self->OnFrame();
+                     });
+  });
+}
+
+void Session::OnFrame() {
+  if (Status st = VerifyChecksum(in_, in_header_, in_payload_, "client " + peer_); !st.ok()) {
+    Fail(st, true);
+    return;
+  }
+  if (in_.flags & kFlagZstd) {
+    Fail(Status::InvalidArgument("compressed " + std::string(FrameTypeName(in_.type)) +
+                                 " frame (clients send control frames uncompressed)"),
+         true);
+    return;
+  }
+  if (state_ == State::kHandshake) {
+    if (in_.type != FrameType::kHello) {
+      Fail(Status::InvalidArgument("expected HELLO, got " + std::string(FrameTypeName(in_.type))), true);
+      return;
+    }
+    HandleHello(in_payload_);
+  } else if (in_.type == FrameType::kCredit) {
+    HandleCredit(in_payload_);
+  } else {
+    Fail(Status::InvalidArgument("unexpected " + std::string(FrameTypeName(in_.type)) + " frame while streaming"),
+         true);
+    return;
+  }
+  if (state_ == State::kHandshake || state_ == State::kStreaming) {
+    if (state_ == State::kStreaming) ArmIdle();
+    ReadHeader();
+  }
+}
+
+void Session::HandleHello(std::span<const std::byte> payload) {
+  auto hello = DecodeHello(payload);
+  if (!hello.ok()) {
+    Fail(hello.status(), true);
+    return;
+  }
+  if (!server_.token.empty() && !ConstantTimeEquals(server_.token, hello->token)) {
+    Fail(Status::InvalidArgument("wrong token (see --token-file)"), true);
+    return;
+  }
+  auto ds = server_.FindDataset(hello->dataset);
+  if (!ds.ok()) {
+    Fail(ds.status(), false);
+    return;
+  }
+  const Dataset& d = *ds->second;
+  LoaderOptions lo = hello->loader;
+  lo.threads = server_.loader_threads;
+  lo.prefetch = std::max(server_.options.prefetch, kMaxQueued + 1);  // the pipeline keeps a slot while frames wait
+  lo.cache_bytes = server_.options.cache_bytes;
+  lo.pin_memory = false;
+  auto plan = loader::MakeEpochPlan(d.num_samples(), d.chunk_samples(), d.num_chunks(), lo, hello->epoch);
+  if (!plan.ok()) {
+    Fail(plan.status().WithContext(ds->first), false);
+    return;
+  }
+  if (hello->start_batch > plan->num_batches) {
+    Fail(Status::InvalidArgument(ds->first + ": resume at batch " + std::to_string(hello->start_batch) +
+                                 " past the epoch's " + std::to_string(plan->num_batches)),
+         false);
+    return;
+  }
+  hello_ = std::move(*hello);
+  hello_.loader = lo;
+  hello_.token.clear();
+  dataset_ = &d;
+  num_batches_ = plan->num_batches;
+  if (!hello_.client_name.empty()) {
+    std::string n;
+    for (char c : hello_.client_name.substr(0, 64)) n += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+    client_name_ = n;
+  }
+  handshake_timer_.cancel();
+
+  HelloOk ok;
+  ok.info.name = ds->first;
+  ok.info.dtype = d.dtype();
+  ok.info.sample_shape = d.sample_shape();
+  ok.info.sample_bytes = d.sample_bytes();
+  ok.info.num_samples = d.num_samples();
+  ok.info.batch_size = lo.batch_size;
+  ok.info.has_labels = d.has_labels();
+  ok.info.mean = d.info().mean;
+  ok.info.stddev = d.info().stddev;
+  ok.num_batches = num_batches_;
+  ok.client_id = id_;
+  ok.compress = hello_.compress;
+  Log("info", hello_.describe_only ? "describe" : "stream",
+      Kv("name", client_name_) + " " + Kv("dataset", ds->first) + " " + Kv("epoch", hello_.epoch) + " " +
+          Kv("start_batch", hello_.start_batch) + " " + Kv("batch_size", lo.batch_size) + " " +
+          Kv("order", std::string(OrderName(lo.order))) + " " + Kv("rank", lo.rank) + " " +
+          Kv("world_size", lo.world_size) + " " + Kv("compress", hello_.compress ? "zstd" : "none"));
+  state_ = State::kStreaming;
+  EnqueueControl(FrameType::kHelloOk, EncodeHelloOk(ok), hello_.describe_only);
+  if (hello_.describe_only) state_ = State::kClosing;
+}
+
+void Session::HandleCredit(std::span<const std::byte> payload) {
+  auto n = DecodeCredit(payload);
+  if (!n.ok()) {
+    Fail(n.status(), true);
+    return;
+  }
+  uint64_t total = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    credits_ += *n;
+    total = credits_;
+  }
+  if (total > kMaxCredits) {
+    Fail(Status::InvalidArgument("granted " + std::to_string(total) + " outstanding batches (limit " +
+                                 std::to_string(kMaxCredits) + ")"),
+         true);
+    return;
+  }
+  metrics_.credits = total;
+  cv_.notify_all();
+  if (!producer_running_ && !loader_ && !draining_) StartProducer();
+}
+
+void Session::StartProducer() {
+  const uint64_t sb = dataset_->sample_bytes(), bb = hello_.loader.batch_size * sb;
+  const uint64_t threads = static_cast<uint64_t>(server_.loader_threads);
+  const uint64_t bound = hello_.loader.cache_bytes + (hello_.loader.prefetch + 1) * bb +
+                         (2 * threads + 4) * dataset_->chunk_bytes_max() + (hello_.compress ? kMaxQueued * bb : 0);
+  const LoaderOptions& lo = hello_.loader;
+  stream_key_ = dataset_->name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
+                std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
+                "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
+                (hello_.compress ? "z" : "-");
+  uint64_t parked_bytes = 0;
+  if (auto warm = server_.Take(stream_key_, &parked_bytes)) {
+    loader_ = std::move(warm);
+    reserved_bytes_ = parked_bytes;
+    server_.streams_active += 1;
+    Log("info", "stream_start", Kv("reserved_bytes", parked_bytes) + " loader=warm");
+  } else {
+    uint64_t after = 0;
+    if (!server_.Reserve(bound, &after)) {
+      Fail(Status::Unsupported("the daemon's memory budget (" + std::to_string(server_.options.memory_bytes) +
+                               " bytes, " + std::to_string(server_.reserved()) + " reserved by " +
+                               std::to_string(server_.streams_active.load()) +
+                               " streams) has no room for a stream of " + std::to_string(bound) +
+                               " bytes; retry later or raise --memory-bytes"),
+           false);
+      return;
+    }
+    reserved_bytes_ = bound;
+    server_.streams_active += 1;
+    Log("info", "stream_start", Kv("reserved_bytes", bound) + " " + Kv("daemon_reserved_bytes", after) + " loader=new");
+    loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
+  }
+  producer_running_ = true;
+  keep_alive_ = shared_from_this();
+  work_.emplace(server_.io.get_executor());
+  producer_ = std::thread([this] { Produce(); });
+}
+
+void Session::Produce() {
+  // Exceptions must not leave this thread (STYLE.md): the Loader reports
+  // failures as Status; anything else becomes an error frame.
+  std::shared_ptr<OutFrame> final_frame;
+  bool loader_ok = true;
+  try {
+    EpochStream stream = loader_->Epoch(hello_.epoch, hello_.start_batch);
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        while (!stop_producer_ && !(credits_ > 0 && queued_ < kMaxQueued)) {
+          cv_.wait_for(lock, milliseconds(100));
+        }
+        if (stop_producer_) break;
+      }
+      auto r = stream.Next();
+      if (!r.ok()) {
+        loader_ok = false;
+        final_frame = std::make_shared<OutFrame>();
+        final_frame->body = EncodeError({r.status().code(), r.status().message()});
+        final_frame->header = MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(final_frame->body.size()),
+                                         {final_frame->body});
+        final_frame->close_after = true;
+        break;
+      }
+      if (!r->has_value()) {
+        final_frame = std::make_shared<OutFrame>();
+        final_frame->body = EncodeEnd({hello_.epoch, num_batches_});
+        final_frame->header =
+            MakeHeader(FrameType::kEnd, 0, static_cast<uint32_t>(final_frame->body.size()), {final_frame->body});
+        break;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_producer_) break;  // the batch is not sent; a resuming client asks for it again
+      }
+      Batch b = std::move(**r);
+      auto f = std::make_shared<OutFrame>();
+      f->is_batch = true;
+      f->samples = b.size();
+      f->body = EncodeBatchHead(b);
+      const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.images().size());
+      if (hello_.compress) {
+        f->body = Compress({f->body, b.images()});
+        f->header = MakeHeader(FrameType::kBatch, kFlagZstd, raw, {f->body});
+      } else {
+        f->header = MakeHeader(FrameType::kBatch, 0, raw, {f->body, b.images()});
+        f->batch = std::move(b);
+      }
+      const LoaderStats st = stream.stats();
+      metrics_.loader_samples_per_s = st.samples_per_second();
+      metrics_.cache_hit_rate = st.hit_rate();
+      metrics_.loader_queue_depth = st.mean_queue_depth();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --credits_;
+        ++queued_;
+        metrics_.credits = credits_;
+        metrics_.queued = static_cast<uint64_t>(queued_);
+      }
+      server_.queued += 1;
+      asio::post(socket_.get_executor(), [self = shared_from_this(), f] { self->Enqueue(f); });
+    }
+  } catch (const std::exception& e) {
+    loader_ok = false;
+    final_frame = std::make_shared<OutFrame>();
+    final_frame->body = EncodeError({StatusCode::kInternal, std::string("daemon stream: ") + e.what()});
+    final_frame->header =
+        MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(final_frame->body.size()), {final_frame->body});
+    final_frame->close_after = true;
+  } catch (...) {
+    loader_ok = false;
+    final_frame.reset();
+  }
+  asio::post(socket_.get_executor(), [self = shared_from_this(), final_frame, loader_ok] {
+    self->loader_ok_ = loader_ok;
+    if (final_frame) self->Enqueue(final_frame);
+    self->OnProducerDone();
+  });
+}
+
+void Session::OnProducerDone() {
+  producer_.join();  // it posted this as its last act: returns at once
+  producer_running_ = false;
+  work_.reset();
+  MaybeFinishDrain();
+  keep_alive_.reset();  // may drop the last reference only after this handler: asio holds `self`
+}
+
+void Session::Enqueue(std::shared_ptr<OutFrame> f) {
+  if (state_ != State::kStreaming) {  // closing: the frame is dropped (and its batch released)
+    if (f->is_batch) {
+      std::lock_guard<std::mutex> lock(mu_);
+      --queued_;
+      server_.queued -= 1;
+    }
+    return;
+  }
+  if (f->close_after && !f->is_batch) state_ = State::kClosing;
+  out_.push_back(std::move(f));
+  WriteNext();
+}
+
+void Session::EnqueueControl(FrameType type, std::vector<std::byte> payload, bool close_after) {
+  auto f = std::make_shared<OutFrame>();
+  f->header = MakeHeader(type, 0, static_cast<uint32_t>(payload.size()), {payload});
+  f->body = std::move(payload);
+  f->close_after = close_after;
+  out_.push_back(std::move(f));
+  WriteNext();
+}
+
+void Session::WriteNext() {
+  if (writing_ || out_.empty() || state_ == State::kClosed) return;
+  writing_ = true;
+  const OutFrame& f = *out_.front();
+  std::array<asio::const_buffer, 3> bufs = {
+      asio::buffer(f.header), asio::buffer(f.body),
+      asio::buffer(f.batch.images().data(), f.batch.images().size())};
+  auto self = shared_from_this();
+  const uint64_t seq = ++write_seq_;
+  write_timer_.expires_after(milliseconds(server_.options.write_timeout_ms));
+  write_timer_.async_wait([self, seq](const boost::system::error_code& ec) {
+    if (!ec && self->writing_ && self->write_seq_ == seq) {
+      self->CloseNow("write timeout: the client accepted no frame for " +
+                     std::to_string(self->server_.options.write_timeout_ms) + " ms");
+    }
+  });
+  asio::async_write(socket_, bufs, [self](const boost::system::error_code& ec, size_t n) {
+    self->writing_ = false;
+    self->write_timer_.cancel();
+    std::shared_ptr<OutFrame> done = std::move(self->out_.front());
+    self->out_.pop_front();
+    if (done->is_batch) {
+      {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        --self->queued_;
+        self->metrics_.queued = static_cast<uint64_t>(self->queued_);
+      }
+      self->server_.queued -= 1;
+      self->cv_.notify_all();
+      if (!ec) {
+        self->metrics_.batches_sent += 1;
+        self->metrics_.samples_sent += done->samples;
+        self->server_.batches_sent += 1;
+      }
+    }
+    if (!ec) {
+      self->metrics_.bytes_sent += n;
+      self->server_.bytes_sent += n;
+    }
+    const bool close_after = done->close_after;
+    done.reset();  // the batch's slot goes back to the Loader's pool
+    if (self->state_ == State::kClosed) return;
+    if (ec) {
+      self->CloseNow("write failed: " + ec.message());
+      return;
+    }
+    if (close_after) {
+      self->CloseNow(self->shutdown_sent_ ? "shutdown complete" : "closed after the last frame");
+      return;
+    }
+    self->WriteNext();
+  });
+}
+
+void Session::Fail(const Status& st, bool protocol_error) {
+  if (state_ == State::kClosed || state_ == State::kClosing) return;
+  if (protocol_error) server_.protocol_errors += 1;
+  Log(protocol_error ? "warn" : "info", "error",
+      Kv("code", std::string(StatusCodeName(st.code()))) + " " + Kv("message", st.message()));
+  state_ = State::kClosing;
+  StopProducer();
+  // Frames not yet on the wire are dropped so the error goes out next.
+  while (out_.size() > (writing_ ? 1u : 0u)) {
+    if (out_.back()->is_batch) {
+      std::lock_guard<std::mutex> lock(mu_);
+      --queued_;
+      server_.queued -= 1;
+    }
+    out_.pop_back();
+  }
+  EnqueueControl(FrameType::kError, EncodeError({st.code(), st.message()}), true);
+  // A client that does not read its error frame is closed anyway.
+  auto self = shared_from_this();
+  grace_timer_.expires_after(milliseconds(std::min(2000, server_.options.write_timeout_ms)));
+  grace_timer_.async_wait([self](const boost::system::error_code& ec) {
+    if (!ec) self->CloseNow("error frame not read in time");
+  });
+}
+
+void Session::StopProducer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_producer_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Session::CloseNow(const std::string& reason) {
+  if (state_ == State::kClosed) return;
+  state_ = State::kClosed;
+  Log("info", "close", Kv("reason", reason) + " " + Kv("batches_sent", metrics_.batches_sent.load()) + " " +
+                           Kv("bytes_sent", metrics_.bytes_sent.load()));
+  handshake_timer_.cancel();
+  idle_timer_.cancel();
+  write_timer_.cancel();
+  grace_timer_.cancel();
+  boost::system::error_code ec;
+  socket_.shutdown(asio::socket_base::shutdown_both, ec);
+  socket_.close(ec);
+  StopProducer();
+  while (out_.size() > (writing_ ? 1u : 0u)) {  // the one being written goes in its handler
+    if (out_.back()->is_batch) {
+      std::lock_guard<std::mutex> lock(mu_);
+      --queued_;
+      server_.queued -= 1;
+    }
+    out_.pop_back();
+  }
+}
+
+void Session::BeginShutdown() {
+  if (state_ == State::kClosed) return;
+  if (state_ == State::kHandshake || state_ == State::kClosing) {
+    CloseNow("daemon shutting down");
+    return;
+  }
+  if (draining_) return;
+  draining_ = true;
+  StopProducer();
+  auto self = shared_from_this();
+  grace_timer_.expires_after(milliseconds(server_.options.shutdown_grace_ms));
+  grace_timer_.async_wait([self](const boost::system::error_code& ec) {
+    if (!ec) self->CloseNow("shutdown grace expired before the client took its frames");
+  });
+  MaybeFinishDrain();
+}
+
+void Session::MaybeFinishDrain() {
+  if (!draining_ || shutdown_sent_ || state_ != State::kStreaming || producer_running_) return;
+  // Every frame the producer made is queued ahead of this one (the strand
+  // runs posts in order), so the client gets them all, then SHUTDOWN.
+  shutdown_sent_ = true;
+  state_ = State::kClosing;
+  EnqueueControl(FrameType::kShutdown, EncodeError({StatusCode::kIOError, "daemon stopping"}), true);
+}
+
+}  // namespace gpufeed::daemon

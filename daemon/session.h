@@ -1,0 +1,133 @@
+// One client connection of the daemon: handshake, credits, and the stream
+// that runs a Loader for it. Internal to daemon/; the public face is
+// gpufeed/server.h.
+//
+// Threads. Everything but the producer runs on the connection's strand (the
+// socket's executor). The producer thread pulls batches from the stream's
+// Loader, encodes frames and posts them to the strand; it waits (100 ms
+// slices, woken by credit, a finished write or shutdown) until the client has
+// credit and fewer than kMaxQueued frames are waiting for the socket. So a
+// client that stops reading holds at most kMaxQueued frames plus its
+// Loader's pool.
+//
+// Lifetime. Pending Asio handlers hold the session (shared_ptr); while the
+// producer runs, the session also holds itself and a work guard on the
+// io_context, released by OnProducerDone() once the thread is joined.
+#ifndef GPUFEED_DAEMON_SESSION_H_
+#define GPUFEED_DAEMON_SESSION_H_
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
+#include <boost/asio.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "daemon/protocol.h"
+#include "gpufeed/dataset.h"
+#include "gpufeed/loader.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed::daemon {
+
+class ServerCore;
+
+// What /metrics shows of one client (read from any thread).
+struct SessionMetrics {
+  std::atomic<uint64_t> batches_sent{0}, bytes_sent{0}, samples_sent{0};
+  std::atomic<uint64_t> credits{0}, queued{0};
+  std::atomic<double> loader_samples_per_s{0}, cache_hit_rate{0}, loader_queue_depth{0};
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  using Socket = boost::asio::generic::stream_protocol::socket;
+  static constexpr int kMaxQueued = 2;  // frames waiting for the socket, per client
+
+  Session(ServerCore& server, Socket socket, uint64_t id, std::string peer);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  void Start();          // call on the strand (post)
+  void BeginShutdown();  // call on the strand (post): drain, SHUTDOWN, close
+  uint64_t id() const { return id_; }
+  const std::string& client_name() const { return client_name_; }  // set before metrics see the session
+  const SessionMetrics& metrics() const { return metrics_; }
+  boost::asio::any_io_executor executor() { return socket_.get_executor(); }
+
+ private:
+  enum class State { kHandshake, kStreaming, kClosing, kClosed };
+  struct OutFrame {
+    HeaderBytes header;
+    std::vector<std::byte> body;  // control payload, batch head, or a compressed batch
+    Batch batch;                  // images sent from the Loader's slot (uncompressed batches)
+    uint64_t samples = 0;
+    bool is_batch = false;
+    bool close_after = false;
+  };
+
+  void ReadHeader();
+  void OnFrame();
+  void HandleHello(std::span<const std::byte> payload);
+  void HandleCredit(std::span<const std::byte> payload);
+  void StartProducer();
+  void Produce();  // the producer thread
+  void OnProducerDone();
+  void Enqueue(std::shared_ptr<OutFrame> f);
+  void EnqueueControl(FrameType type, std::vector<std::byte> payload, bool close_after);
+  void WriteNext();
+  void Fail(const Status& st, bool protocol_error);  // error frame, then close
+  void CloseNow(const std::string& reason);
+  void StopProducer();
+  void ArmIdle();
+  void MaybeFinishDrain();
+  void Log(const char* level, const std::string& event, const std::string& fields);
+
+  ServerCore& server_;
+  Socket socket_;
+  boost::asio::steady_timer handshake_timer_, idle_timer_, write_timer_, grace_timer_;
+  const uint64_t id_;
+  const std::string peer_;
+  std::string client_name_;
+  SessionMetrics metrics_;
+
+  // Strand only.
+  State state_ = State::kHandshake;
+  HeaderBytes in_header_{};
+  FrameHeader in_;
+  std::vector<std::byte> in_payload_;
+  bool writing_ = false;
+  uint64_t write_seq_ = 0;
+  bool draining_ = false, shutdown_sent_ = false, producer_running_ = false;
+  bool loader_ok_ = false;  // the stream ended without a Loader error: the Loader may be parked
+  uint64_t reserved_bytes_ = 0;
+  std::shared_ptr<Session> keep_alive_;  // while the producer runs
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+
+  // Set on the strand before the producer starts; read-only afterwards.
+  Hello hello_;
+  const Dataset* dataset_ = nullptr;
+  uint64_t num_batches_ = 0;
+  std::string stream_key_;  // dataset and stream parameters: which parked Loader fits
+  std::unique_ptr<Loader> loader_;  // declared before out_: queued batches go back to its pool first
+  std::thread producer_;
+
+  std::deque<std::shared_ptr<OutFrame>> out_;  // strand only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t credits_ = 0;        // GUARDED_BY(mu_)
+  int queued_ = 0;              // GUARDED_BY(mu_): batch frames produced and not yet written
+  bool stop_producer_ = false;  // GUARDED_BY(mu_)
+};
+
+}  // namespace gpufeed::daemon
+
+#endif  // GPUFEED_DAEMON_SESSION_H_

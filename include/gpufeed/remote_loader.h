@@ -1,0 +1,82 @@
+// RemoteLoader: the client of a `gpufeed serve` daemon, with the local
+// Loader's iteration interface. Its batches are ordinary gpufeed::Batch
+// objects in a pool of prefetch + 1 pinned buffers (the Loader's pool), so
+// GpuFeeder and trainers take either through BatchSource.
+//
+//   gpufeed::RemoteLoaderOptions o;
+//   o.address = "unix:/run/user/1000/gpufeed.sock";
+//   o.loader = {.batch_size = 256, .order = gpufeed::Order::kBlock, .seed = 1, .rank = r, .world_size = w};
+//   auto remote = gpufeed::RemoteLoader::Connect(o);
+//   for (const gpufeed::Batch& b : (*remote)->Epoch(0)) { use(b.images(), b.labels()); }
+//
+// Order and resume. The daemon runs a Loader with the same (seed, epoch,
+// rank, world size, order, window, batch size, drop_last), so a remote
+// stream delivers exactly the batches a local Loader would, and Epoch(e, n)
+// after a lost connection or a daemon restart continues exactly where
+// state() says the consumer stopped.
+//
+// Flow control. The client grants the daemon one credit per free pool slot;
+// the daemon never sends more batches than granted, so the client's memory
+// is its pool, and the daemon's per client is bounded too.
+//
+// Errors. A daemon that is unreachable, refuses the token, stops answering
+// for `io_timeout_ms`, sends a malformed frame or shuts down ends the stream
+// with a Status (IOError, InvalidArgument, Corrupt) naming the daemon's
+// address; nothing throws from Next(). Threads: one receiver thread per live
+// stream; the consumer calls from one thread, as with Loader.
+#ifndef GPUFEED_REMOTE_LOADER_H_
+#define GPUFEED_REMOTE_LOADER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gpufeed/loader.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+struct RemoteLoaderOptions {
+  std::string address;     // "unix:PATH" or "tcp://HOST:PORT"
+  std::string token;       // the daemon's shared secret (or token_file)
+  std::string token_file;  // read when token is empty
+  std::string dataset;     // one of the daemon's --data; empty: its first
+  std::string client_name = "remote-loader";  // in the daemon's logs and metrics
+  // batch_size, order, seed, shuffle_window, rank, world_size and drop_last
+  // define the stream (as for Loader); prefetch and pin_memory size the local
+  // pool; threads and cache_bytes are the daemon's business and ignored.
+  LoaderOptions loader;
+  bool compress = false;       // zstd payloads (for links slower than ~1 GB/s)
+  int connect_timeout_ms = 5000;
+  int io_timeout_ms = 30000;   // silence from the daemon this long ends a stream
+};
+
+class RemoteLoader final : public BatchSource {
+ public:
+  // Connects once to check the address, token and stream options and learn
+  // the dataset's shape (the connection is then closed; each Epoch() opens
+  // its own). Fails with the daemon's error or IOError naming the address.
+  static Result<std::unique_ptr<RemoteLoader>> Connect(const RemoteLoaderOptions& options);
+  ~RemoteLoader() override;  // ends the live stream, if any
+  RemoteLoader(const RemoteLoader&) = delete;
+  RemoteLoader& operator=(const RemoteLoader&) = delete;
+
+  // Opens a connection streaming epoch `epoch` from `start_batch`. Only one
+  // stream may be alive at a time; starting another ends the previous one.
+  // Connection failures surface from the stream's first Next().
+  EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0) override;
+  LoaderState state() const override;
+  const BatchSourceInfo& info() const override;  // as the daemon reported it
+  uint64_t num_batches() const;                   // per epoch, for this rank
+  const RemoteLoaderOptions& options() const;
+
+ private:
+  friend struct RemoteStream;
+  struct Impl;
+  explicit RemoteLoader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_REMOTE_LOADER_H_

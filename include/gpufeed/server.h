@@ -1,0 +1,122 @@
+// Server: the loader daemon behind `gpufeed serve`. It opens each dataset
+// once and streams batches to trainer processes over a Unix socket or TCP,
+// each client with its own stream (batch size, order, seed, epoch, rank,
+// world size, start batch), so decoding happens in one place for several
+// trainers. Clients are RemoteLoaders (remote_loader.h); the wire format is
+// docs/protocol.md.
+//
+//   gpufeed::ServerOptions o;
+//   o.data = {"train.h5"};
+//   o.listen = "unix:/run/user/1000/gpufeed.sock";
+//   auto server = gpufeed::Server::Start(o);   // binds, then serves on its own threads
+//   if (!server.ok()) { report(server.status()); }
+//   ... (*server)->Stop(); (*server)->Wait();  // or a SIGINT/SIGTERM with handle_signals
+//
+// What is shared. One Dataset per file, opened once (its file descriptor,
+// chunk index and labels; the OS page cache under it). Each stream runs its
+// own Loader — its own TBB pipeline, decoded-chunk cache of `cache_bytes` and
+// batch pool — because the cache is managed with the stream's own future
+// order (loader/chunk_cache.h). Two streams over one file therefore share
+// the file's pages, not decoded chunks.
+//
+// Memory. A stream holds at most
+//   stream_bytes = cache_bytes + (prefetch + 1) x batch bytes
+//                  + (2 x loader_threads + 4) x chunk bytes
+// (the Loader's bound, loader.h), and the frames it has queued for the
+// socket are batches of that pool (uncompressed) or at most 2 compressed
+// copies. A stream's Loader exists only once its client has granted credit;
+// a stream is admitted only while the sum of admitted streams' bounds stays
+// within `memory_bytes` (otherwise the client gets an error frame naming the
+// budget). Idle connections hold a few KiB. A client that stops reading
+// stalls only its own stream: the server never queues more than
+// min(credits, 2) batches for a client, and the Loader's pipeline then
+// blocks on its pool.
+//
+// Threads. Start() returns once the sockets are bound; `io_threads` threads
+// run Asio, and each streaming client has one producer thread pulling from
+// its Loader. Stop() and every const member are thread-safe.
+#ifndef GPUFEED_SERVER_H_
+#define GPUFEED_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+struct ServerOptions {
+  // Datasets served ("file.h5" or "file.h5:/images"); clients name one by
+  // this exact string, or get the first when they name none.
+  std::vector<std::string> data;
+  // "unix:PATH" (created with mode 0600; a stale socket file is replaced) or
+  // "tcp://HOST:PORT" (HOST empty: 127.0.0.1; port 0: any free port).
+  std::string listen = "unix:/tmp/gpufeed.sock";
+  // A file holding the shared secret (trailing whitespace ignored). Required
+  // for TCP; optional for a Unix socket (then checked as well).
+  std::string token_file;
+  // "HOST:PORT" for the Prometheus text endpoint GET /metrics; empty: none.
+  std::string metrics_listen;
+  int io_threads = 2;            // Asio threads
+  int loader_threads = 0;        // TBB threads of each stream's Loader; 0: all cores
+  int prefetch = 4;              // each stream's Loader prefetch
+  uint64_t cache_bytes = 256ull << 20;  // each stream's decoded-chunk cache
+  uint64_t memory_bytes = 8ull << 30;   // budget for all admitted streams (see above)
+  int max_connections = 64;      // beyond this a connection gets an error frame and is closed
+  int handshake_timeout_ms = 5000;  // from accept to a valid HELLO
+  int idle_timeout_ms = 300000;     // no frame from the client and nothing to send
+  int write_timeout_ms = 60000;     // one frame not accepted by the socket for this long: the client is dead
+  int shutdown_grace_ms = 10000;    // Stop(): time for frames in flight to drain
+  bool handle_signals = false;      // SIGINT/SIGTERM call Stop() (the CLI sets it)
+  // Receives one structured line per event ("ts=... level=info event=accept
+  // ..."); called from any thread, one call at a time. Default: stderr.
+  std::function<void(std::string_view)> log;
+};
+
+struct ServerStats {
+  uint64_t connections_accepted = 0, connections_rejected = 0, connections_open = 0;
+  uint64_t streams_active = 0;    // admitted streams with a Loader
+  uint64_t batches_sent = 0, bytes_sent = 0;
+  uint64_t protocol_errors = 0;   // malformed frames, bad tokens, timeouts
+  uint64_t reserved_bytes = 0;    // sum of admitted streams' memory bounds
+  uint64_t queued_frames = 0;     // frames waiting for sockets, all clients
+};
+
+class Server {
+ public:
+  // Checks the options, opens every dataset, binds (and for a Unix socket
+  // creates the file), starts the threads. Errors name the option or file.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();  // Stop() + Wait()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Where clients connect: "unix:/path" or "tcp://127.0.0.1:PORT" (the port
+  // actually bound).
+  const std::string& endpoint() const;
+  const std::string& metrics_endpoint() const;  // "HOST:PORT", or empty
+
+  // Graceful stop: no new connections; streams stop taking new batches, the
+  // frames already queued are sent, each client gets a SHUTDOWN frame (its
+  // RemoteLoader then resumes from where it stopped). Returns at once.
+  void Stop();
+  // Blocks until the server has stopped (after Stop() or a signal) and every
+  // thread has exited. Returns OK after a graceful stop.
+  Status Wait();
+
+  ServerStats stats() const;
+  std::string MetricsText() const;  // what GET /metrics returns
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_SERVER_H_

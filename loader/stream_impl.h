@@ -1,0 +1,34 @@
+// EpochStream::Impl: the interface behind EpochStream. The local pipeline
+// (loader.cc) and RemoteLoader's connection (daemon/remote_loader.cc)
+// implement it; EpochStream forwards to it.
+#ifndef GPUFEED_LOADER_STREAM_IMPL_H_
+#define GPUFEED_LOADER_STREAM_IMPL_H_
+
+#include <memory>
+#include <optional>
+
+#include "gpufeed/loader.h"
+
+namespace gpufeed {
+
+struct EpochStream::Impl {
+  virtual ~Impl() = default;
+  // The consumer's calls (one thread), as documented on EpochStream.
+  virtual Result<std::optional<Batch>> Next() = 0;
+  virtual uint64_t num_batches() const = 0;
+  virtual LoaderStats stats() const = 0;
+  // Idempotent. When it returns, no thread of the stream runs or touches a
+  // pool slot, and every slot the stream held is back in its pool.
+  virtual void Stop() = 0;
+
+ protected:
+  static EpochStream Wrap(std::unique_ptr<Impl> impl) { return EpochStream(std::move(impl)); }
+  static Batch MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count, uint64_t sample_bytes,
+                         bool has_labels, const std::vector<uint64_t>* sample_shape) {
+    return EpochStream::MakeBatch(slot, epoch, index, count, sample_bytes, has_labels, sample_shape);
+  }
+};
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_LOADER_STREAM_IMPL_H_

@@ -1,0 +1,590 @@
+// The daemon end to end on loopback: RemoteLoader batches equal a local
+// Loader's byte for byte; resume after reconnect; bad clients (wrong token,
+// garbage, oversized or truncated frames, silence, too many connections,
+// stalled readers) are refused or contained without hurting other clients;
+// graceful shutdown loses and doubles nothing for clients that resume.
+// Every loop is bounded; timeouts are short.
+#include "gpufeed/server.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "daemon/conn.h"
+#include "daemon/protocol.h"
+#include "gpufeed/dataset.h"
+#include "gpufeed/gpu_feed.h"
+#include "gpufeed/remote_loader.h"
+#include "tests/testing/test_data.h"
+
+namespace gpufeed {
+namespace {
+
+using daemon::Conn;
+using daemon::FrameType;
+
+struct Delivered {
+  std::vector<uint64_t> batch_index;
+  std::vector<uint64_t> hashes;   // images + labels + indices of each batch
+  std::vector<uint64_t> indices;  // every sample, in order
+};
+
+uint64_t HashBatch(const Batch& b) {
+  uint64_t h = XXH3_64bits(b.images().data(), b.images().size());
+  h ^= XXH3_64bits_withSeed(b.indices().data(), b.indices().size_bytes(), 1);
+  h ^= XXH3_64bits_withSeed(b.labels().data(), b.labels().size_bytes(), 2);
+  return h;
+}
+
+// Pulls up to `max_batches` from a stream, checking each sample's bytes
+// against its index. Returns the stream's final status.
+Status Drain(EpochStream& stream, Delivered* d, uint64_t max_batches = UINT64_MAX) {
+  for (uint64_t n = 0; n < max_batches; ++n) {
+    auto r = stream.Next();
+    if (!r.ok()) return r.status();
+    if (!r->has_value()) return Status::Ok();
+    const Batch& b = **r;
+    for (uint64_t i = 0; i < b.size(); ++i) {
+      auto sample = b.images().subspan(i * b.sample_bytes(), b.sample_bytes());
+      EXPECT_EQ(testing::SampleIndexOf(sample), static_cast<int64_t>(b.indices()[i]));
+      EXPECT_EQ(b.labels()[i], testing::IndexLabel(b.indices()[i]));
+      d->indices.push_back(b.indices()[i]);
+    }
+    d->batch_index.push_back(b.index());
+    d->hashes.push_back(HashBatch(b));
+  }
+  return Status::Ok();
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kN = 700, kChunk = 50;
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("daemon");
+    data_ = dir_ + "/data.h5";
+    const std::vector<hsize_t> shape{kN, 3, 8, 8};
+    const uint64_t sb = 3 * 8 * 8;
+    auto bytes = testing::IndexSamples(kN, sb);
+    testing::H5Layout layout;
+    layout.chunk = {kChunk, 3, 8, 8};
+    ASSERT_TRUE(testing::WriteH5(data_, shape, H5T_NATIVE_UINT8, bytes, layout));
+    auto ds = Dataset::Open(data_);
+    ASSERT_TRUE(ds.ok());
+    ds_ = std::make_unique<Dataset>(std::move(*ds));
+  }
+
+  ServerOptions Options() {
+    ServerOptions o;
+    o.data = {data_};
+    o.listen = "unix:" + dir_ + "/d.sock";
+    o.io_threads = 2;
+    o.loader_threads = 2;
+    o.prefetch = 3;
+    o.cache_bytes = 64 << 10;
+    o.memory_bytes = 256 << 20;
+    o.handshake_timeout_ms = 2000;
+    o.idle_timeout_ms = 10000;
+    o.write_timeout_ms = 10000;
+    o.shutdown_grace_ms = 3000;
+    o.log = [this](std::string_view line) {
+      std::lock_guard<std::mutex> lock(log_mu_);
+      log_.emplace_back(line);
+    };
+    return o;
+  }
+  std::unique_ptr<Server> StartServer(const ServerOptions& o) {
+    auto s = Server::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  LoaderOptions StreamOptions(Order order = Order::kBlock, int rank = 0, int world = 1) {
+    LoaderOptions lo;
+    lo.batch_size = 32;
+    lo.order = order;
+    lo.seed = 17;
+    lo.shuffle_window = 3;
+    lo.rank = rank;
+    lo.world_size = world;
+    lo.prefetch = 3;
+    lo.pin_memory = false;
+    lo.threads = 2;
+    lo.cache_bytes = 64 << 10;
+    return lo;
+  }
+  RemoteLoaderOptions Client(const std::string& endpoint, const LoaderOptions& lo) {
+    RemoteLoaderOptions c;
+    c.address = endpoint;
+    c.loader = lo;
+    c.io_timeout_ms = 10000;
+    return c;
+  }
+  Delivered Local(const LoaderOptions& lo, uint64_t epoch) {
+    Loader loader(*ds_, lo);
+    EpochStream s = loader.Epoch(epoch);
+    Delivered d;
+    EXPECT_TRUE(Drain(s, &d).ok());
+    return d;
+  }
+  bool LogHas(const std::string& needle) {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    for (const auto& l : log_) {
+      if (l.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  }
+  // Waits (bounded) until `pred` holds.
+  template <typename F>
+  bool Eventually(F pred, int ms = 5000) {
+    for (int waited = 0; waited < ms; waited += 10) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pred();
+  }
+  Conn RawConnect(const std::string& endpoint) {
+    auto a = daemon::ParseAddress(endpoint);
+    EXPECT_TRUE(a.ok());
+    auto c = Conn::Connect(*a, 2000);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : Conn();
+  }
+  std::vector<std::byte> HelloBytes(const LoaderOptions& lo, const std::string& token = "") {
+    daemon::Hello h;
+    h.token = token;
+    h.loader = lo;
+    return daemon::EncodeHello(h);
+  }
+  // Reads frames until an ERROR (returned) or the connection ends.
+  std::string ReadError(Conn& c) {
+    for (int i = 0; i < 1000; ++i) {
+      Conn::Frame f;
+      if (!c.RecvFrame(&f, 16 << 20, 3000).ok()) return "";
+      if (f.header.type == FrameType::kError) {
+        auto e = daemon::DecodeError(f.payload);
+        return e.ok() ? e->message : "";
+      }
+    }
+    return "";
+  }
+
+  std::string dir_, data_;
+  std::unique_ptr<Dataset> ds_;
+  std::mutex log_mu_;
+  std::vector<std::string> log_;
+};
+
+TEST_F(DaemonTest, RemoteBatchesEqualLocalByteForByte) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  for (Order order : {Order::kBlock, Order::kRandom, Order::kSequential}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const LoaderOptions lo = StreamOptions(order, rank, 2);
+      auto remote = RemoteLoader::Connect(Client(server->endpoint(), lo));
+      ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+      EXPECT_EQ((*remote)->info().sample_bytes, 192u);
+      EXPECT_EQ((*remote)->info().sample_shape, (std::vector<uint64_t>{3, 8, 8}));
+      const Delivered want = Local(lo, 2);
+      EpochStream s = (*remote)->Epoch(2);
+      EXPECT_EQ(s.num_batches(), want.hashes.size());
+      Delivered got;
+      ASSERT_TRUE(Drain(s, &got).ok());
+      EXPECT_EQ(got.hashes, want.hashes) << OrderName(order) << " rank " << rank;
+      EXPECT_EQ(got.indices, want.indices);
+      EXPECT_EQ((*remote)->state().next_batch, want.hashes.size());
+    }
+  }
+  EXPECT_GT(server->stats().batches_sent, 0u);
+}
+
+TEST_F(DaemonTest, CompressedStreamIsIdentical) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  auto c = Client(server->endpoint(), StreamOptions());
+  c.compress = true;
+  auto remote = RemoteLoader::Connect(c);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  EpochStream s = (*remote)->Epoch(1);
+  Delivered got;
+  ASSERT_TRUE(Drain(s, &got).ok());
+  EXPECT_EQ(got.hashes, Local(StreamOptions(), 1).hashes);
+}
+
+TEST_F(DaemonTest, ResumeAfterReconnectContinuesExactly) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  const Delivered want = Local(StreamOptions(), 3);
+  auto remote = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+  ASSERT_TRUE(remote.ok());
+  Delivered got;
+  {
+    EpochStream s = (*remote)->Epoch(3);
+    ASSERT_TRUE(Drain(s, &got, 7).ok());
+  }  // disconnects mid-epoch, with batches in flight
+  const LoaderState st = (*remote)->state();
+  EXPECT_EQ(st.epoch, 3u);
+  EXPECT_EQ(st.next_batch, 7u);
+  // A fresh client (as after a trainer restart) resumes from the state.
+  auto again = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+  ASSERT_TRUE(again.ok());
+  EpochStream s = (*again)->Resume(st);
+  ASSERT_TRUE(Drain(s, &got).ok());
+  EXPECT_EQ(got.hashes, want.hashes);
+  EXPECT_EQ(got.indices, want.indices);
+}
+
+TEST_F(DaemonTest, GpuFeederWorksUnchangedOnARemoteLoader) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  FeedOptions fo;
+  fo.force_cpu = true;
+  auto run = [&](BatchSource& src) {
+    GpuFeeder feeder(src, fo, 1);
+    std::vector<uint64_t> hashes;
+    for (int i = 0; i < 100; ++i) {
+      auto b = feeder.Next();
+      EXPECT_TRUE(b.ok()) << b.status().ToString();
+      if (!b.ok() || !b->has_value()) break;
+      std::vector<float> img(static_cast<size_t>((*b)->size()) * 192);
+      EXPECT_TRUE(feeder.CopyToHost(**b, img.data(), nullptr).ok());
+      hashes.push_back(XXH3_64bits(img.data(), img.size() * sizeof(float)));
+    }
+    return hashes;
+  };
+  Loader local(*ds_, StreamOptions());
+  auto remote = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+  ASSERT_TRUE(remote.ok());
+  const auto want = run(local);
+  EXPECT_EQ(want.size(), (kN + 31) / 32);
+  EXPECT_EQ(run(**remote), want);
+}
+
+TEST_F(DaemonTest, TcpRequiresTheToken) {
+  ServerOptions o = Options();
+  o.listen = "tcp://127.0.0.1:0";
+  auto no_token = Server::Start(o);
+  ASSERT_FALSE(no_token.ok());
+  EXPECT_NE(no_token.status().message().find("--token-file"), std::string::npos);
+  {
+    std::ofstream(dir_ + "/token") << "correct horse\n";
+  }
+  o.token_file = dir_ + "/token";
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  EXPECT_EQ(server->endpoint().rfind("tcp://127.0.0.1:", 0), 0u);
+  auto c = Client(server->endpoint(), StreamOptions());
+  c.token = "wrong horse";
+  auto bad = RemoteLoader::Connect(c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("wrong token"), std::string::npos) << bad.status().message();
+  EXPECT_GE(server->stats().protocol_errors, 1u);
+  c.token.clear();
+  c.token_file = dir_ + "/token";
+  auto good = RemoteLoader::Connect(c);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EpochStream s = (*good)->Epoch(0);
+  Delivered got;
+  ASSERT_TRUE(Drain(s, &got).ok());
+  EXPECT_EQ(got.hashes, Local(StreamOptions(), 0).hashes);
+}
+
+TEST_F(DaemonTest, MalformedFramesCloseOnlyThatConnection) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  {  // garbage bytes
+    Conn c = RawConnect(server->endpoint());
+    std::vector<std::byte> junk(64, std::byte{0x5a});
+    ASSERT_TRUE(c.SendAll(junk, 2000).ok());
+    EXPECT_NE(ReadError(c).find("magic"), std::string::npos);
+  }
+  {  // an oversized length: refused from the header, nothing allocated
+    Conn c = RawConnect(server->endpoint());
+    auto hb = daemon::MakeHeader(FrameType::kHello, 0, 0, {});
+    const uint32_t big = 0x7fffffff;
+    std::memcpy(hb.data() + 12, &big, 4);
+    std::memcpy(hb.data() + 16, &big, 4);
+    ASSERT_TRUE(c.SendAll(hb, 2000).ok());
+    EXPECT_NE(ReadError(c).find("exceeds the limit"), std::string::npos);
+  }
+  {  // a corrupted payload
+    Conn c = RawConnect(server->endpoint());
+    auto frame = daemon::MakeFrame(FrameType::kHello, HelloBytes(StreamOptions()));
+    frame.back() ^= std::byte{1};
+    ASSERT_TRUE(c.SendAll(frame, 2000).ok());
+    EXPECT_NE(ReadError(c).find("checksum"), std::string::npos);
+  }
+  {  // credit before hello
+    Conn c = RawConnect(server->endpoint());
+    ASSERT_TRUE(c.SendFrame(FrameType::kCredit, daemon::EncodeCredit(1), 2000).ok());
+    EXPECT_NE(ReadError(c).find("expected HELLO"), std::string::npos);
+  }
+  {  // a truncated frame, then the client goes away
+    Conn c = RawConnect(server->endpoint());
+    auto frame = daemon::MakeFrame(FrameType::kHello, HelloBytes(StreamOptions()));
+    ASSERT_TRUE(c.SendAll(std::span<const std::byte>(frame).first(frame.size() - 5), 2000).ok());
+  }
+  {  // a dataset the daemon does not serve gets a clear refusal
+    Conn c = RawConnect(server->endpoint());
+    daemon::Hello h;
+    h.loader = StreamOptions();
+    h.dataset = "other.h5";
+    ASSERT_TRUE(c.SendFrame(FrameType::kHello, daemon::EncodeHello(h), 2000).ok());
+    EXPECT_NE(ReadError(c).find("'other.h5' is not served here"), std::string::npos);
+  }
+  EXPECT_TRUE(Eventually([&] { return server->stats().connections_open == 0; }));
+  EXPECT_GE(server->stats().protocol_errors, 4u);
+  EXPECT_TRUE(LogHas("level=warn event=error"));
+  // The daemon still serves.
+  auto remote = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  EpochStream s = (*remote)->Epoch(0);
+  Delivered got;
+  ASSERT_TRUE(Drain(s, &got).ok());
+  EXPECT_EQ(got.hashes.size(), (kN + 31) / 32);
+}
+
+TEST_F(DaemonTest, ClientThatDisconnectsMidBatch) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  {
+    Conn c = RawConnect(server->endpoint());
+    ASSERT_TRUE(c.SendFrame(FrameType::kHello, HelloBytes(StreamOptions()), 2000).ok());
+    Conn::Frame ok;
+    ASSERT_TRUE(c.RecvFrame(&ok, daemon::kMaxControlPayload, 3000).ok());
+    ASSERT_EQ(ok.header.type, FrameType::kHelloOk);
+    ASSERT_TRUE(c.SendFrame(FrameType::kCredit, daemon::EncodeCredit(4), 2000).ok());
+    std::vector<std::byte> part(daemon::kHeaderBytes + 100);
+    ASSERT_TRUE(c.RecvAll(part, 3000).ok());  // the first batch's header and a little more
+  }  // gone in the middle of a batch
+  EXPECT_TRUE(Eventually([&] { return server->stats().connections_open == 0; }));
+  EXPECT_EQ(server->stats().streams_active, 0u);
+  // Its Loader is parked warm (the reservation goes with it), and reused.
+  EXPECT_NE(server->MetricsText().find("gpufeed_loaders_parked 1"), std::string::npos);
+  auto remote = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+  ASSERT_TRUE(remote.ok());
+  EpochStream s = (*remote)->Epoch(0);
+  Delivered got;
+  ASSERT_TRUE(Drain(s, &got).ok());
+  EXPECT_EQ(got.hashes, Local(StreamOptions(), 0).hashes);
+  EXPECT_TRUE(LogHas("loader=warm"));
+}
+
+TEST_F(DaemonTest, HandshakeTimeoutAndConnectionCap) {
+  ServerOptions o = Options();
+  o.handshake_timeout_ms = 300;
+  o.max_connections = 2;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  Conn a = RawConnect(server->endpoint());
+  Conn b = RawConnect(server->endpoint());
+  ASSERT_TRUE(Eventually([&] { return server->stats().connections_open == 2; }));
+  Conn c = RawConnect(server->endpoint());
+  EXPECT_NE(ReadError(c).find("too many connections"), std::string::npos);
+  EXPECT_EQ(server->stats().connections_rejected, 1u);
+  // The silent two are dropped after the handshake timeout.
+  EXPECT_NE(ReadError(a).find("no valid HELLO"), std::string::npos);
+  EXPECT_NE(ReadError(b).find("no valid HELLO"), std::string::npos);
+  EXPECT_TRUE(Eventually([&] { return server->stats().connections_open == 0; }));
+}
+
+TEST_F(DaemonTest, StalledAndIdleClientsAreBoundedAndDoNotBlockOthers) {
+  // Larger samples so a stalled client fills its socket: 12 KiB, batches of 64.
+  const std::string big = dir_ + "/big.h5";
+  const uint64_t n = 1600, sb = 3 * 64 * 64;
+  auto bytes = testing::IndexSamples(n, sb);
+  testing::H5Layout layout;
+  layout.chunk = {100, 3, 64, 64};
+  ASSERT_TRUE(testing::WriteH5(big, {n, 3, 64, 64}, H5T_NATIVE_UINT8, bytes, layout));
+  ServerOptions o = Options();
+  o.data = {big};
+  o.memory_bytes = 1ull << 30;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  LoaderOptions lo = StreamOptions();
+  lo.batch_size = 64;
+  std::vector<Conn> idle, stalled;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(RawConnect(server->endpoint()));
+    ASSERT_TRUE(idle.back().SendFrame(FrameType::kHello, HelloBytes(lo), 2000).ok());
+  }
+  for (int i = 0; i < 4; ++i) {
+    stalled.push_back(RawConnect(server->endpoint()));
+    ASSERT_TRUE(stalled.back().SendFrame(FrameType::kHello, HelloBytes(lo), 2000).ok());
+    ASSERT_TRUE(stalled.back().SendFrame(FrameType::kCredit, daemon::EncodeCredit(1000), 2000).ok());
+  }
+  ASSERT_TRUE(Eventually([&] { return server->stats().streams_active == 4; }));
+  // Let the stalled streams run into their sockets, then check they stopped.
+  uint64_t sent = 0;
+  ASSERT_TRUE(Eventually([&] {
+    const uint64_t now = server->stats().batches_sent;
+    const bool settled = now == sent && now > 0;
+    sent = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return settled;
+  }, 20000));
+  const ServerStats st = server->stats();
+  EXPECT_LT(st.batches_sent, 4 * n / 64);  // not the whole epoch: the sockets are full
+  EXPECT_LE(st.queued_frames, 4u * 2);     // at most 2 frames per client wait in the daemon
+  EXPECT_EQ(st.streams_active, 4u);        // idle clients hold no Loader
+  EXPECT_LE(st.reserved_bytes, o.memory_bytes);
+  // A normal client is not held up by them.
+  auto c = Client(server->endpoint(), lo);
+  c.dataset = big;
+  auto remote = RemoteLoader::Connect(c);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  EpochStream s = (*remote)->Epoch(0);
+  Delivered got;
+  ASSERT_TRUE(Drain(s, &got).ok());
+  EXPECT_EQ(got.indices.size(), n);
+}
+
+TEST_F(DaemonTest, WriteTimeoutClosesADeadReader) {
+  const std::string big = dir_ + "/big.h5";
+  const uint64_t n = 800, sb = 3 * 64 * 64;
+  auto bytes = testing::IndexSamples(n, sb);
+  testing::H5Layout layout;
+  layout.chunk = {100, 3, 64, 64};
+  ASSERT_TRUE(testing::WriteH5(big, {n, 3, 64, 64}, H5T_NATIVE_UINT8, bytes, layout));
+  ServerOptions o = Options();
+  o.data = {big};
+  o.write_timeout_ms = 300;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  LoaderOptions lo = StreamOptions();
+  lo.batch_size = 64;
+  Conn c = RawConnect(server->endpoint());
+  ASSERT_TRUE(c.SendFrame(FrameType::kHello, HelloBytes(lo), 2000).ok());
+  ASSERT_TRUE(c.SendFrame(FrameType::kCredit, daemon::EncodeCredit(1000), 2000).ok());
+  EXPECT_TRUE(Eventually([&] { return server->stats().connections_accepted == 1 &&
+                                      server->stats().connections_open == 0; }, 10000));
+  EXPECT_TRUE(LogHas("write timeout"));
+  EXPECT_EQ(server->stats().streams_active, 0u);
+}
+
+TEST_F(DaemonTest, MemoryBudgetRefusesAStreamThatDoesNotFit) {
+  ServerOptions o = Options();
+  o.memory_bytes = 1000;  // less than any stream's bound
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  auto remote = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+  ASSERT_TRUE(remote.ok());  // describing needs no memory
+  EpochStream s = (*remote)->Epoch(0);
+  auto r = s.Next();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("memory budget"), std::string::npos) << r.status().message();
+}
+
+TEST_F(DaemonTest, GracefulShutdownUnderLoadLosesAndDoublesNothing) {
+  ServerOptions o = Options();
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  constexpr int kWorld = 2;
+  std::vector<std::unique_ptr<RemoteLoader>> clients;
+  for (int r = 0; r < kWorld; ++r) {
+    auto c = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions(Order::kBlock, r, kWorld)));
+    ASSERT_TRUE(c.ok());
+    clients.push_back(std::move(*c));
+  }
+  std::vector<Delivered> got(kWorld);
+  std::vector<Status> ended(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      EpochStream s = clients[r]->Epoch(4);
+      for (uint64_t n = 0; n < 1000; ++n) {  // slow consumers: the daemon stops mid-epoch
+        auto b = s.Next();
+        if (!b.ok()) {
+          ended[r] = b.status();
+          return;
+        }
+        if (!b->has_value()) return;
+        got[r].hashes.push_back(HashBatch(**b));
+        got[r].batch_index.push_back((**b).index());
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+  }
+  ASSERT_TRUE(Eventually([&] { return server->stats().batches_sent >= 4; }));
+  server->Stop();
+  EXPECT_TRUE(server->Wait().ok());
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(LogHas("event=shutdown"));
+  server.reset();
+  // A new daemon on the same socket; each client resumes where it stopped.
+  server = StartServer(o);
+  ASSERT_TRUE(server);
+  for (int r = 0; r < kWorld; ++r) {
+    const LoaderState st = clients[r]->state();
+    EXPECT_EQ(st.next_batch, got[r].hashes.size());
+    if (!ended[r].ok()) {
+      EXPECT_NE(ended[r].message().find("shutting down"), std::string::npos) << ended[r].ToString();
+    }
+    EpochStream s = clients[r]->Resume(st);
+    Delivered rest;
+    ASSERT_TRUE(Drain(s, &rest).ok());
+    got[r].hashes.insert(got[r].hashes.end(), rest.hashes.begin(), rest.hashes.end());
+    EXPECT_EQ(got[r].hashes, Local(StreamOptions(Order::kBlock, r, kWorld), 4).hashes) << "rank " << r;
+  }
+}
+
+TEST_F(DaemonTest, MetricsEndpointServesPrometheusText) {
+  ServerOptions o = Options();
+  o.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  auto remote = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+  ASSERT_TRUE(remote.ok());
+  EpochStream s = (*remote)->Epoch(0);
+  Delivered got;
+  ASSERT_TRUE(Drain(s, &got, 3).ok());
+  Conn m = RawConnect("tcp://" + server->metrics_endpoint());
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_TRUE(m.SendAll(std::as_bytes(std::span(req.data(), req.size())), 2000).ok());
+  std::string resp;
+  for (int i = 0; i < 100000; ++i) {
+    std::byte b[1];
+    if (!m.RecvAll(b, 2000).ok()) break;
+    resp += static_cast<char>(b[0]);
+  }
+  EXPECT_EQ(resp.rfind("HTTP/1.1 200 OK", 0), 0u) << resp.substr(0, 200);
+  EXPECT_NE(resp.find("gpufeed_client_batches_sent_total{client="), std::string::npos);
+  EXPECT_NE(resp.find("gpufeed_client_cache_hit_rate"), std::string::npos);
+  EXPECT_NE(resp.find("gpufeed_connections_open 1"), std::string::npos);
+  EXPECT_NE(server->MetricsText().find("# TYPE gpufeed_bytes_sent_total counter"), std::string::npos);
+}
+
+TEST_F(DaemonTest, BadStartOptionsAreNamed) {
+  ServerOptions o = Options();
+  o.data = {dir_ + "/missing.h5"};
+  auto s = Server::Start(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("missing.h5"), std::string::npos);
+  o = Options();
+  o.listen = "udp://x";
+  EXPECT_NE(Server::Start(o).status().message().find("unix:PATH"), std::string::npos);
+  {
+    std::ofstream(dir_ + "/notasocket") << "x";
+  }
+  o = Options();
+  o.listen = "unix:" + dir_ + "/notasocket";
+  EXPECT_NE(Server::Start(o).status().message().find("not a socket"), std::string::npos);
+  // A unix socket is created with mode 0600.
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir_ + "/d.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // A second daemon on the same path is refused.
+  auto second = Server::Start(Options());
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("another daemon"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpufeed
