@@ -69,7 +69,12 @@ struct TrainOptions {
   float init_scale = 65536;               // fp16 loss scaler
   TrainDevice device = TrainDevice::kAuto;
   int cuda_device = 0;
-  LoaderOptions loader;                   // batch_size/seed/drop_last are set from the above
+  // Loader settings (order, threads, prefetch, cache...). batch_size, seed,
+  // drop_last (true: every micro-batch full) and pin_memory are set by the
+  // trainer. Two loaders run over the training split — this epoch's and,
+  // from its middle on, the next one's, so epochs meet without a pipeline
+  // refill — and they split cache_bytes between them.
+  LoaderOptions loader;
   // Checkpoint file written after every epoch (atomically: tmp + rename).
   // Empty: none.
   std::string checkpoint_path;
