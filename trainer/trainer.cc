@@ -485,6 +485,14 @@ void Run::Verdict() {
                     "compute-bound: the GPU was busy %.1f%% of the time and the trainer waited for data %.1f%% of it; "
                     "a faster model or GPU would go faster, a faster input would not",
                     u, 100 * w);
+    } else if (w < 0.05) {
+      // Idle GPU, yet the data was always there: the host loop (kernel
+      // launches of a small model) is the limit, not the input.
+      std::snprintf(buf, sizeof buf,
+                    "host-bound: the GPU was busy only %.1f%% of the time but the trainer waited for data just %.1f%% "
+                    "of it: the host's kernel launches limit this small model (a larger batch would help); the "
+                    "input is not the limit",
+                    u, 100 * w);
     } else {
       std::snprintf(buf, sizeof buf,
                     "input-bound: the GPU was busy only %.1f%% of the time; the trainer waited for data %.1f%% of "

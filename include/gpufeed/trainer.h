@@ -61,7 +61,7 @@ struct TrainOptions {
   uint64_t batch_size = 256;              // micro-batch: one loader batch
   int accum = 1;                          // micro-batches per optimizer step
   float clip_norm = 0;                    // clip the global gradient norm (0: off)
-  int echo = 1;                           // GpuFeeder echo factor (0: auto)
+  int echo = 1;                           // GpuFeeder echo factor (0: auto; the schedule then assumes 1)
   int crop_padding = 0;                   // random crop with this padding (0: off)
   bool flip = false;                      // random horizontal flip
   uint64_t seed = 0;
@@ -129,7 +129,7 @@ struct TrainReport {
   double steady_samples_per_s = 0;
   double data_wait_fraction = 0;       // of the training time
   std::string telemetry;               // why NVML is off, if it is
-  std::string verdict;                 // "compute-bound ..." / "input-bound ..."
+  std::string verdict;                 // "compute-bound ...", "input-bound ..." or "host-bound ..."
   uint64_t weights_hash = 0;           // XXH64 of the fp32 master weights at the end
 };
 
