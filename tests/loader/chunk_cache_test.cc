@@ -69,6 +69,10 @@ TEST(ChunkCacheTest, BeladyKeepsTheSoonerOfTwoCandidates) {
 
 TEST(ChunkCacheTest, PrefetchesWhatTheNextBatchesNeed) {
   testing::InMemorySource src(8, 100, 1);
+  // Slow reads keep the prefetches pending while Acquire decides: a decode
+  // that finished mid-loop would free a slot and (rightly) start a 4th one,
+  // which made this test depend on scheduling (seen under TSan in CI).
+  src.set_delay_ms(300);
   ChunkCache cache(src, 400);
   EpochPlan plan = PlanOf({{0}, {1}, {2}, {3}, {4}}, 8);
   cache.BeginEpoch(&plan, 0);
