@@ -168,7 +168,8 @@ std::vector<std::shared_ptr<Session>> ServerCore::Sessions() const {
 // Server::Impl
 
 struct Server::Impl {
-  explicit Impl(const ServerOptions& o) : core(o), acceptor(core.io), metrics_acceptor(core.io), signals(core.io) {}
+  explicit Impl(const ServerOptions& o)
+      : core(o), acceptor(core.io), metrics_acceptor(core.io), signals(core.io), control(asio::make_strand(core.io)) {}
 
   ServerCore core;
   daemon::Address address;
@@ -176,6 +177,10 @@ struct Server::Impl {
   asio::basic_socket_acceptor<GenericProto> acceptor;
   asio::ip::tcp::acceptor metrics_acceptor;
   asio::signal_set signals;
+  // Serializes everything that touches the acceptors and the signal set:
+  // their completion handlers and DoStop (Asio objects are not thread-safe;
+  // TSan caught close() racing a re-armed async_accept).
+  asio::strand<asio::io_context::executor_type> control;
   std::vector<std::thread> threads;
   uint64_t next_id = 1;  // accept handler only (serialized: one accept at a time)
   std::atomic<bool> stop_requested{false};
@@ -187,7 +192,7 @@ struct Server::Impl {
   void Accept();
   void Reject(GenericProto::socket socket, const std::string& why);
   void AcceptMetrics();
-  void DoStop();  // on an io thread
+  void DoStop();  // on `control`
   std::string Metrics() const;
 };
 
@@ -274,7 +279,8 @@ Status Server::Impl::BindMetrics() {
 }
 
 void Server::Impl::Accept() {
-  acceptor.async_accept(asio::make_strand(core.io), [this](const boost::system::error_code& ec,
+  acceptor.async_accept(asio::make_strand(core.io), asio::bind_executor(control, [this](
+                                                           const boost::system::error_code& ec,
                                                            GenericProto::socket socket) {
     if (ec == asio::error::operation_aborted || core.stopping) return;
     if (ec) {
@@ -312,7 +318,7 @@ void Server::Impl::Accept() {
       asio::post(session->executor(), [session] { session->Start(); });
     }
     Accept();
-  });
+  }));
 }
 
 void Server::Impl::Reject(GenericProto::socket socket, const std::string& why) {
@@ -331,7 +337,8 @@ void Server::Impl::Reject(GenericProto::socket socket, const std::string& why) {
 }
 
 void Server::Impl::AcceptMetrics() {
-  metrics_acceptor.async_accept(asio::make_strand(core.io), [this](const boost::system::error_code& ec,
+  metrics_acceptor.async_accept(asio::make_strand(core.io), asio::bind_executor(control, [this](
+                                                                   const boost::system::error_code& ec,
                                                                    asio::ip::tcp::socket socket) {
     if (ec == asio::error::operation_aborted || core.stopping) return;
     if (!ec) {
@@ -372,7 +379,7 @@ void Server::Impl::AcceptMetrics() {
       });
     }
     AcceptMetrics();
-  });
+  }));
 }
 
 std::string Server::Impl::Metrics() const {
@@ -505,12 +512,12 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   if (o.handle_signals) {
     raw->signals.add(SIGINT);
     raw->signals.add(SIGTERM);
-    raw->signals.async_wait([raw](const boost::system::error_code& ec, int sig) {
+    raw->signals.async_wait(asio::bind_executor(raw->control, [raw](const boost::system::error_code& ec, int sig) {
       if (ec) return;
       raw->core.Log("info", "signal", daemon::Kv("signal", static_cast<uint64_t>(sig)));
       raw->stop_requested = true;
       raw->DoStop();
-    });
+    }));
   }
   raw->Accept();
   if (!raw->metrics_endpoint.empty()) raw->AcceptMetrics();
@@ -545,7 +552,7 @@ const std::string& Server::metrics_endpoint() const { return impl_->metrics_endp
 
 void Server::Stop() {
   if (impl_->stop_requested.exchange(true)) return;
-  asio::post(impl_->core.io, [impl = impl_.get()] { impl->DoStop(); });
+  asio::post(impl_->control, [impl = impl_.get()] { impl->DoStop(); });
 }
 
 Status Server::Wait() {
