@@ -345,6 +345,20 @@ __global__ void OptimizerKernel(OptimizerStep o, bool decay, size_t n, float* ma
 
 // --- the backend ----------------------------------------------------------------------
 
+// The heuristics' first (best-ranked) deterministic algorithm, so repeated
+// runs pick the same one and produce the same bits.
+template <class Perf, class Algo>
+Status PickDeterministic(const Perf* perf, int count, Algo* algo, const char* direction) {
+  for (int i = 0; i < count; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) {
+      *algo = perf[i].algo;
+      return Status::Ok();
+    }
+  }
+  return Status::Unsupported(std::string("cuDNN has no deterministic ") + direction +
+                             " convolution for this shape");
+}
+
 struct ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
@@ -489,35 +503,22 @@ class CudaOps final : public Ops {
       CUDNN_RETURN(cudnnSetConvolution2dDescriptor(*d, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       CUDNN_RETURN(cudnnSetConvolutionMathType(*d, math));
     }
-    // The heuristics' best deterministic algorithm for each direction.
     int got = 0;
     cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     CUDNN_RETURN(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, p.x, p.w, p.fwd, p.y,
                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp));
-    bool found = false;
-    for (int i = 0; i < got && !found; ++i)
-      if (fp[i].status == CUDNN_STATUS_SUCCESS && fp[i].determinism == CUDNN_DETERMINISTIC)
-        p.fwd_algo = fp[i].algo, found = true;
-    if (!found) return Status::Unsupported("cuDNN has no deterministic forward convolution for this shape");
+    GPUFEED_RETURN_IF_ERROR(PickDeterministic(fp, got, &p.fwd_algo, "forward"));
     CUDNN_RETURN(cudnnGetConvolutionForwardWorkspaceSize(cudnn_, p.x, p.w, p.fwd, p.y, p.fwd_algo, &p.fwd_ws));
     cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     CUDNN_RETURN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, p.w, p.y, p.bwd_data, p.x,
                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, dp));
-    found = false;
-    for (int i = 0; i < got && !found; ++i)
-      if (dp[i].status == CUDNN_STATUS_SUCCESS && dp[i].determinism == CUDNN_DETERMINISTIC)
-        p.data_algo = dp[i].algo, found = true;
-    if (!found) return Status::Unsupported("cuDNN has no deterministic backward-data convolution for this shape");
+    GPUFEED_RETURN_IF_ERROR(PickDeterministic(dp, got, &p.data_algo, "backward-data"));
     CUDNN_RETURN(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, p.w, p.y, p.bwd_data, p.x, p.data_algo,
                                                               &p.data_ws));
     cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     CUDNN_RETURN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn_, p.x, p.y, p.bwd_filter, p.w,
                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp));
-    found = false;
-    for (int i = 0; i < got && !found; ++i)
-      if (wp[i].status == CUDNN_STATUS_SUCCESS && wp[i].determinism == CUDNN_DETERMINISTIC)
-        p.filter_algo = wp[i].algo, found = true;
-    if (!found) return Status::Unsupported("cuDNN has no deterministic backward-filter convolution for this shape");
+    GPUFEED_RETURN_IF_ERROR(PickDeterministic(wp, got, &p.filter_algo, "backward-filter"));
     CUDNN_RETURN(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, p.x, p.y, p.bwd_filter, p.w, p.filter_algo,
                                                                 &p.filter_ws));
     return &(plans_[key] = p);
