@@ -156,6 +156,7 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
     c.loader.rank = rank;
     c.loader.world_size = world;
     c.compress = o.compress;
+    c.shared_memory = o.shared_memory;
     c.client_name = "bench-" + std::to_string(rank);
     return c;
   };
@@ -168,6 +169,16 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
     if (!sps.ok()) return sps.status();
     r.remote1_sps = *sps;
     one->reset();
+    r.remote1_socket_sps = r.remote1_sps;
+    if (o.shared_memory) {  // the same client with batches on the socket, for comparison
+      RemoteLoaderOptions c = client_opts(0, 1);
+      c.shared_memory = false;
+      auto copy = RemoteLoader::Connect(c);
+      if (!copy.ok()) return copy.status();
+      sps = TimedRun("1 remote client (socket)", {copy->get()}, *ds, o.epochs, &r.spot_checked);
+      if (!sps.ok()) return sps.status();
+      r.remote1_socket_sps = *sps;
+    }
     std::vector<std::unique_ptr<RemoteLoader>> many;
     std::vector<BatchSource*> ptrs;
     for (int k = 0; k < o.clients; ++k) {

@@ -329,7 +329,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   scmd->add_option("--cache-bytes", sa->o.loader.cache_bytes, "decoded-chunk cache per loader");
   scmd->add_option("--epochs", sa->o.epochs, "epochs per run; the last is timed (default 2)");
   scmd->add_option("--clients", sa->o.clients, "concurrent clients (ranks of one world) (default 4)");
-  scmd->add_flag("--compress", sa->o.compress, "zstd payloads");
+  scmd->add_flag("--compress", sa->o.compress, "zstd payloads (with --no-shared-memory)");
+  scmd->add_flag("!--no-shared-memory", sa->o.shared_memory, "batches on the socket, not in shared memory");
   scmd->add_option("--idle-clients", sa->o.idle_clients, "memory check: clients that say HELLO only");
   scmd->add_option("--stalled-clients", sa->o.stalled_clients, "memory check: clients that grant credit, never read");
   scmd->add_option("--memory-bytes", sa->o.memory_bytes, "memory check: the daemon's budget");
@@ -349,7 +350,10 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       std::printf("%s\n", nlohmann::json({{"data", o.data}, {"order", sa->order}, {"threads", o.loader.threads},
                                            {"batch_size", o.loader.batch_size}, {"samples", r->samples},
                                            {"compress", o.compress}, {"local_samples_per_s", r->local_sps},
+                                           {"shared_memory", o.shared_memory},
                                            {"remote1_samples_per_s", r->remote1_sps},
+                                           {"remote1_socket_samples_per_s", r->remote1_socket_sps},
+                                           {"remote1_socket_ratio", r->remote1_socket_ratio()},
                                            {"remote_n_samples_per_s", r->remote4_sps}, {"clients", o.clients},
                                            {"remote1_ratio", r->remote1_ratio()},
                                            {"remote_n_ratio", r->remote4_ratio()}, {"verified", true},
@@ -372,8 +376,14 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
                   o.loader.threads, static_cast<unsigned long long>(r->samples),
                   static_cast<unsigned long long>(r->spot_checked));
       std::printf("  local Loader:                   %9.0f samples/s\n", r->local_sps);
-      std::printf("  daemon, 1 client (unix%s):      %9.0f samples/s = %5.1f%% of local\n",
-                  o.compress ? "+zstd" : "", r->remote1_sps, 100 * r->remote1_ratio());
+      std::printf("  daemon, 1 client (unix%s):  %9.0f samples/s = %5.1f%% of local\n",
+                  o.shared_memory ? ", shm" : o.compress ? "+zstd" : ", socket", r->remote1_sps,
+                  100 * r->remote1_ratio());
+      if (o.shared_memory) {
+        std::printf("  daemon, 1 client (unix, socket): %9.0f samples/s = %5.1f%% of local (batches copied "
+                    "through the socket)\n",
+                    r->remote1_socket_sps, 100 * r->remote1_socket_ratio());
+      }
       std::printf("  daemon, %d clients (ranks of %d): %9.0f samples/s = %5.1f%% of local (together)\n", o.clients,
                   o.clients, r->remote4_sps, 100 * r->remote4_ratio());
       std::printf("  memory: %d idle + %d stalled clients (%llu streams admitted, %llu batches sent before they "

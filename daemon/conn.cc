@@ -139,6 +139,38 @@ Status Conn::SendFrame(FrameType type, std::span<const std::byte> payload, int t
   return SendAll(MakeFrame(type, payload), timeout_ms);
 }
 
+Status Conn::SendFrameWithFd(FrameType type, std::span<const std::byte> payload, int fd, int timeout_ms) {
+  const std::vector<std::byte> frame = MakeFrame(type, payload);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{const_cast<std::byte*>(frame.data()), frame.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  const auto start = Clock::now();
+  for (;;) {
+    if (cancel_ != nullptr && cancel_->load()) return Status::IOError(peer_ + ": cancelled");
+    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n > 0) {  // the descriptor went with the first byte; the rest is plain
+      return SendAll(std::span(frame).subspan(static_cast<size_t>(n)), timeout_ms);
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return Status::IOError(peer_ + ": sendmsg (passing the shared memory): " + Errno(errno));
+    }
+    if (Clock::now() - start > std::chrono::milliseconds(timeout_ms)) {
+      return Status::IOError(peer_ + ": send stalled for " + std::to_string(timeout_ms) + " ms");
+    }
+    pollfd p{fd_, POLLOUT, 0};
+    ::poll(&p, 1, kSliceMs);
+  }
+}
+
 Status Conn::RecvFrame(Frame* f, uint32_t max_payload, int timeout_ms) {
   HeaderBytes hb;
   GPUFEED_RETURN_IF_ERROR(RecvAll(hb, timeout_ms));

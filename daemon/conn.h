@@ -36,6 +36,9 @@ class Conn {
   // A control frame: header, payload, checksum (payload at most
   // kMaxControlPayload).
   Status SendFrame(FrameType type, std::span<const std::byte> payload, int timeout_ms);
+  // The same, with file descriptor `fd` attached to the frame's first bytes
+  // (SCM_RIGHTS; Unix sockets only). The descriptor stays the caller's.
+  Status SendFrameWithFd(FrameType type, std::span<const std::byte> payload, int fd, int timeout_ms);
   struct Frame {
     FrameHeader header;
     std::vector<std::byte> payload;  // decompressed

@@ -96,7 +96,7 @@ void PutVec(Writer& w, const std::vector<T>& v) {
   w.Raw(v.data(), v.size() * sizeof(T));
 }
 
-bool KnownType(uint16_t t) { return t >= 1 && t <= 7; }
+bool KnownType(uint16_t t) { return t >= 1 && t <= 9; }
 
 }  // namespace
 
@@ -109,6 +109,8 @@ std::string_view FrameTypeName(FrameType t) {
     case FrameType::kEnd: return "END";
     case FrameType::kError: return "ERROR";
     case FrameType::kShutdown: return "SHUTDOWN";
+    case FrameType::kBatchRef: return "BATCH_REF";
+    case FrameType::kSlots: return "SLOTS";
   }
   return "?";
 }
@@ -240,6 +242,8 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
   w.U64(m.start_batch);
   w.U8(m.compress ? 1 : 0);
   w.U8(m.describe_only ? 1 : 0);
+  w.U32(m.shm_slots);
+  w.U64(m.shm_stride);
   return w.Take();
 }
 
@@ -259,7 +263,14 @@ Result<Hello> DecodeHello(std::span<const std::byte> p) {
   m.start_batch = r.U64("start_batch");
   m.compress = r.U8("compress") != 0;
   m.describe_only = r.U8("describe_only") != 0;
+  m.shm_slots = r.U32("shm_slots");
+  m.shm_stride = r.U64("shm_stride");
   GPUFEED_RETURN_IF_ERROR(r.Finish());
+  if (m.shm_slots > kMaxShmSlots || (m.shm_slots > 0 && (m.shm_stride == 0 || m.shm_stride > (1ull << 36)))) {
+    return Status::InvalidArgument("HELLO: " + std::to_string(m.shm_slots) + " shared-memory slots of " +
+                                   std::to_string(m.shm_stride) + " bytes (up to " + std::to_string(kMaxShmSlots) +
+                                   " slots of at most 64 GiB)");
+  }
   if (order > static_cast<uint8_t>(Order::kBlock)) {
     return Status::InvalidArgument("HELLO: unknown order " + std::to_string(order));
   }
@@ -290,6 +301,7 @@ std::vector<std::byte> EncodeHelloOk(const HelloOk& m) {
   w.U64(m.num_batches);
   w.U64(m.client_id);
   w.U8(m.compress ? 1 : 0);
+  w.U8(m.shm ? 1 : 0);
   return w.Take();
 }
 
@@ -308,6 +320,7 @@ Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p) {
   m.num_batches = r.U64("num_batches");
   m.client_id = r.U64("client_id");
   m.compress = r.U8("compress") != 0;
+  m.shm = r.U8("shm") != 0;
   GPUFEED_RETURN_IF_ERROR(r.Finish());
   if (dtype > static_cast<uint8_t>(DType::kFloat64)) {
     return Status::Corrupt("HELLO_OK: unknown dtype " + std::to_string(dtype));
@@ -367,6 +380,55 @@ Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p) {
   if (flags > 1) return Status::Corrupt("BATCH: unknown flags " + std::to_string(flags));
   h.has_labels = flags == 1;
   return h;
+}
+
+std::vector<std::byte> EncodeBatchRef(const Batch& b, uint32_t slot) {
+  Writer w;
+  w.U64(b.epoch());
+  w.U64(b.index());
+  w.U32(static_cast<uint32_t>(b.size()));
+  w.U32(b.labels().empty() ? 0 : 1);
+  w.U64(b.sample_bytes());
+  w.U32(slot);
+  w.U32(0);
+  w.Raw(b.indices().data(), b.indices().size_bytes());
+  w.Raw(b.labels().data(), b.labels().size_bytes());
+  return w.Take();
+}
+
+Result<BatchRef> DecodeBatchRef(std::span<const std::byte> p) {
+  if (p.size() < BatchRef::kFixedBytes) {
+    return Status::Corrupt("BATCH_REF: " + std::to_string(p.size()) + " bytes, shorter than its fixed part");
+  }
+  BatchRef m;
+  auto head = DecodeBatchFixed(p.first(BatchHead::kFixedBytes));
+  if (!head.ok()) return head.status();
+  m.head = *head;
+  Reader r(p.subspan(BatchHead::kFixedBytes, 8), "BATCH_REF");
+  m.slot = r.U32("slot");
+  const uint32_t zero = r.U32("reserved");
+  GPUFEED_RETURN_IF_ERROR(r.Finish());
+  if (zero != 0) return Status::Corrupt("BATCH_REF: reserved field is " + std::to_string(zero));
+  if (m.head.count > kMaxBatchSize || m.payload_bytes() != p.size()) {
+    return Status::Corrupt("BATCH_REF: " + std::to_string(m.head.count) + " samples need " +
+                           std::to_string(m.payload_bytes()) + " bytes, the frame has " + std::to_string(p.size()));
+  }
+  return m;
+}
+
+std::vector<std::byte> EncodeSlots(std::span<const uint32_t> slots) {
+  Writer w;
+  w.U32(static_cast<uint32_t>(slots.size()));
+  w.Raw(slots.data(), slots.size_bytes());
+  return w.Take();
+}
+
+Result<std::vector<uint32_t>> DecodeSlots(std::span<const std::byte> p) {
+  Reader r(p, "SLOTS");
+  std::vector<uint32_t> v = r.Vec<uint32_t>(kMaxShmSlots, "slots");
+  GPUFEED_RETURN_IF_ERROR(r.Finish());
+  if (v.empty()) return Status::InvalidArgument("SLOTS: no slot named");
+  return v;
 }
 
 std::vector<std::byte> EncodeEnd(const End& m) {

@@ -29,7 +29,7 @@ static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian and is copied to and from memory as is");
 
 inline constexpr uint32_t kMagic = 0x57465047;  // bytes "GPFW"
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: shared-memory batches (BATCH_REF, SLOTS)
 inline constexpr size_t kHeaderBytes = 32;
 
 // Limits, checked before any allocation.
@@ -39,6 +39,7 @@ inline constexpr uint32_t kMaxRank = 8;                   // sample rank (dims)
 inline constexpr uint32_t kMaxChannels = 64;              // mean/std entries
 inline constexpr uint64_t kMaxBatchSize = 1 << 20;        // samples per batch
 inline constexpr uint32_t kMaxCredits = 1024;             // outstanding batches a client may grant
+inline constexpr uint32_t kMaxShmSlots = 256;             // slots of a client's shared memory
 
 enum class FrameType : uint16_t {
   kHello = 1,     // client -> server: token and stream parameters
@@ -48,6 +49,8 @@ enum class FrameType : uint16_t {
   kEnd = 5,       // server -> client: the epoch is complete
   kError = 6,     // either way: why the connection is being closed
   kShutdown = 7,  // server -> client: the daemon is stopping; resume elsewhere or later
+  kBatchRef = 8,  // server -> client: one batch, its images already in a shared-memory slot
+  kSlots = 9,     // client -> server: these shared-memory slots may be filled
 };
 std::string_view FrameTypeName(FrameType t);
 
@@ -103,6 +106,11 @@ struct Hello {
   uint64_t start_batch = 0;
   bool compress = false;
   bool describe_only = false;  // answer kHelloOk and close (RemoteLoader::Connect)
+  // Shared memory (Unix sockets): the HELLO frame carries a sealed memfd
+  // (SCM_RIGHTS) of shm_slots x shm_stride bytes, batch i's images at
+  // i x shm_stride. 0: batches travel in BATCH frames.
+  uint32_t shm_slots = 0;
+  uint64_t shm_stride = 0;
 };
 
 struct HelloOk {
@@ -110,6 +118,7 @@ struct HelloOk {
   uint64_t num_batches = 0;  // in this epoch, for this rank
   uint64_t client_id = 0;
   bool compress = false;
+  bool shm = false;  // the daemon mapped the client's memfd: BATCH_REF frames, SLOTS grants
 };
 
 // The part of a kBatch payload before the images.
@@ -123,6 +132,15 @@ struct BatchHead {
   // Fixed part + indices + labels.
   uint64_t head_bytes() const { return kFixedBytes + uint64_t{count} * 8 * (has_labels ? 2 : 1); }
   uint64_t payload_bytes() const { return head_bytes() + uint64_t{count} * sample_bytes; }
+};
+
+// A BATCH_REF payload: BatchHead's fixed part, the slot (u32, then 4 zero
+// bytes), indices and labels; the images are in the slot.
+struct BatchRef {
+  BatchHead head;
+  uint32_t slot = 0;
+  static constexpr size_t kFixedBytes = BatchHead::kFixedBytes + 8;
+  uint64_t payload_bytes() const { return head.head_bytes() + 8; }
 };
 
 struct End {
@@ -145,6 +163,13 @@ Result<uint32_t> DecodeCredit(std::span<const std::byte> p);
 std::vector<std::byte> EncodeBatchHead(const Batch& b);
 // The fixed part only (32 bytes); indices and labels are read by the caller.
 Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p);
+std::vector<std::byte> EncodeBatchRef(const Batch& b, uint32_t slot);
+// The fixed part and slot; checks that `p` is exactly as long as its count
+// says. Indices and labels follow at BatchRef::kFixedBytes.
+Result<BatchRef> DecodeBatchRef(std::span<const std::byte> p);
+// SLOTS: a u32 count (1 to kMaxShmSlots) and that many u32 slot numbers.
+std::vector<std::byte> EncodeSlots(std::span<const uint32_t> slots);
+Result<std::vector<uint32_t>> DecodeSlots(std::span<const std::byte> p);
 std::vector<std::byte> EncodeEnd(const End& m);
 Result<End> DecodeEnd(std::span<const std::byte> p);
 std::vector<std::byte> EncodeError(const ErrorMsg& m);

@@ -1,6 +1,8 @@
 // RemoteLoader: a receiver thread per stream reads BATCH frames straight into
 // the pool's slots (no copy for uncompressed payloads) and grants one credit
-// per slot it holds; the consumer's Next() takes filled slots in order.
+// per slot it holds; the consumer's Next() takes filled slots in order. With
+// shared memory (Unix sockets) the pool is a memfd the daemon fills itself:
+// the receiver grants slots by number and reads only BATCH_REF heads.
 #include "gpufeed/remote_loader.h"
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "daemon/address.h"
 #include "daemon/conn.h"
 #include "daemon/protocol.h"
+#include "daemon/shm.h"
 #include "loader/batch_pool.h"
 #include "loader/stream_impl.h"
 
@@ -59,6 +62,8 @@ struct RemoteLoader::Impl {
   BatchSourceInfo info;
   uint64_t num_batches = 0;
   BatchPool pool;
+  daemon::SharedRegion region;  // the pool's memory when it is shared with the daemon
+  uint64_t shm_stride = 0;
   LoaderState state;
   struct RemoteStream* active = nullptr;
 
@@ -72,7 +77,29 @@ struct RemoteLoader::Impl {
     h.start_batch = start;
     h.compress = options.compress;
     h.describe_only = describe;
+    if (!describe && region.fd() >= 0) {
+      h.shm_slots = static_cast<uint32_t>(pool.size());
+      h.shm_stride = shm_stride;
+    }
     return h;
+  }
+
+  // The pool, once: in a sealed memfd on a unix: address (shared_memory),
+  // plain or pinned memory otherwise.
+  Status EnsurePool() {
+    if (pool.allocated()) return Status::Ok();
+    const int slots = std::max(1, options.loader.prefetch) + 1;
+    const uint64_t batch_bytes = info.batch_size * info.sample_bytes;
+    if (options.shared_memory && address.kind == daemon::Address::Kind::kUnix &&
+        static_cast<uint32_t>(slots) <= daemon::kMaxShmSlots) {
+      shm_stride = daemon::ShmSlotStride(batch_bytes);
+      auto r = daemon::SharedRegion::Create(shm_stride * static_cast<uint64_t>(slots), "gpufeed-batches");
+      if (!r.ok()) return r.status().WithContext("remote loader: shared batch memory");
+      region = std::move(*r);
+      return pool.AllocateViews(region.bytes(), shm_stride, slots, info.batch_size, info.sample_bytes,
+                                options.loader.pin_memory, /*start_free=*/true);
+    }
+    return pool.Allocate(slots, info.batch_size, info.sample_bytes, options.loader.pin_memory);
   }
 
   // Connects and completes the handshake; the HelloOk is returned.
@@ -82,9 +109,13 @@ struct RemoteLoader::Impl {
     if (!c.ok()) return c.status();
     *conn = std::move(*c);
     conn->set_cancel(cancel);
-    GPUFEED_RETURN_IF_ERROR(
-        conn->SendFrame(FrameType::kHello, daemon::EncodeHello(MakeHello(epoch, start, describe)),
-                        options.io_timeout_ms));
+    const daemon::Hello hello = MakeHello(epoch, start, describe);
+    if (hello.shm_slots > 0) {
+      GPUFEED_RETURN_IF_ERROR(conn->SendFrameWithFd(FrameType::kHello, daemon::EncodeHello(hello), region.fd(),
+                                                    options.io_timeout_ms));
+    } else {
+      GPUFEED_RETURN_IF_ERROR(conn->SendFrame(FrameType::kHello, daemon::EncodeHello(hello), options.io_timeout_ms));
+    }
     Conn::Frame f;
     GPUFEED_RETURN_IF_ERROR(conn->RecvFrame(&f, daemon::kMaxControlPayload, options.io_timeout_ms));
     if (f.header.type == FrameType::kError || f.header.type == FrameType::kShutdown) {
@@ -131,6 +162,9 @@ struct RemoteStream final : EpochStream::Impl {
   Status Receive(Conn& conn, std::deque<Batch::Slot*>& held);
   Status ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
                    Batch::Slot* slot, uint64_t* count);
+  Status ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
+                      std::deque<Batch::Slot*>& held, Item* item);
+  Status CheckHead(const daemon::BatchHead& head, uint64_t expect) const;
   Result<std::optional<Batch>> Next() override;
   uint64_t num_batches() const override { return loader->num_batches; }
   LoaderStats stats() const override;
@@ -164,6 +198,8 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
     return Status::InvalidArgument(peer + ": the daemon now serves a different dataset (" + ok->info.name +
                                    ") than at Connect() (" + want.name + ")");
   }
+  const bool shm = ok->shm;
+  if (shm && loader->region.fd() < 0) return Status::Corrupt(peer + ": HELLO_OK grants shared memory never offered");
   const uint64_t sb = want.sample_bytes, bs = want.batch_size;
   const uint64_t max_payload64 = daemon::BatchHead::kFixedBytes + bs * 16 + bs * sb;
   if (max_payload64 > UINT32_MAX) return Status::Unsupported(peer + ": batches over 4 GiB");
@@ -176,26 +212,39 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
     // One credit per slot this thread holds: the daemon never sends a batch
     // that has no slot to land in.
     if (send_error.ok()) {
-      uint32_t grant = 0;
+      std::vector<uint32_t> grant;
       while (Batch::Slot* s = loader->pool.TryAcquire()) {
         held.push_back(s);
-        ++grant;
+        grant.push_back(s->id);
       }
       if (held.empty()) {
         Batch::Slot* s = loader->pool.Acquire();  // woken by a consumer release or Stop()
         if (s == nullptr) return Status::IOError(peer + ": cancelled");
         held.push_back(s);
-        grant = 1;
+        grant.push_back(s->id);
       }
-      if (grant > 0) {
-        send_error = conn.SendFrame(FrameType::kCredit, daemon::EncodeCredit(grant), o.io_timeout_ms);
+      if (!grant.empty()) {
+        send_error = shm ? conn.SendFrame(FrameType::kSlots, daemon::EncodeSlots(grant), o.io_timeout_ms)
+                         : conn.SendFrame(FrameType::kCredit,
+                                          daemon::EncodeCredit(static_cast<uint32_t>(grant.size())), o.io_timeout_ms);
       }
     }
     daemon::HeaderBytes hb;
     if (Status st = conn.RecvAll(hb, o.io_timeout_ms); !st.ok()) return send_error.ok() ? st : send_error;
     auto h = daemon::ParseHeader(hb, max_payload, max_payload, peer);
     if (!h.ok()) return h.status();
-    if (h->type == FrameType::kBatch) {
+    if (h->type == FrameType::kBatchRef && shm) {
+      Item item;
+      GPUFEED_RETURN_IF_ERROR(ReadBatchRef(conn, hb, *h, expect, held, &item));
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ready.push_back(item);
+      }
+      cv.notify_all();
+      ++expect;
+      continue;
+    }
+    if (h->type == FrameType::kBatch && !shm) {
       if (held.empty()) return Status::Corrupt(peer + ": a BATCH frame beyond the credit granted");
       Batch::Slot* slot = held.front();
       uint64_t count = 0;
@@ -262,13 +311,10 @@ Status RemoteStream::ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const 
   }
   auto head = daemon::DecodeBatchFixed(fixed);
   if (!head.ok()) return head.status().WithContext(peer);
-  if (head->epoch != epoch || head->index != expect || head->count == 0 || head->count > info.batch_size ||
-      head->sample_bytes != info.sample_bytes || head->has_labels != info.has_labels ||
-      head->payload_bytes() != h.raw_bytes) {
-    return Status::Corrupt(peer + ": BATCH head (epoch " + std::to_string(head->epoch) + ", batch " +
-                           std::to_string(head->index) + ", " + std::to_string(head->count) + " samples of " +
-                           std::to_string(head->sample_bytes) + " bytes) does not match the stream (epoch " +
-                           std::to_string(epoch) + ", batch " + std::to_string(expect) + ")");
+  GPUFEED_RETURN_IF_ERROR(CheckHead(*head, expect));
+  if (head->payload_bytes() != h.raw_bytes) {
+    return Status::Corrupt(peer + ": BATCH " + std::to_string(expect) + " of " + std::to_string(head->count) +
+                           " samples in a frame of " + std::to_string(h.raw_bytes) + " bytes");
   }
   const uint64_t n = head->count;
   auto indices = std::as_writable_bytes(std::span(slot->indices.data(), n));
@@ -297,6 +343,53 @@ Status RemoteStream::ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const 
     }
   }
   *count = n;
+  return Status::Ok();
+}
+
+Status RemoteStream::CheckHead(const daemon::BatchHead& head, uint64_t expect) const {
+  const BatchSourceInfo& info = loader->info;
+  if (head.epoch != epoch || head.index != expect || head.count == 0 || head.count > info.batch_size ||
+      head.sample_bytes != info.sample_bytes || head.has_labels != info.has_labels) {
+    return Status::Corrupt(peer + ": batch head (epoch " + std::to_string(head.epoch) + ", batch " +
+                           std::to_string(head.index) + ", " + std::to_string(head.count) + " samples of " +
+                           std::to_string(head.sample_bytes) + " bytes) does not match the stream (epoch " +
+                           std::to_string(epoch) + ", batch " + std::to_string(expect) + ")");
+  }
+  return Status::Ok();
+}
+
+// A BATCH_REF: the images are in a slot granted to the daemon; the frame
+// carries which, and the samples' indices and labels.
+Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h,
+                                  uint64_t expect, std::deque<Batch::Slot*>& held, Item* item) {
+  const BatchSourceInfo& info = loader->info;
+  if (h.flags != 0 || h.payload_bytes > daemon::BatchRef::kFixedBytes + info.batch_size * 16) {
+    return Status::Corrupt(peer + ": BATCH_REF frame of " + std::to_string(h.payload_bytes) + " bytes");
+  }
+  std::vector<std::byte> payload(h.payload_bytes);
+  GPUFEED_RETURN_IF_ERROR(conn.RecvAll(payload, loader->options.io_timeout_ms));
+  GPUFEED_RETURN_IF_ERROR(daemon::VerifyChecksum(h, hb, payload, peer));
+  auto ref = daemon::DecodeBatchRef(payload);
+  if (!ref.ok()) return ref.status().WithContext(peer);
+  GPUFEED_RETURN_IF_ERROR(CheckHead(ref->head, expect));
+  auto it = std::find_if(held.begin(), held.end(), [&](Batch::Slot* s) { return s->id == ref->slot; });
+  if (it == held.end()) {
+    return Status::Corrupt(peer + ": BATCH_REF " + std::to_string(expect) + " in slot " + std::to_string(ref->slot) +
+                           ", which was not granted");
+  }
+  Batch::Slot* slot = *it;
+  const uint64_t n = ref->head.count;
+  const std::byte* at = payload.data() + daemon::BatchRef::kFixedBytes;
+  std::memcpy(slot->indices.data(), at, n * 8);
+  if (ref->head.has_labels) std::memcpy(slot->labels.data(), at + n * 8, n * 8);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (slot->indices[i] >= info.num_samples) {
+      return Status::Corrupt(peer + ": BATCH_REF " + std::to_string(expect) + " names sample " +
+                             std::to_string(slot->indices[i]) + " of " + std::to_string(info.num_samples));
+    }
+  }
+  held.erase(it);
+  *item = {slot, expect, n};
   return Status::Ok();
 }
 
@@ -396,8 +489,7 @@ EpochStream RemoteLoader::Epoch(uint64_t epoch, uint64_t start_batch) {
     st = Status::InvalidArgument(s->peer + ": resume at batch " + std::to_string(start_batch) + " past the epoch's " +
                                  std::to_string(impl_->num_batches));
   } else {
-    st = impl_->pool.Allocate(std::max(1, impl_->options.loader.prefetch) + 1, impl_->info.batch_size,
-                              impl_->info.sample_bytes, impl_->options.loader.pin_memory);
+    st = impl_->EnsurePool();
   }
   if (!st.ok()) {
     s->error = st;

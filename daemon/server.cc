@@ -98,11 +98,12 @@ bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {
   return ok;
 }
 
-void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes) {
+void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes,
+                      std::unique_ptr<ShmPool> shm) {
   std::vector<Parked> evicted;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    parked_.push_back({key, std::move(loader), reserved_bytes});
+    parked_.push_back({key, std::move(shm), std::move(loader), reserved_bytes});
     while (parked_.size() > kMaxParked) {
       reserved_ -= parked_.front().reserved_bytes;
       evicted.push_back(std::move(parked_.front()));
@@ -111,17 +112,24 @@ void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, ui
   }
 }
 
-std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reserved_bytes) {
+std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reserved_bytes,
+                                         std::unique_ptr<ShmPool>* shm, uint64_t shm_inode) {
   std::lock_guard<std::mutex> lock(mu_);
+  auto pick = parked_.rend();
   for (auto it = parked_.rbegin(); it != parked_.rend(); ++it) {
-    if (it->key == key) {
-      std::unique_ptr<Loader> l = std::move(it->loader);
-      *reserved_bytes = it->reserved_bytes;
-      parked_.erase(std::next(it).base());
-      return l;
+    if (it->key != key) continue;
+    if (pick == parked_.rend()) pick = it;
+    if (shm_inode != 0 && it->shm && it->shm->region.inode() == shm_inode) {  // this client's own memory
+      pick = it;
+      break;
     }
   }
-  return nullptr;
+  if (pick == parked_.rend()) return nullptr;
+  std::unique_ptr<Loader> l = std::move(pick->loader);
+  *reserved_bytes = pick->reserved_bytes;
+  if (shm != nullptr) *shm = std::move(pick->shm);
+  parked_.erase(std::next(pick).base());
+  return l;
 }
 
 size_t ServerCore::parked() const {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/shm.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/server.h"
@@ -42,8 +43,13 @@ class ServerCore {
   // connection with the same stream identity `key` (a client's next epoch,
   // or its reconnect). A parked Loader keeps its reservation; Take() hands
   // both over. Thread-safe.
-  void Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes);
-  std::unique_ptr<Loader> Take(const std::string& key, uint64_t* reserved_bytes);
+  // A shared-memory stream's Loader is parked with its ShmPool (the Loader
+  // fills that pool); Take() prefers the one mapping the client's memfd
+  // `shm_inode` and hands the ShmPool over through `shm`.
+  void Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes,
+            std::unique_ptr<ShmPool> shm = nullptr);
+  std::unique_ptr<Loader> Take(const std::string& key, uint64_t* reserved_bytes,
+                               std::unique_ptr<ShmPool>* shm = nullptr, uint64_t shm_inode = 0);
   size_t parked() const;
   void DropParked();  // at shutdown
 
@@ -67,6 +73,7 @@ class ServerCore {
   uint64_t reserved_ = 0;                                // GUARDED_BY(mu_)
   struct Parked {
     std::string key;
+    std::unique_ptr<ShmPool> shm;    // before loader: the Loader (pointing into it) goes first
     std::unique_ptr<Loader> loader;
     uint64_t reserved_bytes = 0;
   };

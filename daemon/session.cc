@@ -2,7 +2,11 @@
 // producer thread per streaming client (see session.h).
 #include "daemon/session.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "daemon/server_core.h"
 #include "loader/sampler.h"
@@ -27,13 +31,16 @@ Session::~Session() {
   // OnProducerDone joined the producer before the last reference could go.
   if (producer_.joinable()) producer_.join();
   out_.clear();  // batches back to the Loader's pool before the Loader goes
+  shm_sent_.clear();
   if (reserved_bytes_ > 0) {
     server_.streams_active -= 1;
     if (loader_ && loader_ok_ && !server_.stopping) {
-      // Warm for this client's next epoch or reconnect; its reservation goes along.
-      server_.Park(stream_key_, std::move(loader_), reserved_bytes_);
+      // Warm for this client's next epoch or reconnect; its reservation (and
+      // shared memory) goes along.
+      server_.Park(stream_key_, std::move(loader_), reserved_bytes_, std::move(shm_pool_));
     } else {
       loader_.reset();
+      shm_pool_.reset();
       server_.Unreserve(reserved_bytes_);
     }
   }
@@ -72,6 +79,10 @@ void Session::ArmIdle() {
 }
 
 void Session::ReadHeader() {
+  if (state_ == State::kHandshake) {
+    ReadHelloHeader(0);
+    return;
+  }
   auto self = shared_from_this();
   asio::async_read(socket_, asio::buffer(in_header_), [self](const boost::system::error_code& ec, size_t) {
     if (self->state_ != State::kHandshake && self->state_ != State::kStreaming) return;
@@ -80,22 +91,81 @@ void Session::ReadHeader() {
       self->CloseNow(clean ? "client closed the connection" : "read failed: " + ec.message());
       return;
     }
-    auto h = ParseHeader(self->in_header_, kMaxControlPayload, kMaxControlPayload, "client " + self->peer_);
-    if (!h.ok()) {
-      self->Fail(h.status(), true);
+    self->OnHeader();
+  });
+}
+
+// The HELLO's header is read with recvmsg, since a client that wants shared
+// memory attaches its memfd (SCM_RIGHTS) to the frame's first bytes. At most
+// one descriptor is kept; any other is closed at once.
+void Session::ReadHelloHeader(size_t got) {
+  auto self = shared_from_this();
+  socket_.async_wait(Socket::wait_read, [self, got](const boost::system::error_code& ec) {
+    if (self->state_ != State::kHandshake) return;
+    if (ec) {
+      self->CloseNow("read failed: " + ec.message());
       return;
     }
-    self->in_ = *h;
-    self->in_payload_.resize(h->payload_bytes);  // at most kMaxControlPayload: checked above
-    asio::async_read(self->socket_, asio::buffer(self->in_payload_),
-                     [self](const boost::system::error_code& ec2, size_t) {
-                       if (self->state_ != State::kHandshake && self->state_ != State::kStreaming) return;
-                       if (ec2) {
-                         self->CloseNow("connection lost in the middle of a frame: " + ec2.message());
-                         return;
-                       }
-                       self->OnFrame();
-                     });
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+    iovec iov{self->in_header_.data() + got, kHeaderBytes - got};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(self->socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    const int err = errno;
+    if (n > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < fds; ++i) {
+          int fd = -1;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          if (!self->hello_fd_.valid()) {
+            self->hello_fd_ = UniqueFd(fd);
+          } else {
+            UniqueFd extra(fd);  // closed here
+          }
+        }
+      }
+    }
+    if (n == 0) {
+      self->CloseNow("client closed the connection");
+      return;
+    }
+    if (n < 0) {
+      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
+        self->ReadHelloHeader(got);
+      } else {
+        self->CloseNow("read failed: " + std::string(std::strerror(err)));
+      }
+      return;
+    }
+    if (got + static_cast<size_t>(n) < kHeaderBytes) {
+      self->ReadHelloHeader(got + static_cast<size_t>(n));
+      return;
+    }
+    self->OnHeader();
+  });
+}
+
+void Session::OnHeader() {
+  auto h = ParseHeader(in_header_, kMaxControlPayload, kMaxControlPayload, "client " + peer_);
+  if (!h.ok()) {
+    Fail(h.status(), true);
+    return;
+  }
+  in_ = *h;
+  in_payload_.resize(h->payload_bytes);  // at most kMaxControlPayload: checked above
+  auto self = shared_from_this();
+  asio::async_read(socket_, asio::buffer(in_payload_), [self](const boost::system::error_code& ec, size_t) {
+    if (self->state_ != State::kHandshake && self->state_ != State::kStreaming) return;
+    if (ec) {
+      self->CloseNow("connection lost in the middle of a frame: " + ec.message());
+      return;
+    }
+    self->OnFrame();
   });
 }
 
@@ -116,10 +186,13 @@ void Session::OnFrame() {
       return;
     }
     HandleHello(in_payload_);
-  } else if (in_.type == FrameType::kCredit) {
+  } else if (in_.type == FrameType::kCredit && !shm_) {
     HandleCredit(in_payload_);
+  } else if (in_.type == FrameType::kSlots && shm_) {
+    HandleSlots(in_payload_);
   } else {
-    Fail(Status::InvalidArgument("unexpected " + std::string(FrameTypeName(in_.type)) + " frame while streaming"),
+    Fail(Status::InvalidArgument("unexpected " + std::string(FrameTypeName(in_.type)) + " frame while streaming" +
+                                 (shm_ ? " (a shared-memory stream is granted SLOTS)" : "")),
          true);
     return;
   }
@@ -161,6 +234,14 @@ void Session::HandleHello(std::span<const std::byte> payload) {
          false);
     return;
   }
+  if (hello->shm_slots > 0 && !hello->describe_only) {
+    if (!AcceptSharedMemory(*hello, lo.batch_size * d.sample_bytes())) return;
+    if (shm_) {
+      lo.prefetch = static_cast<int>(hello->shm_slots);  // the pipeline may fill every slot granted
+      hello->compress = false;                           // nothing travels to compress
+    }
+  }
+  if (!shm_) hello_fd_.Reset();
   hello_ = std::move(*hello);
   hello_.loader = lo;
   hello_.token.clear();
@@ -186,14 +267,50 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   ok.num_batches = num_batches_;
   ok.client_id = id_;
   ok.compress = hello_.compress;
+  ok.shm = shm_;
   Log("info", hello_.describe_only ? "describe" : "stream",
       Kv("name", client_name_) + " " + Kv("dataset", ds->first) + " " + Kv("epoch", hello_.epoch) + " " +
           Kv("start_batch", hello_.start_batch) + " " + Kv("batch_size", lo.batch_size) + " " +
           Kv("order", std::string(OrderName(lo.order))) + " " + Kv("rank", lo.rank) + " " +
-          Kv("world_size", lo.world_size) + " " + Kv("compress", hello_.compress ? "zstd" : "none"));
+          Kv("world_size", lo.world_size) + " " + Kv("compress", hello_.compress ? "zstd" : "none") + " " +
+          Kv("transport", shm_ ? "shm:" + std::to_string(hello_.shm_slots) + "_slots" : "socket"));
   state_ = State::kStreaming;
   EnqueueControl(FrameType::kHelloOk, EncodeHelloOk(ok), hello_.describe_only);
   if (hello_.describe_only) state_ = State::kClosing;
+}
+
+// On a Unix socket, checks the memfd the HELLO carried (mapped when the
+// stream starts, or a parked mapping of it reused); elsewhere (TCP) declines,
+// and batches travel in BATCH frames. False when the session failed.
+bool Session::AcceptSharedMemory(const Hello& h, uint64_t batch_bytes) {
+  boost::system::error_code ec;
+  const auto local = socket_.local_endpoint(ec);
+  if (ec || local.protocol().family() != AF_UNIX) {
+    hello_fd_.Reset();
+    return true;  // declined: HELLO_OK says shm = false
+  }
+  if (!hello_fd_.valid()) {
+    Fail(Status::InvalidArgument("HELLO asks for shared memory but carries no memfd"), true);
+    return false;
+  }
+  if (h.shm_slots < 2 || h.shm_stride < batch_bytes || h.shm_stride % 4096 != 0) {
+    Fail(Status::InvalidArgument("HELLO: " + std::to_string(h.shm_slots) + " shared-memory slots of " +
+                                 std::to_string(h.shm_stride) + " bytes for batches of " +
+                                 std::to_string(batch_bytes) + " (at least 2 slots, page-aligned, a batch each)"),
+         true);
+    return false;
+  }
+  auto inode = SharedRegion::Inspect(hello_fd_.get(), uint64_t{h.shm_slots} * h.shm_stride, "client " + peer_);
+  if (!inode.ok()) {
+    Fail(inode.status(), true);
+    return false;
+  }
+  shm_inode_ = *inode;
+  shm_stride_ = h.shm_stride;
+  shm_client_holds_.assign(h.shm_slots, true);  // every slot is the client's until SLOTS grants it
+  shm_sent_.resize(h.shm_slots);
+  shm_ = true;
+  return true;
 }
 
 void Session::HandleCredit(std::span<const std::byte> payload) {
@@ -219,6 +336,42 @@ void Session::HandleCredit(std::span<const std::byte> payload) {
   if (!producer_running_ && !loader_ && !draining_) StartProducer();
 }
 
+// A shared-memory client hands slots back (or grants them the first time):
+// the batch it held there goes back to the pool, where the Loader fills it.
+void Session::HandleSlots(std::span<const std::byte> payload) {
+  auto slots = DecodeSlots(payload);
+  if (!slots.ok()) {
+    Fail(slots.status(), true);
+    return;
+  }
+  for (uint32_t k : *slots) {
+    if (k >= shm_client_holds_.size()) {
+      Fail(Status::InvalidArgument("SLOTS names slot " + std::to_string(k) + " of " +
+                                   std::to_string(shm_client_holds_.size())),
+           true);
+      return;
+    }
+    if (!shm_client_holds_[k]) {
+      Fail(Status::InvalidArgument("SLOTS grants slot " + std::to_string(k) + ", which the daemon holds already"),
+           true);
+      return;
+    }
+    shm_client_holds_[k] = false;  // a duplicate within this frame fails above
+  }
+  if (!producer_running_ && !loader_ && !draining_) StartProducer();  // maps the memory
+  if (state_ != State::kStreaming || !shm_pool_) return;
+  for (uint32_t k : *slots) {
+    if (shm_sent_[k].has_value()) {
+      shm_sent_[k].reset();  // Batch's destructor: back to the pool
+    } else {
+      shm_pool_->pool.Release(shm_pool_->pool.slot(k));  // granted for the first time
+    }
+  }
+  uint64_t daemon_holds = 0;
+  for (bool c : shm_client_holds_) daemon_holds += c ? 0 : 1;
+  metrics_.credits = daemon_holds;
+}
+
 void Session::StartProducer() {
   const uint64_t sb = dataset_->sample_bytes(), bb = hello_.loader.batch_size * sb;
   const uint64_t threads = static_cast<uint64_t>(server_.loader_threads);
@@ -228,9 +381,11 @@ void Session::StartProducer() {
   stream_key_ = dataset_->name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
                 std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
                 "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
-                (hello_.compress ? "z" : "-");
+                (hello_.compress ? "z" : "-") +
+                (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
   uint64_t parked_bytes = 0;
-  if (auto warm = server_.Take(stream_key_, &parked_bytes)) {
+  std::unique_ptr<ShmPool> parked_shm;
+  if (auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_)) {
     loader_ = std::move(warm);
     reserved_bytes_ = parked_bytes;
     server_.streams_active += 1;
@@ -251,6 +406,26 @@ void Session::StartProducer() {
     Log("info", "stream_start", Kv("reserved_bytes", bound) + " " + Kv("daemon_reserved_bytes", after) + " loader=new");
     loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
   }
+  if (shm_) {
+    const bool reuse = parked_shm && parked_shm->region.inode() == shm_inode_ && parked_shm->Reclaim();
+    if (reuse) {
+      shm_pool_ = std::move(parked_shm);  // this client's memory, mapped already
+    } else {
+      auto p = ShmPool::Map(std::move(hello_fd_), static_cast<uint32_t>(shm_client_holds_.size()), shm_stride_,
+                            hello_.loader.batch_size, dataset_->sample_bytes(), "client " + peer_);
+      if (!p.ok()) {
+        LoaderInternal::UsePool(*loader_, nullptr);
+        Fail(p.status(), false);
+        return;
+      }
+      shm_pool_ = std::move(*p);
+    }
+    hello_fd_.Reset();
+    LoaderInternal::UsePool(*loader_, &shm_pool_->pool);
+    Log("info", "shm", Kv("slots", shm_client_holds_.size()) + " " + Kv("stride", shm_stride_) + " " +
+                           Kv("mapping", reuse ? "reused" : "new"));
+  }
+  parked_shm.reset();  // someone else's (the Loader no longer points into it)
   producer_running_ = true;
   keep_alive_ = shared_from_this();
   work_.emplace(server_.io.get_executor());
@@ -267,7 +442,9 @@ void Session::Produce() {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mu_);
-        while (!stop_producer_ && !(credits_ > 0 && queued_ < kMaxQueued)) {
+        // Shared memory: the Loader waits for slots the client grants; the
+        // frames are small, so nothing else bounds them.
+        while (!stop_producer_ && !(shm_ || (credits_ > 0 && queued_ < kMaxQueued))) {
           cv_.wait_for(lock, milliseconds(100));
         }
         if (stop_producer_) break;
@@ -283,6 +460,10 @@ void Session::Produce() {
         break;
       }
       if (!r->has_value()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stop_producer_) break;  // the pool was cancelled to stop the stream: not its end
+        }
         final_frame = std::make_shared<OutFrame>();
         final_frame->body = EncodeEnd({hello_.epoch, num_batches_});
         final_frame->header =
@@ -297,12 +478,19 @@ void Session::Produce() {
       auto f = std::make_shared<OutFrame>();
       f->is_batch = true;
       f->samples = b.size();
-      f->body = EncodeBatchHead(b);
-      const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.images().size());
-      if (hello_.compress) {
+      if (shm_) {
+        // The images are in the client's slot already; only the head travels.
+        const auto off = static_cast<uint64_t>(b.images().data() - shm_pool_->region.bytes().data());
+        f->shm_slot = static_cast<int64_t>(off / shm_stride_);
+        f->body = EncodeBatchRef(b, static_cast<uint32_t>(f->shm_slot));
+        f->header = MakeHeader(FrameType::kBatchRef, 0, static_cast<uint32_t>(f->body.size()), {f->body});
+        f->batch = std::move(b);
+      } else if (f->body = EncodeBatchHead(b); hello_.compress) {
+        const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.images().size());
         f->body = Compress({f->body, b.images()});
         f->header = MakeHeader(FrameType::kBatch, kFlagZstd, raw, {f->body});
       } else {
+        const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.images().size());
         f->header = MakeHeader(FrameType::kBatch, 0, raw, {f->body, b.images()});
         f->batch = std::move(b);
       }
@@ -312,7 +500,7 @@ void Session::Produce() {
       metrics_.loader_queue_depth = st.mean_queue_depth();
       {
         std::lock_guard<std::mutex> lock(mu_);
-        --credits_;
+        if (!shm_) --credits_;
         ++queued_;
         metrics_.credits = credits_;
         metrics_.queued = static_cast<uint64_t>(queued_);
@@ -356,6 +544,13 @@ void Session::Enqueue(std::shared_ptr<OutFrame> f) {
     return;
   }
   if (f->close_after && !f->is_batch) state_ = State::kClosing;
+  if (f->shm_slot >= 0) {
+    // From here the slot is the client's: it may hand it back as soon as it
+    // has read the frame, even before this write's handler runs.
+    const auto k = static_cast<size_t>(f->shm_slot);
+    shm_client_holds_[k] = true;
+    shm_sent_[k] = std::move(f->batch);
+  }
   out_.push_back(std::move(f));
   WriteNext();
 }
@@ -375,7 +570,7 @@ void Session::WriteNext() {
   const OutFrame& f = *out_.front();
   std::array<asio::const_buffer, 3> bufs = {
       asio::buffer(f.header), asio::buffer(f.body),
-      asio::buffer(f.batch.images().data(), f.batch.images().size())};
+      asio::buffer(f.batch.images().data(), f.batch.images().size())};  // empty unless a BATCH's images
   auto self = shared_from_this();
   const uint64_t seq = ++write_seq_;
   write_timer_.expires_after(milliseconds(server_.options.write_timeout_ms));
@@ -454,6 +649,8 @@ void Session::StopProducer() {
     stop_producer_ = true;
   }
   cv_.notify_all();
+  // A Loader waiting for a slot the client will never grant wakes up.
+  if (shm_pool_) shm_pool_->pool.SetCancelled(true);
 }
 
 void Session::CloseNow(const std::string& reason) {

@@ -28,8 +28,11 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "daemon/protocol.h"
+#include "daemon/shm.h"
+#include "loader/batch_pool.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/status.h"
@@ -69,14 +72,19 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<std::byte> body;  // control payload, batch head, or a compressed batch
     Batch batch;                  // images sent from the Loader's slot (uncompressed batches)
     uint64_t samples = 0;
+    int64_t shm_slot = -1;        // BATCH_REF: the slot its images are in (not sent)
     bool is_batch = false;
     bool close_after = false;
   };
 
   void ReadHeader();
+  void ReadHelloHeader(size_t got);  // recvmsg: the HELLO may carry a memfd
+  void OnHeader();
   void OnFrame();
   void HandleHello(std::span<const std::byte> payload);
+  bool AcceptSharedMemory(const Hello& h, uint64_t batch_bytes);
   void HandleCredit(std::span<const std::byte> payload);
+  void HandleSlots(std::span<const std::byte> payload);
   void StartProducer();
   void Produce();  // the producer thread
   void OnProducerDone();
@@ -116,7 +124,21 @@ class Session : public std::enable_shared_from_this<Session> {
   const Dataset* dataset_ = nullptr;
   uint64_t num_batches_ = 0;
   std::string stream_key_;  // dataset and stream parameters: which parked Loader fits
+
+  // Shared memory (set on the strand; declared before loader_ so it
+  // outlives it). The Loader assembles into shm_pool_, whose slots are views
+  // of the client's memfd.
+  UniqueFd hello_fd_;  // a descriptor that came with the HELLO, until mapped or closed
+  bool shm_ = false;   // HELLO_OK said so: BATCH_REF and SLOTS
+  uint64_t shm_stride_ = 0, shm_inode_ = 0;
+  std::unique_ptr<ShmPool> shm_pool_;  // from the first SLOTS on (mapped, or a parked one reused)
+
   std::unique_ptr<Loader> loader_;  // declared before out_: queued batches go back to its pool first
+
+  // Strand only (shm): which slots the client holds (granted by no SLOTS
+  // since their BATCH_REF), and the batch in each until it is granted back.
+  std::vector<bool> shm_client_holds_;
+  std::vector<std::optional<Batch>> shm_sent_;
   std::thread producer_;
 
   std::deque<std::shared_ptr<OutFrame>> out_;  // strand only

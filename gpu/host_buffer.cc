@@ -9,9 +9,13 @@ namespace gpufeed::gpu {
 #ifdef GPUFEED_WITH_CUDA
 bool PinnedAlloc(size_t bytes, void** out);  // host_buffer_cuda.cu
 void PinnedFree(void* p);
+bool PinnedRegister(void* p, size_t bytes);
+void PinnedUnregister(void* p);
 #else
 static bool PinnedAlloc(size_t, void**) { return false; }
 static void PinnedFree(void*) {}
+static bool PinnedRegister(void*, size_t) { return false; }
+static void PinnedUnregister(void*) {}
 #endif
 
 HostBuffer HostBuffer::Allocate(size_t bytes, bool try_pinned) {
@@ -29,9 +33,20 @@ HostBuffer HostBuffer::Allocate(size_t bytes, bool try_pinned) {
   return b;
 }
 
+HostBuffer HostBuffer::Adopt(std::byte* data, size_t bytes, bool try_pinned) {
+  HostBuffer b;
+  b.data_ = data;
+  b.bytes_ = bytes;
+  b.owned_ = false;
+  b.pinned_ = try_pinned && data != nullptr && PinnedRegister(data, bytes);
+  return b;
+}
+
 void HostBuffer::Free() {
   if (data_ == nullptr) return;
-  if (pinned_) {
+  if (!owned_) {
+    if (pinned_) PinnedUnregister(data_);
+  } else if (pinned_) {
     PinnedFree(data_);
   } else {
     std::free(data_);

@@ -16,14 +16,20 @@ class HostBuffer {
   // otherwise. Returns an empty buffer (data() == nullptr) only when even a
   // plain allocation fails.
   static HostBuffer Allocate(size_t bytes, bool try_pinned);
+  // A view of memory owned elsewhere (a shared-memory mapping), page-locked
+  // in place with cudaHostRegister when `try_pinned` and a device accepts it.
+  // The memory must outlive the buffer; destroying the buffer unregisters it
+  // and frees nothing.
+  static HostBuffer Adopt(std::byte* data, size_t bytes, bool try_pinned);
   HostBuffer(HostBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_), pinned_(o.pinned_) {}
+      : data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_), pinned_(o.pinned_), owned_(o.owned_) {}
   HostBuffer& operator=(HostBuffer&& o) noexcept {
     if (this != &o) {
       Free();
       data_ = std::exchange(o.data_, nullptr);
       bytes_ = o.bytes_;
       pinned_ = o.pinned_;
+      owned_ = o.owned_;
     }
     return *this;
   }
@@ -38,6 +44,7 @@ class HostBuffer {
   std::byte* data_ = nullptr;
   size_t bytes_ = 0;
   bool pinned_ = false;
+  bool owned_ = true;
 };
 
 }  // namespace gpufeed::gpu

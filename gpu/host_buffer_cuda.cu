@@ -23,4 +23,23 @@ bool PinnedAlloc(size_t bytes, void** out) {
 
 void PinnedFree(void* p) { cudaFreeHost(p); }
 
+// Page-locks memory allocated elsewhere (e.g. a shared mapping); false, with
+// no sticky error, when there is no device or the driver refuses.
+bool PinnedRegister(void* p, size_t bytes) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+void PinnedUnregister(void* p) {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 }  // namespace gpufeed::gpu

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,12 +18,14 @@
 namespace gpufeed {
 
 class BatchPool;
+class Loader;
 
 struct Batch::Slot {
   gpu::HostBuffer images;         // batch_size x sample_bytes
   std::vector<int64_t> labels;    // batch_size
   std::vector<uint64_t> indices;  // batch_size
   BatchPool* pool = nullptr;
+  uint32_t id = 0;                // position in its pool
 };
 
 // Thread-safe. Acquire blocks until a slot is free or the pool is cancelled
@@ -32,12 +35,23 @@ class BatchPool {
   // Allocates `slots` slots once (later calls are no-ops). Pages of plain
   // memory are touched now rather than during the first batches.
   Status Allocate(int slots, uint64_t batch_size, uint64_t sample_bytes, bool pin_memory);
+  // Slots whose images are views of `region` (slot i at i x stride; the
+  // region outlives the pool): a shared-memory mapping that the daemon and a
+  // RemoteLoader both see. `start_free` false leaves every slot out of the
+  // free list until Release()d (the daemon's side: a slot is the client's
+  // until it grants it).
+  Status AllocateViews(std::span<std::byte> region, uint64_t stride, int slots, uint64_t batch_size,
+                       uint64_t sample_bytes, bool pin_memory, bool start_free);
   bool allocated() const { return !slots_.empty(); }
   size_t size() const { return slots_.size(); }
+  Batch::Slot* slot(size_t i) const { return slots_[i].get(); }
 
   Batch::Slot* Acquire();
   Batch::Slot* TryAcquire();  // nullptr when none is free (or cancelled)
   void Release(Batch::Slot* s);
+  // Empties the free list (those slots are now the caller's); returns how
+  // many it held.
+  size_t TakeAllFree();
   void SetCancelled(bool c);
 
  private:
@@ -46,6 +60,16 @@ class BatchPool {
   std::vector<std::unique_ptr<Batch::Slot>> slots_;  // owns them all; fixed after Allocate
   std::vector<Batch::Slot*> free_;                   // GUARDED_BY(mu_)
   bool cancelled_ = false;                           // GUARDED_BY(mu_)
+};
+
+// gpufeed-internal access to a Loader: the daemon makes a stream's Loader
+// assemble straight into the slots of a client's shared memory.
+struct LoaderInternal {
+  // Batches come from `pool` (nullptr: the Loader's own) from the next
+  // Epoch() on. Call only while no stream of the Loader is alive; the pool
+  // must outlive every stream started with it. The pipeline keeps up to
+  // options().prefetch batches in flight, so size the pool to match.
+  static void UsePool(Loader& loader, BatchPool* pool);
 };
 
 }  // namespace gpufeed

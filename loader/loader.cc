@@ -109,10 +109,39 @@ Status BatchPool::Allocate(int n, uint64_t batch_size, uint64_t sample_bytes, bo
     slot->labels.resize(batch_size);
     slot->indices.resize(batch_size);
     slot->pool = this;
+    slot->id = static_cast<uint32_t>(i);
     slots.push_back(std::move(slot));
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& slot : slots) free_.push_back(slot.get());
+  slots_ = std::move(slots);
+  return Status::Ok();
+}
+
+Status BatchPool::AllocateViews(std::span<std::byte> region, uint64_t stride, int n, uint64_t batch_size,
+                                uint64_t sample_bytes, bool pin_memory, bool start_free) {
+  if (allocated()) return Status::Ok();
+  const uint64_t batch_bytes = batch_size * sample_bytes;
+  if (n < 1 || stride < batch_bytes || region.size() / stride < static_cast<uint64_t>(n)) {
+    return Status::InvalidArgument("batch pool: " + std::to_string(n) + " slots of " + std::to_string(batch_bytes) +
+                                   " bytes (stride " + std::to_string(stride) + ") do not fit a region of " +
+                                   std::to_string(region.size()) + " bytes");
+  }
+  std::vector<std::unique_ptr<Batch::Slot>> slots;
+  for (int i = 0; i < n; ++i) {
+    auto slot = std::make_unique<Batch::Slot>();
+    slot->images = gpu::HostBuffer::Adopt(region.data() + static_cast<uint64_t>(i) * stride,
+                                          std::max<uint64_t>(1, batch_bytes), pin_memory);
+    slot->labels.resize(batch_size);
+    slot->indices.resize(batch_size);
+    slot->pool = this;
+    slot->id = static_cast<uint32_t>(i);
+    slots.push_back(std::move(slot));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (start_free) {
+    for (auto& slot : slots) free_.push_back(slot.get());
+  }
   slots_ = std::move(slots);
   return Status::Ok();
 }
@@ -142,6 +171,13 @@ void BatchPool::Release(Batch::Slot* s) {
   cv_.notify_all();
 }
 
+size_t BatchPool::TakeAllFree() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t n = free_.size();
+  free_.clear();
+  return n;
+}
+
 void BatchPool::SetCancelled(bool c) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -155,9 +191,9 @@ Batch& Batch::operator=(Batch&& o) noexcept {
   if (this != &o) {
     if (slot_ != nullptr) slot_->pool->Release(slot_);
     slot_ = std::exchange(o.slot_, nullptr);
-    data_ = o.data_;
-    labels_ = o.labels_;
-    indices_ = o.indices_;
+    data_ = std::exchange(o.data_, nullptr);  // a moved-from Batch is empty
+    labels_ = std::exchange(o.labels_, {});
+    indices_ = std::exchange(o.indices_, {});
     sample_shape_ = o.sample_shape_;
     epoch_ = o.epoch_;
     index_ = o.index_;
@@ -180,7 +216,8 @@ struct Loader::Impl {
   LoaderOptions options;
   BatchSourceInfo info;
   int threads = 1;
-  BatchPool pool;
+  BatchPool own_pool;
+  BatchPool* pool = &own_pool;  // or the daemon's (LoaderInternal::UsePool)
   std::unique_ptr<loader::ChunkCache> cache;
   LoaderState state;
   LocalStream* active = nullptr;  // the live stream, stopped by the next Epoch()
@@ -204,7 +241,8 @@ struct Loader::Impl {
   uint64_t batch_bytes() const { return options.batch_size * source.sample_bytes(); }
 
   Status EnsurePool() {
-    return pool.Allocate(std::max(1, options.prefetch) + 1, options.batch_size, source.sample_bytes(),
+    if (pool != &own_pool) return Status::Ok();  // sized by whoever lent it
+    return own_pool.Allocate(std::max(1, options.prefetch) + 1, options.batch_size, source.sample_bytes(),
                          options.pin_memory);
   }
 };
@@ -285,7 +323,7 @@ void LocalStream::Run() {
                     fc.stop();
                     return nullptr;
                   }
-                  Batch::Slot* slot = L.pool.Acquire();  // back-pressure: waits for the consumer
+                  Batch::Slot* slot = L.pool->Acquire();  // back-pressure: waits for the consumer
                   if (slot == nullptr) {
                     fc.stop();
                     return nullptr;
@@ -352,7 +390,7 @@ void LocalStream::Run() {
                     tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
                       if (!w->status.ok() || failed.load()) {
                         if (!w->status.ok()) Fail(w->status.WithContext("batch " + std::to_string(w->batch)));
-                        L.pool.Release(w->slot);
+                        L.pool->Release(w->slot);
                         return;
                       }
                       {
@@ -383,13 +421,13 @@ void LocalStream::Stop() {
   if (stopped) return;
   stopped = true;
   cancel = true;
-  loader->pool.SetCancelled(true);
+  loader->pool->SetCancelled(true);
   if (producer.joinable()) producer.join();
   // Slots delivered but never taken go back to the pool.
   std::lock_guard<std::mutex> lock(mu);
-  for (const Item& it : ready) loader->pool.Release(it.slot);
+  for (const Item& it : ready) loader->pool->Release(it.slot);
   ready.clear();
-  loader->pool.SetCancelled(false);
+  loader->pool->SetCancelled(false);
   if (loader->active == this) loader->active = nullptr;
 }
 
@@ -519,6 +557,10 @@ uint64_t Loader::num_batches() const {
   auto plan = loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
                                     impl_->source.num_chunks(), impl_->options, 0);
   return plan.ok() ? plan->num_batches : 0;
+}
+
+void LoaderInternal::UsePool(Loader& loader, BatchPool* pool) {
+  loader.impl_->pool = pool != nullptr ? pool : &loader.impl_->own_pool;
 }
 
 EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {

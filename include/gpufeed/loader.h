@@ -249,7 +249,8 @@ class Loader : public BatchSource {
   uint64_t batch_bytes() const;
 
  private:
-  friend struct LocalStream;  // loader.cc: the local pipeline's stream
+  friend struct LocalStream;     // loader.cc: the local pipeline's stream
+  friend struct LoaderInternal;  // loader/batch_pool.h: the daemon's shared-memory pool
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

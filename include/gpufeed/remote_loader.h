@@ -15,9 +15,10 @@
 // after a lost connection or a daemon restart continues exactly where
 // state() says the consumer stopped.
 //
-// Flow control. The client grants the daemon one credit per free pool slot;
-// the daemon never sends more batches than granted, so the client's memory
-// is its pool, and the daemon's per client is bounded too.
+// Flow control. The client grants the daemon one credit per free pool slot
+// (with shared memory: the slots themselves); the daemon never sends more
+// batches than granted, so the client's memory is its pool, and the
+// daemon's per client is bounded too.
 //
 // Errors. A daemon that is unreachable, refuses the token, stops answering
 // for `io_timeout_ms`, sends a malformed frame or shuts down ends the stream
@@ -47,6 +48,11 @@ struct RemoteLoaderOptions {
   // pool; threads and cache_bytes are the daemon's business and ignored.
   LoaderOptions loader;
   bool compress = false;       // zstd payloads (for links slower than ~1 GB/s)
+  // On a unix: address, the pool is a sealed memfd shared with the daemon,
+  // whose Loader assembles batches straight into it: no copy, no checksum
+  // of images, only a small frame per batch on the socket. Ignored on TCP
+  // (and by a daemon that declines: batches then travel on the socket).
+  bool shared_memory = true;
   int connect_timeout_ms = 5000;
   int io_timeout_ms = 30000;   // silence from the daemon this long ends a stream
 };

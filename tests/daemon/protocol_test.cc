@@ -90,6 +90,80 @@ TEST(ProtocolTest, HelloOkEndErrorCreditRoundTrip) {
   EXPECT_FALSE(DecodeCredit(EncodeCredit(kMaxCredits + 1)).ok());
 }
 
+// A BATCH_REF payload built by hand: fixed part, slot, reserved, indices, labels.
+std::vector<std::byte> BatchRefBytes(uint32_t count, uint32_t slot, uint32_t reserved) {
+  std::vector<std::byte> p;
+  auto put = [&](const void* v, size_t n) {
+    const auto* b = static_cast<const std::byte*>(v);
+    p.insert(p.end(), b, b + n);
+  };
+  const uint64_t epoch = 2, index = 5, sample_bytes = 192;
+  const uint32_t flags = 1;
+  put(&epoch, 8);
+  put(&index, 8);
+  put(&count, 4);
+  put(&flags, 4);
+  put(&sample_bytes, 8);
+  put(&slot, 4);
+  put(&reserved, 4);
+  for (uint64_t i = 0; i < count; ++i) put(&i, 8);           // indices
+  for (int64_t i = 0; i < int64_t{count}; ++i) put(&i, 8);   // labels
+  return p;
+}
+
+TEST(ProtocolTest, SharedMemoryMessages) {
+  Hello h;
+  h.loader.batch_size = 8;
+  h.shm_slots = 9;
+  h.shm_stride = 1 << 20;
+  auto d = DecodeHello(EncodeHello(h));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->shm_slots, 9u);
+  EXPECT_EQ(d->shm_stride, 1u << 20);
+  h.shm_slots = kMaxShmSlots + 1;
+  EXPECT_NE(DecodeHello(EncodeHello(h)).status().message().find("shared-memory slots"), std::string::npos);
+  h.shm_slots = 2;
+  h.shm_stride = 0;
+  EXPECT_FALSE(DecodeHello(EncodeHello(h)).ok());
+
+  HelloOk ok;
+  ok.info.name = "a";
+  ok.info.sample_shape = {4};
+  ok.info.sample_bytes = 4;
+  ok.info.batch_size = 8;
+  ok.shm = true;
+  auto o = DecodeHelloOk(EncodeHelloOk(ok));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_TRUE(o->shm);
+
+  const std::vector<uint32_t> slots{3, 0, 7};
+  auto sl = DecodeSlots(EncodeSlots(slots));
+  ASSERT_TRUE(sl.ok());
+  EXPECT_EQ(*sl, slots);
+  EXPECT_NE(DecodeSlots(EncodeSlots({})).status().message().find("no slot"), std::string::npos);
+  EXPECT_NE(DecodeSlots(EncodeSlots(std::vector<uint32_t>(kMaxShmSlots + 1, 1))).status().message().find("limit"),
+            std::string::npos);
+  auto cut = EncodeSlots(slots);
+  cut.pop_back();
+  EXPECT_NE(DecodeSlots(cut).status().message().find("truncated"), std::string::npos);
+
+  auto ref = DecodeBatchRef(BatchRefBytes(2, 3, 0));
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  EXPECT_EQ(ref->slot, 3u);
+  EXPECT_EQ(ref->head.count, 2u);
+  EXPECT_EQ(ref->head.index, 5u);
+  EXPECT_TRUE(ref->head.has_labels);
+  auto shorter = BatchRefBytes(2, 3, 0);
+  shorter.pop_back();
+  EXPECT_NE(DecodeBatchRef(shorter).status().message().find("the frame has"), std::string::npos);
+  auto longer = BatchRefBytes(2, 3, 0);
+  longer.push_back(std::byte{0});
+  EXPECT_FALSE(DecodeBatchRef(longer).ok());
+  EXPECT_NE(DecodeBatchRef(BatchRefBytes(2, 3, 1)).status().message().find("reserved"), std::string::npos);
+  const auto full = BatchRefBytes(2, 3, 0);
+  EXPECT_FALSE(DecodeBatchRef(std::span(full).first(20)).ok());
+}
+
 TEST(ProtocolTest, FrameHeaderRoundTripAndChecksum) {
   const std::vector<std::byte> payload = EncodeEnd({1, 2});
   const auto frame = MakeFrame(FrameType::kEnd, payload);

@@ -7,7 +7,10 @@
 #include "gpufeed/server.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
@@ -18,6 +21,7 @@
 
 #include "daemon/conn.h"
 #include "daemon/protocol.h"
+#include "daemon/shm.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/gpu_feed.h"
 #include "gpufeed/remote_loader.h"
@@ -182,10 +186,13 @@ class DaemonTest : public ::testing::Test {
 TEST_F(DaemonTest, RemoteBatchesEqualLocalByteForByte) {
   auto server = StartServer(Options());
   ASSERT_TRUE(server);
+  for (bool shm : {true, false}) {
   for (Order order : {Order::kBlock, Order::kRandom, Order::kSequential}) {
     for (int rank = 0; rank < 2; ++rank) {
       const LoaderOptions lo = StreamOptions(order, rank, 2);
-      auto remote = RemoteLoader::Connect(Client(server->endpoint(), lo));
+      RemoteLoaderOptions c = Client(server->endpoint(), lo);
+      c.shared_memory = shm;
+      auto remote = RemoteLoader::Connect(c);
       ASSERT_TRUE(remote.ok()) << remote.status().ToString();
       EXPECT_EQ((*remote)->info().sample_bytes, 192u);
       EXPECT_EQ((*remote)->info().sample_shape, (std::vector<uint64_t>{3, 8, 8}));
@@ -199,7 +206,10 @@ TEST_F(DaemonTest, RemoteBatchesEqualLocalByteForByte) {
       EXPECT_EQ((*remote)->state().next_batch, want.hashes.size());
     }
   }
+  }
   EXPECT_GT(server->stats().batches_sent, 0u);
+  EXPECT_TRUE(LogHas("transport=shm:4_slots"));
+  EXPECT_TRUE(LogHas("transport=socket"));
 }
 
 TEST_F(DaemonTest, CompressedStreamIsIdentical) {
@@ -292,6 +302,8 @@ TEST_F(DaemonTest, TcpRequiresTheToken) {
   Delivered got;
   ASSERT_TRUE(Drain(s, &got).ok());
   EXPECT_EQ(got.hashes, Local(StreamOptions(), 0).hashes);
+  EXPECT_TRUE(LogHas("transport=socket"));  // no shared memory over TCP
+  EXPECT_FALSE(LogHas("transport=shm"));
 }
 
 TEST_F(DaemonTest, MalformedFramesCloseOnlyThatConnection) {
@@ -366,13 +378,126 @@ TEST_F(DaemonTest, ClientThatDisconnectsMidBatch) {
   EXPECT_EQ(server->stats().streams_active, 0u);
   // Its Loader is parked warm (the reservation goes with it), and reused.
   EXPECT_NE(server->MetricsText().find("gpufeed_loaders_parked 1"), std::string::npos);
-  auto remote = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+  RemoteLoaderOptions c = Client(server->endpoint(), StreamOptions());
+  c.shared_memory = false;  // the same stream identity as the raw client's
+  auto remote = RemoteLoader::Connect(c);
   ASSERT_TRUE(remote.ok());
   EpochStream s = (*remote)->Epoch(0);
   Delivered got;
   ASSERT_TRUE(Drain(s, &got).ok());
   EXPECT_EQ(got.hashes, Local(StreamOptions(), 0).hashes);
   EXPECT_TRUE(LogHas("loader=warm"));
+}
+
+// Shared memory: the daemon's Loader fills the client's memfd; a client's
+// next epoch reuses the parked Loader; what the daemon maps is checked, and
+// slots are granted exactly once each.
+TEST_F(DaemonTest, SharedMemoryStreamsAndHostileRegions) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  {
+    auto remote = RemoteLoader::Connect(Client(server->endpoint(), StreamOptions()));
+    ASSERT_TRUE(remote.ok());
+    for (uint64_t epoch : {0, 1}) {
+      EpochStream s = (*remote)->Epoch(epoch);
+      Delivered got;
+      Status st = Drain(s, &got);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(got.hashes, Local(StreamOptions(), epoch).hashes) << "epoch " << epoch;
+    }
+    EXPECT_TRUE(LogHas("transport=shm:4_slots"));
+    EXPECT_TRUE(LogHas("loader=warm"));     // epoch 1 on epoch 0's Loader
+    EXPECT_TRUE(LogHas("mapping=reused"));  // and the same mapping of the client's memfd
+  }
+  const uint64_t bb = 32 * 192, stride = daemon::ShmSlotStride(bb);
+  auto hello = [&](uint32_t slots, uint64_t st) {
+    daemon::Hello h;
+    h.loader = StreamOptions();
+    h.shm_slots = slots;
+    h.shm_stride = st;
+    return daemon::EncodeHello(h);
+  };
+  auto refused = [&](std::vector<std::byte> h, int fd) {
+    Conn c = RawConnect(server->endpoint());
+    EXPECT_TRUE((fd >= 0 ? c.SendFrameWithFd(FrameType::kHello, h, fd, 2000)
+                         : c.SendFrame(FrameType::kHello, h, 2000)).ok());
+    return ReadError(c);
+  };
+  EXPECT_NE(refused(hello(4, stride), -1).find("carries no memfd"), std::string::npos);
+  {
+    const int fd = ::memfd_create("unsealed", MFD_CLOEXEC);  // a client that could shrink it under the daemon
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(4 * stride)), 0);
+    EXPECT_NE(refused(hello(4, stride), fd).find("not sealed"), std::string::npos);
+    ::close(fd);
+  }
+  {
+    const int fd = ::open(data_.c_str(), O_RDONLY | O_CLOEXEC);  // not a memfd at all
+    ASSERT_GE(fd, 0);
+    EXPECT_NE(refused(hello(4, stride), fd).find("not a memfd"), std::string::npos);
+    ::close(fd);
+  }
+  auto small = daemon::SharedRegion::Create(2 * stride, "small");
+  ASSERT_TRUE(small.ok());
+  EXPECT_NE(refused(hello(4, stride), small->fd()).find("holds"), std::string::npos);
+  EXPECT_NE(refused(hello(2, 4096), small->fd()).find("a batch each"), std::string::npos);
+  auto region = daemon::SharedRegion::Create(4 * stride, "test");
+  ASSERT_TRUE(region.ok());
+  auto streaming = [&] {
+    Conn c = RawConnect(server->endpoint());
+    EXPECT_TRUE(c.SendFrameWithFd(FrameType::kHello, hello(4, stride), region->fd(), 2000).ok());
+    Conn::Frame ok;
+    EXPECT_TRUE(c.RecvFrame(&ok, daemon::kMaxControlPayload, 3000).ok());
+    EXPECT_EQ(ok.header.type, FrameType::kHelloOk);
+    auto m = daemon::DecodeHelloOk(ok.payload);
+    EXPECT_TRUE(m.ok() && m->shm);
+    return c;
+  };
+  auto slots = [](std::vector<uint32_t> v) { return daemon::EncodeSlots(v); };
+  {
+    Conn c = streaming();
+    ASSERT_TRUE(c.SendFrame(FrameType::kSlots, slots({4}), 2000).ok());
+    EXPECT_NE(ReadError(c).find("slot 4 of 4"), std::string::npos);
+  }
+  {
+    Conn c = streaming();
+    ASSERT_TRUE(c.SendFrame(FrameType::kSlots, slots({1, 1}), 2000).ok());
+    EXPECT_NE(ReadError(c).find("daemon holds already"), std::string::npos);
+  }
+  {
+    Conn c = streaming();
+    ASSERT_TRUE(c.SendFrame(FrameType::kCredit, daemon::EncodeCredit(2), 2000).ok());
+    EXPECT_NE(ReadError(c).find("granted SLOTS"), std::string::npos);
+  }
+  {  // a well-behaved raw client: slot 2 filled with batch 0, then handed back and refilled
+    Conn c = streaming();
+    ASSERT_TRUE(c.SendFrame(FrameType::kSlots, slots({2}), 2000).ok());
+    const Delivered want = Local(StreamOptions(), 0);
+    for (uint64_t b = 0; b < 3; ++b) {
+      Conn::Frame f;
+      ASSERT_TRUE(c.RecvFrame(&f, 1 << 20, 3000).ok());
+      ASSERT_EQ(f.header.type, FrameType::kBatchRef);
+      auto ref = daemon::DecodeBatchRef(f.payload);
+      ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+      EXPECT_EQ(ref->slot, 2u);
+      EXPECT_EQ(ref->head.index, b);
+      EXPECT_EQ(ref->head.count, 32u);
+      const std::byte* images = region->bytes().data() + 2 * stride;
+      const uint64_t first = want.indices[b * 32];
+      EXPECT_EQ(testing::SampleIndexOf(std::span(images, 192)), static_cast<int64_t>(first));
+      ASSERT_TRUE(c.SendFrame(FrameType::kSlots, slots({2}), 2000).ok());
+    }
+  }
+  {  // SLOTS on a stream that is not shared
+    Conn c = RawConnect(server->endpoint());
+    ASSERT_TRUE(c.SendFrame(FrameType::kHello, HelloBytes(StreamOptions()), 2000).ok());
+    Conn::Frame ok;
+    ASSERT_TRUE(c.RecvFrame(&ok, daemon::kMaxControlPayload, 3000).ok());
+    ASSERT_TRUE(c.SendFrame(FrameType::kSlots, slots({0}), 2000).ok());
+    EXPECT_NE(ReadError(c).find("unexpected SLOTS"), std::string::npos);
+  }
+  EXPECT_TRUE(Eventually([&] { return server->stats().connections_open == 0; }));
+  EXPECT_EQ(server->stats().streams_active, 0u);
 }
 
 TEST_F(DaemonTest, HandshakeTimeoutAndConnectionCap) {
