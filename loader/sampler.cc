@@ -13,7 +13,7 @@ uint64_t Rng::Next() {
 }
 
 std::vector<uint64_t> GlobalOrder(uint64_t n, uint64_t chunk_samples, Order order, uint64_t seed, uint64_t epoch,
-                                  uint64_t shuffle_window) {
+                                  uint64_t shuffle_window, uint64_t shard_samples) {
   std::vector<uint64_t> out;
   out.reserve(n);
   // Mix seed and epoch so that (seed, epoch) pairs give unrelated streams.
@@ -32,17 +32,32 @@ std::vector<uint64_t> GlobalOrder(uint64_t n, uint64_t chunk_samples, Order orde
       std::vector<uint64_t> chunk_order(chunks);
       for (uint64_t c = 0; c < chunks; ++c) chunk_order[c] = c;
       FisherYates(chunk_order, rng);
-      const uint64_t w = std::max<uint64_t>(1, shuffle_window);
-      for (uint64_t g = 0; g < chunks; g += w) {
-        const size_t begin = out.size();
-        for (uint64_t j = g; j < std::min(chunks, g + w); ++j) {
-          const uint64_t c = chunk_order[j];
-          for (uint64_t s = c * k; s < std::min(n, (c + 1) * k); ++s) out.push_back(s);
-        }
-        std::vector<uint64_t> window(out.begin() + begin, out.end());
-        FisherYates(window, rng);
-        std::copy(window.begin(), window.end(), out.begin() + begin);
+      for (uint64_t c : chunk_order) {
+        for (uint64_t s = c * k; s < std::min(n, (c + 1) * k); ++s) out.push_back(s);
       }
+      // Windows of w chunk pieces, restarting at every shard boundary (a
+      // chunk cut by one is a piece on each side); samples are shuffled
+      // within a window.
+      const uint64_t w = std::max<uint64_t>(1, shuffle_window);
+      const uint64_t shard = shard_samples == 0 ? n : shard_samples;
+      auto shuffle = [&](uint64_t from, uint64_t to) {
+        std::vector<uint64_t> window(out.begin() + from, out.begin() + to);
+        FisherYates(window, rng);
+        std::copy(window.begin(), window.end(), out.begin() + from);
+      };
+      uint64_t begin = 0, pieces = 0;
+      for (uint64_t p = 0; p < n; ++p) {
+        const bool shard_start = p % shard == 0;
+        if (p == 0 || shard_start || out[p] / k != out[p - 1] / k) {  // a piece starts
+          if (p > begin && (shard_start || pieces == w)) {
+            shuffle(begin, p);
+            begin = p;
+            pieces = 0;
+          }
+          ++pieces;
+        }
+      }
+      shuffle(begin, n);
       break;
     }
   }
@@ -58,19 +73,20 @@ Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, ui
   }
   if (num_samples == 0) return Status::InvalidArgument("loader: the source has no samples");
   if (num_chunks >= (1ull << 32)) return Status::Unsupported("loader: more than 2^32 chunks");
-  const std::vector<uint64_t> global =
-      GlobalOrder(num_samples, chunk_samples, o.order, o.seed, epoch, o.shuffle_window);
   const uint64_t world = static_cast<uint64_t>(o.world_size);
   EpochPlan plan;
   plan.batch_size = o.batch_size;
   // Contiguous shards of the global order: with kBlock a rank's share is made
-  // of whole windows, so ranks do not read each other's chunks.
+  // of whole windows, so ranks do not read each other's chunks (but the one
+  // cut by a shard boundary).
   uint64_t per_rank;
   if (o.drop_last) {
     per_rank = num_samples / world / o.batch_size * o.batch_size;
   } else {
     per_rank = (num_samples + world - 1) / world;
   }
+  const std::vector<uint64_t> global = GlobalOrder(num_samples, chunk_samples, o.order, o.seed, epoch,
+                                                   o.shuffle_window, world > 1 ? per_rank : 0);
   const uint64_t start = static_cast<uint64_t>(o.rank) * per_rank;
   plan.samples.reserve(per_rank);
   for (uint64_t p = start; p < start + per_rank; ++p) plan.samples.push_back(global[p % num_samples]);

@@ -29,9 +29,13 @@ void FisherYates(std::vector<T>& v, Rng& rng) {
   for (uint64_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng.Below(i)]);
 }
 
-// The order of all n samples in an epoch (identical on every rank).
+// The order of all n samples in an epoch (identical on every rank). With
+// kBlock, windows never straddle a multiple of `shard_samples` (the ranks'
+// contiguous shares; 0: no shards): a rank's share is made of whole windows
+// of its own chunks, so two ranks share at most the one chunk cut by their
+// boundary instead of every chunk of a window.
 std::vector<uint64_t> GlobalOrder(uint64_t n, uint64_t chunk_samples, Order order, uint64_t seed, uint64_t epoch,
-                                  uint64_t shuffle_window);
+                                  uint64_t shuffle_window, uint64_t shard_samples = 0);
 
 struct EpochPlan {
   std::vector<uint64_t> samples;     // this rank's samples, in delivery order

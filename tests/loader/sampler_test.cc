@@ -39,6 +39,45 @@ TEST(SamplerTest, BlockWindowsHoldWChunks) {
                                                                                         a[0] + 7, a[0] + 8, a[0] + 9}));
 }
 
+// Block order with ranks: windows end at shard boundaries, so ranks share
+// at most the chunk a boundary cuts (and the last rank's padding), not a
+// whole window of chunks each.
+TEST(SamplerTest, BlockShardsReadTheirOwnChunks) {
+  const uint64_t k = 10, w = 16;
+  for (uint64_t n : {uint64_t{1000}, uint64_t{1003}}) {
+    for (int world : {2, 4, 7}) {
+      std::vector<std::set<uint64_t>> chunks(world);
+      for (int r = 0; r < world; ++r) {
+        LoaderOptions opt;
+        opt.batch_size = 32;
+        opt.order = Order::kBlock;
+        opt.shuffle_window = w;
+        opt.seed = 9;
+        opt.rank = r;
+        opt.world_size = world;
+        auto plan = MakeEpochPlan(n, k, (n + k - 1) / k, opt, 1);
+        ASSERT_TRUE(plan.ok());
+        // The last rank's padding (samples from the start of the order) aside.
+        const uint64_t own = std::min<uint64_t>(plan->samples.size(), n - r * plan->samples.size());
+        for (uint64_t i = 0; i < own; ++i) chunks[r].insert(plan->samples[i] / k);
+        // Samples are still shuffled across the chunks of a window.
+        std::set<uint64_t> first10;
+        for (int i = 0; i < 10; ++i) first10.insert(plan->samples[i] / k);
+        EXPECT_GT(first10.size(), 1u) << "world " << world << " rank " << r << ": not shuffled";
+      }
+      for (int r = 0; r < world; ++r) {
+        for (int q = r + 1; q < world; ++q) {
+          std::vector<uint64_t> both;
+          std::set_intersection(chunks[r].begin(), chunks[r].end(), chunks[q].begin(), chunks[q].end(),
+                                std::back_inserter(both));
+          EXPECT_LE(both.size(), 1u) << "n " << n << " world " << world << ": ranks " << r << " and " << q
+                                     << " read " << both.size() << " chunks both";
+        }
+      }
+    }
+  }
+}
+
 TEST(SamplerTest, ShardsAreDisjointAndComplete) {
   const uint64_t n = 1001, b = 16;
   for (Order o : {Order::kSequential, Order::kRandom, Order::kBlock}) {
