@@ -79,6 +79,13 @@ Result<std::pair<std::string, const Dataset*>> ServerCore::FindDataset(const std
   return Status::NotFound("dataset '" + name + "' is not served here (serving: " + names + ")");
 }
 
+std::shared_ptr<loader::SharedChunks> ServerCore::SharedChunksOf(const Dataset* d) const {
+  for (size_t i = 0; i < datasets.size(); ++i) {
+    if (datasets[i].second.get() == d) return shared_chunks[i];
+  }
+  return nullptr;
+}
+
 bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {
   std::vector<Parked> evicted;  // destroyed outside the lock
   bool ok = false;
@@ -429,9 +436,10 @@ std::string Server::Impl::Metrics() const {
        [](const daemon::SessionMetrics& s) { return std::to_string(s.samples_sent.load()); }},
       {"gpufeed_client_bytes_sent_total", "counter", "Bytes sent to this client.",
        [](const daemon::SessionMetrics& s) { return std::to_string(s.bytes_sent.load()); }},
-      {"gpufeed_client_credits", "gauge", "Batches the client has granted and not yet received.",
+      {"gpufeed_client_credits", "gauge",
+       "Batches the client has granted and not yet received (shared memory: slots the daemon holds).",
        [](const daemon::SessionMetrics& s) { return std::to_string(s.credits.load()); }},
-      {"gpufeed_client_queued_frames", "gauge", "Frames waiting for this client's socket (at most 2).",
+      {"gpufeed_client_queued_frames", "gauge", "Frames waiting for this client's socket (at most 2 BATCH frames).",
        [](const daemon::SessionMetrics& s) { return std::to_string(s.queued.load()); }},
       {"gpufeed_client_loader_samples_per_second", "gauge", "This client's Loader throughput since its stream began.",
        [](const daemon::SessionMetrics& s) {
@@ -445,6 +453,9 @@ std::string Server::Impl::Metrics() const {
          std::snprintf(b, sizeof b, "%.6g", s.cache_hit_rate.load());
          return std::string(b);
        }},
+      {"gpufeed_client_shared_chunk_hits", "gauge",
+       "Chunks this client's stream took this epoch from other streams of the same file instead of reading them.",
+       [](const daemon::SessionMetrics& s) { return std::to_string(s.shared_chunk_hits.load()); }},
       {"gpufeed_client_loader_queue_depth", "gauge", "Mean ready batches in this client's Loader at each pull.",
        [](const daemon::SessionMetrics& s) {
          char b[32];
@@ -510,6 +521,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     auto ds = Dataset::Open(spec);
     if (!ds.ok()) return ds.status();
     core.datasets.emplace_back(spec, std::make_unique<Dataset>(std::move(*ds)));
+    core.shared_chunks.push_back(std::make_shared<loader::SharedChunks>());
   }
   GPUFEED_RETURN_IF_ERROR(impl->Bind());
   if (Status st = impl->BindMetrics(); !st.ok()) {

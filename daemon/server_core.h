@@ -18,6 +18,7 @@
 
 #include "daemon/shm.h"
 #include "gpufeed/dataset.h"
+#include "loader/chunk_cache.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/server.h"
 
@@ -62,6 +63,9 @@ class ServerCore {
   std::string token;  // empty: none required
   int loader_threads = 1;
   std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> datasets;  // fixed after Start
+  // One per dataset (same order): the decoded chunks its streams share.
+  std::vector<std::shared_ptr<loader::SharedChunks>> shared_chunks;
+  std::shared_ptr<loader::SharedChunks> SharedChunksOf(const Dataset* d) const;
   std::atomic<bool> stopping{false};
 
   std::atomic<uint64_t> accepted{0}, rejected{0}, open{0}, streams_active{0};

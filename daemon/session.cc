@@ -405,6 +405,7 @@ void Session::StartProducer() {
     server_.streams_active += 1;
     Log("info", "stream_start", Kv("reserved_bytes", bound) + " " + Kv("daemon_reserved_bytes", after) + " loader=new");
     loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
+    LoaderInternal::ShareChunks(*loader_, server_.SharedChunksOf(dataset_));  // one cache per file, in effect
   }
   if (shm_) {
     const bool reuse = parked_shm && parked_shm->region.inode() == shm_inode_ && parked_shm->Reclaim();
@@ -497,6 +498,7 @@ void Session::Produce() {
       const LoaderStats st = stream.stats();
       metrics_.loader_samples_per_s = st.samples_per_second();
       metrics_.cache_hit_rate = st.hit_rate();
+      metrics_.shared_chunk_hits = st.chunk_shared_hits;
       metrics_.loader_queue_depth = st.mean_queue_depth();
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -46,6 +46,7 @@ struct SessionMetrics {
   std::atomic<uint64_t> batches_sent{0}, bytes_sent{0}, samples_sent{0};
   std::atomic<uint64_t> credits{0}, queued{0};
   std::atomic<double> loader_samples_per_s{0}, cache_hit_rate{0}, loader_queue_depth{0};
+  std::atomic<uint64_t> shared_chunk_hits{0};  // this epoch's chunks taken from other streams' caches
 };
 
 class Session : public std::enable_shared_from_this<Session> {

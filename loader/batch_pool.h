@@ -19,6 +19,9 @@ namespace gpufeed {
 
 class BatchPool;
 class Loader;
+namespace loader {
+class SharedChunks;
+}
 
 struct Batch::Slot {
   gpu::HostBuffer images;         // batch_size x sample_bytes
@@ -70,6 +73,10 @@ struct LoaderInternal {
   // must outlive every stream started with it. The pipeline keeps up to
   // options().prefetch batches in flight, so size the pool to match.
   static void UsePool(Loader& loader, BatchPool* pool);
+  // The Loader's decoded-chunk cache picks up chunks from (and offers its own
+  // to) the other caches of `shared`, which must all read the same source as
+  // this Loader. Call before its first Epoch().
+  static void ShareChunks(Loader& loader, std::shared_ptr<loader::SharedChunks> shared);
 };
 
 }  // namespace gpufeed

@@ -62,6 +62,7 @@ void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch) {
   }
   counters_.reads = counters_.bytes_read = counters_.bytes_decoded = 0;
   counters_.hits = counters_.misses = counters_.prefetched = counters_.fetch_ns = 0;
+  counters_.shared_hits = 0;
 }
 
 void ChunkCache::Insert(const std::shared_ptr<ChunkEntry>& e) {
@@ -102,9 +103,36 @@ bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
   return true;
 }
 
+std::shared_ptr<ChunkEntry> SharedChunks::Find(uint32_t chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(chunk);
+  if (it == entries_.end()) return nullptr;
+  auto e = it->second.lock();
+  if (!e) entries_.erase(it);
+  return e;
+}
+
+void SharedChunks::Publish(const std::shared_ptr<ChunkEntry>& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::weak_ptr<ChunkEntry>& slot = entries_[e->chunk];
+  if (slot.expired()) slot = e;
+}
+
+std::shared_ptr<ChunkEntry> ChunkCache::NewOrShared(uint32_t c, bool* shared) {
+  if (shared_) {
+    if (auto e = shared_->Find(c)) {
+      *shared = true;
+      counters_.shared_hits += 1;
+      return e;
+    }
+  }
+  *shared = false;
+  return std::make_shared<ChunkEntry>(c, buffers_);
+}
+
 void ChunkCache::Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks) {
-  e->spawned = true;
-  pending_decodes_ += 1;
+  e->pending_of = pending_decodes_;
+  *pending_decodes_ += 1;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
     pending_.push_back(e);
@@ -158,7 +186,7 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
     counters_.bytes_decoded += ChunkBytes(e.chunk);
     counters_.fetch_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-    if (e.spawned) pending_decodes_ -= 1;
+    if (e.pending_of) *e.pending_of -= 1;
     {
       std::lock_guard<std::mutex> lock(e.mu);
       e.state.store(ChunkEntry::kDone);
@@ -195,26 +223,36 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
   for (size_t j = 0; j < chunks.size(); ++j) {
     if (handles[j]) continue;
     const uint32_t c = chunks[j];
-    counters_.misses += 1;
-    auto e = std::make_shared<ChunkEntry>(c, buffers_);
+    bool shared = false;
+    auto e = NewOrShared(c, &shared);
+    if (shared) {
+      counters_.hits += 1;
+    } else {
+      counters_.misses += 1;
+    }
     const uint64_t next = NextUse(c);
     if (next != kNever && Admit(ChunkBytes(c), next)) {
       Insert(e);
-      Spawn(e, tasks);
-    }  // else transient: decoded by the assembling thread, freed after
+      if (!shared) Spawn(e, tasks);  // a shared one is decoded (or queued) by its cache
+    }  // else transient: decoded by the assembling thread (or the other cache's), freed after
+    if (!shared && shared_) shared_->Publish(e);
     handles[j] = std::move(e);
   }
   // Prefetch what the next batches need, as long as each is needed sooner
   // than what it would displace, keeping up to max_pending decodes going.
   for (uint64_t b2 = b + 1; b2 < std::min<uint64_t>(plan.num_batches, b + 1 + kMaxLookaheadBatches); ++b2) {
     for (uint32_t c : plan.batch_chunks[b2]) {
-      if (pending_decodes_.load() >= max_pending) return handles;
+      if (pending_decodes_->load() >= max_pending) return handles;
       if (resident_.count(c)) continue;
       if (!Admit(ChunkBytes(c), NextUse(c))) return handles;
-      auto e = std::make_shared<ChunkEntry>(c, buffers_);
+      bool shared = false;
+      auto e = NewOrShared(c, &shared);
       Insert(e);
-      Spawn(e, tasks);
-      counters_.prefetched += 1;
+      if (!shared) {
+        Spawn(e, tasks);
+        if (shared_) shared_->Publish(e);
+        counters_.prefetched += 1;
+      }
     }
   }
   return handles;

@@ -70,7 +70,10 @@ struct ChunkEntry {
   }
   const uint32_t chunk;
   const std::shared_ptr<ChunkBufferPool> pool;
-  bool spawned = false;         // a prefetch decode was queued for it
+  // Set when a prefetch decode was queued for it: the spawning cache's count
+  // of pending decodes, decremented by whichever thread (of any cache sharing
+  // the entry) decodes it.
+  std::shared_ptr<std::atomic<uint64_t>> pending_of;
   ChunkBufferPool::Buffer data;  // written once, by the thread that wins kQueued -> kRunning
   Status status;                 // valid once state == kDone
   std::atomic<int> state{kQueued};
@@ -78,9 +81,26 @@ struct ChunkEntry {
   std::condition_variable done_cv;
 };
 
+// Decoded chunks of one source that several caches (the daemon's streams of
+// one file) pick up from each other: a chunk another stream has decoded, or is
+// decoding, is used rather than read again. Only weak references are kept:
+// each entry lives as long as some cache or batch holds it, and counts in the
+// budget of every cache that holds it (so each cache's bound still holds).
+// Thread-safe.
+class SharedChunks {
+ public:
+  std::shared_ptr<ChunkEntry> Find(uint32_t chunk);
+  void Publish(const std::shared_ptr<ChunkEntry>& e);  // keeps a live entry already there
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint32_t, std::weak_ptr<ChunkEntry>> entries_;  // GUARDED_BY(mu_)
+};
+
 struct CacheCounters {
   std::atomic<uint64_t> reads{0}, bytes_read{0}, bytes_decoded{0};
   std::atomic<uint64_t> hits{0}, misses{0}, prefetched{0};
+  std::atomic<uint64_t> shared_hits{0};  // misses served by another cache's entry (counted in hits)
   std::atomic<uint64_t> fetch_ns{0};
 };
 
@@ -114,6 +134,10 @@ class ChunkCache {
   // Decodes the oldest queued chunk, if any; false when none is queued.
   bool HelpOne();
 
+  // Shares decoded chunks with the other caches of `shared` (same source);
+  // call before the first epoch.
+  void SetShared(std::shared_ptr<SharedChunks> shared) { shared_ = std::move(shared); }
+
   uint64_t budget_bytes() const { return budget_; }
   CacheCounters& counters() { return counters_; }
   // The chunks resident now, ascending (for tests).
@@ -145,7 +169,13 @@ class ChunkCache {
   std::unordered_map<uint32_t, uint64_t> key_;                           // GUARDED_BY(mu_): chunk -> its key
   uint64_t resident_bytes_ = 0;                                          // GUARDED_BY(mu_)
 
-  std::atomic<uint64_t> pending_decodes_{0};  // spawned and not yet decoded
+  // A miss: another cache's entry for `c` if there is one (a shared hit),
+  // else a new entry, published. REQUIRES(mu_)
+  std::shared_ptr<ChunkEntry> NewOrShared(uint32_t c, bool* shared);
+
+  std::shared_ptr<SharedChunks> shared_;
+  // Spawned and not yet decoded (shared with the entries, see ChunkEntry).
+  std::shared_ptr<std::atomic<uint64_t>> pending_decodes_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::mutex pending_mu_;
   std::deque<std::weak_ptr<ChunkEntry>> pending_;  // GUARDED_BY(pending_mu_): spawned, in schedule order
 };

@@ -506,6 +506,7 @@ LoaderStats LocalStream::stats() const {
   st.chunk_hits = c.hits;
   st.chunk_misses = c.misses;
   st.prefetched = c.prefetched;
+  st.chunk_shared_hits = c.shared_hits;
   st.fetch_seconds = c.fetch_ns * 1e-9;
   st.plan_seconds = s.plan_ns * 1e-9;
   st.assemble_seconds = s.assemble_ns * 1e-9;
@@ -561,6 +562,10 @@ uint64_t Loader::num_batches() const {
 
 void LoaderInternal::UsePool(Loader& loader, BatchPool* pool) {
   loader.impl_->pool = pool != nullptr ? pool : &loader.impl_->own_pool;
+}
+
+void LoaderInternal::ShareChunks(Loader& loader, std::shared_ptr<loader::SharedChunks> shared) {
+  loader.impl_->cache->SetShared(std::move(shared));
 }
 
 EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {

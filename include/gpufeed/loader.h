@@ -125,6 +125,7 @@ struct LoaderStats {
   uint64_t chunk_hits = 0;            // chunk uses served by the cache
   uint64_t chunk_misses = 0;          // chunk uses that needed a read
   uint64_t prefetched = 0;            // reads started ahead of their batch
+  uint64_t chunk_shared_hits = 0;     // chunks taken from another stream's cache (the daemon's streams of a file)
   double plan_seconds = 0;            // busy time per stage, summed over threads
   double fetch_seconds = 0;           // read + decode
   double assemble_seconds = 0;        // copying samples into batches

@@ -10,8 +10,11 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "gpufeed/dataset.h"
+#include "loader/batch_pool.h"
+#include "loader/chunk_cache.h"
 #include "tests/testing/sources.h"
 
 namespace gpufeed {
@@ -146,6 +149,64 @@ TEST(LoaderTest, BlockOrderReadsEachChunkOnceWithAWindowOfCache) {
     EXPECT_DOUBLE_EQ(st.read_amplification(), 1.0);
     EXPECT_GT(st.hit_rate(), 0.5);
   }
+}
+
+// Two Loaders of one source sharing their decoded chunks (what the daemon
+// does for the streams of one file): consumed in lockstep, the second takes
+// its chunks from the first's cache instead of reading them, and both still
+// deliver exactly their own batches.
+TEST(LoaderTest, LoadersSharingChunksReadEachChunkOnce) {
+  InMemorySource src(2000, 100, 20);  // 100 chunks
+  LoaderOptions o = Opts(Order::kBlock, 2, 3);
+  o.shuffle_window = 100;        // one window: every chunk stays cached until near the end
+  o.cache_bytes = 100 * 20 * 100;
+  const Seen want = [&] {
+    Loader alone(src, o);
+    return RunEpoch(alone, src, 1);
+  }();
+  auto shared = std::make_shared<loader::SharedChunks>();
+  Loader a(src, o), b(src, o);
+  LoaderInternal::ShareChunks(a, shared);
+  LoaderInternal::ShareChunks(b, shared);
+  EpochStream sa = a.Epoch(1);
+  auto first = sa.Next();  // a's window is being read
+  ASSERT_TRUE(first.ok() && first->has_value());
+  std::vector<uint64_t> hashes_a{XXH3_64bits((*first)->images().data(), (*first)->images().size())};
+  first->reset();
+  EpochStream sb = b.Epoch(1);
+  std::vector<uint64_t> hashes_b;
+  for (bool more_a = true, more_b = true; more_a || more_b;) {
+    for (auto [s, hashes, more] : {std::tuple{&sa, &hashes_a, &more_a}, std::tuple{&sb, &hashes_b, &more_b}}) {
+      if (!*more) continue;
+      auto r = s->Next();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      if (!r->has_value()) {
+        *more = false;
+        continue;
+      }
+      const Batch& batch = **r;
+      for (uint64_t i = 0; i < batch.size(); ++i) {
+        EXPECT_EQ(testing::SampleIndexOf(batch.images().subspan(i * 100, 100)),
+                  static_cast<int64_t>(batch.indices()[i]));
+      }
+      hashes->push_back(XXH3_64bits(batch.images().data(), batch.images().size()));
+    }
+  }
+  EXPECT_EQ(hashes_a, want.batch_hashes);
+  EXPECT_EQ(hashes_b, want.batch_hashes);
+  // How much is shared depends on timing (a chunk one stream is done with
+  // before the other gets to it is read again; each takes from the other),
+  // but b's first batch is a's first: its chunks are in a's cache (which
+  // holds every chunk until its last use) when b starts. Alone, each would
+  // read all 100 (together 200); shared, typically 100.
+  const LoaderStats st_a = sa.stats(), st_b = sb.stats();
+  std::set<uint64_t> batch0_chunks;
+  for (uint64_t i = 0; i < 32; ++i) batch0_chunks.insert(want.indices[i] / 20);
+  EXPECT_GE(st_b.chunk_shared_hits, batch0_chunks.size());
+  EXPECT_LT(st_a.chunk_reads + st_b.chunk_reads, 200u);
+  std::printf("[ info ] reads: a %llu, b %llu (b took %llu chunks from a)\n",
+              static_cast<unsigned long long>(st_a.chunk_reads), static_cast<unsigned long long>(st_b.chunk_reads),
+              static_cast<unsigned long long>(st_b.chunk_shared_hits));
 }
 
 TEST(LoaderTest, RandomOrderMakesTheBestOfItsBudget) {
