@@ -427,6 +427,16 @@ void Session::StartProducer() {
                            Kv("mapping", reuse ? "reused" : "new"));
   }
   parked_shm.reset();  // someone else's (the Loader no longer points into it)
+  // The daemon's loader threads, divided among the streams running now:
+  // k arenas of all cores each fight over them (measured on 16 cores, 4 ranks
+  // of celeba-deflate: 20.7 k samples/s with 16 threads a stream, 43.4 k
+  // with 4).
+  const uint64_t running = server_.streams_active.load();  // this one included
+  const int share = std::max<int>(2, static_cast<int>((static_cast<uint64_t>(server_.loader_threads) + running - 1) /
+                                                      std::max<uint64_t>(1, running)));
+  const int stream_threads = std::min(share, server_.loader_threads);
+  LoaderInternal::SetThreads(*loader_, stream_threads);
+  Log("info", "stream_threads", Kv("threads", static_cast<uint64_t>(stream_threads)) + " " + Kv("streams_active", running));
   producer_running_ = true;
   keep_alive_ = shared_from_this();
   work_.emplace(server_.io.get_executor());

@@ -77,6 +77,9 @@ struct LoaderInternal {
   // to) the other caches of `shared`, which must all read the same source as
   // this Loader. Call before its first Epoch().
   static void ShareChunks(Loader& loader, std::shared_ptr<loader::SharedChunks> shared);
+  // The TBB threads of the Loader's next streams (its own arena's size).
+  // Call while no stream of the Loader is alive.
+  static void SetThreads(Loader& loader, int threads);
 };
 
 }  // namespace gpufeed

@@ -564,6 +564,8 @@ void LoaderInternal::UsePool(Loader& loader, BatchPool* pool) {
   loader.impl_->pool = pool != nullptr ? pool : &loader.impl_->own_pool;
 }
 
+void LoaderInternal::SetThreads(Loader& loader, int threads) { loader.impl_->threads = std::max(1, threads); }
+
 void LoaderInternal::ShareChunks(Loader& loader, std::shared_ptr<loader::SharedChunks> shared) {
   loader.impl_->cache->SetShared(std::move(shared));
 }

@@ -16,12 +16,24 @@
 // chunk index and labels; the OS page cache under it). Each stream runs its
 // own Loader — its own TBB pipeline, decoded-chunk cache of `cache_bytes` and
 // batch pool — because the cache is managed with the stream's own future
-// order (loader/chunk_cache.h). Two streams over one file therefore share
-// the file's pages, not decoded chunks.
+// order (loader/chunk_cache.h); but the caches of one file's streams take
+// decoded chunks from each other (loader::SharedChunks): a chunk another
+// stream has decoded, or is decoding, is not read again. The loader threads
+// are the daemon's: a stream starting while k others run gets
+// loader_threads / (k + 1) of them (at least 2), so concurrent streams do not
+// each ask TBB for every core.
+//
+// Transport. A RemoteLoader on the daemon's host (a Unix socket) shares its
+// batch pool with the daemon (a sealed memfd passed with the HELLO); the
+// stream's Loader assembles batches straight into it and the socket carries
+// only which slot holds which samples (docs/protocol.md). Over TCP, batches
+// travel in frames.
 //
 // Memory. A stream holds at most
 //   stream_bytes = cache_bytes + (prefetch + 1) x batch bytes
 //                  + (2 x loader_threads + 4) x chunk bytes
+// (with shared memory, prefetch + 1 is the client's slot count: the slots are
+// the client's memory, mapped by the daemon, and counted here too)
 // (the Loader's bound, loader.h), and the frames it has queued for the
 // socket are batches of that pool (uncompressed) or at most 2 compressed
 // copies. A stream's Loader exists only once its client has granted credit;
@@ -62,7 +74,7 @@ struct ServerOptions {
   // "HOST:PORT" for the Prometheus text endpoint GET /metrics; empty: none.
   std::string metrics_listen;
   int io_threads = 2;            // Asio threads
-  int loader_threads = 0;        // TBB threads of each stream's Loader; 0: all cores
+  int loader_threads = 0;        // TBB threads, shared by the streams (see above); 0: all cores
   int prefetch = 4;              // each stream's Loader prefetch
   uint64_t cache_bytes = 256ull << 20;  // each stream's decoded-chunk cache
   uint64_t memory_bytes = 8ull << 30;   // budget for all admitted streams (see above)
