@@ -79,6 +79,25 @@ Result<std::pair<std::string, const Dataset*>> ServerCore::FindDataset(const std
   return Status::NotFound("dataset '" + name + "' is not served here (serving: " + names + ")");
 }
 
+void ServerCore::StreamOpened() {
+  const uint64_t now_open = streams_open.fetch_add(1) + 1;
+  std::lock_guard<std::mutex> lock(peak_mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (now_open >= peak_streams_ || now - peak_time_ > kPeakWindow) {
+    peak_streams_ = now_open;
+    peak_time_ = now;
+  }
+}
+
+void ServerCore::StreamClosed() { streams_open -= 1; }
+
+uint64_t ServerCore::RecentPeakStreams() {
+  const uint64_t now_open = streams_open.load();
+  std::lock_guard<std::mutex> lock(peak_mu_);
+  if (std::chrono::steady_clock::now() - peak_time_ > kPeakWindow) return std::max<uint64_t>(1, now_open);
+  return std::max<uint64_t>({1, now_open, peak_streams_});
+}
+
 std::shared_ptr<loader::SharedChunks> ServerCore::SharedChunksOf(const Dataset* d) const {
   for (size_t i = 0; i < datasets.size(); ++i) {
     if (datasets[i].second.get() == d) return shared_chunks[i];

@@ -8,6 +8,7 @@
 #include <boost/asio.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -69,6 +70,15 @@ class ServerCore {
   std::atomic<bool> stopping{false};
 
   std::atomic<uint64_t> accepted{0}, rejected{0}, open{0}, streams_active{0};
+  std::atomic<uint64_t> streams_open{0};  // connections past a streaming HELLO, not yet closed
+  // streams_open, +1 or -1; keeps the peak of the last kPeakWindow.
+  void StreamOpened();
+  void StreamClosed();
+  // The most streams open at once in the last kPeakWindow (at least now's):
+  // how many ways the loader threads are divided. The ranks of a job connect
+  // one by one at each epoch; the previous epoch says how many there are.
+  uint64_t RecentPeakStreams();
+  static constexpr std::chrono::seconds kPeakWindow{30};
   std::atomic<uint64_t> batches_sent{0}, bytes_sent{0}, protocol_errors{0}, queued{0};
 
  private:
@@ -83,6 +93,9 @@ class ServerCore {
   };
   std::vector<Parked> parked_;  // GUARDED_BY(mu_); oldest first
   static constexpr size_t kMaxParked = 64;
+  std::mutex peak_mu_;
+  uint64_t peak_streams_ = 0;                           // GUARDED_BY(peak_mu_)
+  std::chrono::steady_clock::time_point peak_time_;     // GUARDED_BY(peak_mu_): when last reached
   std::mutex log_mu_;
 };
 

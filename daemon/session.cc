@@ -44,6 +44,7 @@ Session::~Session() {
       server_.Unreserve(reserved_bytes_);
     }
   }
+  if (counted_open_) server_.StreamClosed();
   server_.Unregister(id_);
   server_.open -= 1;
 }
@@ -275,6 +276,10 @@ void Session::HandleHello(std::span<const std::byte> payload) {
           Kv("world_size", lo.world_size) + " " + Kv("compress", hello_.compress ? "zstd" : "none") + " " +
           Kv("transport", shm_ ? "shm:" + std::to_string(hello_.shm_slots) + "_slots" : "socket"));
   state_ = State::kStreaming;
+  if (!hello_.describe_only) {
+    counted_open_ = true;
+    server_.StreamOpened();
+  }
   EnqueueControl(FrameType::kHelloOk, EncodeHelloOk(ok), hello_.describe_only);
   if (hello_.describe_only) state_ = State::kClosing;
 }
@@ -427,16 +432,19 @@ void Session::StartProducer() {
                            Kv("mapping", reuse ? "reused" : "new"));
   }
   parked_shm.reset();  // someone else's (the Loader no longer points into it)
-  // The daemon's loader threads, divided among the streams running now:
-  // k arenas of all cores each fight over them (measured on 16 cores, 4 ranks
-  // of celeba-deflate: 20.7 k samples/s with 16 threads a stream, 43.4 k
-  // with 4).
-  const uint64_t running = server_.streams_active.load();  // this one included
+  // The daemon's loader threads, divided equally among the open streams:
+  // k arenas of all cores each fight over them, and unequal shares make the
+  // ranks of one job finish apart (measured on 16 cores, 4 ranks of
+  // celeba-deflate: 20.7 k samples/s with 16 threads a stream, 43.4 k with
+  // 4). The recent peak of open streams, not the running ones: the ranks of
+  // a job reconnect one by one each epoch, and the first must not take every
+  // core (the first epoch of a job may still be uneven).
+  const uint64_t running = server_.RecentPeakStreams();  // this one included
   const int share = std::max<int>(2, static_cast<int>((static_cast<uint64_t>(server_.loader_threads) + running - 1) /
                                                       std::max<uint64_t>(1, running)));
   const int stream_threads = std::min(share, server_.loader_threads);
   LoaderInternal::SetThreads(*loader_, stream_threads);
-  Log("info", "stream_threads", Kv("threads", static_cast<uint64_t>(stream_threads)) + " " + Kv("streams_active", running));
+  Log("info", "stream_threads", Kv("threads", static_cast<uint64_t>(stream_threads)) + " " + Kv("divided_among", running));
   producer_running_ = true;
   keep_alive_ = shared_from_this();
   work_.emplace(server_.io.get_executor());
@@ -668,6 +676,10 @@ void Session::StopProducer() {
 void Session::CloseNow(const std::string& reason) {
   if (state_ == State::kClosed) return;
   state_ = State::kClosed;
+  if (counted_open_) {
+    counted_open_ = false;
+    server_.StreamClosed();
+  }
   Log("info", "close", Kv("reason", reason) + " " + Kv("batches_sent", metrics_.batches_sent.load()) + " " +
                            Kv("bytes_sent", metrics_.bytes_sent.load()));
   handshake_timer_.cancel();

@@ -116,6 +116,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t write_seq_ = 0;
   bool draining_ = false, shutdown_sent_ = false, producer_running_ = false;
   bool loader_ok_ = false;  // the stream ended without a Loader error: the Loader may be parked
+  bool counted_open_ = false;  // in server_.streams_open
   uint64_t reserved_bytes_ = 0;
   std::shared_ptr<Session> keep_alive_;  // while the producer runs
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
