@@ -148,7 +148,16 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
   so.prefetch = lo.prefetch;
   so.cache_bytes = lo.cache_bytes;
   so.memory_bytes = 1ull << 40;  // throughput runs: not the subject
-  so.log = [](std::string_view) {};
+  std::shared_ptr<std::FILE> log_file;
+  if (!o.server_log.empty()) {
+    log_file.reset(std::fopen(o.server_log.c_str(), "w"), [](std::FILE* f) {
+      if (f != nullptr) std::fclose(f);
+    });
+    if (!log_file) return Status::IOError("bench serve: cannot write the server log '" + o.server_log + "'");
+  }
+  so.log = [log_file](std::string_view line) {
+    if (log_file) std::fprintf(log_file.get(), "%.*s\n", static_cast<int>(line.size()), line.data());
+  };
   auto client_opts = [&](int rank, int world) {
     RemoteLoaderOptions c;
     c.address = "unix:" + sock;

@@ -28,6 +28,7 @@ struct ServeBenchOptions {
   uint64_t stall_batch_size = 64;      // stream options of the stalled clients
   uint64_t stall_cache_bytes = 32ull << 20;
   std::string socket_dir = "/tmp";
+  std::string server_log;  // the in-process daemon's log lines go to this file; empty: dropped
 };
 
 struct ServeBenchResult {

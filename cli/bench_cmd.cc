@@ -335,6 +335,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   scmd->add_option("--stalled-clients", sa->o.stalled_clients, "memory check: clients that grant credit, never read");
   scmd->add_option("--memory-bytes", sa->o.memory_bytes, "memory check: the daemon's budget");
   scmd->add_option("--socket-dir", sa->o.socket_dir, "where the Unix socket goes");
+  scmd->add_option("--server-log", sa->o.server_log, "write the daemon's log lines to this file");
   scmd->add_flag("--json", sa->json, "print as JSON");
   scmd->callback([sa, exit_code] {
     sa->o.loader.order = *OrderFromName(sa->order);
