@@ -96,7 +96,7 @@ void PutVec(Writer& w, const std::vector<T>& v) {
   w.Raw(v.data(), v.size() * sizeof(T));
 }
 
-bool KnownType(uint16_t t) { return t >= 1 && t <= 9; }
+bool KnownType(uint16_t t) { return t >= 1 && t <= 10; }
 
 }  // namespace
 
@@ -111,6 +111,7 @@ std::string_view FrameTypeName(FrameType t) {
     case FrameType::kShutdown: return "SHUTDOWN";
     case FrameType::kBatchRef: return "BATCH_REF";
     case FrameType::kSlots: return "SLOTS";
+    case FrameType::kPing: return "PING";
   }
   return "?";
 }

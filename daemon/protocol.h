@@ -51,6 +51,7 @@ enum class FrameType : uint16_t {
   kShutdown = 7,  // server -> client: the daemon is stopping; resume elsewhere or later
   kBatchRef = 8,  // server -> client: one batch, its images already in a shared-memory slot
   kSlots = 9,     // client -> server: these shared-memory slots may be filled
+  kPing = 10,     // client -> server, empty: alive, holding every slot (resets the idle timeout)
 };
 std::string_view FrameTypeName(FrameType t);
 

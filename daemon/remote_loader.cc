@@ -217,11 +217,21 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
         held.push_back(s);
         grant.push_back(s->id);
       }
-      if (held.empty()) {
-        Batch::Slot* s = loader->pool.Acquire();  // woken by a consumer release or Stop()
-        if (s == nullptr) return Status::IOError(peer + ": cancelled");
-        held.push_back(s);
-        grant.push_back(s->id);
+      while (held.empty() && send_error.ok()) {
+        // Woken by a consumer release or Stop(); a consumer that holds every
+        // slot for keepalive_ms gets a PING sent for it.
+        bool timed_out = false;
+        Batch::Slot* s = o.keepalive_ms > 0
+                             ? loader->pool.AcquireFor(std::chrono::milliseconds(o.keepalive_ms), &timed_out)
+                             : loader->pool.Acquire();
+        if (s != nullptr) {
+          held.push_back(s);
+          grant.push_back(s->id);
+        } else if (!timed_out) {
+          return Status::IOError(peer + ": cancelled");
+        } else {
+          send_error = conn.SendFrame(FrameType::kPing, {}, o.io_timeout_ms);
+        }
       }
       if (!grant.empty()) {
         send_error = shm ? conn.SendFrame(FrameType::kSlots, daemon::EncodeSlots(grant), o.io_timeout_ms)

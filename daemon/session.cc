@@ -191,6 +191,8 @@ void Session::OnFrame() {
     HandleCredit(in_payload_);
   } else if (in_.type == FrameType::kSlots && shm_) {
     HandleSlots(in_payload_);
+  } else if (in_.type == FrameType::kPing && in_payload_.empty()) {
+    // Alive: the idle timer is re-armed below.
   } else {
     Fail(Status::InvalidArgument("unexpected " + std::string(FrameTypeName(in_.type)) + " frame while streaming" +
                                  (shm_ ? " (a shared-memory stream is granted SLOTS)" : "")),

@@ -4,6 +4,7 @@
 #ifndef GPUFEED_LOADER_BATCH_POOL_H_
 #define GPUFEED_LOADER_BATCH_POOL_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -51,6 +52,8 @@ class BatchPool {
 
   Batch::Slot* Acquire();
   Batch::Slot* TryAcquire();  // nullptr when none is free (or cancelled)
+  // Acquire, giving up after `timeout` (nullptr; *timed_out says which).
+  Batch::Slot* AcquireFor(std::chrono::milliseconds timeout, bool* timed_out);
   void Release(Batch::Slot* s);
   // Empties the free list (those slots are now the caller's); returns how
   // many it held.

@@ -155,6 +155,15 @@ Batch::Slot* BatchPool::Acquire() {
   return s;
 }
 
+Batch::Slot* BatchPool::AcquireFor(std::chrono::milliseconds timeout, bool* timed_out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  *timed_out = !cv_.wait_for(lock, timeout, [&] { return cancelled_ || !free_.empty(); });
+  if (*timed_out || cancelled_) return nullptr;
+  Batch::Slot* s = free_.back();
+  free_.pop_back();
+  return s;
+}
+
 Batch::Slot* BatchPool::TryAcquire() {
   std::lock_guard<std::mutex> lock(mu_);
   if (cancelled_ || free_.empty()) return nullptr;

@@ -55,6 +55,10 @@ struct RemoteLoaderOptions {
   bool shared_memory = true;
   int connect_timeout_ms = 5000;
   int io_timeout_ms = 30000;   // silence from the daemon this long ends a stream
+  // While the consumer holds every batch of the pool (a pause: evaluation, a
+  // checkpoint), a PING this often keeps the daemon from closing the stream
+  // as idle (its --idle-timeout-ms, 300 s by default). 0: never.
+  int keepalive_ms = 30000;
 };
 
 class RemoteLoader final : public BatchSource {

@@ -578,6 +578,44 @@ TEST_F(DaemonTest, StalledAndIdleClientsAreBoundedAndDoNotBlockOthers) {
   EXPECT_EQ(got.indices.size(), n);
 }
 
+// A trainer that pauses (evaluation, a checkpoint) holding every batch of
+// its pool sends no SLOTS or CREDIT; its PINGs keep the daemon from closing
+// the stream as idle, for both transports. Without them it is closed.
+TEST_F(DaemonTest, PausedConsumerIsKeptAliveByPings) {
+  ServerOptions so = Options();
+  so.idle_timeout_ms = 300;
+  auto server = StartServer(so);
+  ASSERT_TRUE(server);
+  const Delivered want = Local(StreamOptions(), 0);
+  for (bool shm : {true, false}) {
+    for (int keepalive_ms : {50, 0}) {
+      RemoteLoaderOptions c = Client(server->endpoint(), StreamOptions());
+      c.shared_memory = shm;
+      c.keepalive_ms = keepalive_ms;
+      auto remote = RemoteLoader::Connect(c);
+      ASSERT_TRUE(remote.ok());
+      EpochStream s = (*remote)->Epoch(0);
+      std::vector<Batch> held;  // the whole pool (prefetch 3 + 1)
+      for (int i = 0; i < 4; ++i) {
+        auto b = s.Next();
+        ASSERT_TRUE(b.ok() && b->has_value());
+        held.push_back(std::move(**b));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // > 3 idle timeouts
+      held.clear();
+      Delivered rest;
+      const Status st = Drain(s, &rest);
+      if (keepalive_ms > 0) {
+        EXPECT_TRUE(st.ok()) << (shm ? "shm: " : "socket: ") << st.ToString();
+        EXPECT_EQ(rest.hashes.size() + 4, want.hashes.size());
+      } else {
+        EXPECT_FALSE(st.ok()) << "without PINGs the daemon closes an idle stream";
+      }
+    }
+  }
+  EXPECT_TRUE(LogHas("idle for 300 ms"));
+}
+
 TEST_F(DaemonTest, WriteTimeoutClosesADeadReader) {
   const std::string big = dir_ + "/big.h5";
   const uint64_t n = 800, sb = 3 * 64 * 64;
