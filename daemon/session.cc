@@ -379,12 +379,29 @@ void Session::HandleSlots(std::span<const std::byte> payload) {
   metrics_.credits = daemon_holds;
 }
 
+// The daemon's loader threads, divided equally among the open streams:
+// k arenas of all cores each fight over them, and unequal shares make the
+// ranks of one job finish apart (measured on 16 cores, 4 ranks of
+// celeba-deflate: 20.7 k samples/s with 16 threads a stream, 43.4 k with 4).
+// The recent peak of open streams, not the running ones: the ranks of a job
+// reconnect one by one each epoch, and the first must not take every core
+// (the first epoch of a job may still be uneven).
+int Session::ThreadShare(uint64_t* divided_among) const {
+  const uint64_t open = server_.RecentPeakStreams();  // this one included
+  *divided_among = open;
+  const auto all = static_cast<uint64_t>(server_.loader_threads);
+  const int share = static_cast<int>(std::max<uint64_t>(2, (all + open - 1) / std::max<uint64_t>(1, open)));
+  return std::min(share, server_.loader_threads);
+}
+
 void Session::StartProducer() {
   const uint64_t sb = dataset_->sample_bytes(), bb = hello_.loader.batch_size * sb;
-  const uint64_t threads = static_cast<uint64_t>(server_.loader_threads);
-  const uint64_t bound = hello_.loader.cache_bytes + (hello_.loader.prefetch + 1) * bb +
-                         (2 * threads + 4) * dataset_->chunk_bytes_max() + (hello_.compress ? kMaxQueued * bb : 0);
   const LoaderOptions& lo = hello_.loader;
+  // The stream's bound (server.h) for `t` loader threads.
+  const uint64_t fixed = lo.cache_bytes + (lo.prefetch + 1) * bb + (hello_.compress ? kMaxQueued * bb : 0);
+  auto bound_for = [&](int t) { return fixed + (2 * static_cast<uint64_t>(t) + 4) * dataset_->chunk_bytes_max(); };
+  uint64_t divided_among = 1;
+  int threads = ThreadShare(&divided_among);
   stream_key_ = dataset_->name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
                 std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
                 "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
@@ -395,9 +412,18 @@ void Session::StartProducer() {
   if (auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_)) {
     loader_ = std::move(warm);
     reserved_bytes_ = parked_bytes;
+    if (parked_bytes < bound_for(threads)) {  // more threads than it had: more room, or fewer threads
+      uint64_t after = 0;
+      if (server_.Reserve(bound_for(threads) - parked_bytes, &after)) {
+        reserved_bytes_ = bound_for(threads);
+      } else {
+        while (threads > 1 && bound_for(threads) > parked_bytes) --threads;
+      }
+    }
     server_.streams_active += 1;
-    Log("info", "stream_start", Kv("reserved_bytes", parked_bytes) + " loader=warm");
+    Log("info", "stream_start", Kv("reserved_bytes", reserved_bytes_) + " loader=warm");
   } else {
+    const uint64_t bound = bound_for(threads);
     uint64_t after = 0;
     if (!server_.Reserve(bound, &after)) {
       Fail(Status::Unsupported("the daemon's memory budget (" + std::to_string(server_.options.memory_bytes) +
@@ -411,7 +437,9 @@ void Session::StartProducer() {
     reserved_bytes_ = bound;
     server_.streams_active += 1;
     Log("info", "stream_start", Kv("reserved_bytes", bound) + " " + Kv("daemon_reserved_bytes", after) + " loader=new");
-    loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
+    LoaderOptions with_threads = hello_.loader;
+    with_threads.threads = threads;
+    loader_ = std::make_unique<Loader>(*dataset_, with_threads);
     LoaderInternal::ShareChunks(*loader_, server_.SharedChunksOf(dataset_));  // one cache per file, in effect
   }
   if (shm_) {
@@ -434,19 +462,9 @@ void Session::StartProducer() {
                            Kv("mapping", reuse ? "reused" : "new"));
   }
   parked_shm.reset();  // someone else's (the Loader no longer points into it)
-  // The daemon's loader threads, divided equally among the open streams:
-  // k arenas of all cores each fight over them, and unequal shares make the
-  // ranks of one job finish apart (measured on 16 cores, 4 ranks of
-  // celeba-deflate: 20.7 k samples/s with 16 threads a stream, 43.4 k with
-  // 4). The recent peak of open streams, not the running ones: the ranks of
-  // a job reconnect one by one each epoch, and the first must not take every
-  // core (the first epoch of a job may still be uneven).
-  const uint64_t running = server_.RecentPeakStreams();  // this one included
-  const int share = std::max<int>(2, static_cast<int>((static_cast<uint64_t>(server_.loader_threads) + running - 1) /
-                                                      std::max<uint64_t>(1, running)));
-  const int stream_threads = std::min(share, server_.loader_threads);
-  LoaderInternal::SetThreads(*loader_, stream_threads);
-  Log("info", "stream_threads", Kv("threads", static_cast<uint64_t>(stream_threads)) + " " + Kv("divided_among", running));
+  LoaderInternal::SetThreads(*loader_, threads);
+  Log("info", "stream_threads", Kv("threads", static_cast<uint64_t>(threads)) + " " +
+                                    Kv("divided_among", divided_among));
   producer_running_ = true;
   keep_alive_ = shared_from_this();
   work_.emplace(server_.io.get_executor());

@@ -86,6 +86,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool AcceptSharedMemory(const Hello& h, uint64_t batch_bytes);
   void HandleCredit(std::span<const std::byte> payload);
   void HandleSlots(std::span<const std::byte> payload);
+  int ThreadShare(uint64_t* divided_among) const;  // this stream's loader threads
   void StartProducer();
   void Produce();  // the producer thread
   void OnProducerDone();

@@ -31,7 +31,7 @@
 //
 // Memory. A stream holds at most
 //   stream_bytes = cache_bytes + (prefetch + 1) x batch bytes
-//                  + (2 x loader_threads + 4) x chunk bytes
+//                  + (2 x its threads + 4) x chunk bytes
 // (with shared memory, prefetch + 1 is the client's slot count: the slots are
 // the client's memory, mapped by the daemon, and counted here too)
 // (the Loader's bound, loader.h), and the frames it has queued for the
