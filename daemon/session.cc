@@ -379,11 +379,10 @@ void Session::HandleSlots(std::span<const std::byte> payload) {
   metrics_.credits = daemon_holds;
 }
 
-// The daemon's loader threads, divided equally among the open streams:
-// k arenas of all cores each fight over them, and unequal shares make the
-// ranks of one job finish apart (measured on 16 cores, 4 ranks of
-// celeba-deflate: 20.7 k samples/s with 16 threads a stream, 43.4 k with 4).
-// The recent peak of open streams, not the running ones: the ranks of a job
+// The daemon's loader threads, divided equally among the open streams: k
+// streams would otherwise each ask TBB for every core, and unequal shares
+// make the ranks of one job wait for the slowest (docs/benchmarks.md). The
+// recent peak of open streams, not the running ones: the ranks of a job
 // reconnect one by one each epoch, and the first must not take every core
 // (the first epoch of a job may still be uneven).
 int Session::ThreadShare(uint64_t* divided_among) const {
@@ -438,9 +437,9 @@ void Session::StartProducer() {
     server_.streams_active += 1;
     Log("info", "stream_start", Kv("reserved_bytes", bound) + " " + Kv("daemon_reserved_bytes", after) + " loader=new");
     // Built for all the loader threads (its cache then keeps that many spare
-    // chunk buffers: fewer made 4 ranks of celeba-raw 20% slower, each chunk
-    // read into freshly faulted pages); run with its share (SetThreads below),
-    // which bounds the buffers it ever has at once.
+    // chunk buffers; built with its share, 4 ranks of celeba-raw ran ~20%
+    // slower in one run: docs/benchmarks.md), run with its share (SetThreads
+    // below), which bounds the buffers it ever has at once.
     loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
     LoaderInternal::ShareChunks(*loader_, server_.SharedChunksOf(dataset_));  // one cache per file, in effect
   }
