@@ -357,17 +357,29 @@ Result<uint32_t> DecodeCredit(std::span<const std::byte> p) {
   return n;
 }
 
-std::vector<std::byte> EncodeBatchHead(const Batch& b) {
+namespace {
+
+// A BATCH head, or with `slot` a BATCH_REF payload: the fixed part, [slot, 0],
+// indices, labels.
+std::vector<std::byte> EncodeHead(const Batch& b, const uint32_t* slot) {
   Writer w;
   w.U64(b.epoch());
   w.U64(b.index());
   w.U32(static_cast<uint32_t>(b.size()));
   w.U32(b.labels().empty() ? 0 : 1);
   w.U64(b.sample_bytes());
+  if (slot != nullptr) {
+    w.U32(*slot);
+    w.U32(0);
+  }
   w.Raw(b.indices().data(), b.indices().size_bytes());
   w.Raw(b.labels().data(), b.labels().size_bytes());
   return w.Take();
 }
+
+}  // namespace
+
+std::vector<std::byte> EncodeBatchHead(const Batch& b) { return EncodeHead(b, nullptr); }
 
 Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p) {
   Reader r(p.first(std::min(p.size(), BatchHead::kFixedBytes)), "BATCH");
@@ -383,19 +395,7 @@ Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p) {
   return h;
 }
 
-std::vector<std::byte> EncodeBatchRef(const Batch& b, uint32_t slot) {
-  Writer w;
-  w.U64(b.epoch());
-  w.U64(b.index());
-  w.U32(static_cast<uint32_t>(b.size()));
-  w.U32(b.labels().empty() ? 0 : 1);
-  w.U64(b.sample_bytes());
-  w.U32(slot);
-  w.U32(0);
-  w.Raw(b.indices().data(), b.indices().size_bytes());
-  w.Raw(b.labels().data(), b.labels().size_bytes());
-  return w.Take();
-}
+std::vector<std::byte> EncodeBatchRef(const Batch& b, uint32_t slot) { return EncodeHead(b, &slot); }
 
 Result<BatchRef> DecodeBatchRef(std::span<const std::byte> p) {
   if (p.size() < BatchRef::kFixedBytes) {

@@ -61,6 +61,9 @@ class BatchPool {
   void SetCancelled(bool c);
 
  private:
+  std::unique_ptr<Batch::Slot> NewSlot(uint32_t id, gpu::HostBuffer images, uint64_t batch_size);
+  void Install(std::vector<std::unique_ptr<Batch::Slot>> slots, bool start_free);
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Batch::Slot>> slots_;  // owns them all; fixed after Allocate

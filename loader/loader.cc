@@ -98,24 +98,35 @@ Status BatchPool::Allocate(int n, uint64_t batch_size, uint64_t sample_bytes, bo
   const uint64_t batch_bytes = batch_size * sample_bytes;
   std::vector<std::unique_ptr<Batch::Slot>> slots;
   for (int i = 0; i < n; ++i) {
-    auto slot = std::make_unique<Batch::Slot>();
-    slot->images = gpu::HostBuffer::Allocate(std::max<uint64_t>(1, batch_bytes), pin_memory);
-    if (slot->images.data() == nullptr) {
+    auto images = gpu::HostBuffer::Allocate(std::max<uint64_t>(1, batch_bytes), pin_memory);
+    if (images.data() == nullptr) {
       return Status::Internal("loader: cannot allocate a " + std::to_string(batch_bytes) + "-byte batch buffer");
     }
     // Fault the pages in now, once, rather than during the first batches
     // (pinned memory is resident already).
-    if (!slot->images.pinned()) std::memset(slot->images.data(), 0, slot->images.bytes());
-    slot->labels.resize(batch_size);
-    slot->indices.resize(batch_size);
-    slot->pool = this;
-    slot->id = static_cast<uint32_t>(i);
-    slots.push_back(std::move(slot));
+    if (!images.pinned()) std::memset(images.data(), 0, images.bytes());
+    slots.push_back(NewSlot(static_cast<uint32_t>(i), std::move(images), batch_size));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& slot : slots) free_.push_back(slot.get());
-  slots_ = std::move(slots);
+  Install(std::move(slots), /*start_free=*/true);
   return Status::Ok();
+}
+
+std::unique_ptr<Batch::Slot> BatchPool::NewSlot(uint32_t id, gpu::HostBuffer images, uint64_t batch_size) {
+  auto slot = std::make_unique<Batch::Slot>();
+  slot->images = std::move(images);
+  slot->labels.resize(batch_size);
+  slot->indices.resize(batch_size);
+  slot->pool = this;
+  slot->id = id;
+  return slot;
+}
+
+void BatchPool::Install(std::vector<std::unique_ptr<Batch::Slot>> slots, bool start_free) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (start_free) {
+    for (auto& slot : slots) free_.push_back(slot.get());
+  }
+  slots_ = std::move(slots);
 }
 
 Status BatchPool::AllocateViews(std::span<std::byte> region, uint64_t stride, int n, uint64_t batch_size,
@@ -129,20 +140,12 @@ Status BatchPool::AllocateViews(std::span<std::byte> region, uint64_t stride, in
   }
   std::vector<std::unique_ptr<Batch::Slot>> slots;
   for (int i = 0; i < n; ++i) {
-    auto slot = std::make_unique<Batch::Slot>();
-    slot->images = gpu::HostBuffer::Adopt(region.data() + static_cast<uint64_t>(i) * stride,
-                                          std::max<uint64_t>(1, batch_bytes), pin_memory);
-    slot->labels.resize(batch_size);
-    slot->indices.resize(batch_size);
-    slot->pool = this;
-    slot->id = static_cast<uint32_t>(i);
-    slots.push_back(std::move(slot));
+    slots.push_back(NewSlot(static_cast<uint32_t>(i),
+                            gpu::HostBuffer::Adopt(region.data() + static_cast<uint64_t>(i) * stride,
+                                                   std::max<uint64_t>(1, batch_bytes), pin_memory),
+                            batch_size));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (start_free) {
-    for (auto& slot : slots) free_.push_back(slot.get());
-  }
-  slots_ = std::move(slots);
+  Install(std::move(slots), start_free);
   return Status::Ok();
 }
 
