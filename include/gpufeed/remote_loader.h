@@ -1,7 +1,10 @@
 // RemoteLoader: the client of a `gpufeed serve` daemon, with the local
 // Loader's iteration interface. Its batches are ordinary gpufeed::Batch
-// objects in a pool of prefetch + 1 pinned buffers (the Loader's pool), so
-// GpuFeeder and trainers take either through BatchSource.
+// objects in a pool of prefetch + 1 buffers (the Loader's pool type), so
+// GpuFeeder and trainers take either through BatchSource. On a unix: address
+// the pool is a sealed memfd the daemon maps and fills in place (page-locked
+// with cudaHostRegister where a GPU is present); elsewhere, pinned memory
+// that BATCH frames are read into.
 //
 //   gpufeed::RemoteLoaderOptions o;
 //   o.address = "unix:/run/user/1000/gpufeed.sock";
