@@ -13,7 +13,6 @@
 #include "gpufeed/dataset.h"
 
 namespace gpufeed::bench {
-namespace {
 
 uint64_t CurrentRss() {
   long pages = 0, resident = 0;
@@ -23,8 +22,6 @@ uint64_t CurrentRss() {
   }
   return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
-
-}  // namespace
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   auto ds = Dataset::Open(o.data);

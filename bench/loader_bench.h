@@ -40,6 +40,9 @@ struct LoaderBenchResult {
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& options);
 
+// This process's resident memory in bytes (/proc/self/statm; 0 if unreadable).
+uint64_t CurrentRss();
+
 }  // namespace gpufeed::bench
 
 #endif  // GPUFEED_BENCH_LOADER_BENCH_H_

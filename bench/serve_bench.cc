@@ -1,13 +1,13 @@
 // Daemon benchmark: verify, then time, local against remote (serve_bench.h).
 #include "bench/serve_bench.h"
 
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
 #include <mutex>
 #include <thread>
 
+#include "bench/loader_bench.h"
 #include "daemon/address.h"
 #include "daemon/conn.h"
 #include "daemon/protocol.h"
@@ -19,15 +19,6 @@ namespace gpufeed::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-uint64_t Rss() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-}
 
 // What one consumer saw in an epoch: per-sample counts and spot hashes.
 struct Seen {
@@ -212,7 +203,7 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
     mo.write_timeout_ms = 600000;  // keep the stalled ones attached for the measurement
     mo.max_connections = o.idle_clients + o.stalled_clients + 4;
     r.budget_bytes = mo.memory_bytes;
-    r.rss_before = Rss();
+    r.rss_before = CurrentRss();
     auto server = Server::Start(mo);
     if (!server.ok()) return server.status();
     auto addr = daemon::ParseAddress("unix:" + sock);
@@ -238,9 +229,9 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
       if (now == last && (*server)->stats().streams_active == static_cast<uint64_t>(o.stalled_clients)) break;
       last = now;
     }
-    r.rss_attached = Rss();
+    r.rss_attached = CurrentRss();
     std::this_thread::sleep_for(std::chrono::seconds(2));
-    r.rss_later = Rss();
+    r.rss_later = CurrentRss();
     const ServerStats st = (*server)->stats();
     r.reserved_bytes = st.reserved_bytes;
     r.stalled_streams = st.streams_active;

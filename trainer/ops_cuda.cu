@@ -210,21 +210,27 @@ __global__ void BnReluBackwardApplyKernel(const T* x, const T* y, const T* dy, c
 
 // --- pooling --------------------------------------------------------------------
 
+// The input index of quadrant q (0-3: row-major in the 2x2 window) of NHWC
+// output element o of a 2x2/2 pooling over an [n, h, w, C] input.
+__device__ inline size_t PoolInputIndex(size_t o, int h, int w, int C, int q) {
+  const int oh = h / 2, ow = w / 2;
+  const int c = int(o % C);
+  size_t t = o / C;
+  const int j = int(t % ow);
+  t /= ow;
+  const int i = int(t % oh);
+  const int b = int(t / oh);
+  return ((size_t(b) * h + 2 * i + q / 2) * w + 2 * j + q % 2) * C + c;
+}
+
 template <class T>
 __global__ void MaxPoolKernel(const T* x, int n, int h, int w, int C, T* y, uint8_t* argmax) {
-  const int oh = h / 2, ow = w / 2;
-  const size_t total = size_t(n) * oh * ow * C;
+  const size_t total = size_t(n) * (h / 2) * (w / 2) * C;
   for (size_t o = blockIdx.x * size_t(blockDim.x) + threadIdx.x; o < total; o += size_t(gridDim.x) * blockDim.x) {
-    const int c = int(o % C);
-    size_t t = o / C;
-    const int j = int(t % ow);
-    t /= ow;
-    const int i = int(t % oh);
-    const int b = int(t / oh);
     float best = -INFINITY;
     int arg = 0;
     for (int q = 0; q < 4; ++q) {
-      const float v = ToF(x[((size_t(b) * h + 2 * i + q / 2) * w + 2 * j + q % 2) * C + c]);
+      const float v = ToF(x[PoolInputIndex(o, h, w, C, q)]);
       if (v > best) best = v, arg = q;
     }
     y[o] = FromF<T>(best);
@@ -234,17 +240,9 @@ __global__ void MaxPoolKernel(const T* x, int n, int h, int w, int C, T* y, uint
 
 template <class T>
 __global__ void MaxPoolBackwardKernel(const T* dy, const uint8_t* argmax, int n, int h, int w, int C, T* dx) {
-  const int oh = h / 2, ow = w / 2;
-  const size_t total = size_t(n) * oh * ow * C;
+  const size_t total = size_t(n) * (h / 2) * (w / 2) * C;
   for (size_t o = blockIdx.x * size_t(blockDim.x) + threadIdx.x; o < total; o += size_t(gridDim.x) * blockDim.x) {
-    const int c = int(o % C);
-    size_t t = o / C;
-    const int j = int(t % ow);
-    t /= ow;
-    const int i = int(t % oh);
-    const int b = int(t / oh);
-    const int q = argmax[o];
-    dx[((size_t(b) * h + 2 * i + q / 2) * w + 2 * j + q % 2) * C + c] = dy[o];
+    dx[PoolInputIndex(o, h, w, C, argmax[o])] = dy[o];
   }
 }
 

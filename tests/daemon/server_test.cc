@@ -164,6 +164,16 @@ class DaemonTest : public ::testing::Test {
     h.loader = lo;
     return daemon::EncodeHello(h);
   }
+  // A file of n index-valued samples of [3, 64, 64] (12 KiB), 100 a chunk;
+  // its path, or "" if it could not be written.
+  std::string WriteBig(uint64_t n) {
+    const std::string path = dir_ + "/big.h5";
+    testing::H5Layout layout;
+    layout.chunk = {100, 3, 64, 64};
+    const bool ok = testing::WriteH5(path, {n, 3, 64, 64}, H5T_NATIVE_UINT8, testing::IndexSamples(n, 3 * 64 * 64),
+                                     layout);
+    return ok ? path : "";
+  }
   // Reads frames until an ERROR (returned) or the connection ends.
   std::string ReadError(Conn& c) {
     for (int i = 0; i < 1000; ++i) {
@@ -529,12 +539,9 @@ TEST_F(DaemonTest, HandshakeTimeoutAndConnectionCap) {
 
 TEST_F(DaemonTest, StalledAndIdleClientsAreBoundedAndDoNotBlockOthers) {
   // Larger samples so a stalled client fills its socket: 12 KiB, batches of 64.
-  const std::string big = dir_ + "/big.h5";
-  const uint64_t n = 1600, sb = 3 * 64 * 64;
-  auto bytes = testing::IndexSamples(n, sb);
-  testing::H5Layout layout;
-  layout.chunk = {100, 3, 64, 64};
-  ASSERT_TRUE(testing::WriteH5(big, {n, 3, 64, 64}, H5T_NATIVE_UINT8, bytes, layout));
+  const uint64_t n = 1600;
+  const std::string big = WriteBig(n);
+  ASSERT_FALSE(big.empty());
   ServerOptions o = Options();
   o.data = {big};
   o.memory_bytes = 1ull << 30;
@@ -617,12 +624,8 @@ TEST_F(DaemonTest, PausedConsumerIsKeptAliveByPings) {
 }
 
 TEST_F(DaemonTest, WriteTimeoutClosesADeadReader) {
-  const std::string big = dir_ + "/big.h5";
-  const uint64_t n = 800, sb = 3 * 64 * 64;
-  auto bytes = testing::IndexSamples(n, sb);
-  testing::H5Layout layout;
-  layout.chunk = {100, 3, 64, 64};
-  ASSERT_TRUE(testing::WriteH5(big, {n, 3, 64, 64}, H5T_NATIVE_UINT8, bytes, layout));
+  const std::string big = WriteBig(800);
+  ASSERT_FALSE(big.empty());
   ServerOptions o = Options();
   o.data = {big};
   o.write_timeout_ms = 300;
