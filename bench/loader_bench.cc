@@ -31,6 +31,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   Loader loader(*ds, o.loader);
   LoaderBenchResult r;
   r.sample_bytes = sb;
+  r.warnings = loader.info().warnings;
+  r.batch_size = loader.info().batch_size;
 
   constexpr uint64_t kSpotEvery = 61;  // prime: lands on every batch position over time
   // The first epoch starts before the bench sizes its checks by the
@@ -114,7 +116,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   r.rss_before_bytes = rss_before;
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
-  r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * o.loader.batch_size * sb +
+  r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
                          (2 * threads + 4) * ds->chunk_bytes_max();
   return r;
 }

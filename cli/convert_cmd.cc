@@ -1,4 +1,6 @@
 // `gpufeed convert`: any supported input → gpufeed's chunked HDF5.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -17,7 +19,34 @@ struct ConvertArgs {
   bool shuffle_filter = false, keep_encoded = false, json = false;
 };
 
-int RunConvert(const ConvertArgs& a) {
+int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
+  // Options that do not apply to this input are errors, not ignored.
+  auto refuse = [](const std::string& m) {
+    std::fprintf(stderr, "gpufeed convert: %s\n", m.c_str());
+    return 2;
+  };
+  struct stat st {};
+  const bool is_dir = ::stat(a.input.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (!is_dir) {
+    for (const char* opt : {"--size", "--layout", "--keep-encoded"}) {
+      if (cmd.count(opt) > 0) return refuse(std::string(opt) + " applies to image folders; " + a.input + " is a file");
+    }
+  } else {
+    if (cmd.count("--labels") > 0) {
+      return refuse("--labels does not apply to an image folder: its labels are its class subfolders");
+    }
+    if (a.keep_encoded && cmd.count("--size") > 0) {
+      return refuse("--size does not apply with --keep-encoded (the JPEG files are stored as they are)");
+    }
+  }
+  if (a.codec == "none" && a.shuffle_filter) {
+    return refuse("--shuffle-filter only helps a compressor; choose --codec deflate or zstd");
+  }
+  if (a.keep_encoded) {
+    for (const char* opt : {"--codec", "--level", "--shuffle-filter", "--chunk-samples"}) {
+      if (cmd.count(opt) > 0) return refuse(std::string(opt) + " does not apply with --keep-encoded");
+    }
+  }
   ConvertOptions opts;
   auto codec = CodecFromName(a.codec);
   if (!codec.ok()) {
@@ -114,7 +143,7 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--shuffle-filter", args->shuffle_filter, "apply HDF5's shuffle filter before compressing");
   cmd->add_option("--threads", args->threads, "compression threads (default: all cores)");
   cmd->add_flag("--json", args->json, "print the summary as JSON");
-  cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
+  cmd->callback([args, exit_code, cmd] { *exit_code = RunConvert(*args, *cmd); });
 }
 
 }  // namespace gpufeed::cli

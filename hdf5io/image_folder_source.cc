@@ -179,15 +179,23 @@ Result<FolderListing> ListImageFolder(const std::string& dir) {
 
   for (size_t label = 0; label < out.class_names.size(); ++label) {
     const fs::path class_dir = fs::path(dir) / out.class_names[label];
-    std::vector<std::pair<std::string, uint64_t>> files;  // name, size
-    for (fs::directory_iterator it(class_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    // Images in nested subfolders belong to the class too (as torchvision's
+    // ImageFolder walks them); hidden folders are skipped.
+    std::vector<std::pair<std::string, uint64_t>> files;  // path relative to the class folder, size
+    for (fs::recursive_directory_iterator it(class_dir, fs::directory_options::follow_directory_symlink, ec), end;
+         !ec && it != end; it.increment(ec)) {
       const fs::path& p = it->path();
-      if (IsHidden(p) || !IsImageExtension(LowerExtension(p))) continue;
+      if (IsHidden(p)) {
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (!IsImageExtension(LowerExtension(p))) continue;
       std::error_code fec;
       if (!it->is_regular_file(fec)) continue;  // follows symlinks
       const uintmax_t size = it->file_size(fec);
       if (fec) return Status::IOError(p.string() + ": cannot stat: " + fec.message());
-      files.emplace_back(p.filename().string(), size);
+      files.emplace_back(fs::relative(p, class_dir, fec).string(), size);
+      if (fec) return Status::IOError(p.string() + ": " + fec.message());
     }
     if (ec) return Status::IOError(class_dir.string() + ": cannot list: " + ec.message());
     std::sort(files.begin(), files.end());
@@ -336,12 +344,33 @@ Status DecodePng(const std::string& path, std::span<const unsigned char> bytes, 
     png_image_free(&img);
     return Status::Corrupt(path + ": not a decodable PNG: " + img.message);
   }
-  img.format = PNG_FORMAT_RGB;
-  out->pixels.resize(PNG_IMAGE_SIZE(img));
-  const png_color white = {255, 255, 255};
-  if (!png_image_finish_read(&img, &white, out->pixels.data(), 0, nullptr)) {
-    png_image_free(&img);
-    return Status::Corrupt(path + ": PNG decode failed: " + img.message);
+  if (img.format & PNG_FORMAT_FLAG_LINEAR) {
+    // 16-bit samples. libpng's 8-bit output would treat them as linear light
+    // and gamma-encode them (a grey of 32768 became 186); scale the stored
+    // values instead (32768 -> 128), as every other reader does.
+    img.format = PNG_FORMAT_LINEAR_RGB_ALPHA;  // alpha is premultiplied in linear formats
+    std::vector<uint16_t> wide(PNG_IMAGE_SIZE(img) / sizeof(uint16_t));
+    if (!png_image_finish_read(&img, nullptr, wide.data(), 0, nullptr)) {
+      png_image_free(&img);
+      return Status::Corrupt(path + ": PNG decode failed: " + img.message);
+    }
+    const size_t pixels = static_cast<size_t>(img.width) * img.height;
+    out->pixels.resize(pixels * 3);
+    for (size_t i = 0; i < pixels; ++i) {
+      const uint32_t a = wide[4 * i + 3];
+      for (int c = 0; c < 3; ++c) {
+        const uint32_t v = std::min<uint32_t>(65535, wide[4 * i + c] + (65535 - a));  // over white
+        out->pixels[3 * i + c] = static_cast<uint8_t>((v * 255 + 32767) / 65535);
+      }
+    }
+  } else {
+    img.format = PNG_FORMAT_RGB;
+    out->pixels.resize(PNG_IMAGE_SIZE(img));
+    const png_color white = {255, 255, 255};
+    if (!png_image_finish_read(&img, &white, out->pixels.data(), 0, nullptr)) {
+      png_image_free(&img);
+      return Status::Corrupt(path + ": PNG decode failed: " + img.message);
+    }
   }
   // Warnings (PNG_IMAGE_WARNING) are accepted: libpng's are about metadata
   // such as a mismatched iCCP profile, not about pixels.

@@ -48,6 +48,17 @@ struct Loader::Impl {
   LocalStream* active = nullptr;  // the live stream, stopped by the next Epoch()
 
   Impl(const ChunkSource& s, const LoaderOptions& o) : source(s), options(o) {
+    // A batch larger than the rank's share only costs memory (its pool is
+    // prefetch + 1 such batches): clamp it.
+    const uint64_t world = static_cast<uint64_t>(std::max(1, o.world_size));
+    const uint64_t share = (s.num_samples() + world - 1) / world;
+    if (!o.drop_last && share > 0 && o.batch_size > share) {
+      info.warnings.push_back("batch size " + std::to_string(o.batch_size) + " is larger than the " +
+                              std::to_string(share) + " samples of " +
+                              (world > 1 ? "this rank's share" : std::string("the dataset")) + ": using " +
+                              std::to_string(share));
+      options.batch_size = share;
+    }
     threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     state.seed = o.seed;
     cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
@@ -56,7 +67,7 @@ struct Loader::Impl {
     info.sample_shape = s.sample_shape();
     info.sample_bytes = s.sample_bytes();
     info.num_samples = s.num_samples();
-    info.batch_size = o.batch_size;
+    info.batch_size = options.batch_size;
     info.has_labels = !s.labels().empty();
     info.pool_slots = static_cast<uint64_t>(std::max(1, o.prefetch)) + 1;
     if (const auto* ds = dynamic_cast<const Dataset*>(&s); ds != nullptr) {

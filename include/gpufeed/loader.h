@@ -53,6 +53,8 @@ std::string_view OrderName(Order o);
 Result<Order> OrderFromName(std::string_view name);
 
 struct LoaderOptions {
+  // Samples per batch. Larger than this rank's share of the dataset (and
+  // drop_last false): clamped to the share, with a warning in info().
   uint64_t batch_size = 256;
   Order order = Order::kBlock;
   uint64_t seed = 0;
@@ -218,6 +220,9 @@ struct BatchSourceInfo {
   // Per-channel mean and std in stored units, when the dataset carries them
   // (gpufeed convert writes them); empty otherwise.
   std::vector<double> mean, stddev;
+  // Options the source adjusted, for the caller to show ("batch size 100000
+  // is larger than the 10000 samples of this rank: using 10000").
+  std::vector<std::string> warnings;
 };
 
 // Anything that produces EpochStreams: the local Loader, or a RemoteLoader
