@@ -2,6 +2,7 @@
 // (TurboJPEG) and PNG (libpng) files to fixed-size RGB uint8 samples, and
 // ConvertEncodedImageFolder, which stores the JPEG bytes untouched in /jpeg.
 #include <fcntl.h>
+#include <tbb/parallel_for.h>
 #include <png.h>
 #include <sys/stat.h>
 #include <turbojpeg.h>
@@ -494,6 +495,37 @@ Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& d
   }
   Result<FolderListing> listing = ListImageFolder(dir);
   if (!listing.ok()) return listing.status();
+  if (options.skip_corrupt) {
+    // Decode every image once; keep those that decode.
+    FolderListing& l = *listing;
+    std::vector<Status> why(l.files.size());
+    tbb::parallel_for(size_t{0}, l.files.size(), [&](size_t i) {
+      thread_local std::vector<unsigned char> bytes;
+      thread_local RgbImage img;
+      why[i] = ReadWholeFile(l.files[i], &bytes);
+      if (why[i].ok()) {
+        why[i] = DecodeImage(l.files[i], bytes, static_cast<int>(options.height), static_cast<int>(options.width),
+                             &img);
+      }
+    });
+    FolderListing kept;
+    kept.class_names = l.class_names;
+    for (size_t i = 0; i < l.files.size(); ++i) {
+      if (why[i].ok()) {
+        kept.files.push_back(l.files[i]);
+        kept.labels.push_back(l.labels[i]);
+      } else if (options.skipped_files != nullptr) {
+        options.skipped_files->push_back(why[i].message());
+      }
+    }
+    std::error_code ec;
+    for (const std::string& f : kept.files) kept.total_bytes += std::filesystem::file_size(f, ec);
+    if (kept.files.empty()) {
+      return Status::InvalidArgument(dir + ": every one of its " + std::to_string(l.files.size()) +
+                                     " images is corrupt");
+    }
+    *listing = std::move(kept);
+  }
   return std::unique_ptr<SampleSource>(
       std::make_unique<ImageFolderSource>(dir, std::move(listing).value(), options));
 }

@@ -536,3 +536,41 @@ TEST(ImageFolderNestingTest, NestedSubfoldersAreFound) {
 
 }  // namespace
 }  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// A corrupt image fails the folder naming the file; with skip_corrupt it is
+// left out and named, and the rest keep their labels.
+TEST(ImageFolderCorruptTest, SkipCorruptLeavesOutAndNamesBadImages) {
+  const fs::path dir = fs::path(testing::MakeTempDir("skipcorrupt")) / "images";
+  fs::create_directories(dir / "a");
+  fs::create_directories(dir / "b");
+  std::vector<uint8_t> px(4 * 4 * 3, 9);
+  WritePng(dir / "a" / "good.png", px, 4, 4);
+  Bytes jpeg = EncodeJpeg(Gradient(16, 16, 1), 16, 16);
+  jpeg.resize(jpeg.size() / 2);  // truncated
+  WriteFile(dir / "a" / "half.jpg", jpeg);
+  WriteFile(dir / "b" / "text.jpg", {'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'});
+  WritePng(dir / "b" / "fine.png", px, 4, 4);
+  auto strict = OpenImageFolderSource(dir.string(), {.height = 4, .width = 4, .layout = "NCHW"});
+  ASSERT_TRUE(strict.ok());
+  std::vector<uint8_t> out(4 * 48);
+  Status st = (*strict)->Read(0, 4, std::as_writable_bytes(std::span(out)));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("half.jpg"), std::string::npos) << st.ToString();
+
+  std::vector<std::string> skipped;
+  auto lenient = OpenImageFolderSource(
+      dir.string(), {.height = 4, .width = 4, .layout = "NCHW", .skip_corrupt = true, .skipped_files = &skipped});
+  ASSERT_TRUE(lenient.ok()) << lenient.status().ToString();
+  EXPECT_EQ((*lenient)->num_samples(), 2u);
+  EXPECT_EQ((*lenient)->labels(), (std::vector<int64_t>{0, 1}));
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[0].find("half.jpg"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find("text.jpg"), std::string::npos) << skipped[1];
+  EXPECT_TRUE((*lenient)->Read(0, 2, std::as_writable_bytes(std::span(out).first(2 * 48))).ok());
+}
+
+}  // namespace
+}  // namespace gpufeed
