@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/trace.h"
@@ -46,6 +47,11 @@ struct Loader::Impl {
   std::unique_ptr<loader::ChunkCache> cache;
   LoaderState state;
   LocalStream* active = nullptr;  // the live stream, stopped by the next Epoch()
+  // The plan of the epoch after the live stream's (plans are pure functions
+  // of the options and the epoch): the cache's future spans the boundary,
+  // and the next Epoch() takes it rather than computing it again.
+  std::optional<loader::EpochPlan> next_plan;
+  uint64_t next_plan_epoch = 0;
 
   Impl(const ChunkSource& s, const LoaderOptions& o) : source(s), options(o) {
     // A batch larger than the rank's share only costs memory (its pool is
@@ -303,6 +309,7 @@ LoaderStats LocalStream::stats() const {
   st.chunk_misses = c.misses;
   st.prefetched = c.prefetched;
   st.chunk_shared_hits = c.shared_hits;
+  st.chunk_reads_ahead = c.reads_ahead;
   st.fetch_seconds = c.fetch_ns * 1e-9;
   st.plan_seconds = s.plan_ns * 1e-9;
   st.assemble_seconds = s.assemble_ns * 1e-9;
@@ -379,16 +386,28 @@ EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
     s->stopped = true;
     return LocalStream::Start(std::move(s));
   };
-  auto plan = loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
-                                    impl_->source.num_chunks(), impl_->options, epoch);
-  if (!plan.ok()) return fail_now(plan.status().WithContext(impl_->source.name()));
-  s->plan = std::move(*plan);
+  auto make_plan = [&](uint64_t e) {
+    return loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
+                                 impl_->source.num_chunks(), impl_->options, e);
+  };
+  if (impl_->next_plan && impl_->next_plan_epoch == epoch) {
+    s->plan = std::move(*impl_->next_plan);
+  } else {
+    auto plan = make_plan(epoch);
+    if (!plan.ok()) return fail_now(plan.status().WithContext(impl_->source.name()));
+    s->plan = std::move(*plan);
+  }
+  impl_->next_plan.reset();
+  if (auto next = make_plan(epoch + 1); next.ok()) {
+    impl_->next_plan = std::move(*next);
+    impl_->next_plan_epoch = epoch + 1;
+  }
   if (start_batch > s->plan.num_batches) {
     return fail_now(Status::InvalidArgument(impl_->source.name() + ": resume at batch " + std::to_string(start_batch) +
                                             " past the epoch's " + std::to_string(s->plan.num_batches)));
   }
   if (Status st = impl_->EnsurePool(); !st.ok()) return fail_now(st);
-  impl_->cache->BeginEpoch(&s->plan, start_batch);
+  impl_->cache->BeginEpoch(&s->plan, start_batch, impl_->next_plan ? &*impl_->next_plan : nullptr);
   impl_->active = s.get();
   LocalStream* raw = s.get();
   raw->producer = std::thread([raw] { raw->Run(); });

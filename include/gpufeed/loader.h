@@ -128,6 +128,9 @@ struct LoaderStats {
   uint64_t chunk_misses = 0;          // chunk uses that needed a read
   uint64_t prefetched = 0;            // reads started ahead of their batch
   uint64_t chunk_shared_hits = 0;     // chunks taken from another stream's cache (the daemon's streams of a file)
+  // Chunks read near this epoch's end for the next epoch's first batches
+  // (not in chunk_reads: they are the next epoch's, served there as hits).
+  uint64_t chunk_reads_ahead = 0;
   double plan_seconds = 0;            // busy time per stage, summed over threads
   double fetch_seconds = 0;           // read + decode
   double assemble_seconds = 0;        // copying samples into batches
