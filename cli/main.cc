@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "common/atomic_file.h"
 #include "gpufeed/loader.h"
+#include "gpufeed/version.h"
 
 namespace gpufeed::cli {
 
@@ -44,7 +45,7 @@ CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::stri
 int main(int argc, char** argv) {
   CLI::App app{"gpufeed: keeps GPUs fed from HDF5 datasets"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "gpufeed 0.1.0");
+  app.set_version_flag("--version", "gpufeed " GPUFEED_VERSION);
   int exit_code = 0;
   // Before any subcommand runs (CLI11 runs a subcommand's callback after the
   // whole line is parsed, the app's options included).
