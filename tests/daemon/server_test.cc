@@ -26,6 +26,7 @@
 #include "gpufeed/dataset.h"
 #include "gpufeed/gpu_feed.h"
 #include "gpufeed/remote_loader.h"
+#include "tests/testing/streams.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {
@@ -603,12 +604,8 @@ TEST_F(DaemonTest, PausedConsumerIsKeptAliveByPings) {
       auto remote = RemoteLoader::Connect(c);
       ASSERT_TRUE(remote.ok());
       EpochStream s = (*remote)->Epoch(0);
-      std::vector<Batch> held;  // the whole pool (prefetch 3 + 1)
-      for (int i = 0; i < 4; ++i) {
-        auto b = s.Next();
-        ASSERT_TRUE(b.ok() && b->has_value());
-        held.push_back(std::move(**b));
-      }
+      std::vector<Batch> held = testing::HoldBatches(s, 4);  // the whole pool (prefetch 3 + 1)
+      ASSERT_EQ(held.size(), 4u);
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // > 3 idle timeouts
       held.clear();
       Delivered rest;
@@ -750,12 +747,8 @@ TEST_F(DaemonTest, ConsumerHoldingEverySlotGetsAnErrorNotAHang) {
     ASSERT_TRUE(remote.ok());
     EXPECT_EQ((*remote)->info().pool_slots, 4u);
     EpochStream s = (*remote)->Epoch(0);
-    std::vector<Batch> held;  // the whole pool (prefetch 3 + 1)
-    for (int i = 0; i < 4; ++i) {
-      auto b = s.Next();
-      ASSERT_TRUE(b.ok() && b->has_value());
-      held.push_back(std::move(**b));
-    }
+    std::vector<Batch> held = testing::HoldBatches(s, 4);  // the whole pool (prefetch 3 + 1)
+    ASSERT_EQ(held.size(), 4u);
     const auto t0 = std::chrono::steady_clock::now();
     auto more = s.Next();
     ASSERT_FALSE(more.ok()) << (shm ? "shm" : "socket");

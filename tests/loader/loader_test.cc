@@ -16,6 +16,7 @@
 #include "loader/batch_pool.h"
 #include "loader/chunk_cache.h"
 #include "tests/testing/sources.h"
+#include "tests/testing/streams.h"
 
 namespace gpufeed {
 namespace {
@@ -370,12 +371,8 @@ TEST(LoaderHoldTest, ConsumerHoldingEveryBufferGetsAnErrorNamingPrefetch) {
   Loader loader(src, o);
   EXPECT_EQ(loader.info().pool_slots, 3u);
   EpochStream s = loader.Epoch(0);
-  std::vector<Batch> held;
-  for (int i = 0; i < 3; ++i) {
-    auto b = s.Next();
-    ASSERT_TRUE(b.ok() && b->has_value()) << i;
-    held.push_back(std::move(**b));
-  }
+  std::vector<Batch> held = testing::HoldBatches(s, 3);
+  ASSERT_EQ(held.size(), 3u);
   const auto t0 = std::chrono::steady_clock::now();
   auto more = s.Next();
   ASSERT_FALSE(more.ok());
