@@ -52,7 +52,11 @@ Result<IdxArray> ReadIdx(const std::string& path) {
     const uint8_t* p = &bytes[4 + 4 * k];
     uint64_t d = (uint64_t{p[0]} << 24) | (uint64_t{p[1]} << 16) | (uint64_t{p[2]} << 8) | p[3];
     out.dims.push_back(d);
-    count *= d;
+    // Checked: a product that wraps could equal the bytes present and make
+    // every sample's offset wrong.
+    if (__builtin_mul_overflow(count, d, &count)) {
+      return Status::Corrupt(path + ": IDX dimensions hold more than 2^64 bytes");
+    }
   }
   const size_t header = 4 + 4 * rank;
   if (bytes.size() - header != count) {

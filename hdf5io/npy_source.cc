@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstring>
 #include <regex>
 
@@ -96,12 +97,24 @@ Result<std::unique_ptr<NpyMap>> MapNpy(const std::string& path) {
   const std::string dims = match[1];
   const std::regex number("\\d+");
   for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it) {
-    m->shape.push_back(std::stoull(it->str()));
+    const std::string digits = it->str();
+    uint64_t d = 0;
+    const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), d);
+    if (ec != std::errc() || ptr != digits.data() + digits.size()) {
+      return Status::Corrupt(path + ": .npy shape entry '" + digits + "' does not fit 64 bits");
+    }
+    m->shape.push_back(d);
   }
   m->data_offset = prefix + header_len;
+  // Checked products: a shape whose byte count wraps would pass the size
+  // check below and describe memory the file does not have.
   uint64_t bytes = DTypeSize(m->dtype);
-  for (uint64_t d : m->shape) bytes *= d;
-  if (m->data_offset + bytes > m->size) {
+  for (uint64_t d : m->shape) {
+    if (__builtin_mul_overflow(bytes, d, &bytes)) {
+      return Status::Corrupt(path + ": .npy shape " + dims + " holds more than 2^64 bytes");
+    }
+  }
+  if (bytes > m->size - m->data_offset) {
     return Status::Corrupt(path + ": .npy is truncated (header promises " + std::to_string(bytes) +
                            " data bytes, file has " + std::to_string(m->size - m->data_offset) + ")");
   }
