@@ -9,6 +9,7 @@
 #include <cstring>
 #include <regex>
 
+#include "common/sizes.h"
 #include "gpufeed/convert.h"
 
 namespace gpufeed {
@@ -108,12 +109,13 @@ Result<std::unique_ptr<NpyMap>> MapNpy(const std::string& path) {
   m->data_offset = prefix + header_len;
   // Checked products: a shape whose byte count wraps would pass the size
   // check below and describe memory the file does not have.
-  uint64_t bytes = DTypeSize(m->dtype);
-  for (uint64_t d : m->shape) {
-    if (__builtin_mul_overflow(bytes, d, &bytes)) {
-      return Status::Corrupt(path + ": .npy shape " + dims + " holds more than 2^64 bytes");
-    }
-  }
+  // The sample size first, so a 0 in front does not hide a sample size
+  // that wraps.
+  const auto sample = m->shape.empty() ? std::optional<uint64_t>(DTypeSize(m->dtype))
+                                       : CheckedProduct(DTypeSize(m->dtype), std::span(m->shape).subspan(1));
+  const auto total = sample && !m->shape.empty() ? CheckedMul(*sample, m->shape[0]) : sample;
+  if (!total) return Status::Corrupt(path + ": .npy shape " + dims + " holds more than 2^64 bytes");
+  const uint64_t bytes = *total;
   if (bytes > m->size - m->data_offset) {
     return Status::Corrupt(path + ": .npy is truncated (header promises " + std::to_string(bytes) +
                            " data bytes, file has " + std::to_string(m->size - m->data_offset) + ")");
@@ -140,7 +142,8 @@ class NpySource final : public SampleSource {
     if (first + count > num_samples() || dst.size() < count * sample_bytes_) {
       return Status::InvalidArgument(m_->path + ": read out of range");
     }
-    std::memcpy(dst.data(), m_->base + m_->data_offset + first * sample_bytes_, count * sample_bytes_);
+    // CopyBytes: a shape with a 0 dimension reads 0 bytes into a null dst.
+    CopyBytes(dst.data(), m_->base + m_->data_offset + first * sample_bytes_, count * sample_bytes_);
     return Status::Ok();
   }
 

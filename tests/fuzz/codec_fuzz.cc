@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<std::byte> stored;
     unsigned written_mask = 0;
     EncodeChunk(pipeline, 1 + mode % 9, rest, stored, &written_mask, scratch);
-    bool supported = true;
+    bool supported = DirectPathCanDecode(pipeline);
     for (const FilterStep& f : pipeline) supported = supported && f.id != 4;
     std::vector<std::byte> back(rest.size());
     gpufeed::Status s = DecodeChunk(pipeline, written_mask, stored, rest.size(), back, scratch, "fuzz");

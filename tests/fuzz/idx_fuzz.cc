@@ -24,7 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool gzipped = size >= 2 && data[0] == 0x1f && data[1] == 0x8b;
   GPUFEED_FUZZ_CHECK(gzipped || total <= size);
   if (with_labels) GPUFEED_FUZZ_CHECK(s.labels().size() == s.num_samples());
-  std::vector<std::byte> one(sample_bytes);
+  // A source of 0 samples may declare any sample size (nothing backs it).
+  std::vector<std::byte> one(s.num_samples() > 0 ? sample_bytes : 0);
   if (s.num_samples() > 0) {
     GPUFEED_FUZZ_CHECK(s.Read(0, 1, one).ok());
     GPUFEED_FUZZ_CHECK(s.Read(s.num_samples() - 1, 1, one).ok());

@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   GPUFEED_FUZZ_CHECK(!__builtin_mul_overflow(sample_bytes, s.num_samples(), &total));
   GPUFEED_FUZZ_CHECK(total <= size);
   if (with_labels) GPUFEED_FUZZ_CHECK(s.labels().size() == s.num_samples());
-  std::vector<std::byte> one(sample_bytes);
+  // A source of 0 samples may declare any sample size (nothing backs it).
+  std::vector<std::byte> one(s.num_samples() > 0 ? sample_bytes : 0);
   if (s.num_samples() > 0) {
     GPUFEED_FUZZ_CHECK(s.Read(0, 1, one).ok());
     GPUFEED_FUZZ_CHECK(s.Read(s.num_samples() - 1, 1, one).ok());
