@@ -1,9 +1,26 @@
 # gpufeed_test(dir/name_test): adds tests/dir/name_test.cc to the one test
 # binary (one link instead of dozens on a 2-core machine); CTest sees each
-# GoogleTest case separately, labelled `cpu` (GPU cases skip themselves).
+# GoogleTest case separately.
+#
+# Tiers, as CTest labels (ctest -L <label>):
+#   fast  CPU cases that each take well under a second: the inner loop,
+#         `scripts/test --fast` (about half a minute for all of them)
+#   slow  CPU cases that take seconds (daemon round trips, training runs,
+#         stress and hold tests, whole-dataset conversions, h5py interop)
+#   gpu   cases that exercise a GPU (they skip themselves where none exists)
+#   fuzz  the fuzz targets' corpus replays (build-fuzz only; cmake/Fuzz.cmake)
+# Each case has exactly one label (gtest_discover_tests splits a "a;b" list
+# of labels into separate property arguments). The tiers are assigned by name
+# at discovery: one gtest_discover_tests per tier, each with a --gtest_filter.
+# A new slow or GPU case needs its name (or its suite's) in the lists below;
+# everything else is `fast`.
 find_package(GTest REQUIRED)
 include(GoogleTest)
 set(GPUFEED_TEST_SOURCES "" CACHE INTERNAL "")
+# GoogleTest filters (':'-separated patterns) over suite.case names.
+set(GPUFEED_GPU_TESTS "TransformGpuTest.*:*/Gpu:*CudaVsCpu.*:*OnTheGpu:*.GpuTraining*")
+set(GPUFEED_SLOW_TESTS "DaemonTest.*:TrainerTest.*:LoaderHoldTest.*:FashionMnistTest.*:HostileFilesTest.*:\
+LoaderTest.ConsumerHoldingPrefetchBatchesGetsEverySampleOnce:ChunkCacheTest.PrefetchesWhatTheNextBatchesNeed")
 macro(gpufeed_test name)
   list(APPEND GPUFEED_TEST_SOURCES ${PROJECT_SOURCE_DIR}/tests/${name}.cc)
 endmacro()
@@ -14,5 +31,10 @@ macro(gpufeed_test_finish)
                         PkgConfig::TURBOJPEG PkgConfig::XXHASH PNG::PNG ZLIB::ZLIB)
   target_compile_definitions(gpufeed_tests PRIVATE GPUFEED_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   # A hang fails the test after 5 minutes instead of stalling CI.
-  gtest_discover_tests(gpufeed_tests PROPERTIES LABELS cpu TIMEOUT 300 DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(gpufeed_tests TEST_FILTER "${GPUFEED_GPU_TESTS}"
+                       PROPERTIES LABELS gpu TIMEOUT 300 DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(gpufeed_tests TEST_FILTER "${GPUFEED_SLOW_TESTS}-${GPUFEED_GPU_TESTS}"
+                       PROPERTIES LABELS slow TIMEOUT 300 DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(gpufeed_tests TEST_FILTER "-${GPUFEED_SLOW_TESTS}:${GPUFEED_GPU_TESTS}"
+                       PROPERTIES LABELS fast TIMEOUT 300 DISCOVERY_TIMEOUT 60)
 endmacro()

@@ -329,10 +329,12 @@ Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p) {
     return Status::Corrupt("HELLO_OK: unknown dtype " + std::to_string(dtype));
   }
   m.info.dtype = static_cast<DType>(dtype);
-  uint64_t elems = 1;
-  for (uint64_t d : m.info.sample_shape) elems *= std::min<uint64_t>(d, 1ull << 31);
-  if (m.info.sample_bytes == 0 || m.info.sample_bytes > (1ull << 31) ||
-      elems * DTypeSize(m.info.dtype) != m.info.sample_bytes) {
+  // Checked product: a shape whose size wraps to sample_bytes would pass.
+  uint64_t shape_bytes = DTypeSize(m.info.dtype);
+  bool wrapped = false;
+  for (uint64_t d : m.info.sample_shape) wrapped |= __builtin_mul_overflow(shape_bytes, d, &shape_bytes);
+  if (m.info.sample_bytes == 0 || m.info.sample_bytes > (1ull << 31) || wrapped ||
+      shape_bytes != m.info.sample_bytes) {
     return Status::Corrupt("HELLO_OK: sample of " + std::to_string(m.info.sample_bytes) +
                            " bytes does not fit its shape");
   }

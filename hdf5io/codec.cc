@@ -31,6 +31,9 @@ void Shuffle(std::span<const std::byte> src, std::span<std::byte> dst, size_t el
 
 void Unshuffle(std::span<const std::byte> src, std::span<std::byte> dst, size_t elem_size) {
   assert(dst.size() <= src.size());
+  // An empty prefix writes nothing; below, dst.data() (null for an empty
+  // span) + j would be undefined behaviour (found by the codec fuzzer).
+  if (dst.empty()) return;
   const size_t n = elem_size == 0 ? 0 : src.size() / elem_size;
   if (elem_size <= 1 || n <= 1) {
     CopyBytes(dst.data(), src.data(), std::min(dst.size(), src.size()));
@@ -136,9 +139,21 @@ Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst,
   return Status::Ok();
 }
 
+bool DirectPathCanDecode(const std::vector<FilterStep>& pipeline) {
+  for (size_t k = 0; k + 1 < pipeline.size(); ++k) {
+    if (pipeline[k].id != kFilterShuffle) return false;
+  }
+  return true;
+}
+
 Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask,
                    std::span<const std::byte> stored, size_t decoded_size,
                    std::span<std::byte> dst, DecodeScratch& scratch, const std::string& what) {
+  // Found by the codec fuzzer: a filter after a compressor got the decoded
+  // size for its input and failed every valid chunk as "Corrupt".
+  if (!DirectPathCanDecode(pipeline)) {
+    return Status::Unsupported(what + ": a filter follows a compressor in this pipeline; read it through HDF5");
+  }
   // Index of the last filter to undo (the first in write order not skipped).
   int last_active = -1;
   for (int k = 0; k < static_cast<int>(pipeline.size()); ++k) {

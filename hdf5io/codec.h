@@ -49,6 +49,12 @@ struct FilterStep {
   size_t elem_size = 1;    // for shuffle
 };
 
+// Whether DecodeChunk can undo `pipeline`: every filter but the last (in
+// write order) must keep the size (shuffle), because the decoder sizes each
+// intermediate as the decoded chunk. HDF5 allows any order ([deflate, zstd],
+// or a shuffle after a compressor); those chunks are read through HDF5.
+bool DirectPathCanDecode(const std::vector<FilterStep>& pipeline);
+
 // Per-thread scratch for DecodeChunk; grows to the largest chunk seen.
 struct DecodeScratch {
   std::vector<std::byte> a, b;
@@ -57,7 +63,8 @@ struct DecodeScratch {
 // Undoes `pipeline` (in write order; filters whose bit is set in
 // `filter_mask` were skipped when the chunk was written) on `stored`, which
 // must decode to exactly `decoded_size` bytes, and writes the first
-// dst.size() (<= decoded_size) of them into dst.
+// dst.size() (<= decoded_size) of them into dst. A pipeline that
+// DirectPathCanDecode refuses is Unsupported.
 Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask,
                    std::span<const std::byte> stored, size_t decoded_size,
                    std::span<std::byte> dst, DecodeScratch& scratch, const std::string& what);

@@ -348,6 +348,7 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     if (f.id == codec::kFilterShuffle && !f.params.empty() && f.params[0] > 0) step.elem_size = f.params[0];
     d.pipeline.push_back(step);
   }
+  if (!codec::DirectPathCanDecode(d.pipeline)) return std::string("a filter follows a compressor");
   d.chunk_samples = cs[0];
   if (cs[0] == 0) return Status::Corrupt(d.what + ": damaged layout: chunk dimension 0 is 0");
   const uint64_t n_chunks = (d.num_samples + cs[0] - 1) / cs[0];

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "common/sizes.h"
 #include "gpufeed/convert.h"
 
 namespace gpufeed {
@@ -47,13 +48,17 @@ Result<IdxArray> ReadIdx(const std::string& path) {
   }
   const size_t rank = bytes[3];
   if (rank < 1 || bytes.size() < 4 + 4 * rank) return Status::Corrupt(path + ": IDX header is truncated");
-  uint64_t count = 1;
   for (size_t k = 0; k < rank; ++k) {
     const uint8_t* p = &bytes[4 + 4 * k];
-    uint64_t d = (uint64_t{p[0]} << 24) | (uint64_t{p[1]} << 16) | (uint64_t{p[2]} << 8) | p[3];
-    out.dims.push_back(d);
-    count *= d;
+    out.dims.push_back((uint64_t{p[0]} << 24) | (uint64_t{p[1]} << 16) | (uint64_t{p[2]} << 8) | p[3]);
   }
+  // Checked, the sample size first (a file of 0 samples must not declare a
+  // sample size that wraps): a product that wraps could equal the bytes
+  // present and make every sample's offset wrong.
+  const auto sample = CheckedProduct(1, std::span(out.dims).subspan(1));
+  const auto total = sample ? CheckedMul(*sample, out.dims[0]) : std::nullopt;
+  if (!total) return Status::Corrupt(path + ": IDX dimensions hold more than 2^64 bytes");
+  const uint64_t count = *total;
   const size_t header = 4 + 4 * rank;
   if (bytes.size() - header != count) {
     return Status::Corrupt(path + ": IDX header promises " + std::to_string(count) + " bytes of data, file has " +
@@ -94,7 +99,8 @@ class IdxSource final : public SampleSource {
     if (first + count > num_samples() || dst.size() < count * sample_bytes_) {
       return Status::InvalidArgument(path_ + ": read out of range");
     }
-    std::memcpy(dst.data(), images_.data.data() + first * sample_bytes_, count * sample_bytes_);
+    // CopyBytes: a shape with a 0 dimension reads 0 bytes into a null dst.
+    CopyBytes(dst.data(), images_.data.data() + first * sample_bytes_, count * sample_bytes_);
     return Status::Ok();
   }
 

@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstring>
 #include <regex>
 
+#include "common/sizes.h"
 #include "gpufeed/convert.h"
 
 namespace gpufeed {
@@ -96,12 +98,25 @@ Result<std::unique_ptr<NpyMap>> MapNpy(const std::string& path) {
   const std::string dims = match[1];
   const std::regex number("\\d+");
   for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it) {
-    m->shape.push_back(std::stoull(it->str()));
+    const std::string digits = it->str();
+    uint64_t d = 0;
+    const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), d);
+    if (ec != std::errc() || ptr != digits.data() + digits.size()) {
+      return Status::Corrupt(path + ": .npy shape entry '" + digits + "' does not fit 64 bits");
+    }
+    m->shape.push_back(d);
   }
   m->data_offset = prefix + header_len;
-  uint64_t bytes = DTypeSize(m->dtype);
-  for (uint64_t d : m->shape) bytes *= d;
-  if (m->data_offset + bytes > m->size) {
+  // Checked products: a shape whose byte count wraps would pass the size
+  // check below and describe memory the file does not have.
+  // The sample size first, so a 0 in front does not hide a sample size
+  // that wraps.
+  const auto sample = m->shape.empty() ? std::optional<uint64_t>(DTypeSize(m->dtype))
+                                       : CheckedProduct(DTypeSize(m->dtype), std::span(m->shape).subspan(1));
+  const auto total = sample && !m->shape.empty() ? CheckedMul(*sample, m->shape[0]) : sample;
+  if (!total) return Status::Corrupt(path + ": .npy shape " + dims + " holds more than 2^64 bytes");
+  const uint64_t bytes = *total;
+  if (bytes > m->size - m->data_offset) {
     return Status::Corrupt(path + ": .npy is truncated (header promises " + std::to_string(bytes) +
                            " data bytes, file has " + std::to_string(m->size - m->data_offset) + ")");
   }
@@ -127,7 +142,8 @@ class NpySource final : public SampleSource {
     if (first + count > num_samples() || dst.size() < count * sample_bytes_) {
       return Status::InvalidArgument(m_->path + ": read out of range");
     }
-    std::memcpy(dst.data(), m_->base + m_->data_offset + first * sample_bytes_, count * sample_bytes_);
+    // CopyBytes: a shape with a 0 dimension reads 0 bytes into a null dst.
+    CopyBytes(dst.data(), m_->base + m_->data_offset + first * sample_bytes_, count * sample_bytes_);
     return Status::Ok();
   }
 

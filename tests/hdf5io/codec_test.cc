@@ -25,6 +25,36 @@ TEST(CodecTest, ShuffleRoundTripsForEveryElementSizeAndPrefix) {
   }
 }
 
+// A caller that wants none of a shuffled chunk (an empty dst, whose data() is
+// null) gets nothing written and no undefined pointer arithmetic (the UBSan
+// pass checks; found by the codec fuzzer).
+TEST(CodecTest, UnshuffleIntoAnEmptyPrefix) {
+  const std::vector<std::byte> shuffled = IndexSamples(4, 16);
+  std::span<std::byte> none;
+  Unshuffle(shuffled, none, 4);
+  std::vector<std::byte> out;
+  DecodeScratch scratch;
+  EXPECT_TRUE(DecodeChunk({{kFilterShuffle, 4}}, 0, shuffled, shuffled.size(), out, scratch, "t").ok());
+}
+
+// HDF5 allows a filter after a compressor; the direct path sizes every
+// intermediate as the decoded chunk, so it declines such pipelines (the
+// dataset reads them through HDF5) instead of failing each chunk as Corrupt
+// (found by the codec fuzzer).
+TEST(CodecTest, FilterAfterACompressorIsLeftToHdf5) {
+  const std::vector<FilterStep> after = {{kFilterShuffle, 4}, {kFilterDeflate, 1}, {kFilterShuffle, 4}};
+  const std::vector<FilterStep> two = {{kFilterDeflate, 1}, {kFilterZstd, 1}};
+  EXPECT_FALSE(DirectPathCanDecode(after));
+  EXPECT_FALSE(DirectPathCanDecode(two));
+  EXPECT_TRUE(DirectPathCanDecode({{kFilterShuffle, 4}, {kFilterZstd, 1}}));
+  const std::vector<std::byte> raw = IndexSamples(8, 64);
+  std::vector<std::byte> stored, back(raw.size());
+  unsigned mask = 0;
+  DecodeScratch scratch;
+  EncodeChunk(two, 3, raw, stored, &mask, scratch);
+  EXPECT_EQ(DecodeChunk(two, mask, stored, raw.size(), back, scratch, "t").code(), StatusCode::kUnsupported);
+}
+
 TEST(CodecTest, DeflateAndZstdRoundTrip) {
   const std::vector<std::byte> raw = IndexSamples(50, 1000);
   std::vector<std::byte> packed(std::max(DeflateBound(raw.size()), ZstdBound(raw.size())));

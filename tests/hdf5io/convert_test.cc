@@ -184,6 +184,41 @@ TEST_F(ConvertTest, NpyWithNpyLabels) {
   EXPECT_NE(bad.status().message().find("truncated"), std::string::npos) << bad.status().ToString();
 }
 
+// Shapes from the header that a reader must not trust: a 0 dimension (samples
+// of 0 bytes, read into an empty buffer; UBSan checks the copy), a dimension
+// past 64 bits, and a product that wraps to the bytes present (found by the
+// npy fuzzer and by review).
+TEST_F(ConvertTest, NpyShapesThatAreEmptyOrWrapAreHandled) {
+  WriteNpy(dir_ + "/zero.npy", "<u1", "(10, 0)", {});
+  auto zero = OpenSource(dir_ + "/zero.npy", "", {});
+  ASSERT_TRUE(zero.ok()) << zero.status().ToString();
+  EXPECT_EQ((*zero)->num_samples(), 10u);
+  EXPECT_TRUE((*zero)->Read(9, 1, {}).ok());
+
+  WriteNpy(dir_ + "/huge.npy", "<u1", "(99999999999999999999999, 2)", {});
+  auto huge = OpenSource(dir_ + "/huge.npy", "", {});
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kCorrupt) << huge.status().ToString();
+
+  // 8 x 2^62 x 4 wraps to 0 bytes, which an empty payload "holds".
+  WriteNpy(dir_ + "/wrap.npy", "<i8", "(4611686018427387904, 4)", {});
+  auto wrap = OpenSource(dir_ + "/wrap.npy", "", {});
+  ASSERT_FALSE(wrap.ok());
+  EXPECT_NE(wrap.status().message().find("2^64"), std::string::npos) << wrap.status().ToString();
+}
+
+// IDX dimensions whose product wraps, also behind a 0 sample count (found by
+// the IDX fuzzer): refused, not a source whose sample size is wrong.
+TEST_F(ConvertTest, IdxDimensionsThatWrapAreRefused) {
+  for (const std::vector<uint32_t>& dims : {std::vector<uint32_t>{0, 1u << 31, 1u << 31, 1u << 31},
+                                            std::vector<uint32_t>{1u << 16, 1u << 16, 1u << 16, 1u << 16}}) {
+    WriteIdx(dir_ + "/wrap", dims, {});
+    auto r = OpenIdxSource(dir_ + "/wrap", "");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("2^64"), std::string::npos) << r.status().ToString();
+  }
+}
+
 TEST_F(ConvertTest, BadIdxInputsAreNamed) {
   const auto images = IndexSamples(10, 16);
   WriteIdx(dir_ + "/img", {10, 4, 4}, images);

@@ -6,9 +6,11 @@
 #include <tbb/global_control.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <tuple>
 
@@ -239,13 +241,27 @@ TEST(LoaderTest, SlowConsumerBoundsWorkInFlight) {
   EXPECT_GE(src.reads(), 2u);
 }
 
+// Every sample of batch `b` has the bytes and label of the index it claims.
+void ExpectBatchBytes(const Batch& b, const ChunkSource& src) {
+  for (uint64_t i = 0; i < b.size(); ++i) {
+    const uint64_t idx = b.indices()[i];
+    EXPECT_EQ(testing::SampleIndexOf(b.images().subspan(i * b.sample_bytes(), b.sample_bytes())),
+              static_cast<int64_t>(idx));
+    EXPECT_EQ(b.labels()[i], src.labels()[idx]);
+  }
+}
+
 // A consumer that keeps `prefetch` batches at once (as the GPU feed does)
-// leaves the pool empty, so the plan stage blocks; that must never happen
-// beneath a batch being assembled (a thread waiting inside the assemble
-// stage's parallel_for once stole the plan stage and deadlocked; seen on the
-// 16-core GPU host, where the stacks showed it). A stress test: on a 2-core
-// machine it did not reproduce that hang without the fix.
-TEST(LoaderTest, ConsumerHoldingPrefetchBatchesNeverDeadlocks) {
+// leaves the pool empty, so the plan stage blocks while batches are being
+// assembled; with more threads than cores, TBB steals work across those
+// waits. Every sample must still arrive exactly once with its own bytes while
+// the consumer holds older batches (a stage that reused a held buffer, or
+// lost a batch when it blocked, fails here). History: a thread waiting inside
+// the assemble stage's parallel_for once stole the blocked plan stage and
+// deadlocked on the 16-core GPU host; this test does not reproduce that on a
+// 2-core machine (scripts/gpu-host-feed-check runs the configurations that
+// did), the fix is covered there, and a hang here fails on CTest's timeout.
+TEST(LoaderTest, ConsumerHoldingPrefetchBatchesGetsEverySampleOnce) {
   // More threads than this machine's cores, so the stealing happens here too.
   tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   InMemorySource src(3000, 64, 10);
@@ -257,39 +273,59 @@ TEST(LoaderTest, ConsumerHoldingPrefetchBatchesNeverDeadlocks) {
     for (uint64_t epoch = 0; epoch < 2; ++epoch) {
       EpochStream stream = loader.Epoch(epoch);
       std::deque<Batch> held;
-      uint64_t n = 0;
+      std::vector<int> times_seen(3000, 0);
       for (;;) {
         auto b = stream.Next();
         ASSERT_TRUE(b.ok()) << b.status().ToString();
         if (!*b) break;
-        n += (*b)->size();
+        ExpectBatchBytes(**b, src);
+        for (uint64_t idx : (*b)->indices()) times_seen.at(idx) += 1;
         held.push_back(std::move(**b));
         if (held.size() > 2) held.pop_front();  // hold `prefetch` batches
+        // The held batches still hold their own bytes after newer ones arrived.
+        for (const Batch& h : held) ExpectBatchBytes(h, src);
       }
-      EXPECT_EQ(n, 3000u);
+      EXPECT_EQ(std::count(times_seen.begin(), times_seen.end(), 1), 3000)
+          << "threads " << threads << " epoch " << epoch;
     }
   }
 }
 
+// A stream ended mid-epoch, and a loader destroyed while its stream still
+// runs, stop every worker before they return: the source is destroyed right
+// after the loader, so a worker still reading would be a use-after-free (the
+// ASan pass reports it; a hang fails on CTest's timeout).
 TEST(LoaderTest, EarlyStopAndDestructionMidEpochEndCleanly) {
-  InMemorySource src(5000, 64, 10);
-  src.set_delay_ms(2);
+  auto src = std::make_unique<InMemorySource>(5000, 64, 10);
+  src->set_delay_ms(2);
   {
-    Loader loader(src, Opts(Order::kRandom, 2, 4));
+    Loader loader(*src, Opts(Order::kRandom, 2, 4));
     EpochStream stream = loader.Epoch(0);
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(stream.Next().ok());
-    // Stream destroyed mid-epoch here; a new epoch on the same loader works.
+    for (int i = 0; i < 3; ++i) {
+      auto b = stream.Next();
+      ASSERT_TRUE(b.ok() && b->has_value());
+      ExpectBatchBytes(**b, *src);
+    }
+    // Stream destroyed mid-epoch here; a new epoch on the same loader starts
+    // at its first batch with the right bytes.
     stream = loader.Epoch(1);
     auto b = stream.Next();
     ASSERT_TRUE(b.ok() && b->has_value());
     EXPECT_EQ((*b)->epoch(), 1u);
+    EXPECT_EQ((*b)->index(), 0u);
+    ExpectBatchBytes(**b, *src);
   }  // loader destroyed while its stream still runs
+  const uint64_t reads_after_first = src->reads();
+  auto loader = std::make_unique<Loader>(*src, Opts(Order::kBlock, 2, 4));
   {
-    auto loader = std::make_unique<Loader>(src, Opts(Order::kBlock, 2, 4));
     EpochStream stream = loader->Epoch(0);
-    ASSERT_TRUE(stream.Next().ok());
-  }
-  SUCCEED();  // reaching here means no hang; ASan/TSan runs check the rest
+    auto b = stream.Next();
+    ASSERT_TRUE(b.ok() && b->has_value());
+    ExpectBatchBytes(**b, *src);
+  }  // stream ended after one batch, its workers still reading ahead
+  loader.reset();
+  EXPECT_GT(src->reads(), reads_after_first);
+  src.reset();  // a worker still running now reads freed memory
 }
 
 TEST(LoaderTest, CorruptChunkErrorReachesTheConsumerWithContext) {
