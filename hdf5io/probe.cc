@@ -1,6 +1,8 @@
 // ProbeFiles (hdf5io/probe.h): fork, open in the child, watch from the parent.
 #include "hdf5io/probe.h"
 
+#include "common/sizes.h"
+
 #include <hdf5.h>
 
 #include <fcntl.h>
@@ -53,12 +55,16 @@ void WriteMsg(int fd, char tag, uint32_t index) {
     WriteMsg(fd, 'S', static_cast<uint32_t>(i));
     {
       auto ds = Dataset::Open(specs[i], o);
-      if (ds.ok() && ds->info().read_path == ReadPath::kHdf5 && ds->num_chunks() > 0) {
+      if (ds.ok() && ds->info().read_path == ReadPath::kHdf5 && ds->num_samples() > 0) {
         // HDF5 decodes on this path: its filters see the file's bytes too.
-        const uint64_t bytes = ds->samples_in_chunk(0) * ds->sample_bytes();
-        if (bytes <= (uint64_t{256} << 20)) {
-          std::vector<std::byte> buf(bytes);
-          (void)ds->ReadChunk(0, buf);
+        // One HDF5 chunk's row of samples is enough for that (a read unit
+        // can span 10^5 tiny chunks of a sparse file: seconds for nothing).
+        const auto& cs = ds->info().hdf5_chunk_shape;
+        const uint64_t n = std::min<uint64_t>(ds->num_samples(), cs.empty() ? 1 : std::max<uint64_t>(1, cs[0]));
+        const auto bytes = CheckedMul(n, ds->sample_bytes());
+        if (bytes && *bytes <= (uint64_t{256} << 20)) {
+          std::vector<std::byte> buf(*bytes);
+          (void)ds->ReadSamples(0, n, buf);
         }
       }
     }  // closes every handle: HDF5 has crashed while closing hostile files too

@@ -114,24 +114,30 @@ TEST(HostileFilesTest, HdfCrashesAndHangsAreContainedByTheProbe) {
   std::vector<std::string> specs = {good, cve + "/cve-2018-13867.h5", good, cve + "/cve-2018-13871.h5",
                                     cve + "/cve-2018-15671.h5", good};
   ProbeOptions po;
-  po.timeout_ms = 2000;
+  po.timeout_ms = 4000;
   po.processes = 2;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Status> r = ProbeFiles(specs, po);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   ASSERT_EQ(r.size(), specs.size());
   EXPECT_TRUE(r[0].ok() && r[2].ok() && r[5].ok()) << r[0].ToString() << r[2].ToString() << r[5].ToString();
-  for (int i : {1, 3}) {
+  // Contained either way: a crash, or (under a sanitizer's allocator, which
+  // may not abort on the heap damage glibc detects) a hang that is killed.
+  for (int i : {1, 3, 4}) {
     EXPECT_EQ(r[i].code(), StatusCode::kCorrupt) << i;
-    EXPECT_NE(r[i].message().find("HDF5 crashed reading this file's metadata"), std::string::npos) << r[i].ToString();
+    EXPECT_NE(r[i].message().find(specs[i]), std::string::npos) << r[i].ToString();
+    EXPECT_TRUE(r[i].message().find("HDF5 crashed reading this file's metadata") != std::string::npos ||
+                r[i].message().find("HDF5 did not finish reading this file's metadata") != std::string::npos)
+        << r[i].ToString();
   }
   EXPECT_NE(r[4].message().find("did not finish"), std::string::npos) << r[4].ToString();
 
   OpenOptions o;
-  o.probe_timeout_ms = 2000;
+  o.probe_timeout_ms = 4000;
   auto crash = Dataset::Open(cve + "/cve-2018-16438.h5", o);
   ASSERT_FALSE(crash.ok());
-  EXPECT_NE(crash.status().message().find("crashed"), std::string::npos) << crash.status().ToString();
+  EXPECT_EQ(crash.status().code(), StatusCode::kCorrupt) << crash.status().ToString();
+  EXPECT_NE(crash.status().message().find("cve-2018-16438.h5"), std::string::npos) << crash.status().ToString();
 }
 
 }  // namespace
