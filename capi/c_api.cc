@@ -18,6 +18,7 @@
 // is not thread-safe, so every feeder call holds its FeedState's mutex.
 #include "gpufeed/c_api.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -125,6 +126,10 @@ struct Core {
   bool feed = false;
   gpufeed::FeedOptions feed_options;
   uint64_t seed = 0;
+  uint64_t pool_slots = 0;  // the loader's pool: prefetch + 1 host batches
+  // Host batches the consumer holds (handles or tensors), of any epoch: all
+  // of them from one pool.
+  std::atomic<uint64_t> held_host{0};
 
   // The current epoch (consumer thread only, and never while a fetch runs).
   bool started = false;
@@ -262,7 +267,10 @@ struct gpufeed_batch {
       device->Release(release_stream.load());
       device.reset();
     }
-    host.reset();
+    if (host) {
+      host.reset();
+      core->held_host.fetch_sub(1, std::memory_order_relaxed);
+    }
     feed.reset();
     core.reset();
     delete this;
@@ -305,6 +313,7 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
     b->arrays.push_back({"indices", const_cast<uint64_t*>(h.indices().data()), DlType(DType::kInt64),
                          {static_cast<int64_t>(h.size())}});
     b->host = std::move(f.host);
+    core->held_host.fetch_add(1, std::memory_order_relaxed);
   } else {
     DeviceBatch& d = *f.device;
     const auto& info = core->opened->source().info();
@@ -474,6 +483,7 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
     core->feed = options->feed;
     core->feed_options = options->feed_options;
     core->seed = so.loader.seed;
+    core->pool_slots = static_cast<uint64_t>(std::max(1, so.loader.prefetch)) + 1;
     if (core->feed) {
       auto dt = gpufeed::DTypeFromName(options->dtype);
       if (!dt) return Fail(error, GPUFEED_INVALID_ARGUMENT, "feed dtype '" + options->dtype + "': float32, float16 or bfloat16");
@@ -547,6 +557,14 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
     Fetched f;
     {
       std::unique_lock<std::mutex> lock(c.mu);
+      if (!c.feed && !c.has_result && !c.request && c.held_host.load() >= c.pool_slots) {
+        // No batch can be assembled until the consumer gives one back: say
+        // so rather than wait forever.
+        return Fail(error, GPUFEED_INVALID_ARGUMENT,
+                    c.name + ": the consumer holds all " + std::to_string(c.pool_slots) +
+                        " batches of the pool (prefetch + 1); free batches (their tensors) before asking for "
+                        "more, or raise prefetch (LoaderOptions::prefetch)");
+      }
       if (!c.has_result && !c.request) {
         c.request = true;
         c.work_cv.notify_one();
