@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "bench/loader_bench.h"
 #include "gpu/host_buffer.h"
 #include "gpu/transform.h"
 #include "gpufeed/dataset.h"
@@ -203,10 +205,22 @@ Result<std::vector<KernelResult>> RunKernelBench(int) {
 #endif
 
 Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
-  auto ds = Dataset::Open(o.data);
-  if (!ds.ok()) return ds.status();
+  SourceOptions so;
+  so.data = o.data;
+  so.dataset = o.dataset;
+  so.loader = o.loader;
+  so.remote.token_file = o.token_file;
+  so.remote.client_name = "bench-feed";
+  auto opened = OpenBatchSource(so);
+  if (!opened.ok()) return opened.status();
+  std::optional<Dataset> remote_file;
+  const Dataset* ds = VerificationFile(**opened, o.dataset, &remote_file);
+  if (ds == nullptr) {
+    return Status::Unsupported(o.data + ": bench feed verifies against the file, and the daemon's file (" +
+                               (*opened)->source().info().name + ") cannot be opened here");
+  }
   FeedBenchResult r;
-  Loader loader(*ds, o.loader);
+  BatchSource& loader = (*opened)->source();
   // The loader alone, same options, same run (its last epoch).
   for (int ep = 0; ep < o.epochs; ++ep) {
     const double t0 = Now();

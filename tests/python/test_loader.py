@@ -381,3 +381,13 @@ def test_ctrl_c_stops_the_loop(index_file):
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0 and "interrupted" in out, err
+
+
+def test_cli_bench_loader_reads_a_daemon(daemon, gpufeed_cli, index_file):
+    # `gpufeed serve` tried from the command line alone: the bench verifies
+    # every index once and the bytes against the file before it prints.
+    p = subprocess.run([gpufeed_cli, "bench", "loader", "--data", daemon, "--dataset", index_file, "--threads", "2",
+                        "--batch-size", "32", "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["verified"] and out["bytes_verified"] and out["samples"] == N_SAMPLES and out["full_epoch"]
