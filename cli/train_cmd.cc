@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/open_source.h"
 #include "gpufeed/trainer.h"
 
 namespace gpufeed::cli {
@@ -121,6 +122,13 @@ int RunTrain(TrainArgs& a) {
   o.loader.cache_bytes = a.cache_bytes;
   o.checkpoint_path = a.checkpoint;
 
+  if (IsDaemonAddress(a.data) || IsDaemonAddress(a.test)) {
+    // The trainer sizes its model from the labels and geometry of a local
+    // file (classes, shape checks) and runs two loaders to overlap epochs.
+    return fail(Status::Unsupported(
+        "train reads --data and --test from files; a daemon address is not supported by train yet (on the "
+        "daemon's host, pass its file; from Python, gpufeed.Loader takes the address)"));
+  }
   auto train = Dataset::Open(a.data);
   if (!train.ok()) return fail(train.status());
   std::optional<Dataset> test;

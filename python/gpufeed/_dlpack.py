@@ -60,9 +60,12 @@ class BatchRef:
         self.handle = handle
 
     def __del__(self):
-        if self.handle:
-            lib.gpufeed_batch_destroy(self.handle)
-            self.handle = None
+        try:
+            if self.handle:
+                lib.gpufeed_batch_destroy(self.handle)
+                self.handle = None
+        except Exception:  # interpreter shutdown
+            pass
 
 
 def _stream_pointer(stream):
@@ -104,9 +107,12 @@ class Array:
         return capsule(managed)
 
     def __del__(self):
-        if getattr(self, "_managed", None) is not None:
-            lib.gpufeed_dlpack_delete(ctypes.cast(self._managed, ctypes.c_void_p))
-            self._managed = None
+        try:
+            if getattr(self, "_managed", None) is not None:
+                lib.gpufeed_dlpack_delete(ctypes.cast(self._managed, ctypes.c_void_p))
+                self._managed = None
+        except Exception:  # interpreter shutdown
+            pass
 
     def __repr__(self):
         return "gpufeed.Array(shape=%s, dtype=%s, device=%s)" % (self.shape, self.dtype, self.device)

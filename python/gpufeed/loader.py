@@ -351,8 +351,11 @@ class Loader:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_handle", None):
-            self.close()
+        try:
+            if getattr(self, "_handle", None):
+                self.close()
+        except Exception:  # interpreter shutdown: module globals may be gone
+            pass
 
     def _h(self):
         if not self._handle:
