@@ -61,6 +61,14 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   r.bytes_verified = ds != nullptr;
 
   constexpr uint64_t kSpotEvery = 61;  // prime: lands on every batch position over time
+  // The first epoch starts before the bench sizes its checks by the
+  // dataset: options or a shape the loader refuses are reported as such.
+  const auto first_t0 = std::chrono::steady_clock::now();
+  EpochStream first = loader.Epoch(o.epoch);
+  if (first.num_batches() == 0) {
+    auto e = first.Next();
+    if (!e.ok()) return e.status();
+  }
   std::vector<uint64_t> seen_count(n);
   uint64_t want_hash = 0;
   for (uint64_t idx = 0; idx < n; ++idx) {
@@ -72,8 +80,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     std::vector<std::pair<uint64_t, uint64_t>> spots;  // (index, XXH3 of delivered bytes)
     uint64_t label_mismatch = 0, sum_hash = 0, delivered = 0;
     const uint64_t epoch = o.epoch + static_cast<uint64_t>(ep);
-    const auto t0 = std::chrono::steady_clock::now();
-    EpochStream stream = loader.Epoch(epoch);
+    const auto t0 = ep == 0 ? first_t0 : std::chrono::steady_clock::now();
+    EpochStream stream = ep == 0 ? std::move(first) : loader.Epoch(epoch);
     const uint64_t want_batches = o.batches ? std::min(o.batches, stream.num_batches()) : stream.num_batches();
     for (uint64_t nb = 0; nb < want_batches; ++nb) {
       auto b = stream.Next();
@@ -91,6 +99,13 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
           spots.emplace_back(idx, XXH3_64bits(batch.images().data() + i * sb, sb));
         }
       }
+    }
+    if (want_batches == stream.num_batches()) {
+      // The end of the epoch (or the error that ended it before it began:
+      // a stream refused at its start has no batches to loop over).
+      auto end = stream.Next();
+      if (!end.ok()) return end.status();
+      if (end->has_value()) return Status::Corrupt(o.data + ": the epoch has more batches than num_batches()");
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (ep == 0) r.first_epoch_seconds = secs;

@@ -440,6 +440,7 @@ GPUFEED_SETTER(feed_slots, int, feed_options.slots)
   void gpufeed_options_set_##name(gpufeed_options* o, int v) { o->field = v != 0; }
 GPUFEED_BOOL_SETTER(drop_last, source.loader.drop_last)
 GPUFEED_BOOL_SETTER(pin_memory, source.loader.pin_memory)
+GPUFEED_BOOL_SETTER(trust_files, source.open.trust_files)
 GPUFEED_BOOL_SETTER(compress, source.remote.compress)
 GPUFEED_BOOL_SETTER(shared_memory, source.remote.shared_memory)
 GPUFEED_BOOL_SETTER(feed, feed)
@@ -506,6 +507,7 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
     core->name = info.name;
     core->dtype_name = std::string(gpufeed::DTypeName(info.dtype));
     core->sample_shape = info.sample_shape;
+    if (info.pool_slots > 0) core->pool_slots = info.pool_slots;  // the source's own count (a daemon's pool)
     out = new gpufeed_loader{std::move(core)};
     return GPUFEED_OK;
   });
@@ -583,10 +585,7 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
       c.result = Fetched();
       c.has_result = false;
     }
-    if (!f.status.ok()) {
-      c.ended = true;
-      return Fail(error, f.status);
-    }
+    if (!f.status.ok()) return Fail(error, f.status);  // the consumer holding every slot can continue
     if (!f.host && !f.device) {
       c.ended = true;
       return GPUFEED_END;

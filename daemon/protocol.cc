@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/sizes.h"
+
 namespace gpufeed::daemon {
 namespace {
 
@@ -41,7 +43,7 @@ class Reader {
                " bytes, " + std::to_string(p_.size() - at_) + " left)";
       return false;
     }
-    std::memcpy(dst, p_.data() + at_, n);
+    CopyBytes(dst, p_.data() + at_, n);  // n may be 0 with dst == nullptr (an empty list)
     at_ += n;
     return true;
   }

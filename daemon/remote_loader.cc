@@ -22,6 +22,7 @@
 #include "daemon/protocol.h"
 #include "daemon/shm.h"
 #include "loader/batch_pool.h"
+#include "loader/stream_core.h"
 #include "loader/stream_impl.h"
 
 namespace gpufeed {
@@ -61,8 +62,11 @@ struct RemoteLoader::Impl {
   std::string token;
   BatchSourceInfo info;
   uint64_t num_batches = 0;
-  BatchPool pool;
+  // Declared before the pool, so destroyed after it: the pool's slots are
+  // views of the region (page-locked with cudaHostRegister on a GPU host),
+  // unregistered by the pool before the region is unmapped.
   daemon::SharedRegion region;  // the pool's memory when it is shared with the daemon
+  BatchPool pool;
   uint64_t shm_stride = 0;
   LoaderState state;
   struct RemoteStream* active = nullptr;
@@ -89,6 +93,8 @@ struct RemoteLoader::Impl {
   Status EnsurePool() {
     if (pool.allocated()) return Status::Ok();
     const int slots = std::max(1, options.loader.prefetch) + 1;
+    pool.SetHoldHint("raise prefetch (RemoteLoaderOptions::loader.prefetch, --prefetch; the pool has prefetch + 1 = " +
+                     std::to_string(slots) + " buffers)");
     const uint64_t batch_bytes = info.batch_size * info.sample_bytes;
     if (options.shared_memory && address.kind == daemon::Address::Kind::kUnix &&
         static_cast<uint32_t>(slots) <= daemon::kMaxShmSlots) {
@@ -134,28 +140,18 @@ struct RemoteLoader::Impl {
 // ---------------------------------------------------------------------------
 
 struct RemoteStream final : EpochStream::Impl {
-  RemoteLoader::Impl* loader = nullptr;
+  RemoteLoader::Impl* loader;
   uint64_t epoch = 0, start_batch = 0;
   std::string peer;
   std::atomic<bool> cancel{false};
   std::thread receiver;
   bool stopped = false;
 
-  struct Item {
-    Batch::Slot* slot = nullptr;
-    uint64_t index = 0;
-    uint64_t count = 0;
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Item> ready;  // GUARDED_BY(mu)
-  bool done = false;       // GUARDED_BY(mu)
-  Status error;            // GUARDED_BY(mu)
-  bool error_returned = false;
+  explicit RemoteStream(RemoteLoader::Impl* l) : loader(l), core(&l->pool) {}
+  loader::StreamCore core;  // the ready queue, the first error, Next()'s wait
 
   // Consumer-side stats.
-  uint64_t batches = 0, samples = 0, bytes = 0, depth_sum = 0;
-  double wait_seconds = 0;
+  uint64_t batches = 0, samples = 0, bytes = 0;
   std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
 
   void Run();
@@ -163,7 +159,7 @@ struct RemoteStream final : EpochStream::Impl {
   Status ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
                    Batch::Slot* slot, uint64_t* count);
   Status ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
-                      std::deque<Batch::Slot*>& held, Item* item);
+                      std::deque<Batch::Slot*>& held, loader::StreamCore::Item* item);
   Status CheckHead(const daemon::BatchHead& head, uint64_t expect) const;
   Result<std::optional<Batch>> Next() override;
   uint64_t num_batches() const override { return loader->num_batches; }
@@ -175,17 +171,19 @@ struct RemoteStream final : EpochStream::Impl {
 void RemoteStream::Run() {
   std::deque<Batch::Slot*> held;  // slots granted to the daemon as credit, in arrival order
   Status st;
-  {
+  // A thread root: whatever escapes becomes the consumer's error (a
+  // bad_alloc here would otherwise be std::terminate).
+  try {
     Conn conn;
     st = Receive(conn, held);
+  } catch (const std::exception& e) {
+    st = Status::Internal(peer + ": receiver: " + e.what());
+  } catch (...) {
+    st = Status::Internal(peer + ": receiver: unknown exception");
   }
   for (Batch::Slot* s : held) loader->pool.Release(s);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!st.ok() && error.ok()) error = std::move(st);
-    done = true;
-  }
-  cv.notify_all();
+  if (!st.ok()) core.Fail(std::move(st));
+  core.Finish();
 }
 
 Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
@@ -244,13 +242,9 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
     auto h = daemon::ParseHeader(hb, max_payload, max_payload, peer);
     if (!h.ok()) return h.status();
     if (h->type == FrameType::kBatchRef && shm) {
-      Item item;
+      loader::StreamCore::Item item;
       GPUFEED_RETURN_IF_ERROR(ReadBatchRef(conn, hb, *h, expect, held, &item));
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ready.push_back(item);
-      }
-      cv.notify_all();
+      core.Push(item);
       ++expect;
       continue;
     }
@@ -260,11 +254,7 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
       uint64_t count = 0;
       GPUFEED_RETURN_IF_ERROR(ReadBatch(conn, hb, *h, expect, slot, &count));
       held.pop_front();
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ready.push_back({slot, expect, count});
-      }
-      cv.notify_all();
+      core.Push({slot, expect, count});
       ++expect;
       continue;
     }
@@ -371,7 +361,8 @@ Status RemoteStream::CheckHead(const daemon::BatchHead& head, uint64_t expect) c
 // A BATCH_REF: the images are in a slot granted to the daemon; the frame
 // carries which, and the samples' indices and labels.
 Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h,
-                                  uint64_t expect, std::deque<Batch::Slot*>& held, Item* item) {
+                                  uint64_t expect, std::deque<Batch::Slot*>& held,
+                                  loader::StreamCore::Item* item) {
   const BatchSourceInfo& info = loader->info;
   if (h.flags != 0 || h.payload_bytes > daemon::BatchRef::kFixedBytes + info.batch_size * 16) {
     return Status::Corrupt(peer + ": BATCH_REF frame of " + std::to_string(h.payload_bytes) + " bytes");
@@ -404,23 +395,12 @@ Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, con
 }
 
 Result<std::optional<Batch>> RemoteStream::Next() {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu);
-  depth_sum += ready.size();
-  // The receiver always finishes (io_timeout_ms bounds every read), so this
-  // wait ends.
-  cv.wait(lock, [&] { return !ready.empty() || done; });
-  wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (ready.empty()) {
-    if (!error.ok() && !error_returned) {
-      error_returned = true;
-      return error;
-    }
-    return std::optional<Batch>();
-  }
-  Item it = ready.front();
-  ready.pop_front();
-  lock.unlock();
+  // The receiver always finishes (io_timeout_ms bounds every read) and the
+  // core notices a consumer that holds every slot, so this wait ends.
+  auto r = core.Pop(peer);
+  if (!r.ok()) return r.status();
+  if (!r->has_value()) return std::optional<Batch>();
+  const loader::StreamCore::Item& it = **r;
   const BatchSourceInfo& info = loader->info;
   Batch b = MakeBatch(it.slot, epoch, it.index, it.count, info.sample_bytes, info.has_labels, &info.sample_shape);
   ++batches;
@@ -436,8 +416,8 @@ LoaderStats RemoteStream::stats() const {
   s.batches = batches;
   s.samples = samples;
   s.bytes_delivered = bytes;
-  s.consumer_wait_seconds = wait_seconds;
-  s.queue_depth_sum = depth_sum;
+  s.consumer_wait_seconds = core.wait_seconds();
+  s.queue_depth_sum = core.depth_sum();
   s.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
   return s;
 }
@@ -448,9 +428,7 @@ void RemoteStream::Stop() {
   cancel = true;
   loader->pool.SetCancelled(true);
   if (receiver.joinable()) receiver.join();
-  std::lock_guard<std::mutex> lock(mu);
-  for (const Item& it : ready) loader->pool.Release(it.slot);
-  ready.clear();
+  core.ReleaseUndelivered();
   loader->pool.SetCancelled(false);
   if (loader->active == this) loader->active = nullptr;
 }
@@ -480,6 +458,7 @@ Result<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(const RemoteLoaderOp
   if (!ok.ok()) return ok.status();
   impl->info = ok->info;
   impl->info.name = addr->ToString() + " " + ok->info.name;
+  impl->info.pool_slots = static_cast<uint64_t>(std::max(1, options.loader.prefetch)) + 1;
   impl->num_batches = ok->num_batches;
   impl->state.seed = options.loader.seed;
   return std::unique_ptr<RemoteLoader>(new RemoteLoader(std::move(impl)));
@@ -487,8 +466,7 @@ Result<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(const RemoteLoaderOp
 
 EpochStream RemoteLoader::Epoch(uint64_t epoch, uint64_t start_batch) {
   if (impl_->active != nullptr) impl_->active->Stop();
-  auto s = std::make_unique<RemoteStream>();
-  s->loader = impl_.get();
+  auto s = std::make_unique<RemoteStream>(impl_.get());
   s->epoch = epoch;
   s->start_batch = start_batch;
   s->peer = impl_->address.ToString();
@@ -502,8 +480,7 @@ EpochStream RemoteLoader::Epoch(uint64_t epoch, uint64_t start_batch) {
     st = impl_->EnsurePool();
   }
   if (!st.ok()) {
-    s->error = st;
-    s->done = true;
+    s->core.FailNow(st);
     s->stopped = true;
     return RemoteStream::Start(std::move(s));
   }

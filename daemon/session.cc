@@ -27,6 +27,11 @@ Session::Session(ServerCore& server, Socket socket, uint64_t id, std::string pee
       peer_(std::move(peer)),
       client_name_("client-" + std::to_string(id)) {}
 
+std::string Session::client_name() const {
+  std::lock_guard<std::mutex> lock(name_mu_);
+  return client_name_;
+}
+
 Session::~Session() {
   // OnProducerDone joined the producer before the last reference could go.
   if (producer_.joinable()) producer_.join();
@@ -253,6 +258,7 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   if (!hello_.client_name.empty()) {
     std::string n;
     for (char c : hello_.client_name.substr(0, 64)) n += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+    std::lock_guard<std::mutex> lock(name_mu_);
     client_name_ = n;
   }
   handshake_timer_.cancel();
@@ -272,7 +278,7 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   ok.compress = hello_.compress;
   ok.shm = shm_;
   Log("info", hello_.describe_only ? "describe" : "stream",
-      Kv("name", client_name_) + " " + Kv("dataset", ds->first) + " " + Kv("epoch", hello_.epoch) + " " +
+      Kv("name", client_name()) + " " + Kv("dataset", ds->first) + " " + Kv("epoch", hello_.epoch) + " " +
           Kv("start_batch", hello_.start_batch) + " " + Kv("batch_size", lo.batch_size) + " " +
           Kv("order", std::string(OrderName(lo.order))) + " " + Kv("rank", lo.rank) + " " +
           Kv("world_size", lo.world_size) + " " + Kv("compress", hello_.compress ? "zstd" : "none") + " " +

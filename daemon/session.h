@@ -62,7 +62,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Start();          // call on the strand (post)
   void BeginShutdown();  // call on the strand (post): drain, SHUTDOWN, close
   uint64_t id() const { return id_; }
-  const std::string& client_name() const { return client_name_; }  // set before metrics see the session
+  // Any thread (the /metrics handler reads it while the strand sets it at
+  // the handshake).
+  std::string client_name() const;
   const SessionMetrics& metrics() const { return metrics_; }
   boost::asio::any_io_executor executor() { return socket_.get_executor(); }
 
@@ -105,7 +107,8 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::steady_timer handshake_timer_, idle_timer_, write_timer_, grace_timer_;
   const uint64_t id_;
   const std::string peer_;
-  std::string client_name_;
+  mutable std::mutex name_mu_;
+  std::string client_name_;  // GUARDED_BY(name_mu_)
   SessionMetrics metrics_;
 
   // Strand only.

@@ -131,6 +131,17 @@ Status GpuFeeder::Impl::Init() {
   if (o.echo < 0 || o.super_batch < 1 || o.slots < 1) {
     return Status::InvalidArgument("feed: echo >= 0, super_batch >= 1 and slots >= 1 required");
   }
+  // The feeder holds the host batches of both input slots until their copies
+  // are done: up to 2 x super_batch loader batches, while the loader needs a
+  // free buffer to fill the next. Refused now rather than found as a hang.
+  const uint64_t held = 2 * static_cast<uint64_t>(o.super_batch);
+  if (src.pool_slots != 0 && src.pool_slots < held) {
+    return Status::InvalidArgument(
+        "feed: super_batch " + std::to_string(o.super_batch) + " holds up to " + std::to_string(held) +
+        " loader batches, but the loader's pool has " + std::to_string(src.pool_slots) +
+        " (prefetch + 1); raise the loader's prefetch to at least " + std::to_string(held - 1) +
+        " (--prefetch) or lower super_batch (--super-batch)");
+  }
   echo = o.echo == 0 ? 1 : o.echo;
   if (start_batch > 0) {
     if (o.echo == 0 || start_batch % static_cast<uint64_t>(o.super_batch) != 0) {

@@ -7,14 +7,17 @@
 
 #include <cstring>
 #include <map>
+#include <cassert>
 #include <memory>
+
+#include "common/sizes.h"
 
 namespace gpufeed::codec {
 
 void Shuffle(std::span<const std::byte> src, std::span<std::byte> dst, size_t elem_size) {
-  const size_t n = src.size() / elem_size;
+  const size_t n = elem_size == 0 ? 0 : src.size() / elem_size;
   if (elem_size <= 1 || n <= 1) {
-    std::memcpy(dst.data(), src.data(), src.size());
+    CopyBytes(dst.data(), src.data(), src.size());
     return;
   }
   for (size_t j = 0; j < elem_size; ++j) {
@@ -23,13 +26,14 @@ void Shuffle(std::span<const std::byte> src, std::span<std::byte> dst, size_t el
     for (size_t e = 0; e < n; ++e) plane[e] = s[e * elem_size];
   }
   const size_t tail = src.size() - n * elem_size;
-  std::memcpy(dst.data() + n * elem_size, src.data() + n * elem_size, tail);
+  CopyBytes(dst.data() + n * elem_size, src.data() + n * elem_size, tail);
 }
 
 void Unshuffle(std::span<const std::byte> src, std::span<std::byte> dst, size_t elem_size) {
-  const size_t n = src.size() / elem_size;
+  assert(dst.size() <= src.size());
+  const size_t n = elem_size == 0 ? 0 : src.size() / elem_size;
   if (elem_size <= 1 || n <= 1) {
-    std::memcpy(dst.data(), src.data(), dst.size());
+    CopyBytes(dst.data(), src.data(), std::min(dst.size(), src.size()));
     return;
   }
   const size_t want = dst.size();
@@ -179,7 +183,7 @@ Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask
     return Status::Corrupt(what + ": chunk holds " + std::to_string(cur.size()) +
                            " stored bytes, expected " + std::to_string(decoded_size));
   }
-  std::memcpy(dst.data(), cur.data(), dst.size());
+  CopyBytes(dst.data(), cur.data(), dst.size());
   return Status::Ok();
 }
 

@@ -9,11 +9,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
+#include "common/memory.h"
+#include "common/sizes.h"
 #include "hdf5io/codec.h"
 #include "hdf5io/h5_util.h"
+#include "hdf5io/probe.h"
 
 namespace gpufeed {
 namespace {
@@ -69,6 +73,12 @@ std::optional<DType> DTypeOf(hid_t type) {
     }
   }
   return std::nullopt;
+}
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 std::string_view ClassName(H5T_class_t cls) {
@@ -310,10 +320,11 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     if (addr == HADDR_UNDEF) return std::string("contiguous storage is not allocated (fill value)");
     d.contiguous = true;
     d.contiguous_addr = addr;  // H5Dget_offset is absolute (user block included); chunk addresses are not
-    if (d.contiguous_addr + d.num_samples * d.sample_bytes > file_size) {
-      return Status::Corrupt(d.what + ": file is truncated (data ends at byte " +
-                             std::to_string(d.contiguous_addr + d.num_samples * d.sample_bytes) +
-                             ", file has " + std::to_string(file_size) + ")");
+    const auto end = CheckedAdd(d.contiguous_addr, d.info.raw_bytes);
+    if (!end || *end > file_size) {
+      return Status::Corrupt(d.what + ": file is truncated (" + std::to_string(d.info.raw_bytes) +
+                             " bytes of data at byte " + std::to_string(d.contiguous_addr) + ", file has " +
+                             std::to_string(file_size) + ")");
     }
     d.chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d.sample_bytes),
                                            1, std::max<uint64_t>(1, d.num_samples));
@@ -335,7 +346,23 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     d.pipeline.push_back(step);
   }
   d.chunk_samples = cs[0];
+  if (cs[0] == 0) return Status::Corrupt(d.what + ": damaged layout: chunk dimension 0 is 0");
   const uint64_t n_chunks = (d.num_samples + cs[0] - 1) / cs[0];
+  // Compare with the chunks the file actually stores before sizing the index
+  // by the declared shape (a sparse file may declare 2^40 samples).
+  hsize_t allocated = 0;
+  h5::Id all(H5Dget_space(d.dset.get()));
+  if (!all.valid() || H5Dget_num_chunks(d.dset.get(), all.get(), &allocated) < 0) {
+    return Status::Corrupt(d.what + ": chunk index unreadable: " + h5::LastErrorText());
+  }
+  if (allocated < n_chunks) {
+    return std::to_string(n_chunks - allocated) + " of " + std::to_string(n_chunks) +
+           " chunks are not allocated (they read as the fill value)";
+  }
+  if (const auto chunk_bytes = CheckedMul(cs[0], d.sample_bytes); !chunk_bytes || *chunk_bytes >= (uint64_t{1} << 32)) {
+    return Status::Corrupt(d.what + ": damaged layout: a chunk of " + std::to_string(cs[0]) +
+                           " samples exceeds HDF5's 4 GiB chunk limit");
+  }
   d.chunk_addr.resize(n_chunks);
   d.chunk_size.resize(n_chunks);
   d.chunk_mask.resize(n_chunks);
@@ -355,7 +382,8 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     d.chunk_addr[i] = userblock + addr;
     d.chunk_size[i] = size;
     d.chunk_mask[i] = mask;
-    if (d.chunk_addr[i] + size > file_size) {
+    if (addr > file_size || size > file_size - std::min<uint64_t>(file_size, d.chunk_addr[i]) ||
+        d.chunk_addr[i] > file_size) {
       return Status::Corrupt(d.ChunkWhat(i) + ": file is truncated (chunk ends at byte " +
                              std::to_string(d.chunk_addr[i] + size) + ", file has " +
                              std::to_string(file_size) + " bytes)");
@@ -382,6 +410,14 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   }
   if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(spec.file + ": is a directory, not an HDF5 file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  const char* trust_env = std::getenv("GPUFEED_TRUST_FILES");
+  if (!options.trust_files && !(trust_env != nullptr && std::string_view(trust_env) == "1")) {
+    ProbeOptions probe;
+    probe.open = options;
+    probe.timeout_ms = options.probe_timeout_ms;
+    probe.processes = 1;
+    GPUFEED_RETURN_IF_ERROR(ProbeFiles({std::string(spec_text)}, probe)[0]);
+  }
   if (H5Fis_hdf5(spec.file.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     return Status::Corrupt(spec.file + ": not an HDF5 file (no HDF5 signature found; " +
@@ -420,14 +456,31 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   h5::Id space(H5Dget_space(d->dset.get()));
   const int rank = H5Sget_simple_extent_ndims(space.get());
   if (rank < 1) return Status::Unsupported(d->what + ": scalar dataset; expected [N, ...] samples");
-  std::vector<hsize_t> dims(rank);
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  std::vector<hsize_t> dims(rank), maxdims(rank);
+  H5Sget_simple_extent_dims(space.get(), dims.data(), maxdims.data());
   d->info.shape.assign(dims.begin(), dims.end());
+  // Sizes below come from the file: checked before anything is sized by them.
+  for (int k = 0; k < rank; ++k) {
+    if (maxdims[k] != H5S_UNLIMITED && dims[k] > maxdims[k]) {
+      return Status::Corrupt(d->what + ": damaged dataspace: dimension " + std::to_string(k) + " is " +
+                             std::to_string(dims[k]) + " but its maximum is " + std::to_string(maxdims[k]));
+    }
+  }
   d->num_samples = dims[0];
   d->sample_shape.assign(dims.begin() + 1, dims.end());
-  d->sample_bytes = DTypeSize(d->dtype);
-  for (uint64_t x : d->sample_shape) d->sample_bytes *= x;
-  d->info.raw_bytes = d->num_samples * d->sample_bytes;
+  const auto sample_bytes = CheckedProduct(DTypeSize(d->dtype), d->sample_shape);
+  const auto raw_bytes = sample_bytes ? CheckedMul(d->num_samples, *sample_bytes) : std::nullopt;
+  if (!raw_bytes) {
+    return Status::Unsupported(d->what + ": shape " + ShapeText(d->info.shape) + " of " +
+                               std::string(DTypeName(d->dtype)) +
+                               " is larger than 2^64 bytes; a sample or the dataset cannot be addressed");
+  }
+  d->sample_bytes = *sample_bytes;
+  d->info.raw_bytes = *raw_bytes;
+  // Every read decodes whole samples (whole chunks on the direct path).
+  GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(
+      d->sample_bytes, d->what + ": one sample of shape " + ShapeText(d->sample_shape),
+      "gpufeed reads whole samples; is the file's shape right?"));
   d->info.stored_bytes = H5Dget_storage_size(d->dset.get());
 
   h5::Id dcpl(H5Dget_create_plist(d->dset.get()));
@@ -480,14 +533,25 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
       chunk_nbytes = DTypeSize(d->dtype);
       uint64_t chunks_per_row = 1;
       for (int k = 0; k < rank; ++k) {
-        chunk_nbytes *= cs[k];
+        if (cs[k] == 0) return Status::Corrupt(d->what + ": damaged layout: chunk shape " + ShapeText(cs));
+        chunk_nbytes *= cs[k];  // HDF5 keeps a chunk under 4 GiB: no overflow
         if (k > 0) chunks_per_row *= (dims[k] + cs[k] - 1) / cs[k];
       }
-      const uint64_t row_bytes = std::max<uint64_t>(1, cs[0] * d->sample_bytes);
-      const uint64_t rows = std::max<uint64_t>(1, (kHdf5ReadUnitMinBytes + row_bytes - 1) / row_bytes);
+      // A read unit of whole chunk rows, and a cache holding one more row.
+      const auto row_bytes = CheckedMul(cs[0], d->sample_bytes);
+      if (!row_bytes || cs[0] == 0) {
+        return Status::Corrupt(d->what + ": damaged layout: chunk shape " + ShapeText(cs) + " for shape " +
+                               ShapeText(d->info.shape));
+      }
+      const uint64_t rows = std::max<uint64_t>(1, kHdf5ReadUnitMinBytes / std::max<uint64_t>(1, *row_bytes));
       d->chunk_samples = std::min<uint64_t>(cs[0] * rows, std::max<uint64_t>(1, d->num_samples));
-      const uint64_t needed = (rows + 1) * chunks_per_row * chunk_nbytes;
-      cache_bytes = std::max(cache_bytes, needed);
+      const auto needed = CheckedMul(rows + 1, chunks_per_row * chunk_nbytes);
+      if (!needed) return Status::Corrupt(d->what + ": damaged layout: chunk shape " + ShapeText(cs));
+      GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(
+          *needed, d->what + ": HDF5's chunk cache for one read unit of " + std::to_string(d->chunk_samples) +
+                       " samples",
+          "the dataset's chunks span too much of each sample; rechunk it with gpufeed convert"));
+      cache_bytes = std::max(cache_bytes, *needed);
     } else {
       d->chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d->sample_bytes),
                                               1, std::max<uint64_t>(1, d->num_samples));
@@ -547,6 +611,8 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
       return Status::InvalidArgument(lwhat + ": has " + std::to_string(n) + " labels but " +
                                      d->what + " has " + std::to_string(d->num_samples) + " samples");
     }
+    GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(static_cast<uint64_t>(n) * sizeof(int64_t),
+                                              lwhat + ": " + std::to_string(n) + " labels"));
     d->labels.resize(static_cast<size_t>(n));
     if (n > 0 && H5Dread(ldset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                          d->labels.data()) < 0) {

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "common/atomic_file.h"
 #include "gpufeed/convert.h"
 #include "hdf5io/h5_util.h"
 #include "hdf5io/image_ops.h"
@@ -433,23 +434,6 @@ class ImageFolderSource : public SampleSource {
 // ---------------------------------------------------------------------------
 // Encoded conversion helpers.
 
-// Removes the temporary file unless Keep() was called. Declare it before the
-// HDF5 file handle so the handle closes first.
-class TempFileGuard {
- public:
-  explicit TempFileGuard(std::string path) : path_(std::move(path)) {}
-  TempFileGuard(const TempFileGuard&) = delete;
-  TempFileGuard& operator=(const TempFileGuard&) = delete;
-  ~TempFileGuard() {
-    if (!kept_) ::unlink(path_.c_str());
-  }
-  void Keep() { kept_ = true; }
-
- private:
-  std::string path_;
-  bool kept_ = false;
-};
-
 // The narrowest integer type holding labels 0..max_label, as
 // DatasetWriter::WriteLabels picks it.
 hid_t LabelFileType(int64_t max_label) {
@@ -500,12 +484,12 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
     }
   }
   const uint64_t n = listing.files.size();
-  const std::string tmp_path = out_path + ".tmp-" + std::to_string(::getpid());
+  AtomicFile out(out_path);  // before `file`: the file closes first
+  const std::string& tmp_path = out.tmp_path();
   auto h5_error = [&](const std::string& what) {
     return Status::IOError(out_path + ": " + what + ": " + h5::LastErrorText());
   };
 
-  TempFileGuard guard(tmp_path);  // before `file`: the file closes first
   h5::Id file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!file.valid()) return h5_error("cannot create " + tmp_path);
 
@@ -580,10 +564,7 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
   labels.Reset();
   jpeg.Reset();
   if (H5Fclose(file.Release()) < 0) return h5_error("closing " + tmp_path);
-  if (std::rename(tmp_path.c_str(), out_path.c_str()) != 0) {
-    return Status::IOError(out_path + ": cannot rename " + tmp_path + " onto it: " + std::strerror(errno));
-  }
-  guard.Keep();
+  GPUFEED_RETURN_IF_ERROR(out.Commit());
 
   ConvertSummary summary;
   summary.samples = n;

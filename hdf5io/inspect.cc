@@ -6,6 +6,8 @@
 #include <fstream>
 #include <vector>
 
+#include "common/atomic_file.h"
+
 namespace gpufeed {
 
 InspectReport Inspect(const Dataset& ds) {
@@ -49,21 +51,10 @@ bool EndsWith(const std::string& s, const char* suffix) {
 }
 
 Status WriteWhole(const std::string& path, const std::string& header, const std::vector<std::byte>& body) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(header.data(), static_cast<std::streamsize>(header.size()));
-    f.write(reinterpret_cast<const char*>(body.data()), static_cast<std::streamsize>(body.size()));
-    if (!f) {
-      std::remove(tmp.c_str());
-      return Status::IOError(path + ": write failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::IOError(path + ": rename failed: " + std::strerror(errno));
-  }
-  return Status::Ok();
+  AtomicFile f(path);
+  GPUFEED_RETURN_IF_ERROR(f.Write(header));
+  GPUFEED_RETURN_IF_ERROR(f.Write(body.data(), body.size()));
+  return f.Commit();
 }
 
 }  // namespace

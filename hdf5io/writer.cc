@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/atomic_file.h"
 #include "hdf5io/codec.h"
 #include "hdf5io/h5_util.h"
 #include "hdf5io/zstd_filter.h"
@@ -66,7 +67,7 @@ hid_t FileTypeOf(DType t) {
 
 struct DatasetWriter::Impl {
   std::string path;
-  std::string tmp_path;
+  std::unique_ptr<AtomicFile> out;  // the temporary file HDF5 writes, renamed by Commit
   std::vector<uint64_t> sample_shape;
   DType dtype = DType::kUInt8;
   uint64_t num_samples = 0;
@@ -81,8 +82,7 @@ struct DatasetWriter::Impl {
 
   ~Impl() {
     images.Reset();
-    file.Reset();
-    if (!committed && !tmp_path.empty()) ::unlink(tmp_path.c_str());
+    file.Reset();  // closed before `out` removes an uncommitted temporary file
   }
   Status Error(const std::string& what) const {
     return Status::IOError(path + ": " + what + ": " + h5::LastErrorText());
@@ -113,7 +113,7 @@ Result<DatasetWriter> DatasetWriter::Create(const std::string& path,
   }
   auto d = std::make_unique<Impl>();
   d->path = path;
-  d->tmp_path = path + ".tmp-" + std::to_string(::getpid());
+  d->out = std::make_unique<AtomicFile>(path);
   d->sample_shape = sample_shape;
   d->dtype = dtype;
   d->num_samples = num_samples;
@@ -128,8 +128,8 @@ Result<DatasetWriter> DatasetWriter::Create(const std::string& path,
   d->level = options.level;
   if (d->level < 0) d->level = options.codec == Codec::kDeflate ? 4 : 3;
 
-  d->file = h5::Id(H5Fcreate(d->tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
-  if (!d->file.valid()) return d->Error("cannot create " + d->tmp_path);
+  d->file = h5::Id(H5Fcreate(d->out->tmp_path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  if (!d->file.valid()) return d->Error("cannot create " + d->out->tmp_path());
 
   const int rank = static_cast<int>(sample_shape.size()) + 1;
   std::vector<hsize_t> dims(rank), chunk(rank);
@@ -238,11 +238,8 @@ Status DatasetWriter::WriteChannelStats(const std::vector<double>& mean, const s
 Status DatasetWriter::Commit() {
   h5::QuietErrors();
   impl_->images.Reset();
-  if (H5Fclose(impl_->file.Release()) < 0) return impl_->Error("closing " + impl_->tmp_path);
-  if (std::rename(impl_->tmp_path.c_str(), impl_->path.c_str()) != 0) {
-    return Status::IOError(impl_->path + ": cannot rename " + impl_->tmp_path + " onto it: " +
-                           std::strerror(errno));
-  }
+  if (H5Fclose(impl_->file.Release()) < 0) return impl_->Error("closing " + impl_->out->tmp_path());
+  GPUFEED_RETURN_IF_ERROR(impl_->out->Commit());
   impl_->committed = true;
   return Status::Ok();
 }

@@ -30,10 +30,16 @@ struct Batch::Slot {
   std::vector<uint64_t> indices;  // batch_size
   BatchPool* pool = nullptr;
   uint32_t id = 0;                // position in its pool
+  bool with_consumer = false;     // held by a Batch (GUARDED_BY(pool->mu_))
 };
 
 // Thread-safe. Acquire blocks until a slot is free or the pool is cancelled
 // (then returns nullptr), so every wait is woken by shutdown.
+//
+// The pool also counts the slots its consumer holds (Batch objects alive):
+// when the consumer holds every slot and asks for another batch, no producer
+// can make progress, and the stream ends the wait with an error naming the
+// option to raise (SetHoldHint) instead of waiting forever.
 class BatchPool {
  public:
   // Allocates `slots` slots once (later calls are no-ops). Pages of plain
@@ -60,6 +66,16 @@ class BatchPool {
   size_t TakeAllFree();
   void SetCancelled(bool c);
 
+  // A slot handed to the consumer as a Batch; Release() takes it back.
+  void MarkDelivered(Batch::Slot* s);
+  // True when the consumer holds every slot (and a hold hint is set: pools
+  // whose slots also come back from elsewhere, as the daemon's shared-memory
+  // pool, set none).
+  bool ConsumerHoldsAll();
+  // What to tell a consumer that holds every slot: "raise prefetch (...)".
+  void SetHoldHint(std::string hint);
+  std::string hold_hint();
+
  private:
   std::unique_ptr<Batch::Slot> NewSlot(uint32_t id, gpu::HostBuffer images, uint64_t batch_size);
   void Install(std::vector<std::unique_ptr<Batch::Slot>> slots, bool start_free);
@@ -69,6 +85,8 @@ class BatchPool {
   std::vector<std::unique_ptr<Batch::Slot>> slots_;  // owns them all; fixed after Allocate
   std::vector<Batch::Slot*> free_;                   // GUARDED_BY(mu_)
   bool cancelled_ = false;                           // GUARDED_BY(mu_)
+  size_t with_consumer_ = 0;                         // GUARDED_BY(mu_)
+  std::string hold_hint_;                            // GUARDED_BY(mu_)
 };
 
 // gpufeed-internal access to a Loader: the daemon makes a stream's Loader

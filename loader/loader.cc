@@ -25,198 +25,11 @@
 #include "gpufeed/dataset.h"
 #include "loader/batch_pool.h"
 #include "loader/chunk_cache.h"
+#include "loader/stream_core.h"
 #include "loader/stream_impl.h"
 #include "loader/sampler.h"
 
 namespace gpufeed {
-
-std::string_view OrderName(Order o) {
-  switch (o) {
-    case Order::kSequential: return "sequential";
-    case Order::kRandom: return "random";
-    case Order::kBlock: return "block";
-  }
-  return "?";
-}
-
-Result<Order> OrderFromName(std::string_view name) {
-  if (name == "sequential") return Order::kSequential;
-  if (name == "random") return Order::kRandom;
-  if (name == "block") return Order::kBlock;
-  return Status::InvalidArgument("unknown order '" + std::string(name) + "' (expected sequential, random or block)");
-}
-
-// ---------------------------------------------------------------------------
-// LoaderState
-
-namespace {
-constexpr char kStateMagic[8] = {'G', 'P', 'F', 'D', 'L', 'S', 'T', 'A'};
-constexpr uint32_t kStateVersion = 1;
-
-void PutU64(std::string& s, uint64_t v) {
-  for (int k = 0; k < 8; ++k) s += static_cast<char>((v >> (8 * k)) & 0xff);
-}
-uint64_t GetU64(std::string_view s, size_t at) {
-  uint64_t v = 0;
-  for (int k = 0; k < 8; ++k) v |= uint64_t(uint8_t(s[at + k])) << (8 * k);
-  return v;
-}
-}  // namespace
-
-std::string LoaderState::Serialize() const {
-  std::string s(kStateMagic, 8);
-  for (int k = 0; k < 4; ++k) s += static_cast<char>((kStateVersion >> (8 * k)) & 0xff);
-  PutU64(s, seed);
-  PutU64(s, epoch);
-  PutU64(s, next_batch);
-  return s;
-}
-
-Result<LoaderState> LoaderState::Deserialize(std::string_view bytes) {
-  if (bytes.size() < 12 || std::memcmp(bytes.data(), kStateMagic, 8) != 0) {
-    return Status::Corrupt("loader state: bad magic (not a gpufeed loader state)");
-  }
-  uint32_t version = 0;
-  for (int k = 0; k < 4; ++k) version |= uint32_t(uint8_t(bytes[8 + k])) << (8 * k);
-  if (version != kStateVersion) {
-    return Status::Unsupported("loader state: version " + std::to_string(version) + ", this build reads " +
-                               std::to_string(kStateVersion));
-  }
-  if (bytes.size() != 12 + 24) return Status::Corrupt("loader state: wrong length " + std::to_string(bytes.size()));
-  LoaderState s;
-  s.seed = GetU64(bytes, 12);
-  s.epoch = GetU64(bytes, 20);
-  s.next_batch = GetU64(bytes, 28);
-  return s;
-}
-
-// ---------------------------------------------------------------------------
-// Buffer pool
-
-Status BatchPool::Allocate(int n, uint64_t batch_size, uint64_t sample_bytes, bool pin_memory) {
-  if (allocated()) return Status::Ok();
-  const uint64_t batch_bytes = batch_size * sample_bytes;
-  std::vector<std::unique_ptr<Batch::Slot>> slots;
-  for (int i = 0; i < n; ++i) {
-    auto images = gpu::HostBuffer::Allocate(std::max<uint64_t>(1, batch_bytes), pin_memory);
-    if (images.data() == nullptr) {
-      return Status::Internal("loader: cannot allocate a " + std::to_string(batch_bytes) + "-byte batch buffer");
-    }
-    // Fault the pages in now, once, rather than during the first batches
-    // (pinned memory is resident already).
-    if (!images.pinned()) std::memset(images.data(), 0, images.bytes());
-    slots.push_back(NewSlot(static_cast<uint32_t>(i), std::move(images), batch_size));
-  }
-  Install(std::move(slots), /*start_free=*/true);
-  return Status::Ok();
-}
-
-std::unique_ptr<Batch::Slot> BatchPool::NewSlot(uint32_t id, gpu::HostBuffer images, uint64_t batch_size) {
-  auto slot = std::make_unique<Batch::Slot>();
-  slot->images = std::move(images);
-  slot->labels.resize(batch_size);
-  slot->indices.resize(batch_size);
-  slot->pool = this;
-  slot->id = id;
-  return slot;
-}
-
-void BatchPool::Install(std::vector<std::unique_ptr<Batch::Slot>> slots, bool start_free) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (start_free) {
-    for (auto& slot : slots) free_.push_back(slot.get());
-  }
-  slots_ = std::move(slots);
-}
-
-Status BatchPool::AllocateViews(std::span<std::byte> region, uint64_t stride, int n, uint64_t batch_size,
-                                uint64_t sample_bytes, bool pin_memory, bool start_free) {
-  if (allocated()) return Status::Ok();
-  const uint64_t batch_bytes = batch_size * sample_bytes;
-  if (n < 1 || stride < batch_bytes || region.size() / stride < static_cast<uint64_t>(n)) {
-    return Status::InvalidArgument("batch pool: " + std::to_string(n) + " slots of " + std::to_string(batch_bytes) +
-                                   " bytes (stride " + std::to_string(stride) + ") do not fit a region of " +
-                                   std::to_string(region.size()) + " bytes");
-  }
-  std::vector<std::unique_ptr<Batch::Slot>> slots;
-  for (int i = 0; i < n; ++i) {
-    slots.push_back(NewSlot(static_cast<uint32_t>(i),
-                            gpu::HostBuffer::Adopt(region.data() + static_cast<uint64_t>(i) * stride,
-                                                   std::max<uint64_t>(1, batch_bytes), pin_memory),
-                            batch_size));
-  }
-  Install(std::move(slots), start_free);
-  return Status::Ok();
-}
-
-Batch::Slot* BatchPool::Acquire() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return cancelled_ || !free_.empty(); });
-  if (cancelled_) return nullptr;
-  Batch::Slot* s = free_.back();
-  free_.pop_back();
-  return s;
-}
-
-Batch::Slot* BatchPool::AcquireFor(std::chrono::milliseconds timeout, bool* timed_out) {
-  std::unique_lock<std::mutex> lock(mu_);
-  *timed_out = !cv_.wait_for(lock, timeout, [&] { return cancelled_ || !free_.empty(); });
-  if (*timed_out || cancelled_) return nullptr;
-  Batch::Slot* s = free_.back();
-  free_.pop_back();
-  return s;
-}
-
-Batch::Slot* BatchPool::TryAcquire() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (cancelled_ || free_.empty()) return nullptr;
-  Batch::Slot* s = free_.back();
-  free_.pop_back();
-  return s;
-}
-
-void BatchPool::Release(Batch::Slot* s) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(s);
-  }
-  cv_.notify_all();
-}
-
-size_t BatchPool::TakeAllFree() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const size_t n = free_.size();
-  free_.clear();
-  return n;
-}
-
-void BatchPool::SetCancelled(bool c) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancelled_ = c;
-  }
-  cv_.notify_all();
-}
-
-Batch::Batch(Batch&& o) noexcept { *this = std::move(o); }
-Batch& Batch::operator=(Batch&& o) noexcept {
-  if (this != &o) {
-    if (slot_ != nullptr) slot_->pool->Release(slot_);
-    slot_ = std::exchange(o.slot_, nullptr);
-    data_ = std::exchange(o.data_, nullptr);  // a moved-from Batch is empty
-    labels_ = std::exchange(o.labels_, {});
-    indices_ = std::exchange(o.indices_, {});
-    sample_shape_ = o.sample_shape_;
-    epoch_ = o.epoch_;
-    index_ = o.index_;
-    sample_bytes_ = o.sample_bytes_;
-    pinned_ = o.pinned_;
-  }
-  return *this;
-}
-Batch::~Batch() {
-  if (slot_ != nullptr) slot_->pool->Release(slot_);
-}
 
 // ---------------------------------------------------------------------------
 // Loader::Impl
@@ -245,6 +58,7 @@ struct Loader::Impl {
     info.num_samples = s.num_samples();
     info.batch_size = o.batch_size;
     info.has_labels = !s.labels().empty();
+    info.pool_slots = static_cast<uint64_t>(std::max(1, o.prefetch)) + 1;
     if (const auto* ds = dynamic_cast<const Dataset*>(&s); ds != nullptr) {
       info.mean = ds->info().mean;
       info.stddev = ds->info().stddev;
@@ -254,8 +68,10 @@ struct Loader::Impl {
 
   Status EnsurePool() {
     if (pool != &own_pool) return Status::Ok();  // sized by whoever lent it
-    return own_pool.Allocate(std::max(1, options.prefetch) + 1, options.batch_size, source.sample_bytes(),
-                         options.pin_memory);
+    const int slots = std::max(1, options.prefetch) + 1;
+    own_pool.SetHoldHint("raise prefetch (LoaderOptions::prefetch, --prefetch; the pool has prefetch + 1 = " +
+                         std::to_string(slots) + " buffers)");
+    return own_pool.Allocate(slots, options.batch_size, source.sample_bytes(), options.pin_memory);
   }
 };
 
@@ -263,42 +79,22 @@ struct Loader::Impl {
 // LocalStream: the pipeline's EpochStream::Impl
 
 struct LocalStream final : EpochStream::Impl {
-  Loader::Impl* loader = nullptr;
+  explicit LocalStream(Loader::Impl* l) : loader(l), core(l->pool) {}
+
+  Loader::Impl* loader;
   uint64_t epoch = 0;
   uint64_t start_batch = 0;
   loader::EpochPlan plan;
-
-  // Ready queue: slots delivered in order, or the error that ended the run.
-  struct Item {
-    uint64_t batch = 0;
-    uint64_t count = 0;
-    Batch::Slot* slot = nullptr;
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Item> ready;     // GUARDED_BY(mu)
-  bool producer_done = false; // GUARDED_BY(mu)
-  Status error;               // GUARDED_BY(mu); first failure
-  bool error_returned = false;
+  loader::StreamCore core;  // the ready queue, the first error, Next()'s wait
 
   std::atomic<bool> cancel{false};
-  std::atomic<bool> failed{false};
   std::thread producer;
   bool stopped = false;
 
   // Stats (the consumer-side ones are touched only by the consumer).
   std::atomic<uint64_t> plan_ns{0}, assemble_ns{0};
-  double consumer_wait_seconds = 0;
-  uint64_t delivered_batches = 0, delivered_samples = 0, delivered_bytes = 0, queue_depth_sum = 0;
+  uint64_t delivered_batches = 0, delivered_samples = 0, delivered_bytes = 0;
   std::chrono::steady_clock::time_point start_time;
-
-  void Fail(Status s) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (error.ok()) error = std::move(s);
-    }
-    failed = true;
-  }
 
   void Run();
   void Stop() override;
@@ -331,7 +127,7 @@ void LocalStream::Run() {
             tbb::make_filter<void, std::shared_ptr<Work>>(
                 tbb::filter_mode::serial_in_order,
                 [&](tbb::flow_control& fc) -> std::shared_ptr<Work> {
-                  if (next >= plan.num_batches || cancel.load() || failed.load()) {
+                  if (next >= plan.num_batches || cancel.load() || core.failed()) {
                     fc.stop();
                     return nullptr;
                   }
@@ -400,16 +196,12 @@ void LocalStream::Run() {
                     }) &
                 tbb::make_filter<std::shared_ptr<Work>, void>(
                     tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                      if (!w->status.ok() || failed.load()) {
-                        if (!w->status.ok()) Fail(w->status.WithContext("batch " + std::to_string(w->batch)));
+                      if (!w->status.ok() || core.failed()) {
+                        if (!w->status.ok()) core.Fail(w->status.WithContext("batch " + std::to_string(w->batch)));
                         L.pool->Release(w->slot);
                         return;
                       }
-                      {
-                        std::lock_guard<std::mutex> lock(mu);
-                        ready.push_back({w->batch, plan.batch_count(w->batch), w->slot});
-                      }
-                      cv.notify_all();
+                      core.Push({w->slot, w->batch, plan.batch_count(w->batch)});
                     }));
       } catch (...) {
         prefetch_tasks.wait();
@@ -418,15 +210,11 @@ void LocalStream::Run() {
       prefetch_tasks.wait();  // no task outlives the stream
     });
   } catch (const std::exception& e) {
-    Fail(Status::Internal(src.name() + ": loader pipeline: " + e.what()));
+    core.Fail(Status::Internal(src.name() + ": loader pipeline: " + e.what()));
   } catch (...) {
-    Fail(Status::Internal(src.name() + ": loader pipeline: unknown exception"));
+    core.Fail(Status::Internal(src.name() + ": loader pipeline: unknown exception"));
   }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    producer_done = true;
-  }
-  cv.notify_all();
+  core.Finish();
 }
 
 void LocalStream::Stop() {
@@ -435,10 +223,7 @@ void LocalStream::Stop() {
   cancel = true;
   loader->pool->SetCancelled(true);
   if (producer.joinable()) producer.join();
-  // Slots delivered but never taken go back to the pool.
-  std::lock_guard<std::mutex> lock(mu);
-  for (const Item& it : ready) loader->pool->Release(it.slot);
-  ready.clear();
+  core.ReleaseUndelivered();
   loader->pool->SetCancelled(false);
   if (loader->active == this) loader->active = nullptr;
 }
@@ -479,29 +264,17 @@ Batch EpochStream::MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, 
 }
 
 Result<std::optional<Batch>> LocalStream::Next() {
-  LocalStream& s = *this;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(s.mu);
-  s.queue_depth_sum += s.ready.size();
-  s.cv.wait(lock, [&] { return !s.ready.empty() || s.producer_done; });
-  s.consumer_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (s.ready.empty()) {
-    if (!s.error.ok() && !s.error_returned) {
-      s.error_returned = true;
-      return s.error;
-    }
-    return std::optional<Batch>();
-  }
-  Item it = s.ready.front();
-  s.ready.pop_front();
-  lock.unlock();
-  Batch b = MakeBatch(it.slot, s.epoch, it.batch, it.count, s.loader->source.sample_bytes(),
-                      !s.loader->source.labels().empty(), &s.loader->source.sample_shape());
-  ++s.delivered_batches;
-  s.delivered_samples += it.count;
-  s.delivered_bytes += it.count * b.sample_bytes();
-  s.loader->state.epoch = s.epoch;
-  s.loader->state.next_batch = it.batch + 1;
+  auto r = core.Pop(loader->source.name());
+  if (!r.ok()) return r.status();
+  if (!r->has_value()) return std::optional<Batch>();
+  const loader::StreamCore::Item& it = **r;
+  Batch b = MakeBatch(it.slot, epoch, it.index, it.count, loader->source.sample_bytes(),
+                      !loader->source.labels().empty(), &loader->source.sample_shape());
+  ++delivered_batches;
+  delivered_samples += it.count;
+  delivered_bytes += it.count * b.sample_bytes();
+  loader->state.epoch = epoch;
+  loader->state.next_batch = it.index + 1;
   return std::optional<Batch>(std::move(b));
 }
 
@@ -522,8 +295,8 @@ LoaderStats LocalStream::stats() const {
   st.fetch_seconds = c.fetch_ns * 1e-9;
   st.plan_seconds = s.plan_ns * 1e-9;
   st.assemble_seconds = s.assemble_ns * 1e-9;
-  st.consumer_wait_seconds = s.consumer_wait_seconds;
-  st.queue_depth_sum = s.queue_depth_sum;
+  st.consumer_wait_seconds = s.core.wait_seconds();
+  st.queue_depth_sum = s.core.depth_sum();
   st.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start_time).count();
   return st;
 }
@@ -584,16 +357,14 @@ void LoaderInternal::ShareChunks(Loader& loader, std::shared_ptr<loader::SharedC
 
 EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
   if (impl_->active != nullptr) impl_->active->Stop();
-  auto s = std::make_unique<LocalStream>();
-  s->loader = impl_.get();
+  auto s = std::make_unique<LocalStream>(impl_.get());
   s->epoch = epoch;
   s->start_batch = start_batch;
   s->start_time = std::chrono::steady_clock::now();
   impl_->state.epoch = epoch;
   impl_->state.next_batch = start_batch;
   auto fail_now = [&](Status st) {
-    s->error = std::move(st);
-    s->producer_done = true;
+    s->core.FailNow(std::move(st));
     s->stopped = true;
     return LocalStream::Start(std::move(s));
   };

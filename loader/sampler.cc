@@ -3,6 +3,9 @@
 
 #include <algorithm>
 
+#include "common/memory.h"
+#include "common/sizes.h"
+
 namespace gpufeed::loader {
 
 uint64_t Rng::Next() {
@@ -66,13 +69,36 @@ std::vector<uint64_t> GlobalOrder(uint64_t n, uint64_t chunk_samples, Order orde
 
 Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, uint64_t num_chunks,
                                 const LoaderOptions& o, uint64_t epoch) {
-  if (o.batch_size == 0) return Status::InvalidArgument("loader: batch_size must be > 0");
+  if (o.batch_size == 0) return Status::InvalidArgument("loader: batch size must be at least 1 (--batch-size)");
+  if (o.threads < 0) {
+    return Status::InvalidArgument("loader: threads is " + std::to_string(o.threads) +
+                                   "; use 0 (all cores) or a positive count (--threads)");
+  }
+  if (o.prefetch < 1) {
+    return Status::InvalidArgument("loader: prefetch is " + std::to_string(o.prefetch) +
+                                   "; at least 1 batch must be in flight (--prefetch)");
+  }
+  if (o.order == Order::kBlock && o.shuffle_window == 0) {
+    return Status::InvalidArgument("loader: shuffle window must be at least 1 chunk (--shuffle-window)");
+  }
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
     return Status::InvalidArgument("loader: rank " + std::to_string(o.rank) + " outside world of " +
                                    std::to_string(o.world_size));
   }
   if (num_samples == 0) return Status::InvalidArgument("loader: the source has no samples");
-  if (num_chunks >= (1ull << 32)) return Status::Unsupported("loader: more than 2^32 chunks");
+  if (num_chunks >= (1ull << 32)) {
+    return Status::Unsupported("loader: " + std::to_string(num_chunks) +
+                               " chunks (at most 2^32 - 1); rechunk with more samples per chunk (gpufeed convert "
+                               "--chunk-samples)");
+  }
+  // The plan is held in memory: the epoch's order (16 bytes a sample with the
+  // rank's copy), the chunk -> batches index and the batch -> chunks lists.
+  const auto order_bytes = CheckedMul(num_samples, 16);
+  const auto index_bytes = CheckedMul(num_chunks, 48);
+  const auto plan_bytes = order_bytes && index_bytes ? CheckedAdd(*order_bytes, *index_bytes) : std::nullopt;
+  GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(
+      plan_bytes.value_or(UINT64_MAX), "loader: the epoch plan of " + std::to_string(num_samples) + " samples",
+      "gpufeed keeps each epoch's sample order in memory; is the dataset's declared shape right?"));
   const uint64_t world = static_cast<uint64_t>(o.world_size);
   EpochPlan plan;
   plan.batch_size = o.batch_size;

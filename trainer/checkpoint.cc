@@ -9,6 +9,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "common/atomic_file.h"
+
 namespace gpufeed::trainer {
 namespace {
 
@@ -90,21 +92,11 @@ Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   head.Pod<uint32_t>(0);
   head.Pod<uint64_t>(w.buf.size());
   head.Pod<uint64_t>(XXH64(w.buf.data(), w.buf.size(), 0));
-  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(head.buf.data(), static_cast<std::streamsize>(head.buf.size()));
-    f.write(w.buf.data(), static_cast<std::streamsize>(w.buf.size()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return Status::IOError("checkpoint: cannot write " + tmp + " (disk full or no permission?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::IOError("checkpoint: cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
-  }
+  AtomicFile f(path);
+  Status st = f.Write(head.buf.data(), head.buf.size());
+  if (st.ok()) st = f.Write(w.buf.data(), w.buf.size());
+  if (st.ok()) st = f.Commit();
+  if (!st.ok()) return st.WithContext("checkpoint");
   return Status::Ok();
 }
 

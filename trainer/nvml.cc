@@ -75,16 +75,24 @@ NvmlSampler::~NvmlSampler() {
 }
 
 void NvmlSampler::Run() {
-  std::unique_lock<std::mutex> l(mu_);
-  while (!stop_) {
-    l.unlock();
-    NvmlUtilization u{};
-    NvmlMemory m{};
-    const bool good = api_->utilization(device_, &u) == 0 && api_->memory(device_, &m) == 0;
-    const double t = Now();
-    l.lock();
-    if (good) samples_.push_back({t, double(u.gpu), double(m.used) / 1048576.0});
-    cv_.wait_for(l, std::chrono::duration<double>(period_s_), [this] { return stop_; });
+  // A thread root: telemetry is optional, so a failure here (bad_alloc while
+  // recording a sample) ends sampling and leaves the figures it has, rather
+  // than terminating the training run.
+  try {
+    std::unique_lock<std::mutex> l(mu_);
+    while (!stop_) {
+      l.unlock();
+      NvmlUtilization u{};
+      NvmlMemory m{};
+      const bool good = api_->utilization(device_, &u) == 0 && api_->memory(device_, &m) == 0;
+      const double t = Now();
+      l.lock();
+      if (good) samples_.push_back({t, double(u.gpu), double(m.used) / 1048576.0});
+      cv_.wait_for(l, std::chrono::duration<double>(period_s_), [this] { return stop_; });
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> l(mu_);
+    failed_ = true;
   }
 }
 

@@ -47,6 +47,7 @@ class NvmlSampler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;               // guarded by mu_
+  bool failed_ = false;             // guarded by mu_; sampling ended by an exception
   std::vector<Sample> samples_;     // guarded by mu_
 };
 

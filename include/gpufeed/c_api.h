@@ -124,8 +124,11 @@ GPUFEED_C_EXPORT void gpufeed_options_set_world_size(gpufeed_options* o, int v);
 GPUFEED_C_EXPORT void gpufeed_options_set_drop_last(gpufeed_options* o, int v);
 GPUFEED_C_EXPORT void gpufeed_options_set_pin_memory(gpufeed_options* o, int v);
 
-/* Opening a file: the labels dataset ("" = /labels when present, "none"). */
+/* Opening a file: the labels dataset ("" = /labels when present, "none"),
+ * and trust_files (OpenOptions::trust_files: skip the forked probe that
+ * contains HDF5 crashes on hostile metadata; default 0). */
 GPUFEED_C_EXPORT void gpufeed_options_set_labels_path(gpufeed_options* o, const char* path);
+GPUFEED_C_EXPORT void gpufeed_options_set_trust_files(gpufeed_options* o, int v);
 
 /* RemoteLoaderOptions, used when the data argument is a daemon address. */
 GPUFEED_C_EXPORT void gpufeed_options_set_dataset(gpufeed_options* o, const char* dataset);

@@ -61,6 +61,14 @@ struct OpenOptions {
   // Forces the hdf5 path even where the direct path applies (for tests and
   // for comparing the two).
   bool force_hdf5_path = false;
+  // HDF5's metadata parser can crash or hang on damaged or hostile files, so
+  // Open first opens the file in a forked probe process with a time limit;
+  // a crash or timeout there becomes a Corrupt status ("HDF5 crashed reading
+  // this file's metadata") instead of taking this process down. The probe
+  // costs a fork and a second open (milliseconds); true skips it, for files
+  // you trust (CLI: --trust-files; environment: GPUFEED_TRUST_FILES=1).
+  bool trust_files = false;
+  int probe_timeout_ms = 10000;
 };
 
 struct FilterInfo {

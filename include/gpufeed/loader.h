@@ -152,6 +152,10 @@ class EpochStream {
 
   // The next batch; nullopt at the end of the epoch; a Status naming the
   // source, chunk and cause if any stage failed (the stream then ends).
+  // Never waits without end: when the consumer holds every batch of the pool
+  // (info().pool_slots) and asks for another, which cannot be filled until
+  // one is released, it returns InvalidArgument naming the option to raise
+  // (prefetch); releasing batches and calling Next() again continues.
   Result<std::optional<Batch>> Next();
   uint64_t num_batches() const;  // in the whole epoch, for this rank
   LoaderStats stats() const;
@@ -206,6 +210,10 @@ struct BatchSourceInfo {
   uint64_t sample_bytes = 0;
   uint64_t num_samples = 0;  // in the whole dataset (all ranks)
   uint64_t batch_size = 0;
+  // Batches a consumer may hold at once before the producer must wait for
+  // one back (the pool: prefetch + 1). A consumer that holds all of them and
+  // asks for more gets an error naming the option to raise.
+  uint64_t pool_slots = 0;
   bool has_labels = false;
   // Per-channel mean and std in stored units, when the dataset carries them
   // (gpufeed convert writes them); empty otherwise.

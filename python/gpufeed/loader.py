@@ -95,7 +95,9 @@ class Loader:
     "sequential"), seed, threads (0: all cores), prefetch (batches in flight;
     the pool has prefetch + 1 slots), cache_bytes, shuffle_window, rank,
     world_size (default: torch.distributed, else RANK / WORLD_SIZE), drop_last,
-    pin_memory; labels: the labels dataset path ("none": no labels).
+    pin_memory; labels: the labels dataset path ("none": no labels);
+    trust_files: skip the forked probe that contains HDF5 crashes on hostile
+    files (OpenOptions::trust_files; GPUFEED_TRUST_FILES=1 does the same).
 
     Daemon options (RemoteLoaderOptions): dataset, token, token_file,
     client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,
@@ -116,7 +118,8 @@ class Loader:
 
     def __init__(self, data, *, dataset=None, batch_size=256, order="block", seed=0, threads=0, prefetch=8,
                  cache_bytes=1 << 30, shuffle_window=16, rank=None, world_size=None, drop_last=False,
-                 pin_memory=True, labels=None, device="cpu", dtype=None, layout="NCHW", input_layout="NCHW",
+                 pin_memory=True, labels=None, trust_files=False, device="cpu", dtype=None, layout="NCHW",
+                 input_layout="NCHW",
                  mean=None, std=None, echo=1, super_batch=1, crop_padding=0, flip=False, augment_seed=None,
                  slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
                  compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
@@ -134,7 +137,7 @@ class Loader:
             "batch_size": batch_size, "order": order, "seed": seed, "threads": threads, "prefetch": prefetch,
             "cache_bytes": cache_bytes, "shuffle_window": shuffle_window,
             "rank": dist_rank if rank is None else rank, "world_size": dist_world if world_size is None else world_size,
-            "drop_last": drop_last, "pin_memory": pin_memory, "labels_path": labels,
+            "drop_last": drop_last, "pin_memory": pin_memory, "labels_path": labels, "trust_files": trust_files,
             "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,
             "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
             "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),

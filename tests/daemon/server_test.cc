@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -732,6 +733,70 @@ TEST_F(DaemonTest, MetricsEndpointServesPrometheusText) {
   EXPECT_NE(resp.find("gpufeed_client_cache_hit_rate"), std::string::npos);
   EXPECT_NE(resp.find("gpufeed_connections_open 1"), std::string::npos);
   EXPECT_NE(server->MetricsText().find("# TYPE gpufeed_bytes_sent_total counter"), std::string::npos);
+}
+
+// A consumer that holds every slot of its pool and asks for another gets an
+// error naming prefetch, on both transports, instead of a wait that the
+// receiver's PINGs would keep alive forever; releasing continues the stream.
+TEST_F(DaemonTest, ConsumerHoldingEverySlotGetsAnErrorNotAHang) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  const Delivered want = Local(StreamOptions(), 0);
+  for (bool shm : {true, false}) {
+    RemoteLoaderOptions c = Client(server->endpoint(), StreamOptions());
+    c.shared_memory = shm;
+    c.keepalive_ms = 50;
+    auto remote = RemoteLoader::Connect(c);
+    ASSERT_TRUE(remote.ok());
+    EXPECT_EQ((*remote)->info().pool_slots, 4u);
+    EpochStream s = (*remote)->Epoch(0);
+    std::vector<Batch> held;  // the whole pool (prefetch 3 + 1)
+    for (int i = 0; i < 4; ++i) {
+      auto b = s.Next();
+      ASSERT_TRUE(b.ok() && b->has_value());
+      held.push_back(std::move(**b));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto more = s.Next();
+    ASSERT_FALSE(more.ok()) << (shm ? "shm" : "socket");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    EXPECT_EQ(more.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(more.status().message().find("holds all 4 batch buffers"), std::string::npos) << more.status().ToString();
+    EXPECT_NE(more.status().message().find("prefetch"), std::string::npos);
+    held.clear();
+    Delivered rest;
+    ASSERT_TRUE(Drain(s, &rest).ok());
+    EXPECT_EQ(rest.hashes.size() + 4, want.hashes.size());
+  }
+}
+
+// The /metrics handler reads each session's client name while the session's
+// strand sets it at the handshake: scraped from accept on (under TSan in CI).
+TEST_F(DaemonTest, MetricsScrapedDuringHandshakesDoNotRace) {
+  ServerOptions o = Options();
+  o.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  std::atomic<bool> stop{false};
+  std::atomic<int> scrapes{0};
+  std::thread scraper([&] {
+    while (!stop.load()) {
+      EXPECT_NE(server->MetricsText().find("gpufeed_connections_open"), std::string::npos);
+      ++scrapes;
+    }
+  });
+  for (int i = 0; i < 8; ++i) {
+    RemoteLoaderOptions c = Client(server->endpoint(), StreamOptions());
+    c.client_name = "trainer-" + std::to_string(i);
+    auto remote = RemoteLoader::Connect(c);
+    ASSERT_TRUE(remote.ok());
+    EpochStream s = (*remote)->Epoch(0);
+    Delivered got;
+    ASSERT_TRUE(Drain(s, &got, 1).ok());
+  }
+  stop = true;
+  scraper.join();
+  EXPECT_GT(scrapes.load(), 0);
 }
 
 TEST_F(DaemonTest, BadStartOptionsAreNamed) {

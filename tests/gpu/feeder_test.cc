@@ -202,6 +202,35 @@ TEST_P(FeederTest, BadShapesAndOptionsAreRefused) {
   EXPECT_EQ(bad.Next().status().code(), StatusCode::kInvalidArgument);
 }
 
+// The feeder holds up to 2 x super_batch loader batches; a loader pool
+// smaller than that is refused at the start with the option to raise (it
+// was a hang: `bench feed --super-batch 5` with the default prefetch 8).
+TEST_P(FeederTest, SuperBatchLargerThanThePoolIsRefusedNotAHang) {
+  TensorSource src(400, 10);
+  LoaderOptions lo = LoaderOpts();
+  lo.prefetch = 8;  // pool of 9
+  Loader loader(src, lo);
+  FeedOptions o = Opts();
+  o.super_batch = 5;
+  GpuFeeder feeder(loader, o);
+  auto b = feeder.Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("prefetch to at least 9"), std::string::npos) << b.status().ToString();
+
+  lo.prefetch = 9;  // pool of 10: works
+  Loader enough(src, lo);
+  GpuFeeder ok(enough, o);
+  uint64_t samples = 0;
+  for (;;) {
+    auto r = ok.Next();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (!r->has_value()) break;
+    samples += static_cast<uint64_t>((*r)->size());
+  }
+  EXPECT_EQ(samples, 400u);
+}
+
 TEST_P(FeederTest, MeanAndStdDefaultToTheDatasetsAttributes) {
   // A converted file carries per-channel mean/std; the feeder uses them.
   const std::string dir = testing::MakeTempDir("feed_attrs");

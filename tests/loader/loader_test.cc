@@ -353,3 +353,93 @@ TEST(LoaderTest, ReadsAnHdf5DatasetThroughTheDirectPath) {
 
 }  // namespace
 }  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// A consumer that keeps every batch of the pool and asks for another gets an
+// error naming prefetch (not a wait without end); after releasing them the
+// same stream goes on to deliver the rest of the epoch.
+TEST(LoaderHoldTest, ConsumerHoldingEveryBufferGetsAnErrorNamingPrefetch) {
+  InMemorySource src(400, 16, 10);
+  LoaderOptions o;
+  o.batch_size = 10;
+  o.prefetch = 2;
+  o.threads = 2;
+  o.pin_memory = false;
+  Loader loader(src, o);
+  EXPECT_EQ(loader.info().pool_slots, 3u);
+  EpochStream s = loader.Epoch(0);
+  std::vector<Batch> held;
+  for (int i = 0; i < 3; ++i) {
+    auto b = s.Next();
+    ASSERT_TRUE(b.ok() && b->has_value()) << i;
+    held.push_back(std::move(**b));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto more = s.Next();
+  ASSERT_FALSE(more.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(more.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(more.status().message().find("holds all 3 batch buffers"), std::string::npos) << more.status().ToString();
+  EXPECT_NE(more.status().message().find("raise prefetch"), std::string::npos);
+  held.clear();
+  uint64_t n = 3;
+  for (;;) {
+    auto b = s.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!b->has_value()) break;
+    ++n;
+  }
+  EXPECT_EQ(n, 40u);
+}
+
+// Holding fewer than all buffers never errs, however slow the source.
+TEST(LoaderHoldTest, HoldingAllButOneIsFine) {
+  InMemorySource src(200, 16, 10);
+  src.set_delay_ms(30);  // slower than the hold check's grace, per chunk read
+  LoaderOptions o;
+  o.batch_size = 10;
+  o.prefetch = 2;
+  o.threads = 2;
+  o.pin_memory = false;
+  o.cache_bytes = 0;
+  Loader loader(src, o);
+  EpochStream s = loader.Epoch(0);
+  std::deque<Batch> held;
+  uint64_t n = 0;
+  for (;;) {
+    auto b = s.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!b->has_value()) break;
+    ++n;
+    held.push_back(std::move(**b));
+    if (held.size() > 2) held.pop_front();  // keeps 2 of 3
+  }
+  EXPECT_EQ(n, 20u);
+}
+
+TEST(LoaderOptionsTest, BadOptionsAreNamedWhenTheStreamStarts) {
+  InMemorySource src(100, 16, 10);
+  struct Case {
+    LoaderOptions o;
+    const char* says;
+  };
+  std::vector<Case> cases(4);
+  cases[0].o.batch_size = 0, cases[0].says = "--batch-size";
+  cases[1].o.threads = -1, cases[1].says = "--threads";
+  cases[2].o.prefetch = -3, cases[2].says = "--prefetch";
+  cases[3].o.shuffle_window = 0, cases[3].says = "--shuffle-window";
+  for (Case& c : cases) {
+    c.o.pin_memory = false;
+    Loader loader(src, c.o);
+    EpochStream s = loader.Epoch(0);
+    auto b = s.Next();
+    ASSERT_FALSE(b.ok()) << c.says;
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find(c.says), std::string::npos) << b.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace gpufeed

@@ -391,3 +391,12 @@ def test_cli_bench_loader_reads_a_daemon(daemon, gpufeed_cli, index_file):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["verified"] and out["bytes_verified"] and out["samples"] == N_SAMPLES and out["full_epoch"]
+
+
+def test_holding_every_feed_slot_is_an_error_naming_slots(index_file):
+    loader = gpufeed.Loader(index_file, **OPTS, dtype="float32", slots=2)
+    it = iter(loader)
+    held = [next(it), next(it)]
+    with pytest.raises(gpufeed.InvalidArgumentError, match="slots"):
+        next(it)
+    assert len(held) == 2

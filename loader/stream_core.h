@@ -1,0 +1,78 @@
+// StreamCore: the consumer side shared by every EpochStream kind (the local
+// pipeline's LocalStream, RemoteLoader's RemoteStream): a ready queue of
+// filled pool slots in delivery order, the first error of the producer, and
+// Next()'s wait. That wait ends by a batch, by the end of the epoch, by an
+// error — or, when the consumer holds every slot of the pool (so no producer
+// can fill another), by an error naming the option to raise. It never waits
+// without end (STYLE.md practice 16).
+#ifndef GPUFEED_LOADER_STREAM_CORE_H_
+#define GPUFEED_LOADER_STREAM_CORE_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+
+#include "gpufeed/loader.h"
+#include "loader/batch_pool.h"
+
+namespace gpufeed::loader {
+
+class StreamCore {
+ public:
+  struct Item {
+    Batch::Slot* slot = nullptr;
+    uint64_t index = 0;  // batch index within the epoch
+    uint64_t count = 0;  // samples
+  };
+
+  // How long the consumer may hold every slot while it waits in Pop() before
+  // that is an error: a slot released from another thread (a tensor's
+  // deleter) within it ends the wait normally.
+  static constexpr std::chrono::milliseconds kHoldAllGrace{500};
+
+  explicit StreamCore(BatchPool* pool) : pool_(pool) {}
+
+  // Producer side (any thread).
+  void Push(Item it);
+  void Fail(Status s);      // records the first error; the producer should stop
+  bool failed() const { return failed_.load(); }
+  void Finish();            // no more items (after the last Push or Fail)
+  // A stream that failed before its producer started.
+  void FailNow(Status s) {
+    Fail(std::move(s));
+    Finish();
+  }
+
+  // Consumer side (one thread): the next item, its slot marked as the
+  // consumer's; nullopt at the end; the producer's error once, then nullopt.
+  // `what` names the stream in the held-every-slot error.
+  Result<std::optional<Item>> Pop(const std::string& what);
+
+  // After the producer has ended: slots delivered but never taken go back to
+  // the pool.
+  void ReleaseUndelivered();
+
+  double wait_seconds() const { return wait_seconds_; }
+  uint64_t depth_sum() const { return depth_sum_; }
+
+ private:
+  BatchPool* pool_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> ready_;  // GUARDED_BY(mu_)
+  bool done_ = false;       // GUARDED_BY(mu_)
+  Status error_;            // GUARDED_BY(mu_)
+  bool error_returned_ = false;
+  std::atomic<bool> failed_{false};
+  // Consumer-only.
+  double wait_seconds_ = 0;
+  uint64_t depth_sum_ = 0;
+};
+
+}  // namespace gpufeed::loader
+
+#endif  // GPUFEED_LOADER_STREAM_CORE_H_

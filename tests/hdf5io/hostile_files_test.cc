@@ -1,0 +1,138 @@
+// Files whose declared sizes would make gpufeed allocate without bound or
+// wrap a size product, and files that crash HDF5 itself: each is a clear
+// error, never an abort, a crash or a silently wrong sample.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gpufeed/dataset.h"
+#include "gpufeed/loader.h"
+#include "hdf5io/probe.h"
+#include "tests/testing/test_data.h"
+
+namespace gpufeed {
+namespace {
+
+// /images of `dims` (uint8, chunked as `chunk`), with only the first
+// `written_rows` rows written: a valid, tiny, sparse file.
+void WriteSparse(const std::string& path, const std::vector<hsize_t>& dims, const std::vector<hsize_t>& chunk,
+                 hsize_t written_rows) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
+  hid_t d = H5Dcreate2(f, "images", H5T_STD_U8LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(d, 0);
+  if (written_rows > 0) {
+    std::vector<hsize_t> start(dims.size(), 0), count(dims.begin(), dims.end());
+    count[0] = written_rows;
+    hsize_t n = 1;
+    for (hsize_t c : count) n *= c;
+    std::vector<uint8_t> bytes(n);
+    for (hsize_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i);
+    hid_t mem = H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr);
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_UINT8, mem, space, H5P_DEFAULT, bytes.data()), 0);
+    H5Sclose(mem);
+  }
+  H5Dclose(d);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  H5Fclose(f);
+}
+
+std::string SharedTestdata() {
+  return std::string(GPUFEED_SOURCE_DIR) + "/../shared/testdata";
+}
+
+// 2^40 samples declared, 4 stored: the chunk index is not sized by the
+// declared shape (it aborted in std::bad_alloc), the file opens on the hdf5
+// path, and the loader refuses the epoch plan with the memory it would need.
+TEST(HostileFilesTest, HugeDeclaredSampleCountIsAClearError) {
+  const std::string dir = testing::MakeTempDir("hostile");
+  const std::string path = dir + "/huge_n.h5";
+  WriteSparse(path, {hsize_t{1} << 40, 8}, {1, 8}, 4);
+  auto ds = Dataset::Open(path);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ds->num_samples(), uint64_t{1} << 40);
+  EXPECT_EQ(ds->info().read_path, ReadPath::kHdf5);
+  EXPECT_NE(ds->info().read_path_reason.find("not allocated"), std::string::npos);
+  std::vector<std::byte> sample(8);
+  ASSERT_TRUE(ds->ReadSamples(1, 1, sample).ok());
+  EXPECT_EQ(static_cast<uint8_t>(sample[0]), 8);  // row 1 of the written rows
+  LoaderOptions o;
+  o.pin_memory = false;
+  Loader loader(*ds, o);
+  EpochStream s = loader.Epoch(0);
+  auto b = s.Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("epoch plan"), std::string::npos) << b.status().ToString();
+}
+
+// [4, 2^32, 2^32] bytes: the per-sample byte count wrapped to 0 and inspect
+// wrote a wrong .npy with exit 0.
+TEST(HostileFilesTest, SampleSizeThatWrapsIsRefused) {
+  const std::string dir = testing::MakeTempDir("hostile");
+  for (const auto& dims : std::vector<std::vector<hsize_t>>{{4, hsize_t{1} << 32, hsize_t{1} << 32},
+                                                           {4, (hsize_t{1} << 62) + 1, 4}}) {
+    const std::string path = dir + "/wrap.h5";
+    WriteSparse(path, dims, {1, 1024, dims[2] == 4 ? hsize_t{4} : hsize_t{1024}}, 0);
+    auto ds = Dataset::Open(path);
+    ASSERT_FALSE(ds.ok());
+    EXPECT_EQ(ds.status().code(), StatusCode::kUnsupported);
+    EXPECT_NE(ds.status().message().find("larger than 2^64 bytes"), std::string::npos) << ds.status().ToString();
+  }
+}
+
+// Damaged dataspaces (current dimension above its maximum) from the
+// reproducers: they aborted (bad_alloc, length_error).
+TEST(HostileFilesTest, DamagedDataspacesFromTheReproducers) {
+  const std::string repro = SharedTestdata() + "/repro";
+  if (!std::filesystem::exists(repro)) GTEST_SKIP() << "no " << repro << " (shared/ is beside the repo in CI)";
+  for (const char* name : {"huge_sample_alloc.h5", "huge_sample_length_error.h5"}) {
+    auto ds = Dataset::Open(repro + "/" + name);
+    ASSERT_FALSE(ds.ok()) << name;
+    EXPECT_EQ(ds.status().code(), StatusCode::kCorrupt);
+    EXPECT_NE(ds.status().message().find("damaged dataspace"), std::string::npos) << ds.status().ToString();
+  }
+}
+
+// Files that crash (signal 11, 6) or hang HDF5 while it reads their
+// metadata: the probe process takes the crash, Open returns Corrupt.
+TEST(HostileFilesTest, HdfCrashesAndHangsAreContainedByTheProbe) {
+  const std::string cve = SharedTestdata() + "/hdf5-cve";
+  if (!std::filesystem::exists(cve)) GTEST_SKIP() << "no " << cve << " (shared/ is beside the repo in CI)";
+  const std::string dir = testing::MakeTempDir("probe");
+  const std::string good = dir + "/good.h5";
+  WriteSparse(good, {10, 8}, {5, 8}, 10);
+  std::vector<std::string> specs = {good, cve + "/cve-2018-13867.h5", good, cve + "/cve-2018-13871.h5",
+                                    cve + "/cve-2018-15671.h5", good};
+  ProbeOptions po;
+  po.timeout_ms = 2000;
+  po.processes = 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Status> r = ProbeFiles(specs, po);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  ASSERT_EQ(r.size(), specs.size());
+  EXPECT_TRUE(r[0].ok() && r[2].ok() && r[5].ok()) << r[0].ToString() << r[2].ToString() << r[5].ToString();
+  for (int i : {1, 3}) {
+    EXPECT_EQ(r[i].code(), StatusCode::kCorrupt) << i;
+    EXPECT_NE(r[i].message().find("HDF5 crashed reading this file's metadata"), std::string::npos) << r[i].ToString();
+  }
+  EXPECT_NE(r[4].message().find("did not finish"), std::string::npos) << r[4].ToString();
+
+  OpenOptions o;
+  o.probe_timeout_ms = 2000;
+  auto crash = Dataset::Open(cve + "/cve-2018-16438.h5", o);
+  ASSERT_FALSE(crash.ok());
+  EXPECT_NE(crash.status().message().find("crashed"), std::string::npos) << crash.status().ToString();
+}
+
+}  // namespace
+}  // namespace gpufeed
