@@ -39,8 +39,8 @@ _DESTRUCTOR_PTR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
 
 
 def capsule(managed):
-    """A "dltensor" capsule owning `managed` (a POINTER(DLManagedTensor))."""
-    return _capsule_new(ctypes.cast(managed, ctypes.c_void_p).value, _DLTENSOR, _DESTRUCTOR_PTR)
+    """A "dltensor" capsule owning `managed` (a DLManagedTensor* as an int)."""
+    return _capsule_new(managed, _DLTENSOR, _DESTRUCTOR_PTR)
 
 
 KDLCPU, KDLCUDA = 1, 2
@@ -84,9 +84,9 @@ class Array:
     it is released when the Array is garbage-collected."""
 
     def __init__(self, managed, batch_ref=None):
-        self._managed = managed
+        self._managed = managed  # DLManagedTensor* as an int
         self._batch = batch_ref
-        t = managed.contents.dl_tensor
+        t = _lib.DLManagedTensor.from_address(managed).dl_tensor
         self.shape = tuple(t.shape[i] for i in range(t.ndim))
         self.dtype = _NUMPY_DTYPES.get((t.dtype.code, t.dtype.bits), "?")
         self.device = (t.device.device_type, t.device.device_id)
@@ -109,7 +109,7 @@ class Array:
     def __del__(self):
         try:
             if getattr(self, "_managed", None) is not None:
-                lib.gpufeed_dlpack_delete(ctypes.cast(self._managed, ctypes.c_void_p))
+                lib.gpufeed_dlpack_delete(self._managed)
                 self._managed = None
         except Exception:  # interpreter shutdown
             pass

@@ -103,7 +103,8 @@ _SIGS = {
     "gpufeed_batch_num_arrays": (ctypes.c_int, [_P]),
     "gpufeed_batch_array_name": (ctypes.c_char_p, [_P, ctypes.c_int]),
     "gpufeed_batch_find_array": (ctypes.c_int, [_P, ctypes.c_char_p]),
-    "gpufeed_batch_array_dlpack": (ctypes.POINTER(DLManagedTensor), [_P, ctypes.c_int, _ERR]),
+    # The DLManagedTensor* as an int (None on failure): _dlpack reads it.
+    "gpufeed_batch_array_dlpack": (_P, [_P, ctypes.c_int, _ERR]),
     "gpufeed_dlpack_delete": (None, [_P]),
     "gpufeed_batch_wait_stream": (ctypes.c_int, [_P, _P, _ERR]),
     "gpufeed_batch_set_release_stream": (None, [_P, _P]),

@@ -174,6 +174,9 @@ class Loader:
         finally:
             lib.gpufeed_options_destroy(opts)
         self._handle = handle
+        self._next_handle, self._next_err = ctypes.c_void_p(), ctypes.c_void_p()
+        self._next_args = (self._poll_ms, ctypes.byref(self._next_handle), ctypes.byref(self._next_err))
+        self._array_cache = {}
         self._epoch = 0
         self._pending = None     # (epoch, saved state bytes) from load_state_dict
         self._started = False
@@ -183,7 +186,9 @@ class Loader:
             import torch
             import torch.utils.dlpack
             self._torch = torch
-            self._from_dlpack = torch.utils.dlpack.from_dlpack
+            # torch.utils.dlpack.from_dlpack without its per-call protocol
+            # checks: a capsule goes straight to the converter.
+            self._from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
         elif self._output == "numpy":
             import numpy
             self._from_dlpack = numpy.from_dlpack
@@ -293,43 +298,59 @@ class Loader:
         self._started = True
 
     def _next(self):
-        handle, err = ctypes.c_void_p(), ctypes.c_void_p()
-        h = self._h()
+        # The byref arguments are built once per loader: this runs per batch.
+        h, args, handle, err = self._h(), self._next_args, self._next_handle, self._next_err
         while True:
             # Slices of poll_ms with the GIL released: KeyboardInterrupt is
             # raised between them; the request stays queued in the library.
-            code = lib.gpufeed_loader_next(h, self._poll_ms, ctypes.byref(handle), ctypes.byref(err))
+            code = lib.gpufeed_loader_next(h, *args)
             if code == errors.OK:
                 return handle.value
             if code == errors.END:
                 return None
             if code in (errors.TIMEOUT, errors.INTERRUPTED):
                 continue
-            _lib.check(code, err)
+            e, err.value = err.value, None
+            _lib.check(code, e)
+
+    def _array_indexes(self, handle, names):
+        """(name, index) of the wanted arrays; a batch's arrays depend only on
+        the loader (host or feed, labels or not), so this is looked up once."""
+        key = names
+        found = self._array_cache.get(key)
+        if found is None:
+            count = lib.gpufeed_batch_num_arrays(handle)
+            all_names = [lib.gpufeed_batch_array_name(handle, i).decode() for i in range(count)]
+            wanted = all_names if names is None else names
+            found = tuple((n, all_names.index(n)) for n in wanted if n in all_names)
+            self._array_cache[key] = found
+        return found
 
     def _convert(self, handle, names):
-        ref = _dlpack.BatchRef(handle)
-        count = lib.gpufeed_batch_num_arrays(handle)
-        wanted = [lib.gpufeed_batch_array_name(handle, i).decode() for i in range(count)] if names is None else names
         out = {}
         err = ctypes.c_void_p()
-        if self._output == "torch" and self._cuda_index is not None and lib.gpufeed_loader_on_gpu(self._h()):
-            stream = self._torch.cuda.current_stream(self._cuda_index).cuda_stream or None
-            _lib.check(lib.gpufeed_batch_wait_stream(handle, stream, ctypes.byref(err)), err)
-            lib.gpufeed_batch_set_release_stream(handle, stream)
-        for name in wanted:
-            i = lib.gpufeed_batch_find_array(handle, name.encode())
-            if i < 0:
-                continue
-            managed = lib.gpufeed_batch_array_dlpack(handle, i, ctypes.byref(err))
+        export = lib.gpufeed_batch_array_dlpack
+        if self._output == "torch":
+            try:
+                if self._cuda_index is not None and lib.gpufeed_loader_on_gpu(self._h()):
+                    stream = self._torch.cuda.current_stream(self._cuda_index).cuda_stream or None
+                    _lib.check(lib.gpufeed_batch_wait_stream(handle, stream, ctypes.byref(err)), err)
+                    lib.gpufeed_batch_set_release_stream(handle, stream)
+                for name, i in self._array_indexes(handle, names):
+                    managed = export(handle, i, ctypes.byref(err))
+                    if not managed:
+                        _lib.take_error(err)
+                    out[name] = self._from_dlpack(_dlpack.capsule(managed))
+            finally:
+                lib.gpufeed_batch_destroy(handle)  # the tensors hold the slot now
+            return out
+        ref = _dlpack.BatchRef(handle)
+        for name, i in self._array_indexes(handle, names):
+            managed = export(handle, i, ctypes.byref(err))
             if not managed:
                 _lib.take_error(err)
-            if self._output == "torch":
-                out[name] = self._from_dlpack(_dlpack.capsule(managed))
-            elif self._output == "numpy":
-                out[name] = self._from_dlpack(_dlpack.Array(managed, ref))
-            else:
-                out[name] = _dlpack.Array(managed, ref)
+            array = _dlpack.Array(managed, ref)
+            out[name] = self._from_dlpack(array) if self._output == "numpy" else array
         return out
 
     # -- lifetime ---------------------------------------------------------------
