@@ -8,6 +8,7 @@
  *
  * Usage: gpufeed_c_api_test SCRATCH.h5 */
 #include <hdf5.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,6 +248,61 @@ static void TestFeedCpu(const char* path) {
   gpufeed_loader_destroy(l);
 }
 
+/* Batches released on another thread than the one calling next: the
+ * consumer hands each batch's tensors to a releaser thread through a small
+ * queue; every sample still arrives once (the pool gets its slots back from
+ * the other thread). Under ThreadSanitizer this is the C API's race check. */
+enum { kQueue = 2 };
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  DLManagedTensor* items[kQueue];
+  int count, done;
+} q = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {NULL}, 0, 0};
+
+static void* Releaser(void* arg) {
+  (void)arg;
+  for (;;) {
+    pthread_mutex_lock(&q.mu);
+    while (q.count == 0 && !q.done) pthread_cond_wait(&q.cv, &q.mu);
+    if (q.count == 0) {
+      pthread_mutex_unlock(&q.mu);
+      return NULL;
+    }
+    DLManagedTensor* t = q.items[--q.count];
+    pthread_cond_broadcast(&q.cv);
+    pthread_mutex_unlock(&q.mu);
+    t->deleter(t);
+  }
+}
+
+static void TestReleaseOnAnotherThread(const char* path) {
+  static int seen[kN];
+  memset(seen, 0, sizeof(seen));
+  gpufeed_loader* l = Open(path, 0);
+  pthread_t th;
+  pthread_create(&th, NULL, Releaser, NULL);
+  CHECK(gpufeed_loader_start_epoch(l, 5, 0, NULL) == GPUFEED_OK);
+  gpufeed_batch* b = NULL;
+  while (gpufeed_loader_next(l, 10000, &b, NULL) == GPUFEED_OK) {
+    DLManagedTensor* ix = gpufeed_batch_array_dlpack(b, gpufeed_batch_find_array(b, "indices"), NULL);
+    gpufeed_batch_destroy(b);  /* the tensor alone holds the slot now */
+    for (int64_t r = 0; r < ix->dl_tensor.shape[0]; ++r) ++seen[((const int64_t*)ix->dl_tensor.data)[r]];
+    pthread_mutex_lock(&q.mu);
+    while (q.count == kQueue) pthread_cond_wait(&q.cv, &q.mu);
+    q.items[q.count++] = ix;
+    pthread_cond_broadcast(&q.cv);
+    pthread_mutex_unlock(&q.mu);
+  }
+  pthread_mutex_lock(&q.mu);
+  q.done = 1;
+  pthread_cond_broadcast(&q.cv);
+  pthread_mutex_unlock(&q.mu);
+  pthread_join(th, NULL);
+  for (int k = 0; k < kN; ++k) CHECK(seen[k] == 1);
+  gpufeed_loader_destroy(l);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s SCRATCH.h5\n", argv[0]);
@@ -293,6 +349,7 @@ int main(int argc, char** argv) {
 
   TestResume(argv[1]);
   TestFeedCpu(argv[1]);
+  TestReleaseOnAnotherThread(argv[1]);
   if (failures == 0) printf("c_api_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }
