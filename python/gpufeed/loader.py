@@ -296,6 +296,12 @@ class Loader:
         else:
             _lib.check(lib.gpufeed_loader_start_epoch(self._h(), self._epoch, 0, ctypes.byref(err)), err)
         self._started = True
+        if self._cuda_index is not None and not lib.gpufeed_loader_on_gpu(self._h()):
+            # The feed falls back to its CPU twins without a GPU; a caller who
+            # asked for cuda tensors should hear it, not get CPU ones.
+            raise errors.UnsupportedError(
+                errors.UNSUPPORTED, "device=%r: no CUDA device for the feed (libgpufeed.so without CUDA, no GPU or "
+                "no driver); use device='cpu'" % ("cuda:%d" % self._cuda_index))
 
     def _next(self):
         # The byref arguments are built once per loader: this runs per batch.

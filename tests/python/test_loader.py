@@ -400,3 +400,10 @@ def test_holding_every_feed_slot_is_an_error_naming_slots(index_file):
     with pytest.raises(gpufeed.InvalidArgumentError, match="slots"):
         next(it)
     assert len(held) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: cuda batches are tested on the GPU host")
+def test_cuda_without_a_gpu_says_so(index_file):
+    loader = gpufeed.Loader(index_file, **OPTS, device="cuda")
+    with pytest.raises(gpufeed.UnsupportedError, match="device='cpu'"):
+        next(iter(loader))
