@@ -219,6 +219,25 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
     return Status::Unsupported(o.data + ": bench feed verifies against the file, and the daemon's file (" +
                                (*opened)->source().info().name + ") cannot be opened here");
   }
+  // What reaches the GPU is verified by the index each `bench gen` sample
+  // carries in its first 8 bytes: any other file is named as such up front.
+  {
+    const uint64_t sb = ds->sample_bytes();
+    std::vector<std::byte> s(sb);
+    for (uint64_t k : {uint64_t{0}, ds->num_samples() / 2, ds->num_samples() - 1}) {
+      uint64_t idx = UINT64_MAX;
+      if (sb >= 8 && ds->num_samples() > 0 && ds->ReadSamples(k, 1, s).ok()) {
+        idx = 0;
+        for (int q = 0; q < 8; ++q) idx |= uint64_t(uint8_t(s[q])) << (8 * q);
+      }
+      if (idx != k) {
+        return Status::InvalidArgument(
+            ds->name() + ": not a `gpufeed bench gen` file (sample " + std::to_string(k) +
+            " does not carry its index in its first 8 bytes, which bench feed needs to verify what reaches the GPU); "
+            "make one with `gpufeed bench gen --workload celeba-raw --samples 2000 -o FILE.h5`");
+      }
+    }
+  }
   FeedBenchResult r;
   BatchSource& loader = (*opened)->source();
   // The loader alone, same options, same run (its last epoch).

@@ -59,6 +59,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   LoaderBenchResult r;
   r.sample_bytes = sb;
   r.bytes_verified = ds != nullptr;
+  r.warnings = loader.info().warnings;
+  r.batch_size = loader.info().batch_size;
 
   constexpr uint64_t kSpotEvery = 61;  // prime: lands on every batch position over time
   // The first epoch starts before the bench sizes its checks by the
@@ -145,7 +147,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   r.rss_before_bytes = rss_before;
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
-  r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * o.loader.batch_size * sb +
+  r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
                          (2 * threads + 4) * (ds != nullptr ? ds->chunk_bytes_max() : 0);
   return r;
 }

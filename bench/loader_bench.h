@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gpufeed/dataset.h"
 #include "gpufeed/loader.h"
@@ -32,12 +33,14 @@ struct LoaderBenchResult {
   LoaderStats stats;
   uint64_t samples = 0;
   uint64_t sample_bytes = 0;
+  uint64_t batch_size = 0;         // as the loader ran it (clamped to the dataset)
   double seconds = 0;              // the last epoch: Epoch() to its last batch
   double first_epoch_seconds = 0;  // the first epoch, start-up included
   double first_batch_seconds = 0;  // the last epoch: Epoch() to its first batch
   uint64_t spot_checked = 0;  // samples whose bytes were compared with a direct read
   bool bytes_verified = false;  // false: a daemon whose file this host cannot read (indices checked only)
   bool full_epoch = false;
+  std::vector<std::string> warnings;  // options the loader adjusted (Loader::info().warnings)
   uint64_t max_rss_bytes = 0;      // peak resident memory of the process
   uint64_t rss_before_bytes = 0;   // resident before the Loader existed (code, libraries, the index)
   uint64_t memory_bound_bytes = 0; // cache + (prefetch + 1) x batch + threads x chunk (docs: loader.h)

@@ -69,8 +69,10 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
     std::fprintf(stderr, "gpufeed bench loader: FAILED: %s\n", r.status().ToString().c_str());
     return 1;
   }
+  for (const std::string& w : r->warnings) std::fprintf(stderr, "gpufeed bench loader: warning: %s\n", w.c_str());
   const LoaderStats& s = r->stats;
-  const LoaderOptions& lo = a.bench.loader;
+  LoaderOptions lo = a.bench.loader;
+  lo.batch_size = r->batch_size;
   if (a.json) {
     nlohmann::json j = {
         {"data", a.bench.data}, {"order", a.order}, {"threads", lo.threads}, {"batch_size", lo.batch_size},
@@ -266,11 +268,16 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   };
   auto fa = std::make_shared<FeedArgs>();
   fa->o.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
-  CLI::App* fcmd = bench_cmd->add_subcommand("feed", "Loader -> GPU -> transformed batches, no model, vs the loader alone");
-  fcmd->add_option("--data", fa->o.data, "a `bench gen` file, or a daemon serving one: unix:PATH | tcp://HOST:PORT")
+  CLI::App* fcmd = bench_cmd->add_subcommand(
+      "feed", "Loader -> GPU -> transformed batches, no model, vs the loader alone (needs a `gpufeed bench gen` file)");
+  fcmd->add_option("--data", fa->o.data,
+                   "a `gpufeed bench gen` file (samples carry their index), or a daemon serving one: "
+                   "unix:PATH | tcp://HOST:PORT")
       ->required();
   fcmd->add_option("--dataset", fa->o.dataset, "with a daemon --data: the dataset to read there (default: its first)");
   fcmd->add_option("--token-file", fa->o.token_file, "with a tcp:// daemon: its shared secret");
+  fcmd->add_option("--prefetch", fa->o.loader.prefetch, "loader batches in flight (>= 2 x super-batch - 1)")
+      ->capture_default_str();
   fcmd->add_option("--order", fa->order, "loader order")->check(CLI::IsMember({"sequential", "random", "block"}));
   fcmd->add_option("--threads", fa->o.loader.threads, "loader threads");
   fcmd->add_option("--batch-size", fa->o.loader.batch_size, "samples per batch");

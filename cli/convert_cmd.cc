@@ -1,4 +1,6 @@
 // `gpufeed convert`: any supported input → gpufeed's chunked HDF5.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -14,10 +16,37 @@ struct ConvertArgs {
   std::vector<std::string> class_names;
   int level = -1, threads = 0;
   uint64_t chunk_samples = 0;
-  bool shuffle_filter = false, keep_encoded = false, json = false;
+  bool shuffle_filter = false, keep_encoded = false, json = false, skip_corrupt = false;
 };
 
-int RunConvert(const ConvertArgs& a) {
+int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
+  // Options that do not apply to this input are errors, not ignored.
+  auto refuse = [](const std::string& m) {
+    std::fprintf(stderr, "gpufeed convert: %s\n", m.c_str());
+    return 2;
+  };
+  struct stat st {};
+  const bool is_dir = ::stat(a.input.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (!is_dir) {
+    for (const char* opt : {"--size", "--layout", "--keep-encoded", "--skip-corrupt"}) {
+      if (cmd.count(opt) > 0) return refuse(std::string(opt) + " applies to image folders; " + a.input + " is a file");
+    }
+  } else {
+    if (cmd.count("--labels") > 0) {
+      return refuse("--labels does not apply to an image folder: its labels are its class subfolders");
+    }
+    if (a.keep_encoded && cmd.count("--size") > 0) {
+      return refuse("--size does not apply with --keep-encoded (the JPEG files are stored as they are)");
+    }
+  }
+  if (a.codec == "none" && a.shuffle_filter) {
+    return refuse("--shuffle-filter only helps a compressor; choose --codec deflate or zstd");
+  }
+  if (a.keep_encoded) {
+    for (const char* opt : {"--codec", "--level", "--shuffle-filter", "--chunk-samples", "--skip-corrupt"}) {
+      if (cmd.count(opt) > 0) return refuse(std::string(opt) + " does not apply with --keep-encoded");
+    }
+  }
   ConvertOptions opts;
   auto codec = CodecFromName(a.codec);
   if (!codec.ok()) {
@@ -35,6 +64,9 @@ int RunConvert(const ConvertArgs& a) {
 
   ImageFolderOptions image;
   image.layout = a.layout;
+  image.skip_corrupt = a.skip_corrupt;
+  std::vector<std::string> skipped;
+  image.skipped_files = &skipped;
   if (!a.size.empty()) {
     unsigned h = 0, w = 0;
     if (std::sscanf(a.size.c_str(), "%ux%u", &h, &w) != 2 || h == 0 || w == 0) {
@@ -56,6 +88,10 @@ int RunConvert(const ConvertArgs& a) {
       return 1;
     }
     what = (*source)->description();
+    for (const std::string& why : skipped) std::fprintf(stderr, "gpufeed convert: skipped %s\n", why.c_str());
+    if (!skipped.empty()) {
+      std::fprintf(stderr, "gpufeed convert: skipped %zu corrupt images (--skip-corrupt)\n", skipped.size());
+    }
     summary = Convert(**source, a.output, opts);
   }
   progress.Finish();
@@ -107,6 +143,8 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--layout", args->layout, "image folders: NCHW or NHWC")->check(CLI::IsMember({"NCHW", "NHWC"}));
   cmd->add_option("--class-names", args->class_names, "class names, label order (comma-separated)")
       ->delimiter(',');
+  cmd->add_flag("--skip-corrupt", args->skip_corrupt,
+                "image folders: leave out images that do not decode (named and counted) instead of failing");
   cmd->add_flag("--keep-encoded", args->keep_encoded, "image folders: store the JPEG files as they are (/jpeg)");
   cmd->add_option("--chunk-samples", args->chunk_samples, "samples per chunk (default: about 2 MiB a chunk)");
   cmd->add_option("--codec", args->codec, "none, deflate or zstd")->check(CLI::IsMember({"none", "deflate", "gzip", "zstd"}));
@@ -114,7 +152,7 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--shuffle-filter", args->shuffle_filter, "apply HDF5's shuffle filter before compressing");
   cmd->add_option("--threads", args->threads, "compression threads (default: all cores)");
   cmd->add_flag("--json", args->json, "print the summary as JSON");
-  cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
+  cmd->callback([args, exit_code, cmd] { *exit_code = RunConvert(*args, *cmd); });
 }
 
 }  // namespace gpufeed::cli

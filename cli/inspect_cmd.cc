@@ -65,6 +65,7 @@ int RunInspect(const InspectArgs& a) {
         {"compression_ratio", r.compression_ratio},
         {"read_path", ReadPathName(info.read_path)},
         {"read_path_reason", info.read_path_reason},
+        {"unreadable", info.unreadable},
         {"read_unit_samples", ds->chunk_samples()},
         {"read_units", ds->num_chunks()},
         {"recommended_cache_bytes", r.recommended_cache_bytes},
@@ -98,6 +99,10 @@ int RunInspect(const InspectArgs& a) {
   std::printf(", read unit %llu samples (%.2f MiB), %llu units\n",
               static_cast<unsigned long long>(ds->chunk_samples()), ds->chunk_bytes_max() / 1048576.0,
               static_cast<unsigned long long>(ds->num_chunks()));
+  if (!info.unreadable.empty()) {
+    std::printf("  UNREADABLE   %s\n", info.unreadable.c_str());
+    std::fprintf(stderr, "gpufeed inspect: warning: no sample can be read: %s\n", info.unreadable.c_str());
+  }
   std::printf("  cache        %.1f MiB recommended (a %llu-chunk shuffle window, decoded)\n",
               r.recommended_cache_bytes / 1048576.0,
               static_cast<unsigned long long>(InspectReport::kRecommendedWindow));

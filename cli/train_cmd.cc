@@ -162,18 +162,21 @@ int RunTrain(TrainArgs& a) {
     if (p.step_in_epoch == p.steps_in_epoch) std::fprintf(stderr, "\r\033[K");
     std::fflush(stderr);
   };
+  // Each epoch's line as it ends (Ctrl-C later keeps the finished ones).
+  o.on_epoch = [quiet](const EpochReport& e) {
+    if (quiet) return;
+    std::printf("epoch %3d  loss %.4f acc %.4f", e.epoch + 1, e.train_loss, e.train_accuracy);
+    if (e.test_accuracy >= 0) std::printf("  test loss %.4f acc %.4f", e.test_loss, e.test_accuracy);
+    std::printf("  %.2f s  %.0f samples/s  step %.2f ms  data wait %.2f s", e.seconds, e.samples_per_s, e.step_ms,
+                e.data_wait_seconds);
+    if (e.gpu_util >= 0) std::printf("  GPU %.1f%%", e.gpu_util);
+    if (e.skipped_steps) std::printf("  skipped %llu (scale %g)", (unsigned long long)e.skipped_steps, e.loss_scale);
+    std::printf("\n");
+    std::fflush(stdout);
+  };
   auto r = Train(*train, test ? &*test : nullptr, o);
   if (!r.ok()) return fail(r.status());
   if (!quiet) {
-    for (const EpochReport& e : r->epochs) {
-      std::printf("epoch %3d  loss %.4f acc %.4f", e.epoch + 1, e.train_loss, e.train_accuracy);
-      if (e.test_accuracy >= 0) std::printf("  test loss %.4f acc %.4f", e.test_loss, e.test_accuracy);
-      std::printf("  %.2f s  %.0f samples/s  step %.2f ms  data wait %.2f s", e.seconds, e.samples_per_s, e.step_ms,
-                  e.data_wait_seconds);
-      if (e.gpu_util >= 0) std::printf("  GPU %.1f%%", e.gpu_util);
-      if (e.skipped_steps) std::printf("  skipped %llu (scale %g)", (unsigned long long)e.skipped_steps, e.loss_scale);
-      std::printf("\n");
-    }
     std::printf("total %.2f s (data loading included); steady state %.0f samples/s", r->wall_seconds,
                 r->steady_samples_per_s);
     if (r->steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r->steady_gpu_util);

@@ -131,6 +131,12 @@ Status GpuFeeder::Impl::Init() {
   if (o.echo < 0 || o.super_batch < 1 || o.slots < 1) {
     return Status::InvalidArgument("feed: echo >= 0, super_batch >= 1 and slots >= 1 required");
   }
+  if (o.crop_padding < 0 || o.crop_padding >= std::min(H, W)) {
+    return Status::InvalidArgument("feed: crop padding " + std::to_string(o.crop_padding) + " for " +
+                                   std::to_string(H) + "x" + std::to_string(W) +
+                                   " images; it must be in 0.." + std::to_string(std::min(H, W) - 1) +
+                                   " (--crop-padding), or a crop could hold no image at all");
+  }
   // The feeder holds the host batches of both input slots until their copies
   // are done: up to 2 x super_batch loader batches, while the loader needs a
   // free buffer to fill the next. Refused now rather than found as a hang.

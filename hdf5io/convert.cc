@@ -143,6 +143,15 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
   WriteOptions wopt = options.write;
   if (wopt.layout.empty()) wopt.layout = source.layout();
   if (wopt.class_names.empty()) wopt.class_names = source.class_names();
+  if (!wopt.class_names.empty() && !source.labels().empty()) {
+    const int64_t max_label = *std::max_element(source.labels().begin(), source.labels().end());
+    if (max_label >= static_cast<int64_t>(wopt.class_names.size())) {
+      return Status::InvalidArgument("converting " + source.description() + ": " +
+                                     std::to_string(wopt.class_names.size()) + " class names (--class-names) for " +
+                                     "labels up to " + std::to_string(max_label) + "; name all " +
+                                     std::to_string(max_label + 1) + " classes, in label order");
+    }
+  }
   const uint64_t total = source.num_samples();
   auto writer_or = DatasetWriter::Create(out_path, source.sample_shape(), source.dtype(), total, wopt);
   if (!writer_or.ok()) return writer_or.status().WithContext("converting " + source.description());

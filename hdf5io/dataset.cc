@@ -272,6 +272,7 @@ Status Dataset::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
                                    std::to_string(want));
   }
   dst = dst.first(want);
+  if (!impl_->info.unreadable.empty()) return Status::Unsupported(impl_->ChunkWhat(i) + ": " + impl_->info.unreadable);
   if (impl_->info.read_path == ReadPath::kDirect) return impl_->ReadDirect(i, dst);
   return impl_->ReadHdf5(i * impl_->chunk_samples, n, dst);
 }
@@ -283,6 +284,7 @@ Status Dataset::ReadSamples(uint64_t first, uint64_t count, std::span<std::byte>
                                    std::to_string(first + count) + ") out of range or buffer " +
                                    "too small");
   }
+  if (!impl_->info.unreadable.empty()) return Status::Unsupported(impl_->what + ": " + impl_->info.unreadable);
   if (impl_->info.read_path == ReadPath::kHdf5) return impl_->ReadHdf5(first, count, dst);
   const uint64_t k = impl_->chunk_samples;
   thread_local std::vector<std::byte> tmp;
@@ -519,6 +521,20 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   } else {
     d->info.read_path = ReadPath::kHdf5;
     d->info.read_path_reason = hdf5_reason;
+    // HDF5 loads a filter's plugin on first use; without one, every read
+    // would fail with a misleading "can't open directory". Named now.
+    for (const FilterInfo& f : d->info.filters) {
+      if (H5Zfilter_avail(static_cast<H5Z_filter_t>(f.id)) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        const char* plugin_path = std::getenv("HDF5_PLUGIN_PATH");
+        d->info.unreadable = "filter " + std::to_string(f.id) + " (" + f.name +
+                             ") is not available: gpufeed's direct path does not decode it and HDF5 found no plugin "
+                             "for it (HDF5_PLUGIN_PATH=" + (plugin_path ? plugin_path : "unset, default directory") +
+                             "); install the filter's HDF5 plugin (Debian: hdf5-plugin-lzf, hdf5-filter-plugin*) or "
+                             "recompress the file where the filter is available (h5repack, h5py)";
+        break;
+      }
+    }
     d->contiguous = false;
     d->chunk_addr.clear();
     d->chunk_size.clear();

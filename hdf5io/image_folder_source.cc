@@ -2,6 +2,7 @@
 // (TurboJPEG) and PNG (libpng) files to fixed-size RGB uint8 samples, and
 // ConvertEncodedImageFolder, which stores the JPEG bytes untouched in /jpeg.
 #include <fcntl.h>
+#include <tbb/parallel_for.h>
 #include <png.h>
 #include <sys/stat.h>
 #include <turbojpeg.h>
@@ -179,15 +180,23 @@ Result<FolderListing> ListImageFolder(const std::string& dir) {
 
   for (size_t label = 0; label < out.class_names.size(); ++label) {
     const fs::path class_dir = fs::path(dir) / out.class_names[label];
-    std::vector<std::pair<std::string, uint64_t>> files;  // name, size
-    for (fs::directory_iterator it(class_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    // Images in nested subfolders belong to the class too (as torchvision's
+    // ImageFolder walks them); hidden folders are skipped.
+    std::vector<std::pair<std::string, uint64_t>> files;  // path relative to the class folder, size
+    for (fs::recursive_directory_iterator it(class_dir, fs::directory_options::follow_directory_symlink, ec), end;
+         !ec && it != end; it.increment(ec)) {
       const fs::path& p = it->path();
-      if (IsHidden(p) || !IsImageExtension(LowerExtension(p))) continue;
+      if (IsHidden(p)) {
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (!IsImageExtension(LowerExtension(p))) continue;
       std::error_code fec;
       if (!it->is_regular_file(fec)) continue;  // follows symlinks
       const uintmax_t size = it->file_size(fec);
       if (fec) return Status::IOError(p.string() + ": cannot stat: " + fec.message());
-      files.emplace_back(p.filename().string(), size);
+      files.emplace_back(fs::relative(p, class_dir, fec).string(), size);
+      if (fec) return Status::IOError(p.string() + ": " + fec.message());
     }
     if (ec) return Status::IOError(class_dir.string() + ": cannot list: " + ec.message());
     std::sort(files.begin(), files.end());
@@ -336,12 +345,33 @@ Status DecodePng(const std::string& path, std::span<const unsigned char> bytes, 
     png_image_free(&img);
     return Status::Corrupt(path + ": not a decodable PNG: " + img.message);
   }
-  img.format = PNG_FORMAT_RGB;
-  out->pixels.resize(PNG_IMAGE_SIZE(img));
-  const png_color white = {255, 255, 255};
-  if (!png_image_finish_read(&img, &white, out->pixels.data(), 0, nullptr)) {
-    png_image_free(&img);
-    return Status::Corrupt(path + ": PNG decode failed: " + img.message);
+  if (img.format & PNG_FORMAT_FLAG_LINEAR) {
+    // 16-bit samples. libpng's 8-bit output would treat them as linear light
+    // and gamma-encode them (a grey of 32768 became 186); scale the stored
+    // values instead (32768 -> 128), as every other reader does.
+    img.format = PNG_FORMAT_LINEAR_RGB_ALPHA;  // alpha is premultiplied in linear formats
+    std::vector<uint16_t> wide(PNG_IMAGE_SIZE(img) / sizeof(uint16_t));
+    if (!png_image_finish_read(&img, nullptr, wide.data(), 0, nullptr)) {
+      png_image_free(&img);
+      return Status::Corrupt(path + ": PNG decode failed: " + img.message);
+    }
+    const size_t pixels = static_cast<size_t>(img.width) * img.height;
+    out->pixels.resize(pixels * 3);
+    for (size_t i = 0; i < pixels; ++i) {
+      const uint32_t a = wide[4 * i + 3];
+      for (int c = 0; c < 3; ++c) {
+        const uint32_t v = std::min<uint32_t>(65535, wide[4 * i + c] + (65535 - a));  // over white
+        out->pixels[3 * i + c] = static_cast<uint8_t>((v * 255 + 32767) / 65535);
+      }
+    }
+  } else {
+    img.format = PNG_FORMAT_RGB;
+    out->pixels.resize(PNG_IMAGE_SIZE(img));
+    const png_color white = {255, 255, 255};
+    if (!png_image_finish_read(&img, &white, out->pixels.data(), 0, nullptr)) {
+      png_image_free(&img);
+      return Status::Corrupt(path + ": PNG decode failed: " + img.message);
+    }
   }
   // Warnings (PNG_IMAGE_WARNING) are accepted: libpng's are about metadata
   // such as a mismatched iCCP profile, not about pixels.
@@ -465,6 +495,37 @@ Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& d
   }
   Result<FolderListing> listing = ListImageFolder(dir);
   if (!listing.ok()) return listing.status();
+  if (options.skip_corrupt) {
+    // Decode every image once; keep those that decode.
+    FolderListing& l = *listing;
+    std::vector<Status> why(l.files.size());
+    tbb::parallel_for(size_t{0}, l.files.size(), [&](size_t i) {
+      thread_local std::vector<unsigned char> bytes;
+      thread_local RgbImage img;
+      why[i] = ReadWholeFile(l.files[i], &bytes);
+      if (why[i].ok()) {
+        why[i] = DecodeImage(l.files[i], bytes, static_cast<int>(options.height), static_cast<int>(options.width),
+                             &img);
+      }
+    });
+    FolderListing kept;
+    kept.class_names = l.class_names;
+    for (size_t i = 0; i < l.files.size(); ++i) {
+      if (why[i].ok()) {
+        kept.files.push_back(l.files[i]);
+        kept.labels.push_back(l.labels[i]);
+      } else if (options.skipped_files != nullptr) {
+        options.skipped_files->push_back(why[i].message());
+      }
+    }
+    std::error_code ec;
+    for (const std::string& f : kept.files) kept.total_bytes += std::filesystem::file_size(f, ec);
+    if (kept.files.empty()) {
+      return Status::InvalidArgument(dir + ": every one of its " + std::to_string(l.files.size()) +
+                                     " images is corrupt");
+    }
+    *listing = std::move(kept);
+  }
   return std::unique_ptr<SampleSource>(
       std::make_unique<ImageFolderSource>(dir, std::move(listing).value(), options));
 }

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <zstd.h>
+
 #include "common/atomic_file.h"
 #include "hdf5io/codec.h"
 #include "hdf5io/h5_util.h"
@@ -125,6 +127,20 @@ Result<DatasetWriter> DatasetWriter::Create(const std::string& path,
     return Status::InvalidArgument(path + ": a chunk of " + std::to_string(d->chunk_samples) +
                                    " samples exceeds HDF5's 4 GiB chunk limit; use fewer --chunk-samples");
   }
+  // Levels outside a codec's range are refused, not clamped or wrapped.
+  if (options.level != -1) {
+    const int lo = options.codec == Codec::kDeflate ? 0 : 1;
+    const int hi = options.codec == Codec::kDeflate ? 9 : ZSTD_maxCLevel();
+    if (options.codec == Codec::kNone) {
+      return Status::InvalidArgument(path + ": a compression level (--level " + std::to_string(options.level) +
+                                     ") applies to deflate and zstd, not to codec none");
+    }
+    if (options.level < lo || options.level > hi) {
+      return Status::InvalidArgument(path + ": " + std::string(CodecName(options.codec)) + " level " +
+                                     std::to_string(options.level) + " is outside " + std::to_string(lo) + ".." +
+                                     std::to_string(hi) + " (--level)");
+    }
+  }
   d->level = options.level;
   if (d->level < 0) d->level = options.codec == Codec::kDeflate ? 4 : 3;
 
@@ -145,9 +161,8 @@ Result<DatasetWriter> DatasetWriter::Create(const std::string& path,
     d->pipeline.push_back({codec::kFilterShuffle, DTypeSize(dtype)});
   }
   if (options.codec == Codec::kDeflate) {
-    H5Pset_deflate(dcpl.get(), static_cast<unsigned>(std::clamp(d->level, 0, 9)));
+    H5Pset_deflate(dcpl.get(), static_cast<unsigned>(d->level));
     d->pipeline.push_back({codec::kFilterDeflate, 1});
-    d->level = std::clamp(d->level, 0, 12);
   } else if (options.codec == Codec::kZstd) {
     const unsigned cd = static_cast<unsigned>(d->level);
     if (H5Pset_filter(dcpl.get(), h5::kZstdFilterId, H5Z_FLAG_OPTIONAL, 1, &cd) < 0) {

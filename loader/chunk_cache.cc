@@ -44,12 +44,17 @@ uint64_t ChunkCache::ChunkBytes(uint32_t c) const { return source_.samples_in_ch
 uint64_t ChunkCache::NextUse(uint32_t c) const {
   if (plan_ == nullptr) return kNever;
   const auto& users = plan_->chunk_users[c];
-  return uses_done_[c] < users.size() ? users[uses_done_[c]] : kNever;
+  if (uses_done_[c] < users.size()) return users[uses_done_[c]];
+  if (next_plan_ != nullptr && c < next_plan_->chunk_users.size() && !next_plan_->chunk_users[c].empty()) {
+    return plan_->num_batches + next_plan_->chunk_users[c].front();
+  }
+  return kNever;
 }
 
-void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch) {
+void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch, const EpochPlan* next) {
   std::lock_guard<std::mutex> lock(mu_);
   plan_ = plan;
+  next_plan_ = next;
   uses_done_.assign(source_.num_chunks(), 0);
   for (size_t c = 0; c < plan->chunk_users.size(); ++c) {
     const auto& u = plan->chunk_users[c];
@@ -62,7 +67,7 @@ void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch) {
   }
   counters_.reads = counters_.bytes_read = counters_.bytes_decoded = 0;
   counters_.hits = counters_.misses = counters_.prefetched = counters_.fetch_ns = 0;
-  counters_.shared_hits = 0;
+  counters_.shared_hits = counters_.reads_ahead = counters_.bytes_read_ahead = 0;
 }
 
 void ChunkCache::Insert(const std::shared_ptr<ChunkEntry>& e) {
@@ -85,13 +90,19 @@ bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
   if (bytes > budget_) return false;
   while (resident_bytes_ + bytes > budget_) {
     // The unheld chunk needed furthest in the future. A held one (a batch in
-    // flight reads it, or it is being decoded) would not free memory. Handles
-    // are only copied under mu_, so use_count() == 1 cannot go stale.
+    // flight reads it, or it is being decoded) would not free memory now —
+    // except one needed next only in the next epoch: its holders are batches
+    // at its last use of this epoch, so it leaves the budget like any chunk
+    // at its last use and is freed when they have copied it (the bound in
+    // loader.h). use_count() can only rise behind this check through another
+    // cache taking the entry from SharedChunks; evicting it then drops only
+    // this cache's reference, and the entry counts in that cache's budget.
+    const uint64_t epoch_end = plan_ != nullptr ? plan_->num_batches : 0;
     auto it = by_next_use_.end();
     uint32_t victim = UINT32_MAX;
     while (it != by_next_use_.begin()) {
       --it;
-      if (resident_.find(it->second)->second.use_count() == 1) {
+      if (it->first >= epoch_end || resident_.find(it->second)->second.use_count() == 1) {
         victim = it->second;
         break;
       }
@@ -181,9 +192,14 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
     } catch (const std::exception& ex) {
       e.status = Status::Internal(source_.name() + " chunk " + std::to_string(e.chunk) + ": " + ex.what());
     }
-    counters_.reads += 1;
-    counters_.bytes_read += source_.stored_chunk_bytes(e.chunk);
-    counters_.bytes_decoded += ChunkBytes(e.chunk);
+    if (e.for_next_epoch) {
+      counters_.reads_ahead += 1;
+      counters_.bytes_read_ahead += source_.stored_chunk_bytes(e.chunk);
+    } else {
+      counters_.reads += 1;
+      counters_.bytes_read += source_.stored_chunk_bytes(e.chunk);
+      counters_.bytes_decoded += ChunkBytes(e.chunk);
+    }
     counters_.fetch_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     if (e.pending_of) *e.pending_of -= 1;
@@ -238,10 +254,14 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
     if (!shared && shared_) shared_->Publish(e);
     handles[j] = std::move(e);
   }
-  // Prefetch what the next batches need, as long as each is needed sooner
+  // Prefetch what the next batches need — on into the next epoch's first
+  // batches near the end of this one — as long as each is needed sooner
   // than what it would displace, keeping up to max_pending decodes going.
-  for (uint64_t b2 = b + 1; b2 < std::min<uint64_t>(plan.num_batches, b + 1 + kMaxLookaheadBatches); ++b2) {
-    for (uint32_t c : plan.batch_chunks[b2]) {
+  const uint64_t next_batches = next_plan_ != nullptr ? next_plan_->num_batches : 0;
+  const uint64_t horizon = std::min<uint64_t>(plan.num_batches + next_batches, b + 1 + kMaxLookaheadBatches);
+  for (uint64_t b2 = b + 1; b2 < horizon; ++b2) {
+    const auto& ahead = b2 < plan.num_batches ? plan.batch_chunks[b2] : next_plan_->batch_chunks[b2 - plan.num_batches];
+    for (uint32_t c : ahead) {
       if (pending_decodes_->load() >= max_pending) return handles;
       if (resident_.count(c)) continue;
       if (!Admit(ChunkBytes(c), NextUse(c))) return handles;
@@ -249,6 +269,7 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
       auto e = NewOrShared(c, &shared);
       Insert(e);
       if (!shared) {
+        e->for_next_epoch = NextUse(c) >= plan.num_batches;
         Spawn(e, tasks);
         if (shared_) shared_->Publish(e);
         counters_.prefetched += 1;

@@ -74,6 +74,9 @@ struct ChunkEntry {
   // of pending decodes, decremented by whichever thread (of any cache sharing
   // the entry) decodes it.
   std::shared_ptr<std::atomic<uint64_t>> pending_of;
+  // Read ahead for the next epoch (near this one's end): counted apart, so
+  // an epoch's reads are those its own batches needed.
+  bool for_next_epoch = false;
   ChunkBufferPool::Buffer data;  // written once, by the thread that wins kQueued -> kRunning
   Status status;                 // valid once state == kDone
   std::atomic<int> state{kQueued};
@@ -101,6 +104,7 @@ struct CacheCounters {
   std::atomic<uint64_t> reads{0}, bytes_read{0}, bytes_decoded{0};
   std::atomic<uint64_t> hits{0}, misses{0}, prefetched{0};
   std::atomic<uint64_t> shared_hits{0};  // misses served by another cache's entry (counted in hits)
+  std::atomic<uint64_t> reads_ahead{0}, bytes_read_ahead{0};  // for the next epoch (not in reads)
   std::atomic<uint64_t> fetch_ns{0};
 };
 
@@ -115,7 +119,14 @@ class ChunkCache {
   // Starts an epoch at batch `start_batch` (uses by earlier batches count as
   // done): `plan` must outlive its use. Resident chunks stay and are ranked
   // by their next use in the new plan. Resets the counters.
-  void BeginEpoch(const EpochPlan* plan, uint64_t start_batch);
+  //
+  // `next` (optional, outliving its use too) is the plan of the epoch that
+  // follows. The future then spans the boundary: a chunk whose last use in
+  // this epoch is done stays if the next epoch needs it soon enough (ranked
+  // after every use of this epoch, by its first use in the next), and the
+  // prefetch runs on into the next epoch's first batches. With a budget of
+  // the whole decoded dataset, epochs after the first read nothing.
+  void BeginEpoch(const EpochPlan* plan, uint64_t start_batch, const EpochPlan* next = nullptr);
 
   // Serial, in batch order: handles to batch b's chunks (plan.batch_chunks[b]
   // order), cached or transient (decoded by whoever Ensure()s it first, then
@@ -145,6 +156,8 @@ class ChunkCache {
 
  private:
   static constexpr uint64_t kNever = UINT64_MAX;
+  // The batch of c's next use, counting the next epoch's batches after this
+  // epoch's (plan_->num_batches + b); kNever if neither uses it again.
   uint64_t NextUse(uint32_t c) const;       // REQUIRES(mu_)
   uint64_t ChunkBytes(uint32_t c) const;
   // Makes room for `bytes` by evicting unheld chunks used later than
@@ -163,6 +176,7 @@ class ChunkCache {
 
   mutable std::mutex mu_;
   const EpochPlan* plan_ = nullptr;                                      // GUARDED_BY(mu_)
+  const EpochPlan* next_plan_ = nullptr;                                 // GUARDED_BY(mu_)
   std::vector<uint32_t> uses_done_;                                      // GUARDED_BY(mu_)
   std::unordered_map<uint32_t, std::shared_ptr<ChunkEntry>> resident_;   // GUARDED_BY(mu_)
   std::set<std::pair<uint64_t, uint32_t>> by_next_use_;                  // GUARDED_BY(mu_)

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/trace.h"
@@ -46,8 +47,24 @@ struct Loader::Impl {
   std::unique_ptr<loader::ChunkCache> cache;
   LoaderState state;
   LocalStream* active = nullptr;  // the live stream, stopped by the next Epoch()
+  // The plan of the epoch after the live stream's (plans are pure functions
+  // of the options and the epoch): the cache's future spans the boundary,
+  // and the next Epoch() takes it rather than computing it again.
+  std::optional<loader::EpochPlan> next_plan;
+  uint64_t next_plan_epoch = 0;
 
   Impl(const ChunkSource& s, const LoaderOptions& o) : source(s), options(o) {
+    // A batch larger than the rank's share only costs memory (its pool is
+    // prefetch + 1 such batches): clamp it.
+    const uint64_t world = static_cast<uint64_t>(std::max(1, o.world_size));
+    const uint64_t share = (s.num_samples() + world - 1) / world;
+    if (!o.drop_last && share > 0 && o.batch_size > share) {
+      info.warnings.push_back("batch size " + std::to_string(o.batch_size) + " is larger than the " +
+                              std::to_string(share) + " samples of " +
+                              (world > 1 ? "this rank's share" : std::string("the dataset")) + ": using " +
+                              std::to_string(share));
+      options.batch_size = share;
+    }
     threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     state.seed = o.seed;
     cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
@@ -56,7 +73,7 @@ struct Loader::Impl {
     info.sample_shape = s.sample_shape();
     info.sample_bytes = s.sample_bytes();
     info.num_samples = s.num_samples();
-    info.batch_size = o.batch_size;
+    info.batch_size = options.batch_size;
     info.has_labels = !s.labels().empty();
     info.pool_slots = static_cast<uint64_t>(std::max(1, o.prefetch)) + 1;
     if (const auto* ds = dynamic_cast<const Dataset*>(&s); ds != nullptr) {
@@ -292,6 +309,7 @@ LoaderStats LocalStream::stats() const {
   st.chunk_misses = c.misses;
   st.prefetched = c.prefetched;
   st.chunk_shared_hits = c.shared_hits;
+  st.chunk_reads_ahead = c.reads_ahead;
   st.fetch_seconds = c.fetch_ns * 1e-9;
   st.plan_seconds = s.plan_ns * 1e-9;
   st.assemble_seconds = s.assemble_ns * 1e-9;
@@ -368,16 +386,28 @@ EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
     s->stopped = true;
     return LocalStream::Start(std::move(s));
   };
-  auto plan = loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
-                                    impl_->source.num_chunks(), impl_->options, epoch);
-  if (!plan.ok()) return fail_now(plan.status().WithContext(impl_->source.name()));
-  s->plan = std::move(*plan);
+  auto make_plan = [&](uint64_t e) {
+    return loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
+                                 impl_->source.num_chunks(), impl_->options, e);
+  };
+  if (impl_->next_plan && impl_->next_plan_epoch == epoch) {
+    s->plan = std::move(*impl_->next_plan);
+  } else {
+    auto plan = make_plan(epoch);
+    if (!plan.ok()) return fail_now(plan.status().WithContext(impl_->source.name()));
+    s->plan = std::move(*plan);
+  }
+  impl_->next_plan.reset();
+  if (auto next = make_plan(epoch + 1); next.ok()) {
+    impl_->next_plan = std::move(*next);
+    impl_->next_plan_epoch = epoch + 1;
+  }
   if (start_batch > s->plan.num_batches) {
     return fail_now(Status::InvalidArgument(impl_->source.name() + ": resume at batch " + std::to_string(start_batch) +
                                             " past the epoch's " + std::to_string(s->plan.num_batches)));
   }
   if (Status st = impl_->EnsurePool(); !st.ok()) return fail_now(st);
-  impl_->cache->BeginEpoch(&s->plan, start_batch);
+  impl_->cache->BeginEpoch(&s->plan, start_batch, impl_->next_plan ? &*impl_->next_plan : nullptr);
   impl_->active = s.get();
   LocalStream* raw = s.get();
   raw->producer = std::thread([raw] { raw->Run(); });

@@ -16,6 +16,7 @@
 #include <memory>
 #include <numbers>
 
+#include "common/atomic_file.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/device.h"
 #include "gpufeed/gpu_feed.h"
@@ -185,18 +186,52 @@ Status Run::Setup() {
   if (test_) {
     auto tg = SampleGeometry(*test_);
     if (!tg.ok()) return tg.status();
-    if (tg->c != geo_.c || tg->h != geo_.h || tg->w != geo_.w)
-      return Status::InvalidArgument(test_->name() + ": test samples have another shape than the training samples");
+    if (tg->c != geo_.c || tg->h != geo_.h || tg->w != geo_.w || tg->layout != geo_.layout) {
+      auto text = [](const auto& g) {
+        return std::string(g.layout == Layout::kNHWC ? "NHWC " : "NCHW ") + std::to_string(g.c) + "x" +
+               std::to_string(g.h) + "x" + std::to_string(g.w);
+      };
+      return Status::InvalidArgument(test_->name() + ": test samples have another shape than the training samples: " +
+                                     text(*tg) + ", but training samples (" +
+                                     train_.name() + ") are " + text(geo_) +
+                                     "; convert both splits with the same --size and --layout");
+    }
     if (test_->labels().empty()) return Status::InvalidArgument(test_->name() + ": no labels to evaluate on");
     for (int64_t l : test_->labels())
       if (l < 0 || l > max_label)
         return Status::InvalidArgument(test_->name() + ": label " + std::to_string(l) +
                                        " never occurs in the training split");
   }
-  classes_ = static_cast<int>(max_label + 1);
-  if (const auto* ds = dynamic_cast<const Dataset*>(&train_))
-    classes_ = std::max<int>(classes_, static_cast<int>(ds->info().class_names.size()));
-  if (classes_ < 2) return Status::InvalidArgument(train_.name() + ": a classifier needs at least 2 classes");
+  // Labels are class indices: [0, classes), classes from the class names
+  // when the dataset has them, else 1 + the largest label, within reason.
+  constexpr int64_t kMaxClasses = 1 << 20;
+  size_t named = 0;
+  if (const auto* ds = dynamic_cast<const Dataset*>(&train_)) named = ds->info().class_names.size();
+  if (named > 0 && max_label >= static_cast<int64_t>(named)) {
+    return Status::InvalidArgument(train_.name() + ": label " + std::to_string(max_label) + " is outside [0, " +
+                                   std::to_string(named) + "): the dataset names " + std::to_string(named) +
+                                   " classes");
+  }
+  if (max_label >= kMaxClasses) {
+    return Status::InvalidArgument(train_.name() + ": label " + std::to_string(max_label) +
+                                   " would make a classifier of " + std::to_string(max_label + 1) +
+                                   " classes; labels must be class indices in [0, classes) (at most " +
+                                   std::to_string(kMaxClasses) + ")");
+  }
+  classes_ = std::max<int>(static_cast<int>(max_label + 1), static_cast<int>(named));
+  if (classes_ < 2) {
+    return Status::InvalidArgument(train_.name() + ": a classifier needs at least 2 classes (every label is " +
+                                   std::to_string(max_label) + ")");
+  }
+  if (!o_.checkpoint_path.empty() && !o_.resume) {
+    // Found now, not after the first epoch's work: the path must be writable.
+    AtomicFile probe(o_.checkpoint_path);
+    if (Status st = probe.Write("", 0); !st.ok()) return st.WithContext("train: --checkpoint");
+  }
+  if (o_.device == TrainDevice::kCuda && QueryGpus().devices.empty()) {
+    return Status::Unsupported("train: --device cuda, but no CUDA GPU is visible on this machine (" +
+                               QueryGpus().reason + "); use --device cpu or auto");
+  }
 
   // Backend.
   if (o_.device == TrainDevice::kCpu || (o_.device == TrainDevice::kAuto && QueryGpus().devices.empty())) {
@@ -545,6 +580,7 @@ Result<TrainReport> Run::Go() {
                                    LoaderState{o_.seed, uint64_t(epoch + 1), 0}};
       GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), meta));
     }
+    if (o_.on_epoch) o_.on_epoch(r);
     if (o_.on_progress) {
       TrainProgress p;
       p.epoch = epoch, p.epochs = o_.epochs;

@@ -54,6 +54,12 @@ Result<std::unique_ptr<SampleSource>> OpenHdf5Source(const std::string& spec,
 struct ImageFolderOptions {
   uint32_t height = 0, width = 0;  // required: output size (resize + center crop)
   std::string layout = "NCHW";     // "NCHW" or "NHWC"
+  // false: a corrupt image fails the conversion, naming the file. true: every
+  // image is decoded once when the folder is opened (an extra pass), and
+  // those that fail are left out; each is named, with why, in
+  // *skipped_files when given (the CLI's --skip-corrupt prints and counts them).
+  bool skip_corrupt = false;
+  std::vector<std::string>* skipped_files = nullptr;  // optional: receives "path: why" per skipped image
 };
 // A folder of class subfolders (sorted names become labels 0..C-1) of JPEG
 // (libjpeg-turbo) and PNG (libpng) files, decoded to RGB, resized so the

@@ -90,6 +90,11 @@ struct DatasetInfo {
   uint64_t raw_bytes = 0;              // N * sample bytes
   ReadPath read_path = ReadPath::kDirect;
   std::string read_path_reason;        // why the hdf5 path was taken, if it was
+  // Non-empty when no sample can be read: a filter neither the direct path
+  // nor any HDF5 plugin here decodes ("filter 32000 (lzf) is not
+  // available: ..."). Open still describes the dataset; every read returns
+  // Unsupported with this text.
+  std::string unreadable;
   bool big_endian = false;
   // Optional attributes of the images dataset (empty when absent).
   std::string layout;                  // "NCHW", "NHWC", ...

@@ -53,6 +53,8 @@ std::string_view OrderName(Order o);
 Result<Order> OrderFromName(std::string_view name);
 
 struct LoaderOptions {
+  // Samples per batch. Larger than this rank's share of the dataset (and
+  // drop_last false): clamped to the share, with a warning in info().
   uint64_t batch_size = 256;
   Order order = Order::kBlock;
   uint64_t seed = 0;
@@ -126,6 +128,9 @@ struct LoaderStats {
   uint64_t chunk_misses = 0;          // chunk uses that needed a read
   uint64_t prefetched = 0;            // reads started ahead of their batch
   uint64_t chunk_shared_hits = 0;     // chunks taken from another stream's cache (the daemon's streams of a file)
+  // Chunks read near this epoch's end for the next epoch's first batches
+  // (not in chunk_reads: they are the next epoch's, served there as hits).
+  uint64_t chunk_reads_ahead = 0;
   double plan_seconds = 0;            // busy time per stage, summed over threads
   double fetch_seconds = 0;           // read + decode
   double assemble_seconds = 0;        // copying samples into batches
@@ -218,6 +223,9 @@ struct BatchSourceInfo {
   // Per-channel mean and std in stored units, when the dataset carries them
   // (gpufeed convert writes them); empty otherwise.
   std::vector<double> mean, stddev;
+  // Options the source adjusted, for the caller to show ("batch size 100000
+  // is larger than the 10000 samples of this rank: using 10000").
+  std::vector<std::string> warnings;
 };
 
 // Anything that produces EpochStreams: the local Loader, or a RemoteLoader

@@ -84,9 +84,13 @@ struct TrainOptions {
   // kept on the device, cycled, for as many steps as a real epoch (0: off).
   int device_resident_batches = 0;
   bool telemetry = true;                  // NVML sampling thread (when NVML loads)
-  // Called once before the first step with the model and its memory.
+  // Called once, when the first epoch has ended (every workspace exists then,
+  // so the memory breakdown is complete), with the model and its memory.
   std::function<void(const std::string& backend, const std::string& model, const struct MemoryBreakdown&)>
       on_start;
+  // Called as each epoch ends (after its evaluation and checkpoint), so a
+  // run stopped later keeps every finished epoch's figures.
+  std::function<void(const struct EpochReport&)> on_epoch;
   // Called about every `progress_every` steps and at each epoch's end.
   std::function<void(const struct TrainProgress&)> on_progress;
   int progress_every = 20;

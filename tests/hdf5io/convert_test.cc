@@ -245,6 +245,57 @@ TEST_F(ConvertTest, FailedConversionLeavesTargetUntouched) {
   }
 }
 
+// Levels outside a codec's range are refused (99 was stored as zstd(99), -3
+// as 3), as are too few class names for the labels.
+TEST_F(ConvertTest, OutOfRangeLevelsAndTooFewClassNamesAreRefused) {
+  const std::vector<uint64_t> shape{16};
+  struct Case {
+    Codec codec;
+    int level;
+    const char* says;
+  };
+  for (const Case& c : {Case{Codec::kZstd, 99, "zstd level 99 is outside 1..22"},
+                        Case{Codec::kZstd, -3, "zstd level -3 is outside 1..22"},
+                        Case{Codec::kDeflate, 10, "deflate level 10 is outside 0..9"},
+                        Case{Codec::kNone, 3, "not to codec none"}}) {
+    WriteOptions w;
+    w.codec = c.codec;
+    w.level = c.level;
+    auto wr = DatasetWriter::Create(dir_ + "/l.h5", shape, DType::kUInt8, 10, w);
+    ASSERT_FALSE(wr.ok()) << c.says;
+    EXPECT_NE(wr.status().message().find(c.says), std::string::npos) << wr.status().ToString();
+  }
+  WriteOptions ok;
+  ok.codec = Codec::kZstd;
+  ok.level = 22;
+  EXPECT_TRUE(DatasetWriter::Create(dir_ + "/l.h5", shape, DType::kUInt8, 10, ok).ok());
+
+  class Labelled final : public SampleSource {
+   public:
+    uint64_t num_samples() const override { return 10; }
+    const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+    DType dtype() const override { return DType::kUInt8; }
+    std::string layout() const override { return ""; }
+    const std::vector<int64_t>& labels() const override { return labels_; }
+    uint64_t input_bytes() const override { return 0; }
+    std::string description() const override { return "labelled source"; }
+    Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const override {
+      testing::FillIndexSamples(first, count, 16, dst);
+      return Status::Ok();
+    }
+
+   private:
+    std::vector<uint64_t> shape_{16};
+    std::vector<int64_t> labels_{0, 1, 2, 3, 4, 0, 1, 2, 3, 4};
+  };
+  ConvertOptions o;
+  o.write.class_names = {"a", "b", "c"};
+  auto r = Convert(Labelled(), dir_ + "/c.h5", o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("3 class names (--class-names) for labels up to 4"), std::string::npos)
+      << r.status().ToString();
+}
+
 TEST(FashionMnistTest, ConversionMatchesTheIdxSourceByteForByte) {
   const std::string root = "/usr/share/datasets/fashion-mnist";
   if (!fs::exists(root + "/train-images-idx3-ubyte.gz")) {

@@ -13,11 +13,13 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gpufeed/convert.h"
 #include "hdf5io/h5_util.h"
 #include "hdf5io/image_ops.h"
+#include "tests/testing/test_data.h"
 
 namespace gpufeed {
 namespace {
@@ -479,6 +481,95 @@ TEST_F(ImageFolderTest, EncodedConvertFailsOnCorruptJpegAndCleansUp) {
   for (const auto& entry : fs::directory_iterator(root_)) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
   }
+}
+
+}  // namespace
+}  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// 16-bit PNGs keep their values scaled to 8 bits (32768 -> 128), not
+// gamma-encoded as if linear light (it was 186).
+TEST(ImageFolderBitDepthTest, SixteenBitPngIsScaledWithoutGamma) {
+  const fs::path dir = fs::path(testing::MakeTempDir("png16")) / "images";
+  fs::create_directories(dir / "g");
+  for (auto [name, value, want] : {std::tuple{"a.png", 32768, 128}, std::tuple{"b.png", 65535, 255},
+                                   std::tuple{"c.png", 0, 0}, std::tuple{"d.png", 16384, 64}}) {
+    png_image img;
+    std::memset(&img, 0, sizeof(img));
+    img.version = PNG_IMAGE_VERSION;
+    img.width = 4;
+    img.height = 4;
+    img.format = PNG_FORMAT_LINEAR_Y;  // 16-bit grey, values stored as given
+    std::vector<uint16_t> px(16, static_cast<uint16_t>(value));
+    ASSERT_TRUE(png_image_write_to_file(&img, (dir / "g" / name).c_str(), 0, px.data(), 0, nullptr)) << img.message;
+    (void)want;
+  }
+  auto src = OpenImageFolderSource(dir.string(), {.height = 4, .width = 4, .layout = "NHWC"});
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  std::vector<uint8_t> out(4 * 4 * 4 * 3);
+  ASSERT_TRUE((*src)->Read(0, 4, std::as_writable_bytes(std::span(out))).ok());
+  const int want[] = {128, 255, 0, 64};
+  for (int k = 0; k < 4; ++k) {
+    for (int i = 0; i < 48; ++i) ASSERT_EQ(out[k * 48 + i], want[k]) << "image " << k << " byte " << i;
+  }
+}
+
+// Images in nested subfolders of a class folder belong to that class (as
+// torchvision's ImageFolder finds them); they were silently ignored.
+TEST(ImageFolderNestingTest, NestedSubfoldersAreFound) {
+  const fs::path dir = fs::path(testing::MakeTempDir("nested")) / "images";
+  fs::create_directories(dir / "a" / "2024" / "jan");
+  fs::create_directories(dir / "a" / ".cache");
+  fs::create_directories(dir / "b");
+  std::vector<uint8_t> px(4 * 4 * 3, 7);
+  WritePng(dir / "a" / "top.png", px, 4, 4);
+  WritePng(dir / "a" / "2024" / "jan" / "deep.png", px, 4, 4);
+  WritePng(dir / "a" / ".cache" / "thumb.png", px, 4, 4);  // hidden: skipped
+  WritePng(dir / "b" / "x.png", px, 4, 4);
+  auto src = OpenImageFolderSource(dir.string(), {.height = 4, .width = 4, .layout = "NCHW"});
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  EXPECT_EQ((*src)->num_samples(), 3u);
+  EXPECT_EQ((*src)->labels(), (std::vector<int64_t>{0, 0, 1}));
+}
+
+}  // namespace
+}  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// A corrupt image fails the folder naming the file; with skip_corrupt it is
+// left out and named, and the rest keep their labels.
+TEST(ImageFolderCorruptTest, SkipCorruptLeavesOutAndNamesBadImages) {
+  const fs::path dir = fs::path(testing::MakeTempDir("skipcorrupt")) / "images";
+  fs::create_directories(dir / "a");
+  fs::create_directories(dir / "b");
+  std::vector<uint8_t> px(4 * 4 * 3, 9);
+  WritePng(dir / "a" / "good.png", px, 4, 4);
+  Bytes jpeg = EncodeJpeg(Gradient(16, 16, 1), 16, 16);
+  jpeg.resize(jpeg.size() / 2);  // truncated
+  WriteFile(dir / "a" / "half.jpg", jpeg);
+  WriteFile(dir / "b" / "text.jpg", {'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'});
+  WritePng(dir / "b" / "fine.png", px, 4, 4);
+  auto strict = OpenImageFolderSource(dir.string(), {.height = 4, .width = 4, .layout = "NCHW"});
+  ASSERT_TRUE(strict.ok());
+  std::vector<uint8_t> out(4 * 48);
+  Status st = (*strict)->Read(0, 4, std::as_writable_bytes(std::span(out)));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("half.jpg"), std::string::npos) << st.ToString();
+
+  std::vector<std::string> skipped;
+  auto lenient = OpenImageFolderSource(
+      dir.string(), {.height = 4, .width = 4, .layout = "NCHW", .skip_corrupt = true, .skipped_files = &skipped});
+  ASSERT_TRUE(lenient.ok()) << lenient.status().ToString();
+  EXPECT_EQ((*lenient)->num_samples(), 2u);
+  EXPECT_EQ((*lenient)->labels(), (std::vector<int64_t>{0, 1}));
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[0].find("half.jpg"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find("text.jpg"), std::string::npos) << skipped[1];
+  EXPECT_TRUE((*lenient)->Read(0, 2, std::as_writable_bytes(std::span(out).first(2 * 48))).ok());
 }
 
 }  // namespace

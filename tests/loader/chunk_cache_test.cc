@@ -89,5 +89,48 @@ TEST(ChunkCacheTest, PrefetchesWhatTheNextBatchesNeed) {
   tasks.wait();
 }
 
+// The future spans the epoch boundary: trace 0 1 2 3 | 2 0 3 1 with room
+// for two chunks. Belady over both epochs keeps 0 and 2 (needed first in
+// epoch 2) and reads 6 chunks in all, 2 of them in epoch 2; a cache that saw
+// only its own epoch would drop everything at the end and read 4 again.
+TEST(ChunkCacheTest, BeladyHorizonSpansTheEpochBoundary) {
+  testing::InMemorySource src(4, 100, 1);
+  ChunkCache cache(src, 200);
+  EpochPlan e1 = PlanOf({{0}, {1}, {2}, {3}}, 4);
+  EpochPlan e2 = PlanOf({{2}, {0}, {3}, {1}}, 4);
+  tbb::task_group tasks;
+  auto run = [&](const EpochPlan& plan) {
+    for (uint64_t b = 0; b < plan.num_batches; ++b) {
+      for (auto& e : cache.Acquire(b, /*max_pending=*/0, tasks)) ASSERT_TRUE(cache.Ensure(*e).ok());
+    }
+  };
+  cache.BeginEpoch(&e1, 0, &e2);
+  run(e1);
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(src.reads(), 4u);
+  cache.BeginEpoch(&e2, 0, nullptr);
+  run(e2);
+  tasks.wait();
+  EXPECT_EQ(src.reads(), 6u);  // Belady's optimum for the two-epoch trace
+  EXPECT_EQ(cache.counters().reads.load(), 2u);
+  EXPECT_EQ(cache.counters().hits.load(), 2u);
+}
+
+// Near an epoch's end the prefetch runs on into the next epoch's first
+// batches.
+TEST(ChunkCacheTest, PrefetchRunsIntoTheNextEpoch) {
+  testing::InMemorySource src(6, 100, 1);
+  ChunkCache cache(src, 600);
+  EpochPlan e1 = PlanOf({{0}, {1}}, 6);
+  EpochPlan e2 = PlanOf({{4}, {5}, {0}}, 6);
+  cache.BeginEpoch(&e1, 0, &e2);
+  tbb::task_group tasks;
+  for (uint64_t b = 0; b < 2; ++b) {
+    for (auto& e : cache.Acquire(b, /*max_pending=*/8, tasks)) ASSERT_TRUE(cache.Ensure(*e).ok());
+  }
+  tasks.wait();
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 4, 5}));  // 1: never used again
+}
+
 }  // namespace
 }  // namespace gpufeed::loader

@@ -443,3 +443,37 @@ TEST(LoaderOptionsTest, BadOptionsAreNamedWhenTheStreamStarts) {
 
 }  // namespace
 }  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// With a cache holding the whole decoded dataset, epochs after the first
+// read nothing, and their batches are those of a fresh Loader (for every
+// order); with half of it, the second epoch reads no more than the first.
+TEST(LoaderCrossEpochTest, LaterEpochsReadNothingWhenTheCacheHoldsTheData) {
+  for (Order order : {Order::kBlock, Order::kRandom, Order::kSequential}) {
+    InMemorySource src(600, 32, 20);  // 30 chunks of 640 bytes
+    LoaderOptions o;
+    o.batch_size = 16;
+    o.order = order;
+    o.seed = 5;
+    o.threads = 2;
+    o.pin_memory = false;
+    o.cache_bytes = 600 * 32;
+    o.shuffle_window = 4;
+    Loader loader(src, o);
+    RunEpoch(loader, src, 0);
+    const uint64_t after_first = src.reads();
+    EXPECT_EQ(after_first, 30u) << OrderName(order);
+    Seen second = RunEpoch(loader, src, 1);
+    Seen third = RunEpoch(loader, src, 2);
+    EXPECT_EQ(src.reads(), after_first) << OrderName(order) << ": epochs 2 and 3 read chunks again";
+    InMemorySource fresh_src(600, 32, 20);
+    Loader fresh(fresh_src, o);
+    EXPECT_EQ(RunEpoch(fresh, fresh_src, 1).batch_hashes, second.batch_hashes) << OrderName(order);
+    EXPECT_EQ(RunEpoch(fresh, fresh_src, 2).batch_hashes, third.batch_hashes) << OrderName(order);
+  }
+}
+
+}  // namespace
+}  // namespace gpufeed

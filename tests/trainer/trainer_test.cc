@@ -297,6 +297,29 @@ TEST(TrainerTest, BadOptionsAndDataAreNamed) {
   auto r = Train(train, &other, Small());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("another shape"), std::string::npos);
+  // Checked at start, not after an epoch's work.
+  o = Small();
+  o.checkpoint_path = "/proc/gpufeed-no-such-dir/x.ckpt";
+  expect_bad(o, "/proc/gpufeed-no-such-dir/x.ckpt");
+  o = Small();
+  o.device = TrainDevice::kCuda;
+  if (QueryGpus().devices.empty()) expect_bad(o, "no CUDA GPU is visible");
+  o = Small();
+  o.crop_padding = 8;  // 8x8 images
+  expect_bad(o, "crop padding 8 for 8x8 images");
+  // Labels 0 and 10^12 are not "at least 2 classes": they are not class indices.
+  class HugeLabel : public BarsSource {
+   public:
+    HugeLabel() : BarsSource(256, 2) { huge_ = BarsSource::labels(); huge_[5] = 1000000000000; }
+    const std::vector<int64_t>& labels() const override { return huge_; }
+   private:
+    std::vector<int64_t> huge_;
+  };
+  HugeLabel huge;
+  auto h = Train(huge, nullptr, Small());
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("label 1000000000000"), std::string::npos) << h.status().ToString();
+  EXPECT_NE(h.status().message().find("[0, classes)"), std::string::npos) << h.status().ToString();
 }
 
 // The real-data check CI runs: Fashion-MNIST from Debian's package,
