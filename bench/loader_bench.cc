@@ -114,6 +114,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     r.seconds = secs;
     r.stats = stream.stats();
     r.samples = delivered;
+    r.epochs.push_back({epoch, delivered, secs, r.stats});
     r.full_epoch = want_batches == stream.num_batches();
 
     // Verify before anything is printed.

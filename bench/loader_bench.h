@@ -29,7 +29,15 @@ struct LoaderBenchOptions {
   int epochs = 2;
 };
 
+struct LoaderBenchEpoch {
+  uint64_t epoch = 0;
+  uint64_t samples = 0;
+  double seconds = 0;  // Epoch() to its last batch
+  LoaderStats stats;   // this epoch's: chunk reads, reads ahead, hits, bytes decoded
+};
+
 struct LoaderBenchResult {
+  std::vector<LoaderBenchEpoch> epochs;  // every epoch run, in order
   LoaderStats stats;
   uint64_t samples = 0;
   uint64_t sample_bytes = 0;

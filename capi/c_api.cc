@@ -40,6 +40,7 @@
 #include "gpufeed/loader.h"
 #include "gpufeed/open_source.h"
 #include "gpufeed/status.h"
+#include "gpufeed/version.h"
 
 using gpufeed::Batch;
 using gpufeed::DeviceBatch;
@@ -386,7 +387,7 @@ char* CopyString(const std::string& s) {
 
 extern "C" {
 
-const char* gpufeed_version(void) { return GPUFEED_VERSION_STRING; }
+const char* gpufeed_version(void) { return GPUFEED_VERSION; }
 int gpufeed_c_api_version(void) { return GPUFEED_C_API_VERSION; }
 
 gpufeed_code gpufeed_error_code(const gpufeed_error* e) { return e != nullptr ? e->code : GPUFEED_OK; }

@@ -84,6 +84,16 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
                     {"assemble_s", s.assemble_seconds}, {"consumer_wait_s", s.consumer_wait_seconds}}},
         {"mean_queue_depth", s.mean_queue_depth()},
+        {"per_epoch", [&] {
+           nlohmann::json arr = nlohmann::json::array();
+           for (const bench::LoaderBenchEpoch& e : r->epochs) {
+             arr.push_back({{"epoch", e.epoch}, {"samples", e.samples}, {"seconds", e.seconds},
+                            {"samples_per_s", e.seconds > 0 ? e.samples / e.seconds : 0.0},
+                            {"chunk_reads", e.stats.chunk_reads}, {"chunk_reads_ahead", e.stats.chunk_reads_ahead},
+                            {"hit_rate", e.stats.hit_rate()}, {"bytes_decoded", e.stats.bytes_decoded}});
+           }
+           return arr;
+         }()},
         {"max_rss_bytes", r->max_rss_bytes}, {"rss_before_bytes", r->rss_before_bytes},
         {"memory_bound_bytes", r->memory_bound_bytes},
         {"cache", {{"chunk_reads", s.chunk_reads}, {"hits", s.chunk_hits}, {"misses", s.chunk_misses},
@@ -102,6 +112,14 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   } else {
     std::printf("  verified every epoch: %s, every index once (the daemon's file is not readable here: "
                 "labels and bytes not compared)\n", r->full_epoch ? "full epoch" : "partial epoch");
+  }
+  for (const bench::LoaderBenchEpoch& e : r->epochs) {
+    std::printf("  epoch %llu: %.0f samples/s, %llu chunk reads (+%llu ahead for the next), hit rate %.3f, "
+                "%.1f MB decoded\n",
+                static_cast<unsigned long long>(e.epoch), e.seconds > 0 ? e.samples / e.seconds : 0.0,
+                static_cast<unsigned long long>(e.stats.chunk_reads),
+                static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(),
+                e.stats.bytes_decoded / 1e6);
   }
   std::printf("  last of %d epochs: %llu samples in %.3f s: %.0f samples/s, %.2f GB/s (first batch after %.3f s; "
               "the first epoch took %.3f s)\n",
@@ -174,7 +192,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   lcmd->add_option("--threads", la->bench.loader.threads, "TBB threads (default: all cores)");
   lcmd->add_option("--batch-size", la->bench.loader.batch_size, "samples per batch");
   lcmd->add_option("--prefetch", la->bench.loader.prefetch, "batches in flight");
-  lcmd->add_option("--cache-bytes", la->bench.loader.cache_bytes, "decoded-chunk cache budget");
+  AddCacheBytesOption(lcmd, &la->bench.loader.cache_bytes, "decoded-chunk cache budget");
   lcmd->add_option("--shuffle-window", la->bench.loader.shuffle_window, "chunks per shuffle window (block)");
   lcmd->add_option("--seed", la->bench.loader.seed, "order seed");
   lcmd->add_option("--epoch", la->bench.epoch, "first epoch to run");

@@ -15,6 +15,10 @@ void AddDevicesCommand(CLI::App& app, int* exit_code);
 void AddTrainCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
 
+// Adds --cache-bytes: a byte count, or "auto" (gpufeed::AutoCacheBytes(),
+// reported by the command at start).
+CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::string& help);
+
 }  // namespace gpufeed::cli
 
 #endif  // GPUFEED_CLI_COMMANDS_H_

@@ -2,15 +2,50 @@
 // *_cmd.cc; none holds logic the library does not also offer.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "cli/commands.h"
 #include "common/atomic_file.h"
+#include "gpufeed/loader.h"
+#include "gpufeed/version.h"
+
+namespace gpufeed::cli {
+
+CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::string& help) {
+  return cmd
+      ->add_option_function<std::string>(
+          "--cache-bytes",
+          [bytes](const std::string& v) {
+            if (v == "auto") {
+              *bytes = AutoCacheBytes();
+              std::fprintf(stderr, "gpufeed: --cache-bytes auto: %llu bytes (%.1f GiB: half the memory available)\n",
+                           static_cast<unsigned long long>(*bytes), *bytes / double(1ull << 30));
+              return;
+            }
+            size_t used = 0;
+            unsigned long long n = 0;
+            try {
+              n = std::stoull(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != v.size() || v.empty() || v[0] == '-') {
+              throw CLI::ValidationError("--cache-bytes", "a byte count or 'auto', not '" + v + "'");
+            }
+            *bytes = n;
+          },
+          help + " (bytes, or 'auto': half the memory available)")
+      ->type_name("BYTES|auto");
+}
+
+}  // namespace gpufeed::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"gpufeed: keeps GPUs fed from HDF5 datasets"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "gpufeed 0.1.0");
+  app.set_version_flag("--version", "gpufeed " GPUFEED_VERSION);
   int exit_code = 0;
   // Before any subcommand runs (CLI11 runs a subcommand's callback after the
   // whole line is parsed, the app's options included).

@@ -226,7 +226,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--gpu", o.cuda_device, "CUDA device index")->capture_default_str();
   cmd->add_option("--order", a->order, "sequential, random or block")->capture_default_str();
   cmd->add_option("--threads", a->threads, "loader threads (0: all cores)")->capture_default_str();
-  cmd->add_option("--cache-bytes", a->cache_bytes, "loader chunk cache")->capture_default_str();
+  AddCacheBytesOption(cmd, &a->cache_bytes, "loader chunk cache (default 1 GiB)");
   cmd->add_option("--checkpoint", a->checkpoint, "checkpoint file, written after every epoch");
   cmd->add_flag("--resume", o.resume, "continue from --checkpoint");
   cmd->add_option("--stop-after", o.stop_after_epochs, "stop after this many epochs (as if interrupted)");

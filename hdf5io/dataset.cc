@@ -22,6 +22,7 @@
 namespace gpufeed {
 namespace {
 
+constexpr long kFormatVersion = 1;  // the gpufeed_format this build writes and reads (docs/format.md)
 constexpr uint64_t kContiguousReadUnitBytes = 4u << 20;  // virtual chunk for contiguous data
 constexpr uint64_t kHdf5ReadUnitMinBytes = 1u << 20;
 
@@ -637,6 +638,21 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
     d->info.labels_path = labels_path;
   }
 
+  // A file written by a newer gpufeed may lay out things this build would
+  // misread; files without the attribute (h5py's) read as they are.
+  const std::string format = h5::ReadStringAttr(d->file.get(), "gpufeed_format");
+  if (!format.empty()) {
+    char* end = nullptr;
+    const long v = std::strtol(format.c_str(), &end, 10);
+    if (end == format.c_str() || *end != '\0' || v < 1) {
+      return Status::Corrupt(spec.file + ": gpufeed_format attribute '" + format + "' is not a format version");
+    }
+    if (v > kFormatVersion) {
+      return Status::Unsupported(spec.file + ": written in gpufeed format " + format + ", this build reads up to " +
+                                 std::to_string(kFormatVersion) + "; upgrade gpufeed (or rewrite the file with the "
+                                 "gpufeed that wrote it: gpufeed convert FILE -o OLD.h5)");
+    }
+  }
   d->info.layout = h5::ReadStringAttr(d->dset.get(), "layout");
   d->info.class_names = h5::ReadStringArrayAttr(d->dset.get(), "class_names");
   d->info.mean = h5::ReadDoubleArrayAttr(d->dset.get(), "mean");

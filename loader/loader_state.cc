@@ -4,6 +4,8 @@
 
 #include "gpufeed/loader.h"
 
+#include "common/memory.h"
+
 namespace gpufeed {
 
 std::string_view OrderName(Order o) {
@@ -13,6 +15,11 @@ std::string_view OrderName(Order o) {
     case Order::kBlock: return "block";
   }
   return "?";
+}
+
+uint64_t AutoCacheBytes() {
+  const uint64_t avail = AvailableMemoryBytes();
+  return avail == UINT64_MAX ? uint64_t{1} << 30 : avail / 2;
 }
 
 Result<Order> OrderFromName(std::string_view name) {

@@ -50,6 +50,10 @@ enum class Order {
   kBlock,
 };
 std::string_view OrderName(Order o);
+
+// Half the memory this process can still use now (MemAvailable, lowered to
+// the cgroup limit's room): what `--cache-bytes auto` gives the cache.
+uint64_t AutoCacheBytes();
 Result<Order> OrderFromName(std::string_view name);
 
 struct LoaderOptions {
@@ -60,7 +64,10 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int threads = 0;               // TBB threads; 0: all hardware threads
   int prefetch = 8;              // batches in flight ahead of the consumer
-  uint64_t cache_bytes = 1ull << 30;  // decoded-chunk cache budget
+  // Decoded-chunk cache budget. A budget of the whole decoded dataset makes
+  // every epoch after the first read and decode nothing (the cache's future
+  // spans epochs); AutoCacheBytes() is a sensible share of this machine.
+  uint64_t cache_bytes = 1ull << 30;
   uint64_t shuffle_window = 16;  // chunks per shuffle window (kBlock)
   int rank = 0;                  // this process's shard
   int world_size = 1;            // number of shards
