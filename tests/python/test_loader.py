@@ -407,3 +407,17 @@ def test_cuda_without_a_gpu_says_so(index_file):
     loader = gpufeed.Loader(index_file, **OPTS, device="cuda")
     with pytest.raises(gpufeed.UnsupportedError, match="device='cpu'"):
         next(iter(loader))
+
+
+def test_cli_train_from_a_daemon_equals_training_from_the_file(daemon, gpufeed_cli, index_file, tmp_path):
+    # Same batches from the daemon as from the file, so the same weights, bit
+    # for bit (the trainer's CPU backend is deterministic).
+    hashes = []
+    for data in (daemon, index_file):
+        out = tmp_path / "train.json"
+        p = subprocess.run([gpufeed_cli, "train", "--data", data, "--epochs", "2", "--batch-size", "32",
+                            "--device", "cpu", "--threads", "2", "--json", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        hashes.append(json.loads(out.read_text())["weights_hash"])
+    assert hashes[0] == hashes[1]
