@@ -1,6 +1,7 @@
 // GPU benchmarks: h2d, transform kernel, feed. CUDA runtime calls are used
 // directly here (benchmarks measure the hardware), checked through
 // GPUFEED_CUDA_RETURN.
+#include "common/clock.h"
 #include "bench/gpu_bench.h"
 
 #include <algorithm>
@@ -24,9 +25,6 @@
 namespace gpufeed::bench {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 #ifdef GPUFEED_WITH_CUDA
 Status NeedGpu() {
@@ -242,7 +240,7 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
   BatchSource& loader = (*opened)->source();
   // The loader alone, same options, same run (its last epoch).
   for (int ep = 0; ep < o.epochs; ++ep) {
-    const double t0 = Now();
+    const double t0 = NowSeconds();
     uint64_t n = 0;
     EpochStream stream = loader.Epoch(ep);
     for (;;) {
@@ -251,7 +249,7 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
       if (!*b) break;
       n += (*b)->size();
     }
-    r.loader_samples_per_s = n / (Now() - t0);
+    r.loader_samples_per_s = n / (NowSeconds() - t0);
   }
   // Through the feeder. The first epoch checks what reaches the GPU: with
   // mean 0, std 1, fp32, no augmentation and no layout change a sample's
@@ -275,7 +273,7 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
       f.stddev.assign(f.mean.size(), 1.0);
     }
     GpuFeeder feeder(loader, f, 100 + ep);
-    const double t0 = Now();
+    const double t0 = NowSeconds();
     std::optional<DeviceBatch> last;
     uint64_t k = 0;
     for (;;) {
@@ -301,7 +299,7 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
       last = std::move(**b);  // releases the previous one
     }
     if (last) GPUFEED_RETURN_IF_ERROR(feeder.CopyToHost(*last, nullptr, nullptr));  // wait for the GPU
-    r.seconds = Now() - t0;
+    r.seconds = NowSeconds() - t0;
     r.stats = feeder.stats();
   }
   if (r.verified_samples == 0) return Status::Internal(o.data + ": nothing was verified");

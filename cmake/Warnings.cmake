@@ -1,6 +1,11 @@
 # Warnings and sanitizers, per target (no global flags).
 function(gpufeed_warnings target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  # GUARDED_BY / REQUIRES (common/thread_annotations.h) are checked by clang:
+  # a violation fails the build (scripts/test's sanitizer pass builds with clang).
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety -Werror=thread-safety>)
+  endif()
 endfunction()
 
 if(GPUFEED_SANITIZE STREQUAL "address")

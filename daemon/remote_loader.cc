@@ -21,6 +21,7 @@
 #include "daemon/conn.h"
 #include "daemon/protocol.h"
 #include "daemon/shm.h"
+#include "daemon/token.h"
 #include "loader/batch_pool.h"
 #include "loader/stream_core.h"
 #include "loader/stream_impl.h"
@@ -34,13 +35,7 @@ namespace {
 
 Result<std::string> ReadToken(const RemoteLoaderOptions& o) {
   if (!o.token.empty() || o.token_file.empty()) return o.token;
-  std::ifstream f(o.token_file, std::ios::binary);
-  if (!f) return Status::NotFound("token file '" + o.token_file + "' cannot be read");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string t = ss.str();
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  return t;
+  return daemon::ReadTokenFile(o.token_file);  // the daemon's own checks
 }
 
 // A daemon's ERROR or SHUTDOWN frame as a Status.

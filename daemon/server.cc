@@ -21,6 +21,7 @@
 #include "daemon/conn.h"
 #include "daemon/server_core.h"
 #include "daemon/session.h"
+#include "daemon/token.h"
 
 namespace gpufeed {
 
@@ -230,21 +231,6 @@ struct Server::Impl {
   std::string Metrics() const;
 };
 
-namespace {
-
-Result<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::NotFound("token file '" + path + "' cannot be read");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string t = ss.str();
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  if (t.empty()) return Status::InvalidArgument("token file '" + path + "' is empty");
-  if (t.size() > daemon::kMaxString) return Status::InvalidArgument("token file '" + path + "': token too long");
-  return t;
-}
-
-}  // namespace
 
 Status Server::Impl::Bind() {
   boost::system::error_code ec;
@@ -530,7 +516,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   core.loader_threads = o.loader_threads > 0 ? o.loader_threads
                                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (!o.token_file.empty()) {
-    auto t = ReadTokenFile(o.token_file);
+    auto t = daemon::ReadTokenFile(o.token_file);
     if (!t.ok()) return t.status();
     core.token = *t;
   } else if (addr->kind == daemon::Address::Kind::kTcp) {

@@ -28,7 +28,7 @@ Session::Session(ServerCore& server, Socket socket, uint64_t id, std::string pee
       client_name_("client-" + std::to_string(id)) {}
 
 std::string Session::client_name() const {
-  std::lock_guard<std::mutex> lock(name_mu_);
+  MutexLock lock(&name_mu_);
   return client_name_;
 }
 
@@ -258,7 +258,7 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   if (!hello_.client_name.empty()) {
     std::string n;
     for (char c : hello_.client_name.substr(0, 64)) n += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
-    std::lock_guard<std::mutex> lock(name_mu_);
+    MutexLock lock(&name_mu_);
     client_name_ = n;
   }
   handshake_timer_.cancel();

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/protocol.h"
 #include "daemon/shm.h"
 #include "loader/batch_pool.h"
@@ -107,8 +108,8 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::steady_timer handshake_timer_, idle_timer_, write_timer_, grace_timer_;
   const uint64_t id_;
   const std::string peer_;
-  mutable std::mutex name_mu_;
-  std::string client_name_;  // GUARDED_BY(name_mu_)
+  mutable Mutex name_mu_;
+  std::string client_name_ GUARDED_BY(name_mu_);
   SessionMetrics metrics_;
 
   // Strand only.

@@ -10,15 +10,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/clock.h"
 #include "gpu/device_ops.h"
 #include "gpufeed/gpu_feed.h"
 
 namespace gpufeed {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 constexpr int kInSlots = 2;
 constexpr int kAutoEchoProbeUploads = 4;  // uploads measured before echo = 0 picks a factor
@@ -215,7 +213,7 @@ Status GpuFeeder::Impl::Fill(int k) {
     s.host.clear();       // back to the loader's pool
   }
   s.samples = 0;
-  const double t0 = Now();
+  const double t0 = NowSeconds();
   for (int t = 0; t < o.super_batch; ++t) {
     auto r = stream.Next();
     if (!r.ok()) return r.status();
@@ -237,7 +235,7 @@ Status GpuFeeder::Impl::Fill(int k) {
     s.samples += n;
     s.host.push_back(std::move(b));
   }
-  const double waited = Now() - t0;
+  const double waited = NowSeconds() - t0;
   st.data_wait_seconds += waited;
   if (s.samples == 0) return Status::Ok();
   GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(s.labels, s.labels_staging, s.samples * sizeof(int64_t), copy_stream));
@@ -265,7 +263,7 @@ Status GpuFeeder::Impl::Fill(int k) {
 Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   if (!started) {
     started = true;
-    start_time = Now();
+    start_time = NowSeconds();
     GPUFEED_RETURN_IF_ERROR(Fill(0));
     cur = 0;
   } else if (!in[1 - cur].filled && !loader_done && in[cur].filled) {
@@ -393,7 +391,7 @@ LoaderStats GpuFeeder::loader_stats() const { return impl_->stream.stats(); }
 FeedStats GpuFeeder::stats() const {
   FeedStats s = impl_->st;
   s.echo = impl_->echo;
-  s.wall_seconds = impl_->started ? Now() - impl_->start_time : 0;
+  s.wall_seconds = impl_->started ? NowSeconds() - impl_->start_time : 0;
   return s;
 }
 
@@ -405,13 +403,13 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Next() {
     return d.init_status;
   }
   if (!d.error.ok()) return std::optional<DeviceBatch>();  // the stream ended with that error
-  const double t = Now();
+  const double t = NowSeconds();
   if (d.last_return > 0) {
     d.step_seconds += t - d.last_return;
     ++d.steps;
   }
   auto r = d.Produce(this);
-  d.last_return = Now();
+  d.last_return = NowSeconds();
   if (!r.ok()) d.error = r.status();
   return r;
 }

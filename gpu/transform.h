@@ -146,9 +146,11 @@ GPUFEED_HD uint32_t SourceSample(const TransformParams& p, uint32_t i) {
 }
 
 // The value of output element (c, y, x) of a sample whose bytes start at
-// `sample` and whose augmentation is `a`, before conversion. Shared by both
-// implementations so they cannot drift apart. 32-bit index math: one sample
-// is far below 4 GiB.
+// `sample` and whose augmentation is `a`, before conversion. The CPU twin
+// calls it per element; the kernel computes the same value row by row
+// (TransformKernel in transform.cu, vectorized along x), so the two are kept
+// equal by the GPU-vs-CPU test (tests/gpu/transform_test.cc), not by sharing
+// this function. 32-bit index math: one sample is far below 4 GiB.
 GPUFEED_HD float ElementValue(const TransformParams& p, const uint8_t* sample, SampleAug a, int c, int y, int x) {
   const int xs = a.flip ? (p.width - 1 - x) : x;
   const int sy = y + a.dy, sx = xs + a.dx;

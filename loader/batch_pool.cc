@@ -39,7 +39,7 @@ std::unique_ptr<Batch::Slot> BatchPool::NewSlot(uint32_t id, gpu::HostBuffer ima
 }
 
 void BatchPool::Install(std::vector<std::unique_ptr<Batch::Slot>> slots, bool start_free) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (start_free) {
     for (auto& slot : slots) free_.push_back(slot.get());
   }
@@ -66,46 +66,53 @@ Status BatchPool::AllocateViews(std::span<std::byte> region, uint64_t stride, in
   return Status::Ok();
 }
 
-Batch::Slot* BatchPool::Acquire() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return cancelled_ || !free_.empty(); });
-  if (cancelled_) return nullptr;
+Batch::Slot* BatchPool::PopFree() {
   Batch::Slot* s = free_.back();
   free_.pop_back();
   return s;
+}
+
+Batch::Slot* BatchPool::Acquire() {
+  MutexLock lock(&mu_);
+  while (!cancelled_ && free_.empty()) cv_.Wait(&mu_);
+  return cancelled_ ? nullptr : PopFree();
 }
 
 Batch::Slot* BatchPool::AcquireFor(std::chrono::milliseconds timeout, bool* timed_out) {
-  std::unique_lock<std::mutex> lock(mu_);
-  *timed_out = !cv_.wait_for(lock, timeout, [&] { return cancelled_ || !free_.empty(); });
-  if (*timed_out || cancelled_) return nullptr;
-  Batch::Slot* s = free_.back();
-  free_.pop_back();
-  return s;
+  MutexLock lock(&mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  *timed_out = false;
+  while (!cancelled_ && free_.empty()) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) {
+      *timed_out = true;
+      return nullptr;
+    }
+    cv_.WaitFor(&mu_, left);
+  }
+  return cancelled_ ? nullptr : PopFree();
 }
 
 Batch::Slot* BatchPool::TryAcquire() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (cancelled_ || free_.empty()) return nullptr;
-  Batch::Slot* s = free_.back();
-  free_.pop_back();
-  return s;
+  return PopFree();
 }
 
 void BatchPool::Release(Batch::Slot* s) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (s->with_consumer) {
       s->with_consumer = false;
       --with_consumer_;
     }
     free_.push_back(s);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void BatchPool::MarkDelivered(Batch::Slot* s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!s->with_consumer) {
     s->with_consumer = true;
     ++with_consumer_;
@@ -113,22 +120,22 @@ void BatchPool::MarkDelivered(Batch::Slot* s) {
 }
 
 bool BatchPool::ConsumerHoldsAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return !hold_hint_.empty() && !slots_.empty() && with_consumer_ >= slots_.size();
 }
 
 void BatchPool::SetHoldHint(std::string hint) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   hold_hint_ = std::move(hint);
 }
 
 std::string BatchPool::hold_hint() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return hold_hint_;
 }
 
 size_t BatchPool::TakeAllFree() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const size_t n = free_.size();
   free_.clear();
   return n;
@@ -136,10 +143,10 @@ size_t BatchPool::TakeAllFree() {
 
 void BatchPool::SetCancelled(bool c) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cancelled_ = c;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 Batch::Batch(Batch&& o) noexcept { *this = std::move(o); }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "gpu/host_buffer.h"
 #include "gpufeed/loader.h"
 
@@ -30,7 +31,7 @@ struct Batch::Slot {
   std::vector<uint64_t> indices;  // batch_size
   BatchPool* pool = nullptr;
   uint32_t id = 0;                // position in its pool
-  bool with_consumer = false;     // held by a Batch (GUARDED_BY(pool->mu_))
+  bool with_consumer = false;     // held by a Batch; read and written under its pool's mutex
 };
 
 // Thread-safe. Acquire blocks until a slot is free or the pool is cancelled
@@ -78,15 +79,16 @@ class BatchPool {
 
  private:
   std::unique_ptr<Batch::Slot> NewSlot(uint32_t id, gpu::HostBuffer images, uint64_t batch_size);
-  void Install(std::vector<std::unique_ptr<Batch::Slot>> slots, bool start_free);
+  void Install(std::vector<std::unique_ptr<Batch::Slot>> slots, bool start_free) EXCLUDES(mu_);
+  Batch::Slot* PopFree() REQUIRES(mu_);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   std::vector<std::unique_ptr<Batch::Slot>> slots_;  // owns them all; fixed after Allocate
-  std::vector<Batch::Slot*> free_;                   // GUARDED_BY(mu_)
-  bool cancelled_ = false;                           // GUARDED_BY(mu_)
-  size_t with_consumer_ = 0;                         // GUARDED_BY(mu_)
-  std::string hold_hint_;                            // GUARDED_BY(mu_)
+  std::vector<Batch::Slot*> free_ GUARDED_BY(mu_);
+  bool cancelled_ GUARDED_BY(mu_) = false;
+  size_t with_consumer_ GUARDED_BY(mu_) = 0;
+  std::string hold_hint_ GUARDED_BY(mu_);
 };
 
 // gpufeed-internal access to a Loader: the daemon makes a stream's Loader

@@ -14,7 +14,7 @@ void ChunkBufferPool::Unmap::operator()(std::byte* p) const { ::munmap(p, bytes)
 
 ChunkBufferPool::Buffer ChunkBufferPool::Get() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!free_.empty()) {
       Buffer b = std::move(free_.back());
       free_.pop_back();
@@ -27,7 +27,7 @@ ChunkBufferPool::Buffer ChunkBufferPool::Get() {
 }
 
 void ChunkBufferPool::Put(Buffer b) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (free_.size() < max_free_) free_.push_back(std::move(b));
 }
 
@@ -52,7 +52,7 @@ uint64_t ChunkCache::NextUse(uint32_t c) const {
 }
 
 void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch, const EpochPlan* next) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   plan_ = plan;
   next_plan_ = next;
   uses_done_.assign(source_.num_chunks(), 0);
@@ -115,7 +115,7 @@ bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
 }
 
 std::shared_ptr<ChunkEntry> SharedChunks::Find(uint32_t chunk) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(chunk);
   if (it == entries_.end()) return nullptr;
   auto e = it->second.lock();
@@ -124,7 +124,7 @@ std::shared_ptr<ChunkEntry> SharedChunks::Find(uint32_t chunk) {
 }
 
 void SharedChunks::Publish(const std::shared_ptr<ChunkEntry>& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::weak_ptr<ChunkEntry>& slot = entries_[e->chunk];
   if (slot.expired()) slot = e;
 }
@@ -145,7 +145,7 @@ void ChunkCache::Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& ta
   e->pending_of = pending_decodes_;
   *pending_decodes_ += 1;
   {
-    std::lock_guard<std::mutex> lock(pending_mu_);
+    MutexLock lock(&pending_mu_);
     pending_.push_back(e);
   }
   // Each task decodes the oldest queued chunk, which is not necessarily `e`:
@@ -157,7 +157,7 @@ bool ChunkCache::HelpOne() {
   while (true) {
     std::shared_ptr<ChunkEntry> e;
     {
-      std::lock_guard<std::mutex> lock(pending_mu_);
+      MutexLock lock(&pending_mu_);
       if (pending_.empty()) return false;
       e = pending_.front().lock();
       pending_.pop_front();
@@ -214,7 +214,7 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
 }
 
 std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_t max_pending, tbb::task_group& tasks) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const EpochPlan& plan = *plan_;
   const std::vector<uint32_t>& chunks = plan.batch_chunks[b];
   std::vector<std::shared_ptr<ChunkEntry>> handles(chunks.size());
@@ -280,7 +280,7 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
 }
 
 std::vector<uint32_t> ChunkCache::ResidentChunks() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<uint32_t> out;
   for (const auto& [c, e] : resident_) out.push_back(c);
   std::sort(out.begin(), out.end());

@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "gpufeed/chunk_source.h"
 #include "loader/sampler.h"
 
@@ -57,8 +58,8 @@ class ChunkBufferPool {
 
  private:
   const size_t bytes_, max_free_;
-  std::mutex mu_;
-  std::vector<Buffer> free_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<Buffer> free_ GUARDED_BY(mu_);
 };
 
 // One decoded chunk, or one being decoded.
@@ -96,8 +97,8 @@ class SharedChunks {
   void Publish(const std::shared_ptr<ChunkEntry>& e);  // keeps a live entry already there
 
  private:
-  std::mutex mu_;
-  std::unordered_map<uint32_t, std::weak_ptr<ChunkEntry>> entries_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<uint32_t, std::weak_ptr<ChunkEntry>> entries_ GUARDED_BY(mu_);
 };
 
 struct CacheCounters {
@@ -158,13 +159,13 @@ class ChunkCache {
   static constexpr uint64_t kNever = UINT64_MAX;
   // The batch of c's next use, counting the next epoch's batches after this
   // epoch's (plan_->num_batches + b); kNever if neither uses it again.
-  uint64_t NextUse(uint32_t c) const;       // REQUIRES(mu_)
+  uint64_t NextUse(uint32_t c) const REQUIRES(mu_);
   uint64_t ChunkBytes(uint32_t c) const;
   // Makes room for `bytes` by evicting unheld chunks used later than
   // `next_use` (furthest first); false if it cannot.
-  bool Admit(uint64_t bytes, uint64_t next_use);  // REQUIRES(mu_)
-  void Insert(const std::shared_ptr<ChunkEntry>& e);  // REQUIRES(mu_)
-  void Erase(uint32_t c);                            // REQUIRES(mu_)
+  bool Admit(uint64_t bytes, uint64_t next_use) REQUIRES(mu_);
+  void Insert(const std::shared_ptr<ChunkEntry>& e) REQUIRES(mu_);
+  void Erase(uint32_t c) REQUIRES(mu_);
   void Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks);
   // Runs the decode if `e` is still queued; true if this call ran it.
   bool TryDecode(ChunkEntry& e);
@@ -174,24 +175,24 @@ class ChunkCache {
   std::shared_ptr<ChunkBufferPool> buffers_;
   CacheCounters counters_;
 
-  mutable std::mutex mu_;
-  const EpochPlan* plan_ = nullptr;                                      // GUARDED_BY(mu_)
-  const EpochPlan* next_plan_ = nullptr;                                 // GUARDED_BY(mu_)
-  std::vector<uint32_t> uses_done_;                                      // GUARDED_BY(mu_)
-  std::unordered_map<uint32_t, std::shared_ptr<ChunkEntry>> resident_;   // GUARDED_BY(mu_)
-  std::set<std::pair<uint64_t, uint32_t>> by_next_use_;                  // GUARDED_BY(mu_)
-  std::unordered_map<uint32_t, uint64_t> key_;                           // GUARDED_BY(mu_): chunk -> its key
-  uint64_t resident_bytes_ = 0;                                          // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  const EpochPlan* plan_ GUARDED_BY(mu_) = nullptr;
+  const EpochPlan* next_plan_ GUARDED_BY(mu_) = nullptr;
+  std::vector<uint32_t> uses_done_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, std::shared_ptr<ChunkEntry>> resident_ GUARDED_BY(mu_);
+  std::set<std::pair<uint64_t, uint32_t>> by_next_use_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, uint64_t> key_ GUARDED_BY(mu_);  // chunk -> its key in by_next_use_
+  uint64_t resident_bytes_ GUARDED_BY(mu_) = 0;
 
   // A miss: another cache's entry for `c` if there is one (a shared hit),
-  // else a new entry, published. REQUIRES(mu_)
-  std::shared_ptr<ChunkEntry> NewOrShared(uint32_t c, bool* shared);
+  // else a new entry (the caller publishes it).
+  std::shared_ptr<ChunkEntry> NewOrShared(uint32_t c, bool* shared) REQUIRES(mu_);
 
   std::shared_ptr<SharedChunks> shared_;
   // Spawned and not yet decoded (shared with the entries, see ChunkEntry).
   std::shared_ptr<std::atomic<uint64_t>> pending_decodes_ = std::make_shared<std::atomic<uint64_t>>(0);
-  std::mutex pending_mu_;
-  std::deque<std::weak_ptr<ChunkEntry>> pending_;  // GUARDED_BY(pending_mu_): spawned, in schedule order
+  Mutex pending_mu_;
+  std::deque<std::weak_ptr<ChunkEntry>> pending_ GUARDED_BY(pending_mu_);  // spawned, in schedule order
 };
 
 }  // namespace gpufeed::loader

@@ -10,12 +10,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <optional>
 
+#include "common/mutex.h"
 #include "gpufeed/loader.h"
 #include "loader/batch_pool.h"
 
@@ -61,12 +60,12 @@ class StreamCore {
 
  private:
   BatchPool* pool_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> ready_;  // GUARDED_BY(mu_)
-  bool done_ = false;       // GUARDED_BY(mu_)
-  Status error_;            // GUARDED_BY(mu_)
-  bool error_returned_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Item> ready_ GUARDED_BY(mu_);
+  bool done_ GUARDED_BY(mu_) = false;
+  Status error_ GUARDED_BY(mu_);
+  bool error_returned_ GUARDED_BY(mu_) = false;
   std::atomic<bool> failed_{false};
   // Consumer-only.
   double wait_seconds_ = 0;

@@ -1,5 +1,6 @@
 // NVML through dlopen: the few entry points we need, declared here with the
 // ABI from NVIDIA's documentation (nvmlReturn_t is an int, 0 = success).
+#include "common/clock.h"
 #include "trainer/nvml.h"
 
 #include <dlfcn.h>
@@ -15,9 +16,6 @@ struct NvmlUtilization {
 struct NvmlMemory {
   unsigned long long total, free, used;
 };
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 }  // namespace
 
 struct NvmlSampler::Api {
@@ -85,7 +83,7 @@ void NvmlSampler::Run() {
       NvmlUtilization u{};
       NvmlMemory m{};
       const bool good = api_->utilization(device_, &u) == 0 && api_->memory(device_, &m) == 0;
-      const double t = Now();
+      const double t = NowSeconds();
       l.lock();
       if (good) samples_.push_back({t, double(u.gpu), double(m.used) / 1048576.0});
       cv_.wait_for(l, std::chrono::duration<double>(period_s_), [this] { return stop_; });

@@ -5,6 +5,7 @@
 // The loop never waits on the device in steady state: losses, accuracy and
 // the loss scaler stay on the device and are read once per epoch; the
 // GpuFeeder's slot events bound how far the host runs ahead.
+#include "common/clock.h"
 #include "gpufeed/trainer.h"
 
 #include <xxhash.h>
@@ -45,9 +46,6 @@ using trainer::Model;
 using trainer::Ops;
 using trainer::ScalerState;
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 Status Validate(const TrainOptions& o) {
   if (o.epochs < 1) return Status::InvalidArgument("train: --epochs must be >= 1");
@@ -379,7 +377,7 @@ Status Run::ZeroCounters() {
 Status Run::ReadCounters(Counters* c) { return ops_->Download(c, counters_.p, sizeof *c); }
 
 Status Run::TrainEpoch(int epoch, EpochReport* r) {
-  const double t0 = Now();
+  const double t0 = NowSeconds();
   GPUFEED_RETURN_IF_ERROR(ZeroCounters());
   const ScalerState before = scaler_host_;
   uint64_t samples = 0, micro_batches = 0;
@@ -392,11 +390,11 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
     TrainProgress p;
     p.epoch = epoch, p.epochs = o_.epochs;
     p.step_in_epoch = s, p.steps_in_epoch = steps_per_epoch_;
-    const double dt = Now() - t0;
+    const double dt = NowSeconds() - t0;
     p.samples_per_s = dt > 0 ? samples / dt : 0;
     if (nvml_ && nvml_->ok()) {
       double mem;
-      nvml_->Mean(std::max(t0, Now() - 2.0), Now(), &p.gpu_util, &mem);
+      nvml_->Mean(std::max(t0, NowSeconds() - 2.0), NowSeconds(), &p.gpu_util, &mem);
     }
     o_.on_progress(p);
   };
@@ -462,7 +460,7 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
   Counters c;
   GPUFEED_RETURN_IF_ERROR(ReadCounters(&c));  // waits for the epoch's work
   GPUFEED_RETURN_IF_ERROR(ops_->Download(&scaler_host_, scaler_.p, sizeof scaler_host_));
-  const double t1 = Now();
+  const double t1 = NowSeconds();
   progress(true);
   r->epoch = epoch;
   r->samples = samples;
@@ -482,7 +480,7 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
 Status Run::Evaluate(EpochReport* r) {
   r->test_loss = r->test_accuracy = -1;
   if (!test_loader_) return Status::Ok();
-  const double t0 = Now();
+  const double t0 = NowSeconds();
   GPUFEED_RETURN_IF_ERROR(ZeroCounters());
   FeedOptions fo = feed_;
   fo.echo = 1, fo.crop_padding = 0, fo.flip = false;
@@ -506,7 +504,7 @@ Status Run::Evaluate(EpochReport* r) {
   GPUFEED_RETURN_IF_ERROR(ReadCounters(&h));
   r->test_loss = samples ? h.loss / samples : 0;
   r->test_accuracy = samples ? double(h.correct) / samples : 0;
-  r->eval_seconds = Now() - t0;
+  r->eval_seconds = NowSeconds() - t0;
   return Status::Ok();
 }
 
@@ -562,7 +560,7 @@ void Run::Verdict() {
 }
 
 Result<TrainReport> Run::Go() {
-  run_start_ = Now();
+  run_start_ = NowSeconds();
   GPUFEED_RETURN_IF_ERROR(Setup());
   MemoryBreakdown& m = report_.memory;
   m.weights = model_->weight_bytes();
@@ -615,7 +613,7 @@ Result<TrainReport> Run::Go() {
   }
   report_.weights_hash = XXH64_digest(h);
   XXH64_freeState(h);
-  report_.wall_seconds = Now() - run_start_;
+  report_.wall_seconds = NowSeconds() - run_start_;
   Verdict();
   return report_;
 }

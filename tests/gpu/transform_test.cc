@@ -216,5 +216,50 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
   EXPECT_EQ(cases, 96);
 }
 
+// Batches over kMaxSharedSamples (2048) take the kernel's other path (the
+// per-sample constants computed per row instead of in shared memory).
+TEST(TransformGpuTest, LargeBatchesTakeThePerRowPathAndStillMatch) {
+  auto ops = MakeCudaOps(0);
+  if (!ops.ok()) GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  DeviceOps& d = **ops;
+  const int B = 2100, C = 3, H = 6, W = 5;
+  const size_t n = size_t(B) * C * H * W;
+  const auto src = RandomBytes(n, 11);
+  std::vector<int64_t> labels(B);
+  for (int i = 0; i < B; ++i) labels[i] = i;
+  void *dsrc, *dlab, *ddst, *ddl, *stream;
+  ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
+  ASSERT_TRUE(d.Alloc(labels.size() * 8, &dlab).ok());
+  ASSERT_TRUE(d.Alloc(n * 4, &ddst).ok());
+  ASSERT_TRUE(d.Alloc(B * 8, &ddl).ok());
+  ASSERT_TRUE(d.NewStream(&stream).ok());
+  ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
+  ASSERT_TRUE(d.CopyToDevice(dlab, labels.data(), labels.size() * 8, stream).ok());
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    TransformParams p = Params(B, C, H, W);
+    p.out_dtype = dt;
+    p.crop_padding = 2;
+    p.flip = true;
+    p.seed = 5;
+    const size_t bytes = n * DTypeSize(dt);
+    std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
+    std::vector<int64_t> want_l(B), got_l(B, -7);
+    ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), want.data(), want_l.data()).ok());
+    ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc), static_cast<const int64_t*>(dlab), ddst, ddl,
+                            stream)
+                    .ok());
+    ASSERT_TRUE(d.StreamSync(stream).ok());
+    ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
+    ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl, B * 8, nullptr).ok());
+    EXPECT_EQ(got, want) << DTypeName(dt);
+    EXPECT_EQ(got_l, want_l);
+  }
+  d.Free(dsrc);
+  d.Free(dlab);
+  d.Free(ddst);
+  d.Free(ddl);
+  d.FreeStream(stream);
+}
+
 }  // namespace
 }  // namespace gpufeed::gpu
