@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "gpu/device_ops.h"
 #include "gpufeed/dtype.h"
 #include "gpufeed/gpu_feed.h"
@@ -140,42 +141,47 @@ struct Core {
   std::shared_ptr<FeedState> feed_state;
   std::unique_ptr<gpufeed::gpu::DeviceOps> device_ops;  // stream waits for device batches
 
-  // The fetch thread's mailbox.
-  std::mutex mu;
-  std::condition_variable work_cv, done_cv;
-  bool request = false;    // GUARDED_BY(mu): a fetch is asked for or running
-  bool has_result = false; // GUARDED_BY(mu)
-  bool quit = false;       // GUARDED_BY(mu)
-  bool interrupted = false;  // GUARDED_BY(mu)
-  Fetched result;          // GUARDED_BY(mu) when has_result
+  // The fetch thread's mailbox (the analysis checks the annotations under
+  // clang: common/mutex.h).
+  gpufeed::Mutex mu;
+  gpufeed::CondVar work_cv, done_cv;
+  bool request GUARDED_BY(mu) = false;  // a fetch is asked for or running
+  bool has_result GUARDED_BY(mu) = false;
+  bool quit GUARDED_BY(mu) = false;
+  bool interrupted GUARDED_BY(mu) = false;
+  Fetched result GUARDED_BY(mu);  // meaningful when has_result
   std::thread fetcher;
 
   ~Core() {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      gpufeed::MutexLock lock(&mu);
       quit = true;
     }
-    work_cv.notify_all();
+    work_cv.SignalAll();
     if (fetcher.joinable()) fetcher.join();
-    result = Fetched();
+    {
+      gpufeed::MutexLock lock(&mu);
+      result = Fetched();
+    }
     feed_state.reset();
     stream.reset();
     opened.reset();
   }
 
   void FetchLoop() {
-    std::unique_lock<std::mutex> lock(mu);
+    mu.Lock();
     for (;;) {
-      work_cv.wait(lock, [&] { return quit || (request && !has_result); });
-      if (quit) return;
-      lock.unlock();
+      while (!quit && !(request && !has_result)) work_cv.Wait(&mu);
+      if (quit) break;
+      mu.Unlock();
       Fetched f = FetchOne();
-      lock.lock();
+      mu.Lock();
       result = std::move(f);
       has_result = true;
       request = false;
-      done_cv.notify_all();
+      done_cv.SignalAll();
     }
+    mu.Unlock();
   }
 
   // Runs on the fetch thread; `stream` / `feed_state` do not change while a
@@ -212,8 +218,8 @@ struct Core {
   void Drain() {
     Fetched dropped;
     {
-      std::unique_lock<std::mutex> lock(mu);
-      done_cv.wait(lock, [&] { return !request; });
+      gpufeed::MutexLock lock(&mu);
+      while (request) done_cv.Wait(&mu);
       if (has_result) dropped = std::move(result);
       has_result = false;
       result = Fetched();
@@ -559,7 +565,7 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
     }
     Fetched f;
     {
-      std::unique_lock<std::mutex> lock(c.mu);
+      gpufeed::MutexLock lock(&c.mu);
       if (!c.feed && !c.has_result && !c.request && c.held_host.load() >= c.pool_slots) {
         // No batch can be assembled until the consumer gives one back: say
         // so rather than wait forever.
@@ -570,13 +576,17 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
       }
       if (!c.has_result && !c.request) {
         c.request = true;
-        c.work_cv.notify_one();
+        c.work_cv.Signal();
       }
-      auto ready = [&] { return c.has_result || c.interrupted; };
-      if (timeout_ms < 0) {
-        c.done_cv.wait(lock, ready);
-      } else if (!c.done_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
-        return GPUFEED_TIMEOUT;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
+      while (!c.has_result && !c.interrupted) {
+        if (timeout_ms < 0) {
+          c.done_cv.Wait(&c.mu);
+          continue;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) return GPUFEED_TIMEOUT;
+        c.done_cv.WaitFor(&c.mu, deadline - now);
       }
       if (c.interrupted) {
         c.interrupted = false;
@@ -600,10 +610,10 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
 void gpufeed_loader_interrupt(gpufeed_loader* l) {
   if (l == nullptr) return;
   {
-    std::lock_guard<std::mutex> lock(l->core->mu);
+    gpufeed::MutexLock lock(&l->core->mu);
     l->core->interrupted = true;
   }
-  l->core->done_cv.notify_all();
+  l->core->done_cv.SignalAll();
 }
 
 void gpufeed_loader_position(const gpufeed_loader* l, uint64_t* epoch, uint64_t* next_batch) {
@@ -644,8 +654,8 @@ gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_e
   return Guard(error, [&]() -> gpufeed_code {
     Core& c = *l->core;
     {
-      std::unique_lock<std::mutex> lock(c.mu);
-      c.done_cv.wait(lock, [&] { return !c.request; });
+      gpufeed::MutexLock lock(&c.mu);
+      while (c.request) c.done_cv.Wait(&c.mu);
     }
     gpufeed::LoaderStats s;
     std::string j = "{";
