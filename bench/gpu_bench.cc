@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "bench/loader_bench.h"
 #include "gpu/host_buffer.h"
 #include "gpu/transform.h"
 #include "gpufeed/dataset.h"
@@ -201,8 +203,20 @@ Result<std::vector<KernelResult>> RunKernelBench(int) {
 #endif
 
 Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
-  auto ds = Dataset::Open(o.data);
-  if (!ds.ok()) return ds.status();
+  SourceOptions so;
+  so.data = o.data;
+  so.dataset = o.dataset;
+  so.loader = o.loader;
+  so.remote.token_file = o.token_file;
+  so.remote.client_name = "bench-feed";
+  auto opened = OpenBatchSource(so);
+  if (!opened.ok()) return opened.status();
+  std::optional<Dataset> remote_file;
+  const Dataset* ds = VerificationFile(**opened, o.dataset, &remote_file);
+  if (ds == nullptr) {
+    return Status::Unsupported(o.data + ": bench feed verifies against the file, and the daemon's file (" +
+                               (*opened)->source().info().name + ") cannot be opened here");
+  }
   // What reaches the GPU is verified by the index each `bench gen` sample
   // carries in its first 8 bytes: any other file is named as such up front.
   {
@@ -216,14 +230,14 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
       }
       if (idx != k) {
         return Status::InvalidArgument(
-            o.data + ": not a `gpufeed bench gen` file (sample " + std::to_string(k) +
+            ds->name() + ": not a `gpufeed bench gen` file (sample " + std::to_string(k) +
             " does not carry its index in its first 8 bytes, which bench feed needs to verify what reaches the GPU); "
             "make one with `gpufeed bench gen --workload celeba-raw --samples 2000 -o FILE.h5`");
       }
     }
   }
   FeedBenchResult r;
-  Loader loader(*ds, o.loader);
+  BatchSource& loader = (*opened)->source();
   // The loader alone, same options, same run (its last epoch).
   for (int ep = 0; ep < o.epochs; ++ep) {
     const double t0 = NowSeconds();

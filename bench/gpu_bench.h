@@ -35,7 +35,10 @@ struct KernelResult {
 Result<std::vector<KernelResult>> RunKernelBench(int batch);
 
 struct FeedBenchOptions {
+  // A `bench gen` file, or a daemon address serving one (dataset, token_file
+  // as for the loader bench; the file must be readable here to verify).
   std::string data;
+  std::string dataset, token_file;
   LoaderOptions loader;
   FeedOptions feed;
   int epochs = 2;  // the last is reported

@@ -23,14 +23,42 @@ uint64_t CurrentRss() {
   return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
+const Dataset* VerificationFile(const OpenedSource& source, const std::string& dataset, std::optional<Dataset>* holder) {
+  if (source.dataset() != nullptr) return source.dataset();
+  const std::string& name = source.source().info().name;
+  const size_t space = name.find(' ');
+  auto f = Dataset::Open(space == std::string::npos ? dataset : name.substr(space + 1));
+  if (!f.ok()) return nullptr;
+  holder->emplace(std::move(*f));
+  return &**holder;
+}
+
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
-  auto ds = Dataset::Open(o.data);
-  if (!ds.ok()) return ds.status();
-  const uint64_t sb = ds->sample_bytes();
-  const uint64_t rss_before = CurrentRss();  // the process before the loader exists
-  Loader loader(*ds, o.loader);
+  SourceOptions so;
+  so.data = o.data;
+  so.dataset = o.dataset;
+  so.loader = o.loader;
+  so.remote.token_file = o.token_file;
+  so.remote.client_name = "bench-loader";
+  auto opened = OpenBatchSource(so);
+  if (!opened.ok()) return opened.status();
+  const uint64_t rss_before = CurrentRss();  // the loader exists, its pool and cache do not yet
+  BatchSource& loader = (*opened)->source();
+  const BatchSourceInfo& info = loader.info();
+  // Bytes and labels are checked against the file: the one read, or for a
+  // daemon the file its stream names ("unix:/s file.h5:/images") when this
+  // host can open it (a daemon on another host: indices are checked only).
+  std::optional<Dataset> remote_file;
+  const Dataset* ds = VerificationFile(**opened, o.dataset, &remote_file);
+  if (ds != nullptr && (ds->num_samples() != info.num_samples || ds->sample_bytes() != info.sample_bytes)) {
+    return Status::InvalidArgument(o.data + ": the daemon's dataset is not " + ds->name() + " as this host sees it");
+  }
+  const uint64_t sb = info.sample_bytes;
+  const uint64_t n = info.num_samples;
+  const bool labels = ds != nullptr && ds->has_labels();
   LoaderBenchResult r;
   r.sample_bytes = sb;
+  r.bytes_verified = ds != nullptr;
   r.warnings = loader.info().warnings;
   r.batch_size = loader.info().batch_size;
 
@@ -43,10 +71,10 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     auto e = first.Next();
     if (!e.ok()) return e.status();
   }
-  std::vector<uint64_t> seen_count(ds->num_samples());
+  std::vector<uint64_t> seen_count(n);
   uint64_t want_hash = 0;
-  for (uint64_t idx = 0; idx < ds->num_samples(); ++idx) {
-    want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(ds->has_labels() ? ds->labels()[idx] : 0));
+  for (uint64_t idx = 0; idx < n; ++idx) {
+    want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? ds->labels()[idx] : 0));
   }
   std::vector<std::byte> buf(sb);
   for (int ep = 0; ep < std::max(1, o.epochs); ++ep) {
@@ -65,10 +93,13 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
       if (nb == 0) r.first_batch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (uint64_t i = 0; i < batch.size(); ++i) {
         const uint64_t idx = batch.indices()[i];
+        if (idx >= n) return Status::Corrupt(o.data + ": sample index " + std::to_string(idx) + " out of range");
         ++seen_count[idx];
-        if (ds->has_labels() && batch.labels()[i] != ds->labels()[idx]) ++label_mismatch;
-        sum_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(ds->has_labels() ? batch.labels()[i] : 0));
-        if (++delivered % kSpotEvery == 0) spots.emplace_back(idx, XXH3_64bits(batch.images().data() + i * sb, sb));
+        if (labels && batch.labels()[i] != ds->labels()[idx]) ++label_mismatch;
+        sum_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? batch.labels()[i] : 0));
+        if (++delivered % kSpotEvery == 0 && ds != nullptr) {
+          spots.emplace_back(idx, XXH3_64bits(batch.images().data() + i * sb, sb));
+        }
       }
     }
     if (want_batches == stream.num_batches()) {
@@ -118,7 +149,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   r.rss_before_bytes = rss_before;
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
-                         (2 * threads + 4) * ds->chunk_bytes_max();
+                         (2 * threads + 4) * (ds != nullptr ? ds->chunk_bytes_max() : 0);
   return r;
 }
 

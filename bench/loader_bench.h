@@ -6,15 +6,21 @@
 #ifndef GPUFEED_BENCH_LOADER_BENCH_H_
 #define GPUFEED_BENCH_LOADER_BENCH_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "gpufeed/dataset.h"
 #include "gpufeed/loader.h"
+#include "gpufeed/open_source.h"
 
 namespace gpufeed::bench {
 
 struct LoaderBenchOptions {
+  // A dataset spec, or a daemon address ("unix:PATH", "tcp://HOST:PORT")
+  // with the dataset to read there (empty: the daemon's first) and its token.
   std::string data;
+  std::string dataset, token_file;
   LoaderOptions loader;
   uint64_t batches = 0;  // 0: the whole epoch
   uint64_t epoch = 0;    // the first epoch run
@@ -40,6 +46,7 @@ struct LoaderBenchResult {
   double first_epoch_seconds = 0;  // the first epoch, start-up included
   double first_batch_seconds = 0;  // the last epoch: Epoch() to its first batch
   uint64_t spot_checked = 0;  // samples whose bytes were compared with a direct read
+  bool bytes_verified = false;  // false: a daemon whose file this host cannot read (indices checked only)
   bool full_epoch = false;
   std::vector<std::string> warnings;  // options the loader adjusted (Loader::info().warnings)
   uint64_t max_rss_bytes = 0;      // peak resident memory of the process
@@ -50,6 +57,11 @@ struct LoaderBenchResult {
 };
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& options);
+
+// The file to verify a source's batches against: the dataset it reads, or
+// for a daemon the file its stream names (info().name is "ADDRESS SPEC"),
+// opened into *holder when this host can read it; nullptr otherwise.
+const Dataset* VerificationFile(const OpenedSource& source, const std::string& dataset, std::optional<Dataset>* holder);
 
 // This process's resident memory in bytes (/proc/self/statm; 0 if unreadable).
 uint64_t CurrentRss();

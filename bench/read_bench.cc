@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpufeed/dataset.h"
+#include "gpufeed/open_source.h"
 
 namespace gpufeed::bench {
 namespace {
@@ -52,6 +53,10 @@ Status ReadAll(const Dataset& ds, int threads, std::vector<uint64_t>* hashes) {
 }  // namespace
 
 Result<ReadBenchResult> RunReadBench(const ReadBenchOptions& options) {
+  if (IsDaemonAddress(options.data)) {
+    return Status::Unsupported(options.data + ": bench read decodes a file's chunks, and a daemon serves batches, not "
+                               "chunks: measure it with bench loader --data " + options.data);
+  }
   auto direct = Dataset::Open(options.data);
   if (!direct.ok()) return direct.status();
   OpenOptions hdf5_opts;

@@ -80,7 +80,7 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"samples", r->samples}, {"seconds", r->seconds}, {"samples_per_s", r->samples_per_s()},
         {"gb_per_s", r->gb_per_s()}, {"epochs", a.bench.epochs}, {"first_epoch_seconds", r->first_epoch_seconds},
         {"first_batch_seconds", r->first_batch_seconds}, {"full_epoch", r->full_epoch}, {"spot_checked", r->spot_checked},
-        {"verified", true},
+        {"verified", true}, {"bytes_verified", r->bytes_verified}, {"bytes_verified", r->bytes_verified},
         {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
                     {"assemble_s", s.assemble_seconds}, {"consumer_wait_s", s.consumer_wait_seconds}}},
         {"mean_queue_depth", s.mean_queue_depth()},
@@ -106,8 +106,13 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   std::printf("loader %s: order %s, %d threads, batch %llu, prefetch %d, cache %.0f MiB, window %llu\n",
               a.bench.data.c_str(), a.order.c_str(), lo.threads, static_cast<unsigned long long>(lo.batch_size),
               lo.prefetch, lo.cache_bytes / 1048576.0, static_cast<unsigned long long>(lo.shuffle_window));
-  std::printf("  verified every epoch: %s, every index once, labels equal, %llu samples' bytes compared\n",
-              r->full_epoch ? "full epoch" : "partial epoch", static_cast<unsigned long long>(r->spot_checked));
+  if (r->bytes_verified) {
+    std::printf("  verified every epoch: %s, every index once, labels equal, %llu samples' bytes compared\n",
+                r->full_epoch ? "full epoch" : "partial epoch", static_cast<unsigned long long>(r->spot_checked));
+  } else {
+    std::printf("  verified every epoch: %s, every index once (the daemon's file is not readable here: "
+                "labels and bytes not compared)\n", r->full_epoch ? "full epoch" : "partial epoch");
+  }
   for (const bench::LoaderBenchEpoch& e : r->epochs) {
     std::printf("  epoch %llu: %.0f samples/s, %llu chunk reads (+%llu ahead for the next), hit rate %.3f, "
                 "%.1f MB decoded\n",
@@ -179,7 +184,9 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   la->bench.loader.pin_memory = false;  // no GPU consumer here
   CLI::App* lcmd = bench_cmd->add_subcommand(
       "loader", "Run the loader with a do-nothing consumer; verify every sample, then report throughput");
-  lcmd->add_option("--data", la->bench.data, "FILE.h5 or FILE.h5:/path")->required();
+  lcmd->add_option("--data", la->bench.data, "FILE.h5[:/path], or a daemon: unix:PATH | tcp://HOST:PORT")->required();
+  lcmd->add_option("--dataset", la->bench.dataset, "with a daemon --data: the dataset to read there (default: its first)");
+  lcmd->add_option("--token-file", la->bench.token_file, "with a tcp:// daemon: its shared secret");
   lcmd->add_option("--order", la->order, "sequential, random or block")
       ->check(CLI::IsMember({"sequential", "random", "block"}));
   lcmd->add_option("--threads", la->bench.loader.threads, "TBB threads (default: all cores)");
@@ -281,7 +288,12 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   fa->o.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
   CLI::App* fcmd = bench_cmd->add_subcommand(
       "feed", "Loader -> GPU -> transformed batches, no model, vs the loader alone (needs a `gpufeed bench gen` file)");
-  fcmd->add_option("--data", fa->o.data, "a `gpufeed bench gen` file (samples carry their index)")->required();
+  fcmd->add_option("--data", fa->o.data,
+                   "a `gpufeed bench gen` file (samples carry their index), or a daemon serving one: "
+                   "unix:PATH | tcp://HOST:PORT")
+      ->required();
+  fcmd->add_option("--dataset", fa->o.dataset, "with a daemon --data: the dataset to read there (default: its first)");
+  fcmd->add_option("--token-file", fa->o.token_file, "with a tcp:// daemon: its shared secret");
   fcmd->add_option("--prefetch", fa->o.loader.prefetch, "loader batches in flight (>= 2 x super-batch - 1)")
       ->capture_default_str();
   fcmd->add_option("--order", fa->order, "loader order")->check(CLI::IsMember({"sequential", "random", "block"}));

@@ -9,6 +9,8 @@
 
 #include "cli/commands.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/open_source.h"
+#include "gpufeed/remote_loader.h"
 #include "gpufeed/trainer.h"
 
 namespace gpufeed::cli {
@@ -17,6 +19,7 @@ namespace {
 struct TrainArgs {
   std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
   std::string widths = "256,128", channels = "32,64", checkpoint, json;
+  std::string dataset, token_file;  // with a daemon --data
   TrainOptions o;
   int threads = 0;
   uint64_t cache_bytes = 1ull << 30;
@@ -121,8 +124,39 @@ int RunTrain(TrainArgs& a) {
   o.loader.cache_bytes = a.cache_bytes;
   o.checkpoint_path = a.checkpoint;
 
-  auto train = Dataset::Open(a.data);
-  if (!train.ok()) return fail(train.status());
+  if (IsDaemonAddress(a.test)) {
+    return fail(Status::Unsupported("train: --test " + a.test + ": the test split is read from a file"));
+  }
+  std::string train_spec = a.data;
+  if (IsDaemonAddress(a.data)) {
+    // Batches from the daemon (two streams: epochs overlap); the model's
+    // shape, classes and normalization from the daemon's file, which the
+    // trainer needs readable on this host (the daemon's own host).
+    RemoteLoaderOptions r;
+    r.address = a.data;
+    r.dataset = a.dataset;
+    r.token_file = a.token_file;
+    r.client_name = "train";
+    auto probe = RemoteLoader::Connect(r);
+    if (!probe.ok()) return fail(probe.status());
+    const std::string& name = (*probe)->info().name;  // "ADDRESS SPEC"
+    train_spec = a.dataset.empty() ? name.substr(name.find(' ') + 1) : a.dataset;
+    o.train_source = [r](const LoaderOptions& lo) -> Result<std::unique_ptr<BatchSource>> {
+      RemoteLoaderOptions ro = r;
+      ro.loader = lo;
+      auto remote = RemoteLoader::Connect(ro);
+      if (!remote.ok()) return remote.status();
+      return std::unique_ptr<BatchSource>(std::move(*remote));
+    };
+  }
+  auto train = Dataset::Open(train_spec);
+  if (!train.ok()) {
+    if (o.train_source) {
+      return fail(train.status().WithContext("train: the daemon's dataset must be readable here for its labels and "
+                                             "shape"));
+    }
+    return fail(train.status());
+  }
   std::optional<Dataset> test;
   if (!a.test.empty()) {
     auto t = Dataset::Open(a.test);
@@ -194,7 +228,12 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<TrainArgs>();
   TrainOptions& o = a->o;
   CLI::App* cmd = app.add_subcommand("train", "Train an mlp or cnn classifier fed by gpufeed (cuBLAS/cuDNN or CPU)");
-  cmd->add_option("--data", a->data, "training split (FILE.h5 with /images and /labels)")->required();
+  cmd->add_option("--data", a->data,
+                  "training split (FILE.h5 with /images and /labels), or a daemon serving it: unix:PATH | "
+                  "tcp://HOST:PORT")
+      ->required();
+  cmd->add_option("--dataset", a->dataset, "with a daemon --data: the dataset to read there (default: its first)");
+  cmd->add_option("--token-file", a->token_file, "with a tcp:// daemon: its shared secret");
   cmd->add_option("--test", a->test, "test split, evaluated after every epoch");
   cmd->add_option("--model", a->model, "mlp or cnn")->capture_default_str();
   cmd->add_option("--widths", a->widths, "mlp hidden widths")->capture_default_str();

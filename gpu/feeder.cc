@@ -75,7 +75,10 @@ struct GpuFeeder::Impl {
   double last_return = 0, step_seconds = 0, probe_wait = 0;
   uint64_t steps = 0;
 
-  Impl(BatchSource& l, const FeedOptions& opt, uint64_t e) : loader(l), o(opt), epoch(e), stream(l.Epoch(e)) {}
+  uint64_t start_batch = 0;
+
+  Impl(BatchSource& l, const FeedOptions& opt, uint64_t e, uint64_t start)
+      : loader(l), o(opt), epoch(e), stream(l.Epoch(e, start)), start_batch(start) {}
 
   Status Init();
   Status Fill(int k);
@@ -144,6 +147,19 @@ Status GpuFeeder::Impl::Init() {
         " (--prefetch) or lower super_batch (--super-batch)");
   }
   echo = o.echo == 0 ? 1 : o.echo;
+  if (start_batch > 0) {
+    if (o.echo == 0 || start_batch % static_cast<uint64_t>(o.super_batch) != 0) {
+      return Status::InvalidArgument("feed: resuming at loader batch " + std::to_string(start_batch) +
+                                     " needs a fixed echo (not 0) and a multiple of super_batch (" +
+                                     std::to_string(o.super_batch) + ")");
+    }
+    // Where an uninterrupted feeder would be: every earlier upload was a
+    // full super-batch (only the epoch's last batch can be short), used
+    // `echo` times, so the upload and output counters (which seed the echo
+    // permutations and augmentation) continue from there.
+    uploads = start_batch / static_cast<uint64_t>(o.super_batch);
+    out_index = start_batch * static_cast<uint64_t>(echo);
+  }
   B = src.batch_size;
   sample_bytes = src.sample_bytes;
   out_elem = DTypeSize(o.dtype);
@@ -361,14 +377,16 @@ void GpuFeeder::Impl::Teardown() {
   ops.reset();
 }
 
-GpuFeeder::GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch)
-    : impl_(std::make_unique<Impl>(loader, options, epoch)) {
+GpuFeeder::GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch, uint64_t start_batch)
+    : impl_(std::make_unique<Impl>(loader, options, epoch, start_batch)) {
   impl_->init_status = impl_->Init();
 }
 
 GpuFeeder::~GpuFeeder() { impl_->Teardown(); }
 
 bool GpuFeeder::on_gpu() const { return impl_->st.on_gpu; }
+
+LoaderStats GpuFeeder::loader_stats() const { return impl_->stream.stats(); }
 
 FeedStats GpuFeeder::stats() const {
   FeedStats s = impl_->st;

@@ -150,7 +150,7 @@ class Run {
   // Two loaders over the training split, even and odd epochs, so the next
   // epoch's stream (and its GpuFeeder) starts while this one finishes: no
   // pipeline refill at epoch boundaries. They split the cache budget.
-  std::unique_ptr<Loader> loaders_[2];
+  std::unique_ptr<BatchSource> loaders_[2];  // Loaders over train_, or TrainOptions::train_source's
   std::unique_ptr<Loader> test_loader_;
   std::unique_ptr<GpuFeeder> next_feeder_;
   int next_feeder_epoch_ = -1;
@@ -265,8 +265,22 @@ Status Run::Setup() {
   lo.drop_last = true;  // every micro-batch full: the same step shapes and loss weights
   lo.pin_memory = ops_->on_gpu();
   lo.cache_bytes = std::max<uint64_t>(1, lo.cache_bytes / 2);
-  loaders_[0] = std::make_unique<Loader>(train_, lo);
-  loaders_[1] = std::make_unique<Loader>(train_, lo);
+  if (o_.train_source) {
+    for (auto& l : loaders_) {
+      auto src = o_.train_source(lo);
+      if (!src.ok()) return src.status();
+      l = std::move(*src);
+    }
+    const BatchSourceInfo& info = loaders_[0]->info();
+    if (info.num_samples != train_.num_samples() || info.sample_shape != train_.sample_shape()) {
+      return Status::InvalidArgument(info.name + ": the batch source's samples are not those of " + train_.name() +
+                                     " (" + std::to_string(info.num_samples) + " vs " +
+                                     std::to_string(train_.num_samples()) + " samples, or another shape)");
+    }
+  } else {
+    loaders_[0] = std::make_unique<Loader>(train_, lo);
+    loaders_[1] = std::make_unique<Loader>(train_, lo);
+  }
   if (loaders_[0]->num_batches() == 0)
     return Status::InvalidArgument(train_.name() + ": fewer samples than one batch of " +
                                    std::to_string(o_.batch_size));

@@ -118,7 +118,12 @@ class GpuFeeder {
   // Streams epoch `epoch` of `loader` — a local Loader or a RemoteLoader —
   // which must outlive the feeder and should have prefetch >= 2 x
   // super_batch. Errors surface from Next().
-  GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch = 0);
+  //
+  // start_batch > 0 resumes the epoch at that loader batch with the output
+  // batches (augmentation and echo permutations included) an uninterrupted
+  // feeder would produce from there: it must be a multiple of super_batch
+  // and echo must be fixed (not 0), else Next() fails with InvalidArgument.
+  GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch = 0, uint64_t start_batch = 0);
   ~GpuFeeder();  // waits for the work it queued; releases everything
   GpuFeeder(const GpuFeeder&) = delete;
   GpuFeeder& operator=(const GpuFeeder&) = delete;
@@ -129,6 +134,8 @@ class GpuFeeder {
   // and checksums — not for the training loop.
   Status CopyToHost(const DeviceBatch& b, void* images, void* labels) const;
   FeedStats stats() const;
+  // The statistics of the loader stream the feeder pulls from.
+  LoaderStats loader_stats() const;
   bool on_gpu() const;
 
  private:

@@ -246,6 +246,7 @@ class BatchSource {
   EpochStream Resume(const LoaderState& state) { return Epoch(state.epoch, state.next_batch); }
   virtual LoaderState state() const = 0;
   virtual const BatchSourceInfo& info() const = 0;
+  virtual uint64_t num_batches() const = 0;  // per epoch, for this rank
 };
 
 class Loader : public BatchSource {
@@ -267,7 +268,7 @@ class Loader : public BatchSource {
   // The source's shape, dtype, labels and (for a Dataset) mean/std, and the
   // batch size; fixed at construction.
   const BatchSourceInfo& info() const override;
-  uint64_t num_batches() const;  // per epoch, for this rank
+  uint64_t num_batches() const override;  // per epoch, for this rank
   const LoaderOptions& options() const;
   const ChunkSource& source() const;
   uint64_t batch_bytes() const;

@@ -80,7 +80,7 @@ class RemoteLoader final : public BatchSource {
   EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0) override;
   LoaderState state() const override;
   const BatchSourceInfo& info() const override;  // as the daemon reported it
-  uint64_t num_batches() const;                   // per epoch, for this rank
+  uint64_t num_batches() const override;          // per epoch, for this rank
   const RemoteLoaderOptions& options() const;
 
  private:

@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,14 @@ enum class Optimizer { kSgd, kAdamW };
 enum class TrainDevice { kAuto, kCpu, kCuda };
 
 struct TrainOptions {
+  // Where the training batches come from. Empty: Loaders over `train`. Set
+  // (the CLI sets it for a daemon address): called twice with the trainer's
+  // loader options (epochs overlap on two streams), e.g. to make
+  // RemoteLoaders of a `gpufeed serve` daemon; `train` still describes the
+  // samples (shape, labels, class names, layout, mean/std) and must hold the
+  // same dataset (its shape and sample count are checked against the
+  // source's).
+  std::function<Result<std::unique_ptr<BatchSource>>(const LoaderOptions&)> train_source;
   ModelKind model = ModelKind::kMlp;
   std::vector<int> widths = {256, 128};   // mlp hidden layers
   std::vector<int> channels = {32, 64};   // cnn blocks

@@ -1,0 +1,777 @@
+// The C API (include/gpufeed/c_api.h) over the C++ library: handles, error
+// objects, DLPack export and a fetch thread that makes the blocking Next()
+// of a stream a wait with a timeout that an interrupt can end.
+//
+// Ownership. A gpufeed_loader is a handle on a Core (shared_ptr); every batch
+// and, through its batch, every exported tensor holds the Core too, so the
+// Loader, its pool and the feeder outlive the last buffer anyone can see,
+// whatever order the user releases things in. Each batch also holds the
+// feeder it came from (FeedState), which outlives later epochs' feeders
+// while its batches are held.
+//
+// Threads. The consumer's calls run on its thread; stream.Next() and
+// feeder.Next() run on the Core's fetch thread, one request at a time, and
+// the consumer waits for the result on a condition variable (a timeout or
+// an interrupt leaves the request queued: its result is the next call's).
+// Batch releases come from any thread: host slots go back through the
+// thread-safe BatchPool; device slots through GpuFeeder::ReleaseSlot, which
+// is not thread-safe, so every feeder call holds its FeedState's mutex.
+#include "gpufeed/c_api.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
+#include "gpu/device_ops.h"
+#include "gpufeed/dtype.h"
+#include "gpufeed/gpu_feed.h"
+#include "gpufeed/loader.h"
+#include "gpufeed/open_source.h"
+#include "gpufeed/status.h"
+#include "gpufeed/version.h"
+
+using gpufeed::Batch;
+using gpufeed::DeviceBatch;
+using gpufeed::DType;
+using gpufeed::Status;
+
+struct gpufeed_error {
+  gpufeed_code code;
+  std::string message;
+};
+
+struct gpufeed_options {
+  gpufeed::SourceOptions source;
+  std::string order = "block";
+  bool feed = false;
+  gpufeed::FeedOptions feed_options;
+  std::string dtype = "float32", layout = "NCHW", input_layout = "NCHW";
+};
+
+namespace {
+
+// Sets *error (when asked for) and returns the code.
+gpufeed_code Fail(gpufeed_error** error, gpufeed_code code, std::string message) {
+  if (error != nullptr) *error = new (std::nothrow) gpufeed_error{code, std::move(message)};
+  return code;
+}
+
+gpufeed_code Fail(gpufeed_error** error, const Status& s) {
+  return Fail(error, static_cast<gpufeed_code>(static_cast<int>(s.code())), s.message());
+}
+
+// Every entry point that can fail runs its body through this: no exception
+// (bad_alloc, a TBB or Asio throw we did not expect) crosses the C ABI.
+template <typename F>
+gpufeed_code Guard(gpufeed_error** error, F&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return Fail(error, GPUFEED_INTERNAL, std::string("gpufeed: unexpected exception: ") + e.what());
+  } catch (...) {
+    return Fail(error, GPUFEED_INTERNAL, "gpufeed: unexpected exception");
+  }
+}
+
+DLDataType DlType(DType t) {
+  switch (t) {
+    case DType::kUInt8: return {kDLUInt, 8, 1};
+    case DType::kInt8: return {kDLInt, 8, 1};
+    case DType::kUInt16: return {kDLUInt, 16, 1};
+    case DType::kInt16: return {kDLInt, 16, 1};
+    case DType::kUInt32: return {kDLUInt, 32, 1};
+    case DType::kInt32: return {kDLInt, 32, 1};
+    case DType::kUInt64: return {kDLUInt, 64, 1};
+    case DType::kInt64: return {kDLInt, 64, 1};
+    case DType::kFloat16: return {kDLFloat, 16, 1};
+    case DType::kBFloat16: return {kDLBfloat, 16, 1};
+    case DType::kFloat32: return {kDLFloat, 32, 1};
+    case DType::kFloat64: return {kDLFloat, 64, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+// The feeder of one epoch and the lock every call into it takes.
+struct FeedState {
+  std::mutex mu;
+  std::unique_ptr<gpufeed::GpuFeeder> feeder;  // GUARDED_BY(mu) for Next/Release
+};
+
+// What one fetch produced.
+struct Fetched {
+  Status status;
+  std::optional<Batch> host;
+  std::optional<DeviceBatch> device;
+  std::shared_ptr<FeedState> feed;  // the feeder `device` came from
+};
+
+}  // namespace
+
+// Everything a loader handle, its batches and their tensors share.
+struct Core {
+  std::unique_ptr<gpufeed::OpenedSource> opened;
+  std::string name, dtype_name;
+  std::vector<uint64_t> sample_shape;
+  bool feed = false;
+  gpufeed::FeedOptions feed_options;
+  uint64_t seed = 0;
+  uint64_t pool_slots = 0;  // the loader's pool: prefetch + 1 host batches
+  // Host batches the consumer holds (handles or tensors), of any epoch: all
+  // of them from one pool.
+  std::atomic<uint64_t> held_host{0};
+
+  // The current epoch (consumer thread only, and never while a fetch runs).
+  bool started = false;
+  uint64_t epoch = 0, start_batch = 0, delivered = 0;
+  bool ended = false;
+  std::optional<gpufeed::EpochStream> stream;
+  std::shared_ptr<FeedState> feed_state;
+  std::unique_ptr<gpufeed::gpu::DeviceOps> device_ops;  // stream waits for device batches
+
+  // The fetch thread's mailbox (the analysis checks the annotations under
+  // clang: common/mutex.h).
+  gpufeed::Mutex mu;
+  gpufeed::CondVar work_cv, done_cv;
+  bool request GUARDED_BY(mu) = false;  // a fetch is asked for or running
+  bool has_result GUARDED_BY(mu) = false;
+  bool quit GUARDED_BY(mu) = false;
+  bool interrupted GUARDED_BY(mu) = false;
+  Fetched result GUARDED_BY(mu);  // meaningful when has_result
+  std::thread fetcher;
+
+  ~Core() {
+    {
+      gpufeed::MutexLock lock(&mu);
+      quit = true;
+    }
+    work_cv.SignalAll();
+    if (fetcher.joinable()) fetcher.join();
+    {
+      gpufeed::MutexLock lock(&mu);
+      result = Fetched();
+    }
+    feed_state.reset();
+    stream.reset();
+    opened.reset();
+  }
+
+  void FetchLoop() {
+    mu.Lock();
+    for (;;) {
+      while (!quit && !(request && !has_result)) work_cv.Wait(&mu);
+      if (quit) break;
+      mu.Unlock();
+      Fetched f = FetchOne();
+      mu.Lock();
+      result = std::move(f);
+      has_result = true;
+      request = false;
+      done_cv.SignalAll();
+    }
+    mu.Unlock();
+  }
+
+  // Runs on the fetch thread; `stream` / `feed_state` do not change while a
+  // request is open (StartEpoch waits for it).
+  Fetched FetchOne() {
+    Fetched f;
+    try {
+      if (feed) {
+        std::lock_guard<std::mutex> lock(feed_state->mu);
+        auto r = feed_state->feeder->Next();
+        if (!r.ok()) {
+          f.status = r.status();
+        } else if (r->has_value()) {
+          f.device = std::move(**r);
+          f.feed = feed_state;
+        }
+      } else {
+        auto r = stream->Next();
+        if (!r.ok()) {
+          f.status = r.status();
+        } else if (r->has_value()) {
+          f.host = std::move(**r);
+        }
+      }
+    } catch (const std::exception& e) {
+      f.status = Status::Internal(std::string("gpufeed: unexpected exception in the fetch thread: ") + e.what());
+    } catch (...) {
+      f.status = Status::Internal("gpufeed: unexpected exception in the fetch thread");
+    }
+    return f;
+  }
+
+  // Waits until no fetch runs and drops any result nobody took.
+  void Drain() {
+    Fetched dropped;
+    {
+      gpufeed::MutexLock lock(&mu);
+      while (request) done_cv.Wait(&mu);
+      if (has_result) dropped = std::move(result);
+      has_result = false;
+      result = Fetched();
+    }
+    if (dropped.device) {
+      std::lock_guard<std::mutex> lock(dropped.feed->mu);
+      dropped.device.reset();
+    }
+  }
+
+  uint64_t Position() const {
+    if (!feed) return start_batch + delivered;
+    if (ended) return opened->num_batches();
+    // Loader batches whose outputs were all delivered: whole uploads.
+    const uint64_t per_upload = static_cast<uint64_t>(std::max(1, feed_options.echo)) *
+                                static_cast<uint64_t>(feed_options.super_batch);
+    return start_batch + delivered / per_upload * static_cast<uint64_t>(feed_options.super_batch);
+  }
+};
+
+struct gpufeed_loader {
+  std::shared_ptr<Core> core;
+};
+
+namespace {
+
+struct Array {
+  const char* name;
+  void* data;
+  DLDataType dtype;
+  std::vector<int64_t> shape;
+};
+
+}  // namespace
+
+struct gpufeed_batch {
+  std::atomic<int> refs{1};  // the handle + every live exported tensor
+  std::shared_ptr<Core> core;
+  std::shared_ptr<FeedState> feed;
+  std::optional<Batch> host;
+  std::optional<DeviceBatch> device;
+  std::atomic<void*> release_stream{nullptr};
+  uint64_t epoch = 0, index = 0, size = 0;
+  DLDevice dl_device{kDLCPU, 0};
+  std::vector<Array> arrays;
+
+  void Unref() {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // The slot goes back first, then the references that keep its pool alive.
+    if (device) {
+      std::lock_guard<std::mutex> lock(feed->mu);
+      device->Release(release_stream.load());
+      device.reset();
+    }
+    if (host) {
+      host.reset();
+      core->held_host.fetch_sub(1, std::memory_order_relaxed);
+    }
+    feed.reset();
+    core.reset();
+    delete this;
+  }
+};
+
+namespace {
+
+struct Export {
+  DLManagedTensor tensor;
+  std::vector<int64_t> shape;
+  gpufeed_batch* batch;
+};
+
+void DeleteExport(DLManagedTensor* t) {
+  auto* e = static_cast<Export*>(t->manager_ctx);
+  gpufeed_batch* b = e->batch;
+  delete e;
+  b->Unref();
+}
+
+gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
+  auto* b = new gpufeed_batch();
+  b->core = core;
+  if (f.host) {
+    const Batch& h = *f.host;
+    b->epoch = h.epoch();
+    b->index = h.index();
+    b->size = h.size();
+    std::vector<int64_t> shape{static_cast<int64_t>(h.size())};
+    for (uint64_t d : h.sample_shape()) shape.push_back(static_cast<int64_t>(d));
+    const DType dt = core->opened->source().info().dtype;
+    b->arrays.push_back({"images", const_cast<std::byte*>(h.images().data()), DlType(dt), shape});
+    if (!h.labels().empty()) {
+      b->arrays.push_back({"labels", const_cast<int64_t*>(h.labels().data()), DlType(DType::kInt64),
+                           {static_cast<int64_t>(h.size())}});
+    }
+    // Global sample indices (uint64 in the pool, < 2^63): int64, the type
+    // every DLPack consumer takes.
+    b->arrays.push_back({"indices", const_cast<uint64_t*>(h.indices().data()), DlType(DType::kInt64),
+                         {static_cast<int64_t>(h.size())}});
+    b->host = std::move(f.host);
+    core->held_host.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    DeviceBatch& d = *f.device;
+    const auto& info = core->opened->source().info();
+    const auto& s = info.sample_shape;  // checked rank 3 by the feeder
+    const bool in_nchw = core->feed_options.input_layout == gpufeed::Layout::kNCHW;
+    const int64_t C = static_cast<int64_t>(in_nchw ? s[0] : s[2]);
+    const int64_t H = static_cast<int64_t>(in_nchw ? s[1] : s[0]);
+    const int64_t W = static_cast<int64_t>(in_nchw ? s[2] : s[1]);
+    const int64_t n = d.size();
+    b->epoch = core->epoch;
+    b->index = d.index();
+    b->size = static_cast<uint64_t>(n);
+    std::vector<int64_t> shape = core->feed_options.layout == gpufeed::Layout::kNCHW
+                                     ? std::vector<int64_t>{n, C, H, W}
+                                     : std::vector<int64_t>{n, H, W, C};
+    b->arrays.push_back({"images", const_cast<void*>(d.images()), DlType(core->feed_options.dtype), shape});
+    if (info.has_labels) {
+      b->arrays.push_back({"labels", const_cast<void*>(d.labels()),
+                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), {n}});
+    }
+    if (d.ready_event() != nullptr) b->dl_device = {kDLCUDA, core->feed_options.device};
+    b->feed = std::move(f.feed);
+    b->device = std::move(f.device);
+  }
+  return b;
+}
+
+gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_error** error) {
+  c.Drain();
+  std::shared_ptr<FeedState> old_feed = std::move(c.feed_state);
+  c.epoch = epoch;
+  c.start_batch = start_batch;
+  c.delivered = 0;
+  c.ended = false;
+  c.started = true;
+  if (c.feed) {
+    // Batches still held keep the old feeder (and its loader batches) alive;
+    // otherwise it goes now, before the new one takes the loader's pool.
+    old_feed.reset();
+    c.stream.reset();
+    auto st = std::make_shared<FeedState>();
+    st->feeder = std::make_unique<gpufeed::GpuFeeder>(c.opened->source(), c.feed_options, epoch, start_batch);
+    if (st->feeder->on_gpu() && !c.device_ops) {
+      auto ops = gpufeed::gpu::MakeCudaOps(c.feed_options.device);
+      if (!ops.ok()) return Fail(error, ops.status());
+      c.device_ops = std::move(*ops);
+    }
+    c.feed_state = std::move(st);
+  } else {
+    c.stream.reset();  // ends the previous stream before the next starts
+    c.stream.emplace(c.opened->source().Epoch(epoch, start_batch));
+  }
+  if (!c.fetcher.joinable()) c.fetcher = std::thread([core = &c] { core->FetchLoop(); });
+  return GPUFEED_OK;
+}
+
+std::string JsonNumber(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+char* CopyString(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p != nullptr) std::memcpy(p, s.c_str(), s.size() + 1);
+  return p;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* gpufeed_version(void) { return GPUFEED_VERSION; }
+int gpufeed_c_api_version(void) { return GPUFEED_C_API_VERSION; }
+
+gpufeed_code gpufeed_error_code(const gpufeed_error* e) { return e != nullptr ? e->code : GPUFEED_OK; }
+const char* gpufeed_error_message(const gpufeed_error* e) { return e != nullptr ? e->message.c_str() : ""; }
+void gpufeed_error_destroy(gpufeed_error* e) { delete e; }
+void gpufeed_free(void* p) { std::free(p); }
+
+const char* gpufeed_code_name(gpufeed_code code) {
+  switch (code) {
+    case GPUFEED_OK: return "OK";
+    case GPUFEED_INVALID_ARGUMENT: return "InvalidArgument";
+    case GPUFEED_NOT_FOUND: return "NotFound";
+    case GPUFEED_UNSUPPORTED: return "Unsupported";
+    case GPUFEED_CORRUPT: return "Corrupt";
+    case GPUFEED_IO_ERROR: return "IOError";
+    case GPUFEED_INTERNAL: return "Internal";
+    case GPUFEED_END: return "End";
+    case GPUFEED_TIMEOUT: return "Timeout";
+    case GPUFEED_INTERRUPTED: return "Interrupted";
+  }
+  return "Unknown";
+}
+
+// ---- options (setters cannot fail: strings are checked at open) -----------
+
+gpufeed_options* gpufeed_options_create(void) { return new (std::nothrow) gpufeed_options(); }
+void gpufeed_options_destroy(gpufeed_options* o) { delete o; }
+
+#define GPUFEED_SETTER(name, type, field) \
+  void gpufeed_options_set_##name(gpufeed_options* o, type v) { o->field = v; }
+GPUFEED_SETTER(batch_size, uint64_t, source.loader.batch_size)
+GPUFEED_SETTER(seed, uint64_t, source.loader.seed)
+GPUFEED_SETTER(threads, int, source.loader.threads)
+GPUFEED_SETTER(prefetch, int, source.loader.prefetch)
+GPUFEED_SETTER(cache_bytes, uint64_t, source.loader.cache_bytes)
+GPUFEED_SETTER(shuffle_window, uint64_t, source.loader.shuffle_window)
+GPUFEED_SETTER(rank, int, source.loader.rank)
+GPUFEED_SETTER(world_size, int, source.loader.world_size)
+GPUFEED_SETTER(connect_timeout_ms, int, source.remote.connect_timeout_ms)
+GPUFEED_SETTER(io_timeout_ms, int, source.remote.io_timeout_ms)
+GPUFEED_SETTER(keepalive_ms, int, source.remote.keepalive_ms)
+GPUFEED_SETTER(feed_device, int, feed_options.device)
+GPUFEED_SETTER(feed_echo, int, feed_options.echo)
+GPUFEED_SETTER(feed_super_batch, int, feed_options.super_batch)
+GPUFEED_SETTER(feed_crop_padding, int, feed_options.crop_padding)
+GPUFEED_SETTER(feed_seed, uint64_t, feed_options.seed)
+GPUFEED_SETTER(feed_slots, int, feed_options.slots)
+#undef GPUFEED_SETTER
+
+#define GPUFEED_BOOL_SETTER(name, field) \
+  void gpufeed_options_set_##name(gpufeed_options* o, int v) { o->field = v != 0; }
+GPUFEED_BOOL_SETTER(drop_last, source.loader.drop_last)
+GPUFEED_BOOL_SETTER(pin_memory, source.loader.pin_memory)
+GPUFEED_BOOL_SETTER(trust_files, source.open.trust_files)
+GPUFEED_BOOL_SETTER(compress, source.remote.compress)
+GPUFEED_BOOL_SETTER(shared_memory, source.remote.shared_memory)
+GPUFEED_BOOL_SETTER(feed, feed)
+GPUFEED_BOOL_SETTER(feed_flip, feed_options.flip)
+GPUFEED_BOOL_SETTER(feed_labels_int32, feed_options.labels_int32)
+GPUFEED_BOOL_SETTER(feed_force_cpu, feed_options.force_cpu)
+#undef GPUFEED_BOOL_SETTER
+
+#define GPUFEED_STRING_SETTER(name, field) \
+  void gpufeed_options_set_##name(gpufeed_options* o, const char* v) { o->field = v != nullptr ? v : ""; }
+GPUFEED_STRING_SETTER(order, order)
+GPUFEED_STRING_SETTER(labels_path, source.open.labels_path)
+GPUFEED_STRING_SETTER(dataset, source.dataset)
+GPUFEED_STRING_SETTER(token, source.remote.token)
+GPUFEED_STRING_SETTER(token_file, source.remote.token_file)
+GPUFEED_STRING_SETTER(client_name, source.remote.client_name)
+GPUFEED_STRING_SETTER(feed_dtype, dtype)
+GPUFEED_STRING_SETTER(feed_layout, layout)
+GPUFEED_STRING_SETTER(feed_input_layout, input_layout)
+#undef GPUFEED_STRING_SETTER
+
+void gpufeed_options_set_feed_mean(gpufeed_options* o, const double* v, size_t n) {
+  o->feed_options.mean.assign(v, v + (v != nullptr ? n : 0));
+}
+void gpufeed_options_set_feed_std(gpufeed_options* o, const double* v, size_t n) {
+  o->feed_options.stddev.assign(v, v + (v != nullptr ? n : 0));
+}
+
+// ---- loader ------------------------------------------------------------------
+
+gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* options, gpufeed_error** error) {
+  gpufeed_loader* out = nullptr;
+  Guard(error, [&]() -> gpufeed_code {
+    if (data == nullptr || options == nullptr) return Fail(error, GPUFEED_INVALID_ARGUMENT, "gpufeed_loader_open: NULL argument");
+    gpufeed::SourceOptions so = options->source;
+    so.data = data;
+    auto order = gpufeed::OrderFromName(options->order);
+    if (!order.ok()) return Fail(error, order.status());
+    so.loader.order = *order;
+    auto core = std::make_shared<Core>();
+    core->feed = options->feed;
+    core->feed_options = options->feed_options;
+    core->seed = so.loader.seed;
+    core->pool_slots = static_cast<uint64_t>(std::max(1, so.loader.prefetch)) + 1;
+    if (core->feed) {
+      auto dt = gpufeed::DTypeFromName(options->dtype);
+      if (!dt) return Fail(error, GPUFEED_INVALID_ARGUMENT, "feed dtype '" + options->dtype + "': float32, float16 or bfloat16");
+      core->feed_options.dtype = *dt;
+      for (auto [text, field] : {std::pair{&options->layout, &core->feed_options.layout},
+                                 std::pair{&options->input_layout, &core->feed_options.input_layout}}) {
+        if (*text == "NCHW") {
+          *field = gpufeed::Layout::kNCHW;
+        } else if (*text == "NHWC") {
+          *field = gpufeed::Layout::kNHWC;
+        } else {
+          return Fail(error, GPUFEED_INVALID_ARGUMENT, "feed layout '" + *text + "': NCHW or NHWC");
+        }
+      }
+    }
+    auto opened = gpufeed::OpenBatchSource(so);
+    if (!opened.ok()) return Fail(error, opened.status());
+    core->opened = std::move(*opened);
+    const auto& info = core->opened->source().info();
+    core->name = info.name;
+    core->dtype_name = std::string(gpufeed::DTypeName(info.dtype));
+    core->sample_shape = info.sample_shape;
+    if (info.pool_slots > 0) core->pool_slots = info.pool_slots;  // the source's own count (a daemon's pool)
+    out = new gpufeed_loader{std::move(core)};
+    return GPUFEED_OK;
+  });
+  return out;
+}
+
+void gpufeed_loader_destroy(gpufeed_loader* l) {
+  if (l == nullptr) return;
+  try {
+    // The handle's reference goes; batches still held keep the Core (and
+    // its pipeline, parked on a full pool) until they are released.
+    l->core->Drain();
+    l->core->stream.reset();
+    delete l;
+  } catch (...) {
+    // Nothing a destroy call can report; the Core's destructor does not throw.
+  }
+}
+
+const char* gpufeed_loader_name(const gpufeed_loader* l) { return l->core->name.c_str(); }
+uint64_t gpufeed_loader_num_samples(const gpufeed_loader* l) { return l->core->opened->source().info().num_samples; }
+uint64_t gpufeed_loader_num_batches(const gpufeed_loader* l) { return l->core->opened->num_batches(); }
+uint64_t gpufeed_loader_batch_size(const gpufeed_loader* l) { return l->core->opened->source().info().batch_size; }
+int gpufeed_loader_sample_ndim(const gpufeed_loader* l) { return static_cast<int>(l->core->sample_shape.size()); }
+uint64_t gpufeed_loader_sample_dim(const gpufeed_loader* l, int i) {
+  const auto& s = l->core->sample_shape;
+  return i >= 0 && static_cast<size_t>(i) < s.size() ? s[static_cast<size_t>(i)] : 0;
+}
+const char* gpufeed_loader_dtype(const gpufeed_loader* l) { return l->core->dtype_name.c_str(); }
+int gpufeed_loader_has_labels(const gpufeed_loader* l) { return l->core->opened->source().info().has_labels ? 1 : 0; }
+int gpufeed_loader_on_gpu(const gpufeed_loader* l) {
+  const auto& fs = l->core->feed_state;
+  return fs && fs->feeder->on_gpu() ? 1 : 0;
+}
+
+gpufeed_code gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch,
+                                        gpufeed_error** error) {
+  return Guard(error, [&] { return StartEpoch(*l->core, epoch, start_batch, error); });
+}
+
+gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batch** batch, gpufeed_error** error) {
+  if (batch != nullptr) *batch = nullptr;
+  return Guard(error, [&]() -> gpufeed_code {
+    Core& c = *l->core;
+    if (batch == nullptr) return Fail(error, GPUFEED_INVALID_ARGUMENT, "gpufeed_loader_next: NULL batch");
+    if (!c.started) {
+      return Fail(error, GPUFEED_INVALID_ARGUMENT, c.name + ": no epoch started (gpufeed_loader_start_epoch)");
+    }
+    Fetched f;
+    {
+      gpufeed::MutexLock lock(&c.mu);
+      if (!c.feed && !c.has_result && !c.request && c.held_host.load() >= c.pool_slots) {
+        // No batch can be assembled until the consumer gives one back: say
+        // so rather than wait forever.
+        return Fail(error, GPUFEED_INVALID_ARGUMENT,
+                    c.name + ": the consumer holds all " + std::to_string(c.pool_slots) +
+                        " batches of the pool (prefetch + 1); free batches (their tensors) before asking for "
+                        "more, or raise prefetch (LoaderOptions::prefetch)");
+      }
+      if (!c.has_result && !c.request) {
+        c.request = true;
+        c.work_cv.Signal();
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
+      while (!c.has_result && !c.interrupted) {
+        if (timeout_ms < 0) {
+          c.done_cv.Wait(&c.mu);
+          continue;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) return GPUFEED_TIMEOUT;
+        c.done_cv.WaitFor(&c.mu, deadline - now);
+      }
+      if (c.interrupted) {
+        c.interrupted = false;
+        return GPUFEED_INTERRUPTED;
+      }
+      f = std::move(c.result);
+      c.result = Fetched();
+      c.has_result = false;
+    }
+    if (!f.status.ok()) return Fail(error, f.status);  // the consumer holding every slot can continue
+    if (!f.host && !f.device) {
+      c.ended = true;
+      return GPUFEED_END;
+    }
+    ++c.delivered;
+    *batch = MakeBatch(l->core, std::move(f));
+    return GPUFEED_OK;
+  });
+}
+
+void gpufeed_loader_interrupt(gpufeed_loader* l) {
+  if (l == nullptr) return;
+  {
+    gpufeed::MutexLock lock(&l->core->mu);
+    l->core->interrupted = true;
+  }
+  l->core->done_cv.SignalAll();
+}
+
+void gpufeed_loader_position(const gpufeed_loader* l, uint64_t* epoch, uint64_t* next_batch) {
+  if (epoch != nullptr) *epoch = l->core->epoch;
+  if (next_batch != nullptr) *next_batch = l->core->Position();
+}
+
+gpufeed_code gpufeed_loader_save_state(const gpufeed_loader* l, void** bytes, size_t* size, gpufeed_error** error) {
+  return Guard(error, [&]() -> gpufeed_code {
+    gpufeed::LoaderState st;
+    st.seed = l->core->seed;
+    st.epoch = l->core->epoch;
+    st.next_batch = l->core->Position();
+    const std::string s = st.Serialize();
+    void* p = std::malloc(s.size());
+    if (p == nullptr) return Fail(error, GPUFEED_INTERNAL, "gpufeed_loader_save_state: out of memory");
+    std::memcpy(p, s.data(), s.size());
+    *bytes = p;
+    *size = s.size();
+    return GPUFEED_OK;
+  });
+}
+
+gpufeed_code gpufeed_loader_restore_state(gpufeed_loader* l, const void* bytes, size_t size, gpufeed_error** error) {
+  return Guard(error, [&]() -> gpufeed_code {
+    auto st = gpufeed::LoaderState::Deserialize(std::string_view(static_cast<const char*>(bytes), size));
+    if (!st.ok()) return Fail(error, st.status());
+    if (st->seed != l->core->seed) {
+      return Fail(error, GPUFEED_INVALID_ARGUMENT,
+                  l->core->name + ": saved state is for seed " + std::to_string(st->seed) + ", the loader has seed " +
+                      std::to_string(l->core->seed) + " (open the loader with the run's seed)");
+    }
+    return StartEpoch(*l->core, st->epoch, st->next_batch, error);
+  });
+}
+
+gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_error** error) {
+  return Guard(error, [&]() -> gpufeed_code {
+    Core& c = *l->core;
+    {
+      gpufeed::MutexLock lock(&c.mu);
+      while (c.request) c.done_cv.Wait(&c.mu);
+    }
+    gpufeed::LoaderStats s;
+    std::string j = "{";
+    auto add = [&](const char* k, double v) {
+      if (j.size() > 1) j += ", ";
+      j += std::string("\"") + k + "\": " + JsonNumber(v);
+    };
+    if (c.feed && c.feed_state) {
+      std::lock_guard<std::mutex> lock(c.feed_state->mu);
+      s = c.feed_state->feeder->loader_stats();
+      const gpufeed::FeedStats f = c.feed_state->feeder->stats();
+      add("feed_fresh_batches", double(f.fresh_batches));
+      add("feed_echoed_batches", double(f.echoed_batches));
+      add("feed_fresh_samples", double(f.fresh_samples));
+      add("feed_echoed_samples", double(f.echoed_samples));
+      add("feed_uploads", double(f.uploads));
+      add("feed_bytes_uploaded", double(f.bytes_uploaded));
+      add("feed_data_wait_seconds", f.data_wait_seconds);
+      add("feed_wall_seconds", f.wall_seconds);
+      add("feed_echo", f.echo);
+      add("feed_on_gpu", f.on_gpu ? 1 : 0);
+    } else if (c.stream) {
+      s = c.stream->stats();
+    }
+    add("batches", double(s.batches));
+    add("samples", double(s.samples));
+    add("bytes_delivered", double(s.bytes_delivered));
+    add("chunk_reads", double(s.chunk_reads));
+    add("bytes_read", double(s.bytes_read));
+    add("bytes_decoded", double(s.bytes_decoded));
+    add("chunk_hits", double(s.chunk_hits));
+    add("chunk_misses", double(s.chunk_misses));
+    add("prefetched", double(s.prefetched));
+    add("chunk_shared_hits", double(s.chunk_shared_hits));
+    add("plan_seconds", s.plan_seconds);
+    add("fetch_seconds", s.fetch_seconds);
+    add("assemble_seconds", s.assemble_seconds);
+    add("consumer_wait_seconds", s.consumer_wait_seconds);
+    add("wall_seconds", s.wall_seconds);
+    add("hit_rate", s.hit_rate());
+    add("read_amplification", s.read_amplification());
+    add("samples_per_second", s.samples_per_second());
+    add("mean_queue_depth", s.mean_queue_depth());
+    j += "}";
+    *json = CopyString(j);
+    if (*json == nullptr) return Fail(error, GPUFEED_INTERNAL, "gpufeed_loader_stats_json: out of memory");
+    return GPUFEED_OK;
+  });
+}
+
+// ---- batches -------------------------------------------------------------------
+
+uint64_t gpufeed_batch_epoch(const gpufeed_batch* b) { return b->epoch; }
+uint64_t gpufeed_batch_index(const gpufeed_batch* b) { return b->index; }
+uint64_t gpufeed_batch_size(const gpufeed_batch* b) { return b->size; }
+int gpufeed_batch_num_arrays(const gpufeed_batch* b) { return static_cast<int>(b->arrays.size()); }
+const char* gpufeed_batch_array_name(const gpufeed_batch* b, int i) {
+  return i >= 0 && static_cast<size_t>(i) < b->arrays.size() ? b->arrays[static_cast<size_t>(i)].name : nullptr;
+}
+int gpufeed_batch_find_array(const gpufeed_batch* b, const char* name) {
+  for (size_t i = 0; name != nullptr && i < b->arrays.size(); ++i) {
+    if (std::strcmp(b->arrays[i].name, name) == 0) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+DLManagedTensor* gpufeed_batch_array_dlpack(gpufeed_batch* b, int i, gpufeed_error** error) {
+  DLManagedTensor* out = nullptr;
+  Guard(error, [&]() -> gpufeed_code {
+    if (b == nullptr || i < 0 || static_cast<size_t>(i) >= b->arrays.size()) {
+      return Fail(error, GPUFEED_INVALID_ARGUMENT,
+                  "gpufeed_batch_array_dlpack: array " + std::to_string(i) + " of " +
+                      std::to_string(b != nullptr ? b->arrays.size() : 0));
+    }
+    const Array& a = b->arrays[static_cast<size_t>(i)];
+    auto e = std::make_unique<Export>();
+    e->shape = a.shape;
+    e->batch = b;
+    DLTensor& t = e->tensor.dl_tensor;
+    t.data = a.data;
+    t.device = b->dl_device;
+    t.ndim = static_cast<int>(e->shape.size());
+    t.dtype = a.dtype;
+    t.shape = e->shape.data();
+    t.strides = nullptr;
+    t.byte_offset = 0;
+    e->tensor.manager_ctx = e.get();
+    e->tensor.deleter = DeleteExport;
+    b->refs.fetch_add(1, std::memory_order_relaxed);
+    out = &e.release()->tensor;
+    return GPUFEED_OK;
+  });
+  return out;
+}
+
+void gpufeed_dlpack_delete(DLManagedTensor* t) {
+  if (t != nullptr && t->deleter != nullptr) t->deleter(t);
+}
+
+gpufeed_code gpufeed_batch_wait_stream(gpufeed_batch* b, void* stream, gpufeed_error** error) {
+  return Guard(error, [&]() -> gpufeed_code {
+    if (!b->device || b->device->ready_event() == nullptr) return GPUFEED_OK;
+    const Status s = b->core->device_ops->StreamWait(stream, b->device->ready_event());
+    return s.ok() ? GPUFEED_OK : Fail(error, s);
+  });
+}
+
+void gpufeed_batch_set_release_stream(gpufeed_batch* b, void* stream) { b->release_stream.store(stream); }
+
+void gpufeed_batch_destroy(gpufeed_batch* b) {
+  if (b == nullptr) return;
+  try {
+    b->Unref();
+  } catch (...) {
+    // Release paths do not throw (BatchPool, GpuFeeder::ReleaseSlot); nothing to report here.
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,65 @@
+// OpenBatchSource: one call for "where the batches come from" — an HDF5
+// dataset read by a local Loader, or a `gpufeed serve` daemon read by a
+// RemoteLoader — so the CLI, the C API and Python take either form of --data
+// and treat the result as a BatchSource.
+//
+//   auto src = gpufeed::OpenBatchSource({.data = "unix:/tmp/gpufeed.sock", .dataset = "train.h5",
+//                                        .loader = {.batch_size = 256}});
+//   for (const gpufeed::Batch& b : (*src)->source().Epoch(0)) use(b);
+#ifndef GPUFEED_OPEN_SOURCE_H_
+#define GPUFEED_OPEN_SOURCE_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "gpufeed/dataset.h"
+#include "gpufeed/loader.h"
+#include "gpufeed/remote_loader.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+// True for "unix:..." and "tcp://..." (a daemon), false for a dataset spec.
+bool IsDaemonAddress(std::string_view data);
+
+struct SourceOptions {
+  std::string data;     // "file.h5[:/path]", "unix:PATH" or "tcp://HOST:PORT"
+  std::string dataset;  // daemon: the dataset to read there (empty: its first)
+  LoaderOptions loader;
+  OpenOptions open;     // dataset only
+  // Daemon only: token, token_file, client_name, timeouts, compression and
+  // shared memory; its address, dataset and loader fields are ignored (the
+  // ones above are used).
+  RemoteLoaderOptions remote;
+};
+
+// Owns what OpenBatchSource opened: a Dataset and its Loader, or a
+// RemoteLoader. Not thread-safe (as the Loader).
+class OpenedSource {
+ public:
+  OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader);
+  explicit OpenedSource(std::unique_ptr<RemoteLoader> remote);
+  ~OpenedSource();
+
+  BatchSource& source() { return *source_; }
+  const BatchSource& source() const { return *source_; }
+  // The local dataset; nullptr for a daemon.
+  const Dataset* dataset() const { return dataset_.get(); }
+  bool remote() const { return remote_ != nullptr; }
+  uint64_t num_batches() const;  // per epoch, for this rank
+
+ private:
+  std::unique_ptr<Dataset> dataset_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<RemoteLoader> remote_;
+  BatchSource* source_ = nullptr;
+};
+
+// Opens the dataset (errors as Dataset::Open) or connects to the daemon
+// (errors as RemoteLoader::Connect, naming the address).
+Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& options);
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_OPEN_SOURCE_H_

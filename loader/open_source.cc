@@ -1,0 +1,45 @@
+// OpenBatchSource: a dataset spec or a daemon address to a BatchSource.
+#include "gpufeed/open_source.h"
+
+namespace gpufeed {
+
+bool IsDaemonAddress(std::string_view data) {
+  return data.starts_with("unix:") || data.starts_with("tcp://");
+}
+
+OpenedSource::OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader)
+    : dataset_(std::move(dataset)), loader_(std::move(loader)), source_(loader_.get()) {}
+
+OpenedSource::OpenedSource(std::unique_ptr<RemoteLoader> remote)
+    : remote_(std::move(remote)), source_(remote_.get()) {}
+
+// The loader goes before the dataset it reads.
+OpenedSource::~OpenedSource() {
+  loader_.reset();
+  remote_.reset();
+}
+
+uint64_t OpenedSource::num_batches() const { return remote_ ? remote_->num_batches() : loader_->num_batches(); }
+
+Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
+  if (IsDaemonAddress(o.data)) {
+    RemoteLoaderOptions r = o.remote;
+    r.address = o.data;
+    r.dataset = o.dataset;
+    r.loader = o.loader;
+    auto remote = RemoteLoader::Connect(r);
+    if (!remote.ok()) return remote.status();
+    return std::make_unique<OpenedSource>(std::move(*remote));
+  }
+  if (!o.dataset.empty()) {
+    return Status::InvalidArgument("--dataset '" + o.dataset + "' names a dataset on a daemon; '" + o.data +
+                                   "' is a file (use file.h5:/path to pick a dataset in it)");
+  }
+  auto ds = Dataset::Open(o.data, o.open);
+  if (!ds.ok()) return ds.status();
+  auto owned = std::make_unique<Dataset>(std::move(*ds));
+  auto loader = std::make_unique<Loader>(*owned, o.loader);
+  return std::make_unique<OpenedSource>(std::move(owned), std::move(loader));
+}
+
+}  // namespace gpufeed

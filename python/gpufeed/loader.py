@@ -1,0 +1,399 @@
+"""gpufeed.Loader: the C API's loader as a Python iterable of tensors.
+
+Contracts (docs/python.md has them in full):
+- Lifetimes: each tensor views gpufeed's buffer (zero-copy); the buffer's
+  pool slot returns when every tensor of its batch is freed. Holding more
+  batches than the pool has slots raises gpufeed.InvalidArgumentError naming
+  `prefetch` (or `slots` on the feed) instead of waiting forever.
+- Streams: on device="cuda" each batch is made ready on torch's current
+  stream when it is yielded (an event wait queued on that stream, no host
+  synchronization), and its slot is reused only after the work queued on
+  that stream by the time its last tensor is freed.
+- Threads: iterate a Loader from one thread. The blocking wait runs in the
+  library with the GIL released, in slices of `poll_ms`, so Ctrl-C raises
+  KeyboardInterrupt within that time and other threads keep running.
+"""
+import ctypes
+import json
+import os
+import sys
+
+from . import _dlpack, _lib, errors
+from ._lib import lib
+
+_STATE_FORMAT = "gpufeed.Loader/1"
+
+_DTYPE_NAMES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+}
+
+
+def _dtype_name(dtype):
+    if dtype is None:
+        return None
+    name = str(dtype)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    if name not in _DTYPE_NAMES:
+        raise errors.InvalidArgumentError(
+            errors.INVALID_ARGUMENT, "dtype %r: the feed makes float32, float16 or bfloat16" % (dtype,))
+    return _DTYPE_NAMES[name]
+
+
+def _parse_device(device):
+    """("cpu", None) or ("cuda", index); "cuda" alone takes LOCAL_RANK."""
+    text = str(device) if device is not None else "cpu"
+    if text == "cpu":
+        return "cpu", None
+    if text == "cuda":
+        return "cuda", int(os.environ.get("LOCAL_RANK", "0"))
+    if text.startswith("cuda:"):
+        return "cuda", int(text[len("cuda:"):])
+    raise errors.InvalidArgumentError(errors.INVALID_ARGUMENT, "device %r: 'cpu', 'cuda' or 'cuda:N'" % (device,))
+
+
+def _distributed_defaults():
+    """(rank, world_size) from torch.distributed when it is initialized, else
+    from torchrun's RANK / WORLD_SIZE, else (0, 1). torch is not imported
+    for this: a program that uses torch.distributed has imported it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _pick_output(output):
+    if output not in ("auto", "torch", "numpy", "dlpack"):
+        raise errors.InvalidArgumentError(errors.INVALID_ARGUMENT,
+                                          "output %r: 'auto', 'torch', 'numpy' or 'dlpack'" % (output,))
+    if output in ("auto", "torch"):
+        try:
+            import torch  # noqa: F401
+            import torch.utils.dlpack  # noqa: F401
+            return "torch"
+        except ImportError:
+            if output == "torch":
+                raise
+    if output in ("auto", "numpy"):
+        try:
+            import numpy  # noqa: F401
+            return "numpy"
+        except ImportError:
+            if output == "numpy":
+                raise
+    return "dlpack"
+
+
+class Loader:
+    """Batches of a dataset ("file.h5", "file.h5:/path") or of a `gpufeed
+    serve` daemon ("unix:PATH", "tcp://HOST:PORT" with `dataset=`), as
+    (images, labels) per iteration.
+
+    Loader options (C++ LoaderOptions): batch_size, order ("block", "random",
+    "sequential"), seed, threads (0: all cores), prefetch (batches in flight;
+    the pool has prefetch + 1 slots), cache_bytes, shuffle_window, rank,
+    world_size (default: torch.distributed, else RANK / WORLD_SIZE), drop_last,
+    pin_memory; labels: the labels dataset path ("none": no labels);
+    trust_files: skip the forked probe that contains HDF5 crashes on hostile
+    files (OpenOptions::trust_files; GPUFEED_TRUST_FILES=1 does the same).
+
+    Daemon options (RemoteLoaderOptions): dataset, token, token_file,
+    client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,
+    keepalive_ms.
+
+    Outputs: device="cpu" without dtype gives the stored uint8 samples
+    [B, *sample_shape] and int64 labels. device="cuda" (the GPU given by
+    LOCAL_RANK; "cuda:N" to choose), or any of dtype / crop_padding / flip,
+    runs the feed (C++ FeedOptions): dtype (torch.float32 / bfloat16 /
+    float16 or their names; default float32), layout and input_layout ("NCHW"
+    / "NHWC"), mean and std per channel in stored units (default: the
+    dataset's attributes, else 0 and 255), echo, super_batch, crop_padding,
+    flip, augment_seed (default: seed), slots (device batches the consumer
+    may hold), labels_int32. On the CPU the feed runs its CPU twins.
+    output: "torch", "numpy", "dlpack" (gpufeed.Array objects) or "auto"
+    (torch if importable, else NumPy, else DLPack arrays).
+    """
+
+    def __init__(self, data, *, dataset=None, batch_size=256, order="block", seed=0, threads=0, prefetch=8,
+                 cache_bytes=1 << 30, shuffle_window=16, rank=None, world_size=None, drop_last=False,
+                 pin_memory=True, labels=None, trust_files=False, device="cpu", dtype=None, layout="NCHW",
+                 input_layout="NCHW",
+                 mean=None, std=None, echo=1, super_batch=1, crop_padding=0, flip=False, augment_seed=None,
+                 slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
+                 compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
+                 keepalive_ms=30000, output="auto", poll_ms=100):
+        self._handle = None
+        kind, index = _parse_device(device)
+        feed = kind == "cuda" or dtype is not None or crop_padding or flip
+        dist_rank, dist_world = _distributed_defaults()
+        self._seed = int(seed)
+        self._echo = int(echo) if feed else 1
+        self._output = _pick_output(output)
+        self._cuda_index = index if kind == "cuda" else None
+        self._poll_ms = int(poll_ms)
+        values = {
+            "batch_size": batch_size, "order": order, "seed": seed, "threads": threads, "prefetch": prefetch,
+            "cache_bytes": cache_bytes, "shuffle_window": shuffle_window,
+            "rank": dist_rank if rank is None else rank, "world_size": dist_world if world_size is None else world_size,
+            "drop_last": drop_last, "pin_memory": pin_memory, "labels_path": labels, "trust_files": trust_files,
+            "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,
+            "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
+            "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),
+        }
+        if feed:
+            values.update({
+                "feed_device": index or 0, "feed_dtype": _dtype_name(dtype) or "float32", "feed_layout": layout,
+                "feed_input_layout": input_layout, "feed_echo": echo, "feed_super_batch": super_batch,
+                "feed_crop_padding": crop_padding, "feed_flip": flip,
+                "feed_seed": seed if augment_seed is None else augment_seed, "feed_slots": slots,
+                "feed_labels_int32": labels_int32, "feed_force_cpu": kind == "cpu",
+            })
+        opts = lib.gpufeed_options_create()
+        try:
+            for key, value in values.items():
+                if value is None:
+                    continue
+                kind_, suffix = _lib.SETTERS[key]
+                if kind_ == "str":
+                    value = str(value).encode()
+                elif kind_ == "bool":
+                    value = 1 if value else 0
+                else:
+                    value = int(value)
+                getattr(lib, "gpufeed_options_set_" + suffix)(opts, value)
+            for setter, seq in ((lib.gpufeed_options_set_feed_mean, mean), (lib.gpufeed_options_set_feed_std, std)):
+                if feed and seq is not None:
+                    arr = (ctypes.c_double * len(seq))(*[float(v) for v in seq])
+                    setter(opts, arr, len(seq))
+            err = ctypes.c_void_p()
+            handle = lib.gpufeed_loader_open(str(data).encode(), opts, ctypes.byref(err))
+            if not handle:
+                _lib.take_error(err)
+        finally:
+            lib.gpufeed_options_destroy(opts)
+        self._handle = handle
+        self._next_handle, self._next_err = ctypes.c_void_p(), ctypes.c_void_p()
+        self._next_args = (self._poll_ms, ctypes.byref(self._next_handle), ctypes.byref(self._next_err))
+        self._array_cache = {}
+        self._epoch = 0
+        self._pending = None     # (epoch, saved state bytes) from load_state_dict
+        self._started = False
+        self._generation = 0     # the live iteration; older generators stop
+        self._torch = None
+        if self._output == "torch":
+            import torch
+            import torch.utils.dlpack
+            self._torch = torch
+            # torch.utils.dlpack.from_dlpack without its per-call protocol
+            # checks: a capsule goes straight to the converter.
+            self._from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
+        elif self._output == "numpy":
+            import numpy
+            self._from_dlpack = numpy.from_dlpack
+
+    # -- what it reads --------------------------------------------------------
+    @property
+    def name(self):
+        return lib.gpufeed_loader_name(self._h()).decode()
+
+    @property
+    def num_samples(self):
+        """Samples in the whole dataset (all ranks)."""
+        return lib.gpufeed_loader_num_samples(self._h())
+
+    @property
+    def sample_shape(self):
+        h = self._h()
+        return tuple(lib.gpufeed_loader_sample_dim(h, i) for i in range(lib.gpufeed_loader_sample_ndim(h)))
+
+    @property
+    def batch_size(self):
+        return lib.gpufeed_loader_batch_size(self._h())
+
+    def __len__(self):
+        """Batches one epoch yields on this rank (echoed batches counted)."""
+        return lib.gpufeed_loader_num_batches(self._h()) * max(1, self._echo)
+
+    # -- epochs, state --------------------------------------------------------
+    def set_epoch(self, epoch):
+        """The epoch the next iteration runs (as DistributedSampler.set_epoch).
+        A state loaded for another epoch is dropped."""
+        self._epoch = int(epoch)
+        if self._pending is not None and self._pending[0] != self._epoch:
+            self._pending = None
+
+    def state_dict(self):
+        """Where the consumer is: epoch and batches received, with the seed.
+        Plain Python values (torch.save / pickle / json of bytes)."""
+        if not self._started:
+            if self._pending is not None:
+                return {"format": _STATE_FORMAT, "epoch": self._pending[0], "state": self._pending[1]}
+            return {"format": _STATE_FORMAT, "epoch": self._epoch, "batch": 0, "seed": self._seed, "state": None}
+        epoch, batch = ctypes.c_uint64(), ctypes.c_uint64()
+        lib.gpufeed_loader_position(self._h(), ctypes.byref(epoch), ctypes.byref(batch))
+        buf, size, err = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_void_p()
+        _lib.check(lib.gpufeed_loader_save_state(self._h(), ctypes.byref(buf), ctypes.byref(size), ctypes.byref(err)),
+                   err)
+        try:
+            state = ctypes.string_at(buf, size.value)
+        finally:
+            lib.gpufeed_free(buf)
+        return {"format": _STATE_FORMAT, "epoch": epoch.value, "batch": batch.value, "seed": self._seed,
+                "state": state}
+
+    def load_state_dict(self, state):
+        """The next iteration continues where `state` was taken: the same
+        remaining batches, in a new process too. The seed must match."""
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise errors.InvalidArgumentError(errors.INVALID_ARGUMENT,
+                                              "load_state_dict: not a %s state dict" % _STATE_FORMAT)
+        self._epoch = int(state["epoch"])
+        self._pending = (self._epoch, bytes(state["state"])) if state.get("state") is not None else None
+
+    def stats(self):
+        """The current epoch's statistics (C++ LoaderStats, and FeedStats as
+        feed_*), as a dict of numbers."""
+        if not self._started:
+            return {}
+        out, err = ctypes.c_void_p(), ctypes.c_void_p()
+        _lib.check(lib.gpufeed_loader_stats_json(self._h(), ctypes.byref(out), ctypes.byref(err)), err)
+        try:
+            return json.loads(ctypes.string_at(out).decode())
+        finally:
+            lib.gpufeed_free(out)
+
+    # -- iteration --------------------------------------------------------------
+    def __iter__(self):
+        """(images, labels) per batch (labels None without labels)."""
+        for arrays in self._iterate(("images", "labels")):
+            yield arrays.get("images"), arrays.get("labels")
+
+    def batches(self):
+        """Every array of every batch, as dicts {name: tensor}: "images",
+        "labels" and, for host batches, "indices" (the global sample index
+        of each row)."""
+        return self._iterate(None)
+
+    def _iterate(self, names):
+        self._start()
+        self._generation += 1
+        generation = self._generation
+        while generation == self._generation:
+            handle = self._next()
+            if handle is None:
+                return
+            yield self._convert(handle, names)
+
+    def _start(self):
+        err = ctypes.c_void_p()
+        if self._pending is not None:
+            epoch, state = self._pending
+            self._pending = None
+            _lib.check(lib.gpufeed_loader_restore_state(self._h(), state, len(state), ctypes.byref(err)), err)
+            self._epoch = epoch
+        else:
+            _lib.check(lib.gpufeed_loader_start_epoch(self._h(), self._epoch, 0, ctypes.byref(err)), err)
+        self._started = True
+        if self._cuda_index is not None and not lib.gpufeed_loader_on_gpu(self._h()):
+            # The feed falls back to its CPU twins without a GPU; a caller who
+            # asked for cuda tensors should hear it, not get CPU ones.
+            raise errors.UnsupportedError(
+                errors.UNSUPPORTED, "device=%r: no CUDA device for the feed (libgpufeed.so without CUDA, no GPU or "
+                "no driver); use device='cpu'" % ("cuda:%d" % self._cuda_index))
+
+    def _next(self):
+        # The byref arguments are built once per loader: this runs per batch.
+        h, args, handle, err = self._h(), self._next_args, self._next_handle, self._next_err
+        while True:
+            # Slices of poll_ms with the GIL released: KeyboardInterrupt is
+            # raised between them; the request stays queued in the library.
+            code = lib.gpufeed_loader_next(h, *args)
+            if code == errors.OK:
+                return handle.value
+            if code == errors.END:
+                return None
+            if code in (errors.TIMEOUT, errors.INTERRUPTED):
+                continue
+            e, err.value = err.value, None
+            _lib.check(code, e)
+
+    def _array_indexes(self, handle, names):
+        """(name, index) of the wanted arrays; a batch's arrays depend only on
+        the loader (host or feed, labels or not), so this is looked up once."""
+        key = names
+        found = self._array_cache.get(key)
+        if found is None:
+            count = lib.gpufeed_batch_num_arrays(handle)
+            all_names = [lib.gpufeed_batch_array_name(handle, i).decode() for i in range(count)]
+            wanted = all_names if names is None else names
+            found = tuple((n, all_names.index(n)) for n in wanted if n in all_names)
+            self._array_cache[key] = found
+        return found
+
+    def _convert(self, handle, names):
+        out = {}
+        err = ctypes.c_void_p()
+        export = lib.gpufeed_batch_array_dlpack
+        if self._output == "torch":
+            try:
+                if self._cuda_index is not None and lib.gpufeed_loader_on_gpu(self._h()):
+                    stream = self._torch.cuda.current_stream(self._cuda_index).cuda_stream or None
+                    _lib.check(lib.gpufeed_batch_wait_stream(handle, stream, ctypes.byref(err)), err)
+                    lib.gpufeed_batch_set_release_stream(handle, stream)
+                for name, i in self._array_indexes(handle, names):
+                    managed = export(handle, i, ctypes.byref(err))
+                    if not managed:
+                        _lib.take_error(err)
+                    out[name] = self._from_dlpack(_dlpack.capsule(managed))
+            finally:
+                lib.gpufeed_batch_destroy(handle)  # the tensors hold the slot now
+            return out
+        ref = _dlpack.BatchRef(handle)
+        for name, i in self._array_indexes(handle, names):
+            managed = export(handle, i, ctypes.byref(err))
+            if not managed:
+                _lib.take_error(err)
+            array = _dlpack.Array(managed, ref)
+            out[name] = self._from_dlpack(array) if self._output == "numpy" else array
+        return out
+
+    # -- lifetime ---------------------------------------------------------------
+    def interrupt(self):
+        """Wakes a wait in another thread's iteration (it then retries).
+        Thread-safe."""
+        if self._handle:
+            lib.gpufeed_loader_interrupt(self._handle)
+
+    def close(self):
+        """Stops the pipeline and releases the loader. Tensors still held stay
+        valid (their memory goes with the last of them)."""
+        self._generation += 1
+        handle, self._handle = self._handle, None
+        if handle:
+            lib.gpufeed_loader_destroy(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", None):
+                self.close()
+        except Exception:  # interpreter shutdown: module globals may be gone
+            pass
+
+    def _h(self):
+        if not self._handle:
+            raise errors.InvalidArgumentError(errors.INVALID_ARGUMENT, "gpufeed.Loader: used after close()")
+        return self._handle
+
+    def __repr__(self):
+        if not self._handle:
+            return "gpufeed.Loader(closed)"
+        return "gpufeed.Loader(%r, %d samples, batch_size=%d, %d batches)" % (
+            self.name, self.num_samples, self.batch_size, len(self))

@@ -1,0 +1,423 @@
+"""gpufeed.Loader against h5py, the C++ Loader, itself in new processes, and
+the daemon. Every check is exact: sample k's bytes encode k."""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import gpufeed
+from conftest import N_SAMPLES, index_of, run_python, sample_bytes, write_index_file
+
+OPTS = dict(batch_size=32, order="block", seed=5, threads=2, prefetch=3, shuffle_window=3)
+
+
+def collect(loader):
+    """[(index, indices, labels, images)] of one iteration, as NumPy."""
+    out = []
+    for b in loader.batches():
+        out.append((len(out), b["indices"].numpy().copy(), b["labels"].numpy().copy(), b["images"].numpy().copy()))
+    return out
+
+
+@pytest.mark.parametrize("order", ["block", "random", "sequential"])
+def test_every_sample_once_with_h5py_bytes(index_file, order):
+    with h5py.File(index_file, "r") as f:
+        want_images, want_labels = f["images"][...], f["labels"][...]
+    loader = gpufeed.Loader(index_file, **dict(OPTS, order=order))
+    assert len(loader) == (N_SAMPLES + 31) // 32
+    orders = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen = np.zeros(N_SAMPLES, dtype=int)
+        got = []
+        for images, labels in loader:
+            assert images.dtype == torch.uint8 and images.shape[1:] == want_images.shape[1:]
+            assert labels.dtype == torch.int64
+            for row, label in zip(images.numpy(), labels.numpy()):
+                k = index_of(row)
+                seen[k] += 1
+                got.append(k)
+                assert np.array_equal(row, want_images[k]), "sample %d's bytes differ from h5py's" % k
+                assert label == want_labels[k]
+        assert (seen == 1).all(), "epoch %d: missing %s, doubled %s" % (
+            epoch, np.flatnonzero(seen == 0)[:5], np.flatnonzero(seen > 1)[:5])
+        orders.append(got)
+    if order != "sequential":
+        assert orders[0] != orders[1]
+    else:
+        assert orders[0] == list(range(N_SAMPLES))
+    stats = loader.stats()
+    assert stats["samples"] == N_SAMPLES and stats["batches"] == len(loader)
+
+
+def _dump(order_dump, data, epoch, start, opts, rank=0, world=1, drop_last=False):
+    args = [order_dump, data, str(epoch), str(start), str(opts["batch_size"]), opts["order"], str(opts["seed"]),
+            str(opts["threads"]), str(opts["prefetch"]), str(opts["shuffle_window"]), str(rank), str(world),
+            str(int(drop_last))]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return [line.split(";") for line in p.stdout.splitlines()]
+
+
+def _fnv(data):
+    h = 0xCBF29CE484222325
+    for x in data.tobytes():
+        h = ((h ^ x) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+@pytest.mark.parametrize("rank,world,drop_last", [(0, 1, False), (1, 3, False), (2, 3, True)])
+def test_same_batches_as_cpp_loader(index_file, order_dump, rank, world, drop_last):
+    # The C++ Loader in its own process (no C API, no fetch thread, no Python)
+    # against the Python package for the same options: same batches, bytes.
+    want = _dump(order_dump, index_file, 4, 0, OPTS, rank, world, drop_last)
+    loader = gpufeed.Loader(index_file, rank=rank, world_size=world, drop_last=drop_last, **OPTS)
+    loader.set_epoch(4)
+    got = collect(loader)
+    assert len(got) == len(want) == len(loader)
+    for (i, idx, lab, img), (wi, widx, wlab, whash) in zip(got, want):
+        assert str(i) == wi
+        assert ",".join(map(str, idx)) == widx
+        assert ",".join(map(str, lab)) == wlab
+        assert _fnv(img) == whash
+
+
+RESUME_CHILD = r"""
+import json, sys, torch, gpufeed
+loader = gpufeed.Loader(sys.argv[1] if len(sys.argv) > 1 else %(data)r, **%(opts)r)
+state = torch.load(%(state)r)
+loader.load_state_dict(state)
+loader.set_epoch(state["epoch"])
+print(json.dumps([b["indices"].tolist() + [int(b["images"].double().sum())] for b in loader.batches()]))
+"""
+
+
+@pytest.mark.parametrize("feed", [False, True])
+def test_state_dict_resumes_in_new_process(index_file, tmp_path, feed):
+    opts = dict(OPTS)
+    if feed:  # the CPU feed with augmentation: resume must give the same crops and flips
+        opts.update(dtype="float32", crop_padding=2, flip=True)
+    loader = gpufeed.Loader(index_file, **opts)
+    loader.set_epoch(2)
+    it = loader.batches()
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    assert state["epoch"] == 2 and state["batch"] == 3
+    torch.save(state, tmp_path / "state.pt")
+    # The feed has no per-row indices; compare sums of the transformed images then.
+    key = (lambda b: b["indices"].tolist() + [int(b["images"].double().sum())]) if not feed else (
+        lambda b: [float(b["images"].double().sum()), b["labels"].tolist()])
+    want = [key(b) for b in it]
+    child = RESUME_CHILD % {"data": index_file, "opts": opts, "state": str(tmp_path / "state.pt")}
+    if feed:
+        child = child.replace('b["indices"].tolist() + [int(b["images"].double().sum())]',
+                              '[float(b["images"].double().sum()), b["labels"].tolist()]')
+    got = json.loads(run_python(child))
+    assert len(want) == len(loader) - 3
+    assert got == want
+
+
+def test_load_state_dict_checks_seed(index_file):
+    loader = gpufeed.Loader(index_file, **OPTS)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = gpufeed.Loader(index_file, **dict(OPTS, seed=6))
+    other.load_state_dict(state)
+    with pytest.raises(gpufeed.InvalidArgumentError, match="seed"):
+        next(iter(other))
+
+
+RANK_CHILD = r"""
+import json, gpufeed
+loader = gpufeed.Loader(%(data)r, batch_size=32, seed=3, threads=1, prefetch=2)
+loader.set_epoch(1)
+print(json.dumps([k for b in loader.batches() for k in b["indices"].tolist()]))
+"""
+
+
+def test_two_ranks_cover_an_epoch_disjointly(index_file):
+    got = []
+    for rank in range(2):
+        out = run_python(RANK_CHILD % {"data": index_file}, env={"RANK": str(rank), "WORLD_SIZE": "2"})
+        got.append(json.loads(out))
+    assert len(got[0]) == len(got[1]) == N_SAMPLES // 2
+    assert not set(got[0]) & set(got[1])
+    assert sorted(got[0] + got[1]) == list(range(N_SAMPLES))
+
+
+def test_explicit_rank_wins_over_env(index_file, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert len(gpufeed.Loader(index_file, **OPTS)) == (N_SAMPLES // 2 + 31) // 32
+    assert len(gpufeed.Loader(index_file, rank=0, world_size=1, **OPTS)) == (N_SAMPLES + 31) // 32
+
+
+def test_freed_tensors_return_their_slots(index_file):
+    # prefetch=1: a pool of 2 slots. Holding 1 batch at a time over 3 epochs
+    # needs every freed batch's slot back; a leak would end in the error below.
+    loader = gpufeed.Loader(index_file, **dict(OPTS, prefetch=1))
+    n = 0
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            n += 1
+    assert n == 3 * len(loader)
+    del images, labels  # the loop's last batch
+    # Tensors kept past their batch (views into the slot) keep it: two held
+    # labels tensors are the whole pool, so the next batch must be refused...
+    it = iter(loader)
+    held = [next(it)[1], next(it)[1]]
+    with pytest.raises(gpufeed.InvalidArgumentError, match="prefetch"):
+        next(it)
+    # ...and freeing one gives its slot back.
+    del held[0]
+    it = iter(loader)
+    assert next(it)[0].shape[0] == 32
+
+
+HOLD_CHILD = r"""
+import gpufeed
+loader = gpufeed.Loader(%(data)r, batch_size=16, threads=2, prefetch=2)
+held = []
+try:
+    for images, labels in loader:
+        held.append(images)
+except gpufeed.Error as e:
+    print(type(e).__name__, len(held), e)
+"""
+
+
+def test_holding_too_many_batches_is_an_error_not_a_hang(index_file):
+    # In a child with a timeout: a hang fails the test instead of stalling it.
+    out = run_python(HOLD_CHILD % {"data": index_file}, timeout=60)
+    assert out.startswith("InvalidArgumentError 3 "), out
+    assert "prefetch" in out
+
+
+def test_damaged_file_names_file_and_chunk(tmp_path):
+    path = write_index_file(tmp_path / "damaged.h5")
+    with h5py.File(path, "r") as f:
+        info = f["images"].id.get_chunk_info(5)
+    with open(path, "r+b") as f:
+        f.seek(info.byte_offset + 4)
+        f.write(b"\xff" * 32)
+    loader = gpufeed.Loader(path, **dict(OPTS, order="sequential"))
+    with pytest.raises(gpufeed.CorruptError) as e:
+        for _ in loader:
+            pass
+    assert "damaged.h5" in str(e.value) and "chunk 5" in str(e.value)
+    assert isinstance(e.value, gpufeed.Error)
+
+
+def test_errors_carry_codes_and_messages(tmp_path, index_file):
+    with pytest.raises(gpufeed.NotFoundError, match="nothing.h5"):
+        gpufeed.Loader(str(tmp_path / "nothing.h5"))
+    with pytest.raises(gpufeed.NotFoundError, match="/pixels"):
+        gpufeed.Loader(index_file + ":/pixels")
+    with pytest.raises(gpufeed.InvalidArgumentError, match="sideways"):
+        gpufeed.Loader(index_file, order="sideways")
+    with pytest.raises(gpufeed.InvalidArgumentError):
+        gpufeed.Loader(index_file, device="tpu")
+    with pytest.raises(gpufeed.IOFailureError, match="gpufeed-none.sock"):
+        gpufeed.Loader("unix:" + str(tmp_path / "gpufeed-none.sock"), dataset=index_file, connect_timeout_ms=500)
+
+
+def test_cpu_feed_normalizes(index_file):
+    mean, std = [10.0, 20.0, 30.0], [2.0, 4.0, 8.0]
+    loader = gpufeed.Loader(index_file, **dict(OPTS, order="sequential"), dtype=torch.float32, mean=mean,
+                            std=std, layout="NHWC", labels_int32=True)
+    rows = 0
+    for images, labels in loader:
+        assert images.dtype == torch.float32 and images.shape[1:] == (6, 5, 3)
+        assert labels.dtype == torch.int32
+        for r in range(images.shape[0]):
+            k = rows + r  # sequential order
+            want = (sample_bytes(k).astype(np.float32) - np.array(mean, np.float32)[:, None, None]) / np.array(
+                std, np.float32)[:, None, None]
+            np.testing.assert_allclose(images[r].numpy(), want.transpose(1, 2, 0), rtol=1e-6)
+            assert labels[r] == k % 10
+        rows += images.shape[0]
+    assert rows == N_SAMPLES
+    assert loader.stats()["feed_fresh_batches"] == len(loader)
+
+    bf = gpufeed.Loader(index_file, **OPTS, dtype=torch.bfloat16)
+    images, _ = next(iter(bf))
+    assert images.dtype == torch.bfloat16 and images.shape == (32, 3, 6, 5)
+
+
+NUMPY_CHILD = r"""
+import sys
+sys.modules["torch"] = None  # import torch now raises ImportError: a machine without torch
+import numpy as np, gpufeed
+loader = gpufeed.Loader(%(data)r, batch_size=32, seed=1, threads=2, prefetch=2)
+n = 0
+for images, labels in loader:
+    assert type(images) is np.ndarray and images.dtype == np.uint8, type(images)
+    assert type(labels) is np.ndarray and labels.dtype == np.int64
+    for row, label in zip(images, labels):
+        k = int(row.reshape(-1)[0]) | int(row.reshape(-1)[1]) << 8
+        assert label == k %% 10
+        n += 1
+f = gpufeed.Loader(%(data)r, batch_size=32, threads=2, prefetch=2, dtype="float32")
+images, labels = next(iter(f))
+assert images.dtype == np.float32 and images.shape == (32, 3, 6, 5)
+print(n)
+"""
+
+
+def test_numpy_only_path(index_file):
+    assert run_python(NUMPY_CHILD % {"data": index_file}).strip() == str(N_SAMPLES)
+
+
+def test_dlpack_arrays_for_any_consumer(index_file):
+    loader = gpufeed.Loader(index_file, **dict(OPTS, order="sequential"), output="dlpack")
+    images, labels = next(iter(loader))
+    assert isinstance(images, gpufeed.Array) and images.shape == (32, 3, 6, 5) and images.dtype == "uint8"
+    assert images.__dlpack_device__() == (1, 0)
+    a = np.from_dlpack(images)
+    t = torch.utils.dlpack.from_dlpack(labels)
+    assert index_of(a[7]) == 7 and t[7] == 7
+    with pytest.raises(RuntimeError):
+        images.__dlpack__()  # handed over once
+
+
+def _wait_for_socket(path, proc, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError("gpufeed serve exited: " + proc.stderr.read().decode())
+        if os.path.exists(path):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+                return
+            except OSError:
+                pass
+            finally:
+                s.close()
+        time.sleep(0.05)
+    raise AssertionError("gpufeed serve did not listen on " + path)
+
+
+@pytest.fixture
+def daemon(gpufeed_cli, index_file, tmp_path):
+    sock = str(tmp_path / "gpufeed.sock")
+    proc = subprocess.Popen([gpufeed_cli, "serve", "--data", index_file, "--listen", "unix:" + sock, "--threads", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for_socket(sock, proc)
+        yield "unix:" + sock
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_daemon_client_equals_local_loader(daemon, index_file, shared_memory):
+    local = gpufeed.Loader(index_file, **OPTS)
+    remote = gpufeed.Loader(daemon, dataset=index_file, shared_memory=shared_memory, **OPTS)
+    assert len(remote) == len(local) and remote.num_samples == N_SAMPLES
+    for epoch in (0, 3):
+        local.set_epoch(epoch)
+        remote.set_epoch(epoch)
+        want, got = collect(local), collect(remote)
+        assert len(got) == len(want)
+        for (_, wi, wl, wimg), (_, gi, gl, gimg) in zip(want, got):
+            assert np.array_equal(wi, gi) and np.array_equal(wl, gl) and np.array_equal(wimg, gimg)
+    # Resume on the daemon: the state of a local run continues remotely.
+    local.set_epoch(1)
+    it = local.batches()
+    next(it)
+    next(it)
+    remote.load_state_dict(local.state_dict())
+    rest = [b["indices"].tolist() for b in it]
+    assert [b["indices"].tolist() for b in remote.batches()] == rest
+
+
+def test_close_keeps_held_tensors_valid(index_file):
+    loader = gpufeed.Loader(index_file, **dict(OPTS, order="sequential"))
+    images, labels = next(iter(loader))
+    loader.close()
+    assert index_of(images[3].numpy()) == 3 and labels[3] == 3
+    with pytest.raises(gpufeed.Error, match="after close"):
+        len(loader)
+
+
+CTRL_C_CHILD = r"""
+import sys, time, gpufeed
+loader = gpufeed.Loader(%(data)r, batch_size=16, threads=1, prefetch=2, poll_ms=50)
+print("ready", flush=True)
+try:
+    while True:
+        for images, labels in loader:
+            pass
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_stops_the_loop(index_file):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pathlib.Path(gpufeed.__file__).parents[1]),
+                                                      env.get("PYTHONPATH")]))
+    p = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD % {"data": index_file}], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and "interrupted" in out, err
+
+
+def test_cli_bench_loader_reads_a_daemon(daemon, gpufeed_cli, index_file):
+    # `gpufeed serve` tried from the command line alone: the bench verifies
+    # every index once and the bytes against the file before it prints.
+    p = subprocess.run([gpufeed_cli, "bench", "loader", "--data", daemon, "--dataset", index_file, "--threads", "2",
+                        "--batch-size", "32", "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["verified"] and out["bytes_verified"] and out["samples"] == N_SAMPLES and out["full_epoch"]
+
+
+def test_holding_every_feed_slot_is_an_error_naming_slots(index_file):
+    loader = gpufeed.Loader(index_file, **OPTS, dtype="float32", slots=2)
+    it = iter(loader)
+    held = [next(it), next(it)]
+    with pytest.raises(gpufeed.InvalidArgumentError, match="slots"):
+        next(it)
+    assert len(held) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: cuda batches are tested on the GPU host")
+def test_cuda_without_a_gpu_says_so(index_file):
+    loader = gpufeed.Loader(index_file, **OPTS, device="cuda")
+    with pytest.raises(gpufeed.UnsupportedError, match="device='cpu'"):
+        next(iter(loader))
+
+
+def test_cli_train_from_a_daemon_equals_training_from_the_file(daemon, gpufeed_cli, index_file, tmp_path):
+    # Same batches from the daemon as from the file, so the same weights, bit
+    # for bit (the trainer's CPU backend is deterministic).
+    hashes = []
+    for data in (daemon, index_file):
+        out = tmp_path / "train.json"
+        p = subprocess.run([gpufeed_cli, "train", "--data", data, "--epochs", "2", "--batch-size", "32",
+                            "--device", "cpu", "--threads", "2", "--json", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        hashes.append(json.loads(out.read_text())["weights_hash"])
+    assert hashes[0] == hashes[1]
