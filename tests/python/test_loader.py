@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import gpufeed
-from conftest import N_SAMPLES, index_of, run_python, sample_bytes, write_index_file
+from conftest import N_SAMPLES, ROOT, index_of, run_python, sample_bytes, write_index_file
 
 OPTS = dict(batch_size=32, order="block", seed=5, threads=2, prefetch=3, shuffle_window=3)
 
@@ -421,3 +421,35 @@ def test_cli_train_from_a_daemon_equals_training_from_the_file(daemon, gpufeed_c
         assert p.returncode == 0, p.stderr
         hashes.append(json.loads(out.read_text())["weights_hash"])
     assert hashes[0] == hashes[1]
+
+
+CORPUS = ROOT.parent / "shared" / "testdata" / "hdf5-cve"
+CORPUS_CHILD = r"""
+import sys, gpufeed
+bad = 0
+for path in sys.argv[1:]:
+    try:
+        loader = gpufeed.Loader(path, batch_size=8, threads=1, device="cpu")
+        for _ in loader:
+            pass
+        print("OK", path)
+    except gpufeed.Error as e:
+        print("ERR", type(e).__name__, path, str(e)[:100])
+    except Exception as e:  # anything but gpufeed.Error is a failure
+        print("BAD", type(e).__name__, path, e)
+        bad += 1
+sys.exit(1 if bad else 0)
+"""
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="no ../shared/testdata/hdf5-cve (beside the repository in CI)")
+def test_hdf5_cve_corpus_gives_gpufeed_errors_not_crashes():
+    # In one child process: a crash or a hang of HDF5 there would take the
+    # interpreter with it; the probe process must contain them instead.
+    files = sorted(str(p) for p in CORPUS.iterdir() if p.name != "COPYING" and not p.name.endswith(".md"))
+    proc = subprocess.run([sys.executable, "-c", CORPUS_CHILD] + files, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ))
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(lines) == len(files), proc.stderr[-2000:]
+    assert all(l.startswith(("ERR", "OK")) for l in lines)
