@@ -690,6 +690,7 @@ gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_e
     add("chunk_misses", double(s.chunk_misses));
     add("prefetched", double(s.prefetched));
     add("chunk_shared_hits", double(s.chunk_shared_hits));
+    add("chunk_reads_ahead", double(s.chunk_reads_ahead));
     add("plan_seconds", s.plan_seconds);
     add("fetch_seconds", s.fetch_seconds);
     add("assemble_seconds", s.assemble_seconds);

@@ -45,6 +45,7 @@ CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::stri
 int main(int argc, char** argv) {
   CLI::App app{"gpufeed: keeps GPUs fed from HDF5 datasets"};
   app.require_subcommand(1);
+  app.fallthrough();  // app-level flags (--trust-files) may follow the subcommand too
   app.set_version_flag("--version", "gpufeed " GPUFEED_VERSION);
   int exit_code = 0;
   // Before any subcommand runs (CLI11 runs a subcommand's callback after the

@@ -1,7 +1,6 @@
 // ProbeFiles (hdf5io/probe.h): fork, open in the child, watch from the parent.
 #include "hdf5io/probe.h"
 
-#include "common/sizes.h"
 
 #include <hdf5.h>
 
@@ -19,6 +18,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "common/sizes.h"
 
 namespace gpufeed {
 namespace {
