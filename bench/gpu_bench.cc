@@ -203,13 +203,7 @@ Result<std::vector<KernelResult>> RunKernelBench(int) {
 #endif
 
 Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
-  SourceOptions so;
-  so.data = o.data;
-  so.dataset = o.dataset;
-  so.loader = o.loader;
-  so.remote.token_file = o.token_file;
-  so.remote.client_name = "bench-feed";
-  auto opened = OpenBatchSource(so);
+  auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-feed");
   if (!opened.ok()) return opened.status();
   std::optional<Dataset> remote_file;
   const Dataset* ds = VerificationFile(**opened, o.dataset, &remote_file);

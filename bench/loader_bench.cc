@@ -33,14 +33,20 @@ const Dataset* VerificationFile(const OpenedSource& source, const std::string& d
   return &**holder;
 }
 
-Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
+Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, const std::string& dataset,
+                                                      const LoaderOptions& loader, const std::string& token_file,
+                                                      const std::string& client_name) {
   SourceOptions so;
-  so.data = o.data;
-  so.dataset = o.dataset;
-  so.loader = o.loader;
-  so.remote.token_file = o.token_file;
-  so.remote.client_name = "bench-loader";
-  auto opened = OpenBatchSource(so);
+  so.data = data;
+  so.dataset = dataset;
+  so.loader = loader;
+  so.remote.token_file = token_file;
+  so.remote.client_name = client_name;
+  return OpenBatchSource(so);
+}
+
+Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
+  auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader");
   if (!opened.ok()) return opened.status();
   const uint64_t rss_before = CurrentRss();  // the loader exists, its pool and cache do not yet
   BatchSource& loader = (*opened)->source();

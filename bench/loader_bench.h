@@ -58,6 +58,12 @@ struct LoaderBenchResult {
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& options);
 
+// The benches' source: a file or a daemon address (--data, --dataset,
+// --token-file), the stream named `client_name` in the daemon's logs.
+Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, const std::string& dataset,
+                                                      const LoaderOptions& loader, const std::string& token_file,
+                                                      const std::string& client_name);
+
 // The file to verify a source's batches against: the dataset it reads, or
 // for a daemon the file its stream names (info().name is "ADDRESS SPEC"),
 // opened into *holder when this host can read it; nullptr otherwise.
