@@ -1,6 +1,7 @@
 # `cmake --install build --prefix P` installs what an outside project uses:
 #   P/include/gpufeed/*.h            the public contracts (C++ and the C API)
-#   P/lib/libgpufeed.a               the C++ library      -> find_package(gpufeed), gpufeed::gpufeed
+#   P/lib/libgpufeed_*.a             the C++ library, a static library per module -> find_package(gpufeed),
+#                                    gpufeed::gpufeed (all of them) or gpufeed::loader, ::hdf5io, ...
 #   P/lib/libgpufeed.so              the C API            -> gpufeed::c_api, pkg-config gpufeed
 #   P/lib/cmake/gpufeed/             the exported package (gpufeedConfig.cmake and its targets)
 #   P/lib/pkgconfig/gpufeed.pc       the C API for pkg-config users
@@ -12,10 +13,12 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set_target_properties(gpufeed_shared PROPERTIES EXPORT_NAME c_api)
-target_include_directories(gpufeed INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+foreach(m IN LISTS GPUFEED_MODULES)
+  target_include_directories(${m} INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+endforeach()
 target_include_directories(gpufeed_shared INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 
-install(TARGETS gpufeed gpufeed_shared EXPORT gpufeedTargets
+install(TARGETS gpufeed ${GPUFEED_MODULES} gpufeed_shared EXPORT gpufeedTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS gpufeed_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
