@@ -8,31 +8,21 @@
 #define GPUFEED_BENCH_GPU_BENCH_H_
 
 #include <string>
+#include <vector>
 
 #include "gpufeed/gpu_feed.h"
+#include "gpufeed/hw_timing.h"
 #include "gpufeed/loader.h"
 
 namespace gpufeed::bench {
 
-struct H2dResult {
-  double pinned_gb_per_s = 0;  // one large pinned buffer, repeated copies (the ceiling)
-  double pool_gb_per_s = 0;    // batch-sized pinned pool slots into rotating device slots
-  double pageable_gb_per_s = 0;
-  uint64_t batch_bytes = 0;
-  double ratio() const { return pool_gb_per_s / pinned_gb_per_s; }
-};
-Result<H2dResult> RunH2dBench(uint64_t batch_bytes, int slots);
-
-struct KernelResult {
-  std::string dtype, layout;
-  double kernel_gb_per_s = 0;   // (uint8 read + output written) / time
-  double memcpy_gb_per_s = 0;   // device-to-device copy, read + written
-  double ms = 0;
-  double ratio() const { return kernel_gb_per_s / memcpy_gb_per_s; }
-};
-// A CelebA-sized batch (B x 3 x 218 x 178) through the fused transform, after
-// checking it bit for bit against the CPU reference.
-Result<std::vector<KernelResult>> RunKernelBench(int batch);
+// `bench h2d` and `bench kernel` measure through the library's testing hooks
+// (gpufeed/hw_timing.h): they need the pinned pool's allocation and the
+// transform kernel with its CPU twin, which are not public API.
+using H2dResult = gpufeed::H2dTiming;
+using KernelResult = gpufeed::KernelTiming;
+inline Result<H2dResult> RunH2dBench(uint64_t batch_bytes, int slots) { return MeasureH2d(batch_bytes, slots); }
+inline Result<std::vector<KernelResult>> RunKernelBench(int batch) { return MeasureTransformKernel(batch); }
 
 struct FeedBenchOptions {
   // A `bench gen` file, or a daemon address serving one (dataset, token_file

@@ -5,12 +5,12 @@
 #include <cmath>
 #include <vector>
 
-#include "loader/sampler.h"
+#include "gpufeed/loader.h"
 
 namespace gpufeed::bench {
 
 OrderStats MeasureOrder(uint64_t n, uint64_t k, Order order, uint64_t window, uint64_t seed) {
-  const std::vector<uint64_t> o = loader::GlobalOrder(n, k, order, seed, 0, window);
+  const std::vector<uint64_t> o = EpochOrder(n, k, order, seed, 0, window);
   const uint64_t chunks = (n + k - 1) / k;
   std::vector<double> lo(chunks, 1e300), hi(chunks, -1), sum(chunks, 0), sq(chunks, 0), cnt(chunks, 0);
   OrderStats s;

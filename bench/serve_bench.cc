@@ -8,11 +8,9 @@
 #include <thread>
 
 #include "bench/loader_bench.h"
-#include "daemon/address.h"
-#include "daemon/conn.h"
-#include "daemon/protocol.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/remote_loader.h"
+#include "gpufeed/daemon_testing.h"
 #include "gpufeed/server.h"
 
 namespace gpufeed::bench {
@@ -206,19 +204,14 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
     r.rss_before = CurrentRss();
     auto server = Server::Start(mo);
     if (!server.ok()) return server.status();
-    auto addr = daemon::ParseAddress("unix:" + sock);
-    daemon::Hello h;
-    h.loader = lo;
-    h.loader.batch_size = o.stall_batch_size;
-    std::vector<daemon::Conn> conns;
+    LoaderOptions stall_lo = lo;
+    stall_lo.batch_size = o.stall_batch_size;
+    std::vector<testing::RawDaemonClient> conns;
     for (int k = 0; k < o.idle_clients + o.stalled_clients; ++k) {
-      auto c = daemon::Conn::Connect(*addr, 5000);
+      auto c = testing::RawDaemonClient::Connect(
+          "unix:" + sock, stall_lo,
+          k >= o.idle_clients ? testing::RawDaemonClient::Kind::kStalled : testing::RawDaemonClient::Kind::kIdle);
       if (!c.ok()) return c.status();
-      GPUFEED_RETURN_IF_ERROR(c->SendFrame(daemon::FrameType::kHello, daemon::EncodeHello(h), 5000));
-      if (k >= o.idle_clients) {  // stalled: the most credit the protocol allows, and never a read
-        GPUFEED_RETURN_IF_ERROR(
-            c->SendFrame(daemon::FrameType::kCredit, daemon::EncodeCredit(daemon::kMaxCredits), 5000));
-      }
       conns.push_back(std::move(*c));
     }
     // Wait (bounded) until the stalled streams stop making progress.

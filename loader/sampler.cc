@@ -137,3 +137,12 @@ Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, ui
 }
 
 }  // namespace gpufeed::loader
+
+namespace gpufeed {
+
+std::vector<uint64_t> EpochOrder(uint64_t num_samples, uint64_t chunk_samples, Order order, uint64_t seed,
+                                 uint64_t epoch, uint64_t shuffle_window) {
+  return loader::GlobalOrder(num_samples, chunk_samples, order, seed, epoch, shuffle_window);
+}
+
+}  // namespace gpufeed

@@ -81,6 +81,12 @@ struct LoaderOptions {
   bool pin_memory = true;
 };
 
+// The order of all `num_samples` samples in an epoch before sharding, as
+// every rank computes it (each rank's share is cut from it): a pure function
+// of its arguments. For tools and tests (`gpufeed bench order`).
+std::vector<uint64_t> EpochOrder(uint64_t num_samples, uint64_t chunk_samples, Order order, uint64_t seed,
+                                 uint64_t epoch, uint64_t shuffle_window);
+
 // Where a run is: resume with Loader::Epoch(state.epoch, state.next_batch).
 // Serialized with a magic and a version.
 struct LoaderState {

@@ -3,7 +3,8 @@
 # headers and those of the modules below it; include/gpufeed/*.h, the public
 # contracts, belong to the module that implements them. An upward include is
 # reported with the file and line, and fails this test.
-#   common < hdf5io < loader < gpu < trainer;  loader < daemon;  capi, cli, bench: anything
+#   common < hdf5io < loader < gpu < trainer;  loader < daemon;  capi, cli: anything;
+#   bench: the public headers (include/gpufeed/) and its own only
 #   tests/structure/check_layering.sh SOURCE_DIR
 set -euo pipefail
 src=${1:-$(dirname "$0")/../..}
@@ -23,9 +24,9 @@ owner_of_public() {
     status.h|dtype.h|chunk_source.h|version.h) echo common ;;
     dataset.h|writer.h|convert.h|inspect.h) echo hdf5io ;;
     loader.h) echo loader ;;
-    gpu_feed.h|device.h) echo gpu ;;
+    gpu_feed.h|device.h|hw_timing.h) echo gpu ;;
     trainer.h) echo trainer ;;
-    server.h|remote_loader.h|open_source.h) echo daemon ;;
+    server.h|remote_loader.h|open_source.h|daemon_testing.h) echo daemon ;;
     c_api.h) echo capi ;;
     *) echo unknown ;;
   esac
@@ -60,8 +61,18 @@ for f in include/gpufeed/*.h; do
   [ -n "${allowed[$module]:-}" ] || continue
   check "$f" "$module"
 done
+# bench/ is a client of the public API (STYLE.md: thin executables).
+for f in bench/*.h bench/*.cc; do
+  while IFS=: read -r line inc; do
+    inc=${inc#*\"}; inc=${inc%\"*}
+    case "$inc" in gpufeed/*|bench/*) ;; *)
+      echo "$f:$line: bench includes \"$inc\" (bench uses include/gpufeed/ only: make it API or a testing hook)"
+      bad=1 ;;
+    esac
+  done < <(grep -n '^#include "' "$f" || true)
+done
 if [ $bad -ne 0 ]; then
   echo "check_layering: upward includes above; move the code down or the contract into the lower module"
   exit 1
 fi
-echo "check_layering: every include of common, hdf5io, loader, gpu, trainer, daemon points down"
+echo "check_layering: every include of common, hdf5io, loader, gpu, trainer, daemon points down; bench uses the public API"
