@@ -65,6 +65,7 @@ struct LoaderBenchResult {
   std::string file, io, io_note;
   uint64_t file_bytes = 0;
   double ceiling_gb_per_s = 0;  // 0: not measured (O_DIRECT refused: see ceiling_note)
+  std::vector<double> ceiling_runs_gb_per_s;  // before and after the epochs; the ceiling is the larger
   std::string ceiling_note;
   double samples_per_s() const { return samples / seconds; }
   double gb_per_s() const { return samples * double(sample_bytes) / seconds / 1e9; }

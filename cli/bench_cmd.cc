@@ -97,7 +97,7 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"max_rss_bytes", r->max_rss_bytes}, {"rss_before_bytes", r->rss_before_bytes},
         {"memory_bound_bytes", r->memory_bound_bytes},
         {"cold", a.bench.cold ? nlohmann::json{{"file", r->file}, {"file_bytes", r->file_bytes}, {"io", r->io},
-                                               {"io_note", r->io_note}, {"ceiling_gb_per_s", r->ceiling_gb_per_s},
+                                               {"io_note", r->io_note}, {"ceiling_gb_per_s", r->ceiling_gb_per_s}, {"ceiling_runs_gb_per_s", r->ceiling_runs_gb_per_s},
                                                {"ceiling_note", r->ceiling_note}, {"epochs", [&] {
                                                  nlohmann::json arr = nlohmann::json::array();
                                                  for (const bench::LoaderBenchEpoch& e : r->epochs) {
@@ -139,15 +139,22 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
                 r->file.c_str(), r->file_bytes / 1e9, r->io.c_str(), r->io_note.empty() ? "" : " (",
                 r->io_note.c_str(), r->io_note.empty() ? "" : ")");
     if (r->ceiling_gb_per_s > 0) {
-      std::printf("%.2f GB/s\n", r->ceiling_gb_per_s);
+      std::printf("%.2f GB/s (runs before / after the epochs: %.2f / %.2f)\n", r->ceiling_gb_per_s,
+                  r->ceiling_runs_gb_per_s.at(0), r->ceiling_runs_gb_per_s.at(1));
     } else {
       std::printf("not measured (%s)\n", r->ceiling_note.c_str());
     }
     for (const bench::LoaderBenchEpoch& e : r->epochs) {
       const double file_gbs = e.seconds > 0 ? e.stats.bytes_read / e.seconds / 1e9 : 0;
-      std::printf("  cold epoch %llu: in page cache %.1f%% at start, %.1f%% at end; file read at %.2f GB/s",
-                  static_cast<unsigned long long>(e.epoch), 100 * e.resident_before, 100 * e.resident_after, file_gbs);
-      if (r->ceiling_gb_per_s > 0) std::printf(" = %.2f of the ceiling", file_gbs / r->ceiling_gb_per_s);
+      const double delivered_gbs = e.seconds > 0 ? e.samples * double(r->sample_bytes) / e.seconds / 1e9 : 0;
+      std::printf("  cold epoch %llu: in page cache %.1f%% at start, %.1f%% at end; file read at %.2f GB/s, "
+                  "samples delivered at %.2f GB/s",
+                  static_cast<unsigned long long>(e.epoch), 100 * e.resident_before, 100 * e.resident_after, file_gbs,
+                  delivered_gbs);
+      if (r->ceiling_gb_per_s > 0) {
+        std::printf(" (%.2f and %.2f of the ceiling)", file_gbs / r->ceiling_gb_per_s,
+                    delivered_gbs / r->ceiling_gb_per_s);
+      }
       std::printf("\n");
     }
   }
