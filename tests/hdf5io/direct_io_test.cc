@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "gpufeed/dataset.h"
+#include "gpufeed/writer.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {
@@ -242,6 +243,45 @@ TEST(DirectIoTest, IoUringCanBeTurnedOffAndSaysSo) {
   EXPECT_NE(ds->info().io_note.find("synchronous O_DIRECT preads"), std::string::npos) << ds->info().io_note;
   for (uint64_t c = 0; c < ds->num_chunks(); ++c) ds->WillRead(c);
   EXPECT_TRUE(ReadAll(*ds) == want);
+}
+
+// gpufeed's writer puts every chunk on a 4 KiB boundary (H5Pset_alignment),
+// so direct reads of its files read no bytes around a chunk.
+TEST(DirectIoTest, WriterAlignsChunksTo4KiB) {
+  const std::string path = testing::MakeTempDir("direct_io") + "/w.h5";
+  const std::vector<uint64_t> shape = {3, 50, 50};
+  WriteOptions w;
+  w.codec = Codec::kNone;  // chunks of 22,500 bytes: every one is checked below
+  w.chunk_samples = 3;
+  constexpr uint64_t kN = 40;
+  auto wr = DatasetWriter::Create(path, shape, DType::kUInt8, kN, w);
+  ASSERT_TRUE(wr.ok()) << wr.status().ToString();
+  const std::vector<std::byte> data = IndexSamples(kN, 7500);
+  for (uint64_t c = 0; c * 3 < kN; ++c) {
+    const uint64_t n = std::min<uint64_t>(3, kN - c * 3);
+    DatasetWriter::EncodedChunk e;
+    ASSERT_TRUE(wr->EncodeChunk(c, std::span(data).subspan(c * 3 * 7500, n * 7500), &e).ok());
+    ASSERT_TRUE(wr->WriteChunk(c, e).ok());
+  }
+  ASSERT_TRUE(wr->Commit().ok());
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  hid_t d = H5Dopen2(f, "/images", H5P_DEFAULT);
+  ASSERT_GE(d, 0);
+  for (hsize_t c = 0; c * 3 < kN; ++c) {
+    hsize_t off[4] = {c * 3, 0, 0, 0};
+    unsigned mask = 0;
+    haddr_t addr = 0;
+    hsize_t size = 0;
+    ASSERT_GE(H5Dget_chunk_info_by_coord(d, off, &mask, &addr, &size), 0);
+    ASSERT_GE(size, 4096u);
+    EXPECT_EQ(addr % 4096, 0u) << "chunk " << c << " at " << addr << ", " << size << " bytes";
+  }
+  H5Dclose(d);
+  H5Fclose(f);
+  auto ds = Dataset::Open(path, Opts(IoMode::kDirect));
+  ASSERT_TRUE(ds.ok());
+  EXPECT_TRUE(ReadAll(*ds) == data);
 }
 
 TEST(DirectIoTest, FileTruncatedAfterOpenIsAnErrorNamingTheChunk) {
