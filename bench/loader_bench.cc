@@ -1,16 +1,22 @@
 // Loader benchmark: time a do-nothing consumer, then verify what it got.
 #include "bench/loader_bench.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
 #include <cstdio>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "gpufeed/dataset.h"
+#include "gpufeed/page_cache.h"
 
 namespace gpufeed::bench {
 
@@ -45,6 +51,46 @@ Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, c
   return OpenBatchSource(so);
 }
 
+Result<double> DirectReadCeiling(const std::string& path) {
+  GPUFEED_RETURN_IF_ERROR(EvictFromPageCache(path));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  if (fd < 0) return Status::IOError(path + ": O_DIRECT open refused: " + std::strerror(errno));
+  struct stat st;
+  ::fstat(fd, &st);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  constexpr uint64_t kReq = 8u << 20;
+  constexpr int kInFlight = 2;
+  std::atomic<uint64_t> next{0}, total{0};
+  std::atomic<int> err{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kInFlight; ++t) {
+    threads.emplace_back([&] {
+      void* p = nullptr;
+      if (posix_memalign(&p, kDirectIoAlignment, kReq) != 0) {
+        err = ENOMEM;
+        return;
+      }
+      std::unique_ptr<void, decltype(&std::free)> buf(p, &std::free);
+      for (uint64_t off = next.fetch_add(kReq); off < size; off = next.fetch_add(kReq)) {
+        const ssize_t r = ::pread(fd, buf.get(), kReq, static_cast<off_t>(off));
+        if (r < 0) {
+          err = errno;
+          return;
+        }
+        total += static_cast<uint64_t>(r);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  if (err != 0) return Status::IOError(path + ": O_DIRECT read failed: " + std::strerror(err));
+  if (total != size) return Status::IOError(path + ": O_DIRECT read " + std::to_string(total.load()) + " of " +
+                                            std::to_string(size) + " bytes");
+  return size / secs / 1e9;
+}
+
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader");
   if (!opened.ok()) return opened.status();
@@ -68,6 +114,31 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   r.warnings = loader.info().warnings;
   r.batch_size = loader.info().batch_size;
 
+  if (o.cold) {
+    if (ds == nullptr) return Status::InvalidArgument("--cold needs a file this host reads (not a remote daemon's)");
+    r.file = ds->info().file;
+    r.io = (*opened)->dataset() != nullptr ? ds->info().io : "daemon";
+    r.io_note = ds->info().io_note;
+    struct stat st;
+    if (::stat(r.file.c_str(), &st) == 0) r.file_bytes = static_cast<uint64_t>(st.st_size);
+  }
+  // --cold: drop the file's pages before an epoch; returns the share left.
+  auto evict = [&]() -> Result<double> {
+    GPUFEED_RETURN_IF_ERROR(EvictFromPageCache(r.file));
+    return PageCacheResidentFraction(r.file);
+  };
+  double resident0 = -1;
+  double ceiling_before = 0;
+  if (o.cold) {
+    // The device's ceiling before and after the epochs (a shared or virtual
+    // disk varies): the figures are compared with the larger.
+    auto c = DirectReadCeiling(r.file);
+    if (c.ok()) ceiling_before = *c;
+    auto f = evict();
+    if (!f.ok()) return f.status();
+    resident0 = *f;
+  }
+
   constexpr uint64_t kSpotEvery = 61;  // prime: lands on every batch position over time
   // The first epoch starts before the bench sizes its checks by the
   // dataset: options or a shape the loader refuses are reported as such.
@@ -88,6 +159,12 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     std::vector<std::pair<uint64_t, uint64_t>> spots;  // (index, XXH3 of delivered bytes)
     uint64_t label_mismatch = 0, sum_hash = 0, delivered = 0;
     const uint64_t epoch = o.epoch + static_cast<uint64_t>(ep);
+    double resident_before = resident0;
+    if (o.cold && ep > 0) {
+      auto f = evict();
+      if (!f.ok()) return f.status();
+      resident_before = *f;
+    }
     const auto t0 = ep == 0 ? first_t0 : std::chrono::steady_clock::now();
     EpochStream stream = ep == 0 ? std::move(first) : loader.Epoch(epoch);
     const uint64_t want_batches = o.batches ? std::min(o.batches, stream.num_batches()) : stream.num_batches();
@@ -121,6 +198,11 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     r.stats = stream.stats();
     r.samples = delivered;
     r.epochs.push_back({epoch, delivered, secs, r.stats});
+    if (o.cold) {
+      auto after = PageCacheResidentFraction(r.file);
+      r.epochs.back().resident_before = resident_before;
+      r.epochs.back().resident_after = after.ok() ? *after : -1;
+    }
     r.full_epoch = want_batches == stream.num_batches();
 
     // Verify before anything is printed.
@@ -149,13 +231,25 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     }
     r.spot_checked += spots.size();
   }
+  if (o.cold) {
+    // After the loader's figures are verified: the device's ceiling, same file, same run.
+    auto c = DirectReadCeiling(r.file);
+    if (c.ok()) {
+      r.ceiling_runs_gb_per_s = {ceiling_before, *c};
+      r.ceiling_gb_per_s = std::max(ceiling_before, *c);
+    } else {
+      r.ceiling_note = c.status().message();
+    }
+  }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   r.rss_before_bytes = rss_before;
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
+  // Direct I/O adds its read-ahead's 4 chunk buffers (Dataset's io_uring ring).
+  const uint64_t read_ahead = (*opened)->dataset() != nullptr && ds->info().io == "direct" ? 4 : 0;
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
-                         (2 * threads + 4) * (ds != nullptr ? ds->chunk_bytes_max() : 0);
+                         (2 * threads + 4 + read_ahead) * (ds != nullptr ? ds->chunk_bytes_max() : 0);
   return r;
 }
 

@@ -27,6 +27,11 @@ struct LoaderBenchOptions {
   // Epochs run back to back on one Loader; the figures are the last one's
   // (the first pays for threads, the pool's first touch and cold caches).
   int epochs = 2;
+  // Cold data (--cold): before each epoch the file's pages are dropped from
+  // the page cache (posix_fadvise DONTNEED, checked with mincore), and after
+  // the last epoch the device's sequential O_DIRECT read rate of the same
+  // file is measured: the ceiling the cold figures are compared with.
+  bool cold = false;
 };
 
 struct LoaderBenchEpoch {
@@ -34,6 +39,9 @@ struct LoaderBenchEpoch {
   uint64_t samples = 0;
   double seconds = 0;  // Epoch() to its last batch
   LoaderStats stats;   // this epoch's: chunk reads, reads ahead, hits, bytes decoded
+  // --cold: the share of the file in the page cache when the epoch started
+  // (after eviction) and when it ended (growth: what the epoch cached).
+  double resident_before = -1, resident_after = -1;
 };
 
 struct LoaderBenchResult {
@@ -52,6 +60,13 @@ struct LoaderBenchResult {
   uint64_t max_rss_bytes = 0;      // peak resident memory of the process
   uint64_t rss_before_bytes = 0;   // resident before the Loader existed (code, libraries, the index)
   uint64_t memory_bound_bytes = 0; // cache + (prefetch + 1) x batch + threads x chunk (docs: loader.h)
+  // --cold: the file read, its size, the dataset's I/O mode ("direct" or
+  // "buffered", with the fallback note) and the O_DIRECT sequential ceiling.
+  std::string file, io, io_note;
+  uint64_t file_bytes = 0;
+  double ceiling_gb_per_s = 0;  // 0: not measured (O_DIRECT refused: see ceiling_note)
+  std::vector<double> ceiling_runs_gb_per_s;  // before and after the epochs; the ceiling is the larger
+  std::string ceiling_note;
   double samples_per_s() const { return samples / seconds; }
   double gb_per_s() const { return samples * double(sample_bytes) / seconds / 1e9; }
 };
@@ -68,6 +83,11 @@ Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, c
 // for a daemon the file its stream names (info().name is "ADDRESS SPEC"),
 // opened into *holder when this host can read it; nullptr otherwise.
 const Dataset* VerificationFile(const OpenedSource& source, const std::string& dataset, std::optional<Dataset>* holder);
+
+// Sequential read of the whole of `path` with O_DIRECT in 8 MiB requests,
+// two in flight (threads): GB/s. The file is evicted first. Fails where
+// O_DIRECT is refused.
+Result<double> DirectReadCeiling(const std::string& path);
 
 // This process's resident memory in bytes (/proc/self/statm; 0 if unreadable).
 uint64_t CurrentRss();

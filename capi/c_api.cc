@@ -56,6 +56,7 @@ struct gpufeed_error {
 struct gpufeed_options {
   gpufeed::SourceOptions source;
   std::string order = "block";
+  std::string io;  // "" : OpenOptions' default (auto, or GPUFEED_IO)
   bool feed = false;
   gpufeed::FeedOptions feed_options;
   std::string dtype = "float32", layout = "NCHW", input_layout = "NCHW";
@@ -459,6 +460,7 @@ GPUFEED_BOOL_SETTER(feed_force_cpu, feed_options.force_cpu)
 #define GPUFEED_STRING_SETTER(name, field) \
   void gpufeed_options_set_##name(gpufeed_options* o, const char* v) { o->field = v != nullptr ? v : ""; }
 GPUFEED_STRING_SETTER(order, order)
+GPUFEED_STRING_SETTER(io, io)
 GPUFEED_STRING_SETTER(labels_path, source.open.labels_path)
 GPUFEED_STRING_SETTER(dataset, source.dataset)
 GPUFEED_STRING_SETTER(token, source.remote.token)
@@ -487,6 +489,11 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
     auto order = gpufeed::OrderFromName(options->order);
     if (!order.ok()) return Fail(error, order.status());
     so.loader.order = *order;
+    if (!options->io.empty()) {
+      auto io = gpufeed::ParseIoMode(options->io);
+      if (!io.ok()) return Fail(error, io.status());
+      so.open.io = *io;
+    }
     auto core = std::make_shared<Core>();
     core->feed = options->feed;
     core->feed_options = options->feed_options;

@@ -96,6 +96,19 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
          }()},
         {"max_rss_bytes", r->max_rss_bytes}, {"rss_before_bytes", r->rss_before_bytes},
         {"memory_bound_bytes", r->memory_bound_bytes},
+        {"cold", a.bench.cold ? nlohmann::json{{"file", r->file}, {"file_bytes", r->file_bytes}, {"io", r->io},
+                                               {"io_note", r->io_note}, {"ceiling_gb_per_s", r->ceiling_gb_per_s}, {"ceiling_runs_gb_per_s", r->ceiling_runs_gb_per_s},
+                                               {"ceiling_note", r->ceiling_note}, {"epochs", [&] {
+                                                 nlohmann::json arr = nlohmann::json::array();
+                                                 for (const bench::LoaderBenchEpoch& e : r->epochs) {
+                                                   arr.push_back({{"resident_before", e.resident_before},
+                                                                  {"resident_after", e.resident_after},
+                                                                  {"bytes_read", e.stats.bytes_read},
+                                                                  {"seconds", e.seconds}});
+                                                 }
+                                                 return arr;
+                                               }()}}
+                              : nlohmann::json(nullptr)},
         {"cache", {{"chunk_reads", s.chunk_reads}, {"hits", s.chunk_hits}, {"misses", s.chunk_misses},
                    {"prefetched", s.prefetched}, {"hit_rate", s.hit_rate()},
                    {"read_amplification", s.read_amplification()}, {"bytes_read", s.bytes_read},
@@ -120,6 +133,30 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
                 static_cast<unsigned long long>(e.stats.chunk_reads),
                 static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(),
                 e.stats.bytes_decoded / 1e6);
+  }
+  if (a.bench.cold) {
+    std::printf("  cold: %s (%.2f GB), I/O %s%s%s%s; O_DIRECT sequential ceiling ",
+                r->file.c_str(), r->file_bytes / 1e9, r->io.c_str(), r->io_note.empty() ? "" : " (",
+                r->io_note.c_str(), r->io_note.empty() ? "" : ")");
+    if (r->ceiling_gb_per_s > 0) {
+      std::printf("%.2f GB/s (runs before / after the epochs: %.2f / %.2f)\n", r->ceiling_gb_per_s,
+                  r->ceiling_runs_gb_per_s.at(0), r->ceiling_runs_gb_per_s.at(1));
+    } else {
+      std::printf("not measured (%s)\n", r->ceiling_note.c_str());
+    }
+    for (const bench::LoaderBenchEpoch& e : r->epochs) {
+      const double file_gbs = e.seconds > 0 ? e.stats.bytes_read / e.seconds / 1e9 : 0;
+      const double delivered_gbs = e.seconds > 0 ? e.samples * double(r->sample_bytes) / e.seconds / 1e9 : 0;
+      std::printf("  cold epoch %llu: in page cache %.1f%% at start, %.1f%% at end; file read at %.2f GB/s, "
+                  "samples delivered at %.2f GB/s",
+                  static_cast<unsigned long long>(e.epoch), 100 * e.resident_before, 100 * e.resident_after, file_gbs,
+                  delivered_gbs);
+      if (r->ceiling_gb_per_s > 0) {
+        std::printf(" (%.2f and %.2f of the ceiling)", file_gbs / r->ceiling_gb_per_s,
+                    delivered_gbs / r->ceiling_gb_per_s);
+      }
+      std::printf("\n");
+    }
   }
   std::printf("  last of %d epochs: %llu samples in %.3f s: %.0f samples/s, %.2f GB/s (first batch after %.3f s; "
               "the first epoch took %.3f s)\n",
@@ -195,6 +232,9 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   AddCacheBytesOption(lcmd, &la->bench.loader.cache_bytes, "decoded-chunk cache budget");
   lcmd->add_option("--shuffle-window", la->bench.loader.shuffle_window, "chunks per shuffle window (block)");
   lcmd->add_option("--seed", la->bench.loader.seed, "order seed");
+  lcmd->add_flag("--cold", la->bench.cold,
+                 "drop the file from the page cache before each epoch (posix_fadvise, checked with mincore) and "
+                 "measure the O_DIRECT sequential read ceiling of the same file in the same run");
   lcmd->add_option("--epoch", la->bench.epoch, "first epoch to run");
   lcmd->add_option("--epochs", la->bench.epochs, "epochs run back to back; the last one is reported (default 2)");
   lcmd->add_option("--batches", la->bench.batches, "stop after N batches (default: the epoch)");

@@ -66,6 +66,8 @@ int RunInspect(const InspectArgs& a) {
         {"read_path", ReadPathName(info.read_path)},
         {"read_path_reason", info.read_path_reason},
         {"unreadable", info.unreadable},
+        {"io", info.io},
+        {"io_note", info.io_note},
         {"read_unit_samples", ds->chunk_samples()},
         {"read_units", ds->num_chunks()},
         {"recommended_cache_bytes", r.recommended_cache_bytes},
@@ -99,6 +101,10 @@ int RunInspect(const InspectArgs& a) {
   std::printf(", read unit %llu samples (%.2f MiB), %llu units\n",
               static_cast<unsigned long long>(ds->chunk_samples()), ds->chunk_bytes_max() / 1048576.0,
               static_cast<unsigned long long>(ds->num_chunks()));
+  if (!info.io.empty()) {
+    std::printf("  I/O          %s%s%s%s\n", info.io.c_str(), info.io_note.empty() ? "" : " (",
+                info.io_note.c_str(), info.io_note.empty() ? "" : ")");
+  }
   if (!info.unreadable.empty()) {
     std::printf("  UNREADABLE   %s\n", info.unreadable.c_str());
     std::fprintf(stderr, "gpufeed inspect: warning: no sample can be read: %s\n", info.unreadable.c_str());

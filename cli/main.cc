@@ -53,6 +53,14 @@ int main(int argc, char** argv) {
   app.add_flag_callback(
       "--trust-files", [] { ::setenv("GPUFEED_TRUST_FILES", "1", 1); },
       "open HDF5 files without the crash-isolating probe process (for files you trust; saves a fork per file)");
+  // The direct path's I/O for every dataset this process opens (IoMode in
+  // gpufeed/dataset.h): an environment variable, so the daemon, train and
+  // the bench commands take it without an option of their own.
+  app.add_option_function<std::string>(
+         "--io", [](const std::string& m) { ::setenv("GPUFEED_IO", m.c_str(), 1); },
+         "how chunks are read: auto (direct when the file exceeds the memory available to the page cache), "
+         "direct (O_DIRECT, page cache left alone; falls back to pread where refused) or buffered (pread)")
+      ->check(CLI::IsMember({"auto", "direct", "buffered"}));
   // convert, inspect and train remove their temporary output on Ctrl-C.
   gpufeed::RemoveTempFilesOnSignal();
   gpufeed::cli::AddConvertCommand(app, &exit_code);

@@ -19,7 +19,7 @@ include(GoogleTest)
 set(GPUFEED_TEST_SOURCES "" CACHE INTERNAL "")
 # GoogleTest filters (':'-separated patterns) over suite.case names.
 set(GPUFEED_GPU_TESTS "TransformGpuTest.*:*/Gpu:*CudaVsCpu.*:*OnTheGpu:*.GpuTraining*")
-set(GPUFEED_SLOW_TESTS "DaemonTest.*:TrainerTest.*:LoaderHoldTest.*:FashionMnistTest.*:HostileFilesTest.*:\
+set(GPUFEED_SLOW_TESTS "DaemonTest.*:TrainerTest.*:LoaderHoldTest.*:FashionMnistTest.*:HostileFilesTest.*:PluginFiltersTest.*:\
 LoaderTest.ConsumerHoldingPrefetchBatchesGetsEverySampleOnce:ChunkCacheTest.PrefetchesWhatTheNextBatchesNeed")
 macro(gpufeed_test name)
   list(APPEND GPUFEED_TEST_SOURCES ${PROJECT_SOURCE_DIR}/tests/${name}.cc)

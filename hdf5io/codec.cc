@@ -139,6 +139,16 @@ Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst,
   return Status::Ok();
 }
 
+bool DirectPathDecodes(int id) {
+  switch (id) {
+    case kFilterDeflate: case kFilterShuffle: case kFilterZstd:
+    case kFilterLzf: case kFilterBlosc: case kFilterLz4: case kFilterBitshuffle:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool DirectPathCanDecode(const std::vector<FilterStep>& pipeline) {
   for (size_t k = 0; k + 1 < pipeline.size(); ++k) {
     if (pipeline[k].id != kFilterShuffle) return false;
@@ -186,6 +196,15 @@ Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask
       GPUFEED_RETURN_IF_ERROR(Inflate(cur, out, what));
     } else if (f.id == kFilterZstd) {
       GPUFEED_RETURN_IF_ERROR(ZstdDecompress(cur, out, what));
+    } else if (f.id == kFilterLzf) {
+      GPUFEED_RETURN_IF_ERROR(LzfDecompress(cur, out, what));
+    } else if (f.id == kFilterBlosc) {
+      GPUFEED_RETURN_IF_ERROR(BloscDecompress(cur, out, what));
+    } else if (f.id == kFilterLz4) {
+      GPUFEED_RETURN_IF_ERROR(Lz4FramedDecompress(cur, out, what));
+    } else if (f.id == kFilterBitshuffle) {
+      GPUFEED_RETURN_IF_ERROR(
+          BitshuffleDecompress(cur, out, f.elem_size, f.block, f.compression, scratch.block, what));
     } else {
       return Status::Unsupported(what + ": filter " + std::to_string(f.id) +
                                  " is not supported by the direct path");

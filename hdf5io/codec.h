@@ -1,5 +1,6 @@
 // Chunk codecs: the HDF5 filters gpufeed runs in its own threads (shuffle,
-// deflate through libdeflate, zstd), in both directions. Byte-compatible with
+// deflate through libdeflate, zstd), in both directions, and the decoders of
+// the plugin filters scientific files use (LZF, Blosc, LZ4, Bitshuffle). Byte-compatible with
 // HDF5's built-in shuffle/deflate filters and with the zstd filter 32015 of
 // hdf5plugin (one zstd frame per chunk).
 //
@@ -9,6 +10,7 @@
 #define GPUFEED_HDF5IO_CODEC_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +22,14 @@ namespace gpufeed::codec {
 inline constexpr int kFilterDeflate = 1;   // H5Z_FILTER_DEFLATE
 inline constexpr int kFilterShuffle = 2;   // H5Z_FILTER_SHUFFLE
 inline constexpr int kFilterZstd = 32015;  // registered zstd filter id
+// Registered plugin filters the direct path decodes (hdf5io/codec_plugins.cc).
+inline constexpr int kFilterLzf = 32000;         // h5py's LZF
+inline constexpr int kFilterBlosc = 32001;       // Blosc (its own header and shuffle)
+inline constexpr int kFilterLz4 = 32004;         // HDF5's LZ4 plugin framing
+inline constexpr int kFilterBitshuffle = 32008;  // bitshuffle, alone or with LZ4
+
+// Whether DecodeChunk undoes filter `id`.
+bool DirectPathDecodes(int id);
 
 // Byte-plane transpose as HDF5's shuffle filter does it: byte j of element e
 // goes to dst[j * n + e]. Trailing bytes that do not fill an element are
@@ -43,10 +53,25 @@ size_t ZstdCompress(std::span<const std::byte> src, std::span<std::byte> dst, in
 Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst,
                       const std::string& what);
 
+// The plugin filters' decoders. Sizes in the streams are checked against the
+// stored bytes and dst.size(), which is the exact decoded size.
+Status LzfDecompress(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what);
+Status BloscDecompress(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what);
+Status Lz4FramedDecompress(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what);
+// `tmp` is scratch for one LZ4 block.
+Status BitshuffleDecompress(std::span<const std::byte> src, std::span<std::byte> dst, size_t elem_size,
+                            uint64_t block_elems, int compression, std::vector<std::byte>& tmp,
+                            const std::string& what);
+// Bitshuffle's transform of one block of n elements (n a multiple of 8).
+void BitshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
+void BitunshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
+
 // One filter of a dataset's pipeline, as the direct path runs it.
 struct FilterStep {
-  int id = 0;              // kFilterDeflate, kFilterShuffle or kFilterZstd
-  size_t elem_size = 1;    // for shuffle
+  int id = 0;              // one DirectPathDecodes accepts
+  size_t elem_size = 1;    // for shuffle and bitshuffle (bitshuffle: cd_values[2])
+  uint64_t block = 0;      // bitshuffle: elements per block (cd_values[3]; 0: the default)
+  int compression = 0;     // bitshuffle: cd_values[4] (0 none, 2 LZ4)
 };
 
 // Whether DecodeChunk can undo `pipeline`: every filter but the last (in
@@ -58,6 +83,7 @@ bool DirectPathCanDecode(const std::vector<FilterStep>& pipeline);
 // Per-thread scratch for DecodeChunk; grows to the largest chunk seen.
 struct DecodeScratch {
   std::vector<std::byte> a, b;
+  std::vector<std::byte> block;  // one LZ4 block of bitshuffle
 };
 
 // Undoes `pipeline` (in write order; filters whose bit is set in

@@ -11,11 +11,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
 #include <mutex>
 
 #include "common/memory.h"
 #include "common/sizes.h"
 #include "hdf5io/codec.h"
+#include "hdf5io/direct_io.h"
 #include "hdf5io/h5_util.h"
 #include "hdf5io/probe.h"
 
@@ -47,6 +49,12 @@ std::string FilterName(int id, const char* hdf5_name) {
     case 4: return "szip";
     case 5: return "nbit";
     case 6: return "scaleoffset";
+    case 307: return "bzip2";
+    case codec::kFilterLzf: return "lzf";
+    case codec::kFilterBlosc: return "blosc";
+    case codec::kFilterLz4: return "lz4";
+    case codec::kFilterBitshuffle: return "bitshuffle";
+    case 32013: return "zfp";
     default: return hdf5_name[0] ? hdf5_name : "filter " + std::to_string(id);
   }
 }
@@ -116,6 +124,21 @@ int64_t PreadFull(int fd, std::byte* dst, size_t n, uint64_t offset) {
 
 std::string_view ReadPathName(ReadPath p) { return p == ReadPath::kDirect ? "direct" : "hdf5"; }
 
+std::string_view IoModeName(IoMode m) {
+  switch (m) {
+    case IoMode::kDirect: return "direct";
+    case IoMode::kBuffered: return "buffered";
+    default: return "auto";
+  }
+}
+
+Result<IoMode> ParseIoMode(std::string_view text) {
+  if (text == "auto") return IoMode::kAuto;
+  if (text == "direct") return IoMode::kDirect;
+  if (text == "buffered") return IoMode::kBuffered;
+  return Status::InvalidArgument("I/O mode '" + std::string(text) + "' is not one of auto, direct, buffered");
+}
+
 Result<DatasetSpec> DatasetSpec::Parse(std::string_view spec) {
   DatasetSpec out;
   size_t colon = spec.rfind(":/");
@@ -143,8 +166,15 @@ struct Dataset::Impl {
   std::vector<int64_t> labels;
   std::string what;  // "file:/images", the prefix of every error message
 
-  // Direct path.
+  // Direct path. With IoMode::kDirect, chunk bytes are read through
+  // direct_fd (O_DIRECT); fd stays open for the buffered fallback.
   int fd = -1;
+  int direct_fd = -1;
+  // Direct I/O's read-ahead in the loader's order (WillRead); null where
+  // io_uring is unavailable (reads are then synchronous O_DIRECT preads).
+  // Declared after direct_fd: destroyed (its reads waited for) before the
+  // destructor closes the descriptor.
+  std::unique_ptr<io::UringReadAhead> ahead;
   bool contiguous = false;
   uint64_t contiguous_addr = 0;
   std::vector<uint64_t> chunk_addr;   // absolute file offsets
@@ -160,7 +190,18 @@ struct Dataset::Impl {
   std::mutex h5_mu;
 
   ~Impl() {
+    ahead.reset();  // waits for its reads in flight
     if (fd >= 0) ::close(fd);
+    if (direct_fd >= 0) ::close(direct_fd);
+  }
+
+  // Bytes [off, off + n) of the file for chunk i (< n only at end of file)
+  // or -errno: from the read-ahead if it started this read, else read now.
+  int64_t ReadAt(uint64_t i, std::byte* dst, size_t n, uint64_t off) const {
+    if (ahead) {
+      if (auto r = ahead->Take(i, dst, n, off)) return *r;
+    }
+    return direct_fd >= 0 ? io::PreadDirect(direct_fd, dst, n, off) : PreadFull(fd, dst, n, off);
   }
 
   std::string ChunkWhat(uint64_t i) const { return what + " chunk " + std::to_string(i); }
@@ -168,13 +209,58 @@ struct Dataset::Impl {
   Status ReadDirect(uint64_t i, std::span<std::byte> dst) const;
   Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst);
   Result<std::string> PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size);
+  Status ChooseIo(IoMode asked, uint64_t file_size);
 };
+
+// Resolves the direct path's I/O mode (IoMode's contract in dataset.h).
+Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
+  const char* env = std::getenv("GPUFEED_IO");
+  if (asked == IoMode::kAuto && env != nullptr && env[0] != '\0') {
+    auto m = ParseIoMode(env);
+    if (!m.ok()) return Status::InvalidArgument("GPUFEED_IO: " + m.status().message());
+    asked = *m;
+  }
+  IoMode mode = asked;
+  if (asked == IoMode::kAuto) {
+    const uint64_t avail = AvailableMemoryBytes();
+    mode = file_size > avail ? IoMode::kDirect : IoMode::kBuffered;
+    info.io_note = "auto: the file (" + HumanBytes(file_size) + ") " + (mode == IoMode::kDirect ? "exceeds" : "fits in") +
+                   " the memory available to the page cache (" + HumanBytes(avail) + ")";
+  }
+  if (mode == IoMode::kDirect) {
+    std::string why;
+    direct_fd = io::OpenDirect(info.file, &why);
+    if (direct_fd < 0) {
+      mode = IoMode::kBuffered;
+      info.io_note = why + "; reading through the page cache with pread";
+      // Once per process: a trainer opens the same file for each of its loaders.
+      static std::once_flag logged;
+      std::call_once(logged, [&] {
+        std::fprintf(stderr, "gpufeed: %s: direct I/O unavailable: %s\n", info.file.c_str(), info.io_note.c_str());
+      });
+    }
+  }
+  // Buffered: the loader's WillRead hints (posix_fadvise WILLNEED) carry the
+  // plan's order to the kernel's read-ahead.
+  if (mode == IoMode::kDirect) {
+    // Reads in flight while the loader's threads decode: up to 4 chunks ahead
+    // (4 chunk-sized buffers, on top of the loader's memory bound).
+    constexpr unsigned kReadAheadDepth = 4;
+    std::string why;
+    ahead = io::UringReadAhead::Create(direct_fd, kReadAheadDepth, &why);
+    const std::string what_io = ahead ? "io_uring read-ahead, " + std::to_string(kReadAheadDepth) + " chunks deep"
+                                      : why + ": synchronous O_DIRECT preads";
+    info.io_note = info.io_note.empty() ? what_io : info.io_note + "; " + what_io;
+  }
+  info.io = std::string(IoModeName(mode));
+  return Status::Ok();
+}
 
 Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
   const uint64_t want = dst.size();
   if (contiguous) {
     const uint64_t off = contiguous_addr + i * chunk_samples * sample_bytes;
-    int64_t r = PreadFull(fd, dst.data(), want, off);
+    int64_t r = ReadAt(i, dst.data(), want, off);
     if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
     if (static_cast<uint64_t>(r) != want) {
       return Status::Corrupt(ChunkWhat(i) + ": file is truncated (needed " + std::to_string(want) +
@@ -188,7 +274,7 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
   const bool unfiltered = pipeline.empty() || chunk_mask[i] == (1u << pipeline.size()) - 1;
   if (unfiltered && stored == decoded) {
     // Raw chunk: read just the prefix the caller wants, straight into dst.
-    int64_t r = PreadFull(fd, dst.data(), want, chunk_addr[i]);
+    int64_t r = ReadAt(i, dst.data(), want, chunk_addr[i]);
     if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
     if (static_cast<uint64_t>(r) != want) {
       return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " +
@@ -200,7 +286,7 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
   thread_local std::vector<std::byte> raw;
   thread_local codec::DecodeScratch scratch;
   if (raw.size() < stored) raw.resize(stored);
-  int64_t r = PreadFull(fd, raw.data(), stored, chunk_addr[i]);
+  int64_t r = ReadAt(i, raw.data(), stored, chunk_addr[i]);
   if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
   if (static_cast<uint64_t>(r) != stored) {
     return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " +
@@ -278,6 +364,29 @@ Status Dataset::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
   return impl_->ReadHdf5(i * impl_->chunk_samples, n, dst);
 }
 
+void Dataset::WillRead(uint64_t i) const {
+  const Impl& d = *impl_;
+  if (d.info.read_path != ReadPath::kDirect || d.fd < 0 || i >= d.num_chunks) return;
+  // The range ReadDirect will read: a raw chunk's wanted prefix, a filtered
+  // chunk's stored bytes.
+  uint64_t off = 0, len = 0;
+  if (d.contiguous) {
+    off = d.contiguous_addr + i * d.chunk_samples * d.sample_bytes;
+    len = samples_in_chunk(i) * d.sample_bytes;
+  } else if (i < d.chunk_addr.size()) {
+    off = d.chunk_addr[i];
+    len = d.chunk_size[i];
+    const bool unfiltered = d.pipeline.empty() || d.chunk_mask[i] == (1u << d.pipeline.size()) - 1;
+    if (unfiltered && len == d.chunk_samples * d.sample_bytes) len = samples_in_chunk(i) * d.sample_bytes;
+  }
+  if (len == 0) return;
+  if (d.ahead) {
+    d.ahead->Start(i, off, len);
+  } else if (d.direct_fd < 0) {
+    ::posix_fadvise(d.fd, static_cast<off_t>(off), static_cast<off_t>(len), POSIX_FADV_WILLNEED);
+  }
+}
+
 Status Dataset::ReadSamples(uint64_t first, uint64_t count, std::span<std::byte> dst) const {
   const uint64_t sb = impl_->sample_bytes;
   if (first + count > impl_->num_samples || dst.size() < count * sb) {
@@ -341,11 +450,21 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     }
   }
   for (const FilterInfo& f : d.info.filters) {
-    if (f.id != codec::kFilterDeflate && f.id != codec::kFilterShuffle && f.id != codec::kFilterZstd) {
+    if (!codec::DirectPathDecodes(f.id)) {
       return "filter " + std::to_string(f.id) + " (" + f.name + ") is not handled by the direct path";
     }
     codec::FilterStep step{f.id, DTypeSize(d.dtype)};
     if (f.id == codec::kFilterShuffle && !f.params.empty() && f.params[0] > 0) step.elem_size = f.params[0];
+    if (f.id == codec::kFilterBitshuffle) {
+      // cd_values {major, minor, elem_size, block_size, compression}.
+      if (f.params.size() > 2 && f.params[2] > 0) step.elem_size = f.params[2];
+      if (f.params.size() > 3) step.block = f.params[3];
+      if (f.params.size() > 4) step.compression = static_cast<int>(f.params[4]);
+      if (step.compression != 0 && step.compression != 2) {
+        return "filter 32008 (bitshuffle) with compression " + std::to_string(step.compression) +
+               " is not handled by the direct path (only none and LZ4)";
+      }
+    }
     d.pipeline.push_back(step);
   }
   if (!codec::DirectPathCanDecode(d.pipeline)) return std::string("a filter follows a compressor");
@@ -520,6 +639,7 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
     d->info.read_path = ReadPath::kDirect;
     d->fd = ::open(spec.file.c_str(), O_RDONLY | O_CLOEXEC);
     if (d->fd < 0) return Status::IOError(spec.file + ": cannot open for reading: " + std::strerror(errno));
+    GPUFEED_RETURN_IF_ERROR(d->ChooseIo(options.io, file_size));
   } else {
     d->info.read_path = ReadPath::kHdf5;
     d->info.read_path_reason = hdf5_reason;

@@ -144,6 +144,7 @@ std::shared_ptr<ChunkEntry> ChunkCache::NewOrShared(uint32_t c, bool* shared) {
 void ChunkCache::Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks) {
   e->pending_of = pending_decodes_;
   *pending_decodes_ += 1;
+  source_.WillRead(e->chunk);  // the plan's order reaches the kernel's read-ahead
   {
     MutexLock lock(&pending_mu_);
     pending_.push_back(e);

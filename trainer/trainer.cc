@@ -21,6 +21,8 @@
 #include "gpufeed/dataset.h"
 #include "gpufeed/device.h"
 #include "gpufeed/gpu_feed.h"
+#include "loader/batch_pool.h"
+#include "loader/chunk_cache.h"
 #include "trainer/checkpoint.h"
 #include "trainer/model.h"
 #include "trainer/nvml.h"
@@ -278,8 +280,17 @@ Status Run::Setup() {
                                      std::to_string(train_.num_samples()) + " samples, or another shape)");
     }
   } else {
-    loaders_[0] = std::make_unique<Loader>(train_, lo);
-    loaders_[1] = std::make_unique<Loader>(train_, lo);
+    auto a = std::make_unique<Loader>(train_, lo);
+    auto b = std::make_unique<Loader>(train_, lo);
+    // The two loaders run alternate epochs (the next one starts while this
+    // one ends). Each keeps the chunks the following epoch needs soonest
+    // (issue 14's cross-epoch cache), and that epoch runs on the other
+    // loader: sharing their decoded chunks lets it find them.
+    auto shared = std::make_shared<loader::SharedChunks>();
+    LoaderInternal::ShareChunks(*a, shared);
+    LoaderInternal::ShareChunks(*b, shared);
+    loaders_[0] = std::move(a);
+    loaders_[1] = std::move(b);
   }
   if (loaders_[0]->num_batches() == 0)
     return Status::InvalidArgument(train_.name() + ": fewer samples than one batch of " +

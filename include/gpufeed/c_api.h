@@ -129,6 +129,11 @@ GPUFEED_C_EXPORT void gpufeed_options_set_pin_memory(gpufeed_options* o, int v);
  * contains HDF5 crashes on hostile metadata; default 0). */
 GPUFEED_C_EXPORT void gpufeed_options_set_labels_path(gpufeed_options* o, const char* path);
 GPUFEED_C_EXPORT void gpufeed_options_set_trust_files(gpufeed_options* o, int v);
+/* Direct-path I/O (OpenOptions::io): "auto" (direct when the file exceeds the
+ * memory available to the page cache), "direct" (O_DIRECT; pread where
+ * refused) or "buffered"; anything else fails gpufeed_loader_open. Unset:
+ * auto, or the environment variable GPUFEED_IO. */
+GPUFEED_C_EXPORT void gpufeed_options_set_io(gpufeed_options* o, const char* mode);
 
 /* RemoteLoaderOptions, used when the data argument is a daemon address. */
 GPUFEED_C_EXPORT void gpufeed_options_set_dataset(gpufeed_options* o, const char* dataset);

@@ -31,6 +31,10 @@ class ChunkSource {
   // Decodes chunk i into dst (at least samples_in_chunk(i) * sample_bytes()).
   // A failure names the source and the chunk.
   virtual Status ReadChunk(uint64_t i, std::span<std::byte> dst) const = 0;
+  // A hint that chunk i will be read soon, in the order of the calls (the
+  // loader calls it as it schedules reads in its plan's order). A file
+  // source may start reading it ahead; the default does nothing.
+  virtual void WillRead(uint64_t /*i*/) const {}
   // One label per sample; empty when the source has none.
   virtual const std::vector<int64_t>& labels() const = 0;
   // "file.h5:/images", for messages.

@@ -49,6 +49,26 @@ enum class ReadPath {
 };
 std::string_view ReadPathName(ReadPath p);  // "direct" / "hdf5"
 
+// How the direct path reads chunk bytes from the file.
+enum class IoMode {
+  // kDirect when the file is larger than the memory available to the page
+  // cache (MemAvailable / the cgroup limit: common/memory.h), else kBuffered.
+  kAuto,
+  // O_DIRECT into block-aligned buffers (a chunk not aligned to 4 KiB is read
+  // through its covering aligned range): the page cache is not filled with
+  // the dataset, so the user's other cached data stays. Where the kernel or
+  // the file system refuses O_DIRECT (some tmpfs, container runtimes), Open
+  // falls back to kBuffered and says so once on stderr and in
+  // DatasetInfo::io_note (shown by `gpufeed inspect`).
+  kDirect,
+  // pread through the page cache (the right choice when the data fits in
+  // memory: a second epoch reads from RAM).
+  kBuffered,
+};
+std::string_view IoModeName(IoMode m);  // "auto", "direct", "buffered"
+// Parses "auto", "direct" or "buffered"; anything else is InvalidArgument.
+Result<IoMode> ParseIoMode(std::string_view text);
+
 struct OpenOptions {
   // Labels dataset. Empty: "/labels" if the file has it, else no labels.
   // Named explicitly: it must exist. "none": ignore labels.
@@ -69,6 +89,10 @@ struct OpenOptions {
   // you trust (CLI: --trust-files; environment: GPUFEED_TRUST_FILES=1).
   bool trust_files = false;
   int probe_timeout_ms = 10000;
+  // Direct-path I/O (IoMode above). The environment variable GPUFEED_IO
+  // (auto|direct|buffered) overrides kAuto, so the C API, Python and the
+  // daemon take it without an option of their own (CLI: --io).
+  IoMode io = IoMode::kAuto;
 };
 
 struct FilterInfo {
@@ -95,6 +119,11 @@ struct DatasetInfo {
   // available: ..."). Open still describes the dataset; every read returns
   // Unsupported with this text.
   std::string unreadable;
+  // The direct path's I/O as resolved at Open ("direct" or "buffered"; empty
+  // on the hdf5 path), and why when it is not what was asked (auto's choice,
+  // or O_DIRECT refused and the fallback to pread).
+  std::string io;
+  std::string io_note;
   bool big_endian = false;
   // Optional attributes of the images dataset (empty when absent).
   std::string layout;                  // "NCHW", "NHWC", ...
@@ -141,6 +170,10 @@ class Dataset final : public ChunkSource {
   // file, dataset and chunk when bytes are missing (short read) or fail to
   // decompress, or decompress to the wrong size. Thread-safe.
   Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override;
+  // Buffered I/O: posix_fadvise(WILLNEED) over chunk i's stored bytes, so the
+  // kernel reads it while earlier chunks decode. Direct I/O: nothing (the
+  // page cache is bypassed).
+  void WillRead(uint64_t i) const override;
 
   // Decodes samples [first, first + count) into dst (count * sample_bytes()),
   // crossing chunk boundaries as needed. Thread-safe. For rechunking.

@@ -122,7 +122,7 @@ SETTERS = {
     "threads": ("int", "threads"), "prefetch": ("int", "prefetch"), "cache_bytes": ("u64", "cache_bytes"),
     "shuffle_window": ("u64", "shuffle_window"), "rank": ("int", "rank"), "world_size": ("int", "world_size"),
     "drop_last": ("bool", "drop_last"), "pin_memory": ("bool", "pin_memory"),
-    "labels_path": ("str", "labels_path"), "trust_files": ("bool", "trust_files"),
+    "labels_path": ("str", "labels_path"), "trust_files": ("bool", "trust_files"), "io": ("str", "io"),
     "dataset": ("str", "dataset"), "token": ("str", "token"), "token_file": ("str", "token_file"),
     "client_name": ("str", "client_name"), "compress": ("bool", "compress"),
     "shared_memory": ("bool", "shared_memory"), "connect_timeout_ms": ("int", "connect_timeout_ms"),

@@ -97,7 +97,9 @@ class Loader:
     world_size (default: torch.distributed, else RANK / WORLD_SIZE), drop_last,
     pin_memory; labels: the labels dataset path ("none": no labels);
     trust_files: skip the forked probe that contains HDF5 crashes on hostile
-    files (OpenOptions::trust_files; GPUFEED_TRUST_FILES=1 does the same).
+    files (OpenOptions::trust_files; GPUFEED_TRUST_FILES=1 does the same);
+    io: "auto", "direct" (O_DIRECT, the page cache left alone; pread where
+    refused) or "buffered" (OpenOptions::io; default: auto, or GPUFEED_IO).
 
     Daemon options (RemoteLoaderOptions): dataset, token, token_file,
     client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,
@@ -118,7 +120,7 @@ class Loader:
 
     def __init__(self, data, *, dataset=None, batch_size=256, order="block", seed=0, threads=0, prefetch=8,
                  cache_bytes=1 << 30, shuffle_window=16, rank=None, world_size=None, drop_last=False,
-                 pin_memory=True, labels=None, trust_files=False, device="cpu", dtype=None, layout="NCHW",
+                 pin_memory=True, labels=None, trust_files=False, io=None, device="cpu", dtype=None, layout="NCHW",
                  input_layout="NCHW",
                  mean=None, std=None, echo=1, super_batch=1, crop_padding=0, flip=False, augment_seed=None,
                  slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
@@ -137,7 +139,7 @@ class Loader:
             "batch_size": batch_size, "order": order, "seed": seed, "threads": threads, "prefetch": prefetch,
             "cache_bytes": cache_bytes, "shuffle_window": shuffle_window,
             "rank": dist_rank if rank is None else rank, "world_size": dist_world if world_size is None else world_size,
-            "drop_last": drop_last, "pin_memory": pin_memory, "labels_path": labels, "trust_files": trust_files,
+            "drop_last": drop_last, "pin_memory": pin_memory, "labels_path": labels, "trust_files": trust_files, "io": io,
             "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,
             "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
             "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),

@@ -1,6 +1,7 @@
 // Fuzz target: the chunk decoders of the direct read path (hdf5io/codec.h),
-// which undo shuffle, deflate and zstd on bytes read from a file. The first
-// bytes choose a pipeline (up to 3 filters with their element sizes), the
+// which undo shuffle, deflate, zstd and the plugin filters (LZF, Blosc, LZ4,
+// Bitshuffle alone or with LZ4) on bytes read from a file. The first bytes
+// choose a pipeline (up to 3 filters with their element sizes), the
 // filter mask, the decoded size and how much of it the caller wants; the rest
 // is the stored chunk. Odd modes instead encode the rest with that pipeline
 // and require DecodeChunk to give back exactly the raw bytes.
@@ -19,8 +20,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<FilterStep> pipeline;
   for (int k = 0; k < nfilters; ++k) {
     const uint8_t f = in.U8();
-    static constexpr int kIds[] = {kFilterShuffle, kFilterDeflate, kFilterZstd, 4 /* szip: unsupported */};
-    pipeline.push_back({kIds[f % 4], size_t{1} + (f >> 4)});  // element sizes 1..16
+    static constexpr int kIds[] = {kFilterShuffle, kFilterDeflate, kFilterZstd, 4 /* szip: unsupported */,
+                                   kFilterLzf,     kFilterBlosc,   kFilterLz4,  kFilterBitshuffle};
+    FilterStep step{kIds[f % 8], size_t{1} + (f >> 4)};  // element sizes 1..16
+    // Bitshuffle: LZ4 or none, default or a small block (8 or 16 elements).
+    step.compression = (f & 8) ? 2 : 0;
+    step.block = (f & 0x40) ? 8u << ((f >> 7) & 1) : 0;
+    pipeline.push_back(step);
   }
   const unsigned mask = in.U8() & 7u;
   const size_t decoded_size = in.U16();

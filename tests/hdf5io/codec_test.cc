@@ -128,3 +128,51 @@ TEST(CodecTest, PipelinesRoundTripWithSkippedFilters) {
 
 }  // namespace
 }  // namespace gpufeed::codec
+
+namespace gpufeed {
+namespace {
+
+// Bitshuffle's transform: bit k of byte j of element e lands in bit e % 8 of
+// byte e / 8 of plane 8j + k (bitshuffle.c's layout), and unshuffling undoes it.
+TEST(CodecTest, BitshuffleTransformLayoutAndInverse) {
+  std::vector<std::byte> in(8, std::byte{0}), out(8);
+  in[7] = std::byte{0x01};  // element 7, bit 0 -> plane 0, bit 7
+  in[0] = std::byte{0x80};  // element 0, bit 7 -> plane 7, bit 0
+  codec::BitshuffleBlock(in.data(), out.data(), 8, 1);
+  EXPECT_EQ(out[0], std::byte{0x80});
+  EXPECT_EQ(out[7], std::byte{0x01});
+  for (int k = 1; k < 7; ++k) EXPECT_EQ(out[k], std::byte{0});
+  for (size_t elem : {1, 2, 3, 4, 8}) {
+    const size_t n = 64;
+    std::vector<std::byte> raw(n * elem), sh(n * elem), back(n * elem);
+    for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<std::byte>(i * 37 + elem);
+    codec::BitshuffleBlock(raw.data(), sh.data(), n, elem);
+    codec::BitunshuffleBlock(sh.data(), back.data(), n, elem);
+    EXPECT_EQ(back, raw) << "elem_size " << elem;
+  }
+}
+
+// Hostile framing: sizes in the LZ4 and bitshuffle headers are not trusted.
+TEST(CodecTest, PluginFramesWithLyingSizesAreCorrupt) {
+  std::vector<std::byte> dst(64);
+  std::vector<std::byte> tmp;
+  // Header claims 64 bytes in one block whose stored size overruns the chunk.
+  std::vector<std::byte> lz4 = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
+                                std::byte{0}, std::byte{0}, std::byte{64}, std::byte{0}, std::byte{0},
+                                std::byte{0}, std::byte{64}, std::byte{0xFF}, std::byte{0xFF},
+                                std::byte{0xFF}, std::byte{0xFF}};
+  EXPECT_EQ(codec::Lz4FramedDecompress(lz4, dst, "t").code(), StatusCode::kCorrupt);
+  EXPECT_EQ(codec::BitshuffleDecompress(lz4, dst, 1, 0, 2, tmp, "t").code(), StatusCode::kCorrupt);
+  lz4[7] = std::byte{65};  // total size differs from the expected
+  EXPECT_EQ(codec::Lz4FramedDecompress(lz4, dst, "t").code(), StatusCode::kCorrupt);
+  EXPECT_EQ(codec::Lz4FramedDecompress(std::span(lz4).first(5), dst, "t").code(), StatusCode::kCorrupt);
+  EXPECT_EQ(codec::BloscDecompress(lz4, dst, "t").code(), StatusCode::kCorrupt);
+  EXPECT_EQ(codec::LzfDecompress(lz4, dst, "t").code(), StatusCode::kCorrupt);
+  // Bitshuffle's block in bytes not a multiple of 8 elements.
+  lz4[7] = std::byte{64};
+  lz4[11] = std::byte{12};
+  EXPECT_EQ(codec::BitshuffleDecompress(lz4, dst, 1, 0, 2, tmp, "t").code(), StatusCode::kCorrupt);
+}
+
+}  // namespace
+}  // namespace gpufeed

@@ -219,6 +219,17 @@ def test_damaged_file_names_file_and_chunk(tmp_path):
     assert isinstance(e.value, gpufeed.Error)
 
 
+@pytest.mark.parametrize("io", ["direct", "buffered"])
+def test_io_modes_deliver_the_same_batches(index_file, io):
+    want = collect(gpufeed.Loader(index_file, **OPTS))
+    got = collect(gpufeed.Loader(index_file, io=io, **OPTS))
+    assert len(got) == len(want)
+    for (_, gi, gl, gx), (_, wi, wl, wx) in zip(got, want):
+        assert np.array_equal(gi, wi) and np.array_equal(gl, wl) and np.array_equal(gx, wx)
+    with pytest.raises(gpufeed.InvalidArgumentError, match="auto, direct, buffered"):
+        gpufeed.Loader(index_file, io="sideways")
+
+
 def test_errors_carry_codes_and_messages(tmp_path, index_file):
     with pytest.raises(gpufeed.NotFoundError, match="nothing.h5"):
         gpufeed.Loader(str(tmp_path / "nothing.h5"))

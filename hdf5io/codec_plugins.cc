@@ -1,0 +1,269 @@
+// Decoders for the registered HDF5 plugin filters scientific files use: LZF
+// (32000, h5py), Blosc (32001), LZ4 (32004) and Bitshuffle (32008, with or
+// without LZ4). Each reads a stream whose sizes come from the file, so every
+// size in it is checked against the stored bytes and the expected decoded
+// size before anything is read or written (STYLE.md 15). Formats, as the
+// reference plugins write them:
+//   LZF:        one liblzf stream of the whole chunk (h5py's lzf_filter.c).
+//   Blosc:      one blosc frame (its own 16-byte header; hdf5-blosc).
+//   LZ4:        8-byte BE decoded size, 4-byte BE block size, then per block a
+//               4-byte BE stored size and the LZ4 block; a block whose stored
+//               size equals its decoded size is stored raw (H5Zlz4.c).
+//   Bitshuffle: cd_values {major, minor, elem_size, block_size, compression}.
+//               compression 0: the chunk bit-transposed in blocks of
+//               block_size elements (a multiple of 8), the last < 8 elements
+//               copied as they are; compression 2 (LZ4): 8-byte BE decoded
+//               size, 4-byte BE block size in bytes, then per block a 4-byte
+//               BE stored size and the LZ4 block of the transposed bytes
+//               (bshuf_h5filter.c, bitshuffle.c).
+#include <blosc.h>
+#include <liblzf/lzf.h>
+#include <lz4.h>
+
+#include <climits>
+#include <cstring>
+
+#include "common/sizes.h"
+#include "hdf5io/codec.h"
+
+namespace gpufeed::codec {
+namespace {
+
+uint64_t ReadBE(const std::byte* p, int n) {
+  uint64_t v = 0;
+  for (int k = 0; k < n; ++k) v = (v << 8) | static_cast<uint8_t>(p[k]);
+  return v;
+}
+
+std::string N(uint64_t v) { return std::to_string(v); }
+
+// Bitshuffle's default block (bshuf_default_block_size): 8 KiB of elements,
+// a multiple of 8, at least 128.
+uint64_t BitshuffleDefaultBlock(uint64_t elem_size) {
+  uint64_t b = 8192 / elem_size;
+  b = b / 8 * 8;
+  return std::max<uint64_t>(b, 128);
+}
+
+// 8x8 bit-matrix transpose of the bytes of x (bit 8r+c <-> bit 8c+r), as
+// bitshuffle's TRANS_BIT_8X8.
+inline uint64_t Transpose8x8(uint64_t x) {
+  uint64_t t;
+  t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;
+  x = x ^ t ^ (t << 7);
+  t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL;
+  x = x ^ t ^ (t << 14);
+  t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL;
+  x = x ^ t ^ (t << 28);
+  return x;
+}
+
+}  // namespace
+
+void BitunshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size) {
+  // src holds 8 * elem_size bit planes of n / 8 bytes: plane (8j + k) bit e is
+  // bit k of byte j of element e.
+  const size_t row = n / 8;
+  for (size_t j = 0; j < elem_size; ++j) {
+    for (size_t g = 0; g < row; ++g) {
+      uint64_t x = 0;
+      for (size_t k = 0; k < 8; ++k) {
+        x |= static_cast<uint64_t>(static_cast<uint8_t>(src[(j * 8 + k) * row + g])) << (8 * k);
+      }
+      x = Transpose8x8(x);
+      for (size_t i = 0; i < 8; ++i) dst[(g * 8 + i) * elem_size + j] = static_cast<std::byte>(x >> (8 * i));
+    }
+  }
+}
+
+void BitshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size) {
+  const size_t row = n / 8;
+  for (size_t j = 0; j < elem_size; ++j) {
+    for (size_t g = 0; g < row; ++g) {
+      uint64_t x = 0;
+      for (size_t i = 0; i < 8; ++i) {
+        x |= static_cast<uint64_t>(static_cast<uint8_t>(src[(g * 8 + i) * elem_size + j])) << (8 * i);
+      }
+      x = Transpose8x8(x);  // the transpose is its own inverse
+      for (size_t k = 0; k < 8; ++k) dst[(j * 8 + k) * row + g] = static_cast<std::byte>(x >> (8 * k));
+    }
+  }
+}
+
+Status LzfDecompress(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what) {
+  if (src.size() > UINT_MAX || dst.size() > UINT_MAX) {
+    return Status::Corrupt(what + ": LZF chunk of " + N(src.size()) + " stored / " + N(dst.size()) +
+                           " decoded bytes is larger than LZF can address (4 GiB)");
+  }
+  // liblzf bounds-checks both the input and the output; 0 means an error.
+  const unsigned r = lzf_decompress(src.data(), static_cast<unsigned>(src.size()), dst.data(),
+                                    static_cast<unsigned>(dst.size()));
+  if (r == 0 && !dst.empty()) {
+    return Status::Corrupt(what + ": LZF stream is damaged or decompresses to more than the expected " +
+                           N(dst.size()) + " bytes (" + N(src.size()) + " stored bytes)");
+  }
+  if (r != dst.size()) {
+    return Status::Corrupt(what + ": LZF stream decompresses to " + N(r) + " bytes, expected " + N(dst.size()));
+  }
+  return Status::Ok();
+}
+
+Status BloscDecompress(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what) {
+  // blosc_decompress_ctx takes no source size: the frame's header is checked
+  // against the stored bytes first (blosc_cbuffer_validate), and its decoded
+  // size against ours.
+  size_t nbytes = 0;
+  if (src.size() < BLOSC_MIN_HEADER_LENGTH || blosc_cbuffer_validate(src.data(), src.size(), &nbytes) != 0) {
+    return Status::Corrupt(what + ": Blosc frame is damaged (its header does not fit the " + N(src.size()) +
+                           " stored bytes)");
+  }
+  if (nbytes != dst.size()) {
+    return Status::Corrupt(what + ": Blosc frame holds " + N(nbytes) + " bytes, expected " + N(dst.size()));
+  }
+  const int r = blosc_decompress_ctx(src.data(), dst.data(), dst.size(), 1);
+  if (r < 0 || static_cast<size_t>(r) != dst.size()) {
+    return Status::Corrupt(what + ": Blosc frame is damaged (decompression returned " + std::to_string(r) +
+                           ", expected " + N(dst.size()) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// One LZ4 block of exactly dst.size() bytes.
+Status Lz4Block(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what,
+                uint64_t block_index) {
+  if (src.size() > INT_MAX || dst.size() > INT_MAX) {
+    return Status::Corrupt(what + ": LZ4 block " + N(block_index) + " is larger than 2 GiB");
+  }
+  const int r = LZ4_decompress_safe(reinterpret_cast<const char*>(src.data()), reinterpret_cast<char*>(dst.data()),
+                                    static_cast<int>(src.size()), static_cast<int>(dst.size()));
+  if (r < 0 || static_cast<size_t>(r) != dst.size()) {
+    return Status::Corrupt(what + ": LZ4 block " + N(block_index) + " is damaged (" + N(src.size()) +
+                           " stored bytes do not decompress to " + N(dst.size()) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Lz4FramedDecompress(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what) {
+  if (src.size() < 12) {
+    return Status::Corrupt(what + ": LZ4 chunk of " + N(src.size()) + " bytes is shorter than its 12-byte header");
+  }
+  const uint64_t total = ReadBE(src.data(), 8);
+  uint64_t block = ReadBE(src.data() + 8, 4);
+  if (total != dst.size()) {
+    return Status::Corrupt(what + ": LZ4 chunk header says " + N(total) + " decoded bytes, expected " +
+                           N(dst.size()));
+  }
+  if (block == 0 && total > 0) return Status::Corrupt(what + ": LZ4 chunk header has a block size of 0");
+  if (block > total) block = total;  // as H5Zlz4.c
+  size_t pos = 12;
+  uint64_t done = 0;
+  for (uint64_t b = 0; done < total; ++b) {
+    const uint64_t this_block = std::min(block, total - done);
+    if (src.size() - pos < 4) {
+      return Status::Corrupt(what + ": LZ4 chunk ends before block " + N(b) + " (" + N(src.size()) + " stored bytes)");
+    }
+    const uint64_t stored = ReadBE(src.data() + pos, 4);
+    pos += 4;
+    if (stored > src.size() - pos) {
+      return Status::Corrupt(what + ": LZ4 block " + N(b) + " claims " + N(stored) + " stored bytes, only " +
+                             N(src.size() - pos) + " remain in the chunk");
+    }
+    std::span<std::byte> out = dst.subspan(done, this_block);
+    if (stored == this_block) {
+      CopyBytes(out.data(), src.data() + pos, this_block);  // stored raw
+    } else {
+      GPUFEED_RETURN_IF_ERROR(Lz4Block(src.subspan(pos, stored), out, what, b));
+    }
+    pos += stored;
+    done += this_block;
+  }
+  return Status::Ok();
+}
+
+Status BitshuffleDecompress(std::span<const std::byte> src, std::span<std::byte> dst, size_t elem_size,
+                            uint64_t block_elems, int compression, std::vector<std::byte>& tmp,
+                            const std::string& what) {
+  if (elem_size == 0 || elem_size > 0xFFFF) {
+    return Status::Corrupt(what + ": bitshuffle element size " + N(elem_size) + " is not a type size");
+  }
+  if (compression != 0 && compression != 2) {
+    return Status::Unsupported(what + ": bitshuffle compression " + std::to_string(compression) +
+                               " (only none and LZ4 are decoded by the direct path)");
+  }
+  if (dst.size() % elem_size != 0) {
+    return Status::Corrupt(what + ": bitshuffle chunk of " + N(dst.size()) + " bytes is not a whole number of " +
+                           N(elem_size) + "-byte elements");
+  }
+  size_t pos = 0;
+  if (compression == 2) {
+    if (src.size() < 12) {
+      return Status::Corrupt(what + ": bitshuffle chunk of " + N(src.size()) +
+                             " bytes is shorter than its 12-byte header");
+    }
+    const uint64_t total = ReadBE(src.data(), 8);
+    const uint64_t block_bytes = ReadBE(src.data() + 8, 4);
+    if (total != dst.size()) {
+      return Status::Corrupt(what + ": bitshuffle chunk header says " + N(total) + " decoded bytes, expected " +
+                             N(dst.size()));
+    }
+    if (block_bytes % elem_size != 0) {
+      return Status::Corrupt(what + ": bitshuffle block of " + N(block_bytes) + " bytes is not a whole number of " +
+                             N(elem_size) + "-byte elements");
+    }
+    block_elems = block_bytes / elem_size;
+    pos = 12;
+  } else {
+    if (src.size() != dst.size()) {
+      return Status::Corrupt(what + ": bitshuffled chunk holds " + N(src.size()) + " bytes, expected " +
+                             N(dst.size()));
+    }
+    if (block_elems == 0) block_elems = BitshuffleDefaultBlock(elem_size);
+  }
+  if (block_elems == 0 || block_elems % 8 != 0) {
+    return Status::Corrupt(what + ": bitshuffle block of " + N(block_elems) + " elements is not a positive multiple of 8");
+  }
+  const uint64_t n = dst.size() / elem_size;
+  const uint64_t block_bytes = block_elems * elem_size;  // <= 2^32 * 2^16: no overflow
+  if (compression == 2 && tmp.size() < std::min<uint64_t>(block_bytes, dst.size())) {
+    tmp.resize(std::min<uint64_t>(block_bytes, dst.size()));
+  }
+  uint64_t e = 0;
+  for (uint64_t b = 0;; ++b) {
+    uint64_t count = std::min(block_elems, n - e);
+    count -= count % 8;  // the last < 8 elements are stored as they are
+    if (count == 0) break;
+    const uint64_t bytes = count * elem_size;
+    std::byte* out = dst.data() + e * elem_size;
+    if (compression == 2) {
+      if (src.size() - pos < 4) {
+        return Status::Corrupt(what + ": bitshuffle chunk ends before block " + N(b) + " (" + N(src.size()) +
+                               " stored bytes)");
+      }
+      const uint64_t stored = ReadBE(src.data() + pos, 4);
+      pos += 4;
+      if (stored > src.size() - pos) {
+        return Status::Corrupt(what + ": bitshuffle block " + N(b) + " claims " + N(stored) + " stored bytes, only " +
+                               N(src.size() - pos) + " remain in the chunk");
+      }
+      GPUFEED_RETURN_IF_ERROR(Lz4Block(src.subspan(pos, stored), std::span(tmp.data(), bytes), what, b));
+      BitunshuffleBlock(tmp.data(), out, count, elem_size);
+      pos += stored;
+    } else {
+      BitunshuffleBlock(src.data() + pos, out, count, elem_size);
+      pos += bytes;
+    }
+    e += count;
+  }
+  const uint64_t left = (n - e) * elem_size;
+  if (src.size() - pos < left) {
+    return Status::Corrupt(what + ": bitshuffle chunk ends inside its last " + N(n - e) + " unshuffled elements");
+  }
+  CopyBytes(dst.data() + e * elem_size, src.data() + pos, left);
+  return Status::Ok();
+}
+
+}  // namespace gpufeed::codec
