@@ -1,0 +1,225 @@
+// A daemon connection, part 3: the producer thread that runs the stream's
+// Loader and turns its batches into frames, within the client's credits.
+#include "daemon/session.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "daemon/server_core.h"
+#include "loader/sampler.h"
+
+namespace gpufeed::daemon {
+
+namespace asio = boost::asio;
+using std::chrono::milliseconds;
+
+// The daemon's loader threads, divided equally among the open streams: k
+// streams would otherwise each ask TBB for every core, and unequal shares
+// make the ranks of one job wait for the slowest (docs/benchmarks.md). The
+// recent peak of open streams, not the running ones: the ranks of a job
+// reconnect one by one each epoch, and the first must not take every core
+// (the first epoch of a job may still be uneven).
+int Session::ThreadShare(uint64_t* divided_among) const {
+  const uint64_t open = server_.RecentPeakStreams();  // this one included
+  *divided_among = open;
+  const auto all = static_cast<uint64_t>(server_.loader_threads);
+  const int share = static_cast<int>(std::max<uint64_t>(2, (all + open - 1) / std::max<uint64_t>(1, open)));
+  return std::min(share, server_.loader_threads);
+}
+
+void Session::StartProducer() {
+  const uint64_t sb = dataset_->sample_bytes(), bb = hello_.loader.batch_size * sb;
+  const LoaderOptions& lo = hello_.loader;
+  // The stream's bound (server.h) for `t` loader threads.
+  const uint64_t fixed = lo.cache_bytes + (lo.prefetch + 1) * bb + (hello_.compress ? kMaxQueued * bb : 0);
+  auto bound_for = [&](int t) { return fixed + (2 * static_cast<uint64_t>(t) + 4) * dataset_->chunk_bytes_max(); };
+  uint64_t divided_among = 1;
+  int threads = ThreadShare(&divided_among);
+  stream_key_ = dataset_->name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
+                std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
+                "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
+                (hello_.compress ? "z" : "-") +
+                (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
+  uint64_t parked_bytes = 0;
+  std::unique_ptr<ShmPool> parked_shm;
+  if (auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_)) {
+    loader_ = std::move(warm);
+    reserved_bytes_ = parked_bytes;
+    if (parked_bytes < bound_for(threads)) {  // more threads than it had: more room, or fewer threads
+      uint64_t after = 0;
+      if (server_.Reserve(bound_for(threads) - parked_bytes, &after)) {
+        reserved_bytes_ = bound_for(threads);
+      } else {
+        while (threads > 1 && bound_for(threads) > parked_bytes) --threads;
+      }
+    }
+    server_.streams_active += 1;
+    Log("info", "stream_start", Kv("reserved_bytes", reserved_bytes_) + " loader=warm");
+  } else {
+    const uint64_t bound = bound_for(threads);
+    uint64_t after = 0;
+    if (!server_.Reserve(bound, &after)) {
+      Fail(Status::Unsupported("the daemon's memory budget (" + std::to_string(server_.options.memory_bytes) +
+                               " bytes, " + std::to_string(server_.reserved()) + " reserved by " +
+                               std::to_string(server_.streams_active.load()) +
+                               " streams) has no room for a stream of " + std::to_string(bound) +
+                               " bytes; retry later or raise --memory-bytes"),
+           false);
+      return;
+    }
+    reserved_bytes_ = bound;
+    server_.streams_active += 1;
+    Log("info", "stream_start", Kv("reserved_bytes", bound) + " " + Kv("daemon_reserved_bytes", after) + " loader=new");
+    // Built for all the loader threads (its cache then keeps that many spare
+    // chunk buffers; built with its share, 4 ranks of celeba-raw ran ~20%
+    // slower in one run: docs/benchmarks.md), run with its share (SetThreads
+    // below), which bounds the buffers it ever has at once.
+    loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
+    LoaderInternal::ShareChunks(*loader_, server_.SharedChunksOf(dataset_));  // one cache per file, in effect
+  }
+  if (shm_) {
+    const bool reuse = parked_shm && parked_shm->region.inode() == shm_inode_ && parked_shm->Reclaim();
+    if (reuse) {
+      shm_pool_ = std::move(parked_shm);  // this client's memory, mapped already
+    } else {
+      auto p = ShmPool::Map(std::move(hello_fd_), static_cast<uint32_t>(shm_client_holds_.size()), shm_stride_,
+                            hello_.loader.batch_size, dataset_->sample_bytes(), "client " + peer_);
+      if (!p.ok()) {
+        LoaderInternal::UsePool(*loader_, nullptr);
+        Fail(p.status(), false);
+        return;
+      }
+      shm_pool_ = std::move(*p);
+    }
+    hello_fd_.Reset();
+    LoaderInternal::UsePool(*loader_, &shm_pool_->pool);
+    Log("info", "shm", Kv("slots", shm_client_holds_.size()) + " " + Kv("stride", shm_stride_) + " " +
+                           Kv("mapping", reuse ? "reused" : "new"));
+  }
+  parked_shm.reset();  // someone else's (the Loader no longer points into it)
+  LoaderInternal::SetThreads(*loader_, threads);
+  Log("info", "stream_threads", Kv("threads", static_cast<uint64_t>(threads)) + " " +
+                                    Kv("divided_among", divided_among));
+  producer_running_ = true;
+  keep_alive_ = shared_from_this();
+  work_.emplace(server_.io.get_executor());
+  producer_ = std::thread([this] { Produce(); });
+}
+
+void Session::Produce() {
+  // Exceptions must not leave this thread (STYLE.md): the Loader reports
+  // failures as Status; anything else becomes an error frame.
+  std::shared_ptr<OutFrame> final_frame;
+  bool loader_ok = true;
+  try {
+    EpochStream stream = loader_->Epoch(hello_.epoch, hello_.start_batch);
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        // Shared memory: the Loader waits for slots the client grants; the
+        // frames are small, so nothing else bounds them.
+        while (!stop_producer_ && !(shm_ || (credits_ > 0 && queued_ < kMaxQueued))) {
+          cv_.wait_for(lock, milliseconds(100));
+        }
+        if (stop_producer_) break;
+      }
+      auto r = stream.Next();
+      if (!r.ok()) {
+        loader_ok = false;
+        final_frame = std::make_shared<OutFrame>();
+        final_frame->body = EncodeError({r.status().code(), r.status().message()});
+        final_frame->header = MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(final_frame->body.size()),
+                                         {final_frame->body});
+        final_frame->close_after = true;
+        break;
+      }
+      if (!r->has_value()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stop_producer_) break;  // the pool was cancelled to stop the stream: not its end
+        }
+        final_frame = std::make_shared<OutFrame>();
+        final_frame->body = EncodeEnd({hello_.epoch, num_batches_});
+        final_frame->header =
+            MakeHeader(FrameType::kEnd, 0, static_cast<uint32_t>(final_frame->body.size()), {final_frame->body});
+        break;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_producer_) break;  // the batch is not sent; a resuming client asks for it again
+      }
+      Batch b = std::move(**r);
+      auto f = std::make_shared<OutFrame>();
+      f->is_batch = true;
+      f->samples = b.size();
+      if (shm_) {
+        // The images are in the client's slot already; only the head travels.
+        const auto off = static_cast<uint64_t>(b.images().data() - shm_pool_->region.bytes().data());
+        f->shm_slot = static_cast<int64_t>(off / shm_stride_);
+        f->body = EncodeBatchRef(b, static_cast<uint32_t>(f->shm_slot));
+        f->header = MakeHeader(FrameType::kBatchRef, 0, static_cast<uint32_t>(f->body.size()), {f->body});
+        f->batch = std::move(b);
+      } else if (f->body = EncodeBatchHead(b); hello_.compress) {
+        const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.images().size());
+        f->body = Compress({f->body, b.images()});
+        f->header = MakeHeader(FrameType::kBatch, kFlagZstd, raw, {f->body});
+      } else {
+        const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.images().size());
+        f->header = MakeHeader(FrameType::kBatch, 0, raw, {f->body, b.images()});
+        f->batch = std::move(b);
+      }
+      const LoaderStats st = stream.stats();
+      metrics_.loader_samples_per_s = st.samples_per_second();
+      metrics_.cache_hit_rate = st.hit_rate();
+      metrics_.shared_chunk_hits = st.chunk_shared_hits;
+      metrics_.loader_queue_depth = st.mean_queue_depth();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!shm_) --credits_;
+        ++queued_;
+        metrics_.credits = credits_;
+        metrics_.queued = static_cast<uint64_t>(queued_);
+      }
+      server_.queued += 1;
+      asio::post(socket_.get_executor(), [self = shared_from_this(), f] { self->Enqueue(f); });
+    }
+  } catch (const std::exception& e) {
+    loader_ok = false;
+    final_frame = std::make_shared<OutFrame>();
+    final_frame->body = EncodeError({StatusCode::kInternal, std::string("daemon stream: ") + e.what()});
+    final_frame->header =
+        MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(final_frame->body.size()), {final_frame->body});
+    final_frame->close_after = true;
+  } catch (...) {
+    loader_ok = false;
+    final_frame.reset();
+  }
+  asio::post(socket_.get_executor(), [self = shared_from_this(), final_frame, loader_ok] {
+    self->loader_ok_ = loader_ok;
+    if (final_frame) self->Enqueue(final_frame);
+    self->OnProducerDone();
+  });
+}
+
+void Session::OnProducerDone() {
+  producer_.join();  // it posted this as its last act: returns at once
+  producer_running_ = false;
+  work_.reset();
+  MaybeFinishDrain();
+  keep_alive_.reset();  // may drop the last reference only after this handler: asio holds `self`
+}
+
+void Session::StopProducer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_producer_ = true;
+  }
+  cv_.notify_all();
+  // A Loader waiting for a slot the client will never grant wakes up.
+  if (shm_pool_) shm_pool_->pool.SetCancelled(true);
+}
+
+}  // namespace gpufeed::daemon
