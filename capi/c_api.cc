@@ -309,8 +309,20 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
     b->size = h.size();
     std::vector<int64_t> shape{static_cast<int64_t>(h.size())};
     for (uint64_t d : h.sample_shape()) shape.push_back(static_cast<int64_t>(d));
-    const DType dt = core->opened->source().info().dtype;
-    b->arrays.push_back({"images", const_cast<std::byte*>(h.images().data()), DlType(dt), shape});
+    const auto& info = core->opened->source().info();
+    const DType dt = info.dtype;
+    // Named fields (a FieldSource): one array per field, by its name.
+    const bool named = info.fields.size() > 1 || (info.fields.size() == 1 && !info.fields[0].path.empty());
+    if (named) {
+      for (size_t f = 0; f < info.fields.size(); ++f) {
+        const gpufeed::FieldInfo& fi = info.fields[f];
+        std::vector<int64_t> fshape{static_cast<int64_t>(h.size())};
+        for (uint64_t d : fi.sample_shape) fshape.push_back(static_cast<int64_t>(d));
+        b->arrays.push_back({fi.name.c_str(), const_cast<std::byte*>(h.field(f).data()), DlType(fi.dtype), fshape});
+      }
+    } else {
+      b->arrays.push_back({"images", const_cast<std::byte*>(h.images().data()), DlType(dt), shape});
+    }
     if (!h.labels().empty()) {
       b->arrays.push_back({"labels", const_cast<int64_t*>(h.labels().data()), DlType(DType::kInt64),
                            {static_cast<int64_t>(h.size())}});
@@ -468,6 +480,11 @@ GPUFEED_STRING_SETTER(feed_dtype, dtype)
 GPUFEED_STRING_SETTER(feed_layout, layout)
 GPUFEED_STRING_SETTER(feed_input_layout, input_layout)
 #undef GPUFEED_STRING_SETTER
+
+void gpufeed_options_add_field(gpufeed_options* o, const char* field) {
+  if (field != nullptr) o->source.open.fields.emplace_back(field);
+}
+void gpufeed_options_set_max_open_files(gpufeed_options* o, int v) { o->source.open.max_open_files = v; }
 
 void gpufeed_options_set_feed_mean(gpufeed_options* o, const double* v, size_t n) {
   o->feed_options.mean.assign(v, v + (v != nullptr ? n : 0));

@@ -160,6 +160,12 @@ Status GpuFeeder::Impl::Init() {
     uploads = start_batch / static_cast<uint64_t>(o.super_batch);
     out_index = start_batch * static_cast<uint64_t>(echo);
   }
+  if (src.fields.size() > 1) {
+    return Status::Unsupported(src.name + ": the GPU feed transforms one images field; this source has " +
+                               std::to_string(src.fields.size()) +
+                               " named fields (per-field feeding is not implemented yet): use the loader's host "
+                               "batches (Batch::field) and copy them yourself");
+  }
   B = src.batch_size;
   sample_bytes = src.sample_bytes;
   out_elem = DTypeSize(o.dtype);

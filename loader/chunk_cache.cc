@@ -185,7 +185,11 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
     TraceRange trace("gpufeed read+decode chunk");
     try {
       e.data = buffers_->Get();
-      e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), ChunkBytes(e.chunk)));
+      // A source of several fields lays a chunk out for chunk_samples()
+      // samples (planar, chunk_source.h), also when this one is shorter.
+      const uint64_t span_bytes = source_.fields().size() > 1 ? source_.chunk_samples() * source_.sample_bytes()
+                                                                : ChunkBytes(e.chunk);
+      e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), span_bytes));
     } catch (const std::bad_alloc&) {
       e.status = Status::Internal(source_.name() + " chunk " + std::to_string(e.chunk) +
                                   ": out of memory for its decoded bytes");

@@ -69,6 +69,14 @@ struct OpenOptions {
   // you trust (CLI: --trust-files; environment: GPUFEED_TRUST_FILES=1).
   bool trust_files = false;
   int probe_timeout_ms = 10000;
+  // Named fields, "NAME=/hdf5/path", in the order batches carry them (CLI:
+  // --field NAME=/path, repeatable). Empty: the single images array of the
+  // spec (and /labels) as before. Non-empty, or a data spec naming many
+  // files, opens a FieldSource (fields.h) instead of a Dataset.
+  std::vector<std::string> fields;
+  // FieldSource: files whose descriptors may be open at once; the least
+  // recently used one is closed beyond it (and reopened when read again).
+  int max_open_files = 256;
 };
 
 struct FilterInfo {
@@ -152,6 +160,11 @@ class Dataset final : public ChunkSource {
   std::string name() const override;  // "file.h5:/images"
 
   const DatasetInfo& info() const;
+  // info()'s layout, class names, mean and std.
+  SourceAttributes attributes() const override;
+  // True when the images dataset is h5py's bool (an int8 enum FALSE/TRUE),
+  // read as uint8 0/1.
+  bool is_bool() const;
 
  private:
   struct Impl;
