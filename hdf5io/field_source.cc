@@ -301,8 +301,9 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     const auto total = CheckedAdd(d->file_first.back(), n);
     if (!total) return Status::Unsupported(d->files[f] + ": the files' sample counts overflow 64 bits");
     d->file_first.push_back(*total);
-    // Units never span files: cut at every file's length.
-    if (n > 0) unit = std::gcd(unit, n);
+    // Units never span files: every file but the last holds whole units
+    // (the last may end in a short one, as a single file's last chunk).
+    if (n > 0 && f + 1 < d->files.size()) unit = std::gcd(unit, n);
     if (f < d->max_open) d->Insert(f, std::make_shared<const OpenFile>(std::move(*ds)));
   }
   d->num_samples = d->file_first.back();
