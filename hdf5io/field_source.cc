@@ -3,6 +3,7 @@
 #include "gpufeed/fields.h"
 
 #include <glob.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -265,6 +266,14 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
   }
   d->reopen.trust_files = true;
 
+  // Each open field holds about 2 descriptors (ours and HDF5's): keep the
+  // bound within the process's limit, with room for everything else.
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    const uint64_t per_file = 2 * d->specs.size() + 1;
+    const uint64_t room = nofile.rlim_cur > 128 ? (nofile.rlim_cur - 128) / 2 : 1;  // half of what is left
+    d->max_open = static_cast<size_t>(std::clamp<uint64_t>(room / per_file, 1, d->max_open));
+  }
   d->open.resize(d->files.size());
   d->last_use.assign(d->files.size(), 0);
   d->file_first.assign(1, 0);

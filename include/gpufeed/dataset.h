@@ -76,6 +76,8 @@ struct OpenOptions {
   std::vector<std::string> fields;
   // FieldSource: files whose descriptors may be open at once; the least
   // recently used one is closed beyond it (and reopened when read again).
+  // Lowered to what half the free room under RLIMIT_NOFILE allows (each open
+  // field holds about 2 descriptors).
   int max_open_files = 256;
 };
 
