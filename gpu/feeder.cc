@@ -88,9 +88,9 @@ struct GpuFeeder::Impl {
 
 Status GpuFeeder::Impl::Init() {
   const BatchSourceInfo& src = loader.info();
-  if (src.dtype != DType::kUInt8) {
-    return Status::Unsupported(src.name + ": the GPU feed takes uint8 samples, dataset is " +
-                               std::string(DTypeName(src.dtype)));
+  if (gpu::InputElementBytes(src.dtype) == 0) {
+    return Status::Unsupported(src.name + ": the GPU feed takes uint8, uint16, int16, float16 or float32 samples, "
+                               "dataset is " + std::string(DTypeName(src.dtype)));
   }
   const auto& shape = src.sample_shape;
   if (shape.size() != 3) {
@@ -302,11 +302,14 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   p.width = W;
   p.in_layout = o.input_layout == Layout::kNCHW ? gpu::TensorLayout::kNCHW : gpu::TensorLayout::kNHWC;
   p.out_layout = o.layout == Layout::kNCHW ? gpu::TensorLayout::kNCHW : gpu::TensorLayout::kNHWC;
+  p.in_dtype = loader.info().dtype;
   p.out_dtype = o.dtype;
   p.labels_int32 = o.labels_int32;
   for (int c = 0; c < C; ++c) {
     p.mean[c] = static_cast<float>(o.mean.empty() ? 0.0 : o.mean[c]);
-    p.inv_std[c] = static_cast<float>(1.0 / (o.stddev.empty() ? 255.0 : o.stddev[c]));
+    // Default scale: uint8 to [0, 1]; other dtypes as stored.
+    const double default_std = loader.info().dtype == DType::kUInt8 ? 255.0 : 1.0;
+    p.inv_std[c] = static_cast<float>(1.0 / (o.stddev.empty() ? default_std : o.stddev[c]));
   }
   p.crop_padding = o.crop_padding;
   p.flip = o.flip;

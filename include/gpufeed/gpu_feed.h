@@ -52,9 +52,11 @@ struct FeedOptions {
   DType dtype = DType::kFloat32;         // kFloat32, kFloat16 or kBFloat16
   Layout layout = Layout::kNCHW;         // output layout
   Layout input_layout = Layout::kNCHW;   // how samples are stored ([C,H,W] or [H,W,C])
-  // Per-channel mean and std in stored units (0..255). Empty: the dataset's
-  // `mean`/`std` attributes when the loader reads a Dataset that has them
-  // (gpufeed convert writes them), else 0 and 255 (x / 255).
+  // Per-channel mean and std in stored units (0..255 for uint8). Empty: the
+  // dataset's `mean`/`std` attributes when the loader reads a Dataset that
+  // has them (gpufeed convert writes them), else 0 and 255 (x / 255) for
+  // uint8 samples and 0 and 1 (as stored) for uint16, int16, float16 and
+  // float32 ones (the input dtypes the feed takes; one images field).
   std::vector<double> mean, stddev;
   int echo = 1;          // uses of each upload; 0 = auto (measured, at most 4)
   int super_batch = 1;   // loader batches per upload; echo passes reshuffle all of them
