@@ -295,6 +295,79 @@ TEST_P(FeederTest, ResumeAtStartBatchContinuesTheSameOutputs) {
   EXPECT_NE(b.status().message().find("super_batch"), std::string::npos) << b.status().ToString();
 }
 
+// float32 [2, 4, 4] samples: element e of sample k is k * 100 + e - 50.5.
+class Float32Source : public InMemorySource {
+ public:
+  Float32Source(uint64_t n, uint64_t k) : InMemorySource(n, 32 * 4, k), n_(n), k_(k), shape_{2, 4, 4} {}
+  DType dtype() const override { return DType::kFloat32; }
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  static float Value(uint64_t k, int e) { return float(k) * 100.0f + float(e) - 50.5f; }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    for (uint64_t s = 0; s < std::min(k_, n_ - i * k_); ++s) {
+      for (int e = 0; e < 32; ++e) {
+        const float v = Value(i * k_ + s, e);
+        std::memcpy(dst.data() + (s * 32 + e) * 4, &v, 4);
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  uint64_t n_, k_;
+  std::vector<uint64_t> shape_;
+};
+
+TEST_P(FeederTest, Float32SamplesAreNormalizedAsStored) {
+  Float32Source src(37, 5);
+  Loader loader(src, LoaderOpts());
+  FeedOptions o = Opts();
+  o.mean.clear();  // defaults for float input: mean 0, std 1 (not 255)
+  o.stddev.clear();
+  GpuFeeder feeder(loader, o);
+  std::vector<float> img(8 * 32);
+  std::vector<int64_t> lab(8);
+  uint64_t seen = 0;
+  for (;;) {
+    auto b = feeder.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), lab.data()).ok());
+    for (int i = 0; i < (*b)->size(); ++i) {
+      const uint64_t k = uint64_t((img[i * 32] + 50.5f) / 100.0f + 0.5f);
+      for (int e = 0; e < 32; ++e) ASSERT_EQ(img[i * 32 + e], Float32Source::Value(k, e)) << k << " " << e;
+      EXPECT_EQ(lab[i], testing::IndexLabel(k));
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 37u);
+}
+
+// A source of several named fields: the feed transforms one images field and
+// says so, rather than reading the fields' bytes as images.
+TEST(FeederFieldsTest, ManyFieldsAreRefusedClearly) {
+  class TwoFields : public TensorSource {
+   public:
+    TwoFields() : TensorSource(16, 4) {}
+    std::vector<FieldInfo> fields() const override {
+      FieldInfo a, b;
+      a.name = "data";
+      a.sample_bytes = 16;
+      b.name = "mask";
+      b.sample_bytes = 16;
+      b.offset = 16;
+      return {a, b};
+    }
+  } src;
+  Loader loader(src, LoaderOpts());
+  FeedOptions o;
+  o.force_cpu = true;
+  GpuFeeder feeder(loader, o);
+  auto b = feeder.Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(b.status().message().find("2 named fields"), std::string::npos) << b.status().ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(CpuAndGpu, FeederTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Gpu" : "Cpu"; });
 
