@@ -336,7 +336,9 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
   } else {
     DeviceBatch& d = *f.device;
     const auto& info = core->opened->source().info();
-    const auto& s = info.sample_shape;  // checked rank 3 by the feeder
+    // Named fields: the image is the first, a mask the second (the feeder checked both).
+    const bool named = info.fields.size() == 2;
+    const auto& s = named ? info.fields[0].sample_shape : info.sample_shape;  // checked rank 3 by the feeder
     const bool in_nchw = core->feed_options.input_layout == gpufeed::Layout::kNCHW;
     const int64_t C = static_cast<int64_t>(in_nchw ? s[0] : s[2]);
     const int64_t H = static_cast<int64_t>(in_nchw ? s[1] : s[0]);
@@ -348,7 +350,14 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
     std::vector<int64_t> shape = core->feed_options.layout == gpufeed::Layout::kNCHW
                                      ? std::vector<int64_t>{n, C, H, W}
                                      : std::vector<int64_t>{n, H, W, C};
-    b->arrays.push_back({"images", const_cast<void*>(d.images()), DlType(core->feed_options.dtype), shape});
+    b->arrays.push_back({named ? info.fields[0].name.c_str() : "images", const_cast<void*>(d.images()),
+                         DlType(core->feed_options.dtype), shape});
+    if (named && d.mask() != nullptr) {
+      std::vector<int64_t> mshape{n};
+      for (uint64_t dim : info.fields[1].sample_shape) mshape.push_back(static_cast<int64_t>(dim));
+      b->arrays.push_back({info.fields[1].name.c_str(), const_cast<void*>(d.mask()),
+                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), mshape});
+    }
     if (info.has_labels) {
       b->arrays.push_back({"labels", const_cast<void*>(d.labels()),
                            DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), {n}});

@@ -111,3 +111,29 @@ def test_mismatched_lengths_name_both(tmp_path):
 def test_bad_field_spec_is_an_error():
     with pytest.raises(gpufeed.InvalidArgumentError, match="NAME=/hdf5/path"):
         gpufeed.Loader("x.h5", fields=["nopath"])
+
+
+def test_feed_gives_a_mask_field_the_images_crop_and_flip(tmp_path):
+    """An image field and an integer mask of its pixels through the feed (the
+    CPU twins here, the GPU on a GPU host): the mask gets the same crop and
+    flip, so it equals the image's pixel codes wherever they land."""
+    n, h, w = 10, 5, 6
+    for k in range(n):
+        code = (k * 10000 + np.arange(h)[:, None] * 100 + np.arange(w)[None, :] + 1).astype(np.int32)
+        with h5py.File(tmp_path / ("p_%02d.h5" % k), "w") as f:
+            f.create_dataset("img", data=code[None, None].astype(np.float32))
+            f.create_dataset("seg", data=code[None])
+    loader = gpufeed.Loader(str(tmp_path / "*.h5"), fields=["img=/img", "seg=/seg"], batch_size=4, device="cpu",
+                            dtype=torch.float32, crop_padding=2, flip=True, mean=[0], std=[1], seed=4)
+    seen, moved = set(), 0
+    for img, seg in loader:
+        assert img.dtype == torch.float32 and tuple(img.shape[1:]) == (1, h, w)
+        assert seg.dtype == torch.int64 and tuple(seg.shape[1:]) == (h, w)
+        assert torch.equal(img[:, 0].to(torch.int64), seg), "mask not aligned with its image"
+        for row in seg:
+            nz = row[row != 0]
+            seen.add(int(nz[0]) // 10000)
+            moved += int((row != (row.flatten()[row.flatten() != 0][0] // 10000) * 10000
+                          + torch.arange(h)[:, None] * 100 + torch.arange(w)[None, :] + 1).sum())
+    assert seen == set(range(n))
+    assert moved > 0, "no sample was cropped or flipped: the test checks nothing"
