@@ -117,9 +117,14 @@ class Batch {
   // size() x fields()[f].sample_bytes bytes, sample k of every field at
   // position k (the fields of one sample stay aligned). With one field,
   // field(0) is images().
-  const std::vector<FieldInfo>& fields() const { return *fields_; }
+  // (Empty for a default-constructed or moved-from Batch.) Requires
+  // f < fields().size().
+  const std::vector<FieldInfo>& fields() const {
+    static const std::vector<FieldInfo> kNone;
+    return fields_ != nullptr ? *fields_ : kNone;
+  }
   std::span<const std::byte> field(size_t f) const {
-    const FieldInfo& fi = (*fields_)[f];
+    const FieldInfo& fi = fields()[f];
     return {data_ + capacity_ * fi.offset, size() * fi.sample_bytes};
   }
 
