@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bench/loader_bench.h"
-#include "gpu/host_buffer.h"
+#include "common/host_buffer.h"
 #include "gpu/transform.h"
 #include "gpufeed/dataset.h"
 
@@ -77,7 +77,7 @@ Result<H2dResult> RunH2dBench(uint64_t batch_bytes, int slots) {
   void* dev = nullptr;
   GPUFEED_CUDA_RETURN(cudaMalloc(&dev, total));
   // Ceiling: one large pinned buffer.
-  auto big = gpu::HostBuffer::Allocate(total, true);
+  auto big = HostBuffer::Allocate(total, true);
   if (!big.pinned()) return Status::Internal("h2d: could not pin " + std::to_string(total) + " bytes");
   std::memset(big.data(), 7, total);
   auto t = TimeOnStream(s, 10, [&] {
@@ -88,9 +88,9 @@ Result<H2dResult> RunH2dBench(uint64_t batch_bytes, int slots) {
   r.pinned_gb_per_s = total / *t / 1e9;
   // The feeder's pattern: batch-sized pinned slots (as the loader's pool
   // allocates them), one cudaMemcpyAsync each, into rotating device slots.
-  std::vector<gpu::HostBuffer> pool;
+  std::vector<HostBuffer> pool;
   for (int i = 0; i < n; ++i) {
-    pool.push_back(gpu::HostBuffer::Allocate(batch_bytes, true));
+    pool.push_back(HostBuffer::Allocate(batch_bytes, true));
     std::memset(pool.back().data(), i, batch_bytes);
   }
   t = TimeOnStream(s, 10, [&] {

@@ -31,6 +31,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--write-timeout-ms", o->write_timeout_ms, "a client that takes no frame this long is dropped")
       ->capture_default_str();
+  cmd->add_option("--log-format", o->log_format, "the log on stderr: kv (key=value lines) or json (an object a line)")
+      ->capture_default_str();
+  cmd->add_option("--log-level", o->log_level, "debug, info, warn or error")->capture_default_str();
   cmd->callback([o, exit_code] {
     auto server = Server::Start(*o);
     if (!server.ok()) {

@@ -14,3 +14,5 @@ find_package(nlohmann_json REQUIRED)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)   # CPU reference GEMMs of the trainer
 # Boost.Asio, header-only (Debian's libboost-dev): the daemon's networking.
 find_package(Boost 1.74 REQUIRED)
+# spdlog (Debian's libspdlog-dev, on fmt): the daemon's structured log.
+find_package(spdlog REQUIRED)

@@ -1,6 +1,7 @@
 // Server: binds the listening socket, accepts sessions (within the
-// connection cap), serves /metrics, and stops gracefully on Stop() or a
-// signal. Sessions do the rest (daemon/session.cc).
+// connection cap), renders /metrics (served by daemon/metrics_http.cc), and
+// stops gracefully on Stop() or a signal. Sessions do the rest
+// (daemon/session.cc).
 #include "gpufeed/server.h"
 
 #include <netinet/in.h>
@@ -19,6 +20,7 @@
 
 #include "daemon/address.h"
 #include "daemon/conn.h"
+#include "daemon/metrics_http.h"
 #include "daemon/server_core.h"
 #include "daemon/session.h"
 #include "daemon/token.h"
@@ -38,37 +40,8 @@ namespace daemon {
 
 ServerCore::ServerCore(const ServerOptions& o) : options(o) {}
 
-std::string Kv(const std::string& key, const std::string& value) {
-  bool plain = !value.empty();
-  for (char c : value) plain = plain && c > ' ' && c != '"' && c != '=' && c != '\\';
-  if (plain) return key + "=" + value;
-  std::string q = key + "=\"";
-  for (char c : value) {
-    if (c == '"' || c == '\\') q += '\\';
-    q += c == '\n' ? ' ' : c;
-  }
-  return q + "\"";
-}
-std::string Kv(const std::string& key, uint64_t value) { return key + "=" + std::to_string(value); }
-
 void ServerCore::Log(const char* level, const std::string& event, const std::string& fields) {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const int ms = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char ts[64];
-  std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
-  const std::string line =
-      std::string("ts=") + ts + " level=" + level + " " + Kv("event", event) + (fields.empty() ? "" : " " + fields);
-  std::lock_guard<std::mutex> lock(log_mu_);
-  if (options.log) {
-    options.log(line);
-  } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
+  if (log_) log_->Log(level, event, fields);
 }
 
 Result<std::pair<std::string, const Dataset*>> ServerCore::FindDataset(const std::string& name) const {
@@ -205,18 +178,23 @@ std::vector<std::shared_ptr<Session>> ServerCore::Sessions() const {
 
 struct Server::Impl {
   explicit Impl(const ServerOptions& o)
-      : core(o), acceptor(core.io), metrics_acceptor(core.io), signals(core.io), control(asio::make_strand(core.io)) {}
+      : core(o),
+        acceptor(core.io),
+        signals(core.io),
+        control(asio::make_strand(core.io)),
+        metrics(core.io, control, [this] { return Metrics(); },
+                [this](const std::string& what) { core.Log("warn", "metrics_request", daemon::Kv("error", what)); }) {}
 
   ServerCore core;
   daemon::Address address;
-  std::string endpoint, metrics_endpoint;
+  std::string endpoint;
   asio::basic_socket_acceptor<GenericProto> acceptor;
-  asio::ip::tcp::acceptor metrics_acceptor;
   asio::signal_set signals;
   // Serializes everything that touches the acceptors and the signal set:
   // their completion handlers and DoStop (Asio objects are not thread-safe;
   // TSan caught close() racing a re-armed async_accept).
   asio::strand<asio::io_context::executor_type> control;
+  daemon::MetricsHttp metrics;  // GET /metrics (Boost.Beast), when --metrics is given
   std::vector<std::thread> threads;
   uint64_t next_id = 1;  // accept handler only (serialized: one accept at a time)
   std::atomic<bool> stop_requested{false};
@@ -224,10 +202,8 @@ struct Server::Impl {
   bool waited = false;  // GUARDED_BY(wait_mu)
 
   Status Bind();
-  Status BindMetrics();
   void Accept();
   void Reject(GenericProto::socket socket, const std::string& why);
-  void AcceptMetrics();
   void DoStop();  // on `control`
   std::string Metrics() const;
 };
@@ -279,23 +255,6 @@ Status Server::Impl::Bind() {
   }
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Status::IOError(address.ToString() + ": cannot listen: " + ec.message());
-  return Status::Ok();
-}
-
-Status Server::Impl::BindMetrics() {
-  if (core.options.metrics_listen.empty()) return Status::Ok();
-  auto a = daemon::ParseHostPort(core.options.metrics_listen);
-  if (!a.ok()) return a.status().WithContext("--metrics");
-  boost::system::error_code ec;
-  const auto ip = asio::ip::make_address(a->host, ec);
-  if (ec) return Status::InvalidArgument("--metrics: '" + a->host + "' is not an IP address");
-  asio::ip::tcp::endpoint ep(ip, a->port);
-  metrics_acceptor.open(ep.protocol(), ec);
-  if (!ec) metrics_acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) metrics_acceptor.bind(ep, ec);
-  if (!ec) metrics_acceptor.listen(16, ec);
-  if (ec) return Status::IOError("--metrics " + core.options.metrics_listen + ": " + ec.message());
-  metrics_endpoint = a->host + ":" + std::to_string(metrics_acceptor.local_endpoint().port());
   return Status::Ok();
 }
 
@@ -355,52 +314,6 @@ void Server::Impl::Reject(GenericProto::socket socket, const std::string& why) {
     s->shutdown(asio::socket_base::shutdown_both, ec);
     s->close(ec);
   });
-}
-
-void Server::Impl::AcceptMetrics() {
-  metrics_acceptor.async_accept(asio::make_strand(core.io), asio::bind_executor(control, [this](
-                                                                   const boost::system::error_code& ec,
-                                                                   asio::ip::tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || core.stopping) return;
-    if (!ec) {
-      struct Http {
-        explicit Http(asio::ip::tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
-        asio::ip::tcp::socket socket;
-        asio::steady_timer timer;
-        asio::streambuf request{8192};  // limit: a longer request is refused
-        std::string response;
-      };
-      auto h = std::make_shared<Http>(std::move(socket));
-      h->timer.expires_after(std::chrono::seconds(5));
-      h->timer.async_wait([h](const boost::system::error_code& tec) {
-        if (!tec) {
-          boost::system::error_code c;
-          h->socket.close(c);
-        }
-      });
-      asio::async_read_until(h->socket, h->request, "\r\n\r\n", [this, h](const boost::system::error_code& rec, size_t) {
-        if (rec) {
-          h->timer.cancel();
-          return;
-        }
-        std::string line;
-        std::istream is(&h->request);
-        std::getline(is, line);
-        const bool ok = line.rfind("GET /metrics ", 0) == 0 || line.rfind("GET /metrics?", 0) == 0;
-        const std::string body = ok ? Metrics() : "not found: try GET /metrics\n";
-        h->response = std::string(ok ? "HTTP/1.1 200 OK" : "HTTP/1.1 404 Not Found") +
-                      "\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " + std::to_string(body.size()) +
-                      "\r\nConnection: close\r\n\r\n" + body;
-        asio::async_write(h->socket, asio::buffer(h->response), [h](const boost::system::error_code&, size_t) {
-          h->timer.cancel();
-          boost::system::error_code c;
-          h->socket.shutdown(asio::socket_base::shutdown_both, c);
-          h->socket.close(c);
-        });
-      });
-    }
-    AcceptMetrics();
-  }));
 }
 
 std::string Server::Impl::Metrics() const {
@@ -485,7 +398,7 @@ void Server::Impl::DoStop() {
   core.Log("info", "shutdown", daemon::Kv("sessions", core.Sessions().size()));
   boost::system::error_code ec;
   acceptor.close(ec);
-  metrics_acceptor.close(ec);
+  metrics.Close();
   signals.cancel(ec);
   for (auto& s : core.Sessions()) {
     asio::post(s->executor(), [s] { s->BeginShutdown(); });
@@ -511,7 +424,10 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   }
   auto addr = daemon::ParseAddress(o.listen);
   if (!addr.ok()) return addr.status().WithContext("--listen");
+  auto log = daemon::EventLog::Create(o.log_format, o.log_level, o.log);
+  if (!log.ok()) return log.status();
   auto impl = std::make_unique<Impl>(o);
+  impl->core.SetLog(std::move(*log));
   impl->address = *addr;
   ServerCore& core = impl->core;
   core.loader_threads = o.loader_threads > 0 ? o.loader_threads
@@ -535,7 +451,8 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     core.shared_chunks.push_back(std::make_shared<loader::SharedChunks>());
   }
   GPUFEED_RETURN_IF_ERROR(impl->Bind());
-  if (Status st = impl->BindMetrics(); !st.ok()) {
+  Status st = o.metrics_listen.empty() ? Status::Ok() : impl->metrics.Bind(o.metrics_listen);
+  if (!st.ok()) {
     if (addr->kind == daemon::Address::Kind::kUnix) ::unlink(addr->path.c_str());
     return st;
   }
@@ -551,11 +468,11 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     }));
   }
   raw->Accept();
-  if (!raw->metrics_endpoint.empty()) raw->AcceptMetrics();
+  if (!raw->metrics.endpoint().empty()) raw->metrics.Accept();  // no io thread runs yet
   std::string data;
   for (const auto& [n, ds] : core.datasets) data += (data.empty() ? "" : ",") + n;
   core.Log("info", "listen",
-           daemon::Kv("endpoint", raw->endpoint) + " " + daemon::Kv("metrics", raw->metrics_endpoint) + " " +
+           daemon::Kv("endpoint", raw->endpoint) + " " + daemon::Kv("metrics", raw->metrics.endpoint()) + " " +
                daemon::Kv("data", data) + " " + daemon::Kv("io_threads", static_cast<uint64_t>(o.io_threads)) + " " +
                daemon::Kv("loader_threads", static_cast<uint64_t>(core.loader_threads)) + " " +
                daemon::Kv("memory_bytes", o.memory_bytes) + " " + daemon::Kv("token", core.token.empty() ? "no" : "yes"));
@@ -579,7 +496,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
 }
 
 const std::string& Server::endpoint() const { return impl_->endpoint; }
-const std::string& Server::metrics_endpoint() const { return impl_->metrics_endpoint; }
+const std::string& Server::metrics_endpoint() const { return impl_->metrics.endpoint(); }
 
 void Server::Stop() {
   if (impl_->stop_requested.exchange(true)) return;

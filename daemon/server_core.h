@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/event_log.h"
 #include "daemon/shm.h"
 #include "gpufeed/dataset.h"
 #include "loader/chunk_cache.h"
@@ -33,6 +34,7 @@ class ServerCore {
 
   // Thread-safe. `fields` is "key=value ..." (values quoted where needed).
   void Log(const char* level, const std::string& event, const std::string& fields);
+  void SetLog(std::unique_ptr<EventLog> log) { log_ = std::move(log); }  // before the first Log
   // The dataset a client named (empty: the first), or an error listing them.
   Result<std::pair<std::string, const Dataset*>> FindDataset(const std::string& name) const;
   // Admits `bytes` more within memory_bytes, evicting parked Loaders (oldest
@@ -96,12 +98,8 @@ class ServerCore {
   std::mutex peak_mu_;
   uint64_t peak_streams_ = 0;                           // GUARDED_BY(peak_mu_)
   std::chrono::steady_clock::time_point peak_time_;     // GUARDED_BY(peak_mu_): when last reached
-  std::mutex log_mu_;
+  std::unique_ptr<EventLog> log_;
 };
-
-// "key=value" with the value quoted and escaped when it has spaces or quotes.
-std::string Kv(const std::string& key, const std::string& value);
-std::string Kv(const std::string& key, uint64_t value);
 
 }  // namespace gpufeed::daemon
 

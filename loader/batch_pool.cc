@@ -15,7 +15,7 @@ Status BatchPool::Allocate(int n, uint64_t batch_size, uint64_t sample_bytes, bo
   const uint64_t batch_bytes = batch_size * sample_bytes;
   std::vector<std::unique_ptr<Batch::Slot>> slots;
   for (int i = 0; i < n; ++i) {
-    auto images = gpu::HostBuffer::Allocate(std::max<uint64_t>(1, batch_bytes), pin_memory);
+    auto images = HostBuffer::Allocate(std::max<uint64_t>(1, batch_bytes), pin_memory);
     if (images.data() == nullptr) {
       return Status::Internal("loader: cannot allocate a " + std::to_string(batch_bytes) + "-byte batch buffer");
     }
@@ -28,7 +28,7 @@ Status BatchPool::Allocate(int n, uint64_t batch_size, uint64_t sample_bytes, bo
   return Status::Ok();
 }
 
-std::unique_ptr<Batch::Slot> BatchPool::NewSlot(uint32_t id, gpu::HostBuffer images, uint64_t batch_size) {
+std::unique_ptr<Batch::Slot> BatchPool::NewSlot(uint32_t id, HostBuffer images, uint64_t batch_size) {
   auto slot = std::make_unique<Batch::Slot>();
   slot->images = std::move(images);
   slot->labels.resize(batch_size);
@@ -58,7 +58,7 @@ Status BatchPool::AllocateViews(std::span<std::byte> region, uint64_t stride, in
   std::vector<std::unique_ptr<Batch::Slot>> slots;
   for (int i = 0; i < n; ++i) {
     slots.push_back(NewSlot(static_cast<uint32_t>(i),
-                            gpu::HostBuffer::Adopt(region.data() + static_cast<uint64_t>(i) * stride,
+                            HostBuffer::Adopt(region.data() + static_cast<uint64_t>(i) * stride,
                                                    std::max<uint64_t>(1, batch_bytes), pin_memory),
                             batch_size));
   }

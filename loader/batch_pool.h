@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/mutex.h"
-#include "gpu/host_buffer.h"
+#include "common/host_buffer.h"
 #include "gpufeed/loader.h"
 
 namespace gpufeed {
@@ -26,7 +26,7 @@ class SharedChunks;
 }
 
 struct Batch::Slot {
-  gpu::HostBuffer images;         // batch_size x sample_bytes
+  HostBuffer images;         // batch_size x sample_bytes
   std::vector<int64_t> labels;    // batch_size
   std::vector<uint64_t> indices;  // batch_size
   BatchPool* pool = nullptr;
@@ -78,7 +78,7 @@ class BatchPool {
   std::string hold_hint();
 
  private:
-  std::unique_ptr<Batch::Slot> NewSlot(uint32_t id, gpu::HostBuffer images, uint64_t batch_size);
+  std::unique_ptr<Batch::Slot> NewSlot(uint32_t id, HostBuffer images, uint64_t batch_size);
   void Install(std::vector<std::unique_ptr<Batch::Slot>> slots, bool start_free) EXCLUDES(mu_);
   Batch::Slot* PopFree() REQUIRES(mu_);
 

@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "common/trace.h"
-#include "gpu/host_buffer.h"
+#include "common/host_buffer.h"
 #include "gpufeed/dataset.h"
 #include "loader/batch_pool.h"
 #include "loader/chunk_cache.h"

@@ -87,6 +87,8 @@ struct ServerOptions {
   // Receives one structured line per event ("ts=... level=info event=accept
   // ..."); called from any thread, one call at a time. Default: stderr.
   std::function<void(std::string_view)> log;
+  std::string log_format = "kv";   // "kv" (key=value, logfmt) or "json" (one object a line)
+  std::string log_level = "info";  // "debug", "info", "warn" or "error": lower levels are dropped
 };
 
 struct ServerStats {

@@ -21,6 +21,7 @@ def _candidates():
         return
     yield _HERE / "libgpufeed.so"                      # installed beside the package
     yield _HERE.parent.parent / "lib" / "libgpufeed.so"  # the bundle: dist/gpufeed/{python,lib}
+    yield _HERE.parents[2] / "libgpufeed.so"             # cmake --install: PREFIX/lib/python3/dist-packages/gpufeed
     root = _HERE.parent.parent                          # a source checkout: python/gpufeed
     for build in ("build", "build-cpu"):
         yield root / build / "libgpufeed.so"

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "daemon/conn.h"
+#include "daemon/event_log.h"
 #include "daemon/protocol.h"
 #include "daemon/shm.h"
 #include "gpufeed/dataset.h"
@@ -730,6 +731,105 @@ TEST_F(DaemonTest, MetricsEndpointServesPrometheusText) {
   EXPECT_NE(resp.find("gpufeed_client_cache_hit_rate"), std::string::npos);
   EXPECT_NE(resp.find("gpufeed_connections_open 1"), std::string::npos);
   EXPECT_NE(server->MetricsText().find("# TYPE gpufeed_bytes_sent_total counter"), std::string::npos);
+}
+
+// The endpoint's limits: wrong path 404, wrong method 405, HEAD without a
+// body, oversized headers 431, garbage 400, a body refused; each answered
+// and closed, and the server keeps serving.
+TEST_F(DaemonTest, MetricsEndpointRefusesWhatItDoesNotServe) {
+  ServerOptions o = Options();
+  o.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  auto ask = [&](const std::string& req) {
+    Conn m = RawConnect("tcp://" + server->metrics_endpoint());
+    (void)m.SendAll(std::as_bytes(std::span(req.data(), req.size())), 2000);
+    std::string resp;
+    for (int i = 0; i < 200000; ++i) {
+      std::byte b[1];
+      if (!m.RecvAll(b, 3000).ok()) break;
+      resp += static_cast<char>(b[0]);
+    }
+    return resp;
+  };
+  EXPECT_EQ(ask("GET /other HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
+  const std::string post = ask("POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(post.rfind("HTTP/1.1 405", 0), 0u) << post;
+  EXPECT_NE(post.find("Allow: GET, HEAD"), std::string::npos) << post;
+  const std::string head = ask("HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  EXPECT_EQ(head.find("gpufeed_connections_open"), std::string::npos) << "HEAD carries no body";
+  const std::string big = ask("GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(16384, 'a') + "\r\n\r\n");
+  EXPECT_EQ(big.rfind("HTTP/1.1 431", 0), 0u) << big.substr(0, 100);
+  EXPECT_EQ(ask("\x01\x02 nonsense\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  const std::string body = ask("GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+  EXPECT_EQ(body.rfind("HTTP/1.1 400", 0), 0u) << body.substr(0, 100);
+  const std::string ok = ask("GET /metrics?x=1 HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.0 200", 0), 0u) << ok.substr(0, 100);
+  EXPECT_NE(ok.find("gpufeed_connections_open"), std::string::npos);
+}
+
+// A client that connects to /metrics and sends nothing is closed at the
+// deadline (it holds no io thread meanwhile: GET still answers).
+TEST_F(DaemonTest, MetricsEndpointClosesASilentClientAtTheDeadline) {
+  ServerOptions o = Options();
+  o.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  Conn silent = RawConnect("tcp://" + server->metrics_endpoint());
+  Conn m = RawConnect("tcp://" + server->metrics_endpoint());
+  const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_TRUE(m.SendAll(std::as_bytes(std::span(req.data(), req.size())), 2000).ok());
+  std::byte b[15];
+  ASSERT_TRUE(m.RecvAll(b, 2000).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(b), 15), "HTTP/1.1 200 OK");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::byte one[1];
+  EXPECT_FALSE(silent.RecvAll(one, 15000).ok());  // closed by the server, before this wait's own limit
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::seconds(10));
+}
+
+// The log in JSON: one object a line with ts, level, event and every field
+// (quoted values unescaped); --log-level warn drops the info lines.
+TEST(EventLogTest, JsonLinesAndLevels) {
+  std::vector<std::string> lines;
+  auto log = daemon::EventLog::Create("json", "info", [&](std::string_view l) { lines.emplace_back(l); });
+  ASSERT_TRUE(log.ok());
+  (*log)->Log("info", "stream", daemon::Kv("name", "a \"b\" c") + " " + daemon::Kv("epoch", 3) + " loader=warm");
+  (*log)->Log("debug", "hidden", "");
+  ASSERT_EQ(lines.size(), 1u);
+  const std::string& l = lines[0];
+  EXPECT_EQ(l.rfind("{\"ts\":\"", 0), 0u) << l;
+  EXPECT_EQ(l.back(), '}') << l;
+  EXPECT_NE(l.find("\"level\":\"info\",\"event\":\"stream\",\"name\":\"a \\\"b\\\" c\",\"epoch\":\"3\",\"loader\":\"warm\""),
+            std::string::npos) << l;
+  lines.clear();
+  auto warn = daemon::EventLog::Create("kv", "warn", [&](std::string_view l) { lines.emplace_back(l); });
+  ASSERT_TRUE(warn.ok());
+  (*warn)->Log("info", "accept", "");
+  (*warn)->Log("error", "handler_exception", daemon::Kv("what", "x"));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find(" level=error event=handler_exception what=x"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[0].rfind("ts=", 0), 0u);
+  auto bad = daemon::EventLog::Create("xml", "info", nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--log-format 'xml'"), std::string::npos);
+  auto bad_level = daemon::EventLog::Create("kv", "verbose", nullptr);
+  ASSERT_FALSE(bad_level.ok());
+  EXPECT_NE(bad_level.status().message().find("--log-level 'verbose'"), std::string::npos);
+}
+
+TEST(EventLogTest, SplitKvUndoesKv) {
+  const std::string f = daemon::Kv("a", "plain") + " " + daemon::Kv("b", "with space") + " " +
+                        daemon::Kv("c", "q\"uo\\te") + " " + daemon::Kv("d", "") + " bare";
+  const auto kv = daemon::SplitKv(f);
+  ASSERT_EQ(kv.size(), 5u) << f;
+  EXPECT_EQ(kv[0], (std::pair<std::string, std::string>("a", "plain")));
+  EXPECT_EQ(kv[1], (std::pair<std::string, std::string>("b", "with space")));
+  EXPECT_EQ(kv[2], (std::pair<std::string, std::string>("c", "q\"uo\\te")));
+  EXPECT_EQ(kv[3], (std::pair<std::string, std::string>("d", "")));
+  EXPECT_EQ(kv[4], (std::pair<std::string, std::string>("bare", "")));
 }
 
 // A consumer that holds every slot of its pool and asks for another gets an

@@ -1,10 +1,10 @@
 // HostBuffer: pinned through the CUDA runtime where built with CUDA and a
 // device exists (host_buffer_cuda.cu), aligned plain memory otherwise.
-#include "gpu/host_buffer.h"
+#include "common/host_buffer.h"
 
 #include <cstdlib>
 
-namespace gpufeed::gpu {
+namespace gpufeed {
 
 #ifdef GPUFEED_WITH_CUDA
 bool PinnedAlloc(size_t bytes, void** out);  // host_buffer_cuda.cu
@@ -54,4 +54,4 @@ void HostBuffer::Free() {
   data_ = nullptr;
 }
 
-}  // namespace gpufeed::gpu
+}  // namespace gpufeed

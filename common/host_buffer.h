@@ -1,13 +1,13 @@
 // Host memory for batches: page-locked (cudaHostAlloc) when a CUDA device is
 // present, so copies to the GPU are asynchronous DMA; 4 KiB-aligned plain
 // memory otherwise. Allocated once per pool slot, never per batch.
-#ifndef GPUFEED_GPU_HOST_BUFFER_H_
-#define GPUFEED_GPU_HOST_BUFFER_H_
+#ifndef GPUFEED_COMMON_HOST_BUFFER_H_
+#define GPUFEED_COMMON_HOST_BUFFER_H_
 
 #include <cstddef>
 #include <utility>
 
-namespace gpufeed::gpu {
+namespace gpufeed {
 
 class HostBuffer {
  public:
@@ -47,6 +47,6 @@ class HostBuffer {
   bool owned_ = true;
 };
 
-}  // namespace gpufeed::gpu
+}  // namespace gpufeed
 
-#endif  // GPUFEED_GPU_HOST_BUFFER_H_
+#endif  // GPUFEED_COMMON_HOST_BUFFER_H_

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-namespace gpufeed::gpu {
+namespace gpufeed {
 
 namespace {
 
@@ -48,4 +48,4 @@ void PinnedUnregister(void* p) {
   if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 
-}  // namespace gpufeed::gpu
+}  // namespace gpufeed

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The modules' layering (docs/architecture.md): a module includes only its own
+# headers and those of the modules below it; include/gpufeed/*.h, the public
+# contracts, belong to the module that implements them. An upward include is
+# reported with the file and line, and fails this test.
+#   common < hdf5io < loader < gpu < trainer;  loader < daemon;  capi, cli, bench: anything
+#   tests/structure/check_layering.sh SOURCE_DIR
+set -euo pipefail
+src=${1:-$(dirname "$0")/../..}
+cd "$src"
+
+declare -A allowed=(
+  [common]="common"
+  [hdf5io]="common hdf5io"
+  [loader]="common hdf5io loader"
+  [gpu]="common hdf5io loader gpu"
+  [trainer]="common hdf5io loader gpu trainer"
+  [daemon]="common hdf5io loader daemon"
+)
+# Which module implements each public header.
+owner_of_public() {
+  case "$1" in
+    status.h|dtype.h|chunk_source.h|version.h) echo common ;;
+    dataset.h|fields.h|writer.h|convert.h|inspect.h) echo hdf5io ;;
+    loader.h) echo loader ;;
+    gpu_feed.h|device.h) echo gpu ;;
+    trainer.h) echo trainer ;;
+    server.h|remote_loader.h|open_source.h) echo daemon ;;
+    c_api.h) echo capi ;;
+    *) echo unknown ;;
+  esac
+}
+
+bad=0
+check() {  # check FILE MODULE
+  local file=$1 module=$2 line inc target
+  while IFS=: read -r line inc; do
+    inc=${inc#*\"}; inc=${inc%\"*}
+    case "$inc" in
+      gpufeed/*) target=$(owner_of_public "${inc#gpufeed/}") ;;
+      */*) target=${inc%%/*} ;;
+      *) continue ;;
+    esac
+    [ "$target" = "$module" ] && continue
+    if [ "$target" = unknown ] || [[ " ${allowed[$module]} " != *" $target "* ]]; then
+      echo "$file:$line: $module includes \"$inc\" ($target is not below $module)"
+      bad=1
+    fi
+  done < <(grep -n '^#include "' "$file" || true)
+}
+for module in "${!allowed[@]}"; do
+  for f in "$module"/*.h "$module"/*.cc "$module"/*.cu "$module"/*.cuh; do
+    [ -f "$f" ] || continue
+    case "$f" in *_test.cc) continue ;; esac
+    check "$f" "$module"
+  done
+done
+for f in include/gpufeed/*.h; do
+  module=$(owner_of_public "$(basename "$f")")
+  [ -n "${allowed[$module]:-}" ] || continue
+  check "$f" "$module"
+done
+if [ $bad -ne 0 ]; then
+  echo "check_layering: upward includes above; move the code down or the contract into the lower module"
+  exit 1
+fi
+echo "check_layering: every include of common, hdf5io, loader, gpu, trainer, daemon points down"
