@@ -17,6 +17,7 @@
 
 #include "gpufeed/dataset.h"
 #include "gpufeed/page_cache.h"
+#include "gpufeed/fields.h"
 
 namespace gpufeed::bench {
 
@@ -41,8 +42,9 @@ const Dataset* VerificationFile(const OpenedSource& source, const std::string& d
 
 Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, const std::string& dataset,
                                                       const LoaderOptions& loader, const std::string& token_file,
-                                                      const std::string& client_name) {
+                                                      const std::string& client_name, const OpenOptions& open) {
   SourceOptions so;
+  so.open = open;
   so.data = data;
   so.dataset = dataset;
   so.loader = loader;
@@ -91,8 +93,41 @@ Result<double> DirectReadCeiling(const std::string& path) {
   return size / secs / 1e9;
 }
 
+namespace {
+
+// A sample's bytes, field by field (one field: XXH3 of the sample).
+uint64_t SampleHash(const Batch& b, uint64_t i) {
+  uint64_t h = 0;
+  for (size_t f = 0; f < b.fields().size(); ++f) {
+    const uint64_t fb = b.fields()[f].sample_bytes;
+    h += XXH3_64bits(b.field(f).data() + i * fb, fb) * (f + 1);
+  }
+  return h;
+}
+
+// The same hash of sample `idx` read independently of the loader: each field
+// opened afresh from its file.
+Result<uint64_t> FieldSampleHash(const FieldSource& fs, uint64_t idx) {
+  const auto [file, local] = fs.Locate(idx);
+  const std::vector<FieldInfo> fields = fs.fields();
+  uint64_t h = 0;
+  OpenOptions o;
+  o.trust_files = true;  // probed when the source was opened
+  o.labels_path = "none";
+  for (size_t f = 0; f < fields.size(); ++f) {
+    auto ds = Dataset::Open(fs.files()[file] + ":" + fields[f].path, o);
+    if (!ds.ok()) return ds.status();
+    std::vector<std::byte> buf(fields[f].sample_bytes);
+    GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(local, 1, buf));
+    h += XXH3_64bits(buf.data(), buf.size()) * (f + 1);
+  }
+  return h;
+}
+
+}  // namespace
+
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
-  auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader");
+  auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader", o.open);
   if (!opened.ok()) return opened.status();
   const uint64_t rss_before = CurrentRss();  // the loader exists, its pool and cache do not yet
   BatchSource& loader = (*opened)->source();
@@ -101,7 +136,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   // daemon the file its stream names ("unix:/s file.h5:/images") when this
   // host can open it (a daemon on another host: indices are checked only).
   std::optional<Dataset> remote_file;
-  const Dataset* ds = VerificationFile(**opened, o.dataset, &remote_file);
+  const auto* fields = dynamic_cast<const FieldSource*>((*opened)->chunk_source());
+  const Dataset* ds = fields != nullptr ? nullptr : VerificationFile(**opened, o.dataset, &remote_file);
   if (ds != nullptr && (ds->num_samples() != info.num_samples || ds->sample_bytes() != info.sample_bytes)) {
     return Status::InvalidArgument(o.data + ": the daemon's dataset is not " + ds->name() + " as this host sees it");
   }
@@ -110,7 +146,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   const bool labels = ds != nullptr && ds->has_labels();
   LoaderBenchResult r;
   r.sample_bytes = sb;
-  r.bytes_verified = ds != nullptr;
+  r.bytes_verified = ds != nullptr || fields != nullptr;
   r.warnings = loader.info().warnings;
   r.batch_size = loader.info().batch_size;
 
@@ -180,8 +216,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
         ++seen_count[idx];
         if (labels && batch.labels()[i] != ds->labels()[idx]) ++label_mismatch;
         sum_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? batch.labels()[i] : 0));
-        if (++delivered % kSpotEvery == 0 && ds != nullptr) {
-          spots.emplace_back(idx, XXH3_64bits(batch.images().data() + i * sb, sb));
+        if (++delivered % kSpotEvery == 0 && (ds != nullptr || fields != nullptr)) {
+          spots.emplace_back(idx, SampleHash(batch, i));
         }
       }
     }
@@ -224,8 +260,16 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
                              " wrong labels; no figure is printed for a wrong loader");
     }
     for (const auto& [idx, hash] : spots) {
-      GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(idx, 1, buf));
-      if (XXH3_64bits(buf.data(), sb) != hash) {
+      uint64_t want = 0;
+      if (fields != nullptr) {
+        auto h = FieldSampleHash(*fields, idx);
+        if (!h.ok()) return h.status();
+        want = *h;
+      } else {
+        GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(idx, 1, buf));
+        want = XXH3_64bits(buf.data(), sb);
+      }
+      if (want != hash) {
         return Status::Corrupt(o.data + ": sample " + std::to_string(idx) + " delivered with wrong bytes");
       }
     }
@@ -249,7 +293,9 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   // Direct I/O adds its read-ahead's 4 chunk buffers (Dataset's io_uring ring).
   const uint64_t read_ahead = (*opened)->dataset() != nullptr && ds->info().io == "direct" ? 4 : 0;
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
-                         (2 * threads + 4 + read_ahead) * (ds != nullptr ? ds->chunk_bytes_max() : 0);
+                         (2 * threads + 4 + read_ahead) * (ds != nullptr ? ds->chunk_bytes_max()
+                                                          : fields != nullptr ? fields->chunk_samples() * sb
+                                                                              : 0);
   return r;
 }
 

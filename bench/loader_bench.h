@@ -22,6 +22,7 @@ struct LoaderBenchOptions {
   std::string data;
   std::string dataset, token_file;
   LoaderOptions loader;
+  OpenOptions open;      // named fields, many files (a local --data)
   uint64_t batches = 0;  // 0: the whole epoch
   uint64_t epoch = 0;    // the first epoch run
   // Epochs run back to back on one Loader; the figures are the last one's
@@ -77,7 +78,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& options);
 // --token-file), the stream named `client_name` in the daemon's logs.
 Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, const std::string& dataset,
                                                       const LoaderOptions& loader, const std::string& token_file,
-                                                      const std::string& client_name);
+                                                      const std::string& client_name,
+                                                      const OpenOptions& open = {});
 
 // The file to verify a source's batches against: the dataset it reads, or
 // for a daemon the file its stream names (info().name is "ADDRESS SPEC"),

@@ -310,8 +310,20 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
     b->size = h.size();
     std::vector<int64_t> shape{static_cast<int64_t>(h.size())};
     for (uint64_t d : h.sample_shape()) shape.push_back(static_cast<int64_t>(d));
-    const DType dt = core->opened->source().info().dtype;
-    b->arrays.push_back({"images", const_cast<std::byte*>(h.images().data()), DlType(dt), shape});
+    const auto& info = core->opened->source().info();
+    const DType dt = info.dtype;
+    // Named fields (a FieldSource): one array per field, by its name.
+    const bool named = info.fields.size() > 1 || (info.fields.size() == 1 && !info.fields[0].path.empty());
+    if (named) {
+      for (size_t f = 0; f < info.fields.size(); ++f) {
+        const gpufeed::FieldInfo& fi = info.fields[f];
+        std::vector<int64_t> fshape{static_cast<int64_t>(h.size())};
+        for (uint64_t d : fi.sample_shape) fshape.push_back(static_cast<int64_t>(d));
+        b->arrays.push_back({fi.name.c_str(), const_cast<std::byte*>(h.field(f).data()), DlType(fi.dtype), fshape});
+      }
+    } else {
+      b->arrays.push_back({"images", const_cast<std::byte*>(h.images().data()), DlType(dt), shape});
+    }
     if (!h.labels().empty()) {
       b->arrays.push_back({"labels", const_cast<int64_t*>(h.labels().data()), DlType(DType::kInt64),
                            {static_cast<int64_t>(h.size())}});
@@ -325,7 +337,9 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
   } else {
     DeviceBatch& d = *f.device;
     const auto& info = core->opened->source().info();
-    const auto& s = info.sample_shape;  // checked rank 3 by the feeder
+    // Named fields: the image is the first, a mask the second (the feeder checked both).
+    const bool named = info.fields.size() == 2;
+    const auto& s = named ? info.fields[0].sample_shape : info.sample_shape;  // checked rank 3 by the feeder
     const bool in_nchw = core->feed_options.input_layout == gpufeed::Layout::kNCHW;
     const int64_t C = static_cast<int64_t>(in_nchw ? s[0] : s[2]);
     const int64_t H = static_cast<int64_t>(in_nchw ? s[1] : s[0]);
@@ -337,7 +351,14 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
     std::vector<int64_t> shape = core->feed_options.layout == gpufeed::Layout::kNCHW
                                      ? std::vector<int64_t>{n, C, H, W}
                                      : std::vector<int64_t>{n, H, W, C};
-    b->arrays.push_back({"images", const_cast<void*>(d.images()), DlType(core->feed_options.dtype), shape});
+    b->arrays.push_back({named ? info.fields[0].name.c_str() : "images", const_cast<void*>(d.images()),
+                         DlType(core->feed_options.dtype), shape});
+    if (named && d.mask() != nullptr) {
+      std::vector<int64_t> mshape{n};
+      for (uint64_t dim : info.fields[1].sample_shape) mshape.push_back(static_cast<int64_t>(dim));
+      b->arrays.push_back({info.fields[1].name.c_str(), const_cast<void*>(d.mask()),
+                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), mshape});
+    }
     if (info.has_labels) {
       b->arrays.push_back({"labels", const_cast<void*>(d.labels()),
                            DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), {n}});
@@ -470,6 +491,11 @@ GPUFEED_STRING_SETTER(feed_dtype, dtype)
 GPUFEED_STRING_SETTER(feed_layout, layout)
 GPUFEED_STRING_SETTER(feed_input_layout, input_layout)
 #undef GPUFEED_STRING_SETTER
+
+void gpufeed_options_add_field(gpufeed_options* o, const char* field) {
+  if (field != nullptr) o->source.open.fields.emplace_back(field);
+}
+void gpufeed_options_set_max_open_files(gpufeed_options* o, int v) { o->source.open.max_open_files = v; }
 
 void gpufeed_options_set_feed_mean(gpufeed_options* o, const double* v, size_t n) {
   o->feed_options.mean.assign(v, v + (v != nullptr ? n : 0));

@@ -1,4 +1,5 @@
 // `gpufeed bench ...`: benchmarks that verify what they read before timing.
+#include <chrono>
 #include <cstdio>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 #include "bench/loader_bench.h"
 #include "bench/order_stats.h"
 #include "bench/read_bench.h"
+#include "bench/sci_workloads.h"
 #include "bench/serve_bench.h"
 #include "bench/synthetic_source.h"
 #include "cli/progress.h"
@@ -175,11 +177,38 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
 
 struct GenArgs {
   std::string workload = "celeba-deflate", output;
-  uint64_t samples = 20000, seed = 1;
+  uint64_t samples = 20000, seed = 1, scale = 1, per_file = 16;
+  bool samples_set = false;
   int threads = 0;
 };
 
+int RunSciGen(const GenArgs& a) {
+  bench::SciGenOptions o;
+  o.workload = a.workload;
+  o.output = a.output;
+  o.samples = a.samples_set ? a.samples : 64;
+  o.scale = a.scale;
+  o.per_file = a.per_file;
+  o.seed = a.seed;
+  o.threads = a.threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = bench::GenerateSciWorkload(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "gpufeed bench gen: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("wrote %s/: %s, %llu samples in %llu files, %.1f MB raw, %.1f MB of files (%.2fx), %.1f s\n"
+              "read it with: --data '%s/*.h5' %s\n",
+              a.output.c_str(), a.workload.c_str(), static_cast<unsigned long long>(r->samples),
+              static_cast<unsigned long long>(r->files), r->raw_bytes / 1e6, r->file_bytes / 1e6,
+              static_cast<double>(r->raw_bytes) / std::max<uint64_t>(1, r->file_bytes),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), a.output.c_str(),
+              r->fields.c_str());
+  return 0;
+}
+
 int RunGen(const GenArgs& a) {
+  if (bench::IsSciWorkload(a.workload)) return RunSciGen(a);
   ConvertOptions o;
   if (Status s = bench::WorkloadWriteOptions(a.workload, &o.write); !s.ok()) {
     std::fprintf(stderr, "gpufeed bench gen: %s\n", s.message().c_str());
@@ -221,7 +250,12 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   la->bench.loader.pin_memory = false;  // no GPU consumer here
   CLI::App* lcmd = bench_cmd->add_subcommand(
       "loader", "Run the loader with a do-nothing consumer; verify every sample, then report throughput");
-  lcmd->add_option("--data", la->bench.data, "FILE.h5[:/path], or a daemon: unix:PATH | tcp://HOST:PORT")->required();
+  lcmd->add_option("--data", la->bench.data,
+                   "FILE.h5[:/path], many files ('dir/*.h5', a directory, a .txt list), or a daemon: unix:PATH | "
+                   "tcp://HOST:PORT")
+      ->required();
+  lcmd->add_option("--field", la->bench.open.fields, "NAME=/hdf5/path: a named field (repeatable, in order)");
+  lcmd->add_option("--max-open-files", la->bench.open.max_open_files, "files holding descriptors at once");
   lcmd->add_option("--dataset", la->bench.dataset, "with a daemon --data: the dataset to read there (default: its first)");
   lcmd->add_option("--token-file", la->bench.token_file, "with a tcp:// daemon: its shared secret");
   lcmd->add_option("--order", la->order, "sequential, random or block")
@@ -476,11 +510,15 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
 
   auto ga = std::make_shared<GenArgs>();
   CLI::App* gen = bench_cmd->add_subcommand("gen", "Write a benchmark workload of ../shared/WORKLOADS.md");
-  gen->add_option("--workload", ga->workload, "celeba-raw, celeba-deflate or celeba-zstd");
-  gen->add_option("--samples", ga->samples, "N (default 20000)");
+  gen->add_option("--workload", ga->workload,
+                  "celeba-raw, celeba-deflate, celeba-zstd (one file), deepcam or cosmoflow (a directory of files)");
+  gen->add_option("--samples", ga->samples, "N (default 20000; deepcam and cosmoflow: 64)")
+      ->each([ga](const std::string&) { ga->samples_set = true; });
+  gen->add_option("--scale", ga->scale, "deepcam, cosmoflow: divide the spatial size by this (default 1)");
+  gen->add_option("--samples-per-file", ga->per_file, "cosmoflow: samples per file (default 16)");
   gen->add_option("--seed", ga->seed, "generator seed");
   gen->add_option("--threads", ga->threads, "threads (default: all cores)");
-  gen->add_option("-o,--output", ga->output, "output .h5")->required();
+  gen->add_option("-o,--output", ga->output, "output .h5 (deepcam, cosmoflow: a directory)")->required();
   gen->callback([ga, exit_code] { *exit_code = RunGen(*ga); });
 }
 

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/fields.h"
 #include "gpufeed/inspect.h"
 
 namespace gpufeed::cli {
@@ -11,8 +12,10 @@ namespace {
 
 struct InspectArgs {
   std::string spec, labels, out;
+  std::vector<std::string> fields;
   int64_t sample = -1;
   bool json = false;
+  bool trust_files = false;
 };
 
 std::string ShapeText(const std::vector<uint64_t>& s) {
@@ -21,7 +24,65 @@ std::string ShapeText(const std::vector<uint64_t>& s) {
   return t + "]";
 }
 
+// Named fields or many files: the fields, the files and the read unit, and
+// each field's storage in the first file.
+int RunInspectFields(const InspectArgs& a) {
+  OpenOptions o;
+  o.fields = a.fields;
+  o.trust_files = a.trust_files;
+  auto src = FieldSource::Open(a.spec, o);
+  if (!src.ok()) {
+    std::fprintf(stderr, "gpufeed inspect: %s\n", src.status().ToString().c_str());
+    return 1;
+  }
+  const FieldSource& fs = **src;
+  nlohmann::json fields = nlohmann::json::array();
+  OpenOptions one;
+  one.trust_files = true;  // probed by FieldSource::Open
+  one.labels_path = "none";
+  for (const FieldInfo& f : fs.fields()) {
+    auto ds = Dataset::Open(fs.files()[0] + ":" + f.path, one);
+    nlohmann::json filters = nlohmann::json::array();
+    std::string path_taken, storage;
+    std::vector<uint64_t> chunk;
+    if (ds.ok()) {
+      for (const FilterInfo& fi : ds->info().filters) filters.push_back(fi.name);
+      path_taken = std::string(ReadPathName(ds->info().read_path));
+      if (!ds->info().read_path_reason.empty()) path_taken += " (" + ds->info().read_path_reason + ")";
+      storage = ds->info().storage;
+      chunk = ds->info().hdf5_chunk_shape;
+    }
+    fields.push_back({{"name", f.name}, {"path", f.path}, {"dtype", f.is_bool ? "bool" : DTypeName(f.dtype)},
+                      {"sample_shape", f.sample_shape}, {"sample_bytes", f.sample_bytes}, {"storage", storage},
+                      {"hdf5_chunk_shape", chunk}, {"filters", filters}, {"read_path", path_taken}});
+  }
+  if (a.json) {
+    nlohmann::json j = {{"data", a.spec},           {"files", fs.files().size()},
+                        {"samples", fs.num_samples()}, {"sample_bytes", fs.sample_bytes()},
+                        {"read_unit_samples", fs.chunk_samples()}, {"read_units", fs.num_chunks()},
+                        {"fields", fields}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s\n  files        %zu (first %s)\n  samples      %llu, %.2f MB a sample (all fields)\n"
+              "  read unit    %llu samples (%llu units; never spans two files)\n  fields\n",
+              a.spec.c_str(), fs.files().size(), fs.files()[0].c_str(),
+              static_cast<unsigned long long>(fs.num_samples()), fs.sample_bytes() / 1e6,
+              static_cast<unsigned long long>(fs.chunk_samples()), static_cast<unsigned long long>(fs.num_chunks()));
+  for (const auto& f : fields) {
+    std::string filters;
+    for (const auto& x : f["filters"]) filters += (filters.empty() ? "" : "+") + x.get<std::string>();
+    std::printf("    %-10s %-24s %-8s %-18s %s%s, %s path\n", f["name"].get<std::string>().c_str(),
+                f["path"].get<std::string>().c_str(), f["dtype"].get<std::string>().c_str(),
+                ShapeText(f["sample_shape"].get<std::vector<uint64_t>>()).c_str(),
+                f["storage"].get<std::string>().c_str(), filters.empty() ? "" : (", " + filters).c_str(),
+                f["read_path"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
 int RunInspect(const InspectArgs& a) {
+  if (!a.fields.empty() || IsMultiFileSpec(a.spec)) return RunInspectFields(a);
   OpenOptions o;
   o.labels_path = a.labels;
   auto ds = Dataset::Open(a.spec, o);
@@ -137,7 +198,9 @@ int RunInspect(const InspectArgs& a) {
 void AddInspectCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "Show a dataset's shape, storage, filters, read path and labels");
-  cmd->add_option("dataset", args->spec, "FILE.h5 or FILE.h5:/path")->required();
+  cmd->add_option("dataset", args->spec, "FILE.h5 or FILE.h5:/path; many files: 'DIR/*.h5', DIR or LIST.txt")
+      ->required();
+  cmd->add_option("--field", args->fields, "NAME=/hdf5/path: a named field (repeatable, in order)");
   cmd->add_option("--labels", args->labels, "labels dataset path (default /labels if present; 'none')");
   cmd->add_flag("--json", args->json, "print as JSON");
   cmd->add_option("--sample", args->sample, "write sample K ...");

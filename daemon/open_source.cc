@@ -1,6 +1,8 @@
 // OpenBatchSource: a dataset spec or a daemon address to a BatchSource.
 #include "gpufeed/open_source.h"
 
+#include "gpufeed/fields.h"
+
 namespace gpufeed {
 
 bool IsDaemonAddress(std::string_view data) {
@@ -9,6 +11,9 @@ bool IsDaemonAddress(std::string_view data) {
 
 OpenedSource::OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader)
     : dataset_(std::move(dataset)), loader_(std::move(loader)), source_(loader_.get()) {}
+
+OpenedSource::OpenedSource(std::unique_ptr<ChunkSource> source, std::unique_ptr<Loader> loader)
+    : other_(std::move(source)), loader_(std::move(loader)), source_(loader_.get()) {}
 
 OpenedSource::OpenedSource(std::unique_ptr<RemoteLoader> remote)
     : remote_(std::move(remote)), source_(remote_.get()) {}
@@ -23,6 +28,11 @@ uint64_t OpenedSource::num_batches() const { return remote_ ? remote_->num_batch
 
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
   if (IsDaemonAddress(o.data)) {
+    if (!o.open.fields.empty()) {
+      return Status::Unsupported(o.data + ": a gpufeed serve daemon serves single-array datasets (images, labels); "
+                                 "named fields (--field) are not carried by its protocol yet: read the files "
+                                 "locally (--data FILES --field ...)");
+    }
     RemoteLoaderOptions r = o.remote;
     r.address = o.data;
     r.dataset = o.dataset;
@@ -34,6 +44,13 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
   if (!o.dataset.empty()) {
     return Status::InvalidArgument("--dataset '" + o.dataset + "' names a dataset on a daemon; '" + o.data +
                                    "' is a file (use file.h5:/path to pick a dataset in it)");
+  }
+  if (!o.open.fields.empty() || IsMultiFileSpec(o.data)) {
+    auto fs = FieldSource::Open(o.data, o.open);
+    if (!fs.ok()) return fs.status();
+    std::unique_ptr<ChunkSource> owned = std::move(*fs);
+    auto loader = std::make_unique<Loader>(*owned, o.loader);
+    return std::make_unique<OpenedSource>(std::move(owned), std::move(loader));
   }
   auto ds = Dataset::Open(o.data, o.open);
   if (!ds.ok()) return ds.status();

@@ -397,7 +397,8 @@ Result<std::optional<Batch>> RemoteStream::Next() {
   if (!r->has_value()) return std::optional<Batch>();
   const loader::StreamCore::Item& it = **r;
   const BatchSourceInfo& info = loader->info;
-  Batch b = MakeBatch(it.slot, epoch, it.index, it.count, info.sample_bytes, info.has_labels, &info.sample_shape);
+  Batch b = MakeBatch(it.slot, epoch, it.index, it.count, info.sample_bytes, info.has_labels, &info.sample_shape,
+                      &info.fields);
   ++batches;
   samples += it.count;
   bytes += it.count * info.sample_bytes;
@@ -452,6 +453,12 @@ Result<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(const RemoteLoaderOp
   auto ok = impl->Handshake(&conn, 0, 0, true, nullptr);
   if (!ok.ok()) return ok.status();
   impl->info = ok->info;
+  // The daemon serves single-array datasets: one "images" field.
+  impl->info.fields.assign(1, FieldInfo{});
+  impl->info.fields[0].name = "images";
+  impl->info.fields[0].dtype = ok->info.dtype;
+  impl->info.fields[0].sample_shape = ok->info.sample_shape;
+  impl->info.fields[0].sample_bytes = ok->info.sample_bytes;
   impl->info.name = addr->ToString() + " " + ok->info.name;
   impl->info.pool_slots = static_cast<uint64_t>(std::max(1, options.loader.prefetch)) + 1;
   impl->num_batches = ok->num_batches;

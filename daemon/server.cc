@@ -24,6 +24,7 @@
 #include "daemon/server_core.h"
 #include "daemon/session.h"
 #include "daemon/token.h"
+#include "gpufeed/fields.h"
 
 namespace gpufeed {
 
@@ -439,6 +440,11 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     return Status::InvalidArgument("serve: TCP (" + o.listen + ") needs --token-file: a shared secret clients must send");
   }
   for (const std::string& spec : o.data) {
+    if (IsMultiFileSpec(spec)) {
+      return Status::Unsupported("serve: '" + spec + "' names many files; the daemon serves one file's images "
+                                 "(and labels) per dataset: its protocol does not carry named fields or many-file "
+                                 "datasets yet. Read them locally (gpufeed.Loader(..., fields=...), --field)");
+    }
     auto ds = Dataset::Open(spec);
     if (!ds.ok()) return ds.status();
     core.datasets.emplace_back(spec, std::make_unique<Dataset>(std::move(*ds)));

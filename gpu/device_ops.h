@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "gpu/mask_transform.h"
 #include "gpu/transform.h"
 #include "gpufeed/status.h"
 
@@ -36,6 +37,10 @@ class DeviceOps {
   virtual Status StreamSync(void* stream) = 0;
   virtual Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
                            void* dst_labels, void* stream) = 0;
+  // The mask transform (mask_transform.h): an integer field cropped and
+  // flipped as Transform's images of the same params.
+  virtual Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
+                               void* stream) = 0;
 };
 
 std::unique_ptr<DeviceOps> MakeCpuOps();

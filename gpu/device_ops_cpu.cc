@@ -45,6 +45,10 @@ class CpuOps final : public DeviceOps {
                    void* dst_labels, void*) override {
     return TransformCpu(p, src, src_labels, dst, dst_labels);
   }
+  Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
+                       void*) override {
+    return MaskTransformCpu(p, m, src, dst);
+  }
 };
 
 }  // namespace

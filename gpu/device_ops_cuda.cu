@@ -66,6 +66,10 @@ class CudaOps final : public DeviceOps {
                    void* dst_labels, void* stream) override {
     return TransformGpu(p, src, src_labels, dst, dst_labels, stream);
   }
+  Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
+                       void* stream) override {
+    return MaskTransformGpu(p, m, src, dst, stream);
+  }
 
  private:
   int device_;

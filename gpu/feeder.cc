@@ -35,12 +35,25 @@ struct GpuFeeder::Impl {
   bool error_returned = false;
 
   int C = 0, H = 0, W = 0;
-  uint64_t B = 0, sample_bytes = 0;
+  uint64_t B = 0, sample_bytes = 0;  // the image field's sample bytes
+  DType image_dtype = DType::kUInt8;
+  // The mask field (named fields: the second), when there is one.
+  struct MaskField {
+    DType dtype = DType::kInt32;
+    int planes = 1;
+    bool out_int64 = true;
+    int64_t fill = 0;
+  } mask;
+  uint64_t mask_bytes = 0;  // 0: no mask field
+  uint64_t MaskOutBytes() const {
+    return uint64_t(mask.planes) * H * W * (mask.out_int64 ? 8 : 4);
+  }
   size_t out_elem = 4;
   int echo = 1;
 
   struct InSlot {
     void* images = nullptr;
+    void* mask = nullptr;           // the mask field [super_batch x B], when there is one
     void* labels = nullptr;         // int64 [super_batch x B]
     void* labels_staging = nullptr; // pinned host copy source
     void* uploaded = nullptr;       // event after the copy
@@ -56,6 +69,7 @@ struct GpuFeeder::Impl {
   };
   struct OutSlot {
     void* images = nullptr;
+    void* mask = nullptr;
     void* labels = nullptr;
     void* ready = nullptr;
     void* free_event = nullptr;
@@ -88,11 +102,20 @@ struct GpuFeeder::Impl {
 
 Status GpuFeeder::Impl::Init() {
   const BatchSourceInfo& src = loader.info();
-  if (src.dtype != DType::kUInt8) {
-    return Status::Unsupported(src.name + ": the GPU feed takes uint8 samples, dataset is " +
-                               std::string(DTypeName(src.dtype)));
+  // Named fields: the first is the image; a second, integer one sharing its
+  // spatial dimensions is a mask that gets the same crop and flip.
+  if (src.fields.size() > 2) {
+    return Status::Unsupported(src.name + ": the GPU feed takes an image field and at most one integer mask field; "
+                               "this source has " + std::to_string(src.fields.size()) +
+                               " fields: use the loader's host batches (Batch::field) for the others");
   }
-  const auto& shape = src.sample_shape;
+  const bool named = src.fields.size() == 2;
+  image_dtype = named ? src.fields[0].dtype : src.dtype;
+  if (gpu::InputElementBytes(image_dtype) == 0) {
+    return Status::Unsupported(src.name + ": the GPU feed takes uint8, uint16, int16, float16 or float32 samples, "
+                               "dataset is " + std::string(DTypeName(image_dtype)));
+  }
+  const auto& shape = named ? src.fields[0].sample_shape : src.sample_shape;
   if (shape.size() != 3) {
     return Status::InvalidArgument(src.name + ": the GPU feed needs [C, H, W] or [H, W, C] samples, got rank " +
                                    std::to_string(shape.size()));
@@ -161,7 +184,25 @@ Status GpuFeeder::Impl::Init() {
     out_index = start_batch * static_cast<uint64_t>(echo);
   }
   B = src.batch_size;
-  sample_bytes = src.sample_bytes;
+  sample_bytes = named ? src.fields[0].sample_bytes : src.sample_bytes;
+  if (named) {
+    const FieldInfo& mf = src.fields[1];
+    const auto& ms = mf.sample_shape;
+    const bool spatial = (ms.size() == 2 || ms.size() == 3) && ms[ms.size() - 2] == uint64_t(H) &&
+                         ms[ms.size() - 1] == uint64_t(W);
+    if (gpu::MaskElementBytes(mf.dtype) == 0 || !spatial) {
+      return Status::Unsupported(src.name + ": field '" + mf.name + "' (" + std::string(DTypeName(mf.dtype)) +
+                                 ", " + std::to_string(ms.size()) + " dims) is not an integer mask of the image's " +
+                                 std::to_string(H) + " x " + std::to_string(W) +
+                                 " pixels ([H, W] or [P, H, W]): the GPU feed takes an image field "
+                                 "and at most one such mask");
+    }
+    mask.dtype = mf.dtype;
+    mask.planes = ms.size() == 3 ? static_cast<int>(ms[0]) : 1;
+    mask.out_int64 = !o.labels_int32;
+    mask.fill = o.mask_fill;
+    mask_bytes = mf.sample_bytes;
+  }
   out_elem = DTypeSize(o.dtype);
 
   if (o.force_cpu) {
@@ -182,6 +223,7 @@ Status GpuFeeder::Impl::Init() {
   const uint64_t super = B * static_cast<uint64_t>(o.super_batch);
   for (InSlot& s : in) {
     GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * sample_bytes, &s.images));
+    if (mask_bytes > 0) GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * mask_bytes, &s.mask));
     GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * sizeof(int64_t), &s.labels));
     GPUFEED_RETURN_IF_ERROR(ops->AllocPinned(super * sizeof(int64_t), &s.labels_staging));
     GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.uploaded));
@@ -190,6 +232,7 @@ Status GpuFeeder::Impl::Init() {
   out.resize(static_cast<size_t>(o.slots));
   for (OutSlot& s : out) {
     GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * C * H * W * out_elem, &s.images));
+    if (mask_bytes > 0) GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * MaskOutBytes(), &s.mask));
     GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * (o.labels_int32 ? 4 : 8), &s.labels));
     GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.ready));
     GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.free_event));
@@ -223,8 +266,15 @@ Status GpuFeeder::Impl::Fill(int k) {
     }
     Batch b = std::move(**r);
     const uint64_t n = b.size();
-    GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.images) + s.samples * sample_bytes,
-                                              b.images().data(), n * sample_bytes, copy_stream));
+    // Named fields are planar in the batch: each field is copied whole.
+    const std::byte* image = mask_bytes > 0 ? b.field(0).data() : b.images().data();
+    GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.images) + s.samples * sample_bytes, image,
+                                              n * sample_bytes, copy_stream));
+    if (mask_bytes > 0) {
+      GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.mask) + s.samples * mask_bytes,
+                                                b.field(1).data(), n * mask_bytes, copy_stream));
+      st.bytes_uploaded += n * mask_bytes;
+    }
     auto* staging = static_cast<int64_t*>(s.labels_staging) + s.samples;
     if (b.labels().empty()) {
       std::fill(staging, staging + n, int64_t{-1});
@@ -296,11 +346,14 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   p.width = W;
   p.in_layout = o.input_layout == Layout::kNCHW ? gpu::TensorLayout::kNCHW : gpu::TensorLayout::kNHWC;
   p.out_layout = o.layout == Layout::kNCHW ? gpu::TensorLayout::kNCHW : gpu::TensorLayout::kNHWC;
+  p.in_dtype = image_dtype;
   p.out_dtype = o.dtype;
   p.labels_int32 = o.labels_int32;
   for (int c = 0; c < C; ++c) {
     p.mean[c] = static_cast<float>(o.mean.empty() ? 0.0 : o.mean[c]);
-    p.inv_std[c] = static_cast<float>(1.0 / (o.stddev.empty() ? 255.0 : o.stddev[c]));
+    // Default scale: uint8 to [0, 1]; other dtypes as stored.
+    const double default_std = image_dtype == DType::kUInt8 ? 255.0 : 1.0;
+    p.inv_std[c] = static_cast<float>(1.0 / (o.stddev.empty() ? default_std : o.stddev[c]));
   }
   p.crop_padding = o.crop_padding;
   p.flip = o.flip;
@@ -318,6 +371,15 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   GPUFEED_RETURN_IF_ERROR(ops->Transform(p, static_cast<const uint8_t*>(s->images),
                                          static_cast<const int64_t*>(s->labels), os.images, os.labels,
                                          compute_stream));
+  if (mask_bytes > 0) {  // the same params: the same crop, flip and gather
+    gpu::MaskParams m;
+    m.in_dtype = mask.dtype;
+    m.planes = mask.planes;
+    m.out_int64 = mask.out_int64;
+    m.fill = mask.fill;
+    GPUFEED_RETURN_IF_ERROR(
+        ops->MaskTransform(p, m, static_cast<const uint8_t*>(s->mask), os.mask, compute_stream));
+  }
   GPUFEED_RETURN_IF_ERROR(ops->Record(os.ready, compute_stream));
   os.held = true;
   os.free_recorded = false;
@@ -327,6 +389,7 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   b.slot_ = slot;
   b.images_ = os.images;
   b.labels_ = os.labels;
+  b.mask_ = os.mask;
   b.ready_event_ = ops->is_gpu() ? os.ready : nullptr;
   b.size_ = p.batch;
   b.pass_ = s->pass;
@@ -361,6 +424,7 @@ void GpuFeeder::Impl::Teardown() {
   for (InSlot& s : in) {
     s.host.clear();
     if (s.images) ops->Free(s.images);
+    if (s.mask) ops->Free(s.mask);
     if (s.labels) ops->Free(s.labels);
     if (s.labels_staging) ops->FreePinned(s.labels_staging);
     if (s.uploaded) ops->FreeEvent(s.uploaded);
@@ -368,6 +432,7 @@ void GpuFeeder::Impl::Teardown() {
   }
   for (OutSlot& s : out) {
     if (s.images) ops->Free(s.images);
+    if (s.mask) ops->Free(s.mask);
     if (s.labels) ops->Free(s.labels);
     if (s.ready) ops->FreeEvent(s.ready);
     if (s.free_event) ops->FreeEvent(s.free_event);
@@ -428,6 +493,14 @@ Status GpuFeeder::CopyToHost(const DeviceBatch& b, void* images, void* labels) c
   return Status::Ok();
 }
 
+Status GpuFeeder::CopyMaskToHost(const DeviceBatch& b, void* mask) const {
+  const Impl& d = *impl_;
+  if (b.owner_ != this) return Status::InvalidArgument("feed: the batch is released or from another feeder");
+  if (d.mask_bytes == 0) return Status::InvalidArgument("feed: the source has no mask field");
+  const Impl::OutSlot& os = d.out[static_cast<size_t>(b.slot_)];
+  return d.ops->CopyToHost(mask, os.mask, static_cast<uint64_t>(b.size()) * d.MaskOutBytes(), os.ready);
+}
+
 void GpuFeeder::ReleaseSlot(int slot, void* consumer_stream) {
   Impl::OutSlot& os = impl_->out[static_cast<size_t>(slot)];
   if (!os.held) return;
@@ -451,6 +524,7 @@ DeviceBatch& DeviceBatch::operator=(DeviceBatch&& o) noexcept {
     slot_ = std::exchange(o.slot_, -1);
     images_ = o.images_;
     labels_ = o.labels_;
+    mask_ = o.mask_;
     ready_event_ = o.ready_event_;
     size_ = o.size_;
     pass_ = o.pass_;

@@ -1,5 +1,5 @@
 // The fused transform kernel and its launcher. Memory-bound: each element is
-// one uint8 read (through L1/L2, reused by neighbours) and one 2- or 4-byte
+// one input read (uint8 to float32, templated on the input type) (through L1/L2, reused by neighbours) and one 2- or 4-byte
 // write; consecutive threads write consecutive output elements.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -59,6 +59,35 @@ struct OutT<DType::kBFloat16> : Out16 {
   static __device__ __forceinline__ Scalar Cvt(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 };
 
+// Input element types: the stored type and its exact fp32 value.
+template <DType kIn>
+struct InT;
+template <>
+struct InT<DType::kUInt8> {
+  using Type = uint8_t;
+  static __device__ __forceinline__ float Load(const Type* p) { return float(*p); }
+};
+template <>
+struct InT<DType::kUInt16> {
+  using Type = uint16_t;
+  static __device__ __forceinline__ float Load(const Type* p) { return float(*p); }
+};
+template <>
+struct InT<DType::kInt16> {
+  using Type = int16_t;
+  static __device__ __forceinline__ float Load(const Type* p) { return float(*p); }
+};
+template <>
+struct InT<DType::kFloat16> {
+  using Type = __half;
+  static __device__ __forceinline__ float Load(const Type* p) { return __half2float(*p); }
+};
+template <>
+struct InT<DType::kFloat32> {
+  using Type = float;
+  static __device__ __forceinline__ float Load(const Type* p) { return *p; }
+};
+
 // Per-sample constants, computed once per block into shared memory (a hash
 // and two modulos per sample, instead of per row).
 struct SampleInfo {
@@ -68,12 +97,14 @@ struct SampleInfo {
 };
 constexpr int kMaxSharedSamples = 2048;  // 24 KiB; larger batches compute it per row
 
-template <DType kOut>
-__global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p, const uint8_t* __restrict__ src,
+template <DType kOut, DType kIn>
+__global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p, const uint8_t* __restrict__ src_bytes,
                                                              const int64_t* __restrict__ src_labels,
                                                              void* __restrict__ dst, void* __restrict__ dst_labels) {
   using T = OutT<kOut>;
   using Scalar = typename T::Scalar;
+  using In = typename InT<kIn>::Type;
+  const In* __restrict__ src = reinterpret_cast<const In*>(src_bytes);
   // Per-channel constants in shared memory: indexing the by-value parameter
   // struct with a runtime channel would copy it to local memory.
   __shared__ float s_mean[kMaxChannels], s_inv_std[kMaxChannels];
@@ -108,14 +139,14 @@ __global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p
   const uint32_t step_i = warps / rows_per_sample, step_row = warps - step_i * rows_per_sample;
   for (; i < uint32_t(p.batch);) {
     const SampleInfo si = shared_info ? s_info[i] : info_of(i);
-    const uint8_t* sample = src + uint64_t(si.src) * per_sample;
+    const In* sample = src + uint64_t(si.src) * per_sample;
     Scalar* out = static_cast<Scalar*>(dst) + uint64_t(i) * per_sample;
     if (nchw_out) {
       const int c = static_cast<int>(row / H), y = static_cast<int>(row) - c * H;
       const int sy = y + si.dy;
       const bool row_in = sy >= 0 && sy < H;
       const float m = s_mean[c], is = s_inv_std[c];
-      const uint8_t* srow = nchw_in ? sample + (uint32_t(c) * H + (row_in ? sy : 0)) * W
+      const In* srow = nchw_in ? sample + (uint32_t(c) * H + (row_in ? sy : 0)) * W
                                     : sample + uint32_t(row_in ? sy : 0) * W * C + c;
       const int sstride = nchw_in ? 1 : C;
       Scalar* orow = out + row * W;
@@ -125,7 +156,7 @@ __global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p
         for (int j = 0; j < kVec; ++j) {
           const int x = x0 + j;
           const int sx = (si.flip ? (W - 1 - x) : x) + si.dx;
-          const float px = (row_in && x < W && sx >= 0 && sx < W) ? float(srow[sx * sstride]) : 0.0f;
+          const float px = (row_in && x < W && sx >= 0 && sx < W) ? InT<kIn>::Load(srow + sx * sstride) : 0.0f;
           v[j] = T::Cvt((px - m) * is);
         }
         Scalar* o = orow + x0;
@@ -144,7 +175,7 @@ __global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p
         const bool in = row_in && sx >= 0 && sx < W;
         for (int c = 0; c < C; ++c) {
           const uint32_t off = nchw_in ? (uint32_t(c) * H + sy) * W + sx : (uint32_t(sy) * W + sx) * C + c;
-          const float px = in ? float(sample[off]) : 0.0f;
+          const float px = in ? InT<kIn>::Load(sample + off) : 0.0f;
           orow[x * C + c] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
         }
       }
@@ -189,6 +220,16 @@ Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, con
   return Status::Ok();
 }
 
+template <DType kIn>
+Status LaunchOut(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
+                 void* dst_labels, cudaStream_t s) {
+  switch (p.out_dtype) {
+    case DType::kFloat32: return Launch(TransformKernel<DType::kFloat32, kIn>, p, src, src_labels, dst, dst_labels, s);
+    case DType::kFloat16: return Launch(TransformKernel<DType::kFloat16, kIn>, p, src, src_labels, dst, dst_labels, s);
+    default: return Launch(TransformKernel<DType::kBFloat16, kIn>, p, src, src_labels, dst, dst_labels, s);
+  }
+}
+
 }  // namespace
 
 Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
@@ -198,10 +239,12 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
   if (per_sample >= (1ull << 32)) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
   TraceRange trace("gpufeed transform");
   auto s = static_cast<cudaStream_t>(stream);
-  switch (p.out_dtype) {
-    case DType::kFloat32: return Launch(TransformKernel<DType::kFloat32>, p, src, src_labels, dst, dst_labels, s);
-    case DType::kFloat16: return Launch(TransformKernel<DType::kFloat16>, p, src, src_labels, dst, dst_labels, s);
-    default: return Launch(TransformKernel<DType::kBFloat16>, p, src, src_labels, dst, dst_labels, s);
+  switch (p.in_dtype) {
+    case DType::kUInt16: return LaunchOut<DType::kUInt16>(p, src, src_labels, dst, dst_labels, s);
+    case DType::kInt16: return LaunchOut<DType::kInt16>(p, src, src_labels, dst, dst_labels, s);
+    case DType::kFloat16: return LaunchOut<DType::kFloat16>(p, src, src_labels, dst, dst_labels, s);
+    case DType::kFloat32: return LaunchOut<DType::kFloat32>(p, src, src_labels, dst, dst_labels, s);
+    default: return LaunchOut<DType::kUInt8>(p, src, src_labels, dst, dst_labels, s);
   }
 }
 

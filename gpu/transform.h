@@ -1,4 +1,5 @@
-// The fused batch transform: uint8 samples -> per-channel (x - mean) / std in
+// The fused batch transform: uint8, uint16, int16, float16 or float32
+// samples (TransformParams::in_dtype) -> per-channel (x - mean) / std in
 // fp32/fp16/bf16, NCHW or NHWC from either, with an optional random crop
 // (zero padding) and horizontal flip per sample, and an optional gather
 // through a permutation (batch echoing). One pass over the bytes.
@@ -33,6 +34,9 @@ struct TransformParams {
   int channels = 0, height = 0, width = 0;
   TensorLayout in_layout = TensorLayout::kNCHW;
   TensorLayout out_layout = TensorLayout::kNCHW;
+  // Input elements: kUInt8 (default), kUInt16, kInt16, kFloat16 or kFloat32;
+  // each is converted to fp32 exactly before (x - mean) * inv_std.
+  DType in_dtype = DType::kUInt8;
   DType out_dtype = DType::kFloat32;  // kFloat32, kFloat16 or kBFloat16
   bool labels_int32 = false;           // else int64
   float mean[kMaxChannels] = {};
@@ -140,13 +144,81 @@ GPUFEED_HD uint16_t FloatToHalfBits(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
+// IEEE half bits to fp32, exact for every value (subnormals, inf, NaN): the
+// CPU twin of CUDA's __half2float.
+GPUFEED_HD float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);  // inf / NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;  // +-0
+  } else {  // subnormal: normalize
+    exp = 113u;
+    while ((man & 0x400u) == 0) {
+      man <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+  }
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// Bytes of one input element (in_dtype), 0 for a dtype the transform does not take.
+GPUFEED_HD uint32_t InputElementBytes(DType t) {
+  switch (t) {
+    case DType::kUInt8: return 1;
+    case DType::kUInt16:
+    case DType::kInt16:
+    case DType::kFloat16: return 2;
+    case DType::kFloat32: return 4;
+    default: return 0;
+  }
+}
+
+// Element `off` of a sample of in_dtype `t` starting at `sample`, as fp32.
+GPUFEED_HD float LoadInput(DType t, const uint8_t* sample, uint32_t off) {
+  switch (t) {
+    case DType::kUInt16: {
+      uint16_t v;
+      __builtin_memcpy(&v, sample + uint64_t(off) * 2, 2);
+      return static_cast<float>(v);
+    }
+    case DType::kInt16: {
+      int16_t v;
+      __builtin_memcpy(&v, sample + uint64_t(off) * 2, 2);
+      return static_cast<float>(v);
+    }
+    case DType::kFloat16: {
+      uint16_t v;
+      __builtin_memcpy(&v, sample + uint64_t(off) * 2, 2);
+      return HalfBitsToFloat(v);
+    }
+    case DType::kFloat32: {
+      float v;
+      __builtin_memcpy(&v, sample + uint64_t(off) * 4, 4);
+      return v;
+    }
+    default: return static_cast<float>(sample[off]);
+  }
+}
+
 // The input sample output sample i reads.
 GPUFEED_HD uint32_t SourceSample(const TransformParams& p, uint32_t i) {
   return p.perm_domain ? EchoPermutation(p.perm_offset + i, p.perm_domain, p.perm_seed) : p.perm_offset + i;
 }
 
 // The value of output element (c, y, x) of a sample whose bytes start at
-// `sample` and whose augmentation is `a`, before conversion. The CPU twin
+// `sample` (of p.in_dtype elements) and whose augmentation is `a`, before
+// conversion. The CPU twin
 // calls it per element; the kernel computes the same value row by row
 // (TransformKernel in transform.cu, vectorized along x), so the two are kept
 // equal by the GPU-vs-CPU test (tests/gpu/transform_test.cc), not by sharing
@@ -159,7 +231,7 @@ GPUFEED_HD float ElementValue(const TransformParams& p, const uint8_t* sample, S
     const uint32_t off = p.in_layout == TensorLayout::kNCHW
                              ? (uint32_t(c) * p.height + sy) * uint32_t(p.width) + sx
                              : (uint32_t(sy) * p.width + sx) * uint32_t(p.channels) + c;
-    v = static_cast<float>(sample[off]);
+    v = LoadInput(p.in_dtype, sample, off);
   }
   return (v - p.mean[c]) * p.inv_std[c];
 }

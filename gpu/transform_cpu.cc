@@ -17,6 +17,10 @@ Status ValidateTransform(const TransformParams& p) {
     return Status::Unsupported("transform: output dtype " + std::string(DTypeName(p.out_dtype)) +
                                " (fp32, fp16 or bf16)");
   }
+  if (InputElementBytes(p.in_dtype) == 0) {
+    return Status::Unsupported("transform: input dtype " + std::string(DTypeName(p.in_dtype)) +
+                               " (uint8, uint16, int16, float16 or float32)");
+  }
   if (p.crop_padding < 0 || p.crop_padding > 32767) return Status::InvalidArgument("transform: bad crop padding");
   if (p.perm_domain && p.perm_offset + static_cast<uint64_t>(p.batch) > p.perm_domain) {
     return Status::InvalidArgument("transform: batch runs past its super-batch");
@@ -28,8 +32,9 @@ Status TransformCpu(const TransformParams& p, const uint8_t* src, const int64_t*
                     void* dst_labels) {
   GPUFEED_RETURN_IF_ERROR(ValidateTransform(p));
   const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
+  const uint64_t in_bytes = per_sample * InputElementBytes(p.in_dtype);
   for (int i = 0; i < p.batch; ++i) {
-    const uint8_t* sample = src + uint64_t(SourceSample(p, i)) * per_sample;
+    const uint8_t* sample = src + uint64_t(SourceSample(p, i)) * in_bytes;
     const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
     for (int c = 0; c < p.channels; ++c) {
       for (int y = 0; y < p.height; ++y) {

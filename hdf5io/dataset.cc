@@ -73,6 +73,10 @@ std::optional<DType> DTypeOf(hid_t type) {
       default: return std::nullopt;
     }
   }
+  if (cls == H5T_ENUM && size == 1) {
+    // h5py's bool: an enum FALSE=0 / TRUE=1 over int8, read as its bytes.
+    return DType::kUInt8;
+  }
   if (cls == H5T_FLOAT) {
     switch (size) {
       case 2: return DType::kFloat16;
@@ -161,6 +165,7 @@ struct Dataset::Impl {
   uint64_t num_samples = 0;
   uint64_t sample_bytes = 0;
   DType dtype = DType::kUInt8;
+  bool is_bool = false;
   uint64_t chunk_samples = 1;
   uint64_t num_chunks = 0;
   std::vector<int64_t> labels;
@@ -332,6 +337,10 @@ uint64_t Dataset::num_chunks() const { return impl_->num_chunks; }
 bool Dataset::has_labels() const { return !impl_->info.labels_path.empty(); }
 const std::vector<int64_t>& Dataset::labels() const { return impl_->labels; }
 const DatasetInfo& Dataset::info() const { return impl_->info; }
+bool Dataset::is_bool() const { return impl_->is_bool; }
+SourceAttributes Dataset::attributes() const {
+  return {impl_->info.layout, impl_->info.class_names, impl_->info.mean, impl_->info.stddev};
+}
 std::string Dataset::name() const { return impl_->what; }
 
 uint64_t Dataset::samples_in_chunk(uint64_t i) const {
@@ -575,6 +584,7 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
                                " bytes; gpufeed reads integer and float arrays");
   }
   d->dtype = *dtype;
+  d->is_bool = H5Tget_class(ftype.get()) == H5T_ENUM;
   d->info.big_endian = H5Tget_order(ftype.get()) == H5T_ORDER_BE;
   h5::Id space(H5Dget_space(d->dset.get()));
   const int rank = H5Sget_simple_extent_ndims(space.get());

@@ -34,6 +34,7 @@ void ChunkBufferPool::Put(Buffer b) {
 ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t spare_buffers)
     : source_(source),
       budget_(budget_bytes),
+      planar_fields_(source.fields().size() > 1),
       buffers_(std::make_shared<ChunkBufferPool>(
           std::max<uint64_t>(1, source.chunk_samples() * source.sample_bytes()), spare_buffers)) {}
 
@@ -186,7 +187,9 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
     TraceRange trace("gpufeed read+decode chunk");
     try {
       e.data = buffers_->Get();
-      e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), ChunkBytes(e.chunk)));
+      const uint64_t span_bytes =
+          planar_fields_ ? source_.chunk_samples() * source_.sample_bytes() : ChunkBytes(e.chunk);
+      e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), span_bytes));
     } catch (const std::bad_alloc&) {
       e.status = Status::Internal(source_.name() + " chunk " + std::to_string(e.chunk) +
                                   ": out of memory for its decoded bytes");

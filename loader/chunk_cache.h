@@ -172,6 +172,9 @@ class ChunkCache {
 
   const ChunkSource& source_;
   const uint64_t budget_;
+  // Several fields: read units are laid out for chunk_samples() samples
+  // (planar, chunk_source.h), also the short last one.
+  const bool planar_fields_;
   std::shared_ptr<ChunkBufferPool> buffers_;
   CacheCounters counters_;
 

@@ -76,10 +76,10 @@ struct Loader::Impl {
     info.batch_size = options.batch_size;
     info.has_labels = !s.labels().empty();
     info.pool_slots = static_cast<uint64_t>(std::max(1, o.prefetch)) + 1;
-    if (const auto* ds = dynamic_cast<const Dataset*>(&s); ds != nullptr) {
-      info.mean = ds->info().mean;
-      info.stddev = ds->info().stddev;
-    }
+    const SourceAttributes attrs = s.attributes();
+    info.mean = attrs.mean;
+    info.stddev = attrs.stddev;
+    info.fields = s.fields();
   }
   uint64_t batch_bytes() const { return options.batch_size * source.sample_bytes(); }
 
@@ -127,6 +127,7 @@ void LocalStream::Run() {
   const uint64_t sb = src.sample_bytes();
   const uint64_t k = src.chunk_samples();
   const std::vector<int64_t>& labels = src.labels();
+  const std::vector<FieldInfo>& fields = L.info.fields;
   uint64_t next = start_batch;
   tbb::task_arena arena(L.threads);
   struct Work {
@@ -172,6 +173,7 @@ void LocalStream::Run() {
                       const uint64_t first = plan.batch_first(w->batch);
                       const uint64_t count = plan.batch_count(w->batch);
                       Batch::Slot& slot = *w->slot;
+                      const uint64_t capacity = slot.images.bytes() / sb;
                       // Positions of the batch grouped by chunk, in the
                       // order of plan.batch_chunks (== w->chunks).
                       std::vector<std::vector<uint32_t>> by_chunk(w->chunks.size());
@@ -201,8 +203,21 @@ void LocalStream::Run() {
                           return;
                         }
                         const uint64_t base = uint64_t(e.chunk) * k;
-                        for (uint32_t i : by_chunk[j]) {
-                          std::memcpy(slot.images.data() + i * sb, e.data.get() + (slot.indices[i] - base) * sb, sb);
+                        if (fields.size() == 1) {
+                          for (uint32_t i : by_chunk[j]) {
+                            std::memcpy(slot.images.data() + i * sb, e.data.get() + (slot.indices[i] - base) * sb, sb);
+                          }
+                        } else {
+                          // Planar: field f of the chunk at k x offset, of
+                          // the batch at capacity x offset.
+                          for (const FieldInfo& f : fields) {
+                            const uint64_t fb = f.sample_bytes;
+                            std::byte* out = slot.images.data() + capacity * f.offset;
+                            const std::byte* in = e.data.get() + k * f.offset;
+                            for (uint32_t i : by_chunk[j]) {
+                              std::memcpy(out + i * fb, in + (slot.indices[i] - base) * fb, fb);
+                            }
+                          }
                         }
                         w->chunks[j].reset();  // a transient chunk is freed here
                       });
@@ -266,8 +281,11 @@ Result<std::optional<Batch>> EpochStream::Next() { return impl_->Next(); }
 LoaderStats EpochStream::stats() const { return impl_->stats(); }
 
 Batch EpochStream::MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count,
-                             uint64_t sample_bytes, bool has_labels, const std::vector<uint64_t>* sample_shape) {
+                             uint64_t sample_bytes, bool has_labels, const std::vector<uint64_t>* sample_shape,
+                             const std::vector<FieldInfo>* fields) {
   Batch b;
+  b.fields_ = fields;
+  b.capacity_ = sample_bytes ? slot->images.bytes() / sample_bytes : 0;
   b.slot_ = slot;
   b.data_ = slot->images.data();
   b.labels_ = std::span<const int64_t>(slot->labels.data(), has_labels ? count : 0);
@@ -286,7 +304,7 @@ Result<std::optional<Batch>> LocalStream::Next() {
   if (!r->has_value()) return std::optional<Batch>();
   const loader::StreamCore::Item& it = **r;
   Batch b = MakeBatch(it.slot, epoch, it.index, it.count, loader->source.sample_bytes(),
-                      !loader->source.labels().empty(), &loader->source.sample_shape());
+                      !loader->source.labels().empty(), &loader->source.sample_shape(), &loader->info.fields);
   ++delivered_batches;
   delivered_samples += it.count;
   delivered_bytes += it.count * b.sample_bytes();

@@ -24,8 +24,9 @@ struct EpochStream::Impl {
  protected:
   static EpochStream Wrap(std::unique_ptr<Impl> impl) { return EpochStream(std::move(impl)); }
   static Batch MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count, uint64_t sample_bytes,
-                         bool has_labels, const std::vector<uint64_t>* sample_shape) {
-    return EpochStream::MakeBatch(slot, epoch, index, count, sample_bytes, has_labels, sample_shape);
+                         bool has_labels, const std::vector<uint64_t>* sample_shape,
+                         const std::vector<FieldInfo>* fields) {
+    return EpochStream::MakeBatch(slot, epoch, index, count, sample_bytes, has_labels, sample_shape, fields);
   }
 };
 

@@ -103,6 +103,9 @@ struct Geometry {
 };
 
 Result<Geometry> SampleGeometry(const ChunkSource& src) {
+  if (src.fields().size() > 1)
+    return Status::Unsupported(src.name() + ": the trainer takes one images field (and labels), this source has " +
+                               std::to_string(src.fields().size()) + " fields; name one with --data FILE.h5:/path");
   if (src.dtype() != DType::kUInt8)
     return Status::Unsupported(src.name() + ": the trainer takes uint8 images, this is " +
                                std::string(DTypeName(src.dtype())));
@@ -111,8 +114,7 @@ Result<Geometry> SampleGeometry(const ChunkSource& src) {
     return Status::InvalidArgument(src.name() + ": the trainer needs [C, H, W] or [H, W, C] samples, got rank " +
                                    std::to_string(s.size()));
   Geometry g;
-  const auto* ds = dynamic_cast<const Dataset*>(&src);
-  if (ds && ds->info().layout == "NHWC") g.layout = Layout::kNHWC;
+  if (src.attributes().layout == "NHWC") g.layout = Layout::kNHWC;
   if (g.layout == Layout::kNCHW) g.c = int(s[0]), g.h = int(s[1]), g.w = int(s[2]);
   else g.h = int(s[0]), g.w = int(s[1]), g.c = int(s[2]);
   return g;
@@ -206,7 +208,7 @@ Status Run::Setup() {
   // when the dataset has them, else 1 + the largest label, within reason.
   constexpr int64_t kMaxClasses = 1 << 20;
   size_t named = 0;
-  if (const auto* ds = dynamic_cast<const Dataset*>(&train_)) named = ds->info().class_names.size();
+  named = train_.attributes().class_names.size();
   if (named > 0 && max_label >= static_cast<int64_t>(named)) {
     return Status::InvalidArgument(train_.name() + ": label " + std::to_string(max_label) + " is outside [0, " +
                                    std::to_string(named) + "): the dataset names " + std::to_string(named) +

@@ -135,6 +135,16 @@ GPUFEED_C_EXPORT void gpufeed_options_set_trust_files(gpufeed_options* o, int v)
  * auto, or the environment variable GPUFEED_IO. */
 GPUFEED_C_EXPORT void gpufeed_options_set_io(gpufeed_options* o, const char* mode);
 
+/* Named fields (OpenOptions::fields, fields.h): adds "NAME=/hdf5/path" to
+ * the fields read, in order (a bad spec fails gpufeed_loader_open, naming
+ * it). With fields, or with data naming many files (a glob such as "run*.h5", a
+ * directory, a *.txt / *.list of paths), host batches carry one array per
+ * field, named as the field, [B, *field shape] of the field's stored dtype
+ * (h5py bool as uint8), plus "indices"; the feed is refused. max_open_files
+ * bounds the files holding descriptors at once (default 256). */
+GPUFEED_C_EXPORT void gpufeed_options_add_field(gpufeed_options* o, const char* field);
+GPUFEED_C_EXPORT void gpufeed_options_set_max_open_files(gpufeed_options* o, int v);
+
 /* RemoteLoaderOptions, used when the data argument is a daemon address. */
 GPUFEED_C_EXPORT void gpufeed_options_set_dataset(gpufeed_options* o, const char* dataset);
 GPUFEED_C_EXPORT void gpufeed_options_set_token(gpufeed_options* o, const char* token);

@@ -14,9 +14,38 @@
 
 namespace gpufeed {
 
+// One named field of a sample: an HDF5 dataset whose first dimension is the
+// sample axis ("data" = /climate/data), or the single array of a one-field
+// source ("images"). Byte offsets place the field in a read unit and in a
+// batch buffer (planar layout, below).
+struct FieldInfo {
+  std::string name;                   // "images", "data", "mask": the batch array's name
+  std::string path;                   // HDF5 dataset path ("/climate/data"); "" when not from HDF5
+  DType dtype = DType::kUInt8;        // element type as stored (an HDF5 bool reads as uint8 0/1)
+  bool is_bool = false;               // stored as h5py's bool (enum of int8 FALSE/TRUE)
+  std::vector<uint64_t> sample_shape; // shape of one sample of this field
+  uint64_t sample_bytes = 0;          // product of sample_shape x DTypeSize(dtype)
+  uint64_t offset = 0;                // sum of the sample_bytes of the fields before it
+};
+
+// What a source carries besides its samples: optional attributes that the
+// loader and the trainer pass on (gpufeed convert writes them).
+struct SourceAttributes {
+  std::string layout;                   // "NCHW", "NHWC", ... ("" unknown)
+  std::vector<std::string> class_names;
+  std::vector<double> mean, stddev;     // per channel, in stored units
+};
+
 // A sequence of samples stored in chunks of chunk_samples() consecutive
 // samples (the last chunk possibly shorter). Every const member must be
 // thread-safe: the loader calls ReadChunk from many threads at once.
+//
+// Fields. A sample is one or more named fields (fields(): in order, their
+// sample_bytes summing to sample_bytes()). Read units and batches are
+// *planar*: a buffer made for `capacity` samples holds field f's samples
+// contiguously from byte capacity x f.offset (capacity = chunk_samples() for
+// a read unit, batch_size for a batch). With one field (the default) this is
+// the plain [n, sample] array.
 class ChunkSource {
  public:
   virtual ~ChunkSource() = default;
@@ -28,8 +57,10 @@ class ChunkSource {
   virtual uint64_t num_chunks() const = 0;
   virtual uint64_t samples_in_chunk(uint64_t i) const = 0;
   virtual uint64_t stored_chunk_bytes(uint64_t i) const = 0;
-  // Decodes chunk i into dst (at least samples_in_chunk(i) * sample_bytes()).
-  // A failure names the source and the chunk.
+  // Decodes chunk i into dst (at least chunk_samples() * sample_bytes() when
+  // the source has several fields, else samples_in_chunk(i) *
+  // sample_bytes()), field by field as described above. A failure names the
+  // source and the chunk.
   virtual Status ReadChunk(uint64_t i, std::span<std::byte> dst) const = 0;
   // A hint that chunk i will be read soon, in the order of the calls (the
   // loader calls it as it schedules reads in its plan's order). A file
@@ -39,6 +70,18 @@ class ChunkSource {
   virtual const std::vector<int64_t>& labels() const = 0;
   // "file.h5:/images", for messages.
   virtual std::string name() const = 0;
+  // The sample's fields. Default: one field "images" of dtype() and
+  // sample_shape() (what every single-array source is).
+  virtual std::vector<FieldInfo> fields() const {
+    FieldInfo f;
+    f.name = "images";
+    f.dtype = dtype();
+    f.sample_shape = sample_shape();
+    f.sample_bytes = sample_bytes();
+    return {f};
+  }
+  // Layout, class names, mean/std; default: none known.
+  virtual SourceAttributes attributes() const { return {}; }
 };
 
 }  // namespace gpufeed

@@ -93,6 +93,16 @@ struct OpenOptions {
   // (auto|direct|buffered) overrides kAuto, so the C API, Python and the
   // daemon take it without an option of their own (CLI: --io).
   IoMode io = IoMode::kAuto;
+  // Named fields, "NAME=/hdf5/path", in the order batches carry them (CLI:
+  // --field NAME=/path, repeatable). Empty: the single images array of the
+  // spec (and /labels) as before. Non-empty, or a data spec naming many
+  // files, opens a FieldSource (fields.h) instead of a Dataset.
+  std::vector<std::string> fields;
+  // FieldSource: files whose descriptors may be open at once; the least
+  // recently used one is closed beyond it (and reopened when read again).
+  // Lowered to what half the free room under RLIMIT_NOFILE allows (each open
+  // field holds about 2 descriptors).
+  int max_open_files = 256;
 };
 
 struct FilterInfo {
@@ -185,6 +195,11 @@ class Dataset final : public ChunkSource {
   std::string name() const override;  // "file.h5:/images"
 
   const DatasetInfo& info() const;
+  // info()'s layout, class names, mean and std.
+  SourceAttributes attributes() const override;
+  // True when the images dataset is h5py's bool (an int8 enum FALSE/TRUE),
+  // read as uint8 0/1.
+  bool is_bool() const;
 
  private:
   struct Impl;

@@ -52,9 +52,11 @@ struct FeedOptions {
   DType dtype = DType::kFloat32;         // kFloat32, kFloat16 or kBFloat16
   Layout layout = Layout::kNCHW;         // output layout
   Layout input_layout = Layout::kNCHW;   // how samples are stored ([C,H,W] or [H,W,C])
-  // Per-channel mean and std in stored units (0..255). Empty: the dataset's
-  // `mean`/`std` attributes when the loader reads a Dataset that has them
-  // (gpufeed convert writes them), else 0 and 255 (x / 255).
+  // Per-channel mean and std in stored units (0..255 for uint8). Empty: the
+  // dataset's `mean`/`std` attributes when the loader reads a Dataset that
+  // has them (gpufeed convert writes them), else 0 and 255 (x / 255) for
+  // uint8 samples and 0 and 1 (as stored) for uint16, int16, float16 and
+  // float32 ones (the input dtypes the feed takes; one images field).
   std::vector<double> mean, stddev;
   int echo = 1;          // uses of each upload; 0 = auto (measured, at most 4)
   int super_batch = 1;   // loader batches per upload; echo passes reshuffle all of them
@@ -62,7 +64,13 @@ struct FeedOptions {
   bool flip = false;     // random horizontal flip, probability 1/2
   uint64_t seed = 0;     // augmentation and echo permutations: same seed, epoch, batch -> same bytes
   int slots = 3;         // output slots on the device
-  bool labels_int32 = false;  // labels as int32 (else int64)
+  bool labels_int32 = false;  // labels (and a mask field) as int32 (else int64)
+  // A source of two named fields (fields.h): the first is the image
+  // (transformed as above), the second an integer mask [H, W] or [P, H, W]
+  // of the image's pixels, given the same crop, flip and echo gather and
+  // passed through as int32/int64 (labels_int32); pixels a crop pulls in from
+  // outside read mask_fill. Other sources of several fields are refused.
+  int64_t mask_fill = 0;
   bool force_cpu = false;     // use the CPU twins even where a GPU exists
 };
 
@@ -91,6 +99,9 @@ class DeviceBatch {
 
   const void* images() const { return images_; }  // device pointer (host memory on the CPU path)
   const void* labels() const { return labels_; }  // int32 or int64 per FeedOptions
+  // The mask field, [size, P, H, W] int32/int64 (labels_int32), aligned with
+  // images(); nullptr without one.
+  const void* mask() const { return mask_; }
   int size() const { return size_; }
   int pass() const { return pass_; }              // 0: fresh, >0: an echo of an earlier upload
   bool echoed() const { return pass_ > 0; }
@@ -108,6 +119,7 @@ class DeviceBatch {
   int slot_ = -1;
   const void* images_ = nullptr;
   const void* labels_ = nullptr;
+  const void* mask_ = nullptr;
   void* ready_event_ = nullptr;
   int size_ = 0, pass_ = 0;
   uint64_t index_ = 0;
@@ -133,6 +145,8 @@ class GpuFeeder {
   // labels to host memory; either pointer may be null. For tests, debugging
   // and checksums — not for the training loop.
   Status CopyToHost(const DeviceBatch& b, void* images, void* labels) const;
+  // Waits for `b` and copies its mask (size x P x H x W, int32 or int64).
+  Status CopyMaskToHost(const DeviceBatch& b, void* mask) const;
   FeedStats stats() const;
   // The statistics of the loader stream the feeder pulls from.
   LoaderStats loader_stats() const;

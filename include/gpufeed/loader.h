@@ -120,6 +120,22 @@ class Batch {
   std::span<const uint64_t> indices() const { return indices_; }     // global sample indices
   bool pinned() const { return pinned_; }
 
+  // The sample's named fields (ChunkSource::fields()); one "images" field
+  // for a single-array source. Field f of the batch is contiguous:
+  // size() x fields()[f].sample_bytes bytes, sample k of every field at
+  // position k (the fields of one sample stay aligned). With one field,
+  // field(0) is images().
+  // (Empty for a default-constructed or moved-from Batch.) Requires
+  // f < fields().size().
+  const std::vector<FieldInfo>& fields() const {
+    static const std::vector<FieldInfo> kNone;
+    return fields_ != nullptr ? *fields_ : kNone;
+  }
+  std::span<const std::byte> field(size_t f) const {
+    const FieldInfo& fi = fields()[f];
+    return {data_ + capacity_ * fi.offset, size() * fi.sample_bytes};
+  }
+
   struct Slot;  // a pool buffer; defined in loader.cc
 
  private:
@@ -129,6 +145,8 @@ class Batch {
   std::span<const int64_t> labels_;
   std::span<const uint64_t> indices_;
   const std::vector<uint64_t>* sample_shape_ = nullptr;
+  const std::vector<FieldInfo>* fields_ = nullptr;
+  uint64_t capacity_ = 0;  // samples the buffer is laid out for (planar fields)
   uint64_t epoch_ = 0, index_ = 0, sample_bytes_ = 0;
   bool pinned_ = false;
 };
@@ -205,8 +223,10 @@ class EpochStream {
  private:
   explicit EpochStream(std::unique_ptr<Impl> impl);
   // Builds the Batch view of a filled pool slot (for Impl's kinds).
+  // `fields` (may be null: one field of sample_shape) must outlive the batch.
   static Batch MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count, uint64_t sample_bytes,
-                         bool has_labels, const std::vector<uint64_t>* sample_shape);
+                         bool has_labels, const std::vector<uint64_t>* sample_shape,
+                         const std::vector<FieldInfo>* fields = nullptr);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -238,6 +258,10 @@ struct BatchSourceInfo {
   // Per-channel mean and std in stored units, when the dataset carries them
   // (gpufeed convert writes them); empty otherwise.
   std::vector<double> mean, stddev;
+  // The sample's named fields (ChunkSource::fields()): one "images" field
+  // unless the source was opened with named fields. Batches are planar
+  // (Batch::field).
+  std::vector<FieldInfo> fields;
   // Options the source adjusted, for the caller to show ("batch size 100000
   // is larger than the 10000 samples of this rank: using 10000").
   std::vector<std::string> warnings;

@@ -39,25 +39,34 @@ struct SourceOptions {
 class OpenedSource {
  public:
   OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader);
+  // A FieldSource (named fields, many files) or any other local source.
+  OpenedSource(std::unique_ptr<ChunkSource> source, std::unique_ptr<Loader> loader);
   explicit OpenedSource(std::unique_ptr<RemoteLoader> remote);
   ~OpenedSource();
 
   BatchSource& source() { return *source_; }
   const BatchSource& source() const { return *source_; }
-  // The local dataset; nullptr for a daemon.
+  // The local dataset; nullptr for a daemon or a FieldSource.
   const Dataset* dataset() const { return dataset_.get(); }
+  // The local source (a Dataset or a FieldSource); nullptr for a daemon.
+  const ChunkSource* chunk_source() const { return dataset_ ? dataset_.get() : other_.get(); }
   bool remote() const { return remote_ != nullptr; }
   uint64_t num_batches() const;  // per epoch, for this rank
 
  private:
   std::unique_ptr<Dataset> dataset_;
+  std::unique_ptr<ChunkSource> other_;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<RemoteLoader> remote_;
   BatchSource* source_ = nullptr;
 };
 
-// Opens the dataset (errors as Dataset::Open) or connects to the daemon
-// (errors as RemoteLoader::Connect, naming the address).
+// Opens the dataset (errors as Dataset::Open), the FieldSource when
+// options.open.fields names fields or options.data names many files (errors
+// as FieldSource::Open), or connects to the daemon (errors as
+// RemoteLoader::Connect, naming the address). The daemon serves
+// single-array datasets: named fields with a daemon address are refused
+// (Unsupported) rather than dropped.
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& options);
 
 }  // namespace gpufeed

@@ -110,6 +110,7 @@ _SIGS = {
     "gpufeed_batch_wait_stream": (ctypes.c_int, [_P, _P, _ERR]),
     "gpufeed_batch_set_release_stream": (None, [_P, _P]),
     "gpufeed_batch_destroy": (None, [_P]),
+    "gpufeed_options_add_field": (None, [_P, ctypes.c_char_p]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(lib, _name)
@@ -133,6 +134,7 @@ SETTERS = {
     "feed_crop_padding": ("int", "feed_crop_padding"), "feed_flip": ("bool", "feed_flip"),
     "feed_seed": ("u64", "feed_seed"), "feed_slots": ("int", "feed_slots"),
     "feed_labels_int32": ("bool", "feed_labels_int32"), "feed_force_cpu": ("bool", "feed_force_cpu"),
+    "max_open_files": ("int", "max_open_files"),
 }
 _CTYPE = {"u64": ctypes.c_uint64, "int": ctypes.c_int, "bool": ctypes.c_int, "str": ctypes.c_char_p}
 for _key, (_kind, _suffix) in SETTERS.items():

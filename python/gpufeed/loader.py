@@ -86,6 +86,28 @@ def _pick_output(output):
     return "dlpack"
 
 
+def _parse_fields(fields):
+    """(names, "NAME=/path" specs, as_dict) from fields=None, a list of
+    "NAME=/path" strings or (name, path) pairs, or a dict {name: path}."""
+    if fields is None:
+        return [], [], False
+    as_dict = isinstance(fields, dict)
+    items = list(fields.items()) if as_dict else list(fields)
+    names, specs = [], []
+    for item in items:
+        if isinstance(item, str):
+            if "=" not in item:
+                raise errors.InvalidArgumentError(
+                    errors.INVALID_ARGUMENT, "field %r: expected 'NAME=/hdf5/path' (for example 'data=/climate/data')"
+                    % (item,))
+            name, path = item.split("=", 1)
+        else:
+            name, path = item
+        names.append(name)
+        specs.append("%s=%s" % (name, path))
+    return names, specs, as_dict
+
+
 class Loader:
     """Batches of a dataset ("file.h5", "file.h5:/path") or of a `gpufeed
     serve` daemon ("unix:PATH", "tcp://HOST:PORT" with `dataset=`), as
@@ -114,6 +136,13 @@ class Loader:
     dataset's attributes, else 0 and 255), echo, super_batch, crop_padding,
     flip, augment_seed (default: seed), slots (device batches the consumer
     may hold), labels_int32. On the CPU the feed runs its CPU twins.
+    fields: named fields (C++ OpenOptions::fields), as ["data=/climate/data",
+    "mask=/climate/labels_0"] (iteration yields a tuple in that order) or
+    {"data": "/climate/data", "mask": "/climate/labels_0"} (a dict). data may
+    also name many files: a glob ("deepcam/*.h5"), a directory or a *.txt
+    list of paths. Each field arrives as [B, *field shape] in its stored
+    dtype; sample k of every field is row k. max_open_files bounds the files
+    holding descriptors at once (default 256).
     output: "torch", "numpy", "dlpack" (gpufeed.Array objects) or "auto"
     (torch if importable, else NumPy, else DLPack arrays).
     """
@@ -125,8 +154,9 @@ class Loader:
                  mean=None, std=None, echo=1, super_batch=1, crop_padding=0, flip=False, augment_seed=None,
                  slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
                  compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
-                 keepalive_ms=30000, output="auto", poll_ms=100):
+                 keepalive_ms=30000, output="auto", poll_ms=100, fields=None, max_open_files=None):
         self._handle = None
+        self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
         kind, index = _parse_device(device)
         feed = kind == "cuda" or dtype is not None or crop_padding or flip
         dist_rank, dist_world = _distributed_defaults()
@@ -143,6 +173,7 @@ class Loader:
             "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,
             "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
             "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),
+            "max_open_files": max_open_files,
         }
         if feed:
             values.update({
@@ -169,6 +200,8 @@ class Loader:
                 if feed and seq is not None:
                     arr = (ctypes.c_double * len(seq))(*[float(v) for v in seq])
                     setter(opts, arr, len(seq))
+            for spec in field_specs:
+                lib.gpufeed_options_add_field(opts, spec.encode())
             err = ctypes.c_void_p()
             handle = lib.gpufeed_loader_open(str(data).encode(), opts, ctypes.byref(err))
             if not handle:
@@ -268,7 +301,14 @@ class Loader:
 
     # -- iteration --------------------------------------------------------------
     def __iter__(self):
-        """(images, labels) per batch (labels None without labels)."""
+        """(images, labels) per batch (labels None without labels). With
+        fields=[...]: a tuple of the fields' arrays in the order named; with
+        fields={...}: a dict {name: array}."""
+        if self._field_names:
+            names = tuple(self._field_names)
+            for arrays in self._iterate(names):
+                yield dict(arrays) if self._fields_dict else tuple(arrays[n] for n in names)
+            return
         for arrays in self._iterate(("images", "labels")):
             yield arrays.get("images"), arrays.get("labels")
 

@@ -295,6 +295,169 @@ TEST_P(FeederTest, ResumeAtStartBatchContinuesTheSameOutputs) {
   EXPECT_NE(b.status().message().find("super_batch"), std::string::npos) << b.status().ToString();
 }
 
+// float32 [2, 4, 4] samples: element e of sample k is k * 100 + e - 50.5.
+class Float32Source : public InMemorySource {
+ public:
+  Float32Source(uint64_t n, uint64_t k) : InMemorySource(n, 32 * 4, k), n_(n), k_(k), shape_{2, 4, 4} {}
+  DType dtype() const override { return DType::kFloat32; }
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  static float Value(uint64_t k, int e) { return float(k) * 100.0f + float(e) - 50.5f; }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    for (uint64_t s = 0; s < std::min(k_, n_ - i * k_); ++s) {
+      for (int e = 0; e < 32; ++e) {
+        const float v = Value(i * k_ + s, e);
+        std::memcpy(dst.data() + (s * 32 + e) * 4, &v, 4);
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  uint64_t n_, k_;
+  std::vector<uint64_t> shape_;
+};
+
+TEST_P(FeederTest, Float32SamplesAreNormalizedAsStored) {
+  Float32Source src(37, 5);
+  Loader loader(src, LoaderOpts());
+  FeedOptions o = Opts();
+  o.mean.clear();  // defaults for float input: mean 0, std 1 (not 255)
+  o.stddev.clear();
+  GpuFeeder feeder(loader, o);
+  std::vector<float> img(8 * 32);
+  std::vector<int64_t> lab(8);
+  uint64_t seen = 0;
+  for (;;) {
+    auto b = feeder.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), lab.data()).ok());
+    for (int i = 0; i < (*b)->size(); ++i) {
+      const uint64_t k = uint64_t((img[i * 32] + 50.5f) / 100.0f + 0.5f);
+      for (int e = 0; e < 32; ++e) ASSERT_EQ(img[i * 32 + e], Float32Source::Value(k, e)) << k << " " << e;
+      EXPECT_EQ(lab[i], testing::IndexLabel(k));
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 37u);
+}
+
+// Two named fields, planar in each read unit: "image" float32 [1, H, W] and
+// "mask" int32 [H, W], both pixel (y, x) of sample k = k * 10000 + y * 100 +
+// x + 1, so the feed's image and mask outputs must be equal element for
+// element whatever crop and flip they got.
+class ImageMaskSource : public InMemorySource {
+ public:
+  static constexpr int kH = 6, kW = 7;
+  ImageMaskSource(uint64_t n, uint64_t k) : InMemorySource(n, kH * kW * 8, k), n_(n), k_(k), shape_{kH * kW * 8} {}
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  std::vector<FieldInfo> fields() const override {
+    FieldInfo a, b;
+    a.name = "image";
+    a.dtype = DType::kFloat32;
+    a.sample_shape = {1, kH, kW};
+    a.sample_bytes = kH * kW * 4;
+    b.name = "mask";
+    b.dtype = DType::kInt32;
+    b.sample_shape = {kH, kW};
+    b.sample_bytes = kH * kW * 4;
+    b.offset = a.sample_bytes;
+    return {a, b};
+  }
+  static int32_t Pixel(uint64_t k, int y, int x) { return int32_t(k * 10000 + y * 100 + x + 1); }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    const uint64_t n = std::min(k_, n_ - i * k_);
+    for (uint64_t s = 0; s < n; ++s) {
+      for (int y = 0; y < kH; ++y) {
+        for (int x = 0; x < kW; ++x) {
+          const int32_t v = Pixel(i * k_ + s, y, x);
+          const float f = float(v);
+          const uint64_t e = (s * kH + y) * kW + x;
+          std::memcpy(dst.data() + e * 4, &f, 4);                          // field 0 at 0
+          std::memcpy(dst.data() + k_ * kH * kW * 4 + e * 4, &v, 4);       // field 1 at k x offset
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  uint64_t n_, k_;
+  std::vector<uint64_t> shape_;
+};
+
+TEST_P(FeederTest, MaskFieldGetsTheImagesCropAndFlip) {
+  constexpr int H = ImageMaskSource::kH, W = ImageMaskSource::kW;
+  ImageMaskSource src(29, 4);
+  Loader loader(src, LoaderOpts());
+  FeedOptions o = Opts();
+  o.mean = {0};
+  o.stddev = {1};
+  o.crop_padding = 2;
+  o.flip = true;
+  o.echo = 2;
+  o.labels_int32 = true;
+  o.mask_fill = 0;  // the image's zero padding
+  GpuFeeder feeder(loader, o);
+  std::vector<float> img(8 * H * W);
+  std::vector<int32_t> mask(8 * H * W);
+  std::set<int64_t> fresh;
+  int moved = 0;
+  for (;;) {
+    auto b = feeder.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    ASSERT_NE((*b)->mask(), nullptr);
+    ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), nullptr).ok());
+    ASSERT_TRUE(feeder.CopyMaskToHost(**b, mask.data()).ok());
+    for (int e = 0; e < (*b)->size() * H * W; ++e) {
+      ASSERT_EQ(int32_t(img[e]), mask[e]) << "element " << e << " of batch " << (*b)->index();
+      const int y = (e / W) % H, x = e % W;
+      if (mask[e] != 0 && mask[e] % 10000 != y * 100 + x + 1) ++moved;
+    }
+    if (!(*b)->echoed()) {
+      for (int i = 0; i < (*b)->size(); ++i) {
+        // Some pixel of the sample survives any crop of padding 2 in 6 x 7.
+        int32_t any = 0;
+        for (int e = 0; e < H * W && any == 0; ++e) any = mask[i * H * W + e];
+        ASSERT_NE(any, 0);
+        EXPECT_TRUE(fresh.insert(any / 10000).second) << "sample " << any / 10000 << " twice";
+      }
+    }
+  }
+  EXPECT_EQ(fresh.size(), 29u);
+  EXPECT_GT(moved, 0) << "nothing was cropped or flipped: the test checks nothing";
+}
+
+// A source of several named fields the feed cannot take (here: a second
+// field that is no mask of the image): refused clearly, not read as images.
+TEST(FeederFieldsTest, ManyFieldsAreRefusedClearly) {
+  class TwoFields : public TensorSource {
+   public:
+    TwoFields() : TensorSource(16, 4) {}
+    std::vector<FieldInfo> fields() const override {
+      FieldInfo a, b;
+      a.name = "data";
+      a.sample_shape = {1, 4, 4};
+      a.sample_bytes = 16;
+      b.name = "mask";
+      b.dtype = DType::kFloat32;  // a float field: no mask
+      b.sample_shape = {2, 2};
+      b.sample_bytes = 16;
+      b.offset = 16;
+      return {a, b};
+    }
+  } src;
+  Loader loader(src, LoaderOpts());
+  FeedOptions o;
+  o.force_cpu = true;
+  GpuFeeder feeder(loader, o);
+  auto b = feeder.Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(b.status().message().find("is not an integer mask"), std::string::npos) << b.status().ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(CpuAndGpu, FeederTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Gpu" : "Cpu"; });
 

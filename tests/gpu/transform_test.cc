@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <set>
@@ -141,6 +142,126 @@ TEST(TransformTest, HalfAndBf16RoundToNearestEven) {
   EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F808000)), 0x3F80);     // tie: even
   EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F818000)), 0x3F82);     // tie: up to even
   EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F808001)), 0x3F81);
+}
+
+// Input elements of every input dtype, as the bytes a dataset stores them:
+// element e of the batch is `Value(dt, e)` (negative, fractional, large and
+// subnormal values where the dtype has them).
+double InputValue(DType dt, size_t e) {
+  switch (dt) {
+    case DType::kUInt16: return double((e * 2654435761u) % 65536);
+    case DType::kInt16: return double(int64_t((e * 2654435761u) % 65536) - 32768);
+    case DType::kFloat16: return (double(int64_t(e % 257) - 128) / 8.0);  // exact in half
+    case DType::kFloat32: return double(float(e % 1000) * 0.37f - 150.0f);
+    default: return double(e % 256);
+  }
+}
+
+std::vector<uint8_t> InputBytes(DType dt, size_t n) {
+  std::vector<uint8_t> out(n * InputElementBytes(dt));
+  for (size_t e = 0; e < n; ++e) {
+    const double v = InputValue(dt, e);
+    uint8_t* o = out.data() + e * InputElementBytes(dt);
+    if (dt == DType::kUInt16) { const uint16_t x = uint16_t(v); std::memcpy(o, &x, 2); }
+    else if (dt == DType::kInt16) { const int16_t x = int16_t(v); std::memcpy(o, &x, 2); }
+    else if (dt == DType::kFloat16) { const uint16_t x = FloatToHalfBits(float(v)); std::memcpy(o, &x, 2); }
+    else if (dt == DType::kFloat32) { const float x = float(v); std::memcpy(o, &x, 4); }
+    else { *o = uint8_t(v); }
+  }
+  return out;
+}
+
+TEST(TransformTest, HalfBitsToFloatIsExact) {
+  EXPECT_EQ(HalfBitsToFloat(0x3C00), 1.0f);
+  EXPECT_EQ(HalfBitsToFloat(0xC000), -2.0f);
+  EXPECT_EQ(HalfBitsToFloat(0x7BFF), 65504.0f);
+  EXPECT_EQ(HalfBitsToFloat(0x0001), std::ldexp(1.0f, -24));   // smallest subnormal
+  EXPECT_EQ(HalfBitsToFloat(0x03FF), std::ldexp(1023.0f, -24));  // largest subnormal
+  EXPECT_EQ(HalfBitsToFloat(0x8000), -0.0f);
+  EXPECT_TRUE(std::isinf(HalfBitsToFloat(0x7C00)));
+  EXPECT_TRUE(std::isnan(HalfBitsToFloat(0x7E00)));
+  for (uint32_t h = 0; h < 0x7C00; ++h) {  // every finite half round-trips
+    ASSERT_EQ(FloatToHalfBits(HalfBitsToFloat(uint16_t(h))), h) << h;
+  }
+}
+
+// The CPU twin over every input dtype against a direct computation.
+TEST(TransformTest, InputDtypesNormalizeTheirExactValues) {
+  const int B = 2, C = 2, H = 3, W = 5;
+  const size_t n = size_t(B) * C * H * W;
+  for (DType in : {DType::kUInt8, DType::kUInt16, DType::kInt16, DType::kFloat16, DType::kFloat32}) {
+    const auto src = InputBytes(in, n);
+    TransformParams p = Params(B, C, H, W);
+    p.in_dtype = in;
+    p.mean[0] = 3.5f;
+    p.mean[1] = -1.25f;
+    p.inv_std[0] = 0.5f;
+    p.inv_std[1] = 0.25f;
+    std::vector<float> dst(n);
+    ASSERT_TRUE(TransformCpu(p, src.data(), nullptr, dst.data(), nullptr).ok()) << DTypeName(in);
+    for (size_t e = 0; e < n; ++e) {
+      const int c = int((e / (H * W)) % C);
+      const float want = (float(InputValue(in, e)) - p.mean[c]) * p.inv_std[c];
+      ASSERT_EQ(dst[e], want) << DTypeName(in) << " element " << e;
+    }
+  }
+  TransformParams bad = Params(1, 1, 1, 1);
+  bad.in_dtype = DType::kFloat64;
+  float out = 0;
+  uint8_t in[8] = {};
+  const Status s = TransformCpu(bad, in, nullptr, &out, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("float64"), std::string::npos) << s.ToString();
+}
+
+// GPU against CPU over every input dtype (output dtypes, layouts and
+// augmentation included). Skips where no GPU is usable.
+TEST(TransformGpuTest, InputDtypesMatchTheCpuReferenceBitForBit) {
+  auto ops = MakeCudaOps(0);
+  if (!ops.ok()) GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  DeviceOps& d = **ops;
+  const int B = 5, C = 3, H = 11, W = 13;
+  const size_t n = size_t(B) * C * H * W;
+  int cases = 0;
+  for (DType in : {DType::kUInt8, DType::kUInt16, DType::kInt16, DType::kFloat16, DType::kFloat32}) {
+    const auto src = InputBytes(in, n);
+    void *dsrc, *ddst, *stream;
+    ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
+    ASSERT_TRUE(d.Alloc(n * 4, &ddst).ok());
+    ASSERT_TRUE(d.NewStream(&stream).ok());
+    ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
+    for (DType out : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      for (auto in_layout : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
+        for (int aug = 0; aug < 2; ++aug) {
+          TransformParams p = Params(B, C, H, W);
+          p.in_dtype = in;
+          p.out_dtype = out;
+          p.in_layout = in_layout;
+          p.out_layout = aug ? TensorLayout::kNHWC : TensorLayout::kNCHW;
+          for (int k = 0; k < C; ++k) {
+            p.mean[k] = 0.5f * k - 3.0f;
+            p.inv_std[k] = 1.0f / (1.5f + k);
+          }
+          p.crop_padding = aug ? 3 : 0;
+          p.flip = aug;
+          p.seed = 900 + cases;
+          const size_t bytes = n * DTypeSize(out);
+          std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
+          ASSERT_TRUE(TransformCpu(p, src.data(), nullptr, want.data(), nullptr).ok());
+          ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc), nullptr, ddst, nullptr, stream).ok());
+          ASSERT_TRUE(d.StreamSync(stream).ok());
+          ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
+          ASSERT_EQ(got, want) << DTypeName(in) << " -> " << DTypeName(out) << " in " << int(in_layout) << " aug "
+                               << aug;
+          ++cases;
+        }
+      }
+    }
+    d.Free(dsrc);
+    d.Free(ddst);
+    d.FreeStream(stream);
+  }
+  EXPECT_EQ(cases, 60);
 }
 
 // GPU against CPU, every combination. Skips where no GPU is usable.

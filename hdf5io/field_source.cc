@@ -1,0 +1,397 @@
+// FieldSource (fields.h): named fields over one or many HDF5 files, each
+// field a Dataset, files opened lazily under a bound of open descriptors.
+#include "gpufeed/fields.h"
+
+#include <glob.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "common/sizes.h"
+#include "hdf5io/probe.h"
+
+namespace gpufeed {
+namespace {
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+bool IsListFile(std::string_view p) { return EndsWith(p, ".txt") || EndsWith(p, ".list"); }
+
+bool IsHdf5Name(const std::string& p) {
+  return EndsWith(p, ".h5") || EndsWith(p, ".hdf5") || EndsWith(p, ".hdf") || EndsWith(p, ".nc");
+}
+
+bool IsDirectory(std::string_view p) {
+  struct stat st;
+  return ::stat(std::string(p).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// One file's fields, open (a Dataset per field, in field order).
+using OpenFile = std::vector<Dataset>;
+
+}  // namespace
+
+Result<FieldSpec> FieldSpec::Parse(std::string_view text) {
+  const size_t eq = text.find('=');
+  if (eq == std::string_view::npos || eq == 0 || eq + 1 >= text.size()) {
+    return Status::InvalidArgument("field '" + std::string(text) +
+                                   "': expected NAME=/hdf5/path (for example data=/climate/data)");
+  }
+  FieldSpec f{std::string(text.substr(0, eq)), std::string(text.substr(eq + 1))};
+  for (char c : f.name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
+      return Status::InvalidArgument("field '" + std::string(text) + "': the name '" + f.name +
+                                     "' may use letters, digits, '_', '-' and '.' only");
+    }
+  }
+  if (f.name == "indices") {
+    return Status::InvalidArgument("field '" + std::string(text) +
+                                   "': 'indices' is the name of the batch's sample indices; pick another name");
+  }
+  if (f.path[0] != '/') f.path = "/" + f.path;
+  return f;
+}
+
+bool IsMultiFileSpec(std::string_view data) {
+  if (data.find_first_of("*?[") != std::string_view::npos) return true;
+  return IsDirectory(data) || IsListFile(data);
+}
+
+Result<std::vector<std::string>> ExpandFiles(std::string_view data_view) {
+  const std::string data(data_view);
+  std::vector<std::string> files;
+  if (IsDirectory(data)) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(data, ec)) {
+      if (e.is_regular_file(ec) && IsHdf5Name(e.path().filename().string())) files.push_back(e.path().string());
+    }
+    if (ec) return Status::IOError(data + ": cannot list the directory: " + ec.message());
+    if (files.empty()) {
+      return Status::NotFound(data + ": the directory has no .h5 / .hdf5 / .hdf / .nc files");
+    }
+  } else if (data.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    const int r = ::glob(data.c_str(), 0, nullptr, &g);
+    for (size_t i = 0; r == 0 && i < g.gl_pathc; ++i) {
+      if (!IsDirectory(g.gl_pathv[i])) files.emplace_back(g.gl_pathv[i]);
+    }
+    ::globfree(&g);
+    if (files.empty()) return Status::NotFound(data + ": the pattern matches no files");
+  } else if (IsListFile(data)) {
+    std::ifstream in(data);
+    if (!in) return Status::NotFound(data + ": cannot open the list of files: " + std::strerror(errno));
+    const std::filesystem::path base = std::filesystem::path(data).parent_path();
+    std::string line;
+    while (std::getline(in, line)) {
+      if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+      size_t start = 0;
+      while (start < line.size() && std::isspace(static_cast<unsigned char>(line[start]))) ++start;
+      line.erase(0, start);
+      if (line.empty()) continue;
+      std::filesystem::path p(line);
+      files.push_back(p.is_absolute() || base.empty() ? p.string() : (base / p).string());
+    }
+    if (files.empty()) return Status::NotFound(data + ": the list names no files");
+    return files;  // a list's order is the user's
+  } else {
+    files.push_back(data);
+    return files;
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+struct FieldSource::Impl {
+  std::vector<FieldSpec> specs;
+  std::vector<FieldInfo> fields;
+  std::vector<std::string> files;
+  std::vector<uint64_t> file_first;  // first global sample of each file; + total at the end
+  std::vector<uint64_t> unit_first;  // first unit of each file; + num_chunks at the end
+  uint64_t num_samples = 0, sample_bytes = 0, chunk_samples = 1, num_chunks = 0;
+  std::vector<uint64_t> sample_shape;
+  DType dtype = DType::kUInt8;
+  SourceAttributes attributes;
+  std::string what;
+  OpenOptions reopen;  // trusted (probed at Open), labels "none"
+  size_t max_open = 256;
+
+  // Open files, least recently used first out. A reader holds a shared_ptr,
+  // so closing one here never pulls it from under a read.
+  mutable std::mutex mu;
+  mutable std::vector<std::shared_ptr<const OpenFile>> open;  // GUARDED_BY(mu), per file
+  mutable std::vector<uint64_t> last_use;                     // GUARDED_BY(mu)
+  mutable std::vector<size_t> open_list;                      // GUARDED_BY(mu): files with open[f]
+  mutable uint64_t clock = 0;                                 // GUARDED_BY(mu)
+
+  // Opens every field of file f and checks it against the fields (a file
+  // replaced since Open is caught here, not read as something else).
+  Result<OpenFile> OpenFields(size_t f) const {
+    OpenFile out;
+    for (size_t j = 0; j < specs.size(); ++j) {
+      auto ds = Dataset::Open(files[f] + ":" + specs[j].path, reopen);
+      if (!ds.ok()) return ds.status();
+      out.push_back(std::move(*ds));
+    }
+    return out;
+  }
+
+  Status CheckFile(size_t f, const OpenFile& ds) const {
+    const uint64_t n = ds[0].num_samples();
+    for (size_t j = 0; j < ds.size(); ++j) {
+      if (ds[j].dtype() != fields[j].dtype || ds[j].sample_shape() != fields[j].sample_shape) {
+        return Status::InvalidArgument(
+            files[f] + ":" + specs[j].path + ": field '" + specs[j].name + "' is " +
+            std::string(DTypeName(ds[j].dtype())) + " " + ShapeText(ds[j].sample_shape()) + " per sample, but in " +
+            files[0] + " it is " + std::string(DTypeName(fields[j].dtype)) + " " +
+            ShapeText(fields[j].sample_shape) + "; every file must agree in fields, dtypes and sample shapes");
+      }
+      if (ds[j].num_samples() != n) {
+        return Status::InvalidArgument(files[f] + ": field '" + specs[j].name + "' (" + specs[j].path + ") has " +
+                                       std::to_string(ds[j].num_samples()) + " samples but field '" + specs[0].name +
+                                       "' (" + specs[0].path + ") has " + std::to_string(n) +
+                                       "; the fields of a file must have the same length (axis 0)");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Result<std::shared_ptr<const OpenFile>> Acquire(size_t f) const {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (open[f]) {
+        last_use[f] = ++clock;
+        return open[f];
+      }
+    }
+    auto ds = OpenFields(f);
+    if (!ds.ok()) return ds.status();
+    GPUFEED_RETURN_IF_ERROR(CheckFile(f, *ds));
+    if (ds->front().num_samples() != file_first[f + 1] - file_first[f]) {
+      return Status::InvalidArgument(files[f] + ": now has " + std::to_string(ds->front().num_samples()) +
+                                     " samples, had " + std::to_string(file_first[f + 1] - file_first[f]) +
+                                     " when the dataset was opened (the file changed; reopen the dataset)");
+    }
+    auto p = std::make_shared<const OpenFile>(std::move(*ds));
+    std::lock_guard<std::mutex> lock(mu);
+    if (open[f]) {
+      last_use[f] = ++clock;
+      return open[f];  // another thread opened it meanwhile; ours closes
+    }
+    Insert(f, p);
+    return p;
+  }
+
+  void Insert(size_t f, std::shared_ptr<const OpenFile> p) const {  // requires mu
+    while (open_list.size() >= max_open) {
+      auto lru = std::min_element(open_list.begin(), open_list.end(),
+                                  [&](size_t a, size_t b) { return last_use[a] < last_use[b]; });
+      open[*lru].reset();
+      *lru = open_list.back();
+      open_list.pop_back();
+    }
+    open[f] = std::move(p);
+    last_use[f] = ++clock;
+    open_list.push_back(f);
+  }
+
+  size_t FileOfUnit(uint64_t i) const {
+    return static_cast<size_t>(std::upper_bound(unit_first.begin(), unit_first.end(), i) - unit_first.begin() - 1);
+  }
+  uint64_t UnitSamples(uint64_t i) const {
+    const size_t f = FileOfUnit(i);
+    const uint64_t local = (i - unit_first[f]) * chunk_samples;
+    return std::min(chunk_samples, file_first[f + 1] - file_first[f] - local);
+  }
+};
+
+FieldSource::FieldSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FieldSource::~FieldSource() = default;
+
+Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, const OpenOptions& options) {
+  auto files = ExpandFiles(data);
+  if (!files.ok()) return files.status();
+  auto d = std::make_unique<Impl>();
+  d->files = std::move(*files);
+  d->max_open = static_cast<size_t>(std::max(1, options.max_open_files));
+  d->reopen = options;
+  d->reopen.labels_path = "none";
+  d->reopen.fields.clear();
+
+  for (const std::string& text : options.fields) {
+    auto f = FieldSpec::Parse(text);
+    if (!f.ok()) return f.status();
+    for (const FieldSpec& g : d->specs) {
+      if (g.name == f->name) return Status::InvalidArgument("field '" + f->name + "' is named twice");
+    }
+    d->specs.push_back(std::move(*f));
+  }
+  // HDF5's parser is untrusted: every (file, field) goes through the probe
+  // processes once, in one pass, before this process opens any of them.
+  const char* trust_env = std::getenv("GPUFEED_TRUST_FILES");
+  const bool trusted = options.trust_files || (trust_env != nullptr && std::string_view(trust_env) == "1");
+  if (d->specs.empty()) {
+    d->specs.push_back({"images", "/images"});
+    OpenOptions o = d->reopen;
+    o.trust_files = trusted;
+    auto labels = Dataset::Open(d->files[0] + ":/labels", o);
+    if (labels.ok()) d->specs.push_back({"labels", "/labels"});
+  }
+  if (!trusted) {
+    std::vector<std::string> probe_specs;
+    for (const std::string& f : d->files) {
+      for (const FieldSpec& s : d->specs) probe_specs.push_back(f + ":" + s.path);
+    }
+    ProbeOptions probe;
+    probe.open = d->reopen;
+    probe.timeout_ms = options.probe_timeout_ms;
+    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
+    const std::vector<Status> probed = ProbeFiles(probe_specs, probe);
+    for (const Status& s : probed) GPUFEED_RETURN_IF_ERROR(s);
+  }
+  d->reopen.trust_files = true;
+
+  // Each open field holds about 2 descriptors (ours and HDF5's): keep the
+  // bound within the process's limit, with room for everything else.
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    const uint64_t per_file = 2 * d->specs.size() + 1;
+    const uint64_t room = nofile.rlim_cur > 128 ? (nofile.rlim_cur - 128) / 2 : 1;  // half of what is left
+    d->max_open = static_cast<size_t>(std::clamp<uint64_t>(room / per_file, 1, d->max_open));
+  }
+  d->open.resize(d->files.size());
+  d->last_use.assign(d->files.size(), 0);
+  d->file_first.assign(1, 0);
+  uint64_t unit = 0;
+  for (size_t f = 0; f < d->files.size(); ++f) {
+    auto ds = d->OpenFields(f);
+    if (!ds.ok()) return ds.status();
+    if (f == 0) {
+      uint64_t offset = 0, largest = 0;
+      for (size_t j = 0; j < ds->size(); ++j) {
+        const Dataset& x = (*ds)[j];
+        FieldInfo fi;
+        fi.name = d->specs[j].name;
+        fi.path = d->specs[j].path;
+        fi.dtype = x.dtype();
+        fi.is_bool = x.is_bool();
+        fi.sample_shape = x.sample_shape();
+        fi.sample_bytes = x.sample_bytes();
+        fi.offset = offset;
+        const auto next = CheckedAdd(offset, fi.sample_bytes);
+        if (!next) return Status::Unsupported(d->files[0] + ": the fields' sample sizes overflow 64 bits");
+        offset = *next;
+        if (j == 0 || fi.sample_bytes > largest) {
+          largest = fi.sample_bytes;
+          unit = x.chunk_samples();  // the largest field's read unit
+        }
+        d->fields.push_back(std::move(fi));
+      }
+      d->sample_bytes = offset;
+      d->attributes = ds->front().attributes();
+    }
+    GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, *ds));
+    const uint64_t n = ds->front().num_samples();
+    const auto total = CheckedAdd(d->file_first.back(), n);
+    if (!total) return Status::Unsupported(d->files[f] + ": the files' sample counts overflow 64 bits");
+    d->file_first.push_back(*total);
+    // Units never span files: every file but the last holds whole units
+    // (the last may end in a short one, as a single file's last chunk).
+    if (n > 0 && f + 1 < d->files.size()) unit = std::gcd(unit, n);
+    if (f < d->max_open) d->Insert(f, std::make_shared<const OpenFile>(std::move(*ds)));
+  }
+  d->num_samples = d->file_first.back();
+  d->chunk_samples = std::max<uint64_t>(1, unit);
+  d->unit_first.assign(1, 0);
+  for (size_t f = 0; f < d->files.size(); ++f) {
+    const uint64_t n = d->file_first[f + 1] - d->file_first[f];
+    d->unit_first.push_back(d->unit_first.back() + (n + d->chunk_samples - 1) / d->chunk_samples);
+  }
+  d->num_chunks = d->unit_first.back();
+  if (d->fields.size() == 1) {
+    d->dtype = d->fields[0].dtype;
+    d->sample_shape = d->fields[0].sample_shape;
+  } else {
+    d->dtype = DType::kUInt8;
+    d->sample_shape = {d->sample_bytes};
+  }
+  d->what = d->files.size() == 1 ? d->files[0]
+                                 : std::string(data) + " (" + std::to_string(d->files.size()) + " files)";
+  d->what += " fields ";
+  for (size_t j = 0; j < d->specs.size(); ++j) d->what += (j ? "," : "") + d->specs[j].name + "=" + d->specs[j].path;
+  return std::unique_ptr<FieldSource>(new FieldSource(std::move(d)));
+}
+
+uint64_t FieldSource::num_samples() const { return impl_->num_samples; }
+const std::vector<uint64_t>& FieldSource::sample_shape() const { return impl_->sample_shape; }
+uint64_t FieldSource::sample_bytes() const { return impl_->sample_bytes; }
+DType FieldSource::dtype() const { return impl_->dtype; }
+uint64_t FieldSource::chunk_samples() const { return impl_->chunk_samples; }
+uint64_t FieldSource::num_chunks() const { return impl_->num_chunks; }
+uint64_t FieldSource::samples_in_chunk(uint64_t i) const { return impl_->UnitSamples(i); }
+uint64_t FieldSource::stored_chunk_bytes(uint64_t i) const { return impl_->UnitSamples(i) * impl_->sample_bytes; }
+const std::vector<int64_t>& FieldSource::labels() const {
+  static const std::vector<int64_t> kNone;
+  return kNone;
+}
+std::string FieldSource::name() const { return impl_->what; }
+std::vector<FieldInfo> FieldSource::fields() const { return impl_->fields; }
+SourceAttributes FieldSource::attributes() const { return impl_->attributes; }
+const std::vector<std::string>& FieldSource::files() const { return impl_->files; }
+
+std::pair<size_t, uint64_t> FieldSource::Locate(uint64_t index) const {
+  const auto& ff = impl_->file_first;
+  const size_t f = static_cast<size_t>(std::upper_bound(ff.begin(), ff.end(), index) - ff.begin() - 1);
+  return {f, index - ff[f]};
+}
+
+size_t FieldSource::open_files() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->open_list.size();
+}
+
+Status FieldSource::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
+  const Impl& d = *impl_;
+  if (i >= d.num_chunks) {
+    return Status::InvalidArgument(d.what + ": unit " + std::to_string(i) + " out of range (" +
+                                   std::to_string(d.num_chunks) + " units)");
+  }
+  const size_t f = d.FileOfUnit(i);
+  const uint64_t n = d.UnitSamples(i);
+  const uint64_t local = (i - d.unit_first[f]) * d.chunk_samples;
+  const uint64_t capacity = d.fields.size() == 1 ? n : d.chunk_samples;
+  if (dst.size() < capacity * d.sample_bytes) {
+    return Status::InvalidArgument(d.what + ": unit " + std::to_string(i) + ": destination holds " +
+                                   std::to_string(dst.size()) + " bytes, the unit needs " +
+                                   std::to_string(capacity * d.sample_bytes));
+  }
+  const std::string where = d.files[f] + " (unit " + std::to_string(i) + ", samples [" +
+                            std::to_string(d.file_first[f] + local) + ", " +
+                            std::to_string(d.file_first[f] + local + n) + ") of " + d.what + ")";
+  auto file = d.Acquire(f);
+  if (!file.ok()) return file.status().WithContext(where);
+  for (size_t j = 0; j < d.fields.size(); ++j) {
+    const FieldInfo& fi = d.fields[j];
+    std::span<std::byte> out = dst.subspan(capacity * fi.offset, n * fi.sample_bytes);
+    Status s = (**file)[j].ReadSamples(local, n, out);
+    if (!s.ok()) return s.WithContext(where);
+  }
+  return Status::Ok();
+}
+
+}  // namespace gpufeed

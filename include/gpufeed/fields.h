@@ -1,0 +1,102 @@
+// FieldSource: samples made of several named fields (HDF5 datasets sharing
+// the sample axis), spread over one file or many. What scientific data looks
+// like: DeepCAM's sample is a 16 x 768 x 1152 float32 field plus a 768 x
+// 1152 mask in one file per sample; CosmoFlow's is a 4 x 128^3 volume plus 4
+// targets, many samples per file.
+//
+//   gpufeed::OpenOptions o;
+//   o.fields = {"data=/climate/data", "mask=/climate/labels_0"};
+//   auto src = gpufeed::FieldSource::Open("deepcam/*.h5", o);
+//   gpufeed::Loader loader(**src, {.batch_size = 8});
+//   for (const gpufeed::Batch& b : loader.Epoch(0)) { use(b.field(0), b.field(1)); }
+//
+// Files. The input is one file, a glob ("data/*.h5", sorted by name), a
+// directory (its *.h5 / *.hdf5 / *.hdf / *.nc files, sorted) or a text file
+// (*.txt, *.list) listing one path per line (relative paths are relative to
+// the list; '#' starts a comment). Samples are numbered through the files
+// in that order. Every file must have every field with the same dtype and
+// sample shape as the first file; the fields of one file must have the same
+// number of samples. Open checks all of that and names the first file that
+// differs.
+//
+// Reading. Each field is a Dataset (direct path or HDF5 fallback, as
+// dataset.h describes). The read unit is the chunking of the largest field
+// (by sample bytes), cut so that no unit spans two files: a one-sample file
+// is a one-sample unit, so the chunk-aware order reads each file once per
+// epoch. At most OpenOptions::max_open_files files hold descriptors at once
+// (least recently used closed first); a file reopened later is checked
+// against what Open saw, and a file that vanished is an error naming it and
+// the unit.
+//
+// Thread safety: every const member may be called from any number of
+// threads at once (ReadChunk included).
+#ifndef GPUFEED_FIELDS_H_
+#define GPUFEED_FIELDS_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpufeed/chunk_source.h"
+#include "gpufeed/dataset.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+// "NAME=/path": a field named NAME read from the HDF5 dataset /path. The
+// name is what batches call the array (letters, digits, '_', '-', '.').
+struct FieldSpec {
+  std::string name, path;
+  static Result<FieldSpec> Parse(std::string_view text);
+};
+
+// True when `data` names many files: it has glob characters (*?[), is a
+// directory, or is a list file (*.txt, *.list).
+bool IsMultiFileSpec(std::string_view data);
+
+// The files `data` names (see above), sorted; NotFound when there are none.
+Result<std::vector<std::string>> ExpandFiles(std::string_view data);
+
+class FieldSource final : public ChunkSource {
+ public:
+  // Opens `data` (one file, glob, directory or list) with options.fields
+  // (empty: images=/images, plus labels=/labels when the first file has it).
+  // Errors: NotFound (no files, a missing field: names the file), and
+  // InvalidArgument for fields of different lengths (names both) or a file
+  // that disagrees with the first (names it, the field and both shapes).
+  static Result<std::unique_ptr<FieldSource>> Open(std::string_view data, const OpenOptions& options = {});
+  ~FieldSource() override;
+
+  uint64_t num_samples() const override;
+  // One field: its shape and dtype. Several: [sample_bytes()] of uint8 (the
+  // fields are described by fields()).
+  const std::vector<uint64_t>& sample_shape() const override;
+  uint64_t sample_bytes() const override;  // every field's sample bytes, summed
+  DType dtype() const override;
+  uint64_t chunk_samples() const override;
+  uint64_t num_chunks() const override;
+  uint64_t samples_in_chunk(uint64_t i) const override;
+  uint64_t stored_chunk_bytes(uint64_t i) const override;  // decoded size (an estimate)
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override;
+  const std::vector<int64_t>& labels() const override;  // empty: labels are a field here
+  std::string name() const override;
+  std::vector<FieldInfo> fields() const override;
+  SourceAttributes attributes() const override;  // the first file's first field's
+
+  const std::vector<std::string>& files() const;
+  // Which file sample `index` is in, and its index there.
+  std::pair<size_t, uint64_t> Locate(uint64_t index) const;
+  // Descriptors' files open now (<= max_open_files); for tests.
+  size_t open_files() const;
+
+  struct Impl;
+
+ private:
+  explicit FieldSource(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_FIELDS_H_
