@@ -10,7 +10,9 @@
 #include <cstring>
 #include <thread>
 
+#include "bench/jpeg_workload.h"
 #include "gpufeed/dataset.h"
+#include "hdf5io/image_decode.h"
 
 namespace gpufeed::bench {
 
@@ -35,8 +37,10 @@ const Dataset* VerificationFile(const OpenedSource& source, const std::string& d
 
 Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, const std::string& dataset,
                                                       const LoaderOptions& loader, const std::string& token_file,
-                                                      const std::string& client_name) {
+                                                      const std::string& client_name,
+                                                      const DecodeOptions& decode) {
   SourceOptions so;
+  so.decode = decode;
   so.data = data;
   so.dataset = dataset;
   so.loader = loader;
@@ -46,7 +50,7 @@ Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, c
 }
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
-  auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader");
+  auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader", o.decode);
   if (!opened.ok()) return opened.status();
   const uint64_t rss_before = CurrentRss();  // the loader exists, its pool and cache do not yet
   BatchSource& loader = (*opened)->source();
@@ -61,10 +65,16 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   }
   const uint64_t sb = info.sample_bytes;
   const uint64_t n = info.num_samples;
-  const bool labels = ds != nullptr && ds->has_labels();
+  // An encoded dataset is checked against its own labels and an independent
+  // decode of the stored bytes with the same (seed, epoch, sample) crop.
+  const EncodedImageSource* enc = (*opened)->encoded();
+  const std::vector<int64_t>* file_labels =
+      ds != nullptr ? &ds->labels() : enc != nullptr ? &enc->labels() : nullptr;
+  const bool labels = file_labels != nullptr && !file_labels->empty();
   LoaderBenchResult r;
   r.sample_bytes = sb;
-  r.bytes_verified = ds != nullptr;
+  r.bytes_verified = ds != nullptr || enc != nullptr;
+  r.encoded = enc != nullptr;
   r.warnings = loader.info().warnings;
   r.batch_size = loader.info().batch_size;
 
@@ -80,7 +90,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   std::vector<uint64_t> seen_count(n);
   uint64_t want_hash = 0;
   for (uint64_t idx = 0; idx < n; ++idx) {
-    want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? ds->labels()[idx] : 0));
+    want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? (*file_labels)[idx] : 0));
   }
   std::vector<std::byte> buf(sb);
   for (int ep = 0; ep < std::max(1, o.epochs); ++ep) {
@@ -101,9 +111,9 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
         const uint64_t idx = batch.indices()[i];
         if (idx >= n) return Status::Corrupt(o.data + ": sample index " + std::to_string(idx) + " out of range");
         ++seen_count[idx];
-        if (labels && batch.labels()[i] != ds->labels()[idx]) ++label_mismatch;
+        if (labels && batch.labels()[i] != (*file_labels)[idx]) ++label_mismatch;
         sum_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? batch.labels()[i] : 0));
-        if (++delivered % kSpotEvery == 0 && ds != nullptr) {
+        if (++delivered % kSpotEvery == 0 && r.bytes_verified) {
           spots.emplace_back(idx, XXH3_64bits(batch.images().data() + i * sb, sb));
         }
       }
@@ -141,13 +151,32 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
                              " missing samples, " + std::to_string(label_mismatch) +
                              " wrong labels; no figure is printed for a wrong loader");
     }
+    std::vector<uint8_t> stored;
     for (const auto& [idx, hash] : spots) {
-      GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(idx, 1, buf));
+      if (enc != nullptr) {
+        GPUFEED_RETURN_IF_ERROR(enc->ReadEncoded(idx, &stored));
+        GPUFEED_RETURN_IF_ERROR(image::DecodeTransform(stored, o.decode, image::RandomKey(o.loader.seed, epoch, idx),
+                                                       reinterpret_cast<uint8_t*>(buf.data())));
+      } else {
+        GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(idx, 1, buf));
+      }
       if (XXH3_64bits(buf.data(), sb) != hash) {
         return Status::Corrupt(o.data + ": sample " + std::to_string(idx) + " delivered with wrong bytes");
       }
     }
     r.spot_checked += spots.size();
+    if (enc != nullptr) {
+      r.stored_bytes = 0;
+      for (uint64_t k = 0; k < n; ++k) r.stored_bytes += seen_count[k] * enc->sample_stored_bytes(k);
+    }
+  }
+  if (enc != nullptr) {
+    r.skipped = enc->skipped();
+    auto c = MeasureDecodeCeiling(*enc, 1000, o.loader.seed);
+    if (!c.ok()) return c.status();
+    r.decode_one_core_per_s = c->samples_per_s();
+    r.transform_one_core_per_s = c->transform_per_s();
+    r.ceiling_samples = c->samples;
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -155,7 +184,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   r.rss_before_bytes = rss_before;
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
-                         (2 * threads + 4) * (ds != nullptr ? ds->chunk_bytes_max() : 0);
+                         (2 * threads + 4) * (ds != nullptr ? ds->chunk_bytes_max() : enc != nullptr ? enc->max_chunk_buffer_bytes() : 0);
   return r;
 }
 

@@ -1,6 +1,8 @@
 // OpenBatchSource: a dataset spec or a daemon address to a BatchSource.
 #include "gpufeed/open_source.h"
 
+#include "hdf5io/probe.h"
+
 namespace gpufeed {
 
 bool IsDaemonAddress(std::string_view data) {
@@ -10,12 +12,16 @@ bool IsDaemonAddress(std::string_view data) {
 OpenedSource::OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader)
     : dataset_(std::move(dataset)), loader_(std::move(loader)), source_(loader_.get()) {}
 
+OpenedSource::OpenedSource(std::unique_ptr<EncodedImageSource> encoded, std::unique_ptr<Loader> loader)
+    : encoded_(std::move(encoded)), loader_(std::move(loader)), source_(loader_.get()) {}
+
 OpenedSource::OpenedSource(std::unique_ptr<RemoteLoader> remote)
     : remote_(std::move(remote)), source_(remote_.get()) {}
 
 // The loader goes before the dataset it reads.
 OpenedSource::~OpenedSource() {
   loader_.reset();
+  encoded_.reset();
   remote_.reset();
 }
 
@@ -35,7 +41,24 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
     return Status::InvalidArgument("--dataset '" + o.dataset + "' names a dataset on a daemon; '" + o.data +
                                    "' is a file (use file.h5:/path to pick a dataset in it)");
   }
-  auto ds = Dataset::Open(o.data, o.open);
+  // HDF5's parser meets the file in the forked probe first (as Dataset::Open
+  // would), then here to see whether the field is encoded images.
+  OpenOptions open = o.open;
+  if (!open.trust_files) {
+    ProbeOptions po;
+    po.open = open;
+    po.timeout_ms = open.probe_timeout_ms;
+    po.processes = 1;
+    if (Status st = ProbeFiles({o.data}, po)[0]; !st.ok()) return st;
+    open.trust_files = true;
+  }
+  if (auto kind = DetectEncoded(o.data); kind.ok() && *kind != EncodedStorage::kNone) {
+    auto enc = OpenEncodedImages(o.data, open, o.decode);
+    if (!enc.ok()) return enc.status();
+    auto loader = std::make_unique<Loader>(**enc, o.loader);
+    return std::make_unique<OpenedSource>(std::move(*enc), std::move(loader));
+  }
+  auto ds = Dataset::Open(o.data, open);
   if (!ds.ok()) return ds.status();
   auto owned = std::make_unique<Dataset>(std::move(*ds));
   auto loader = std::make_unique<Loader>(*owned, o.loader);
