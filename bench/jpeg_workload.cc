@@ -2,6 +2,7 @@
 #include "bench/jpeg_workload.h"
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 #include <turbojpeg.h>
 
 #include <algorithm>
@@ -201,6 +202,32 @@ Result<DecodeCeiling> MeasureDecodeCeiling(const EncodedImageSource& source, uin
   }
   c.samples = n;
   return c;
+}
+
+Result<double> MeasureParallelDecode(const EncodedImageSource& source, uint64_t max_samples, int threads) {
+  const uint64_t n = std::min(max_samples, source.num_samples());
+  std::vector<std::vector<uint8_t>> files(n);
+  for (uint64_t k = 0; k < n; ++k) GPUFEED_RETURN_IF_ERROR(source.ReadEncoded(k, &files[k]));
+  std::atomic<bool> failed{false};
+  tbb::task_arena arena(threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  arena.execute([&] {
+    tbb::parallel_for(uint64_t{0}, n, [&](uint64_t k) {
+      thread_local std::vector<uint8_t> rgb;
+      tjhandle tj = ThreadDecompressor();
+      int w = 0, h = 0, sub = 0, cs = 0;
+      if (tjDecompressHeader3(tj, files[k].data(), files[k].size(), &w, &h, &sub, &cs) != 0) {
+        failed = true;
+        return;
+      }
+      rgb.resize(size_t(w) * h * 4);
+      const TJPF pf = cs == TJCS_CMYK || cs == TJCS_YCCK ? TJPF_CMYK : TJPF_RGB;
+      if (tjDecompress2(tj, files[k].data(), files[k].size(), rgb.data(), w, 0, h, pf, 0) != 0) failed = true;
+    });
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (failed) return Status::Corrupt(source.name() + ": a sample failed to decode");
+  return s > 0 ? n / s : 0.0;
 }
 
 }  // namespace gpufeed::bench

@@ -55,6 +55,11 @@ struct DecodeCeiling {
 };
 Result<DecodeCeiling> MeasureDecodeCeiling(const EncodedImageSource& source, uint64_t max_samples, uint64_t seed = 0);
 
+// Full-size decodes of the same samples on `threads` threads at once
+// (samples/s): the ceiling as the machine delivers it now, when other
+// processes share its cores (one core x threads assumes they do not).
+Result<double> MeasureParallelDecode(const EncodedImageSource& source, uint64_t max_samples, int threads);
+
 }  // namespace gpufeed::bench
 
 #endif  // GPUFEED_BENCH_JPEG_WORKLOAD_H_

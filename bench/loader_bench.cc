@@ -170,19 +170,22 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
       for (uint64_t k = 0; k < n; ++k) r.stored_bytes += seen_count[k] * enc->sample_stored_bytes(k);
     }
   }
+  const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   if (enc != nullptr) {
     r.skipped = enc->skipped();
     auto c = MeasureDecodeCeiling(*enc, 1000, o.loader.seed);
     if (!c.ok()) return c.status();
     r.decode_one_core_per_s = c->samples_per_s();
     r.transform_one_core_per_s = c->transform_per_s();
+    auto p = MeasureParallelDecode(*enc, 2000, static_cast<int>(threads));
+    if (!p.ok()) return p.status();
+    r.parallel_decode_per_s = *p;
     r.ceiling_samples = c->samples;
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   r.rss_before_bytes = rss_before;
-  const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
                          (2 * threads + 4) * (ds != nullptr ? ds->chunk_bytes_max() : enc != nullptr ? enc->max_chunk_buffer_bytes() : 0);
   return r;

@@ -53,7 +53,8 @@ struct LoaderBenchResult {
   // encoded: the ceiling, measured in the same run after the epochs:
   // libjpeg-turbo's full-size decode on one core (samples/s) x threads.
   double decode_one_core_per_s = 0;
-  double transform_one_core_per_s = 0;  // gpufeed's decode + transform, same files, same core, interleaved
+  double transform_one_core_per_s = 0;
+  double parallel_decode_per_s = 0;     // full-size decodes on `threads` threads at once, right after the epochs  // gpufeed's decode + transform, same files, same core, interleaved
   uint64_t ceiling_samples = 0;
   double ceiling_per_s(int threads) const { return decode_one_core_per_s * threads; }
   bool bytes_verified = false;  // false: a daemon whose file this host cannot read (indices checked only)

@@ -92,6 +92,7 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"encoded", r->encoded}, {"stored_bytes", r->stored_bytes}, {"skipped", r->skipped},
         {"decode_one_core_per_s", r->decode_one_core_per_s},
         {"transform_one_core_per_s", r->transform_one_core_per_s},
+        {"parallel_decode_per_s", r->parallel_decode_per_s},
         {"ceiling_per_s", r->ceiling_per_s(lo.threads)},
         {"ratio_to_ceiling", r->ceiling_per_s(lo.threads) > 0 ? r->samples_per_s() / r->ceiling_per_s(lo.threads) : 0.0},
         {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
@@ -132,6 +133,10 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
                 "threads = %.0f samples/s; the loader's last epoch is %.2fx of it\n",
                 r->decode_one_core_per_s, static_cast<unsigned long long>(r->ceiling_samples), lo.threads, ceiling,
                 ceiling > 0 ? r->samples_per_s() / ceiling : 0.0);
+    std::printf("  full-size decode on %d threads at once (same run, after the epochs): %.0f samples/s; the loader is "
+                "%.2fx of it\n",
+                lo.threads, r->parallel_decode_per_s,
+                r->parallel_decode_per_s > 0 ? r->samples_per_s() / r->parallel_decode_per_s : 0.0);
     std::printf("  one core, same files, interleaved: decode + %s %.0f samples/s vs full-size decode %.0f: %.2fx\n",
                 std::string(ImageTransformName(a.bench.decode.transform)).c_str(), r->transform_one_core_per_s,
                 r->decode_one_core_per_s,

@@ -28,7 +28,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   struct stat st {};
   const bool is_dir = ::stat(a.input.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   if (!is_dir) {
-    for (const char* opt : {"--size", "--layout", "--keep-encoded", "--skip-corrupt"}) {
+    for (const char* opt : {"--size", "--layout", "--skip-corrupt"}) {
       if (cmd.count(opt) > 0) return refuse(std::string(opt) + " applies to image folders; " + a.input + " is a file");
     }
   } else {
@@ -78,7 +78,12 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   }
   Result<ConvertSummary> summary = Status::Internal("unreachable");
   std::string what;
-  if (a.keep_encoded) {
+  if (a.keep_encoded && !is_dir) {
+    // An encoded field in HDF5 (an h5py vlen file): rewritten as bytes +
+    // offsets so the loader reads it without HDF5's lock.
+    summary = ConvertEncodedHdf5(a.input, a.output, opts);
+    what = "encoded images of " + a.input;
+  } else if (a.keep_encoded) {
     summary = ConvertEncodedImageFolder(a.input, a.output, opts);
     what = "encoded images";
   } else {

@@ -127,6 +127,7 @@ bool LooksLikePng(std::span<const uint8_t> b) {
 // What one libjpeg pass produced: rows [y0, y0 + rows) and columns
 // [x0, x0 + cols) of the image scaled to sh x sw, as interleaved RGB in out.
 struct Decoded {
+  int h = 0, w = 0;    // image size
   int sh = 0, sw = 0;  // scaled image size
   int y0 = 0, x0 = 0, rows = 0, cols = 0;
   int scale_num = 8;
@@ -138,7 +139,8 @@ struct Decoded {
 // least that large (0: full size). partial: crop columns and skip rows.
 // Plain C data only between setjmp and the calls that can longjmp.
 bool JpegPass(std::span<const uint8_t> bytes, const CropBox* box, int min_h, int min_w, bool partial,
-              std::vector<uint8_t>* out, Decoded* d, std::string* why) {
+              std::vector<uint8_t>* out, Decoded* d, std::string* why, const DecodeOptions* plan = nullptr,
+              uint64_t key = 0, CropBox* planned = nullptr) {
   Decompressor& dc = ThreadDecompressor();
   jpeg_decompress_struct* ci = &dc.cinfo;
   static thread_local std::vector<uint8_t> cmyk;
@@ -160,7 +162,12 @@ bool JpegPass(std::span<const uint8_t> bytes, const CropBox* box, int min_h, int
     return false;
   }
   const CropBox full{0, 0, h, w};
-  const CropBox b = box ? *box : full;
+  // The crop is planned here, from this header, when the caller has none
+  // (one header parse per sample).
+  const CropBox b = box ? *box : plan ? PlanCrop(h, w, *plan, key) : full;
+  if (planned) *planned = b;
+  d->h = h;
+  d->w = w;
   int num = 8;
   if (min_h > 0 && min_w > 0) {
     // Only 1/8, 2/8, 4/8 and 8/8: libjpeg-turbo has SIMD IDCTs for those;
@@ -542,19 +549,19 @@ Status DecodeTransform(std::span<const uint8_t> bytes, const DecodeOptions& o, u
   if (!LooksLikeJpeg(bytes)) {
     return Status::Corrupt("neither a JPEG nor a PNG (" + std::to_string(bytes.size()) + " bytes, unknown signature)");
   }
-  int h = 0, w = 0;
-  GPUFEED_RETURN_IF_ERROR(ImageSize(bytes, &h, &w));
-  const CropBox b = PlanCrop(h, w, o, key);
+  CropBox b{-1, -1, 0, 0};
   Decoded d;
   std::string why;
   // Partial decoding first; a stream libjpeg cannot crop or skip in is
   // decoded whole before it is called corrupt.
-  if (!JpegPass(bytes, &b, out_h, out_w, true, &pixels, &d, &why)) {
+  if (!JpegPass(bytes, nullptr, out_h, out_w, true, &pixels, &d, &why, &o, key, &b)) {
+    if (b.height <= 0) return Status::Corrupt("not a decodable JPEG: " + why);  // the header failed
     std::string why_full;
     if (!JpegPass(bytes, &b, out_h, out_w, false, &pixels, &d, &why_full)) {
       return Status::Corrupt("JPEG decode failed: " + why_full);
     }
   }
+  const int h = d.h, w = d.w;
   // The box in the decoded buffer's pixels.
   const double sy = double(d.sh) / h, sx = double(d.sw) / w;
   ResampleBox(pixels.data(), d.rows, d.cols, b.top * sy - d.y0, b.left * sx - d.x0, b.height * sy, b.width * sx, dst,

@@ -17,10 +17,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <system_error>
 
 #include "common/atomic_file.h"
 #include "gpufeed/convert.h"
+#include "gpufeed/encoded.h"
 #include "hdf5io/h5_util.h"
 #include "hdf5io/image_decode.h"
 #include "hdf5io/image_ops.h"
@@ -532,14 +534,22 @@ Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& d
       std::make_unique<ImageFolderSource>(dir, std::move(listing).value(), options));
 }
 
-Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
-                                                 const ConvertOptions& options) {
+namespace {
+
+// Writes the encoded-images format (docs/format.md) from n files that `get`
+// yields in order (bytes, and a name for messages), with labels and class
+// names. Atomic.
+using GetEncoded = std::function<Status(uint64_t k, std::vector<unsigned char>* bytes, std::string* name)>;
+Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t n, const GetEncoded& get,
+                                          const std::vector<int64_t>& label_values,
+                                          const std::vector<std::string>& class_names,
+                                          const ConvertOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   h5::QuietErrors();
-  Result<FolderListing> listed = ListImageFolder(dir);
-  if (!listed.ok()) return listed.status();
-  const FolderListing& listing = *listed;
-  const uint64_t n = listing.files.size();
+  struct {
+    const std::vector<int64_t>& labels;
+    const std::vector<std::string>& class_names;
+  } listing{label_values, class_names};
   AtomicFile out(out_path);  // before `file`: the file closes first
   const std::string& tmp_path = out.tmp_path();
   auto h5_error = [&](const std::string& what) {
@@ -579,8 +589,8 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
     uint64_t k = first;
     thread_local std::vector<unsigned char> bytes;
     while (k < n && (k == first || batch.size() < kEncodedBatchBytes)) {
-      const std::string& path = listing.files[k];
-      GPUFEED_RETURN_IF_ERROR(ReadWholeFile(path, &bytes));
+      std::string path;
+      GPUFEED_RETURN_IF_ERROR(get(k, &bytes, &path));
       // Headers only: cheap, and catches files the loader could never decode.
       int w = 0, h = 0;
       Status hs = image::ImageSize(bytes, &h, &w);
@@ -626,15 +636,15 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
 
   const hsize_t dims = n;
   h5::Id space(H5Screate_simple(1, &dims, nullptr));
-  int64_t max_label =
-      listing.labels.empty() ? 0 : *std::max_element(listing.labels.begin(), listing.labels.end());
-  h5::Id labels(H5Dcreate2(file.get(), "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT,
-                           H5P_DEFAULT, H5P_DEFAULT));
-  if (!labels.valid() ||
-      H5Dwrite(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, listing.labels.data()) < 0) {
-    return h5_error("writing /labels");
+  if (!listing.labels.empty()) {
+    int64_t max_label = *std::max_element(listing.labels.begin(), listing.labels.end());
+    h5::Id labels(H5Dcreate2(file.get(), "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT,
+                             H5P_DEFAULT, H5P_DEFAULT));
+    if (!labels.valid() ||
+        H5Dwrite(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, listing.labels.data()) < 0) {
+      return h5_error("writing /labels");
+    }
   }
-  labels.Reset();
   off_ds.Reset();
   size_ds.Reset();
   bytes_ds.Reset();
@@ -651,6 +661,40 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
   if (::stat(out_path.c_str(), &st) == 0) summary.output_bytes = static_cast<uint64_t>(st.st_size);
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
+}
+
+}  // namespace
+
+Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
+                                                 const ConvertOptions& options) {
+  h5::QuietErrors();
+  Result<FolderListing> listed = ListImageFolder(dir);
+  if (!listed.ok()) return listed.status();
+  const FolderListing& listing = *listed;
+  return WriteEncodedImages(
+      out_path, listing.files.size(),
+      [&](uint64_t k, std::vector<unsigned char>* bytes, std::string* name) {
+        *name = listing.files[k];
+        return ReadWholeFile(*name, bytes);
+      },
+      listing.labels, listing.class_names, options);
+}
+
+Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const std::string& out_path,
+                                          const ConvertOptions& options) {
+  auto src = OpenEncodedImages(spec, {}, {});
+  if (!src.ok()) return src.status();
+  const EncodedImageSource& s = **src;
+  std::vector<uint8_t> tmp;
+  return WriteEncodedImages(
+      out_path, s.num_samples(),
+      [&](uint64_t k, std::vector<unsigned char>* bytes, std::string* name) {
+        *name = s.name() + " sample " + std::to_string(k);
+        Status st = s.ReadEncoded(k, &tmp);
+        bytes->assign(tmp.begin(), tmp.end());
+        return st;
+      },
+      s.labels(), s.class_names(), options);
 }
 
 }  // namespace gpufeed

@@ -102,6 +102,11 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
 // Atomic like Convert().
 Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
                                                  const ConvertOptions& options);
+// The same format from an encoded field already in HDF5 (an h5py vlen uint8
+// dataset, which only HDF5's locked path reads, or another gpufeed file):
+// "file.h5" or "file.h5:/path", its /labels and class names kept.
+Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const std::string& out_path,
+                                          const ConvertOptions& options);
 
 }  // namespace gpufeed
 
