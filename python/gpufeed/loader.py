@@ -99,6 +99,12 @@ class Loader:
     trust_files: skip the forked probe that contains HDF5 crashes on hostile
     files (OpenOptions::trust_files; GPUFEED_TRUST_FILES=1 does the same).
 
+    Encoded image datasets (JPEG/PNG files stored by `gpufeed convert DIR
+    --keep-encoded`, or h5py vlen uint8), decoded by the loader's threads:
+    image_size (S or (H, W), default 224), transform ("random_resized_crop"
+    for training, "center_crop" for evaluation), image_layout ("NCHW" /
+    "NHWC"), skip_corrupt.
+
     Daemon options (RemoteLoaderOptions): dataset, token, token_file,
     client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,
     keepalive_ms.
@@ -123,7 +129,8 @@ class Loader:
                  mean=None, std=None, echo=1, super_batch=1, crop_padding=0, flip=False, augment_seed=None,
                  slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
                  compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
-                 keepalive_ms=30000, output="auto", poll_ms=100):
+                 keepalive_ms=30000, output="auto", poll_ms=100, image_size=224,
+                 transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False):
         self._handle = None
         kind, index = _parse_device(device)
         feed = kind == "cuda" or dtype is not None or crop_padding or flip
@@ -141,6 +148,9 @@ class Loader:
             "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,
             "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
             "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),
+            "image_height": image_size if isinstance(image_size, int) else image_size[0],
+            "image_width": image_size if isinstance(image_size, int) else image_size[1],
+            "image_transform": transform, "image_layout": image_layout, "skip_corrupt": skip_corrupt,
         }
         if feed:
             values.update({
