@@ -379,28 +379,29 @@ CropBox PlanCrop(int h, int w, const DecodeOptions& o, uint64_t key) {
 
 namespace {
 
-// One output row of the horizontal pass. S taps per output (zero-padded
-// weights; the row has 3 * S floats of zero padding past its end), a
-// compile-time count so the tap loop unrolls. Weights are non-negative and
-// sum to 1, so r, g, b lie in [0.5, 255.5] and need no clamp below.
-template <int S>
-void HorizontalRow(const float* row, const AxisWeights& xs, int xlo, int out_w, uint8_t* d, size_t plane, bool nchw,
-                   int stride) {
+// One output row of the horizontal pass: for output ox, taps
+// [first[ox], first[ox] + count[ox]) of `row` (interleaved RGB floats) with
+// weights `bw` pre-broadcast to 4 lanes each. Weights are non-negative and sum
+// to 1, so r, g, b lie in [0.5, 255.5] and need no clamp below.
+void HorizontalRow(const float* row, const AxisWeights& xs, const float* bw, int xlo, int out_w, uint8_t* d,
+                   size_t plane, bool nchw) {
   for (int ox = 0; ox < out_w; ++ox) {
-    const float* wt = &xs.weights[size_t(ox) * xs.stride];
     const float* p = row + size_t(xs.first[ox] - xlo) * 3;
-    const int n = S > 0 ? S : stride;
+    const int n = xs.count[ox];
 #if defined(__SSE2__)
     // One 4-lane multiply-add per tap: lanes r, g, b and the next pixel's r
     // (ignored; the row's zero padding keeps the last load in bounds).
+    const float* w4 = bw + size_t(ox) * xs.stride * 4;
     __m128 acc = _mm_set1_ps(0.5f);  // + 0.5: round on truncation
-    for (int k = 0; k < n; ++k) acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(wt[k]), _mm_loadu_ps(p + 3 * k)));
+    for (int k = 0; k < n; ++k) acc = _mm_add_ps(acc, _mm_mul_ps(_mm_load_ps(w4 + 4 * k), _mm_loadu_ps(p + 3 * k)));
     alignas(16) int32_t v[4];
     _mm_store_si128(reinterpret_cast<__m128i*>(v), _mm_cvttps_epi32(acc));
     const uint8_t ur = static_cast<uint8_t>(std::min(255, v[0]));
     const uint8_t ug = static_cast<uint8_t>(std::min(255, v[1]));
     const uint8_t ub = static_cast<uint8_t>(std::min(255, v[2]));
 #else
+    (void)bw;
+    const float* wt = &xs.weights[size_t(ox) * xs.stride];
     float r = 0.5f, g = 0.5f, b = 0.5f;  // + 0.5: round on truncation
     for (int k = 0; k < n; ++k) {
       r += wt[k] * p[3 * k];
@@ -473,16 +474,17 @@ void ResampleBox(const uint8_t* src, int h, int w, double by, double bx, double 
     }
     std::fill(acc + span, acc + row_stride, 0.0f);
   }
+  // The horizontal weights, each broadcast to 4 lanes (16-byte aligned).
+  thread_local std::vector<float> bw_store;
+  bw_store.resize(xs.weights.size() * 4 + 4);
+  float* w4 = bw_store.data();
+  while (reinterpret_cast<uintptr_t>(w4) % 16 != 0) ++w4;
+  for (size_t i = 0; i < xs.weights.size(); ++i) w4[4 * i] = w4[4 * i + 1] = w4[4 * i + 2] = w4[4 * i + 3] = xs.weights[i];
   const size_t plane = size_t(out_h) * out_w;
   for (int oy = 0; oy < out_h; ++oy) {
     const float* row = &rows[size_t(oy) * row_stride];
     uint8_t* d = nchw ? dst + size_t(oy) * out_w : dst + size_t(oy) * out_w * 3;
-    switch (xs.stride) {
-      case 3: HorizontalRow<3>(row, xs, xlo, out_w, d, plane, nchw, 3); break;
-      case 5: HorizontalRow<5>(row, xs, xlo, out_w, d, plane, nchw, 5); break;
-      case 7: HorizontalRow<7>(row, xs, xlo, out_w, d, plane, nchw, 7); break;
-      default: HorizontalRow<0>(row, xs, xlo, out_w, d, plane, nchw, xs.stride); break;
-    }
+    HorizontalRow(row, xs, w4, xlo, out_w, d, plane, nchw);
   }
 }
 
