@@ -101,7 +101,10 @@ int InspectEncoded(const InspectArgs& a, const OpenOptions& o) {
 int RunInspect(const InspectArgs& a) {
   OpenOptions o;
   o.labels_path = a.labels;
-  if (auto kind = DetectEncoded(a.spec); kind.ok() && *kind != EncodedStorage::kNone) return InspectEncoded(a, o);
+  if (auto kind = DetectEncoded(a.spec, o); kind.ok() && *kind != EncodedStorage::kNone) {
+    o.trust_files = true;  // probed just now
+    return InspectEncoded(a, o);
+  }
   auto ds = Dataset::Open(a.spec, o);
   if (!ds.ok()) {
     std::fprintf(stderr, "gpufeed inspect: %s\n", ds.status().ToString().c_str());

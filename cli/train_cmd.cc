@@ -223,15 +223,19 @@ int RunTrain(TrainArgs& a) {
   auto decode = ParseDecodeArgs(a.decode);
   if (!decode.ok()) return fail(decode.status());
   std::unique_ptr<EncodedImageSource> train_enc, test_enc;
-  if (auto k = DetectEncoded(train_spec); !o.train_source && k.ok() && *k != EncodedStorage::kNone) {
-    auto e = OpenEncodedImages(train_spec, {}, *decode);
+  OpenOptions probed;
+  probed.trust_files = true;  // DetectEncoded ran the probe
+  if (auto k = o.train_source ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(train_spec);
+      k.ok() && *k != EncodedStorage::kNone) {
+    auto e = OpenEncodedImages(train_spec, probed, *decode);
     if (!e.ok()) return fail(e.status());
     train_enc = std::move(*e);
   }
-  if (auto k = DetectEncoded(a.test); !a.test.empty() && k.ok() && *k != EncodedStorage::kNone) {
+  if (auto k = a.test.empty() ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(a.test);
+      k.ok() && *k != EncodedStorage::kNone) {
     DecodeOptions eval = *decode;
     eval.transform = ImageTransform::kCenterCrop;
-    auto e = OpenEncodedImages(a.test, {}, eval);
+    auto e = OpenEncodedImages(a.test, probed, eval);
     if (!e.ok()) return fail(e.status());
     test_enc = std::move(*e);
   }

@@ -317,13 +317,20 @@ class EncodedSourceImpl final : public EncodedImageSource {
 
 }  // namespace
 
-Result<EncodedStorage> DetectEncoded(std::string_view spec) {
+Result<EncodedStorage> DetectEncoded(std::string_view spec, const OpenOptions& open) {
   auto parts = SplitSpec(spec);
   if (!parts.ok()) return parts.status();
   h5::QuietErrors();
   if (H5Fis_hdf5(parts->file.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     return EncodedStorage::kNone;
+  }
+  if (!open.trust_files) {
+    ProbeOptions po;
+    po.open = open;
+    po.timeout_ms = open.probe_timeout_ms;
+    po.processes = 1;
+    if (Status st = ProbeFiles({std::string(spec)}, po)[0]; !st.ok()) return st;
   }
   h5::Id file(H5Fopen(parts->file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) return Status::IOError(parts->file + ": cannot open: " + h5::LastErrorText());

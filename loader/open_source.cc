@@ -52,7 +52,7 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
     if (Status st = ProbeFiles({o.data}, po)[0]; !st.ok()) return st;
     open.trust_files = true;
   }
-  if (auto kind = DetectEncoded(o.data); kind.ok() && *kind != EncodedStorage::kNone) {
+  if (auto kind = DetectEncoded(o.data, open); kind.ok() && *kind != EncodedStorage::kNone) {
     auto enc = OpenEncodedImages(o.data, open, o.decode);
     if (!enc.ok()) return enc.status();
     auto loader = std::make_unique<Loader>(**enc, o.loader);

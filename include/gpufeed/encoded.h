@@ -69,10 +69,11 @@ enum class EncodedStorage {
   kVlen,     // h5py variable-length uint8 (HDF5 path, under its lock)
 };
 // Looks at spec ("file.h5" = "file.h5:/images", or "file.h5:/path") without
-// reading samples. Errors only for files HDF5 cannot open; a missing path is
-// kNone. Runs HDF5's metadata parser in this process: call it on trusted
-// files, or after Dataset's probe (OpenEncodedImages does that).
-Result<EncodedStorage> DetectEncoded(std::string_view spec);
+// reading samples. Errors only for files HDF5 cannot open (or that crash
+// HDF5 in the probe); a missing path is kNone. open.trust_files false (the
+// default) first runs HDF5's metadata parser in the forked probe
+// (dataset.h), as Dataset::Open does.
+Result<EncodedStorage> DetectEncoded(std::string_view spec, const OpenOptions& open = {});
 
 // The ChunkSource over an encoded field. sample_bytes() is the decoded
 // output (3 x height x width, uint8) and sample_shape() [3, H, W] or
