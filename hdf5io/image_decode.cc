@@ -222,9 +222,14 @@ bool JpegPass(std::span<const uint8_t> bytes, const CropBox* box, int min_h, int
   const int rows = y1 - y0;
   std::vector<uint8_t>& dest = cmyk_in ? cmyk : *out;
   dest.resize(size_t(rows) * cols * comps);
+  // Up to 16 rows a call (as TurboJPEG reads): the upsampler then writes
+  // whole row groups in place instead of through its spare row.
+  JSAMPROW rowp[16];
   while (static_cast<int>(ci->output_scanline) < y1) {
-    JSAMPROW row = dest.data() + size_t(static_cast<int>(ci->output_scanline) - y0) * cols * comps;
-    if (jpeg_read_scanlines(ci, &row, 1) != 1) {
+    const int at = static_cast<int>(ci->output_scanline);
+    const int want = std::min(16, y1 - at);
+    for (int r = 0; r < want; ++r) rowp[r] = dest.data() + size_t(at - y0 + r) * cols * comps;
+    if (jpeg_read_scanlines(ci, rowp, static_cast<JDIMENSION>(want)) == 0) {
       *why = "JPEG data ended at row " + std::to_string(ci->output_scanline);
       jpeg_abort_decompress(ci);
       return false;
