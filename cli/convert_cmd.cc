@@ -117,8 +117,14 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("converted %s -> %s\n", what.c_str(), a.output.c_str());
-    std::printf("  samples %llu, chunk %llu samples, codec %s\n", static_cast<unsigned long long>(s.samples),
-                static_cast<unsigned long long>(s.chunk_samples), a.keep_encoded ? "encoded" : a.codec.c_str());
+    if (a.keep_encoded) {
+      std::printf("  samples %llu, stored as they are (/images/bytes + offsets; the loader decodes them: "
+                  "--image-size, --transform)\n",
+                  static_cast<unsigned long long>(s.samples));
+    } else {
+      std::printf("  samples %llu, chunk %llu samples, codec %s\n", static_cast<unsigned long long>(s.samples),
+                  static_cast<unsigned long long>(s.chunk_samples), a.codec.c_str());
+    }
     std::printf("  bytes in %.1f MB, raw %.1f MB, out %.1f MB (raw/out %.2fx)\n", s.input_bytes / 1e6,
                 s.raw_bytes / 1e6, s.output_bytes / 1e6, ratio);
     std::printf("  %.2f s, %.1f MB/s raw\n", s.seconds, mbps);
