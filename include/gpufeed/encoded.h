@@ -56,7 +56,8 @@ struct DecodeOptions {
   // false: a corrupt image fails the batch with an error naming the sample.
   // true: it is replaced by the next sample of its chunk that decodes (the
   // batch keeps its size; its index and label are the replacement's), counted
-  // in EncodedImageSource::skipped() and logged to stderr once per sample.
+  // in EncodedImageSource::skipped() and logged to stderr each time (so once
+  // per epoch for a corrupt file).
   bool skip_corrupt = false;
 };
 // Checks ranges; InvalidArgument names the option and the valid range.
