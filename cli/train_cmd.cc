@@ -222,6 +222,11 @@ int RunTrain(TrainArgs& a) {
   // (or --transform) for training, resize + center crop for the test split.
   auto decode = ParseDecodeArgs(a.decode);
   if (!decode.ok()) return fail(decode.status());
+  if (decode->layout != "NCHW") {
+    // The trainer learns a sample's layout from a Dataset's attribute only.
+    return fail(Status::InvalidArgument("--image-layout " + decode->layout +
+                                        ": train decodes encoded images as NCHW (leave --image-layout out)"));
+  }
   std::unique_ptr<EncodedImageSource> train_enc, test_enc;
   OpenOptions probed;
   probed.trust_files = true;  // DetectEncoded ran the probe
