@@ -100,7 +100,7 @@ Status MakeJpegSample(uint64_t k, uint64_t seed, int quality, std::vector<unsign
       const float b = 0.5f + 0.5f * busy.At(x, y);  // texture strength 0..1
       // Pixel-level grain (sensor noise, foliage, fabric) where it is busy.
       const float grain = static_cast<float>(U(&s) * 2 - 1);
-      const float lum = 30 * coarse.At(x, y) + 22 * mid.At(x, y) + b * (48 * fine.At(x, y) + 72 * grain);
+      const float lum = 30 * coarse.At(x, y) + 22 * mid.At(x, y) + b * (56 * fine.At(x, y) + 112 * grain) + 16 * grain;
       for (int c = 0; c < 3; ++c) {
         const float t = v[c] + lum + 10 * tint[c].At(x, y);
         rgb[(size_t(y) * w + x) * 3 + c] = static_cast<uint8_t>(std::clamp(t, 0.0f, 255.0f));
