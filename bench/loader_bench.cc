@@ -15,9 +15,11 @@
 #include <memory>
 #include <thread>
 
+#include "bench/jpeg_workload.h"
 #include "gpufeed/dataset.h"
-#include "gpufeed/page_cache.h"
+#include "gpufeed/encoded.h"
 #include "gpufeed/fields.h"
+#include "gpufeed/page_cache.h"
 
 namespace gpufeed::bench {
 
@@ -42,9 +44,11 @@ const Dataset* VerificationFile(const OpenedSource& source, const std::string& d
 
 Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, const std::string& dataset,
                                                       const LoaderOptions& loader, const std::string& token_file,
-                                                      const std::string& client_name, const OpenOptions& open) {
+                                                      const std::string& client_name, const OpenOptions& open,
+                                                      const DecodeOptions& decode) {
   SourceOptions so;
   so.open = open;
+  so.decode = decode;
   so.data = data;
   so.dataset = dataset;
   so.loader = loader;
@@ -127,7 +131,7 @@ Result<uint64_t> FieldSampleHash(const FieldSource& fs, uint64_t idx) {
 }  // namespace
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
-  auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader", o.open);
+  auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader", o.open, o.decode);
   if (!opened.ok()) return opened.status();
   const uint64_t rss_before = CurrentRss();  // the loader exists, its pool and cache do not yet
   BatchSource& loader = (*opened)->source();
@@ -143,10 +147,16 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   }
   const uint64_t sb = info.sample_bytes;
   const uint64_t n = info.num_samples;
-  const bool labels = ds != nullptr && ds->has_labels();
+  // An encoded dataset is checked against its own labels and an independent
+  // decode of the stored bytes with the same (seed, epoch, sample) crop.
+  const EncodedImageSource* enc = (*opened)->encoded();
+  const std::vector<int64_t>* file_labels =
+      ds != nullptr ? &ds->labels() : enc != nullptr ? &enc->labels() : nullptr;
+  const bool labels = file_labels != nullptr && !file_labels->empty();
   LoaderBenchResult r;
   r.sample_bytes = sb;
-  r.bytes_verified = ds != nullptr || fields != nullptr;
+  r.bytes_verified = ds != nullptr || fields != nullptr || enc != nullptr;
+  r.encoded = enc != nullptr;
   r.warnings = loader.info().warnings;
   r.batch_size = loader.info().batch_size;
 
@@ -187,7 +197,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   std::vector<uint64_t> seen_count(n);
   uint64_t want_hash = 0;
   for (uint64_t idx = 0; idx < n; ++idx) {
-    want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? ds->labels()[idx] : 0));
+    want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? (*file_labels)[idx] : 0));
   }
   std::vector<std::byte> buf(sb);
   for (int ep = 0; ep < std::max(1, o.epochs); ++ep) {
@@ -214,9 +224,9 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
         const uint64_t idx = batch.indices()[i];
         if (idx >= n) return Status::Corrupt(o.data + ": sample index " + std::to_string(idx) + " out of range");
         ++seen_count[idx];
-        if (labels && batch.labels()[i] != ds->labels()[idx]) ++label_mismatch;
+        if (labels && batch.labels()[i] != (*file_labels)[idx]) ++label_mismatch;
         sum_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? batch.labels()[i] : 0));
-        if (++delivered % kSpotEvery == 0 && (ds != nullptr || fields != nullptr)) {
+        if (++delivered % kSpotEvery == 0 && r.bytes_verified) {
           spots.emplace_back(idx, SampleHash(batch, i));
         }
       }
@@ -259,6 +269,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
                              " missing samples, " + std::to_string(label_mismatch) +
                              " wrong labels; no figure is printed for a wrong loader");
     }
+    std::vector<uint8_t> stored;
     for (const auto& [idx, hash] : spots) {
       uint64_t want = 0;
       if (fields != nullptr) {
@@ -266,7 +277,13 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
         if (!h.ok()) return h.status();
         want = *h;
       } else {
-        GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(idx, 1, buf));
+        if (enc != nullptr) {
+          GPUFEED_RETURN_IF_ERROR(enc->ReadEncoded(idx, &stored));
+          GPUFEED_RETURN_IF_ERROR(
+              DecodeImage(stored, o.decode, o.loader.seed, epoch, idx, reinterpret_cast<uint8_t*>(buf.data())));
+        } else {
+          GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(idx, 1, buf));
+        }
         want = XXH3_64bits(buf.data(), sb);
       }
       if (want != hash) {
@@ -274,6 +291,22 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
       }
     }
     r.spot_checked += spots.size();
+    if (enc != nullptr) {
+      r.stored_bytes = 0;
+      for (uint64_t k = 0; k < n; ++k) r.stored_bytes += seen_count[k] * enc->sample_stored_bytes(k);
+    }
+  }
+  const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
+  if (enc != nullptr) {
+    r.skipped = enc->skipped();
+    auto c = MeasureDecodeCeiling(*enc, 1000, o.loader.seed);
+    if (!c.ok()) return c.status();
+    r.decode_one_core_per_s = c->samples_per_s();
+    r.transform_one_core_per_s = c->transform_per_s();
+    auto p = MeasureParallelDecode(*enc, 2000, static_cast<int>(threads));
+    if (!p.ok()) return p.status();
+    r.parallel_decode_per_s = *p;
+    r.ceiling_samples = c->samples;
   }
   if (o.cold) {
     // After the loader's figures are verified: the device's ceiling, same file, same run.
@@ -289,12 +322,12 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   getrusage(RUSAGE_SELF, &ru);
   r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   r.rss_before_bytes = rss_before;
-  const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   // Direct I/O adds its read-ahead's 4 chunk buffers (Dataset's io_uring ring).
   const uint64_t read_ahead = (*opened)->dataset() != nullptr && ds->info().io == "direct" ? 4 : 0;
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
-                         (2 * threads + 4 + read_ahead) * (ds != nullptr ? ds->chunk_bytes_max()
+                         (2 * threads + 4 + read_ahead) * (ds != nullptr      ? ds->chunk_bytes_max()
                                                           : fields != nullptr ? fields->chunk_samples() * sb
+                                                          : enc != nullptr    ? enc->max_chunk_buffer_bytes()
                                                                               : 0);
   return r;
 }

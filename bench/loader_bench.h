@@ -23,6 +23,7 @@ struct LoaderBenchOptions {
   std::string dataset, token_file;
   LoaderOptions loader;
   OpenOptions open;      // named fields, many files (a local --data)
+  DecodeOptions decode;  // an encoded image dataset's output (gpufeed/encoded.h)
   uint64_t batches = 0;  // 0: the whole epoch
   uint64_t epoch = 0;    // the first epoch run
   // Epochs run back to back on one Loader; the figures are the last one's
@@ -54,7 +55,17 @@ struct LoaderBenchResult {
   double seconds = 0;              // the last epoch: Epoch() to its last batch
   double first_epoch_seconds = 0;  // the first epoch, start-up included
   double first_batch_seconds = 0;  // the last epoch: Epoch() to its first batch
-  uint64_t spot_checked = 0;  // samples whose bytes were compared with a direct read
+  uint64_t spot_checked = 0;  // samples whose bytes were compared with a direct read (or decode)
+  bool encoded = false;       // an encoded image dataset, decoded by the loader
+  uint64_t stored_bytes = 0;  // encoded: the files' bytes the epoch decoded from
+  uint64_t skipped = 0;       // encoded: corrupt samples replaced (--skip-corrupt)
+  // encoded: the ceiling, measured in the same run after the epochs:
+  // libjpeg-turbo's full-size decode on one core (samples/s) x threads.
+  double decode_one_core_per_s = 0;
+  double transform_one_core_per_s = 0;
+  double parallel_decode_per_s = 0;     // full-size decodes on `threads` threads at once, right after the epochs  // gpufeed's decode + transform, same files, same core, interleaved
+  uint64_t ceiling_samples = 0;
+  double ceiling_per_s(int threads) const { return decode_one_core_per_s * threads; }
   bool bytes_verified = false;  // false: a daemon whose file this host cannot read (indices checked only)
   bool full_epoch = false;
   std::vector<std::string> warnings;  // options the loader adjusted (Loader::info().warnings)
@@ -79,7 +90,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& options);
 Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, const std::string& dataset,
                                                       const LoaderOptions& loader, const std::string& token_file,
                                                       const std::string& client_name,
-                                                      const OpenOptions& open = {});
+                                                      const OpenOptions& open = {},
+                                                      const DecodeOptions& decode = {});
 
 // The file to verify a source's batches against: the dataset it reads, or
 // for a daemon the file its stream names (info().name is "ADDRESS SPEC"),

@@ -60,6 +60,7 @@ struct gpufeed_options {
   bool feed = false;
   gpufeed::FeedOptions feed_options;
   std::string dtype = "float32", layout = "NCHW", input_layout = "NCHW";
+  std::string image_transform = "random_resized_crop";  // encoded image datasets (checked at open)
 };
 
 namespace {
@@ -463,6 +464,8 @@ GPUFEED_SETTER(feed_super_batch, int, feed_options.super_batch)
 GPUFEED_SETTER(feed_crop_padding, int, feed_options.crop_padding)
 GPUFEED_SETTER(feed_seed, uint64_t, feed_options.seed)
 GPUFEED_SETTER(feed_slots, int, feed_options.slots)
+GPUFEED_SETTER(image_height, uint32_t, source.decode.height)
+GPUFEED_SETTER(image_width, uint32_t, source.decode.width)
 #undef GPUFEED_SETTER
 
 #define GPUFEED_BOOL_SETTER(name, field) \
@@ -476,6 +479,7 @@ GPUFEED_BOOL_SETTER(feed, feed)
 GPUFEED_BOOL_SETTER(feed_flip, feed_options.flip)
 GPUFEED_BOOL_SETTER(feed_labels_int32, feed_options.labels_int32)
 GPUFEED_BOOL_SETTER(feed_force_cpu, feed_options.force_cpu)
+GPUFEED_BOOL_SETTER(skip_corrupt, source.decode.skip_corrupt)
 #undef GPUFEED_BOOL_SETTER
 
 #define GPUFEED_STRING_SETTER(name, field) \
@@ -490,6 +494,8 @@ GPUFEED_STRING_SETTER(client_name, source.remote.client_name)
 GPUFEED_STRING_SETTER(feed_dtype, dtype)
 GPUFEED_STRING_SETTER(feed_layout, layout)
 GPUFEED_STRING_SETTER(feed_input_layout, input_layout)
+GPUFEED_STRING_SETTER(image_transform, image_transform)
+GPUFEED_STRING_SETTER(image_layout, source.decode.layout)
 #undef GPUFEED_STRING_SETTER
 
 void gpufeed_options_add_field(gpufeed_options* o, const char* field) {
@@ -520,6 +526,9 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
       if (!io.ok()) return Fail(error, io.status());
       so.open.io = *io;
     }
+    auto transform = gpufeed::ImageTransformFromName(options->image_transform);
+    if (!transform.ok()) return Fail(error, transform.status());
+    so.decode.transform = *transform;
     auto core = std::make_shared<Core>();
     core->feed = options->feed;
     core->feed_options = options->feed_options;

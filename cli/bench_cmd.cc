@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/gpu_bench.h"
+#include "bench/jpeg_workload.h"
 #include "bench/loader_bench.h"
 #include "bench/order_stats.h"
 #include "bench/read_bench.h"
@@ -55,6 +56,7 @@ int RunReadBenchCmd(const bench::ReadBenchOptions& o, bool json) {
 
 struct LoaderArgs {
   bench::LoaderBenchOptions bench;
+  DecodeArgs decode;
   std::string order = "block";
   bool json = false;
 };
@@ -66,6 +68,12 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
     return 2;
   }
   a.bench.loader.order = *order;
+  auto decode = ParseDecodeArgs(a.decode);
+  if (!decode.ok()) {
+    std::fprintf(stderr, "gpufeed bench loader: %s\n", decode.status().message().c_str());
+    return 2;
+  }
+  a.bench.decode = *decode;
   auto r = bench::RunLoaderBench(a.bench);
   if (!r.ok()) {
     std::fprintf(stderr, "gpufeed bench loader: FAILED: %s\n", r.status().ToString().c_str());
@@ -83,6 +91,12 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"gb_per_s", r->gb_per_s()}, {"epochs", a.bench.epochs}, {"first_epoch_seconds", r->first_epoch_seconds},
         {"first_batch_seconds", r->first_batch_seconds}, {"full_epoch", r->full_epoch}, {"spot_checked", r->spot_checked},
         {"verified", true}, {"bytes_verified", r->bytes_verified}, {"bytes_verified", r->bytes_verified},
+        {"encoded", r->encoded}, {"stored_bytes", r->stored_bytes}, {"skipped", r->skipped},
+        {"decode_one_core_per_s", r->decode_one_core_per_s},
+        {"transform_one_core_per_s", r->transform_one_core_per_s},
+        {"parallel_decode_per_s", r->parallel_decode_per_s},
+        {"ceiling_per_s", r->ceiling_per_s(lo.threads)},
+        {"ratio_to_ceiling", r->ceiling_per_s(lo.threads) > 0 ? r->samples_per_s() / r->ceiling_per_s(lo.threads) : 0.0},
         {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
                     {"assemble_s", s.assemble_seconds}, {"consumer_wait_s", s.consumer_wait_seconds}}},
         {"mean_queue_depth", s.mean_queue_depth()},
@@ -121,6 +135,28 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   std::printf("loader %s: order %s, %d threads, batch %llu, prefetch %d, cache %.0f MiB, window %llu\n",
               a.bench.data.c_str(), a.order.c_str(), lo.threads, static_cast<unsigned long long>(lo.batch_size),
               lo.prefetch, lo.cache_bytes / 1048576.0, static_cast<unsigned long long>(lo.shuffle_window));
+  if (r->encoded) {
+    std::printf("  encoded images decoded in the loader: %s to %ux%u %s, %.1f MB of files (%.0f KB a sample)%s\n",
+                std::string(ImageTransformName(a.bench.decode.transform)).c_str(), a.bench.decode.height,
+                a.bench.decode.width, a.bench.decode.layout.c_str(), r->stored_bytes / 1e6,
+                r->samples ? r->stored_bytes / 1e3 / r->samples : 0.0,
+                r->skipped ? (", " + std::to_string(r->skipped) + " corrupt samples replaced").c_str() : "");
+  }
+  if (r->encoded) {
+    const double ceiling = r->ceiling_per_s(lo.threads);
+    std::printf("  ceiling (same run): libjpeg-turbo full-size decode %.0f samples/s on one core (%llu samples) x %d "
+                "threads = %.0f samples/s; the loader's last epoch is %.2fx of it\n",
+                r->decode_one_core_per_s, static_cast<unsigned long long>(r->ceiling_samples), lo.threads, ceiling,
+                ceiling > 0 ? r->samples_per_s() / ceiling : 0.0);
+    std::printf("  full-size decode on %d threads at once (same run, after the epochs): %.0f samples/s; the loader is "
+                "%.2fx of it\n",
+                lo.threads, r->parallel_decode_per_s,
+                r->parallel_decode_per_s > 0 ? r->samples_per_s() / r->parallel_decode_per_s : 0.0);
+    std::printf("  one core, same files, interleaved: decode + %s %.0f samples/s vs full-size decode %.0f: %.2fx\n",
+                std::string(ImageTransformName(a.bench.decode.transform)).c_str(), r->transform_one_core_per_s,
+                r->decode_one_core_per_s,
+                r->decode_one_core_per_s > 0 ? r->transform_one_core_per_s / r->decode_one_core_per_s : 0.0);
+  }
   if (r->bytes_verified) {
     std::printf("  verified every epoch: %s, every index once, labels equal, %llu samples' bytes compared\n",
                 r->full_epoch ? "full epoch" : "partial epoch", static_cast<unsigned long long>(r->spot_checked));
@@ -207,8 +243,31 @@ int RunSciGen(const GenArgs& a) {
   return 0;
 }
 
+int RunJpegGen(const GenArgs& a) {
+  bench::JpegGenOptions o;
+  o.output = a.output;
+  o.samples = a.samples;
+  o.seed = a.seed;
+  o.threads = a.threads;
+  Progress progress("gen " + a.workload);
+  o.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
+  auto s = bench::GenImagenetJpeg(o);
+  progress.Finish();
+  if (!s.ok()) {
+    std::fprintf(stderr, "gpufeed bench gen: %s\n", s.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("wrote %s: imagenet-jpeg, %llu JPEGs (quality 90, 400..500 x 350..375), %.1f MB of files, "
+              "%.1f KB a file, %.1f MB file; the same files as a folder in %s\n",
+              a.output.c_str(), static_cast<unsigned long long>(s->samples), s->file_bytes / 1e6,
+              s->file_bytes / 1e3 / std::max<uint64_t>(1, s->samples), s->convert.output_bytes / 1e6,
+              s->folder.c_str());
+  return 0;
+}
+
 int RunGen(const GenArgs& a) {
   if (bench::IsSciWorkload(a.workload)) return RunSciGen(a);
+  if (a.workload == "imagenet-jpeg") return RunJpegGen(a);
   ConvertOptions o;
   if (Status s = bench::WorkloadWriteOptions(a.workload, &o.write); !s.ok()) {
     std::fprintf(stderr, "gpufeed bench gen: %s\n", s.message().c_str());
@@ -272,6 +331,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   lcmd->add_option("--epoch", la->bench.epoch, "first epoch to run");
   lcmd->add_option("--epochs", la->bench.epochs, "epochs run back to back; the last one is reported (default 2)");
   lcmd->add_option("--batches", la->bench.batches, "stop after N batches (default: the epoch)");
+  AddDecodeOptions(lcmd, &la->decode, "random_resized_crop");
   lcmd->add_flag("--json,--stats", la->json, "print everything as JSON");
   lcmd->callback([la, exit_code] { *exit_code = RunLoaderBenchCmd(*la); });
 
@@ -511,7 +571,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   auto ga = std::make_shared<GenArgs>();
   CLI::App* gen = bench_cmd->add_subcommand("gen", "Write a benchmark workload of ../shared/WORKLOADS.md");
   gen->add_option("--workload", ga->workload,
-                  "celeba-raw, celeba-deflate, celeba-zstd (one file), deepcam or cosmoflow (a directory of files)");
+                  "celeba-raw, celeba-deflate, celeba-zstd (one file), imagenet-jpeg (one file, and the same JPEGs "
+                  "in OUTPUT.jpg.d/), deepcam or cosmoflow (a directory of files)");
   gen->add_option("--samples", ga->samples, "N (default 20000; deepcam and cosmoflow: 64)")
       ->each([ga](const std::string&) { ga->samples_set = true; });
   gen->add_option("--scale", ga->scale, "deepcam, cosmoflow: divide the spatial size by this (default 1)");

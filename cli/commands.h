@@ -6,6 +6,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "gpufeed/encoded.h"
+#include "gpufeed/status.h"
+
 namespace gpufeed::cli {
 
 void AddConvertCommand(CLI::App& app, int* exit_code);
@@ -18,6 +21,15 @@ void AddServeCommand(CLI::App& app, int* exit_code);
 // Adds --cache-bytes: a byte count, or "auto" (gpufeed::AutoCacheBytes(),
 // reported by the command at start).
 CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::string& help);
+
+// Options of encoded image datasets (--image-size, --transform,
+// --image-layout, --skip-corrupt); ignored for other datasets.
+struct DecodeArgs {
+  std::string size = "224", transform = "random_resized_crop", layout = "NCHW";
+  bool skip_corrupt = false;
+};
+void AddDecodeOptions(CLI::App* cmd, DecodeArgs* args, const std::string& default_transform);
+Result<DecodeOptions> ParseDecodeArgs(const DecodeArgs& args);
 
 }  // namespace gpufeed::cli
 

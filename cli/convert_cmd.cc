@@ -28,7 +28,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   struct stat st {};
   const bool is_dir = ::stat(a.input.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   if (!is_dir) {
-    for (const char* opt : {"--size", "--layout", "--keep-encoded", "--skip-corrupt"}) {
+    for (const char* opt : {"--size", "--layout", "--skip-corrupt"}) {
       if (cmd.count(opt) > 0) return refuse(std::string(opt) + " applies to image folders; " + a.input + " is a file");
     }
   } else {
@@ -78,7 +78,12 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   }
   Result<ConvertSummary> summary = Status::Internal("unreachable");
   std::string what;
-  if (a.keep_encoded) {
+  if (a.keep_encoded && !is_dir) {
+    // An encoded field in HDF5 (an h5py vlen file): rewritten as bytes +
+    // offsets so the loader reads it without HDF5's lock.
+    summary = ConvertEncodedHdf5(a.input, a.output, opts);
+    what = "encoded images of " + a.input;
+  } else if (a.keep_encoded) {
     summary = ConvertEncodedImageFolder(a.input, a.output, opts);
     what = "encoded images";
   } else {
@@ -112,8 +117,14 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("converted %s -> %s\n", what.c_str(), a.output.c_str());
-    std::printf("  samples %llu, chunk %llu samples, codec %s\n", static_cast<unsigned long long>(s.samples),
-                static_cast<unsigned long long>(s.chunk_samples), a.keep_encoded ? "encoded" : a.codec.c_str());
+    if (a.keep_encoded) {
+      std::printf("  samples %llu, stored as they are (/images/bytes + offsets; the loader decodes them: "
+                  "--image-size, --transform)\n",
+                  static_cast<unsigned long long>(s.samples));
+    } else {
+      std::printf("  samples %llu, chunk %llu samples, codec %s\n", static_cast<unsigned long long>(s.samples),
+                  static_cast<unsigned long long>(s.chunk_samples), a.codec.c_str());
+    }
     std::printf("  bytes in %.1f MB, raw %.1f MB, out %.1f MB (raw/out %.2fx)\n", s.input_bytes / 1e6,
                 s.raw_bytes / 1e6, s.output_bytes / 1e6, ratio);
     std::printf("  %.2f s, %.1f MB/s raw\n", s.seconds, mbps);

@@ -5,6 +5,9 @@
 #include "cli/commands.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/fields.h"
+#include "common/atomic_file.h"
+#include "gpufeed/encoded.h"
+#include "hdf5io/image_decode.h"
 #include "gpufeed/inspect.h"
 
 namespace gpufeed::cli {
@@ -81,10 +84,88 @@ int RunInspectFields(const InspectArgs& a) {
   return 0;
 }
 
+// An encoded image field: how it is stored and how the loader will read it.
+int InspectEncoded(const InspectArgs& a, const OpenOptions& o) {
+  auto src = OpenEncodedImages(a.spec, o, {});
+  if (!src.ok()) {
+    std::fprintf(stderr, "gpufeed inspect: %s\n", src.status().ToString().c_str());
+    return 1;
+  }
+  const EncodedImageSource& s = **src;
+  if (a.sample >= 0 || !a.out.empty()) {
+    // The evaluation transform (resize to 256, center crop 224), as .npy
+    // uint8 [3, 224, 224]: what the loader delivers with --transform
+    // center_crop, for comparing with an independent decoder.
+    if (a.sample < 0 || a.out.empty() || static_cast<uint64_t>(a.sample) >= s.num_samples() ||
+        a.out.size() < 4 || a.out.substr(a.out.size() - 4) != ".npy") {
+      std::fprintf(stderr, "gpufeed inspect: --sample K (< %llu) and --out FILE.npy go together\n",
+                   static_cast<unsigned long long>(s.num_samples()));
+      return 2;
+    }
+    DecodeOptions d;
+    d.transform = ImageTransform::kCenterCrop;
+    std::vector<uint8_t> stored, out(3 * 224 * 224);
+    Status st = s.ReadEncoded(static_cast<uint64_t>(a.sample), &stored);
+    if (st.ok()) st = image::DecodeTransform(stored, d, 0, out.data());
+    if (st.ok()) {
+      std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (3, 224, 224), }";
+      dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
+      dict += '\n';
+      std::string header("\x93NUMPY\x01\x00", 8);
+      header += static_cast<char>(dict.size() & 0xff);
+      header += static_cast<char>(dict.size() >> 8);
+      AtomicFile f(a.out);
+      st = f.Write(header + dict);
+      if (st.ok()) st = f.Write(out.data(), out.size());
+      if (st.ok()) st = f.Commit();
+    }
+    if (!st.ok()) {
+      std::fprintf(stderr, "gpufeed inspect: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    std::printf("wrote sample %lld (center crop 224 of resize 256) to %s\n", static_cast<long long>(a.sample),
+                a.out.c_str());
+    return 0;
+  }
+  const bool vlen = s.storage() == EncodedStorage::kVlen;
+  const std::string path = vlen ? "hdf5" : "direct";
+  const std::string advice =
+      vlen ? "h5py variable-length uint8: every read goes through H5Dread under HDF5's global lock (one thread at a "
+             "time; opening measured every entry). For the direct path run: gpufeed convert " + a.spec +
+                 " --keep-encoded -o OUT.h5"
+           : "";
+  if (a.json) {
+    nlohmann::json j = {{"images", s.name()},
+                        {"encoded", true},
+                        {"storage", vlen ? "vlen" : "bytes+offsets"},
+                        {"samples", s.num_samples()},
+                        {"stored_bytes", s.stored_bytes()},
+                        {"read_path", path},
+                        {"read_path_reason", advice},
+                        {"class_names", s.class_names()},
+                        {"has_labels", !s.labels().empty()}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s\n", s.name().c_str());
+  std::printf("  encoded images (JPEG/PNG, decoded by the loader: --image-size, --transform), %s\n",
+              vlen ? "h5py vlen uint8" : "bytes + offsets (docs/format.md)");
+  std::printf("  samples %llu, %.1f MB stored, %.1f KB a sample, %zu classes%s\n",
+              static_cast<unsigned long long>(s.num_samples()), s.stored_bytes() / 1e6,
+              s.stored_bytes() / 1e3 / std::max<uint64_t>(1, s.num_samples()), s.class_names().size(),
+              s.labels().empty() ? ", no labels" : "");
+  std::printf("  read path: %s%s%s\n", path.c_str(), advice.empty() ? "" : "\n  ", advice.c_str());
+  return 0;
+}
+
 int RunInspect(const InspectArgs& a) {
   if (!a.fields.empty() || IsMultiFileSpec(a.spec)) return RunInspectFields(a);
   OpenOptions o;
   o.labels_path = a.labels;
+  if (auto kind = DetectEncoded(a.spec, o); kind.ok() && *kind != EncodedStorage::kNone) {
+    o.trust_files = true;  // probed just now
+    return InspectEncoded(a, o);
+  }
   auto ds = Dataset::Open(a.spec, o);
   if (!ds.ok()) {
     std::fprintf(stderr, "gpufeed inspect: %s\n", ds.status().ToString().c_str());

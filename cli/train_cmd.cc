@@ -4,11 +4,13 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <unistd.h>
 
 #include "cli/commands.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/encoded.h"
 #include "gpufeed/open_source.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/trainer.h"
@@ -20,6 +22,7 @@ struct TrainArgs {
   std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
   std::string widths = "256,128", channels = "32,64", checkpoint, json;
   std::string dataset, token_file;  // with a daemon --data
+  DecodeArgs decode;                // encoded image datasets
   TrainOptions o;
   int threads = 0;
   uint64_t cache_bytes = 1ull << 30;
@@ -91,6 +94,72 @@ nlohmann::json ToJson(const TrainReport& r) {
   return j;
 }
 
+// Runs the training and prints its report (train and test already open).
+int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "gpufeed train: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  TrainOptions& o = a.o;
+  const bool quiet = !a.json.empty() && a.json == "-";
+  const bool tty = isatty(fileno(stderr));
+  o.on_start = [quiet](const std::string& backend, const std::string& model, const MemoryBreakdown& m) {
+    if (quiet) return;
+    std::printf("train: %s on %s\n", model.c_str(), backend.c_str());
+    std::printf("memory   weights %s  gradients %s  optimizer %s\n", Mb(m.weights).c_str(), Mb(m.gradients).c_str(),
+                Mb(m.optimizer).c_str());
+    std::printf("         activations %s  workspace %s  = %s", Mb(m.activations).c_str(), Mb(m.workspace).c_str(),
+                Mb(m.total()).c_str());
+    if (m.device_used) std::printf("  (device reports %s in use)", Mb(m.device_used).c_str());
+    std::printf("\n");
+    std::fflush(stdout);
+  };
+  o.on_progress = [tty, quiet](const TrainProgress& p) {
+    if (!tty || quiet) return;
+    const int width = 30;
+    const int filled = p.steps_in_epoch ? int(width * p.step_in_epoch / p.steps_in_epoch) : 0;
+    std::string bar(size_t(std::min(filled, width)), '#');
+    bar.resize(width, '.');
+    std::fprintf(stderr, "\repoch %d/%d [%s] %llu/%llu steps  %.0f samples/s", p.epoch + 1, p.epochs, bar.c_str(),
+                 (unsigned long long)p.step_in_epoch, (unsigned long long)p.steps_in_epoch, p.samples_per_s);
+    if (p.gpu_util >= 0) std::fprintf(stderr, "  GPU %3.0f%%", p.gpu_util);
+    if (p.step_in_epoch == p.steps_in_epoch) std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  };
+  // Each epoch's line as it ends (Ctrl-C later keeps the finished ones).
+  o.on_epoch = [quiet](const EpochReport& e) {
+    if (quiet) return;
+    std::printf("epoch %3d  loss %.4f acc %.4f", e.epoch + 1, e.train_loss, e.train_accuracy);
+    if (e.test_accuracy >= 0) std::printf("  test loss %.4f acc %.4f", e.test_loss, e.test_accuracy);
+    std::printf("  %.2f s  %.0f samples/s  step %.2f ms  data wait %.2f s", e.seconds, e.samples_per_s, e.step_ms,
+                e.data_wait_seconds);
+    if (e.gpu_util >= 0) std::printf("  GPU %.1f%%", e.gpu_util);
+    if (e.skipped_steps) std::printf("  skipped %llu (scale %g)", (unsigned long long)e.skipped_steps, e.loss_scale);
+    std::printf("\n");
+    std::fflush(stdout);
+  };
+  auto r = Train(train, test, o);
+  if (!r.ok()) return fail(r.status());
+  if (!quiet) {
+    std::printf("total %.2f s (data loading included); steady state %.0f samples/s", r->wall_seconds,
+                r->steady_samples_per_s);
+    if (r->steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r->steady_gpu_util);
+    std::printf("\nverdict: %s\n", r->verdict.c_str());
+    if (!r->telemetry.empty()) std::printf("telemetry: %s\n", r->telemetry.c_str());
+  }
+  if (!a.json.empty()) {
+    const std::string text = ToJson(*r).dump(2) + "\n";
+    if (a.json == "-") {
+      std::fputs(text.c_str(), stdout);
+    } else {
+      std::ofstream f(a.json);
+      f << text;
+      if (!f) return fail(Status::IOError("cannot write " + a.json));
+    }
+  }
+  return 0;
+}
+
 int RunTrain(TrainArgs& a) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "gpufeed train: %s\n", s.ToString().c_str());
@@ -149,6 +218,43 @@ int RunTrain(TrainArgs& a) {
       return std::unique_ptr<BatchSource>(std::move(*remote));
     };
   }
+  // Encoded image datasets are decoded by the loader: random-resized-crop
+  // (or --transform) for training, resize + center crop for the test split.
+  auto decode = ParseDecodeArgs(a.decode);
+  if (!decode.ok()) return fail(decode.status());
+  if (decode->layout != "NCHW") {
+    // The trainer learns a sample's layout from a Dataset's attribute only.
+    return fail(Status::InvalidArgument("--image-layout " + decode->layout +
+                                        ": train decodes encoded images as NCHW (leave --image-layout out)"));
+  }
+  std::unique_ptr<EncodedImageSource> train_enc, test_enc;
+  OpenOptions probed;
+  probed.trust_files = true;  // DetectEncoded ran the probe
+  if (auto k = o.train_source ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(train_spec);
+      k.ok() && *k != EncodedStorage::kNone) {
+    auto e = OpenEncodedImages(train_spec, probed, *decode);
+    if (!e.ok()) return fail(e.status());
+    train_enc = std::move(*e);
+  }
+  if (auto k = a.test.empty() ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(a.test);
+      k.ok() && *k != EncodedStorage::kNone) {
+    DecodeOptions eval = *decode;
+    eval.transform = ImageTransform::kCenterCrop;
+    auto e = OpenEncodedImages(a.test, probed, eval);
+    if (!e.ok()) return fail(e.status());
+    test_enc = std::move(*e);
+  }
+  if (train_enc) {
+    const ChunkSource* test_src = test_enc.get();
+    std::optional<Dataset> test_ds;
+    if (!test_src && !a.test.empty()) {
+      auto t = Dataset::Open(a.test);
+      if (!t.ok()) return fail(t.status());
+      test_ds.emplace(std::move(*t));
+      test_src = &*test_ds;
+    }
+    return Finish(a, *train_enc, test_src);
+  }
   auto train = Dataset::Open(train_spec);
   if (!train.ok()) {
     if (o.train_source) {
@@ -163,63 +269,7 @@ int RunTrain(TrainArgs& a) {
     if (!t.ok()) return fail(t.status());
     test.emplace(std::move(*t));
   }
-  const bool quiet = !a.json.empty() && a.json == "-";
-  const bool tty = isatty(fileno(stderr));
-  o.on_start = [quiet](const std::string& backend, const std::string& model, const MemoryBreakdown& m) {
-    if (quiet) return;
-    std::printf("train: %s on %s\n", model.c_str(), backend.c_str());
-    std::printf("memory   weights %s  gradients %s  optimizer %s\n", Mb(m.weights).c_str(), Mb(m.gradients).c_str(),
-                Mb(m.optimizer).c_str());
-    std::printf("         activations %s  workspace %s  = %s", Mb(m.activations).c_str(), Mb(m.workspace).c_str(),
-                Mb(m.total()).c_str());
-    if (m.device_used) std::printf("  (device reports %s in use)", Mb(m.device_used).c_str());
-    std::printf("\n");
-    std::fflush(stdout);
-  };
-  o.on_progress = [tty, quiet](const TrainProgress& p) {
-    if (!tty || quiet) return;
-    const int width = 30;
-    const int filled = p.steps_in_epoch ? int(width * p.step_in_epoch / p.steps_in_epoch) : 0;
-    std::string bar(size_t(std::min(filled, width)), '#');
-    bar.resize(width, '.');
-    std::fprintf(stderr, "\repoch %d/%d [%s] %llu/%llu steps  %.0f samples/s", p.epoch + 1, p.epochs, bar.c_str(),
-                 (unsigned long long)p.step_in_epoch, (unsigned long long)p.steps_in_epoch, p.samples_per_s);
-    if (p.gpu_util >= 0) std::fprintf(stderr, "  GPU %3.0f%%", p.gpu_util);
-    if (p.step_in_epoch == p.steps_in_epoch) std::fprintf(stderr, "\r\033[K");
-    std::fflush(stderr);
-  };
-  // Each epoch's line as it ends (Ctrl-C later keeps the finished ones).
-  o.on_epoch = [quiet](const EpochReport& e) {
-    if (quiet) return;
-    std::printf("epoch %3d  loss %.4f acc %.4f", e.epoch + 1, e.train_loss, e.train_accuracy);
-    if (e.test_accuracy >= 0) std::printf("  test loss %.4f acc %.4f", e.test_loss, e.test_accuracy);
-    std::printf("  %.2f s  %.0f samples/s  step %.2f ms  data wait %.2f s", e.seconds, e.samples_per_s, e.step_ms,
-                e.data_wait_seconds);
-    if (e.gpu_util >= 0) std::printf("  GPU %.1f%%", e.gpu_util);
-    if (e.skipped_steps) std::printf("  skipped %llu (scale %g)", (unsigned long long)e.skipped_steps, e.loss_scale);
-    std::printf("\n");
-    std::fflush(stdout);
-  };
-  auto r = Train(*train, test ? &*test : nullptr, o);
-  if (!r.ok()) return fail(r.status());
-  if (!quiet) {
-    std::printf("total %.2f s (data loading included); steady state %.0f samples/s", r->wall_seconds,
-                r->steady_samples_per_s);
-    if (r->steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r->steady_gpu_util);
-    std::printf("\nverdict: %s\n", r->verdict.c_str());
-    if (!r->telemetry.empty()) std::printf("telemetry: %s\n", r->telemetry.c_str());
-  }
-  if (!a.json.empty()) {
-    const std::string text = ToJson(*r).dump(2) + "\n";
-    if (a.json == "-") {
-      std::fputs(text.c_str(), stdout);
-    } else {
-      std::ofstream f(a.json);
-      f << text;
-      if (!f) return fail(Status::IOError("cannot write " + a.json));
-    }
-  }
-  return 0;
+  return Finish(a, *train, test ? &*test : nullptr);
 }
 
 }  // namespace
@@ -264,6 +314,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--device-resident", o.device_resident_batches,
                   "compute ceiling: cycle the first N batches kept on the device (0: off)");
   cmd->add_option("--json", a->json, "write the report as JSON to this file ('-': stdout only)");
+  AddDecodeOptions(cmd, &a->decode, "random_resized_crop");
   cmd->callback([a, exit_code] { *exit_code = RunTrain(*a); });
 }
 

@@ -5,6 +5,8 @@ pkg_check_modules(HDF5 REQUIRED IMPORTED_TARGET hdf5-serial)   # Debian's thread
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 pkg_check_modules(DEFLATE REQUIRED IMPORTED_TARGET libdeflate)
 pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
+# The libjpeg API of libjpeg-turbo: partial decoding (crop, skip) for encoded datasets.
+pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 # The plugin filters the direct path decodes (hdf5io/codec_plugins.cc).
 pkg_check_modules(LZF REQUIRED IMPORTED_TARGET liblzf)

@@ -2,6 +2,7 @@
 #include "gpufeed/open_source.h"
 
 #include "gpufeed/fields.h"
+#include "hdf5io/probe.h"
 
 namespace gpufeed {
 
@@ -15,12 +16,16 @@ OpenedSource::OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loa
 OpenedSource::OpenedSource(std::unique_ptr<ChunkSource> source, std::unique_ptr<Loader> loader)
     : other_(std::move(source)), loader_(std::move(loader)), source_(loader_.get()) {}
 
+OpenedSource::OpenedSource(std::unique_ptr<EncodedImageSource> encoded, std::unique_ptr<Loader> loader)
+    : encoded_(encoded.get()), other_(std::move(encoded)), loader_(std::move(loader)), source_(loader_.get()) {}
+
 OpenedSource::OpenedSource(std::unique_ptr<RemoteLoader> remote)
     : remote_(std::move(remote)), source_(remote_.get()) {}
 
 // The loader goes before the dataset it reads.
 OpenedSource::~OpenedSource() {
   loader_.reset();
+  other_.reset();
   remote_.reset();
 }
 
@@ -52,7 +57,24 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
     auto loader = std::make_unique<Loader>(*owned, o.loader);
     return std::make_unique<OpenedSource>(std::move(owned), std::move(loader));
   }
-  auto ds = Dataset::Open(o.data, o.open);
+  // HDF5's parser meets the file in the forked probe first (as Dataset::Open
+  // would), then here to see whether the field is encoded images.
+  OpenOptions open = o.open;
+  if (!open.trust_files) {
+    ProbeOptions po;
+    po.open = open;
+    po.timeout_ms = open.probe_timeout_ms;
+    po.processes = 1;
+    if (Status st = ProbeFiles({o.data}, po)[0]; !st.ok()) return st;
+    open.trust_files = true;
+  }
+  if (auto kind = DetectEncoded(o.data, open); kind.ok() && *kind != EncodedStorage::kNone) {
+    auto enc = OpenEncodedImages(o.data, open, o.decode);
+    if (!enc.ok()) return enc.status();
+    auto loader = std::make_unique<Loader>(**enc, o.loader);
+    return std::make_unique<OpenedSource>(std::move(*enc), std::move(loader));
+  }
+  auto ds = Dataset::Open(o.data, open);
   if (!ds.ok()) return ds.status();
   auto owned = std::make_unique<Dataset>(std::move(*ds));
   auto loader = std::make_unique<Loader>(*owned, o.loader);

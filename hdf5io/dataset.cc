@@ -573,6 +573,15 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   // tuned chunk cache if the hdf5 path is taken.
   d->dset = h5::Id(H5Dopen2(d->file.get(), spec.images.c_str(), H5P_DEFAULT));
   if (!d->dset.valid()) {
+    // gpufeed's encoded images are a group (docs/format.md): only the
+    // loader's decoding source reads them.
+    if (h5::Id g(H5Gopen2(d->file.get(), spec.images.c_str(), H5P_DEFAULT));
+        g.valid() && !h5::ReadStringAttr(g.get(), "gpufeed_encoded").empty()) {
+      return Status::Unsupported(d->what +
+                                 ": encoded images (JPEG/PNG files), which the loader decodes: read them with "
+                                 "`gpufeed bench loader`, `gpufeed train`, the C API or Python (gpufeed/encoded.h); "
+                                 "this command reads decoded datasets only");
+    }
     return Status::InvalidArgument(d->what + ": not a dataset: " + h5::LastErrorText());
   }
   h5::Id ftype(H5Dget_type(d->dset.get()));
@@ -581,7 +590,11 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
     return Status::Unsupported(d->what + ": element type is " +
                                std::string(ClassName(H5Tget_class(ftype.get()))) + " of " +
                                std::to_string(H5Tget_size(ftype.get())) +
-                               " bytes; gpufeed reads integer and float arrays");
+                               " bytes; gpufeed reads integer and float arrays" +
+                               (H5Tget_class(ftype.get()) == H5T_VLEN
+                                    ? " here (variable-length uint8 files of JPEG/PNG bytes are read by the loader: "
+                                      "`gpufeed bench loader`, `gpufeed train`, the C API, Python)"
+                                    : ""));
   }
   d->dtype = *dtype;
   d->is_bool = H5Tget_class(ftype.get()) == H5T_ENUM;

@@ -1,6 +1,7 @@
 // Image folders (DIR/<class>/<image>): a SampleSource that decodes JPEG
 // (TurboJPEG) and PNG (libpng) files to fixed-size RGB uint8 samples, and
-// ConvertEncodedImageFolder, which stores the JPEG bytes untouched in /jpeg.
+// ConvertEncodedImageFolder, which stores the files' bytes untouched in the
+// encoded-images group (docs/format.md) that EncodedImageSource reads.
 #include <fcntl.h>
 #include <tbb/parallel_for.h>
 #include <png.h>
@@ -16,11 +17,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <system_error>
 
 #include "common/atomic_file.h"
 #include "gpufeed/convert.h"
+#include "gpufeed/encoded.h"
 #include "hdf5io/h5_util.h"
+#include "hdf5io/image_decode.h"
 #include "hdf5io/image_ops.h"
 
 namespace gpufeed {
@@ -473,13 +477,13 @@ hid_t LabelFileType(int64_t max_label) {
   return H5T_STD_I64LE;
 }
 
-// Entries per /jpeg chunk and per write batch. A vlen chunk holds only heap
-// references (16 bytes an entry), so this is about the batch's file bytes in
-// memory: 1024 typical JPEGs are ~100 MiB.
-constexpr uint64_t kEncodedChunkEntries = 1024;
-// A batch is also cut at this many file bytes, so folders of huge JPEGs stay
-// bounded too.
-constexpr uint64_t kEncodedBatchBytes = 256ull << 20;
+// The HDF5 chunk of /images/bytes. A loader chunk (a run of samples, about
+// 4 MiB) reads the byte chunks it overlaps whole, so smaller byte chunks
+// waste less at its two ends; 256 KiB keeps the chunk index small (4,000
+// entries a GiB) and each pread large.
+constexpr uint64_t kEncodedByteChunk = 256u << 10;
+// Files are written in batches of this many bytes (at least one file).
+constexpr uint64_t kEncodedBatchBytes = 64ull << 20;
 
 }  // namespace
 
@@ -530,112 +534,167 @@ Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& d
       std::make_unique<ImageFolderSource>(dir, std::move(listing).value(), options));
 }
 
-Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
-                                                 const ConvertOptions& options) {
+namespace {
+
+// Writes the encoded-images format (docs/format.md) from n files that `get`
+// yields in order (bytes, and a name for messages), with labels and class
+// names. Atomic.
+using GetEncoded = std::function<Status(uint64_t k, std::vector<unsigned char>* bytes, std::string* name)>;
+Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t n, const GetEncoded& get,
+                                          const std::vector<int64_t>& label_values,
+                                          const std::vector<std::string>& class_names,
+                                          const ConvertOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   h5::QuietErrors();
-  Result<FolderListing> listed = ListImageFolder(dir);
-  if (!listed.ok()) return listed.status();
-  const FolderListing& listing = *listed;
-  // Fail before writing anything: one PNG would otherwise abort a long run.
-  for (const std::string& f : listing.files) {
-    if (LowerExtension(f) == ".png") {
-      return Status::Unsupported(f + ": PNG; only JPEG files can be stored encoded (convert " + dir +
-                                 " to decoded samples instead, or re-encode its PNGs as JPEG)");
-    }
-  }
-  const uint64_t n = listing.files.size();
+  struct {
+    const std::vector<int64_t>& labels;
+    const std::vector<std::string>& class_names;
+  } listing{label_values, class_names};
   AtomicFile out(out_path);  // before `file`: the file closes first
   const std::string& tmp_path = out.tmp_path();
   auto h5_error = [&](const std::string& what) {
     return Status::IOError(out_path + ": " + what + ": " + h5::LastErrorText());
   };
 
+  // docs/format.md "Encoded images": /images is a group of
+  //   bytes    uint8 [total], chunked, the files back to back
+  //   offsets  uint64 [N + 1], sample k = bytes[offsets[k], offsets[k + 1])
+  //   sizes    uint32 [N, 2], (height, width) of each image
   h5::Id file(H5Fcreate(tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
   if (!file.valid()) return h5_error("cannot create " + tmp_path);
-
-  const hsize_t dims = n;
-  const hsize_t chunk = std::min<uint64_t>(kEncodedChunkEntries, n);
-  h5::Id space(H5Screate_simple(1, &dims, nullptr));
-  h5::Id file_type(H5Tvlen_create(H5T_STD_U8LE));
-  h5::Id mem_type(H5Tvlen_create(H5T_NATIVE_UINT8));
-  h5::Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
-  if (!space.valid() || !file_type.valid() || !mem_type.valid() || !dcpl.valid() ||
-      H5Pset_chunk(dcpl.get(), 1, &chunk) < 0) {
-    return h5_error("cannot set up /jpeg");
-  }
-  h5::Id jpeg(
-      H5Dcreate2(file.get(), "jpeg", file_type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
-  if (!jpeg.valid()) return h5_error("cannot create /jpeg");
-  GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(jpeg.get(), "layout", "encoded"));
-  GPUFEED_RETURN_IF_ERROR(h5::WriteStringArrayAttr(jpeg.get(), "class_names", listing.class_names));
+  h5::Id group(H5Gcreate2(file.get(), "images", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (!group.valid()) return h5_error("cannot create /images");
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(group.get(), "gpufeed_encoded", "1"));
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(group.get(), "encoding", "jpeg/png by signature"));
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringArrayAttr(group.get(), "class_names", listing.class_names));
   GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "gpufeed_format", "1"));
 
-  tjhandle tj = ThreadDecompressor();
-  if (tj == nullptr) {
-    return Status::Internal("tjInitDecompress failed: " + std::string(tjGetErrorStr2(nullptr)));
+  const hsize_t zero = 0, unlimited = H5S_UNLIMITED, byte_chunk = kEncodedByteChunk;
+  h5::Id bytes_space(H5Screate_simple(1, &zero, &unlimited));
+  h5::Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  if (!bytes_space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl.get(), 1, &byte_chunk) < 0) {
+    return h5_error("cannot set up /images/bytes");
   }
-  std::vector<std::vector<unsigned char>> batch;
-  std::vector<hvl_t> refs;
-  uint64_t input_bytes = 0;
+  h5::Id bytes_ds(H5Dcreate2(group.get(), "bytes", H5T_STD_U8LE, bytes_space.get(), H5P_DEFAULT, dcpl.get(),
+                             H5P_DEFAULT));
+  if (!bytes_ds.valid()) return h5_error("cannot create /images/bytes");
+
+  std::vector<uint64_t> offsets(n + 1, 0);
+  std::vector<uint32_t> sizes(2 * n, 0);
+  std::vector<unsigned char> batch;
+  uint64_t written = 0;
   for (uint64_t first = 0; first < n;) {
-    // Fill a batch of whole files, cut at a chunk boundary or the byte cap.
+    // Fill a batch of whole files up to the byte cap (at least one file).
     batch.clear();
-    uint64_t batch_bytes = 0;
-    while (first + batch.size() < n && batch.size() < kEncodedChunkEntries &&
-           batch_bytes < kEncodedBatchBytes) {
-      const std::string& path = listing.files[first + batch.size()];
-      std::vector<unsigned char>& bytes = batch.emplace_back();
-      GPUFEED_RETURN_IF_ERROR(ReadWholeFile(path, &bytes));
-      if (LooksLikePng(bytes)) {
-        return Status::Unsupported(path + ": a PNG despite its name; only JPEG files can be stored " +
-                                   "encoded (re-encode it as JPEG, or convert to decoded samples)");
-      }
+    uint64_t k = first;
+    thread_local std::vector<unsigned char> bytes;
+    while (k < n && (k == first || batch.size() < kEncodedBatchBytes)) {
+      std::string path;
+      GPUFEED_RETURN_IF_ERROR(get(k, &bytes, &path));
       // Headers only: cheap, and catches files the loader could never decode.
-      int w = 0, h = 0, cs = 0;
-      GPUFEED_RETURN_IF_ERROR(JpegHeader(tj, path, bytes, &w, &h, &cs));
-      batch_bytes += bytes.size();
+      int w = 0, h = 0;
+      Status hs = image::ImageSize(bytes, &h, &w);
+      if (!hs.ok()) return Status::Corrupt(path + ": " + hs.message());
+      sizes[2 * k] = static_cast<uint32_t>(h);
+      sizes[2 * k + 1] = static_cast<uint32_t>(w);
+      batch.insert(batch.end(), bytes.begin(), bytes.end());
+      offsets[k + 1] = offsets[k] + bytes.size();
+      ++k;
     }
-    refs.resize(batch.size());
-    for (size_t i = 0; i < batch.size(); ++i) refs[i] = {batch[i].size(), batch[i].data()};
-    const hsize_t start_entry = first, count = batch.size();
-    h5::Id mem_space(H5Screate_simple(1, &count, nullptr));
-    h5::Id file_space(H5Dget_space(jpeg.get()));
-    const hid_t mem = mem_space.get(), fsel = file_space.get();
-    if (!mem_space.valid() || !file_space.valid() ||
-        H5Sselect_hyperslab(fsel, H5S_SELECT_SET, &start_entry, nullptr, &count, nullptr) < 0 ||
-        H5Dwrite(jpeg.get(), mem_type.get(), mem, fsel, H5P_DEFAULT, refs.data()) < 0) {
-      return h5_error("writing /jpeg entries " + std::to_string(first) + ".." +
-                      std::to_string(first + count - 1));
+    const hsize_t at = written, count = batch.size(), new_size = written + batch.size();
+    if (count > 0) {
+      if (H5Dset_extent(bytes_ds.get(), &new_size) < 0) return h5_error("growing /images/bytes");
+      h5::Id mem_space(H5Screate_simple(1, &count, nullptr));
+      h5::Id file_space(H5Dget_space(bytes_ds.get()));
+      if (!mem_space.valid() || !file_space.valid() ||
+          H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &at, nullptr, &count, nullptr) < 0 ||
+          H5Dwrite(bytes_ds.get(), H5T_NATIVE_UINT8, mem_space.get(), file_space.get(), H5P_DEFAULT, batch.data()) <
+              0) {
+        return h5_error("writing /images/bytes for samples " + std::to_string(first) + ".." + std::to_string(k - 1));
+      }
     }
-    first += count;
-    input_bytes += batch_bytes;
+    written += count;
+    first = k;
     if (options.progress) options.progress(first, n);
   }
   batch = {};
 
-  int64_t max_label =
-      listing.labels.empty() ? 0 : *std::max_element(listing.labels.begin(), listing.labels.end());
-  h5::Id labels(H5Dcreate2(file.get(), "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT,
-                           H5P_DEFAULT, H5P_DEFAULT));
-  if (!labels.valid() ||
-      H5Dwrite(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, listing.labels.data()) < 0) {
-    return h5_error("writing /labels");
+  const hsize_t off_dims = n + 1, size_dims[2] = {n, 2};
+  h5::Id off_space(H5Screate_simple(1, &off_dims, nullptr));
+  h5::Id off_ds(H5Dcreate2(group.get(), "offsets", H5T_STD_U64LE, off_space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                           H5P_DEFAULT));
+  if (!off_ds.valid() ||
+      H5Dwrite(off_ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0) {
+    return h5_error("writing /images/offsets");
   }
-  labels.Reset();
-  jpeg.Reset();
+  h5::Id size_space(H5Screate_simple(2, size_dims, nullptr));
+  h5::Id size_ds(H5Dcreate2(group.get(), "sizes", H5T_STD_U32LE, size_space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                            H5P_DEFAULT));
+  if (!size_ds.valid() || H5Dwrite(size_ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, sizes.data()) < 0) {
+    return h5_error("writing /images/sizes");
+  }
+
+  const hsize_t dims = n;
+  h5::Id space(H5Screate_simple(1, &dims, nullptr));
+  if (!listing.labels.empty()) {
+    int64_t max_label = *std::max_element(listing.labels.begin(), listing.labels.end());
+    h5::Id labels(H5Dcreate2(file.get(), "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT,
+                             H5P_DEFAULT, H5P_DEFAULT));
+    if (!labels.valid() ||
+        H5Dwrite(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, listing.labels.data()) < 0) {
+      return h5_error("writing /labels");
+    }
+  }
+  off_ds.Reset();
+  size_ds.Reset();
+  bytes_ds.Reset();
+  group.Reset();
   if (H5Fclose(file.Release()) < 0) return h5_error("closing " + tmp_path);
   GPUFEED_RETURN_IF_ERROR(out.Commit());
 
   ConvertSummary summary;
   summary.samples = n;
-  summary.chunk_samples = chunk;
-  summary.input_bytes = input_bytes;
-  summary.raw_bytes = input_bytes;  // stored as they came
+  summary.chunk_samples = 0;  // byte chunks, not sample chunks
+  summary.input_bytes = written;
+  summary.raw_bytes = written;  // stored as they came
   struct stat st;
   if (::stat(out_path.c_str(), &st) == 0) summary.output_bytes = static_cast<uint64_t>(st.st_size);
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
+}
+
+}  // namespace
+
+Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
+                                                 const ConvertOptions& options) {
+  h5::QuietErrors();
+  Result<FolderListing> listed = ListImageFolder(dir);
+  if (!listed.ok()) return listed.status();
+  const FolderListing& listing = *listed;
+  return WriteEncodedImages(
+      out_path, listing.files.size(),
+      [&](uint64_t k, std::vector<unsigned char>* bytes, std::string* name) {
+        *name = listing.files[k];
+        return ReadWholeFile(*name, bytes);
+      },
+      listing.labels, listing.class_names, options);
+}
+
+Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const std::string& out_path,
+                                          const ConvertOptions& options) {
+  auto src = OpenEncodedImages(spec, {}, {});
+  if (!src.ok()) return src.status();
+  const EncodedImageSource& s = **src;
+  std::vector<uint8_t> tmp;
+  return WriteEncodedImages(
+      out_path, s.num_samples(),
+      [&](uint64_t k, std::vector<unsigned char>* bytes, std::string* name) {
+        *name = s.name() + " sample " + std::to_string(k);
+        Status st = s.ReadEncoded(k, &tmp);
+        bytes->assign(tmp.begin(), tmp.end());
+        return st;
+      },
+      s.labels(), s.class_names(), options);
 }
 
 }  // namespace gpufeed

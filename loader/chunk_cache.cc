@@ -36,11 +36,11 @@ ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t 
       budget_(budget_bytes),
       planar_fields_(source.fields().size() > 1),
       buffers_(std::make_shared<ChunkBufferPool>(
-          std::max<uint64_t>(1, source.chunk_samples() * source.sample_bytes()), spare_buffers)) {}
+          std::max<uint64_t>(1, source.max_chunk_buffer_bytes()), spare_buffers)) {}
 
 ChunkCache::~ChunkCache() = default;
 
-uint64_t ChunkCache::ChunkBytes(uint32_t c) const { return source_.samples_in_chunk(c) * source_.sample_bytes(); }
+uint64_t ChunkCache::ChunkBytes(uint32_t c) const { return source_.chunk_buffer_bytes(c); }
 
 uint64_t ChunkCache::NextUse(uint32_t c) const {
   if (plan_ == nullptr) return kNever;

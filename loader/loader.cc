@@ -128,6 +128,8 @@ void LocalStream::Run() {
   const uint64_t k = src.chunk_samples();
   const std::vector<int64_t>& labels = src.labels();
   const std::vector<FieldInfo>& fields = L.info.fields;
+  const bool decodes = src.decodes_samples();
+  const ChunkSource::SampleContext context{L.options.seed, epoch};
   uint64_t next = start_batch;
   tbb::task_arena arena(L.threads);
   struct Work {
@@ -202,6 +204,7 @@ void LocalStream::Run() {
                           if (w->status.ok()) w->status = st;
                           return;
                         }
+                        if (decodes) return;  // decoded per sample below, once every chunk is here
                         const uint64_t base = uint64_t(e.chunk) * k;
                         if (fields.size() == 1) {
                           for (uint32_t i : by_chunk[j]) {
@@ -221,6 +224,29 @@ void LocalStream::Run() {
                         }
                         w->chunks[j].reset();  // a transient chunk is freed here
                       });
+                      if (decodes && w->status.ok()) {
+                        // Encoded samples: decoded (and augmented) one by one
+                        // into the slot, in parallel over the batch's samples
+                        // (a batch may draw on a single chunk).
+                        std::vector<uint32_t> chunk_of(count);
+                        for (size_t j = 0; j < by_chunk.size(); ++j) {
+                          for (uint32_t i : by_chunk[j]) chunk_of[i] = static_cast<uint32_t>(j);
+                        }
+                        tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
+                          const loader::ChunkEntry& e = *w->chunks[chunk_of[i]];
+                          const std::span<const std::byte> bytes(e.data.get(), src.chunk_buffer_bytes(e.chunk));
+                          uint64_t delivered = slot.indices[i];
+                          Status ds = src.DecodeSample(bytes, e.chunk, slot.indices[i], context,
+                                                       std::span(slot.images.data() + i * sb, sb), &delivered);
+                          if (!ds.ok()) {
+                            std::lock_guard<std::mutex> lock(status_mu);
+                            if (w->status.ok()) w->status = ds;
+                            return;
+                          }
+                          slot.indices[i] = delivered;
+                          slot.labels[i] = labels.empty() ? -1 : labels[delivered];
+                        });
+                      }
                       });
                       w->chunks.clear();
                       assemble_ns += static_cast<uint64_t>((std::chrono::steady_clock::now() - t0).count());

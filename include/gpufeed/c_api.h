@@ -145,6 +145,16 @@ GPUFEED_C_EXPORT void gpufeed_options_set_io(gpufeed_options* o, const char* mod
 GPUFEED_C_EXPORT void gpufeed_options_add_field(gpufeed_options* o, const char* field);
 GPUFEED_C_EXPORT void gpufeed_options_set_max_open_files(gpufeed_options* o, int v);
 
+/* Encoded image datasets (gpufeed/encoded.h DecodeOptions; ignored for
+ * others): output size (default 224 x 224), transform
+ * ("random_resized_crop" | "center_crop"), layout ("NCHW" | "NHWC"), and
+ * skip_corrupt (replace a sample that does not decode; default 0). */
+GPUFEED_C_EXPORT void gpufeed_options_set_image_height(gpufeed_options* o, uint32_t v);
+GPUFEED_C_EXPORT void gpufeed_options_set_image_width(gpufeed_options* o, uint32_t v);
+GPUFEED_C_EXPORT void gpufeed_options_set_image_transform(gpufeed_options* o, const char* transform);
+GPUFEED_C_EXPORT void gpufeed_options_set_image_layout(gpufeed_options* o, const char* layout);
+GPUFEED_C_EXPORT void gpufeed_options_set_skip_corrupt(gpufeed_options* o, int v);
+
 /* RemoteLoaderOptions, used when the data argument is a daemon address. */
 GPUFEED_C_EXPORT void gpufeed_options_set_dataset(gpufeed_options* o, const char* dataset);
 GPUFEED_C_EXPORT void gpufeed_options_set_token(gpufeed_options* o, const char* token);

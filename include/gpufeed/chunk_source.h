@@ -82,6 +82,35 @@ class ChunkSource {
   }
   // Layout, class names, mean/std; default: none known.
   virtual SourceAttributes attributes() const { return {}; }
+
+  // --- Sources whose chunks hold encoded samples (EncodedImageSource). ---
+  // The default is a plain source: chunk i is samples_in_chunk(i) *
+  // sample_bytes() bytes and the loader copies each sample out of it.
+  //
+  // Bytes ReadChunk(i) writes: the buffer the loader's cache gives chunk i.
+  virtual uint64_t chunk_buffer_bytes(uint64_t i) const { return samples_in_chunk(i) * sample_bytes(); }
+  // The largest chunk_buffer_bytes over all chunks (the cache's buffer size).
+  virtual uint64_t max_chunk_buffer_bytes() const { return chunk_samples() * sample_bytes(); }
+  // True: the loader calls DecodeSample for each sample instead of copying
+  // sample_bytes() out of the chunk.
+  virtual bool decodes_samples() const { return false; }
+  // What a decoding source may depend on besides the sample: the loader's
+  // seed and the epoch (random augmentation is a pure function of
+  // (seed, epoch, sample), never of threads or timing).
+  struct SampleContext {
+    uint64_t seed = 0;
+    uint64_t epoch = 0;
+  };
+  // Decodes sample `sample` (global index) of chunk `chunk`, whose bytes
+  // ReadChunk wrote to `chunk_bytes`, into dst (sample_bytes()). Sets
+  // *delivered to the sample actually written: `sample`, or, when the source
+  // skips corrupt samples, the one that replaced it (its label is the one
+  // the batch must carry). Thread-safe. Only called when decodes_samples().
+  virtual Status DecodeSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample,
+                              const SampleContext& context, std::span<std::byte> dst, uint64_t* delivered) const {
+    (void)chunk_bytes, (void)chunk, (void)sample, (void)context, (void)dst, (void)delivered;
+    return Status::Internal(name() + ": DecodeSample on a source that does not decode samples");
+  }
 };
 
 }  // namespace gpufeed

@@ -94,11 +94,19 @@ struct ConvertSummary {
 Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path,
                                const ConvertOptions& options);
 
-// Stores the image folder's files as they are (JPEG only) in /jpeg, a
-// variable-length uint8 dataset, with /labels and class names; the loader
-// decodes them. Atomic like Convert().
+// Stores the image folder's files as they are (JPEG or PNG) in the group
+// /images (docs/format.md "Encoded images": a flat chunked uint8 `bytes`
+// dataset, `offsets` [N + 1], `sizes` [N, 2] and the class names), with
+// /labels; EncodedImageSource (gpufeed/encoded.h) reads it and the loader
+// decodes it. Every file's header is checked (Corrupt names the file).
+// Atomic like Convert().
 Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
                                                  const ConvertOptions& options);
+// The same format from an encoded field already in HDF5 (an h5py vlen uint8
+// dataset, which only HDF5's locked path reads, or another gpufeed file):
+// "file.h5" or "file.h5:/path", its /labels and class names kept.
+Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const std::string& out_path,
+                                          const ConvertOptions& options);
 
 }  // namespace gpufeed
 

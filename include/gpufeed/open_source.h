@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "gpufeed/dataset.h"
+#include "gpufeed/encoded.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/status.h"
@@ -28,6 +29,9 @@ struct SourceOptions {
   std::string dataset;  // daemon: the dataset to read there (empty: its first)
   LoaderOptions loader;
   OpenOptions open;     // dataset only
+  // Encoded image datasets only (gpufeed/encoded.h): output size, layout,
+  // transform, skip_corrupt. Ignored for plain datasets and daemons.
+  DecodeOptions decode;
   // Daemon only: token, token_file, client_name, timeouts, compression and
   // shared memory; its address, dataset and loader fields are ignored (the
   // ones above are used).
@@ -41,30 +45,36 @@ class OpenedSource {
   OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader);
   // A FieldSource (named fields, many files) or any other local source.
   OpenedSource(std::unique_ptr<ChunkSource> source, std::unique_ptr<Loader> loader);
+  // An encoded image dataset (decoded by the loader).
+  OpenedSource(std::unique_ptr<EncodedImageSource> encoded, std::unique_ptr<Loader> loader);
   explicit OpenedSource(std::unique_ptr<RemoteLoader> remote);
   ~OpenedSource();
 
   BatchSource& source() { return *source_; }
   const BatchSource& source() const { return *source_; }
-  // The local dataset; nullptr for a daemon or a FieldSource.
+  // The local dataset; nullptr for a daemon, a FieldSource or encoded images.
   const Dataset* dataset() const { return dataset_.get(); }
-  // The local source (a Dataset or a FieldSource); nullptr for a daemon.
+  // The local source (a Dataset, a FieldSource, encoded images); nullptr for a daemon.
   const ChunkSource* chunk_source() const { return dataset_ ? dataset_.get() : other_.get(); }
+  // The local encoded image dataset (decoded by the loader); nullptr otherwise.
+  const EncodedImageSource* encoded() const { return encoded_; }
   bool remote() const { return remote_ != nullptr; }
   uint64_t num_batches() const;  // per epoch, for this rank
 
  private:
   std::unique_ptr<Dataset> dataset_;
+  const EncodedImageSource* encoded_ = nullptr;  // other_, when it holds encoded images
   std::unique_ptr<ChunkSource> other_;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<RemoteLoader> remote_;
   BatchSource* source_ = nullptr;
 };
 
-// Opens the dataset (errors as Dataset::Open), the FieldSource when
-// options.open.fields names fields or options.data names many files (errors
-// as FieldSource::Open), or connects to the daemon (errors as
-// RemoteLoader::Connect, naming the address). The daemon serves
+// Opens the dataset (errors as Dataset::Open; an encoded image field, found
+// by DetectEncoded, is opened with OpenEncodedImages and options.decode), the
+// FieldSource when options.open.fields names fields or options.data names
+// many files (errors as FieldSource::Open), or connects to the daemon (errors
+// as RemoteLoader::Connect, naming the address). The daemon serves
 // single-array datasets: named fields with a daemon address are refused
 // (Unsupported) rather than dropped.
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& options);

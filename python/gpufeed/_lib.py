@@ -135,8 +135,11 @@ SETTERS = {
     "feed_seed": ("u64", "feed_seed"), "feed_slots": ("int", "feed_slots"),
     "feed_labels_int32": ("bool", "feed_labels_int32"), "feed_force_cpu": ("bool", "feed_force_cpu"),
     "max_open_files": ("int", "max_open_files"),
+    "image_height": ("u32", "image_height"), "image_width": ("u32", "image_width"),
+    "image_transform": ("str", "image_transform"), "image_layout": ("str", "image_layout"),
+    "skip_corrupt": ("bool", "skip_corrupt"),
 }
-_CTYPE = {"u64": ctypes.c_uint64, "int": ctypes.c_int, "bool": ctypes.c_int, "str": ctypes.c_char_p}
+_CTYPE = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "int": ctypes.c_int, "bool": ctypes.c_int, "str": ctypes.c_char_p}
 for _key, (_kind, _suffix) in SETTERS.items():
     _f = getattr(lib, "gpufeed_options_set_" + _suffix)
     _f.restype = None

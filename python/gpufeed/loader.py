@@ -123,6 +123,12 @@ class Loader:
     io: "auto", "direct" (O_DIRECT, the page cache left alone; pread where
     refused) or "buffered" (OpenOptions::io; default: auto, or GPUFEED_IO).
 
+    Encoded image datasets (JPEG/PNG files stored by `gpufeed convert DIR
+    --keep-encoded`, or h5py vlen uint8), decoded by the loader's threads:
+    image_size (S or (H, W), default 224), transform ("random_resized_crop"
+    for training, "center_crop" for evaluation), image_layout ("NCHW" /
+    "NHWC"), skip_corrupt.
+
     Daemon options (RemoteLoaderOptions): dataset, token, token_file,
     client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,
     keepalive_ms.
@@ -154,7 +160,8 @@ class Loader:
                  mean=None, std=None, echo=1, super_batch=1, crop_padding=0, flip=False, augment_seed=None,
                  slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
                  compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
-                 keepalive_ms=30000, output="auto", poll_ms=100, fields=None, max_open_files=None):
+                 keepalive_ms=30000, output="auto", poll_ms=100, fields=None, max_open_files=None, image_size=224,
+                 transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False):
         self._handle = None
         self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
         kind, index = _parse_device(device)
@@ -174,6 +181,9 @@ class Loader:
             "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
             "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),
             "max_open_files": max_open_files,
+            "image_height": image_size if isinstance(image_size, int) else image_size[0],
+            "image_width": image_size if isinstance(image_size, int) else image_size[1],
+            "image_transform": transform, "image_layout": image_layout, "skip_corrupt": skip_corrupt,
         }
         if feed:
             values.update({

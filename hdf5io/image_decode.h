@@ -1,0 +1,70 @@
+// Decode-time image transforms for encoded samples: plan a crop box
+// (random-resized-crop or resize + center crop), decode only what the box
+// needs (libjpeg's DCT scaling, jpeg_crop_scanline, jpeg_skip_scanlines),
+// and resample the box to the output size with an antialiased bilinear
+// filter. Internal to hdf5io/ (and its tests and benchmarks).
+#ifndef GPUFEED_HDF5IO_IMAGE_DECODE_H_
+#define GPUFEED_HDF5IO_IMAGE_DECODE_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpufeed/encoded.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed::image {
+
+// A crop in source pixels: rows [top, top + height), columns [left, left + width).
+struct CropBox {
+  int top = 0, left = 0, height = 0, width = 0;
+};
+
+// The counter-based generator behind every random choice: a pure function of
+// its key, so a sample's crop depends on (seed, epoch, sample) only.
+uint64_t RandomKey(uint64_t seed, uint64_t epoch, uint64_t sample);
+
+// The crop box of an image of src_h x src_w for `options`:
+//   kRandomResizedCrop: torchvision's RandomResizedCrop.get_params (10 tries
+//     of an area fraction in [scale_min, scale_max] and a log-uniform aspect
+//     ratio in [ratio_min, ratio_max] that fit, else the center crop clamped
+//     to the ratio range), with randomness from `key`.
+//   kCenterCrop: Resize(shorter side = min(out) / center_fraction) then
+//     CenterCrop(out), expressed as a box in source pixels.
+// Requires src_h, src_w > 0.
+CropBox PlanCrop(int src_h, int src_w, const DecodeOptions& options, uint64_t key);
+
+// Resamples the box (fractional, in pixels of `src`) of an interleaved RGB
+// image src (h x w x 3) to out_h x out_w with PIL's antialiased bilinear
+// filter (triangle of support max(1, scale)); writes dst planar (nchw) or
+// interleaved. dst holds 3 * out_h * out_w bytes. Thread-safe.
+void ResampleBox(const uint8_t* src, int h, int w, double box_y, double box_x, double box_h, double box_w,
+                 uint8_t* dst, int out_h, int out_w, bool nchw);
+
+// What a decode did, for tests and benchmarks.
+struct DecodeStats {
+  int scale_num = 8;            // DCT scale used, over 8
+  bool partial = false;         // crop/skip decoding was used
+  uint64_t decoded_pixels = 0;  // pixels produced by the decoder
+};
+
+// Decodes a JPEG or PNG (by signature) and applies options' transform with
+// the crop from `key`, writing 3 x out_h x out_w bytes (options.layout) to
+// dst. Greyscale becomes RGB; CMYK/YCCK (Adobe, inverted) becomes RGB.
+// Corrupt data (libjpeg errors and warnings, truncation, an unknown
+// signature) returns Corrupt with the reason (the caller adds the sample).
+// Thread-safe (per-thread decompressors and scratch).
+Status DecodeTransform(std::span<const uint8_t> bytes, const DecodeOptions& options, uint64_t key, uint8_t* dst,
+                       DecodeStats* stats = nullptr);
+
+// Full-size decode to interleaved RGB (the benchmark's ceiling and tests'
+// reference); JPEG via libjpeg with the same settings as DecodeTransform.
+Status DecodeFull(std::span<const uint8_t> bytes, std::vector<uint8_t>* rgb, int* h, int* w);
+
+// Reads a JPEG's or PNG's size without decoding it.
+Status ImageSize(std::span<const uint8_t> bytes, int* h, int* w);
+
+}  // namespace gpufeed::image
+
+#endif  // GPUFEED_HDF5IO_IMAGE_DECODE_H_

@@ -1,0 +1,63 @@
+"""Encoded image datasets from Python: h5py vlen uint8 JPEGs (as h5py users
+store them) and gpufeed's bytes+offsets conversion of them decode to the same
+batches; image k is a flat color encoding k, so each row names its index."""
+import io
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+
+import gpufeed
+
+N = 23
+
+
+def color(k):
+    return np.array([30 + (k * 53) % 190, 30 + (k * 97) % 190, 30 + (k * 29) % 190], np.float64)
+
+
+@pytest.fixture(scope="module")
+def vlen_file(tmp_path_factory):
+    Image = pytest.importorskip("PIL.Image")
+    path = tmp_path_factory.mktemp("enc") / "vlen.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("images", (N,), dtype=h5py.vlen_dtype(np.uint8))
+        for k in range(N):
+            buf = io.BytesIO()
+            h, w = 40 + k, 70 - k
+            Image.fromarray(np.tile(color(k).astype(np.uint8), (h, w, 1))).save(buf, "JPEG", quality=95)
+            d[k] = np.frombuffer(buf.getvalue(), np.uint8)
+        f["labels"] = np.arange(N, dtype=np.int64) % 4
+    return str(path)
+
+
+def batches(path, **kw):
+    """(index the row's color names, label, row) for every delivered row, in order."""
+    rows = []
+    for x, y in gpufeed.Loader(path, batch_size=5, threads=2, seed=3, pin_memory=False, output="numpy", **kw):
+        for row, label in zip(x, y):
+            means = row.reshape(3, -1).mean(1)
+            k = int(np.argmin([np.abs(means - color(j)).sum() for j in range(N)]))
+            assert np.abs(means - color(k)).max() < 4
+            rows.append((k, int(label), row.copy()))
+    return rows
+
+
+def test_vlen_and_converted_decode_alike(vlen_file, gpufeed_cli, tmp_path):
+    converted = str(tmp_path / "conv.h5")
+    subprocess.run([gpufeed_cli, "convert", vlen_file, "--keep-encoded", "-o", converted], check=True,
+                   capture_output=True)
+    a = batches(vlen_file, image_size=(16, 24), transform="random_resized_crop")
+    b = batches(converted, image_size=(16, 24), transform="random_resized_crop")
+    assert sorted(k for k, _, _ in a) == list(range(N))  # every sample once, each row names its index
+    assert all(label == k % 4 for k, label, _ in a)
+    assert all(r.shape == (3, 16, 24) and r.dtype == np.uint8 for _, _, r in a)
+    assert [k for k, _, _ in a] == [k for k, _, _ in b]
+    assert all(np.array_equal(ra, rb) for (_, _, ra), (_, _, rb) in zip(a, b))
+
+
+def test_bad_transform_names_the_option(vlen_file):
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader(vlen_file, transform="spin", pin_memory=False)
+    assert "random_resized_crop" in str(e.value)
