@@ -125,7 +125,8 @@ Status GpuFeeder::Impl::Init() {
   H = static_cast<int>(nchw ? shape[1] : shape[0]);
   W = static_cast<int>(nchw ? shape[2] : shape[1]);
   if (C > gpu::kMaxChannels) {
-    return Status::Unsupported(src.name + ": " + std::to_string(C) + " channels; is input_layout right?");
+    return Status::Unsupported(src.name + ": " + std::to_string(C) + " channels, the feed normalizes at most " +
+                               std::to_string(gpu::kMaxChannels) + " (is input_layout right?)");
   }
   if (o.mean.empty() && o.stddev.empty()) {
     // The dataset's attributes, as the local Loader or the daemon reports them.

@@ -27,7 +27,8 @@ namespace gpufeed::gpu {
 
 enum class TensorLayout : int { kNCHW = 0, kNHWC = 1 };
 
-constexpr int kMaxChannels = 8;
+// Channels the feed normalizes per channel (DeepCAM has 16).
+constexpr int kMaxChannels = 16;
 
 struct TransformParams {
   int batch = 0;             // output samples
