@@ -62,9 +62,11 @@ TEST(ChunkCacheTest, BeladyKeepsTheSoonerOfTwoCandidates) {
   tbb::task_group tasks;
   for (uint64_t b = 0; b < 3; ++b) {
     for (auto& e : cache.Acquire(b, 0, tasks)) ASSERT_TRUE(cache.Ensure(*e).ok());
+    // A decode task still queued holds its chunk, and a held chunk is never
+    // the victim: wait for them, so both candidates are free when 2 comes.
+    tasks.wait();
   }
   EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{1, 2}));
-  tasks.wait();
 }
 
 TEST(ChunkCacheTest, PrefetchesWhatTheNextBatchesNeed) {
