@@ -1,6 +1,5 @@
 // CPU image geometry used by the image-folder source: resize-to-cover plus
-// center crop. Internal to hdf5io/ (and its tests); defined in
-// image_folder_source.cc.
+// center crop. Internal to hdf5io/ (and its tests); defined in image_ops.cc.
 #ifndef GPUFEED_HDF5IO_IMAGE_OPS_H_
 #define GPUFEED_HDF5IO_IMAGE_OPS_H_
 
