@@ -13,7 +13,6 @@
 #include "bench/loader_bench.h"
 #include "gpufeed/dataset.h"
 
-
 namespace gpufeed::bench {
 Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
   auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-feed");

@@ -14,7 +14,6 @@
 #include <fstream>
 #include <mutex>
 
-
 namespace gpufeed::bench {
 namespace {
 
@@ -48,7 +47,9 @@ struct ValueNoise {
 tjhandle ThreadCompressor() {
   struct H {
     tjhandle h = tjInitCompress();
-    ~H() { if (h) tjDestroy(h); }
+    ~H() {
+      if (h) tjDestroy(h);
+    }
   };
   thread_local H h;
   return h.h;
@@ -56,7 +57,9 @@ tjhandle ThreadCompressor() {
 tjhandle ThreadDecompressor() {
   struct H {
     tjhandle h = tjInitDecompress();
-    ~H() { if (h) tjDestroy(h); }
+    ~H() {
+      if (h) tjDestroy(h);
+    }
   };
   thread_local H h;
   return h.h;
@@ -79,11 +82,18 @@ Status MakeJpegSample(uint64_t k, uint64_t seed, int quality, std::vector<unsign
     grad[c][0] = static_cast<float>((U(&s) - 0.5) * 120 / w);
     grad[c][1] = static_cast<float>((U(&s) - 0.5) * 120 / h);
   }
-  struct Shape { float cx, cy, rx, ry, col[3]; bool ellipse; };
+  struct Shape {
+    float cx, cy, rx, ry, col[3];
+    bool ellipse;
+  };
   std::vector<Shape> shapes(4 + Mix(&s) % 6);
   for (Shape& sh : shapes) {
-    sh = {float(U(&s) * w), float(U(&s) * h), float(20 + U(&s) * w / 3), float(20 + U(&s) * h / 3),
-          {float(U(&s) * 255), float(U(&s) * 255), float(U(&s) * 255)}, U(&s) < 0.5};
+    sh = {float(U(&s) * w),
+          float(U(&s) * h),
+          float(20 + U(&s) * w / 3),
+          float(20 + U(&s) * h / 3),
+          {float(U(&s) * 255), float(U(&s) * 255), float(U(&s) * 255)},
+          U(&s) < 0.5};
   }
   ValueNoise coarse(w, h, 32, &s), mid(w, h, 8, &s), fine(w, h, 2, &s), busy(w, h, 64, &s);
   ValueNoise tint[3] = {ValueNoise(w, h, 16, &s), ValueNoise(w, h, 16, &s), ValueNoise(w, h, 16, &s)};
@@ -94,7 +104,8 @@ Status MakeJpegSample(uint64_t k, uint64_t seed, int quality, std::vector<unsign
       for (const Shape& sh : shapes) {
         const float dx = (x - sh.cx) / sh.rx, dy = (y - sh.cy) / sh.ry;
         const bool in = sh.ellipse ? dx * dx + dy * dy < 1 : std::abs(dx) < 1 && std::abs(dy) < 1;
-        if (in) for (int c = 0; c < 3; ++c) v[c] = 0.25f * v[c] + 0.75f * sh.col[c];
+        if (in)
+          for (int c = 0; c < 3; ++c) v[c] = 0.25f * v[c] + 0.75f * sh.col[c];
       }
       const float b = 0.5f + 0.5f * busy.At(x, y);  // texture strength 0..1
       // Pixel-level grain (sensor noise, foliage, fabric) where it is busy.
@@ -161,7 +172,8 @@ Result<JpegGenSummary> GenImagenetJpeg(const JpegGenOptions& o) {
   r.file_bytes = bytes.load();
   ConvertOptions co;
   co.threads = o.threads;
-  if (o.progress) co.progress = [&](uint64_t d, uint64_t n) { o.progress(o.samples + d * o.samples / n, 2 * o.samples); };
+  if (o.progress)
+    co.progress = [&](uint64_t d, uint64_t n) { o.progress(o.samples + d * o.samples / n, 2 * o.samples); };
   auto conv = ConvertEncodedImageFolder(r.folder, o.output, co);
   if (!conv.ok()) return conv.status();
   r.convert = *conv;

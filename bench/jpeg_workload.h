@@ -18,13 +18,13 @@
 namespace gpufeed::bench {
 
 struct JpegGenOptions {
-  std::string output;   // the encoded .h5
-  std::string folder;   // the .jpg folder (default: output + ".jpg.d")
+  std::string output;  // the encoded .h5
+  std::string folder;  // the .jpg folder (default: output + ".jpg.d")
   uint64_t samples = 20000;
   uint64_t seed = 1;
-  int classes = 100;    // labels k % classes; sample k is file c<label>/<k>.jpg
+  int classes = 100;  // labels k % classes; sample k is file c<label>/<k>.jpg
   int quality = 90;
-  int threads = 0;      // 0: all cores
+  int threads = 0;  // 0: all cores
   std::function<void(uint64_t, uint64_t)> progress;
 };
 

@@ -32,7 +32,8 @@ uint64_t CurrentRss() {
   return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
-const Dataset* VerificationFile(const OpenedSource& source, const std::string& dataset, std::optional<Dataset>* holder) {
+const Dataset* VerificationFile(const OpenedSource& source, const std::string& dataset,
+                                std::optional<Dataset>* holder) {
   if (source.dataset() != nullptr) return source.dataset();
   const std::string& name = source.source().info().name;
   const size_t space = name.find(' ');
@@ -92,8 +93,9 @@ Result<double> DirectReadCeiling(const std::string& path) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ::close(fd);
   if (err != 0) return Status::IOError(path + ": O_DIRECT read failed: " + std::strerror(err));
-  if (total != size) return Status::IOError(path + ": O_DIRECT read " + std::to_string(total.load()) + " of " +
-                                            std::to_string(size) + " bytes");
+  if (total != size)
+    return Status::IOError(path + ": O_DIRECT read " + std::to_string(total.load()) + " of " + std::to_string(size) +
+                           " bytes");
   return size / secs / 1e9;
 }
 
@@ -150,8 +152,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   // An encoded dataset is checked against its own labels and an independent
   // decode of the stored bytes with the same (seed, epoch, sample) crop.
   const EncodedImageSource* enc = (*opened)->encoded();
-  const std::vector<int64_t>* file_labels =
-      ds != nullptr ? &ds->labels() : enc != nullptr ? &enc->labels() : nullptr;
+  const std::vector<int64_t>* file_labels = ds != nullptr ? &ds->labels() : enc != nullptr ? &enc->labels() : nullptr;
   const bool labels = file_labels != nullptr && !file_labels->empty();
   LoaderBenchResult r;
   r.sample_bytes = sb;
@@ -217,7 +218,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     for (uint64_t nb = 0; nb < want_batches; ++nb) {
       auto b = stream.Next();
       if (!b.ok()) return b.status();
-      if (!b->has_value()) return Status::Internal(o.data + ": the epoch ended after " + std::to_string(nb) + " batches");
+      if (!b->has_value())
+        return Status::Internal(o.data + ": the epoch ended after " + std::to_string(nb) + " batches");
       const Batch& batch = **b;
       if (nb == 0) r.first_batch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (uint64_t i = 0; i < batch.size(); ++i) {
@@ -325,10 +327,10 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   // Direct I/O adds its read-ahead's 4 chunk buffers (Dataset's io_uring ring).
   const uint64_t read_ahead = (*opened)->dataset() != nullptr && ds->info().io == "direct" ? 4 : 0;
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
-                         (2 * threads + 4 + read_ahead) * (ds != nullptr      ? ds->chunk_bytes_max()
-                                                          : fields != nullptr ? fields->chunk_samples() * sb
-                                                          : enc != nullptr    ? enc->max_chunk_buffer_bytes()
-                                                                              : 0);
+                         (2 * threads + 4 + read_ahead) * (ds != nullptr       ? ds->chunk_bytes_max()
+                                                           : fields != nullptr ? fields->chunk_samples() * sb
+                                                           : enc != nullptr    ? enc->max_chunk_buffer_bytes()
+                                                                               : 0);
   return r;
 }
 

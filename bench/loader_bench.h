@@ -55,28 +55,29 @@ struct LoaderBenchResult {
   double seconds = 0;              // the last epoch: Epoch() to its last batch
   double first_epoch_seconds = 0;  // the first epoch, start-up included
   double first_batch_seconds = 0;  // the last epoch: Epoch() to its first batch
-  uint64_t spot_checked = 0;  // samples whose bytes were compared with a direct read (or decode)
-  bool encoded = false;       // an encoded image dataset, decoded by the loader
-  uint64_t stored_bytes = 0;  // encoded: the files' bytes the epoch decoded from
-  uint64_t skipped = 0;       // encoded: corrupt samples replaced (--skip-corrupt)
+  uint64_t spot_checked = 0;       // samples whose bytes were compared with a direct read (or decode)
+  bool encoded = false;            // an encoded image dataset, decoded by the loader
+  uint64_t stored_bytes = 0;       // encoded: the files' bytes the epoch decoded from
+  uint64_t skipped = 0;            // encoded: corrupt samples replaced (--skip-corrupt)
   // encoded: the ceiling, measured in the same run after the epochs:
   // libjpeg-turbo's full-size decode on one core (samples/s) x threads.
   double decode_one_core_per_s = 0;
   double transform_one_core_per_s = 0;
-  double parallel_decode_per_s = 0;     // full-size decodes on `threads` threads at once, right after the epochs  // gpufeed's decode + transform, same files, same core, interleaved
+  double parallel_decode_per_s = 0;  // full-size decodes on `threads` threads at once, right after the epochs  //
+                                     // gpufeed's decode + transform, same files, same core, interleaved
   uint64_t ceiling_samples = 0;
   double ceiling_per_s(int threads) const { return decode_one_core_per_s * threads; }
   bool bytes_verified = false;  // false: a daemon whose file this host cannot read (indices checked only)
   bool full_epoch = false;
   std::vector<std::string> warnings;  // options the loader adjusted (Loader::info().warnings)
-  uint64_t max_rss_bytes = 0;      // peak resident memory of the process
-  uint64_t rss_before_bytes = 0;   // resident before the Loader existed (code, libraries, the index)
-  uint64_t memory_bound_bytes = 0; // cache + (prefetch + 1) x batch + threads x chunk (docs: loader.h)
+  uint64_t max_rss_bytes = 0;         // peak resident memory of the process
+  uint64_t rss_before_bytes = 0;      // resident before the Loader existed (code, libraries, the index)
+  uint64_t memory_bound_bytes = 0;    // cache + (prefetch + 1) x batch + threads x chunk (docs: loader.h)
   // --cold: the file read, its size, the dataset's I/O mode ("direct" or
   // "buffered", with the fallback note) and the O_DIRECT sequential ceiling.
   std::string file, io, io_note;
   uint64_t file_bytes = 0;
-  double ceiling_gb_per_s = 0;  // 0: not measured (O_DIRECT refused: see ceiling_note)
+  double ceiling_gb_per_s = 0;                // 0: not measured (O_DIRECT refused: see ceiling_note)
   std::vector<double> ceiling_runs_gb_per_s;  // before and after the epochs; the ceiling is the larger
   std::string ceiling_note;
   double samples_per_s() const { return samples / seconds; }
@@ -89,8 +90,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& options);
 // --token-file), the stream named `client_name` in the daemon's logs.
 Result<std::unique_ptr<OpenedSource>> OpenBenchSource(const std::string& data, const std::string& dataset,
                                                       const LoaderOptions& loader, const std::string& token_file,
-                                                      const std::string& client_name,
-                                                      const OpenOptions& open = {},
+                                                      const std::string& client_name, const OpenOptions& open = {},
                                                       const DecodeOptions& decode = {});
 
 // The file to verify a source's batches against: the dataset it reads, or

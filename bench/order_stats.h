@@ -12,8 +12,8 @@
 namespace gpufeed::bench {
 
 struct OrderStats {
-  double mean_span = 0;   // mean over chunks of (last - first position of its samples) / N
-  double mean_std = 0;    // mean over chunks of the std of its samples' positions / N (uniform: 0.289)
+  double mean_span = 0;              // mean over chunks of (last - first position of its samples) / N
+  double mean_std = 0;               // mean over chunks of the std of its samples' positions / N (uniform: 0.289)
   double mean_abs_displacement = 0;  // mean |position - index| / N, how far samples move
 };
 

@@ -18,7 +18,6 @@
 namespace gpufeed::bench {
 namespace {
 
-
 // Reads every chunk of `ds` with `threads` threads; when `hashes` is given,
 // stores each sample's XXH3 there. Returns the first error.
 Status ReadAll(const Dataset& ds, int threads, std::vector<uint64_t>* hashes) {
@@ -53,8 +52,10 @@ Status ReadAll(const Dataset& ds, int threads, std::vector<uint64_t>* hashes) {
 
 Result<ReadBenchResult> RunReadBench(const ReadBenchOptions& options) {
   if (IsDaemonAddress(options.data)) {
-    return Status::Unsupported(options.data + ": bench read decodes a file's chunks, and a daemon serves batches, not "
-                               "chunks: measure it with bench loader --data " + options.data);
+    return Status::Unsupported(options.data +
+                               ": bench read decodes a file's chunks, and a daemon serves batches, not "
+                               "chunks: measure it with bench loader --data " +
+                               options.data);
   }
   auto direct = Dataset::Open(options.data);
   if (!direct.ok()) return direct.status();

@@ -21,13 +21,13 @@
 namespace gpufeed::bench {
 
 struct SciGenOptions {
-  std::string workload;   // "deepcam" or "cosmoflow"
-  std::string output;     // a directory (created)
+  std::string workload;  // "deepcam" or "cosmoflow"
+  std::string output;    // a directory (created)
   uint64_t samples = 64;
-  uint64_t scale = 1;     // spatial size divided by this
-  uint64_t per_file = 16; // cosmoflow: samples per file
+  uint64_t scale = 1;      // spatial size divided by this
+  uint64_t per_file = 16;  // cosmoflow: samples per file
   uint64_t seed = 1;
-  int threads = 0;        // 0: all cores
+  int threads = 0;  // 0: all cores
 };
 
 struct SciGenResult {

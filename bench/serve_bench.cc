@@ -111,9 +111,8 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
   auto ds = Dataset::Open(o.data);
   if (!ds.ok()) return ds.status();
   if (o.clients < 1 || ds->num_samples() % static_cast<uint64_t>(o.clients) != 0) {
-    return Status::InvalidArgument("bench serve: N = " + std::to_string(ds->num_samples()) +
-                                   " must divide among " + std::to_string(o.clients) +
-                                   " clients for the every-sample-once check");
+    return Status::InvalidArgument("bench serve: N = " + std::to_string(ds->num_samples()) + " must divide among " +
+                                   std::to_string(o.clients) + " clients for the every-sample-once check");
   }
   ServeBenchResult r;
   r.samples = ds->num_samples();

@@ -90,18 +90,30 @@ gpufeed_code Guard(gpufeed_error** error, F&& body) {
 
 DLDataType DlType(DType t) {
   switch (t) {
-    case DType::kUInt8: return {kDLUInt, 8, 1};
-    case DType::kInt8: return {kDLInt, 8, 1};
-    case DType::kUInt16: return {kDLUInt, 16, 1};
-    case DType::kInt16: return {kDLInt, 16, 1};
-    case DType::kUInt32: return {kDLUInt, 32, 1};
-    case DType::kInt32: return {kDLInt, 32, 1};
-    case DType::kUInt64: return {kDLUInt, 64, 1};
-    case DType::kInt64: return {kDLInt, 64, 1};
-    case DType::kFloat16: return {kDLFloat, 16, 1};
-    case DType::kBFloat16: return {kDLBfloat, 16, 1};
-    case DType::kFloat32: return {kDLFloat, 32, 1};
-    case DType::kFloat64: return {kDLFloat, 64, 1};
+    case DType::kUInt8:
+      return {kDLUInt, 8, 1};
+    case DType::kInt8:
+      return {kDLInt, 8, 1};
+    case DType::kUInt16:
+      return {kDLUInt, 16, 1};
+    case DType::kInt16:
+      return {kDLInt, 16, 1};
+    case DType::kUInt32:
+      return {kDLUInt, 32, 1};
+    case DType::kInt32:
+      return {kDLInt, 32, 1};
+    case DType::kUInt64:
+      return {kDLUInt, 64, 1};
+    case DType::kInt64:
+      return {kDLInt, 64, 1};
+    case DType::kFloat16:
+      return {kDLFloat, 16, 1};
+    case DType::kBFloat16:
+      return {kDLBfloat, 16, 1};
+    case DType::kFloat32:
+      return {kDLFloat, 32, 1};
+    case DType::kFloat64:
+      return {kDLFloat, 64, 1};
   }
   return {kDLUInt, 8, 1};
 }
@@ -236,8 +248,8 @@ struct Core {
     if (!feed) return start_batch + delivered;
     if (ended) return opened->num_batches();
     // Loader batches whose outputs were all delivered: whole uploads.
-    const uint64_t per_upload = static_cast<uint64_t>(std::max(1, feed_options.echo)) *
-                                static_cast<uint64_t>(feed_options.super_batch);
+    const uint64_t per_upload =
+        static_cast<uint64_t>(std::max(1, feed_options.echo)) * static_cast<uint64_t>(feed_options.super_batch);
     return start_batch + delivered / per_upload * static_cast<uint64_t>(feed_options.super_batch);
   }
 };
@@ -326,12 +338,14 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
       b->arrays.push_back({"images", const_cast<std::byte*>(h.images().data()), DlType(dt), shape});
     }
     if (!h.labels().empty()) {
-      b->arrays.push_back({"labels", const_cast<int64_t*>(h.labels().data()), DlType(DType::kInt64),
-                           {static_cast<int64_t>(h.size())}});
+      b->arrays.push_back(
+          {"labels", const_cast<int64_t*>(h.labels().data()), DlType(DType::kInt64), {static_cast<int64_t>(h.size())}});
     }
     // Global sample indices (uint64 in the pool, < 2^63): int64, the type
     // every DLPack consumer takes.
-    b->arrays.push_back({"indices", const_cast<uint64_t*>(h.indices().data()), DlType(DType::kInt64),
+    b->arrays.push_back({"indices",
+                         const_cast<uint64_t*>(h.indices().data()),
+                         DlType(DType::kInt64),
                          {static_cast<int64_t>(h.size())}});
     b->host = std::move(f.host);
     core->held_host.fetch_add(1, std::memory_order_relaxed);
@@ -349,9 +363,8 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
     b->epoch = core->epoch;
     b->index = d.index();
     b->size = static_cast<uint64_t>(n);
-    std::vector<int64_t> shape = core->feed_options.layout == gpufeed::Layout::kNCHW
-                                     ? std::vector<int64_t>{n, C, H, W}
-                                     : std::vector<int64_t>{n, H, W, C};
+    std::vector<int64_t> shape = core->feed_options.layout == gpufeed::Layout::kNCHW ? std::vector<int64_t>{n, C, H, W}
+                                                                                     : std::vector<int64_t>{n, H, W, C};
     b->arrays.push_back({named ? info.fields[0].name.c_str() : "images", const_cast<void*>(d.images()),
                          DlType(core->feed_options.dtype), shape});
     if (named && d.mask() != nullptr) {
@@ -361,8 +374,10 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
                            DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), mshape});
     }
     if (info.has_labels) {
-      b->arrays.push_back({"labels", const_cast<void*>(d.labels()),
-                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), {n}});
+      b->arrays.push_back({"labels",
+                           const_cast<void*>(d.labels()),
+                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64),
+                           {n}});
     }
     if (d.ready_event() != nullptr) b->dl_device = {kDLCUDA, core->feed_options.device};
     b->feed = std::move(f.feed);
@@ -426,16 +441,26 @@ void gpufeed_free(void* p) { std::free(p); }
 
 const char* gpufeed_code_name(gpufeed_code code) {
   switch (code) {
-    case GPUFEED_OK: return "OK";
-    case GPUFEED_INVALID_ARGUMENT: return "InvalidArgument";
-    case GPUFEED_NOT_FOUND: return "NotFound";
-    case GPUFEED_UNSUPPORTED: return "Unsupported";
-    case GPUFEED_CORRUPT: return "Corrupt";
-    case GPUFEED_IO_ERROR: return "IOError";
-    case GPUFEED_INTERNAL: return "Internal";
-    case GPUFEED_END: return "End";
-    case GPUFEED_TIMEOUT: return "Timeout";
-    case GPUFEED_INTERRUPTED: return "Interrupted";
+    case GPUFEED_OK:
+      return "OK";
+    case GPUFEED_INVALID_ARGUMENT:
+      return "InvalidArgument";
+    case GPUFEED_NOT_FOUND:
+      return "NotFound";
+    case GPUFEED_UNSUPPORTED:
+      return "Unsupported";
+    case GPUFEED_CORRUPT:
+      return "Corrupt";
+    case GPUFEED_IO_ERROR:
+      return "IOError";
+    case GPUFEED_INTERNAL:
+      return "Internal";
+    case GPUFEED_END:
+      return "End";
+    case GPUFEED_TIMEOUT:
+      return "Timeout";
+    case GPUFEED_INTERRUPTED:
+      return "Interrupted";
   }
   return "Unknown";
 }
@@ -515,7 +540,8 @@ void gpufeed_options_set_feed_std(gpufeed_options* o, const double* v, size_t n)
 gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* options, gpufeed_error** error) {
   gpufeed_loader* out = nullptr;
   Guard(error, [&]() -> gpufeed_code {
-    if (data == nullptr || options == nullptr) return Fail(error, GPUFEED_INVALID_ARGUMENT, "gpufeed_loader_open: NULL argument");
+    if (data == nullptr || options == nullptr)
+      return Fail(error, GPUFEED_INVALID_ARGUMENT, "gpufeed_loader_open: NULL argument");
     gpufeed::SourceOptions so = options->source;
     so.data = data;
     auto order = gpufeed::OrderFromName(options->order);
@@ -536,7 +562,9 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
     core->pool_slots = static_cast<uint64_t>(std::max(1, so.loader.prefetch)) + 1;
     if (core->feed) {
       auto dt = gpufeed::DTypeFromName(options->dtype);
-      if (!dt) return Fail(error, GPUFEED_INVALID_ARGUMENT, "feed dtype '" + options->dtype + "': float32, float16 or bfloat16");
+      if (!dt)
+        return Fail(error, GPUFEED_INVALID_ARGUMENT,
+                    "feed dtype '" + options->dtype + "': float32, float16 or bfloat16");
       core->feed_options.dtype = *dt;
       for (auto [text, field] : {std::pair{&options->layout, &core->feed_options.layout},
                                  std::pair{&options->input_layout, &core->feed_options.input_layout}}) {

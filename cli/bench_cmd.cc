@@ -144,14 +144,16 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   }
   if (r->encoded) {
     const double ceiling = r->ceiling_per_s(lo.threads);
-    std::printf("  ceiling (same run): libjpeg-turbo full-size decode %.0f samples/s on one core (%llu samples) x %d "
-                "threads = %.0f samples/s; the loader's last epoch is %.2fx of it\n",
-                r->decode_one_core_per_s, static_cast<unsigned long long>(r->ceiling_samples), lo.threads, ceiling,
-                ceiling > 0 ? r->samples_per_s() / ceiling : 0.0);
-    std::printf("  full-size decode on %d threads at once (same run, after the epochs): %.0f samples/s; the loader is "
-                "%.2fx of it\n",
-                lo.threads, r->parallel_decode_per_s,
-                r->parallel_decode_per_s > 0 ? r->samples_per_s() / r->parallel_decode_per_s : 0.0);
+    std::printf(
+        "  ceiling (same run): libjpeg-turbo full-size decode %.0f samples/s on one core (%llu samples) x %d "
+        "threads = %.0f samples/s; the loader's last epoch is %.2fx of it\n",
+        r->decode_one_core_per_s, static_cast<unsigned long long>(r->ceiling_samples), lo.threads, ceiling,
+        ceiling > 0 ? r->samples_per_s() / ceiling : 0.0);
+    std::printf(
+        "  full-size decode on %d threads at once (same run, after the epochs): %.0f samples/s; the loader is "
+        "%.2fx of it\n",
+        lo.threads, r->parallel_decode_per_s,
+        r->parallel_decode_per_s > 0 ? r->samples_per_s() / r->parallel_decode_per_s : 0.0);
     std::printf("  one core, same files, interleaved: decode + %s %.0f samples/s vs full-size decode %.0f: %.2fx\n",
                 std::string(ImageTransformName(a.bench.decode.transform)).c_str(), r->transform_one_core_per_s,
                 r->decode_one_core_per_s,
@@ -161,21 +163,23 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
     std::printf("  verified every epoch: %s, every index once, labels equal, %llu samples' bytes compared\n",
                 r->full_epoch ? "full epoch" : "partial epoch", static_cast<unsigned long long>(r->spot_checked));
   } else {
-    std::printf("  verified every epoch: %s, every index once (the daemon's file is not readable here: "
-                "labels and bytes not compared)\n", r->full_epoch ? "full epoch" : "partial epoch");
+    std::printf(
+        "  verified every epoch: %s, every index once (the daemon's file is not readable here: "
+        "labels and bytes not compared)\n",
+        r->full_epoch ? "full epoch" : "partial epoch");
   }
   for (const bench::LoaderBenchEpoch& e : r->epochs) {
-    std::printf("  epoch %llu: %.0f samples/s, %llu chunk reads (+%llu ahead for the next), hit rate %.3f, "
-                "%.1f MB decoded\n",
-                static_cast<unsigned long long>(e.epoch), e.seconds > 0 ? e.samples / e.seconds : 0.0,
-                static_cast<unsigned long long>(e.stats.chunk_reads),
-                static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(),
-                e.stats.bytes_decoded / 1e6);
+    std::printf(
+        "  epoch %llu: %.0f samples/s, %llu chunk reads (+%llu ahead for the next), hit rate %.3f, "
+        "%.1f MB decoded\n",
+        static_cast<unsigned long long>(e.epoch), e.seconds > 0 ? e.samples / e.seconds : 0.0,
+        static_cast<unsigned long long>(e.stats.chunk_reads),
+        static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(), e.stats.bytes_decoded / 1e6);
   }
   if (a.bench.cold) {
-    std::printf("  cold: %s (%.2f GB), I/O %s%s%s%s; O_DIRECT sequential ceiling ",
-                r->file.c_str(), r->file_bytes / 1e9, r->io.c_str(), r->io_note.empty() ? "" : " (",
-                r->io_note.c_str(), r->io_note.empty() ? "" : ")");
+    std::printf("  cold: %s (%.2f GB), I/O %s%s%s%s; O_DIRECT sequential ceiling ", r->file.c_str(),
+                r->file_bytes / 1e9, r->io.c_str(), r->io_note.empty() ? "" : " (", r->io_note.c_str(),
+                r->io_note.empty() ? "" : ")");
     if (r->ceiling_gb_per_s > 0) {
       std::printf("%.2f GB/s (runs before / after the epochs: %.2f / %.2f)\n", r->ceiling_gb_per_s,
                   r->ceiling_runs_gb_per_s.at(0), r->ceiling_runs_gb_per_s.at(1));
@@ -185,10 +189,11 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
     for (const bench::LoaderBenchEpoch& e : r->epochs) {
       const double file_gbs = e.seconds > 0 ? e.stats.bytes_read / e.seconds / 1e9 : 0;
       const double delivered_gbs = e.seconds > 0 ? e.samples * double(r->sample_bytes) / e.seconds / 1e9 : 0;
-      std::printf("  cold epoch %llu: in page cache %.1f%% at start, %.1f%% at end; file read at %.2f GB/s, "
-                  "samples delivered at %.2f GB/s",
-                  static_cast<unsigned long long>(e.epoch), 100 * e.resident_before, 100 * e.resident_after, file_gbs,
-                  delivered_gbs);
+      std::printf(
+          "  cold epoch %llu: in page cache %.1f%% at start, %.1f%% at end; file read at %.2f GB/s, "
+          "samples delivered at %.2f GB/s",
+          static_cast<unsigned long long>(e.epoch), 100 * e.resident_before, 100 * e.resident_after, file_gbs,
+          delivered_gbs);
       if (r->ceiling_gb_per_s > 0) {
         std::printf(" (%.2f and %.2f of the ceiling)", file_gbs / r->ceiling_gb_per_s,
                     delivered_gbs / r->ceiling_gb_per_s);
@@ -196,18 +201,20 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
       std::printf("\n");
     }
   }
-  std::printf("  last of %d epochs: %llu samples in %.3f s: %.0f samples/s, %.2f GB/s (first batch after %.3f s; "
-              "the first epoch took %.3f s)\n",
-              a.bench.epochs, static_cast<unsigned long long>(r->samples), r->seconds, r->samples_per_s(),
-              r->gb_per_s(), r->first_batch_seconds, r->first_epoch_seconds);
-  std::printf("  stages (busy s, summed over threads): plan %.3f, fetch+decode %.3f, assemble %.3f; consumer waited %.3f s; "
-              "mean ready queue %.1f\n",
-              s.plan_seconds, s.fetch_seconds, s.assemble_seconds, s.consumer_wait_seconds, s.mean_queue_depth());
+  std::printf(
+      "  last of %d epochs: %llu samples in %.3f s: %.0f samples/s, %.2f GB/s (first batch after %.3f s; "
+      "the first epoch took %.3f s)\n",
+      a.bench.epochs, static_cast<unsigned long long>(r->samples), r->seconds, r->samples_per_s(), r->gb_per_s(),
+      r->first_batch_seconds, r->first_epoch_seconds);
+  std::printf(
+      "  stages (busy s, summed over threads): plan %.3f, fetch+decode %.3f, assemble %.3f; consumer waited %.3f s; "
+      "mean ready queue %.1f\n",
+      s.plan_seconds, s.fetch_seconds, s.assemble_seconds, s.consumer_wait_seconds, s.mean_queue_depth());
   std::printf("  memory: peak RSS %.0f MiB, %.0f MiB of it before the loader existed; loader bound %.0f MiB\n",
               r->max_rss_bytes / 1048576.0, r->rss_before_bytes / 1048576.0, r->memory_bound_bytes / 1048576.0);
   std::printf("  cache: %llu chunk reads, hit rate %.3f, %llu prefetched, read amplification %.2f\n",
-              static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(), static_cast<unsigned long long>(s.prefetched),
-              s.read_amplification());
+              static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(),
+              static_cast<unsigned long long>(s.prefetched), s.read_amplification());
   return 0;
 }
 
@@ -233,13 +240,14 @@ int RunSciGen(const GenArgs& a) {
     std::fprintf(stderr, "gpufeed bench gen: %s\n", r.status().ToString().c_str());
     return 1;
   }
-  std::printf("wrote %s/: %s, %llu samples in %llu files, %.1f MB raw, %.1f MB of files (%.2fx), %.1f s\n"
-              "read it with: --data '%s/*.h5' %s\n",
-              a.output.c_str(), a.workload.c_str(), static_cast<unsigned long long>(r->samples),
-              static_cast<unsigned long long>(r->files), r->raw_bytes / 1e6, r->file_bytes / 1e6,
-              static_cast<double>(r->raw_bytes) / std::max<uint64_t>(1, r->file_bytes),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), a.output.c_str(),
-              r->fields.c_str());
+  std::printf(
+      "wrote %s/: %s, %llu samples in %llu files, %.1f MB raw, %.1f MB of files (%.2fx), %.1f s\n"
+      "read it with: --data '%s/*.h5' %s\n",
+      a.output.c_str(), a.workload.c_str(), static_cast<unsigned long long>(r->samples),
+      static_cast<unsigned long long>(r->files), r->raw_bytes / 1e6, r->file_bytes / 1e6,
+      static_cast<double>(r->raw_bytes) / std::max<uint64_t>(1, r->file_bytes),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), a.output.c_str(),
+      r->fields.c_str());
   return 0;
 }
 
@@ -257,11 +265,11 @@ int RunJpegGen(const GenArgs& a) {
     std::fprintf(stderr, "gpufeed bench gen: %s\n", s.status().ToString().c_str());
     return 1;
   }
-  std::printf("wrote %s: imagenet-jpeg, %llu JPEGs (quality 90, 400..500 x 350..375), %.1f MB of files, "
-              "%.1f KB a file, %.1f MB file; the same files as a folder in %s\n",
-              a.output.c_str(), static_cast<unsigned long long>(s->samples), s->file_bytes / 1e6,
-              s->file_bytes / 1e3 / std::max<uint64_t>(1, s->samples), s->convert.output_bytes / 1e6,
-              s->folder.c_str());
+  std::printf(
+      "wrote %s: imagenet-jpeg, %llu JPEGs (quality 90, 400..500 x 350..375), %.1f MB of files, "
+      "%.1f KB a file, %.1f MB file; the same files as a folder in %s\n",
+      a.output.c_str(), static_cast<unsigned long long>(s->samples), s->file_bytes / 1e6,
+      s->file_bytes / 1e3 / std::max<uint64_t>(1, s->samples), s->convert.output_bytes / 1e6, s->folder.c_str());
   return 0;
 }
 
@@ -315,7 +323,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->required();
   lcmd->add_option("--field", la->bench.open.fields, "NAME=/hdf5/path: a named field (repeatable, in order)");
   lcmd->add_option("--max-open-files", la->bench.open.max_open_files, "files holding descriptors at once");
-  lcmd->add_option("--dataset", la->bench.dataset, "with a daemon --data: the dataset to read there (default: its first)");
+  lcmd->add_option("--dataset", la->bench.dataset,
+                   "with a daemon --data: the dataset to read there (default: its first)");
   lcmd->add_option("--token-file", la->bench.token_file, "with a tcp:// daemon: its shared secret");
   lcmd->add_option("--order", la->order, "sequential, random or block")
       ->check(CLI::IsMember({"sequential", "random", "block"}));
@@ -374,16 +383,19 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       return;
     }
     if (*json) {
-      std::printf("%s\n", nlohmann::json({{"batch_bytes", r->batch_bytes}, {"pinned_gb_per_s", r->pinned_gb_per_s},
-                                           {"pool_gb_per_s", r->pool_gb_per_s}, {"pageable_gb_per_s", r->pageable_gb_per_s},
-                                           {"ratio", r->ratio()}})
-                               .dump(2)
-                               .c_str());
+      std::printf("%s\n", nlohmann::json({{"batch_bytes", r->batch_bytes},
+                                          {"pinned_gb_per_s", r->pinned_gb_per_s},
+                                          {"pool_gb_per_s", r->pool_gb_per_s},
+                                          {"pageable_gb_per_s", r->pageable_gb_per_s},
+                                          {"ratio", r->ratio()}})
+                              .dump(2)
+                              .c_str());
     } else {
-      std::printf("h2d: pinned %.1f GB/s (ceiling, one %.0f MB buffer); pool of batch slots %.1f GB/s = %.1f%%; "
-                  "pageable %.1f GB/s\n",
-                  r->pinned_gb_per_s, r->batch_bytes * h2d->second / 1e6, r->pool_gb_per_s, 100 * r->ratio(),
-                  r->pageable_gb_per_s);
+      std::printf(
+          "h2d: pinned %.1f GB/s (ceiling, one %.0f MB buffer); pool of batch slots %.1f GB/s = %.1f%%; "
+          "pageable %.1f GB/s\n",
+          r->pinned_gb_per_s, r->batch_bytes * h2d->second / 1e6, r->pool_gb_per_s, 100 * r->ratio(),
+          r->pageable_gb_per_s);
     }
     *exit_code = 0;
   });
@@ -401,12 +413,17 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
     }
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& k : *r) {
-      rows.push_back({{"dtype", k.dtype}, {"layout", k.layout}, {"ms", k.ms}, {"gb_per_s", k.kernel_gb_per_s},
-                      {"memcpy_gb_per_s", k.memcpy_gb_per_s}, {"ratio", k.ratio()}});
+      rows.push_back({{"dtype", k.dtype},
+                      {"layout", k.layout},
+                      {"ms", k.ms},
+                      {"gb_per_s", k.kernel_gb_per_s},
+                      {"memcpy_gb_per_s", k.memcpy_gb_per_s},
+                      {"ratio", k.ratio()}});
       if (!*json) {
-        std::printf("transform %s %s (crop+flip, normalize): %.3f ms, %.0f GB/s = %.1f%% of D2D copy %.0f GB/s "
-                    "(verified against the CPU reference)\n",
-                    k.dtype.c_str(), k.layout.c_str(), k.ms, k.kernel_gb_per_s, 100 * k.ratio(), k.memcpy_gb_per_s);
+        std::printf(
+            "transform %s %s (crop+flip, normalize): %.3f ms, %.0f GB/s = %.1f%% of D2D copy %.0f GB/s "
+            "(verified against the CPU reference)\n",
+            k.dtype.c_str(), k.layout.c_str(), k.ms, k.kernel_gb_per_s, 100 * k.ratio(), k.memcpy_gb_per_s);
       }
     }
     if (*json) std::printf("%s\n", rows.dump(2).c_str());
@@ -458,22 +475,26 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
     }
     const FeedStats& s = r->stats;
     if (fa->json) {
-      std::printf("%s\n", nlohmann::json({{"data", fa->o.data}, {"on_gpu", s.on_gpu}, {"dtype", fa->dtype},
-                                           {"echo", s.echo}, {"loader_samples_per_s", r->loader_samples_per_s},
-                                           {"fresh_samples_per_s", s.fresh_samples / r->seconds},
-                                           {"echoed_samples_per_s", s.echoed_samples / r->seconds},
-                                           {"fresh_share_of_loader", r->fresh_share()},
-                                           {"data_wait_s", s.data_wait_seconds}, {"seconds", r->seconds},
-                                           {"verified_samples", r->verified_samples}})
-                               .dump(2)
-                               .c_str());
+      std::printf("%s\n", nlohmann::json({{"data", fa->o.data},
+                                          {"on_gpu", s.on_gpu},
+                                          {"dtype", fa->dtype},
+                                          {"echo", s.echo},
+                                          {"loader_samples_per_s", r->loader_samples_per_s},
+                                          {"fresh_samples_per_s", s.fresh_samples / r->seconds},
+                                          {"echoed_samples_per_s", s.echoed_samples / r->seconds},
+                                          {"fresh_share_of_loader", r->fresh_share()},
+                                          {"data_wait_s", s.data_wait_seconds},
+                                          {"seconds", r->seconds},
+                                          {"verified_samples", r->verified_samples}})
+                              .dump(2)
+                              .c_str());
     } else {
-      std::printf("feed %s (%s, %s, echo %d): %.0f fresh samples/s = %.1f%% of the loader alone (%.0f); "
-                  "%.0f echoed samples/s; data wait %.2f s of %.2f s; %llu samples verified on the %s\n",
-                  fa->o.data.c_str(), s.on_gpu ? "GPU" : "CPU twins", fa->dtype.c_str(), s.echo,
-                  s.fresh_samples / r->seconds, 100 * r->fresh_share(), r->loader_samples_per_s,
-                  s.echoed_samples / r->seconds, s.data_wait_seconds, r->seconds,
-                  static_cast<unsigned long long>(r->verified_samples), s.on_gpu ? "GPU" : "CPU");
+      std::printf(
+          "feed %s (%s, %s, echo %d): %.0f fresh samples/s = %.1f%% of the loader alone (%.0f); "
+          "%.0f echoed samples/s; data wait %.2f s of %.2f s; %llu samples verified on the %s\n",
+          fa->o.data.c_str(), s.on_gpu ? "GPU" : "CPU twins", fa->dtype.c_str(), s.echo, s.fresh_samples / r->seconds,
+          100 * r->fresh_share(), r->loader_samples_per_s, s.echoed_samples / r->seconds, s.data_wait_seconds,
+          r->seconds, static_cast<unsigned long long>(r->verified_samples), s.on_gpu ? "GPU" : "CPU");
     }
     *exit_code = 0;
   });
@@ -487,8 +508,9 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   sa->o.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
   sa->o.loader.pin_memory = false;
   CLI::App* scmd = bench_cmd->add_subcommand(
-      "serve", "Local Loader vs the daemon over a Unix socket (1 client, then N ranks), verified; then memory "
-               "with idle and stalled clients");
+      "serve",
+      "Local Loader vs the daemon over a Unix socket (1 client, then N ranks), verified; then memory "
+      "with idle and stalled clients");
   scmd->add_option("--data", sa->o.data, "a `bench gen` file")->required();
   scmd->add_option("--order", sa->order, "sequential, random or block")
       ->check(CLI::IsMember({"sequential", "random", "block"}));
@@ -517,53 +539,64 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
     const auto& o = sa->o;
     const double growth = static_cast<double>(r->rss_later) - static_cast<double>(r->rss_before);
     if (sa->json) {
-      std::printf("%s\n", nlohmann::json({{"data", o.data}, {"order", sa->order}, {"threads", o.loader.threads},
-                                           {"batch_size", o.loader.batch_size}, {"samples", r->samples},
-                                           {"compress", o.compress}, {"local_samples_per_s", r->local_sps},
-                                           {"shared_memory", o.shared_memory},
-                                           {"remote1_samples_per_s", r->remote1_sps},
-                                           {"remote1_socket_samples_per_s", r->remote1_socket_sps},
-                                           {"remote1_socket_ratio", r->remote1_socket_ratio()},
-                                           {"remote_n_samples_per_s", r->remote4_sps}, {"clients", o.clients},
-                                           {"remote1_ratio", r->remote1_ratio()},
-                                           {"remote_n_ratio", r->remote4_ratio()}, {"verified", true},
-                                           {"spot_checked", r->spot_checked},
-                                           {"memory", {{"idle_clients", o.idle_clients},
-                                                       {"stalled_clients", o.stalled_clients},
-                                                       {"stalled_streams_admitted", r->stalled_streams},
-                                                       {"rss_before", r->rss_before},
-                                                       {"rss_attached", r->rss_attached},
-                                                       {"rss_later", r->rss_later},
-                                                       {"reserved_bytes", r->reserved_bytes},
-                                                       {"budget_bytes", r->budget_bytes},
-                                                       {"within_budget", growth <= double(r->budget_bytes)}}}})
-                                 .dump(2)
-                                 .c_str());
+      std::printf("%s\n", nlohmann::json({{"data", o.data},
+                                          {"order", sa->order},
+                                          {"threads", o.loader.threads},
+                                          {"batch_size", o.loader.batch_size},
+                                          {"samples", r->samples},
+                                          {"compress", o.compress},
+                                          {"local_samples_per_s", r->local_sps},
+                                          {"shared_memory", o.shared_memory},
+                                          {"remote1_samples_per_s", r->remote1_sps},
+                                          {"remote1_socket_samples_per_s", r->remote1_socket_sps},
+                                          {"remote1_socket_ratio", r->remote1_socket_ratio()},
+                                          {"remote_n_samples_per_s", r->remote4_sps},
+                                          {"clients", o.clients},
+                                          {"remote1_ratio", r->remote1_ratio()},
+                                          {"remote_n_ratio", r->remote4_ratio()},
+                                          {"verified", true},
+                                          {"spot_checked", r->spot_checked},
+                                          {"memory",
+                                           {{"idle_clients", o.idle_clients},
+                                            {"stalled_clients", o.stalled_clients},
+                                            {"stalled_streams_admitted", r->stalled_streams},
+                                            {"rss_before", r->rss_before},
+                                            {"rss_attached", r->rss_attached},
+                                            {"rss_later", r->rss_later},
+                                            {"reserved_bytes", r->reserved_bytes},
+                                            {"budget_bytes", r->budget_bytes},
+                                            {"within_budget", growth <= double(r->budget_bytes)}}}})
+                              .dump(2)
+                              .c_str());
     } else {
-      std::printf("serve %s: order %s, batch %llu, %d loader threads, %llu samples an epoch; every run verified "
-                  "(each sample once, labels, %llu samples' bytes)\n",
-                  o.data.c_str(), sa->order.c_str(), static_cast<unsigned long long>(o.loader.batch_size),
-                  o.loader.threads, static_cast<unsigned long long>(r->samples),
-                  static_cast<unsigned long long>(r->spot_checked));
+      std::printf(
+          "serve %s: order %s, batch %llu, %d loader threads, %llu samples an epoch; every run verified "
+          "(each sample once, labels, %llu samples' bytes)\n",
+          o.data.c_str(), sa->order.c_str(), static_cast<unsigned long long>(o.loader.batch_size), o.loader.threads,
+          static_cast<unsigned long long>(r->samples), static_cast<unsigned long long>(r->spot_checked));
       std::printf("  local Loader:                   %9.0f samples/s\n", r->local_sps);
       std::printf("  daemon, 1 client (unix%s):  %9.0f samples/s = %5.1f%% of local\n",
-                  o.shared_memory ? ", shm" : o.compress ? "+zstd" : ", socket", r->remote1_sps,
-                  100 * r->remote1_ratio());
+                  o.shared_memory ? ", shm"
+                  : o.compress    ? "+zstd"
+                                  : ", socket",
+                  r->remote1_sps, 100 * r->remote1_ratio());
       if (o.shared_memory) {
-        std::printf("  daemon, 1 client (unix, socket): %9.0f samples/s = %5.1f%% of local (batches copied "
-                    "through the socket)\n",
-                    r->remote1_socket_sps, 100 * r->remote1_socket_ratio());
+        std::printf(
+            "  daemon, 1 client (unix, socket): %9.0f samples/s = %5.1f%% of local (batches copied "
+            "through the socket)\n",
+            r->remote1_socket_sps, 100 * r->remote1_socket_ratio());
       }
       std::printf("  daemon, %d clients (ranks of %d): %9.0f samples/s = %5.1f%% of local (together)\n", o.clients,
                   o.clients, r->remote4_sps, 100 * r->remote4_ratio());
-      std::printf("  memory: %d idle + %d stalled clients (%llu streams admitted, %llu batches sent before they "
-                  "stalled): RSS %.0f -> %.0f -> %.0f MiB (+%.0f MiB; 2 s later %.0f); reserved %.0f MiB of a "
-                  "%.0f MiB budget: %s\n",
-                  o.idle_clients, o.stalled_clients, static_cast<unsigned long long>(r->stalled_streams),
-                  static_cast<unsigned long long>(r->stalled_batches_sent), r->rss_before / 1048576.0,
-                  r->rss_attached / 1048576.0, r->rss_later / 1048576.0, growth / 1048576.0,
-                  r->rss_later / 1048576.0, r->reserved_bytes / 1048576.0, r->budget_bytes / 1048576.0,
-                  growth <= double(r->budget_bytes) ? "within budget" : "OVER BUDGET");
+      std::printf(
+          "  memory: %d idle + %d stalled clients (%llu streams admitted, %llu batches sent before they "
+          "stalled): RSS %.0f -> %.0f -> %.0f MiB (+%.0f MiB; 2 s later %.0f); reserved %.0f MiB of a "
+          "%.0f MiB budget: %s\n",
+          o.idle_clients, o.stalled_clients, static_cast<unsigned long long>(r->stalled_streams),
+          static_cast<unsigned long long>(r->stalled_batches_sent), r->rss_before / 1048576.0,
+          r->rss_attached / 1048576.0, r->rss_later / 1048576.0, growth / 1048576.0, r->rss_later / 1048576.0,
+          r->reserved_bytes / 1048576.0, r->budget_bytes / 1048576.0,
+          growth <= double(r->budget_bytes) ? "within budget" : "OVER BUDGET");
     }
     *exit_code = 0;
   });
@@ -592,20 +625,24 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
     if (*json) {
       nlohmann::json devs = nlohmann::json::array();
       for (const GpuDevice& d : r.devices) {
-        devs.push_back({{"index", d.index}, {"name", d.name}, {"memory_bytes", d.memory_bytes},
+        devs.push_back({{"index", d.index},
+                        {"name", d.name},
+                        {"memory_bytes", d.memory_bytes},
                         {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)}});
       }
-      std::printf("%s\n", nlohmann::json({{"built_with_cuda", r.built_with_cuda}, {"driver_version", r.driver_version},
-                                          {"runtime_version", r.runtime_version}, {"devices", devs},
+      std::printf("%s\n", nlohmann::json({{"built_with_cuda", r.built_with_cuda},
+                                          {"driver_version", r.driver_version},
+                                          {"runtime_version", r.runtime_version},
+                                          {"devices", devs},
                                           {"reason", r.reason}})
                               .dump(2)
                               .c_str());
     } else {
-      std::printf("built with CUDA: %s (runtime %d), driver %d\n", r.built_with_cuda ? "yes" : "no",
-                  r.runtime_version, r.driver_version);
+      std::printf("built with CUDA: %s (runtime %d), driver %d\n", r.built_with_cuda ? "yes" : "no", r.runtime_version,
+                  r.driver_version);
       for (const GpuDevice& d : r.devices) {
-        std::printf("  %d: %s, %.1f GiB, sm_%d%d\n", d.index, d.name.c_str(), d.memory_bytes / 1073741824.0,
-                    d.cc_major, d.cc_minor);
+        std::printf("  %d: %s, %.1f GiB, sm_%d%d\n", d.index, d.name.c_str(), d.memory_bytes / 1073741824.0, d.cc_major,
+                    d.cc_minor);
       }
       if (r.devices.empty()) std::printf("  no device: %s\n", r.reason.c_str());
     }

@@ -108,19 +108,27 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   const double ratio = s.output_bytes ? static_cast<double>(s.raw_bytes) / s.output_bytes : 0;
   const double mbps = s.seconds > 0 ? s.raw_bytes / s.seconds / 1e6 : 0;
   if (a.json) {
-    nlohmann::json j = {{"input", a.input},           {"output", a.output},
-                        {"samples", s.samples},       {"chunk_samples", s.chunk_samples},
-                        {"input_bytes", s.input_bytes}, {"raw_bytes", s.raw_bytes},
-                        {"output_bytes", s.output_bytes}, {"ratio", ratio},
-                        {"seconds", s.seconds},       {"mb_per_s", mbps},
-                        {"codec", a.keep_encoded ? "encoded" : a.codec}, {"mean", s.mean}, {"std", s.stddev}};
+    nlohmann::json j = {{"input", a.input},
+                        {"output", a.output},
+                        {"samples", s.samples},
+                        {"chunk_samples", s.chunk_samples},
+                        {"input_bytes", s.input_bytes},
+                        {"raw_bytes", s.raw_bytes},
+                        {"output_bytes", s.output_bytes},
+                        {"ratio", ratio},
+                        {"seconds", s.seconds},
+                        {"mb_per_s", mbps},
+                        {"codec", a.keep_encoded ? "encoded" : a.codec},
+                        {"mean", s.mean},
+                        {"std", s.stddev}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("converted %s -> %s\n", what.c_str(), a.output.c_str());
     if (a.keep_encoded) {
-      std::printf("  samples %llu, stored as they are (/images/bytes + offsets; the loader decodes them: "
-                  "--image-size, --transform)\n",
-                  static_cast<unsigned long long>(s.samples));
+      std::printf(
+          "  samples %llu, stored as they are (/images/bytes + offsets; the loader decodes them: "
+          "--image-size, --transform)\n",
+          static_cast<unsigned long long>(s.samples));
     } else {
       std::printf("  samples %llu, chunk %llu samples, codec %s\n", static_cast<unsigned long long>(s.samples),
                   static_cast<unsigned long long>(s.chunk_samples), a.codec.c_str());
@@ -142,23 +150,21 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
 void AddConvertCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "convert",
-      "Convert IDX (gzip or plain), .npy, an image folder or an HDF5 dataset to gpufeed's chunked HDF5");
-  cmd->add_option("input", args->input,
-                  "IDX file, .npy file, folder of class subfolders, or HDF5 file[:/dataset]")
+      "convert", "Convert IDX (gzip or plain), .npy, an image folder or an HDF5 dataset to gpufeed's chunked HDF5");
+  cmd->add_option("input", args->input, "IDX file, .npy file, folder of class subfolders, or HDF5 file[:/dataset]")
       ->required();
   cmd->add_option("-o,--output", args->output, "output .h5 file (written atomically)")->required();
   cmd->add_option("--labels", args->labels,
                   "labels: an IDX or .npy file, or for HDF5 input a dataset path in the same file");
   cmd->add_option("--size", args->size, "image folders: output size HxW (resize + center crop)");
   cmd->add_option("--layout", args->layout, "image folders: NCHW or NHWC")->check(CLI::IsMember({"NCHW", "NHWC"}));
-  cmd->add_option("--class-names", args->class_names, "class names, label order (comma-separated)")
-      ->delimiter(',');
+  cmd->add_option("--class-names", args->class_names, "class names, label order (comma-separated)")->delimiter(',');
   cmd->add_flag("--skip-corrupt", args->skip_corrupt,
                 "image folders: leave out images that do not decode (named and counted) instead of failing");
   cmd->add_flag("--keep-encoded", args->keep_encoded, "image folders: store the JPEG files as they are (/jpeg)");
   cmd->add_option("--chunk-samples", args->chunk_samples, "samples per chunk (default: about 2 MiB a chunk)");
-  cmd->add_option("--codec", args->codec, "none, deflate or zstd")->check(CLI::IsMember({"none", "deflate", "gzip", "zstd"}));
+  cmd->add_option("--codec", args->codec, "none, deflate or zstd")
+      ->check(CLI::IsMember({"none", "deflate", "gzip", "zstd"}));
   cmd->add_option("--level", args->level, "compression level (default: deflate 4, zstd 3)");
   cmd->add_flag("--shuffle-filter", args->shuffle_filter, "apply HDF5's shuffle filter before compressing");
   cmd->add_option("--threads", args->threads, "compression threads (default: all cores)");

@@ -55,23 +55,33 @@ int RunInspectFields(const InspectArgs& a) {
       storage = ds->info().storage;
       chunk = ds->info().hdf5_chunk_shape;
     }
-    fields.push_back({{"name", f.name}, {"path", f.path}, {"dtype", f.is_bool ? "bool" : DTypeName(f.dtype)},
-                      {"sample_shape", f.sample_shape}, {"sample_bytes", f.sample_bytes}, {"storage", storage},
-                      {"hdf5_chunk_shape", chunk}, {"filters", filters}, {"read_path", path_taken}});
+    fields.push_back({{"name", f.name},
+                      {"path", f.path},
+                      {"dtype", f.is_bool ? "bool" : DTypeName(f.dtype)},
+                      {"sample_shape", f.sample_shape},
+                      {"sample_bytes", f.sample_bytes},
+                      {"storage", storage},
+                      {"hdf5_chunk_shape", chunk},
+                      {"filters", filters},
+                      {"read_path", path_taken}});
   }
   if (a.json) {
-    nlohmann::json j = {{"data", a.spec},           {"files", fs.files().size()},
-                        {"samples", fs.num_samples()}, {"sample_bytes", fs.sample_bytes()},
-                        {"read_unit_samples", fs.chunk_samples()}, {"read_units", fs.num_chunks()},
+    nlohmann::json j = {{"data", a.spec},
+                        {"files", fs.files().size()},
+                        {"samples", fs.num_samples()},
+                        {"sample_bytes", fs.sample_bytes()},
+                        {"read_unit_samples", fs.chunk_samples()},
+                        {"read_units", fs.num_chunks()},
                         {"fields", fields}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s\n  files        %zu (first %s)\n  samples      %llu, %.2f MB a sample (all fields)\n"
-              "  read unit    %llu samples (%llu units; never spans two files)\n  fields\n",
-              a.spec.c_str(), fs.files().size(), fs.files()[0].c_str(),
-              static_cast<unsigned long long>(fs.num_samples()), fs.sample_bytes() / 1e6,
-              static_cast<unsigned long long>(fs.chunk_samples()), static_cast<unsigned long long>(fs.num_chunks()));
+  std::printf(
+      "%s\n  files        %zu (first %s)\n  samples      %llu, %.2f MB a sample (all fields)\n"
+      "  read unit    %llu samples (%llu units; never spans two files)\n  fields\n",
+      a.spec.c_str(), fs.files().size(), fs.files()[0].c_str(), static_cast<unsigned long long>(fs.num_samples()),
+      fs.sample_bytes() / 1e6, static_cast<unsigned long long>(fs.chunk_samples()),
+      static_cast<unsigned long long>(fs.num_chunks()));
   for (const auto& f : fields) {
     std::string filters;
     for (const auto& x : f["filters"]) filters += (filters.empty() ? "" : "+") + x.get<std::string>();
@@ -96,8 +106,8 @@ int InspectEncoded(const InspectArgs& a, const OpenOptions& o) {
     // The evaluation transform (resize to 256, center crop 224), as .npy
     // uint8 [3, 224, 224]: what the loader delivers with --transform
     // center_crop, for comparing with an independent decoder.
-    if (a.sample < 0 || a.out.empty() || static_cast<uint64_t>(a.sample) >= s.num_samples() ||
-        a.out.size() < 4 || a.out.substr(a.out.size() - 4) != ".npy") {
+    if (a.sample < 0 || a.out.empty() || static_cast<uint64_t>(a.sample) >= s.num_samples() || a.out.size() < 4 ||
+        a.out.substr(a.out.size() - 4) != ".npy") {
       std::fprintf(stderr, "gpufeed inspect: --sample K (< %llu) and --out FILE.npy go together\n",
                    static_cast<unsigned long long>(s.num_samples()));
       return 2;
@@ -131,8 +141,8 @@ int InspectEncoded(const InspectArgs& a, const OpenOptions& o) {
   const std::string path = vlen ? "hdf5" : "direct";
   const std::string advice =
       vlen ? "h5py variable-length uint8: every read goes through H5Dread under HDF5's global lock (one thread at a "
-             "time; opening measured every entry). For the direct path run: gpufeed convert " + a.spec +
-                 " --keep-encoded -o OUT.h5"
+             "time; opening measured every entry). For the direct path run: gpufeed convert " +
+                 a.spec + " --keep-encoded -o OUT.h5"
            : "";
   if (a.json) {
     nlohmann::json j = {{"images", s.name()},
@@ -240,12 +250,11 @@ int RunInspect(const InspectArgs& a) {
               r.compression_ratio);
   std::printf("  read path    %s", std::string(ReadPathName(info.read_path)).c_str());
   if (!info.read_path_reason.empty()) std::printf(" (%s)", info.read_path_reason.c_str());
-  std::printf(", read unit %llu samples (%.2f MiB), %llu units\n",
-              static_cast<unsigned long long>(ds->chunk_samples()), ds->chunk_bytes_max() / 1048576.0,
-              static_cast<unsigned long long>(ds->num_chunks()));
+  std::printf(", read unit %llu samples (%.2f MiB), %llu units\n", static_cast<unsigned long long>(ds->chunk_samples()),
+              ds->chunk_bytes_max() / 1048576.0, static_cast<unsigned long long>(ds->num_chunks()));
   if (!info.io.empty()) {
-    std::printf("  I/O          %s%s%s%s\n", info.io.c_str(), info.io_note.empty() ? "" : " (",
-                info.io_note.c_str(), info.io_note.empty() ? "" : ")");
+    std::printf("  I/O          %s%s%s%s\n", info.io.c_str(), info.io_note.empty() ? "" : " (", info.io_note.c_str(),
+                info.io_note.empty() ? "" : ")");
   }
   if (!info.unreadable.empty()) {
     std::printf("  UNREADABLE   %s\n", info.unreadable.c_str());
@@ -267,8 +276,8 @@ int RunInspect(const InspectArgs& a) {
     std::printf("  labels       %s, %zu classes\n", info.labels_path.c_str(), r.label_histogram.size());
     for (auto [label, n] : r.label_histogram) {
       const bool named = label >= 0 && static_cast<size_t>(label) < info.class_names.size();
-      std::printf("    %6lld %-16s %llu\n", static_cast<long long>(label),
-                  named ? info.class_names[label].c_str() : "", static_cast<unsigned long long>(n));
+      std::printf("    %6lld %-16s %llu\n", static_cast<long long>(label), named ? info.class_names[label].c_str() : "",
+                  static_cast<unsigned long long>(n));
     }
   }
   return 0;

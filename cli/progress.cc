@@ -21,8 +21,8 @@ void Progress::Update(uint64_t done, uint64_t total) {
     constexpr int kWidth = 30;
     const int fill = static_cast<int>(frac * kWidth);
     std::fprintf(stderr, "\r%s [%.*s%*s] %5.1f%% %llu/%llu %.1fs", label_.c_str(), fill,
-                 "##############################", kWidth - fill, "", frac * 100,
-                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total), secs);
+                 "##############################", kWidth - fill, "", frac * 100, static_cast<unsigned long long>(done),
+                 static_cast<unsigned long long>(total), secs);
     std::fflush(stderr);
     return;
   }

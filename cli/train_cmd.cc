@@ -59,9 +59,9 @@ nlohmann::json ToJson(const TrainReport& r) {
   j["backend"] = r.backend;
   j["model"] = r.model;
   j["parameters"] = r.parameters;
-  j["memory_bytes"] = {{"weights", r.memory.weights},         {"gradients", r.memory.gradients},
-                       {"optimizer", r.memory.optimizer},     {"activations", r.memory.activations},
-                       {"workspace", r.memory.workspace},     {"total", r.memory.total()},
+  j["memory_bytes"] = {{"weights", r.memory.weights},        {"gradients", r.memory.gradients},
+                       {"optimizer", r.memory.optimizer},    {"activations", r.memory.activations},
+                       {"workspace", r.memory.workspace},    {"total", r.memory.total()},
                        {"device_used", r.memory.device_used}};
   for (const EpochReport& e : r.epochs) {
     j["epochs"].push_back({{"epoch", e.epoch},
@@ -172,14 +172,22 @@ int RunTrain(TrainArgs& a) {
   auto opt = OptimizerFromName(a.optimizer);
   if (!opt.ok()) return fail(opt.status());
   o.optimizer = *opt;
-  if (a.precision == "fp32") o.precision = DType::kFloat32;
-  else if (a.precision == "bf16") o.precision = DType::kBFloat16;
-  else if (a.precision == "fp16") o.precision = DType::kFloat16;
-  else return fail(Status::InvalidArgument("--precision: fp32, bf16 or fp16, not '" + a.precision + "'"));
-  if (a.device == "auto") o.device = TrainDevice::kAuto;
-  else if (a.device == "cpu") o.device = TrainDevice::kCpu;
-  else if (a.device == "cuda") o.device = TrainDevice::kCuda;
-  else return fail(Status::InvalidArgument("--device: auto, cpu or cuda, not '" + a.device + "'"));
+  if (a.precision == "fp32")
+    o.precision = DType::kFloat32;
+  else if (a.precision == "bf16")
+    o.precision = DType::kBFloat16;
+  else if (a.precision == "fp16")
+    o.precision = DType::kFloat16;
+  else
+    return fail(Status::InvalidArgument("--precision: fp32, bf16 or fp16, not '" + a.precision + "'"));
+  if (a.device == "auto")
+    o.device = TrainDevice::kAuto;
+  else if (a.device == "cpu")
+    o.device = TrainDevice::kCpu;
+  else if (a.device == "cuda")
+    o.device = TrainDevice::kCuda;
+  else
+    return fail(Status::InvalidArgument("--device: auto, cpu or cuda, not '" + a.device + "'"));
   auto w = ParseList(a.widths, "--widths");
   if (!w.ok()) return fail(w.status());
   o.widths = *w;
@@ -258,8 +266,9 @@ int RunTrain(TrainArgs& a) {
   auto train = Dataset::Open(train_spec);
   if (!train.ok()) {
     if (o.train_source) {
-      return fail(train.status().WithContext("train: the daemon's dataset must be readable here for its labels and "
-                                             "shape"));
+      return fail(
+          train.status().WithContext("train: the daemon's dataset must be readable here for its labels and "
+                                     "shape"));
     }
     return fail(train.status());
   }

@@ -43,8 +43,7 @@ Result<Address> ParseAddress(std::string_view text) {
     return a;
   }
   if (text.starts_with("tcp://")) return ParseHostPort(text.substr(6));
-  return Status::InvalidArgument("address '" + std::string(text) +
-                                 "': expected unix:PATH or tcp://HOST:PORT");
+  return Status::InvalidArgument("address '" + std::string(text) + "': expected unix:PATH or tcp://HOST:PORT");
 }
 
 }  // namespace gpufeed::daemon

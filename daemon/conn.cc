@@ -47,8 +47,7 @@ Result<Conn> Conn::Connect(const Address& a, int timeout_ms) {
     sockaddr_un sa{};
     sa.sun_family = AF_UNIX;
     std::memcpy(sa.sun_path, a.path.c_str(), a.path.size() + 1);
-    if (::connect(c.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 && errno != EINPROGRESS &&
-        errno != EAGAIN) {
+    if (::connect(c.fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 && errno != EINPROGRESS && errno != EAGAIN) {
       return Status::IOError(c.peer_ + ": connect: " + Errno(errno) + " (is `gpufeed serve` running there?)");
     }
   } else {

@@ -50,11 +50,16 @@ std::string JsonString(std::string_view s) {
 }
 
 bool ParseLevel(const std::string& s, spdlog::level::level_enum* l) {
-  if (s == "debug") *l = spdlog::level::debug;
-  else if (s == "info") *l = spdlog::level::info;
-  else if (s == "warn") *l = spdlog::level::warn;
-  else if (s == "error") *l = spdlog::level::err;
-  else return false;
+  if (s == "debug")
+    *l = spdlog::level::debug;
+  else if (s == "info")
+    *l = spdlog::level::info;
+  else if (s == "warn")
+    *l = spdlog::level::warn;
+  else if (s == "error")
+    *l = spdlog::level::err;
+  else
+    return false;
   return true;
 }
 

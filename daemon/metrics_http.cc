@@ -64,8 +64,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     response_.body() = std::move(body);
     response_.prepare_payload();
     if (head) response_.body().clear();  // Content-Length stays that of GET
-    http::async_write(stream_, response_,
-                      [self = shared_from_this()](beast::error_code, size_t) { self->Close(); });
+    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) { self->Close(); });
   }
 
   void Close() {
@@ -86,7 +85,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
 MetricsHttp::MetricsHttp(asio::io_context& io, Strand control, std::function<std::string()> render,
                          std::function<void(const std::string&)> on_error)
-    : io_(io), control_(std::move(control)), acceptor_(io), render_(std::move(render)),
+    : io_(io),
+      control_(std::move(control)),
+      acceptor_(io),
+      render_(std::move(render)),
       on_error_(std::move(on_error)) {}
 
 Status MetricsHttp::Bind(const std::string& listen) {
@@ -108,13 +110,13 @@ Status MetricsHttp::Bind(const std::string& listen) {
 void MetricsHttp::Accept() {
   // The accepted socket gets a strand of its own; the handler runs on
   // control_, which also runs Close() (Asio objects are not thread-safe).
-  acceptor_.async_accept(asio::make_strand(io_), asio::bind_executor(control_, [this](
-                                                     const boost::system::error_code& ec,
-                                                     asio::ip::tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) std::make_shared<Exchange>(std::move(socket), render_, on_error_)->Start();
-    Accept();
-  }));
+  acceptor_.async_accept(
+      asio::make_strand(io_),
+      asio::bind_executor(control_, [this](const boost::system::error_code& ec, asio::ip::tcp::socket socket) {
+        if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+        if (!ec) std::make_shared<Exchange>(std::move(socket), render_, on_error_)->Start();
+        Accept();
+      }));
 }
 
 void MetricsHttp::Close() {

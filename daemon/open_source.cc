@@ -6,9 +6,7 @@
 
 namespace gpufeed {
 
-bool IsDaemonAddress(std::string_view data) {
-  return data.starts_with("unix:") || data.starts_with("tcp://");
-}
+bool IsDaemonAddress(std::string_view data) { return data.starts_with("unix:") || data.starts_with("tcp://"); }
 
 OpenedSource::OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader)
     : dataset_(std::move(dataset)), loader_(std::move(loader)), source_(loader_.get()) {}
@@ -19,8 +17,7 @@ OpenedSource::OpenedSource(std::unique_ptr<ChunkSource> source, std::unique_ptr<
 OpenedSource::OpenedSource(std::unique_ptr<EncodedImageSource> encoded, std::unique_ptr<Loader> loader)
     : encoded_(encoded.get()), other_(std::move(encoded)), loader_(std::move(loader)), source_(loader_.get()) {}
 
-OpenedSource::OpenedSource(std::unique_ptr<RemoteLoader> remote)
-    : remote_(std::move(remote)), source_(remote_.get()) {}
+OpenedSource::OpenedSource(std::unique_ptr<RemoteLoader> remote) : remote_(std::move(remote)), source_(remote_.get()) {}
 
 // The loader goes before the dataset it reads.
 OpenedSource::~OpenedSource() {
@@ -34,7 +31,8 @@ uint64_t OpenedSource::num_batches() const { return remote_ ? remote_->num_batch
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
   if (IsDaemonAddress(o.data)) {
     if (!o.open.fields.empty()) {
-      return Status::Unsupported(o.data + ": a gpufeed serve daemon serves single-array datasets (images, labels); "
+      return Status::Unsupported(o.data +
+                                 ": a gpufeed serve daemon serves single-array datasets (images, labels); "
                                  "named fields (--field) are not carried by its protocol yet: read the files "
                                  "locally (--data FILES --field ...)");
     }

@@ -39,18 +39,34 @@ class Reader {
   bool Raw(void* dst, size_t n, const char* field) {
     if (!error_.empty()) return false;
     if (n > p_.size() - at_) {
-      error_ = std::string(what_) + ": truncated at field '" + field + "' (needs " + std::to_string(n) +
-               " bytes, " + std::to_string(p_.size() - at_) + " left)";
+      error_ = std::string(what_) + ": truncated at field '" + field + "' (needs " + std::to_string(n) + " bytes, " +
+               std::to_string(p_.size() - at_) + " left)";
       return false;
     }
     CopyBytes(dst, p_.data() + at_, n);  // n may be 0 with dst == nullptr (an empty list)
     at_ += n;
     return true;
   }
-  uint8_t U8(const char* f) { uint8_t v = 0; Raw(&v, 1, f); return v; }
-  uint32_t U32(const char* f) { uint32_t v = 0; Raw(&v, 4, f); return v; }
-  uint64_t U64(const char* f) { uint64_t v = 0; Raw(&v, 8, f); return v; }
-  double F64(const char* f) { double v = 0; Raw(&v, 8, f); return v; }
+  uint8_t U8(const char* f) {
+    uint8_t v = 0;
+    Raw(&v, 1, f);
+    return v;
+  }
+  uint32_t U32(const char* f) {
+    uint32_t v = 0;
+    Raw(&v, 4, f);
+    return v;
+  }
+  uint64_t U64(const char* f) {
+    uint64_t v = 0;
+    Raw(&v, 8, f);
+    return v;
+  }
+  double F64(const char* f) {
+    double v = 0;
+    Raw(&v, 8, f);
+    return v;
+  }
   std::string Str(const char* f) {
     const uint32_t n = U32(f);
     if (!error_.empty()) return {};
@@ -104,16 +120,26 @@ bool KnownType(uint16_t t) { return t >= 1 && t <= 10; }
 
 std::string_view FrameTypeName(FrameType t) {
   switch (t) {
-    case FrameType::kHello: return "HELLO";
-    case FrameType::kHelloOk: return "HELLO_OK";
-    case FrameType::kCredit: return "CREDIT";
-    case FrameType::kBatch: return "BATCH";
-    case FrameType::kEnd: return "END";
-    case FrameType::kError: return "ERROR";
-    case FrameType::kShutdown: return "SHUTDOWN";
-    case FrameType::kBatchRef: return "BATCH_REF";
-    case FrameType::kSlots: return "SLOTS";
-    case FrameType::kPing: return "PING";
+    case FrameType::kHello:
+      return "HELLO";
+    case FrameType::kHelloOk:
+      return "HELLO_OK";
+    case FrameType::kCredit:
+      return "CREDIT";
+    case FrameType::kBatch:
+      return "BATCH";
+    case FrameType::kEnd:
+      return "END";
+    case FrameType::kError:
+      return "ERROR";
+    case FrameType::kShutdown:
+      return "SHUTDOWN";
+    case FrameType::kBatchRef:
+      return "BATCH_REF";
+    case FrameType::kSlots:
+      return "SLOTS";
+    case FrameType::kPing:
+      return "PING";
   }
   return "?";
 }
@@ -221,8 +247,8 @@ Status Decompress(std::span<const std::byte> src, std::span<std::byte> dst, std:
     return Status::Corrupt(std::string(peer) + ": zstd payload: " + ZSTD_getErrorName(n));
   }
   if (n != dst.size()) {
-    return Status::Corrupt(std::string(peer) + ": zstd payload decoded to " + std::to_string(n) + " bytes, header says " +
-                           std::to_string(dst.size()));
+    return Status::Corrupt(std::string(peer) + ": zstd payload decoded to " + std::to_string(n) +
+                           " bytes, header says " + std::to_string(dst.size()));
   }
   return Status::Ok();
 }
@@ -333,8 +359,7 @@ Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p) {
   uint64_t shape_bytes = DTypeSize(m.info.dtype);
   bool wrapped = false;
   for (uint64_t d : m.info.sample_shape) wrapped |= __builtin_mul_overflow(shape_bytes, d, &shape_bytes);
-  if (m.info.sample_bytes == 0 || m.info.sample_bytes > (1ull << 31) || wrapped ||
-      shape_bytes != m.info.sample_bytes) {
+  if (m.info.sample_bytes == 0 || m.info.sample_bytes > (1ull << 31) || wrapped || shape_bytes != m.info.sample_bytes) {
     return Status::Corrupt("HELLO_OK: sample of " + std::to_string(m.info.sample_bytes) +
                            " bytes does not fit its shape");
   }
@@ -466,7 +491,7 @@ Result<ErrorMsg> DecodeError(std::span<const std::byte> p) {
   m.message = r.Str("message");
   GPUFEED_RETURN_IF_ERROR(r.Finish());
   m.code = code >= 1 && code <= static_cast<uint32_t>(StatusCode::kInternal) ? static_cast<StatusCode>(code)
-                                                                              : StatusCode::kInternal;
+                                                                             : StatusCode::kInternal;
   return m;
 }
 

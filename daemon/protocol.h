@@ -29,7 +29,7 @@ static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian and is copied to and from memory as is");
 
 inline constexpr uint32_t kMagic = 0x57465047;  // bytes "GPFW"
-inline constexpr uint16_t kVersion = 2;  // 2: shared-memory batches (BATCH_REF, SLOTS)
+inline constexpr uint16_t kVersion = 2;         // 2: shared-memory batches (BATCH_REF, SLOTS)
 inline constexpr size_t kHeaderBytes = 32;
 
 // Limits, checked before any allocation.
@@ -73,8 +73,8 @@ HeaderBytes MakeHeader(FrameType type, uint32_t flags, uint32_t raw_bytes,
 
 // Checks magic, version, type, flags and both lengths against `max_payload`
 // (and raw_bytes against `max_raw`). `peer` names the other side in messages.
-Result<FrameHeader> ParseHeader(std::span<const std::byte, kHeaderBytes> bytes, uint32_t max_payload,
-                                uint32_t max_raw, std::string_view peer);
+Result<FrameHeader> ParseHeader(std::span<const std::byte, kHeaderBytes> bytes, uint32_t max_payload, uint32_t max_raw,
+                                std::string_view peer);
 
 // Incremental checksum, for payloads read piece by piece.
 class Checksum {

@@ -112,8 +112,8 @@ struct RemoteLoader::Impl {
     conn->set_cancel(cancel);
     const daemon::Hello hello = MakeHello(epoch, start, describe);
     if (hello.shm_slots > 0) {
-      GPUFEED_RETURN_IF_ERROR(conn->SendFrameWithFd(FrameType::kHello, daemon::EncodeHello(hello), region.fd(),
-                                                    options.io_timeout_ms));
+      GPUFEED_RETURN_IF_ERROR(
+          conn->SendFrameWithFd(FrameType::kHello, daemon::EncodeHello(hello), region.fd(), options.io_timeout_ms));
     } else {
       GPUFEED_RETURN_IF_ERROR(conn->SendFrame(FrameType::kHello, daemon::EncodeHello(hello), options.io_timeout_ms));
     }
@@ -228,8 +228,8 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
       }
       if (!grant.empty()) {
         send_error = shm ? conn.SendFrame(FrameType::kSlots, daemon::EncodeSlots(grant), o.io_timeout_ms)
-                         : conn.SendFrame(FrameType::kCredit,
-                                          daemon::EncodeCredit(static_cast<uint32_t>(grant.size())), o.io_timeout_ms);
+                         : conn.SendFrame(FrameType::kCredit, daemon::EncodeCredit(static_cast<uint32_t>(grant.size())),
+                                          o.io_timeout_ms);
       }
     }
     daemon::HeaderBytes hb;
@@ -283,8 +283,8 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
   }
 }
 
-Status RemoteStream::ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h,
-                               uint64_t expect, Batch::Slot* slot, uint64_t* count) {
+Status RemoteStream::ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
+                               Batch::Slot* slot, uint64_t* count) {
   const int timeout = loader->options.io_timeout_ms;
   const BatchSourceInfo& info = loader->info;
   daemon::Checksum sum(hb);
@@ -356,8 +356,7 @@ Status RemoteStream::CheckHead(const daemon::BatchHead& head, uint64_t expect) c
 // A BATCH_REF: the images are in a slot granted to the daemon; the frame
 // carries which, and the samples' indices and labels.
 Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h,
-                                  uint64_t expect, std::deque<Batch::Slot*>& held,
-                                  loader::StreamCore::Item* item) {
+                                  uint64_t expect, std::deque<Batch::Slot*>& held, loader::StreamCore::Item* item) {
   const BatchSourceInfo& info = loader->info;
   if (h.flags != 0 || h.payload_bytes > daemon::BatchRef::kFixedBytes + info.batch_size * 16) {
     return Status::Corrupt(peer + ": BATCH_REF frame of " + std::to_string(h.payload_bytes) + " bytes");

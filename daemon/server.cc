@@ -45,7 +45,8 @@ void ServerCore::Log(const char* level, const std::string& event, const std::str
 }
 
 Result<std::pair<std::string, const Dataset*>> ServerCore::FindDataset(const std::string& name) const {
-  if (name.empty()) return std::pair<std::string, const Dataset*>(datasets.front().first, datasets.front().second.get());
+  if (name.empty())
+    return std::pair<std::string, const Dataset*>(datasets.front().first, datasets.front().second.get());
   std::string names;
   for (const auto& [n, ds] : datasets) {
     if (n == name) return std::make_pair(n, static_cast<const Dataset*>(ds.get()));
@@ -182,8 +183,9 @@ struct Server::Impl {
         acceptor(core.io),
         signals(core.io),
         control(asio::make_strand(core.io)),
-        metrics(core.io, control, [this] { return Metrics(); },
-                [this](const std::string& what) { core.Log("warn", "metrics_request", daemon::Kv("error", what)); }) {}
+        metrics(
+            core.io, control, [this] { return Metrics(); },
+            [this](const std::string& what) { core.Log("warn", "metrics_request", daemon::Kv("error", what)); }) {}
 
   ServerCore core;
   daemon::Address address;
@@ -207,7 +209,6 @@ struct Server::Impl {
   void DoStop();  // on `control`
   std::string Metrics() const;
 };
-
 
 Status Server::Impl::Bind() {
   boost::system::error_code ec;
@@ -259,54 +260,55 @@ Status Server::Impl::Bind() {
 }
 
 void Server::Impl::Accept() {
-  acceptor.async_accept(asio::make_strand(core.io), asio::bind_executor(control, [this](
-                                                           const boost::system::error_code& ec,
-                                                           GenericProto::socket socket) {
-    if (ec == asio::error::operation_aborted || core.stopping) return;
-    if (ec) {
-      core.Log("warn", "accept_failed", daemon::Kv("error", ec.message()));
-      Accept();
-      return;
-    }
-    if (core.open.load() >= static_cast<uint64_t>(core.options.max_connections)) {
-      Reject(std::move(socket), "too many connections (cap " + std::to_string(core.options.max_connections) +
-                                    "); retry later");
-    } else {
-      boost::system::error_code oec;
-      if (address.kind == daemon::Address::Kind::kTcp) {
-        socket.set_option(asio::ip::tcp::no_delay(true), oec);
-      }
-      socket.set_option(asio::socket_base::send_buffer_size(4 << 20), oec);
-      core.open += 1;
-      core.accepted += 1;
-      const uint64_t id = next_id++;
-      std::string peer = address.kind == daemon::Address::Kind::kUnix ? "unix" : [&] {
-        boost::system::error_code pec;
-        sockaddr_storage ss{};
-        socklen_t len = sizeof ss;
-        if (::getpeername(socket.native_handle(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) return std::string("tcp");
-        char host[64] = "?";
-        if (ss.ss_family == AF_INET) {
-          auto* in = reinterpret_cast<sockaddr_in*>(&ss);
-          return asio::ip::address_v4(ntohl(in->sin_addr.s_addr)).to_string() + ":" +
-                 std::to_string(ntohs(in->sin_port));
+  acceptor.async_accept(
+      asio::make_strand(core.io),
+      asio::bind_executor(control, [this](const boost::system::error_code& ec, GenericProto::socket socket) {
+        if (ec == asio::error::operation_aborted || core.stopping) return;
+        if (ec) {
+          core.Log("warn", "accept_failed", daemon::Kv("error", ec.message()));
+          Accept();
+          return;
         }
-        return std::string(host);
-      }();
-      auto session = std::make_shared<Session>(core, std::move(socket), id, std::move(peer));
-      core.Register(session);
-      asio::post(session->executor(), [session] { session->Start(); });
-    }
-    Accept();
-  }));
+        if (core.open.load() >= static_cast<uint64_t>(core.options.max_connections)) {
+          Reject(std::move(socket),
+                 "too many connections (cap " + std::to_string(core.options.max_connections) + "); retry later");
+        } else {
+          boost::system::error_code oec;
+          if (address.kind == daemon::Address::Kind::kTcp) {
+            socket.set_option(asio::ip::tcp::no_delay(true), oec);
+          }
+          socket.set_option(asio::socket_base::send_buffer_size(4 << 20), oec);
+          core.open += 1;
+          core.accepted += 1;
+          const uint64_t id = next_id++;
+          std::string peer = address.kind == daemon::Address::Kind::kUnix ? "unix" : [&] {
+            boost::system::error_code pec;
+            sockaddr_storage ss{};
+            socklen_t len = sizeof ss;
+            if (::getpeername(socket.native_handle(), reinterpret_cast<sockaddr*>(&ss), &len) != 0)
+              return std::string("tcp");
+            char host[64] = "?";
+            if (ss.ss_family == AF_INET) {
+              auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+              return asio::ip::address_v4(ntohl(in->sin_addr.s_addr)).to_string() + ":" +
+                     std::to_string(ntohs(in->sin_port));
+            }
+            return std::string(host);
+          }();
+          auto session = std::make_shared<Session>(core, std::move(socket), id, std::move(peer));
+          core.Register(session);
+          asio::post(session->executor(), [session] { session->Start(); });
+        }
+        Accept();
+      }));
 }
 
 void Server::Impl::Reject(GenericProto::socket socket, const std::string& why) {
   core.rejected += 1;
   core.Log("warn", "reject", daemon::Kv("reason", why));
   auto s = std::make_shared<GenericProto::socket>(std::move(socket));
-  auto frame = std::make_shared<std::vector<std::byte>>(daemon::MakeFrame(
-      daemon::FrameType::kError, daemon::EncodeError({StatusCode::kUnsupported, why})));
+  auto frame = std::make_shared<std::vector<std::byte>>(
+      daemon::MakeFrame(daemon::FrameType::kError, daemon::EncodeError({StatusCode::kUnsupported, why})));
   // The frame is tiny and the socket fresh: this write completes at once
   // (into the socket buffer) or fails; either way the socket is then closed.
   asio::async_write(*s, asio::buffer(*frame), [s, frame](const boost::system::error_code&, size_t) {
@@ -319,8 +321,8 @@ void Server::Impl::Reject(GenericProto::socket socket, const std::string& why) {
 std::string Server::Impl::Metrics() const {
   std::string m;
   auto metric = [&](const char* name, const char* type, const char* help, const std::string& value) {
-    m += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + value +
-         "\n";
+    m +=
+        std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + value + "\n";
   };
   auto u = [](uint64_t v) { return std::to_string(v); };
   auto d = [](double v) {
@@ -430,18 +432,20 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   impl->core.SetLog(std::move(*log));
   impl->address = *addr;
   ServerCore& core = impl->core;
-  core.loader_threads = o.loader_threads > 0 ? o.loader_threads
-                                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  core.loader_threads =
+      o.loader_threads > 0 ? o.loader_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (!o.token_file.empty()) {
     auto t = daemon::ReadTokenFile(o.token_file);
     if (!t.ok()) return t.status();
     core.token = *t;
   } else if (addr->kind == daemon::Address::Kind::kTcp) {
-    return Status::InvalidArgument("serve: TCP (" + o.listen + ") needs --token-file: a shared secret clients must send");
+    return Status::InvalidArgument("serve: TCP (" + o.listen +
+                                   ") needs --token-file: a shared secret clients must send");
   }
   for (const std::string& spec : o.data) {
     if (IsMultiFileSpec(spec)) {
-      return Status::Unsupported("serve: '" + spec + "' names many files; the daemon serves one file's images "
+      return Status::Unsupported("serve: '" + spec +
+                                 "' names many files; the daemon serves one file's images "
                                  "(and labels) per dataset: its protocol does not carry named fields or many-file "
                                  "datasets yet. Read them locally (gpufeed.Loader(..., fields=...), --field)");
     }
@@ -475,7 +479,8 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
            daemon::Kv("endpoint", raw->endpoint) + " " + daemon::Kv("metrics", raw->metrics.endpoint()) + " " +
                daemon::Kv("data", data) + " " + daemon::Kv("io_threads", static_cast<uint64_t>(o.io_threads)) + " " +
                daemon::Kv("loader_threads", static_cast<uint64_t>(core.loader_threads)) + " " +
-               daemon::Kv("memory_bytes", o.memory_bytes) + " " + daemon::Kv("token", core.token.empty() ? "no" : "yes"));
+               daemon::Kv("memory_bytes", o.memory_bytes) + " " +
+               daemon::Kv("token", core.token.empty() ? "no" : "yes"));
   for (int i = 0; i < o.io_threads; ++i) {
     raw->threads.emplace_back([raw] {
       // Handlers catch what they can; anything escaping is logged, and the

@@ -89,15 +89,15 @@ class ServerCore {
   uint64_t reserved_ = 0;                                // GUARDED_BY(mu_)
   struct Parked {
     std::string key;
-    std::unique_ptr<ShmPool> shm;    // before loader: the Loader (pointing into it) goes first
+    std::unique_ptr<ShmPool> shm;  // before loader: the Loader (pointing into it) goes first
     std::unique_ptr<Loader> loader;
     uint64_t reserved_bytes = 0;
   };
   std::vector<Parked> parked_;  // GUARDED_BY(mu_); oldest first
   static constexpr size_t kMaxParked = 64;
   std::mutex peak_mu_;
-  uint64_t peak_streams_ = 0;                           // GUARDED_BY(peak_mu_)
-  std::chrono::steady_clock::time_point peak_time_;     // GUARDED_BY(peak_mu_): when last reached
+  uint64_t peak_streams_ = 0;                        // GUARDED_BY(peak_mu_)
+  std::chrono::steady_clock::time_point peak_time_;  // GUARDED_BY(peak_mu_): when last reached
   std::unique_ptr<EventLog> log_;
 };
 

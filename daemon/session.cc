@@ -120,9 +120,10 @@ void Session::CloseNow(const std::string& reason) {
   }
   char sps[32];
   std::snprintf(sps, sizeof sps, "%.0f", metrics_.loader_samples_per_s.load());
-  Log("info", "close", Kv("reason", reason) + " " + Kv("batches_sent", metrics_.batches_sent.load()) + " " +
-                           Kv("bytes_sent", metrics_.bytes_sent.load()) + " " + Kv("loader_samples_per_s", sps) +
-                           " " + Kv("shared_chunk_hits", metrics_.shared_chunk_hits.load()));
+  Log("info", "close",
+      Kv("reason", reason) + " " + Kv("batches_sent", metrics_.batches_sent.load()) + " " +
+          Kv("bytes_sent", metrics_.bytes_sent.load()) + " " + Kv("loader_samples_per_s", sps) + " " +
+          Kv("shared_chunk_hits", metrics_.shared_chunk_hits.load()));
   handshake_timer_.cancel();
   idle_timer_.cancel();
   write_timer_.cancel();

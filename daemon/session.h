@@ -76,7 +76,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<std::byte> body;  // control payload, batch head, or a compressed batch
     Batch batch;                  // images sent from the Loader's slot (uncompressed batches)
     uint64_t samples = 0;
-    int64_t shm_slot = -1;        // BATCH_REF: the slot its images are in (not sent)
+    int64_t shm_slot = -1;  // BATCH_REF: the slot its images are in (not sent)
     bool is_batch = false;
     bool close_after = false;
   };
@@ -120,7 +120,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   uint64_t write_seq_ = 0;
   bool draining_ = false, shutdown_sent_ = false, producer_running_ = false;
-  bool loader_ok_ = false;  // the stream ended without a Loader error: the Loader may be parked
+  bool loader_ok_ = false;     // the stream ended without a Loader error: the Loader may be parked
   bool counted_open_ = false;  // in server_.streams_open
   uint64_t reserved_bytes_ = 0;
   std::shared_ptr<Session> keep_alive_;  // while the producer runs

@@ -189,7 +189,8 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   num_batches_ = plan->num_batches;
   if (!hello_.client_name.empty()) {
     std::string n;
-    for (char c : hello_.client_name.substr(0, 64)) n += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+    for (char c : hello_.client_name.substr(0, 64))
+      n += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
     MutexLock lock(&name_mu_);
     client_name_ = n;
   }
@@ -240,8 +241,8 @@ bool Session::AcceptSharedMemory(const Hello& h, uint64_t batch_bytes) {
   }
   if (h.shm_slots < 2 || h.shm_stride < batch_bytes || h.shm_stride % 4096 != 0) {
     Fail(Status::InvalidArgument("HELLO: " + std::to_string(h.shm_slots) + " shared-memory slots of " +
-                                 std::to_string(h.shm_stride) + " bytes for batches of " +
-                                 std::to_string(batch_bytes) + " (at least 2 slots, page-aligned, a batch each)"),
+                                 std::to_string(h.shm_stride) + " bytes for batches of " + std::to_string(batch_bytes) +
+                                 " (at least 2 slots, page-aligned, a batch each)"),
          true);
     return false;
   }

@@ -62,12 +62,12 @@ void Session::StartProducer() {
     const uint64_t bound = bound_for(threads);
     uint64_t after = 0;
     if (!server_.Reserve(bound, &after)) {
-      Fail(Status::Unsupported("the daemon's memory budget (" + std::to_string(server_.options.memory_bytes) +
-                               " bytes, " + std::to_string(server_.reserved()) + " reserved by " +
-                               std::to_string(server_.streams_active.load()) +
-                               " streams) has no room for a stream of " + std::to_string(bound) +
-                               " bytes; retry later or raise --memory-bytes"),
-           false);
+      Fail(
+          Status::Unsupported("the daemon's memory budget (" + std::to_string(server_.options.memory_bytes) +
+                              " bytes, " + std::to_string(server_.reserved()) + " reserved by " +
+                              std::to_string(server_.streams_active.load()) + " streams) has no room for a stream of " +
+                              std::to_string(bound) + " bytes; retry later or raise --memory-bytes"),
+          false);
       return;
     }
     reserved_bytes_ = bound;
@@ -96,13 +96,14 @@ void Session::StartProducer() {
     }
     hello_fd_.Reset();
     LoaderInternal::UsePool(*loader_, &shm_pool_->pool);
-    Log("info", "shm", Kv("slots", shm_client_holds_.size()) + " " + Kv("stride", shm_stride_) + " " +
-                           Kv("mapping", reuse ? "reused" : "new"));
+    Log("info", "shm",
+        Kv("slots", shm_client_holds_.size()) + " " + Kv("stride", shm_stride_) + " " +
+            Kv("mapping", reuse ? "reused" : "new"));
   }
   parked_shm.reset();  // someone else's (the Loader no longer points into it)
   LoaderInternal::SetThreads(*loader_, threads);
-  Log("info", "stream_threads", Kv("threads", static_cast<uint64_t>(threads)) + " " +
-                                    Kv("divided_among", divided_among));
+  Log("info", "stream_threads",
+      Kv("threads", static_cast<uint64_t>(threads)) + " " + Kv("divided_among", divided_among));
   producer_running_ = true;
   keep_alive_ = shared_from_this();
   work_.emplace(server_.io.get_executor());
@@ -131,8 +132,8 @@ void Session::Produce() {
         loader_ok = false;
         final_frame = std::make_shared<OutFrame>();
         final_frame->body = EncodeError({r.status().code(), r.status().message()});
-        final_frame->header = MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(final_frame->body.size()),
-                                         {final_frame->body});
+        final_frame->header =
+            MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(final_frame->body.size()), {final_frame->body});
         final_frame->close_after = true;
         break;
       }

@@ -61,11 +61,12 @@ Result<SharedRegion> SharedRegion::Create(uint64_t bytes, const std::string& nam
     return Status::IOError("sealing the memfd: " + std::string(std::strerror(errno)));
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r.fd_.get(), 0);
-  if (p == MAP_FAILED) return Status::IOError("mapping a memfd of " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
+  if (p == MAP_FAILED)
+    return Status::IOError("mapping a memfd of " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
   r.data_ = static_cast<std::byte*>(p);
   r.size_ = bytes;
   std::memset(r.data_, 0, bytes);  // the pages exist now, not during the first batches
-  struct stat st{};
+  struct stat st {};
   if (::fstat(r.fd_.get(), &st) == 0) r.inode_ = st.st_ino;
   return r;
 }
@@ -77,10 +78,11 @@ Result<uint64_t> SharedRegion::Inspect(int fd, uint64_t bytes, const std::string
                                    ")");
   }
   if ((seals & F_SEAL_SHRINK) == 0 || (seals & F_SEAL_GROW) == 0) {
-    return Status::InvalidArgument(peer + ": the shared-memory memfd is not sealed against resizing "
-                                          "(F_SEAL_SHRINK | F_SEAL_GROW required)");
+    return Status::InvalidArgument(peer +
+                                   ": the shared-memory memfd is not sealed against resizing "
+                                   "(F_SEAL_SHRINK | F_SEAL_GROW required)");
   }
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) return Status::IOError(peer + ": fstat of the memfd: " + std::strerror(errno));
   if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes) {
     return Status::InvalidArgument(peer + ": the shared-memory memfd holds " + std::to_string(st.st_size) +

@@ -20,7 +20,6 @@ inline Status CudaStatus(cudaError_t e, const char* call, const char* file, int 
 
 }  // namespace gpufeed::gpu
 
-#define GPUFEED_CUDA_RETURN(call) \
-  GPUFEED_RETURN_IF_ERROR(::gpufeed::gpu::CudaStatus((call), #call, __FILE__, __LINE__))
+#define GPUFEED_CUDA_RETURN(call) GPUFEED_RETURN_IF_ERROR(::gpufeed::gpu::CudaStatus((call), #call, __FILE__, __LINE__))
 
 #endif  // GPUFEED_GPU_CUDA_CHECK_H_

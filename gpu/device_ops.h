@@ -20,9 +20,9 @@ class DeviceOps {
  public:
   virtual ~DeviceOps() = default;
   virtual bool is_gpu() const = 0;
-  virtual Status Alloc(size_t bytes, void** p) = 0;       // device memory
+  virtual Status Alloc(size_t bytes, void** p) = 0;  // device memory
   virtual void Free(void* p) = 0;
-  virtual Status AllocPinned(size_t bytes, void** p) = 0; // host staging memory
+  virtual Status AllocPinned(size_t bytes, void** p) = 0;  // host staging memory
   virtual void FreePinned(void* p) = 0;
   virtual Status NewStream(void** s) = 0;
   virtual void FreeStream(void* s) = 0;

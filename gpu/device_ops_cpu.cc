@@ -41,12 +41,11 @@ class CpuOps final : public DeviceOps {
   Status StreamWait(void*, void*) override { return Status::Ok(); }
   Status EventSync(void*) override { return Status::Ok(); }
   Status StreamSync(void*) override { return Status::Ok(); }
-  Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
-                   void* dst_labels, void*) override {
+  Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
+                   void*) override {
     return TransformCpu(p, src, src_labels, dst, dst_labels);
   }
-  Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
-                       void*) override {
+  Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst, void*) override {
     return MaskTransformCpu(p, m, src, dst);
   }
 };

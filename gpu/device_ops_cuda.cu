@@ -62,8 +62,8 @@ class CudaOps final : public DeviceOps {
     GPUFEED_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
     return Status::Ok();
   }
-  Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
-                   void* dst_labels, void* stream) override {
+  Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
+                   void* stream) override {
     return TransformGpu(p, src, src_labels, dst, dst_labels, stream);
   }
   Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
@@ -82,7 +82,8 @@ Result<std::unique_ptr<DeviceOps>> MakeCudaOps(int device) {
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return Status::Unsupported(std::string("no CUDA device: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+    return Status::Unsupported(std::string("no CUDA device: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                               ")");
   }
   if (device < 0 || device >= n) {
     return Status::InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +

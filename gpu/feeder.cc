@@ -17,7 +17,6 @@
 namespace gpufeed {
 namespace {
 
-
 constexpr int kInSlots = 2;
 constexpr int kAutoEchoProbeUploads = 4;  // uploads measured before echo = 0 picks a factor
 constexpr int kMaxAutoEcho = 4;
@@ -45,26 +44,24 @@ struct GpuFeeder::Impl {
     int64_t fill = 0;
   } mask;
   uint64_t mask_bytes = 0;  // 0: no mask field
-  uint64_t MaskOutBytes() const {
-    return uint64_t(mask.planes) * H * W * (mask.out_int64 ? 8 : 4);
-  }
+  uint64_t MaskOutBytes() const { return uint64_t(mask.planes) * H * W * (mask.out_int64 ? 8 : 4); }
   size_t out_elem = 4;
   int echo = 1;
 
   struct InSlot {
     void* images = nullptr;
-    void* mask = nullptr;           // the mask field [super_batch x B], when there is one
-    void* labels = nullptr;         // int64 [super_batch x B]
-    void* labels_staging = nullptr; // pinned host copy source
-    void* uploaded = nullptr;       // event after the copy
-    void* consumed = nullptr;       // event after the last transform reading it
+    void* mask = nullptr;            // the mask field [super_batch x B], when there is one
+    void* labels = nullptr;          // int64 [super_batch x B]
+    void* labels_staging = nullptr;  // pinned host copy source
+    void* uploaded = nullptr;        // event after the copy
+    void* consumed = nullptr;        // event after the last transform reading it
     bool consumed_recorded = false;
-    std::vector<Batch> host;        // kept until the copy is done
+    std::vector<Batch> host;  // kept until the copy is done
     uint64_t samples = 0;
-    uint64_t batches = 0;           // output batches per pass
+    uint64_t batches = 0;  // output batches per pass
     uint64_t upload_index = 0;
     int pass = 0;
-    uint64_t next = 0;              // next output batch within the pass
+    uint64_t next = 0;  // next output batch within the pass
     bool filled = false;
   };
   struct OutSlot {
@@ -105,15 +102,19 @@ Status GpuFeeder::Impl::Init() {
   // Named fields: the first is the image; a second, integer one sharing its
   // spatial dimensions is a mask that gets the same crop and flip.
   if (src.fields.size() > 2) {
-    return Status::Unsupported(src.name + ": the GPU feed takes an image field and at most one integer mask field; "
-                               "this source has " + std::to_string(src.fields.size()) +
+    return Status::Unsupported(src.name +
+                               ": the GPU feed takes an image field and at most one integer mask field; "
+                               "this source has " +
+                               std::to_string(src.fields.size()) +
                                " fields: use the loader's host batches (Batch::field) for the others");
   }
   const bool named = src.fields.size() == 2;
   image_dtype = named ? src.fields[0].dtype : src.dtype;
   if (gpu::InputElementBytes(image_dtype) == 0) {
-    return Status::Unsupported(src.name + ": the GPU feed takes uint8, uint16, int16, float16 or float32 samples, "
-                               "dataset is " + std::string(DTypeName(image_dtype)));
+    return Status::Unsupported(src.name +
+                               ": the GPU feed takes uint8, uint16, int16, float16 or float32 samples, "
+                               "dataset is " +
+                               std::string(DTypeName(image_dtype)));
   }
   const auto& shape = named ? src.fields[0].sample_shape : src.sample_shape;
   if (shape.size() != 3) {
@@ -155,8 +156,8 @@ Status GpuFeeder::Impl::Init() {
   }
   if (o.crop_padding < 0 || o.crop_padding >= std::min(H, W)) {
     return Status::InvalidArgument("feed: crop padding " + std::to_string(o.crop_padding) + " for " +
-                                   std::to_string(H) + "x" + std::to_string(W) +
-                                   " images; it must be in 0.." + std::to_string(std::min(H, W) - 1) +
+                                   std::to_string(H) + "x" + std::to_string(W) + " images; it must be in 0.." +
+                                   std::to_string(std::min(H, W) - 1) +
                                    " (--crop-padding), or a crop could hold no image at all");
   }
   // The feeder holds the host batches of both input slots until their copies
@@ -164,11 +165,11 @@ Status GpuFeeder::Impl::Init() {
   // free buffer to fill the next. Refused now rather than found as a hang.
   const uint64_t held = 2 * static_cast<uint64_t>(o.super_batch);
   if (src.pool_slots != 0 && src.pool_slots < held) {
-    return Status::InvalidArgument(
-        "feed: super_batch " + std::to_string(o.super_batch) + " holds up to " + std::to_string(held) +
-        " loader batches, but the loader's pool has " + std::to_string(src.pool_slots) +
-        " (prefetch + 1); raise the loader's prefetch to at least " + std::to_string(held - 1) +
-        " (--prefetch) or lower super_batch (--super-batch)");
+    return Status::InvalidArgument("feed: super_batch " + std::to_string(o.super_batch) + " holds up to " +
+                                   std::to_string(held) + " loader batches, but the loader's pool has " +
+                                   std::to_string(src.pool_slots) +
+                                   " (prefetch + 1); raise the loader's prefetch to at least " +
+                                   std::to_string(held - 1) + " (--prefetch) or lower super_batch (--super-batch)");
   }
   echo = o.echo == 0 ? 1 : o.echo;
   if (start_batch > 0) {
@@ -189,11 +190,11 @@ Status GpuFeeder::Impl::Init() {
   if (named) {
     const FieldInfo& mf = src.fields[1];
     const auto& ms = mf.sample_shape;
-    const bool spatial = (ms.size() == 2 || ms.size() == 3) && ms[ms.size() - 2] == uint64_t(H) &&
-                         ms[ms.size() - 1] == uint64_t(W);
+    const bool spatial =
+        (ms.size() == 2 || ms.size() == 3) && ms[ms.size() - 2] == uint64_t(H) && ms[ms.size() - 1] == uint64_t(W);
     if (gpu::MaskElementBytes(mf.dtype) == 0 || !spatial) {
-      return Status::Unsupported(src.name + ": field '" + mf.name + "' (" + std::string(DTypeName(mf.dtype)) +
-                                 ", " + std::to_string(ms.size()) + " dims) is not an integer mask of the image's " +
+      return Status::Unsupported(src.name + ": field '" + mf.name + "' (" + std::string(DTypeName(mf.dtype)) + ", " +
+                                 std::to_string(ms.size()) + " dims) is not an integer mask of the image's " +
                                  std::to_string(H) + " x " + std::to_string(W) +
                                  " pixels ([H, W] or [P, H, W]): the GPU feed takes an image field "
                                  "and at most one such mask");
@@ -254,7 +255,7 @@ Status GpuFeeder::Impl::Fill(int k) {
   }
   if (!s.host.empty()) {  // their copies finished long ago; make it certain
     GPUFEED_RETURN_IF_ERROR(ops->EventSync(s.uploaded));
-    s.host.clear();       // back to the loader's pool
+    s.host.clear();  // back to the loader's pool
   }
   s.samples = 0;
   const double t0 = NowSeconds();
@@ -370,16 +371,14 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   // (seed, epoch, output batch index).
   p.seed = gpu::Mix64(o.seed ^ gpu::Mix64((epoch << 32) ^ out_index));
   GPUFEED_RETURN_IF_ERROR(ops->Transform(p, static_cast<const uint8_t*>(s->images),
-                                         static_cast<const int64_t*>(s->labels), os.images, os.labels,
-                                         compute_stream));
+                                         static_cast<const int64_t*>(s->labels), os.images, os.labels, compute_stream));
   if (mask_bytes > 0) {  // the same params: the same crop, flip and gather
     gpu::MaskParams m;
     m.in_dtype = mask.dtype;
     m.planes = mask.planes;
     m.out_int64 = mask.out_int64;
     m.fill = mask.fill;
-    GPUFEED_RETURN_IF_ERROR(
-        ops->MaskTransform(p, m, static_cast<const uint8_t*>(s->mask), os.mask, compute_stream));
+    GPUFEED_RETURN_IF_ERROR(ops->MaskTransform(p, m, static_cast<const uint8_t*>(s->mask), os.mask, compute_stream));
   }
   GPUFEED_RETURN_IF_ERROR(ops->Record(os.ready, compute_stream));
   os.held = true;

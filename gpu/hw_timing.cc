@@ -98,8 +98,8 @@ Result<H2dTiming> MeasureH2d(uint64_t batch_bytes, int slots) {
   r.pool_gb_per_s = total / *t / 1e9;
   // Verify the last copy landed.
   std::vector<uint8_t> back(16);
-  GPUFEED_CUDA_RETURN(cudaMemcpy(back.data(), static_cast<std::byte*>(dev) + ((n - 1) % 2) * batch_bytes, 16,
-                                 cudaMemcpyDeviceToHost));
+  GPUFEED_CUDA_RETURN(
+      cudaMemcpy(back.data(), static_cast<std::byte*>(dev) + ((n - 1) % 2) * batch_bytes, 16, cudaMemcpyDeviceToHost));
   for (uint8_t b : back) {
     if (b != uint8_t(n - 1)) return Status::Internal("h2d: copied bytes differ from the source");
   }
@@ -165,9 +165,8 @@ Result<std::vector<KernelTiming>> MeasureTransformKernel(int batch) {
       GPUFEED_CUDA_RETURN(cudaStreamSynchronize(s));
       GPUFEED_CUDA_RETURN(cudaMemcpy(got.data(), ddst, vbytes, cudaMemcpyDeviceToHost));
       if (got != want) return Status::Internal("kernel bench: GPU output differs from the CPU reference");
-      auto k = TimeOnStream(s, 20, [&] {
-        return gpu::TransformGpu(p, static_cast<uint8_t*>(dsrc), nullptr, ddst, nullptr, s);
-      });
+      auto k = TimeOnStream(
+          s, 20, [&] { return gpu::TransformGpu(p, static_cast<uint8_t*>(dsrc), nullptr, ddst, nullptr, s); });
       if (!k.ok()) return k.status();
       KernelTiming r;
       r.dtype = std::string(DTypeName(dt));

@@ -16,8 +16,7 @@ __global__ void MaskKernel(TransformParams p, MaskParams m, const uint8_t* __res
   const uint64_t per_sample = plane * m.planes;
   const uint64_t total = per_sample * p.batch;
   const uint64_t in_bytes = per_sample * MaskElementBytes(m.in_dtype);
-  for (uint64_t o = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; o < total;
-       o += uint64_t(gridDim.x) * blockDim.x) {
+  for (uint64_t o = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; o < total; o += uint64_t(gridDim.x) * blockDim.x) {
     const uint32_t i = static_cast<uint32_t>(o / per_sample);
     const uint64_t r = o - uint64_t(i) * per_sample;
     const int c = static_cast<int>(r / plane);

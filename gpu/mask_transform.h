@@ -30,26 +30,56 @@ struct MaskParams {
 GPUFEED_HD uint32_t MaskElementBytes(DType t) {
   switch (t) {
     case DType::kInt8:
-    case DType::kUInt8: return 1;
+    case DType::kUInt8:
+      return 1;
     case DType::kInt16:
-    case DType::kUInt16: return 2;
+    case DType::kUInt16:
+      return 2;
     case DType::kInt32:
-    case DType::kUInt32: return 4;
-    case DType::kInt64: return 8;
-    default: return 0;
+    case DType::kUInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
 GPUFEED_HD int64_t LoadMask(DType t, const uint8_t* sample, uint64_t off) {
   const uint8_t* p = sample + off * MaskElementBytes(t);
   switch (t) {
-    case DType::kInt8: { int8_t v; __builtin_memcpy(&v, p, 1); return v; }
-    case DType::kUInt8: return *p;
-    case DType::kInt16: { int16_t v; __builtin_memcpy(&v, p, 2); return v; }
-    case DType::kUInt16: { uint16_t v; __builtin_memcpy(&v, p, 2); return v; }
-    case DType::kInt32: { int32_t v; __builtin_memcpy(&v, p, 4); return v; }
-    case DType::kUInt32: { uint32_t v; __builtin_memcpy(&v, p, 4); return v; }
-    default: { int64_t v; __builtin_memcpy(&v, p, 8); return v; }
+    case DType::kInt8: {
+      int8_t v;
+      __builtin_memcpy(&v, p, 1);
+      return v;
+    }
+    case DType::kUInt8:
+      return *p;
+    case DType::kInt16: {
+      int16_t v;
+      __builtin_memcpy(&v, p, 2);
+      return v;
+    }
+    case DType::kUInt16: {
+      uint16_t v;
+      __builtin_memcpy(&v, p, 2);
+      return v;
+    }
+    case DType::kInt32: {
+      int32_t v;
+      __builtin_memcpy(&v, p, 4);
+      return v;
+    }
+    case DType::kUInt32: {
+      uint32_t v;
+      __builtin_memcpy(&v, p, 4);
+      return v;
+    }
+    default: {
+      int64_t v;
+      __builtin_memcpy(&v, p, 8);
+      return v;
+    }
   }
 }
 

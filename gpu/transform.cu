@@ -1,6 +1,6 @@
 // The fused transform kernel and its launcher. Memory-bound: each element is
-// one input read (uint8 to float32, templated on the input type) (through L1/L2, reused by neighbours) and one 2- or 4-byte
-// write; consecutive threads write consecutive output elements.
+// one input read (uint8 to float32, templated on the input type) (through L1/L2, reused by neighbours) and one 2- or
+// 4-byte write; consecutive threads write consecutive output elements.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -98,9 +98,9 @@ struct SampleInfo {
 constexpr int kMaxSharedSamples = 2048;  // 24 KiB; larger batches compute it per row
 
 template <DType kOut, DType kIn>
-__global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p, const uint8_t* __restrict__ src_bytes,
-                                                             const int64_t* __restrict__ src_labels,
-                                                             void* __restrict__ dst, void* __restrict__ dst_labels) {
+__global__ void __launch_bounds__(32 * kWarps)
+    TransformKernel(TransformParams p, const uint8_t* __restrict__ src_bytes, const int64_t* __restrict__ src_labels,
+                    void* __restrict__ dst, void* __restrict__ dst_labels) {
   using T = OutT<kOut>;
   using Scalar = typename T::Scalar;
   using In = typename InT<kIn>::Type;
@@ -146,8 +146,8 @@ __global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p
       const int sy = y + si.dy;
       const bool row_in = sy >= 0 && sy < H;
       const float m = s_mean[c], is = s_inv_std[c];
-      const In* srow = nchw_in ? sample + (uint32_t(c) * H + (row_in ? sy : 0)) * W
-                                    : sample + uint32_t(row_in ? sy : 0) * W * C + c;
+      const In* srow =
+          nchw_in ? sample + (uint32_t(c) * H + (row_in ? sy : 0)) * W : sample + uint32_t(row_in ? sy : 0) * W * C + c;
       const int sstride = nchw_in ? 1 : C;
       Scalar* orow = out + row * W;
       for (int x0 = lane * kVec; x0 < W; x0 += 32 * kVec) {
@@ -200,8 +200,6 @@ __global__ void __launch_bounds__(32 * kWarps) TransformKernel(TransformParams p
 
 using KernelFn = void (*)(TransformParams, const uint8_t*, const int64_t*, void*, void*);
 
-
-
 // Persistent grid: exactly the blocks that are resident at once on every SM
 // (a second, partial wave would double the time of the rows it holds), no
 // more than there are rows, and enough threads for the labels.
@@ -221,12 +219,15 @@ Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, con
 }
 
 template <DType kIn>
-Status LaunchOut(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
-                 void* dst_labels, cudaStream_t s) {
+Status LaunchOut(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
+                 cudaStream_t s) {
   switch (p.out_dtype) {
-    case DType::kFloat32: return Launch(TransformKernel<DType::kFloat32, kIn>, p, src, src_labels, dst, dst_labels, s);
-    case DType::kFloat16: return Launch(TransformKernel<DType::kFloat16, kIn>, p, src, src_labels, dst, dst_labels, s);
-    default: return Launch(TransformKernel<DType::kBFloat16, kIn>, p, src, src_labels, dst, dst_labels, s);
+    case DType::kFloat32:
+      return Launch(TransformKernel<DType::kFloat32, kIn>, p, src, src_labels, dst, dst_labels, s);
+    case DType::kFloat16:
+      return Launch(TransformKernel<DType::kFloat16, kIn>, p, src, src_labels, dst, dst_labels, s);
+    default:
+      return Launch(TransformKernel<DType::kBFloat16, kIn>, p, src, src_labels, dst, dst_labels, s);
   }
 }
 
@@ -240,11 +241,16 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
   TraceRange trace("gpufeed transform");
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.in_dtype) {
-    case DType::kUInt16: return LaunchOut<DType::kUInt16>(p, src, src_labels, dst, dst_labels, s);
-    case DType::kInt16: return LaunchOut<DType::kInt16>(p, src, src_labels, dst, dst_labels, s);
-    case DType::kFloat16: return LaunchOut<DType::kFloat16>(p, src, src_labels, dst, dst_labels, s);
-    case DType::kFloat32: return LaunchOut<DType::kFloat32>(p, src, src_labels, dst, dst_labels, s);
-    default: return LaunchOut<DType::kUInt8>(p, src, src_labels, dst, dst_labels, s);
+    case DType::kUInt16:
+      return LaunchOut<DType::kUInt16>(p, src, src_labels, dst, dst_labels, s);
+    case DType::kInt16:
+      return LaunchOut<DType::kInt16>(p, src, src_labels, dst, dst_labels, s);
+    case DType::kFloat16:
+      return LaunchOut<DType::kFloat16>(p, src, src_labels, dst, dst_labels, s);
+    case DType::kFloat32:
+      return LaunchOut<DType::kFloat32>(p, src, src_labels, dst, dst_labels, s);
+    default:
+      return LaunchOut<DType::kUInt8>(p, src, src_labels, dst, dst_labels, s);
   }
 }
 

@@ -31,7 +31,7 @@ enum class TensorLayout : int { kNCHW = 0, kNHWC = 1 };
 constexpr int kMaxChannels = 16;
 
 struct TransformParams {
-  int batch = 0;             // output samples
+  int batch = 0;  // output samples
   int channels = 0, height = 0, width = 0;
   TensorLayout in_layout = TensorLayout::kNCHW;
   TensorLayout out_layout = TensorLayout::kNCHW;
@@ -39,17 +39,17 @@ struct TransformParams {
   // each is converted to fp32 exactly before (x - mean) * inv_std.
   DType in_dtype = DType::kUInt8;
   DType out_dtype = DType::kFloat32;  // kFloat32, kFloat16 or kBFloat16
-  bool labels_int32 = false;           // else int64
+  bool labels_int32 = false;          // else int64
   float mean[kMaxChannels] = {};
-  float inv_std[kMaxChannels] = {};    // 1 / std
-  int crop_padding = 0;                // 0: no crop
+  float inv_std[kMaxChannels] = {};  // 1 / std
+  int crop_padding = 0;              // 0: no crop
   bool flip = false;
-  uint64_t seed = 0;                   // augmentation seed of this output batch
+  uint64_t seed = 0;  // augmentation seed of this output batch
   // Output sample i reads input sample perm_offset + i through the
   // permutation (see EchoPermutation) when perm_domain > 0, else sample
   // perm_offset + i itself.
   uint32_t perm_offset = 0;
-  uint32_t perm_domain = 0;            // size of the permuted super-batch (0: none)
+  uint32_t perm_domain = 0;  // size of the permuted super-batch (0: none)
   uint64_t perm_seed = 0;
 };
 
@@ -127,10 +127,10 @@ GPUFEED_HD uint16_t FloatToHalfBits(float f) {
   const uint32_t x = FloatBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);      // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);     // overflow -> inf (>= 65520)
-  if (abs < 0x38800000u) {                                                   // subnormal half or zero
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);               // < 2^-25 rounds to 0
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf (>= 65520)
+  if (abs < 0x38800000u) {                                               // subnormal half or zero
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);           // < 2^-25 rounds to 0
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126u - e;  // 14..24
@@ -156,7 +156,7 @@ GPUFEED_HD float HalfBitsToFloat(uint16_t h) {
     bits = sign | ((exp + 112u) << 23) | (man << 13);
   } else if (man == 0) {
     bits = sign;  // +-0
-  } else {  // subnormal: normalize
+  } else {        // subnormal: normalize
     exp = 113u;
     while ((man & 0x400u) == 0) {
       man <<= 1;
@@ -176,12 +176,16 @@ GPUFEED_HD float HalfBitsToFloat(uint16_t h) {
 // Bytes of one input element (in_dtype), 0 for a dtype the transform does not take.
 GPUFEED_HD uint32_t InputElementBytes(DType t) {
   switch (t) {
-    case DType::kUInt8: return 1;
+    case DType::kUInt8:
+      return 1;
     case DType::kUInt16:
     case DType::kInt16:
-    case DType::kFloat16: return 2;
-    case DType::kFloat32: return 4;
-    default: return 0;
+    case DType::kFloat16:
+      return 2;
+    case DType::kFloat32:
+      return 4;
+    default:
+      return 0;
   }
 }
 
@@ -208,7 +212,8 @@ GPUFEED_HD float LoadInput(DType t, const uint8_t* sample, uint32_t off) {
       __builtin_memcpy(&v, sample + uint64_t(off) * 4, 4);
       return v;
     }
-    default: return static_cast<float>(sample[off]);
+    default:
+      return static_cast<float>(sample[off]);
   }
 }
 
@@ -229,9 +234,8 @@ GPUFEED_HD float ElementValue(const TransformParams& p, const uint8_t* sample, S
   const int sy = y + a.dy, sx = xs + a.dx;
   float v = 0.0f;  // zero padding, as torchvision's RandomCrop(padding)
   if (sy >= 0 && sy < p.height && sx >= 0 && sx < p.width) {
-    const uint32_t off = p.in_layout == TensorLayout::kNCHW
-                             ? (uint32_t(c) * p.height + sy) * uint32_t(p.width) + sx
-                             : (uint32_t(sy) * p.width + sx) * uint32_t(p.channels) + c;
+    const uint32_t off = p.in_layout == TensorLayout::kNCHW ? (uint32_t(c) * p.height + sy) * uint32_t(p.width) + sx
+                                                            : (uint32_t(sy) * p.width + sx) * uint32_t(p.channels) + c;
     v = LoadInput(p.in_dtype, sample, off);
   }
   return (v - p.mean[c]) * p.inv_std[c];
@@ -245,13 +249,13 @@ GPUFEED_HD uint32_t OutputOffset(const TransformParams& p, int c, int y, int x) 
 
 // CPU reference: writes p.batch samples to dst_images and their labels
 // (gathered through the same permutation) to dst_labels.
-Status TransformCpu(const TransformParams& p, const uint8_t* src_images, const int64_t* src_labels,
-                    void* dst_images, void* dst_labels);
+Status TransformCpu(const TransformParams& p, const uint8_t* src_images, const int64_t* src_labels, void* dst_images,
+                    void* dst_labels);
 
 // GPU: the same on `stream` (a cudaStream_t). Returns the CUDA error by name
 // on a failed launch. Defined only in CUDA builds.
-Status TransformGpu(const TransformParams& p, const uint8_t* src_images, const int64_t* src_labels,
-                    void* dst_images, void* dst_labels, void* stream);
+Status TransformGpu(const TransformParams& p, const uint8_t* src_images, const int64_t* src_labels, void* dst_images,
+                    void* dst_labels, void* stream);
 
 }  // namespace gpufeed::gpu
 

@@ -69,8 +69,7 @@ struct ZstdCCtxDeleter {
 };
 
 libdeflate_decompressor* ThreadDecompressor() {
-  thread_local std::unique_ptr<libdeflate_decompressor, DeflateDecompressorDeleter> d(
-      libdeflate_alloc_decompressor());
+  thread_local std::unique_ptr<libdeflate_decompressor, DeflateDecompressorDeleter> d(libdeflate_alloc_decompressor());
   return d.get();
 }
 
@@ -86,14 +85,13 @@ libdeflate_compressor* ThreadCompressor(int level) {
 size_t DeflateBound(size_t n) { return libdeflate_zlib_compress_bound(nullptr, n); }
 
 size_t Deflate(std::span<const std::byte> src, std::span<std::byte> dst, int level) {
-  return libdeflate_zlib_compress(ThreadCompressor(level), src.data(), src.size(), dst.data(),
-                                  dst.size());
+  return libdeflate_zlib_compress(ThreadCompressor(level), src.data(), src.size(), dst.data(), dst.size());
 }
 
 Status Inflate(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what) {
   size_t actual = 0;
-  libdeflate_result r = libdeflate_zlib_decompress(ThreadDecompressor(), src.data(), src.size(),
-                                                   dst.data(), dst.size(), &actual);
+  libdeflate_result r =
+      libdeflate_zlib_decompress(ThreadDecompressor(), src.data(), src.size(), dst.data(), dst.size(), &actual);
   switch (r) {
     case LIBDEFLATE_SUCCESS:
       if (actual == dst.size()) return Status::Ok();
@@ -106,8 +104,8 @@ Status Inflate(std::span<const std::byte> src, std::span<std::byte> dst, const s
                              std::to_string(dst.size()) + " bytes");
     case LIBDEFLATE_BAD_DATA:
     default:
-      return Status::Corrupt(what + ": deflate stream is damaged (bad data or checksum, " +
-                             std::to_string(src.size()) + " stored bytes)");
+      return Status::Corrupt(what + ": deflate stream is damaged (bad data or checksum, " + std::to_string(src.size()) +
+                             " stored bytes)");
   }
 }
 
@@ -124,8 +122,7 @@ size_t ZstdCompress(std::span<const std::byte> src, std::span<std::byte> dst, in
   return ZSTD_isError(r) ? 0 : r;
 }
 
-Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst,
-                      const std::string& what) {
+Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what) {
   thread_local std::unique_ptr<ZSTD_DCtx, ZstdDCtxDeleter> dctx(ZSTD_createDCtx());
   size_t r = ZSTD_decompressDCtx(dctx.get(), dst.data(), dst.size(), src.data(), src.size());
   if (ZSTD_isError(r)) {
@@ -133,16 +130,21 @@ Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst,
                            std::to_string(src.size()) + " stored bytes)");
   }
   if (r != dst.size()) {
-    return Status::Corrupt(what + ": zstd frame decompresses to " + std::to_string(r) +
-                           " bytes, expected " + std::to_string(dst.size()));
+    return Status::Corrupt(what + ": zstd frame decompresses to " + std::to_string(r) + " bytes, expected " +
+                           std::to_string(dst.size()));
   }
   return Status::Ok();
 }
 
 bool DirectPathDecodes(int id) {
   switch (id) {
-    case kFilterDeflate: case kFilterShuffle: case kFilterZstd:
-    case kFilterLzf: case kFilterBlosc: case kFilterLz4: case kFilterBitshuffle:
+    case kFilterDeflate:
+    case kFilterShuffle:
+    case kFilterZstd:
+    case kFilterLzf:
+    case kFilterBlosc:
+    case kFilterLz4:
+    case kFilterBitshuffle:
       return true;
     default:
       return false;
@@ -156,9 +158,8 @@ bool DirectPathCanDecode(const std::vector<FilterStep>& pipeline) {
   return true;
 }
 
-Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask,
-                   std::span<const std::byte> stored, size_t decoded_size,
-                   std::span<std::byte> dst, DecodeScratch& scratch, const std::string& what) {
+Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask, std::span<const std::byte> stored,
+                   size_t decoded_size, std::span<std::byte> dst, DecodeScratch& scratch, const std::string& what) {
   // Found by the codec fuzzer: a filter after a compressor got the decoded
   // size for its input and failed every valid chunk as "Corrupt".
   if (!DirectPathCanDecode(pipeline)) {
@@ -184,8 +185,8 @@ Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask
     std::span<std::byte> out = direct ? dst : std::span<std::byte>(buf.data(), decoded_size);
     if (f.id == kFilterShuffle) {
       if (cur.size() != decoded_size) {
-        return Status::Corrupt(what + ": shuffled chunk holds " + std::to_string(cur.size()) +
-                               " bytes, expected " + std::to_string(decoded_size));
+        return Status::Corrupt(what + ": shuffled chunk holds " + std::to_string(cur.size()) + " bytes, expected " +
+                               std::to_string(decoded_size));
       }
       if (k == last_active) {
         Unshuffle(cur, dst, f.elem_size);  // only the prefix the caller wants
@@ -203,27 +204,24 @@ Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask
     } else if (f.id == kFilterLz4) {
       GPUFEED_RETURN_IF_ERROR(Lz4FramedDecompress(cur, out, what));
     } else if (f.id == kFilterBitshuffle) {
-      GPUFEED_RETURN_IF_ERROR(
-          BitshuffleDecompress(cur, out, f.elem_size, f.block, f.compression, scratch.block, what));
+      GPUFEED_RETURN_IF_ERROR(BitshuffleDecompress(cur, out, f.elem_size, f.block, f.compression, scratch.block, what));
     } else {
-      return Status::Unsupported(what + ": filter " + std::to_string(f.id) +
-                                 " is not supported by the direct path");
+      return Status::Unsupported(what + ": filter " + std::to_string(f.id) + " is not supported by the direct path");
     }
     if (direct) return Status::Ok();
     cur = out;
     use_a = !use_a;
   }
   if (cur.size() != decoded_size) {
-    return Status::Corrupt(what + ": chunk holds " + std::to_string(cur.size()) +
-                           " stored bytes, expected " + std::to_string(decoded_size));
+    return Status::Corrupt(what + ": chunk holds " + std::to_string(cur.size()) + " stored bytes, expected " +
+                           std::to_string(decoded_size));
   }
   CopyBytes(dst.data(), cur.data(), dst.size());
   return Status::Ok();
 }
 
-void EncodeChunk(const std::vector<FilterStep>& pipeline, int level,
-                 std::span<const std::byte> raw, std::vector<std::byte>& out,
-                 unsigned* filter_mask, DecodeScratch& scratch) {
+void EncodeChunk(const std::vector<FilterStep>& pipeline, int level, std::span<const std::byte> raw,
+                 std::vector<std::byte>& out, unsigned* filter_mask, DecodeScratch& scratch) {
   *filter_mask = 0;
   std::vector<std::byte> cur_storage;
   std::span<const std::byte> cur = raw;

@@ -50,8 +50,7 @@ Status Inflate(std::span<const std::byte> src, std::span<std::byte> dst, const s
 
 size_t ZstdBound(size_t n);
 size_t ZstdCompress(std::span<const std::byte> src, std::span<std::byte> dst, int level);
-Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst,
-                      const std::string& what);
+Status ZstdDecompress(std::span<const std::byte> src, std::span<std::byte> dst, const std::string& what);
 
 // The plugin filters' decoders. Sizes in the streams are checked against the
 // stored bytes and dst.size(), which is the exact decoded size.
@@ -68,10 +67,10 @@ void BitunshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t el
 
 // One filter of a dataset's pipeline, as the direct path runs it.
 struct FilterStep {
-  int id = 0;              // one DirectPathDecodes accepts
-  size_t elem_size = 1;    // for shuffle and bitshuffle (bitshuffle: cd_values[2])
-  uint64_t block = 0;      // bitshuffle: elements per block (cd_values[3]; 0: the default)
-  int compression = 0;     // bitshuffle: cd_values[4] (0 none, 2 LZ4)
+  int id = 0;            // one DirectPathDecodes accepts
+  size_t elem_size = 1;  // for shuffle and bitshuffle (bitshuffle: cd_values[2])
+  uint64_t block = 0;    // bitshuffle: elements per block (cd_values[3]; 0: the default)
+  int compression = 0;   // bitshuffle: cd_values[4] (0 none, 2 LZ4)
 };
 
 // Whether DecodeChunk can undo `pipeline`: every filter but the last (in
@@ -91,16 +90,14 @@ struct DecodeScratch {
 // must decode to exactly `decoded_size` bytes, and writes the first
 // dst.size() (<= decoded_size) of them into dst. A pipeline that
 // DirectPathCanDecode refuses is Unsupported.
-Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask,
-                   std::span<const std::byte> stored, size_t decoded_size,
-                   std::span<std::byte> dst, DecodeScratch& scratch, const std::string& what);
+Status DecodeChunk(const std::vector<FilterStep>& pipeline, unsigned filter_mask, std::span<const std::byte> stored,
+                   size_t decoded_size, std::span<std::byte> dst, DecodeScratch& scratch, const std::string& what);
 
 // Applies `pipeline` to a full chunk. Returns the stored bytes in `out`
 // (resized). A compressor whose output would not be smaller than its input
 // fails, as HDF5's do, and the filter is recorded as skipped in *filter_mask.
-void EncodeChunk(const std::vector<FilterStep>& pipeline, int level,
-                 std::span<const std::byte> raw, std::vector<std::byte>& out,
-                 unsigned* filter_mask, DecodeScratch& scratch);
+void EncodeChunk(const std::vector<FilterStep>& pipeline, int level, std::span<const std::byte> raw,
+                 std::vector<std::byte>& out, unsigned* filter_mask, DecodeScratch& scratch);
 
 }  // namespace gpufeed::codec
 

@@ -96,11 +96,11 @@ Status LzfDecompress(std::span<const std::byte> src, std::span<std::byte> dst, c
                            " decoded bytes is larger than LZF can address (4 GiB)");
   }
   // liblzf bounds-checks both the input and the output; 0 means an error.
-  const unsigned r = lzf_decompress(src.data(), static_cast<unsigned>(src.size()), dst.data(),
-                                    static_cast<unsigned>(dst.size()));
+  const unsigned r =
+      lzf_decompress(src.data(), static_cast<unsigned>(src.size()), dst.data(), static_cast<unsigned>(dst.size()));
   if (r == 0 && !dst.empty()) {
-    return Status::Corrupt(what + ": LZF stream is damaged or decompresses to more than the expected " +
-                           N(dst.size()) + " bytes (" + N(src.size()) + " stored bytes)");
+    return Status::Corrupt(what + ": LZF stream is damaged or decompresses to more than the expected " + N(dst.size()) +
+                           " bytes (" + N(src.size()) + " stored bytes)");
   }
   if (r != dst.size()) {
     return Status::Corrupt(what + ": LZF stream decompresses to " + N(r) + " bytes, expected " + N(dst.size()));
@@ -154,8 +154,7 @@ Status Lz4FramedDecompress(std::span<const std::byte> src, std::span<std::byte> 
   const uint64_t total = ReadBE(src.data(), 8);
   uint64_t block = ReadBE(src.data() + 8, 4);
   if (total != dst.size()) {
-    return Status::Corrupt(what + ": LZ4 chunk header says " + N(total) + " decoded bytes, expected " +
-                           N(dst.size()));
+    return Status::Corrupt(what + ": LZ4 chunk header says " + N(total) + " decoded bytes, expected " + N(dst.size()));
   }
   if (block == 0 && total > 0) return Status::Corrupt(what + ": LZ4 chunk header has a block size of 0");
   if (block > total) block = total;  // as H5Zlz4.c
@@ -218,13 +217,13 @@ Status BitshuffleDecompress(std::span<const std::byte> src, std::span<std::byte>
     pos = 12;
   } else {
     if (src.size() != dst.size()) {
-      return Status::Corrupt(what + ": bitshuffled chunk holds " + N(src.size()) + " bytes, expected " +
-                             N(dst.size()));
+      return Status::Corrupt(what + ": bitshuffled chunk holds " + N(src.size()) + " bytes, expected " + N(dst.size()));
     }
     if (block_elems == 0) block_elems = BitshuffleDefaultBlock(elem_size);
   }
   if (block_elems == 0 || block_elems % 8 != 0) {
-    return Status::Corrupt(what + ": bitshuffle block of " + N(block_elems) + " elements is not a positive multiple of 8");
+    return Status::Corrupt(what + ": bitshuffle block of " + N(block_elems) +
+                           " elements is not a positive multiple of 8");
   }
   const uint64_t n = dst.size() / elem_size;
   const uint64_t block_bytes = block_elems * elem_size;  // <= 2^32 * 2^16: no overflow

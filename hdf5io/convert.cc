@@ -98,17 +98,38 @@ void AccumulateTyped(const std::byte* data, uint64_t samples, const ChannelGeome
 // Returns false for dtypes without channel statistics (float16).
 bool Accumulate(DType t, const std::byte* data, uint64_t samples, const ChannelGeometry& g, ChannelSums* s) {
   switch (t) {
-    case DType::kUInt8: AccumulateTyped<uint8_t>(data, samples, g, s); return true;
-    case DType::kInt8: AccumulateTyped<int8_t>(data, samples, g, s); return true;
-    case DType::kUInt16: AccumulateTyped<uint16_t>(data, samples, g, s); return true;
-    case DType::kInt16: AccumulateTyped<int16_t>(data, samples, g, s); return true;
-    case DType::kUInt32: AccumulateTyped<uint32_t>(data, samples, g, s); return true;
-    case DType::kInt32: AccumulateTyped<int32_t>(data, samples, g, s); return true;
-    case DType::kUInt64: AccumulateTyped<uint64_t>(data, samples, g, s); return true;
-    case DType::kInt64: AccumulateTyped<int64_t>(data, samples, g, s); return true;
-    case DType::kFloat32: AccumulateTyped<float>(data, samples, g, s); return true;
-    case DType::kFloat64: AccumulateTyped<double>(data, samples, g, s); return true;
-    default: return false;
+    case DType::kUInt8:
+      AccumulateTyped<uint8_t>(data, samples, g, s);
+      return true;
+    case DType::kInt8:
+      AccumulateTyped<int8_t>(data, samples, g, s);
+      return true;
+    case DType::kUInt16:
+      AccumulateTyped<uint16_t>(data, samples, g, s);
+      return true;
+    case DType::kInt16:
+      AccumulateTyped<int16_t>(data, samples, g, s);
+      return true;
+    case DType::kUInt32:
+      AccumulateTyped<uint32_t>(data, samples, g, s);
+      return true;
+    case DType::kInt32:
+      AccumulateTyped<int32_t>(data, samples, g, s);
+      return true;
+    case DType::kUInt64:
+      AccumulateTyped<uint64_t>(data, samples, g, s);
+      return true;
+    case DType::kInt64:
+      AccumulateTyped<int64_t>(data, samples, g, s);
+      return true;
+    case DType::kFloat32:
+      AccumulateTyped<float>(data, samples, g, s);
+      return true;
+    case DType::kFloat64:
+      AccumulateTyped<double>(data, samples, g, s);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -137,8 +158,7 @@ std::string GuessLayout(const std::vector<uint64_t>& s) {
   return "";
 }
 
-Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path,
-                               const ConvertOptions& options) {
+Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path, const ConvertOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   WriteOptions wopt = options.write;
   if (wopt.layout.empty()) wopt.layout = source.layout();
@@ -161,8 +181,8 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
   const uint64_t sb = writer.sample_bytes();
   const uint64_t n_chunks = writer.num_chunks();
   const ChannelGeometry geom = GeometryOf(wopt.layout, source.sample_shape());
-  const int threads = options.threads > 0 ? options.threads
-                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   std::mutex error_mu;
   Status first_error;  // GUARDED_BY(error_mu)
@@ -214,19 +234,19 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
                   }
                   return w;
                 }) &
-            tbb::make_filter<std::shared_ptr<Work>, void>(
-                tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                  if (failed.load()) return;
-                  Status s = writer.WriteChunk(w->index, w->encoded);
-                  if (!s.ok()) {
-                    fail(std::move(s));
-                    return;
-                  }
-                  if (w->sums.per_channel == 0) have_stats = false;
-                  if (have_stats) totals.Add(w->sums);
-                  done += w->samples;
-                  if (options.progress) options.progress(done, total);
-                }));
+            tbb::make_filter<std::shared_ptr<Work>, void>(tbb::filter_mode::serial_in_order,
+                                                          [&](std::shared_ptr<Work> w) {
+                                                            if (failed.load()) return;
+                                                            Status s = writer.WriteChunk(w->index, w->encoded);
+                                                            if (!s.ok()) {
+                                                              fail(std::move(s));
+                                                              return;
+                                                            }
+                                                            if (w->sums.per_channel == 0) have_stats = false;
+                                                            if (have_stats) totals.Add(w->sums);
+                                                            done += w->samples;
+                                                            if (options.progress) options.progress(done, total);
+                                                          }));
   });
   if (failed.load()) return first_error.WithContext("converting " + source.description() + " to " + out_path);
 

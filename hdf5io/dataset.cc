@@ -42,20 +42,34 @@ uint64_t NextPrime(uint64_t n) {
 
 std::string FilterName(int id, const char* hdf5_name) {
   switch (id) {
-    case codec::kFilterDeflate: return "deflate";
-    case codec::kFilterShuffle: return "shuffle";
-    case codec::kFilterZstd: return "zstd";
-    case 3: return "fletcher32";
-    case 4: return "szip";
-    case 5: return "nbit";
-    case 6: return "scaleoffset";
-    case 307: return "bzip2";
-    case codec::kFilterLzf: return "lzf";
-    case codec::kFilterBlosc: return "blosc";
-    case codec::kFilterLz4: return "lz4";
-    case codec::kFilterBitshuffle: return "bitshuffle";
-    case 32013: return "zfp";
-    default: return hdf5_name[0] ? hdf5_name : "filter " + std::to_string(id);
+    case codec::kFilterDeflate:
+      return "deflate";
+    case codec::kFilterShuffle:
+      return "shuffle";
+    case codec::kFilterZstd:
+      return "zstd";
+    case 3:
+      return "fletcher32";
+    case 4:
+      return "szip";
+    case 5:
+      return "nbit";
+    case 6:
+      return "scaleoffset";
+    case 307:
+      return "bzip2";
+    case codec::kFilterLzf:
+      return "lzf";
+    case codec::kFilterBlosc:
+      return "blosc";
+    case codec::kFilterLz4:
+      return "lz4";
+    case codec::kFilterBitshuffle:
+      return "bitshuffle";
+    case 32013:
+      return "zfp";
+    default:
+      return hdf5_name[0] ? hdf5_name : "filter " + std::to_string(id);
   }
 }
 
@@ -66,11 +80,16 @@ std::optional<DType> DTypeOf(hid_t type) {
   if (cls == H5T_INTEGER) {
     const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
     switch (size) {
-      case 1: return is_signed ? DType::kInt8 : DType::kUInt8;
-      case 2: return is_signed ? DType::kInt16 : DType::kUInt16;
-      case 4: return is_signed ? DType::kInt32 : DType::kUInt32;
-      case 8: return is_signed ? DType::kInt64 : DType::kUInt64;
-      default: return std::nullopt;
+      case 1:
+        return is_signed ? DType::kInt8 : DType::kUInt8;
+      case 2:
+        return is_signed ? DType::kInt16 : DType::kUInt16;
+      case 4:
+        return is_signed ? DType::kInt32 : DType::kUInt32;
+      case 8:
+        return is_signed ? DType::kInt64 : DType::kUInt64;
+      default:
+        return std::nullopt;
     }
   }
   if (cls == H5T_ENUM && size == 1) {
@@ -79,10 +98,14 @@ std::optional<DType> DTypeOf(hid_t type) {
   }
   if (cls == H5T_FLOAT) {
     switch (size) {
-      case 2: return DType::kFloat16;
-      case 4: return DType::kFloat32;
-      case 8: return DType::kFloat64;
-      default: return std::nullopt;
+      case 2:
+        return DType::kFloat16;
+      case 4:
+        return DType::kFloat32;
+      case 8:
+        return DType::kFloat64;
+      default:
+        return std::nullopt;
     }
   }
   return std::nullopt;
@@ -96,16 +119,26 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
 
 std::string_view ClassName(H5T_class_t cls) {
   switch (cls) {
-    case H5T_STRING: return "string";
-    case H5T_COMPOUND: return "compound";
-    case H5T_VLEN: return "variable-length";
-    case H5T_ENUM: return "enum";
-    case H5T_ARRAY: return "array";
-    case H5T_OPAQUE: return "opaque";
-    case H5T_REFERENCE: return "reference";
-    case H5T_BITFIELD: return "bitfield";
-    case H5T_TIME: return "time";
-    default: return "non-numeric";
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_VLEN:
+      return "variable-length";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_OPAQUE:
+      return "opaque";
+    case H5T_REFERENCE:
+      return "reference";
+    case H5T_BITFIELD:
+      return "bitfield";
+    case H5T_TIME:
+      return "time";
+    default:
+      return "non-numeric";
   }
 }
 
@@ -130,9 +163,12 @@ std::string_view ReadPathName(ReadPath p) { return p == ReadPath::kDirect ? "dir
 
 std::string_view IoModeName(IoMode m) {
   switch (m) {
-    case IoMode::kDirect: return "direct";
-    case IoMode::kBuffered: return "buffered";
-    default: return "auto";
+    case IoMode::kDirect:
+      return "direct";
+    case IoMode::kBuffered:
+      return "buffered";
+    default:
+      return "auto";
   }
 }
 
@@ -182,9 +218,9 @@ struct Dataset::Impl {
   std::unique_ptr<io::UringReadAhead> ahead;
   bool contiguous = false;
   uint64_t contiguous_addr = 0;
-  std::vector<uint64_t> chunk_addr;   // absolute file offsets
-  std::vector<uint64_t> chunk_size;   // stored bytes
-  std::vector<uint32_t> chunk_mask;   // HDF5 filter mask (bit k: filter k skipped)
+  std::vector<uint64_t> chunk_addr;  // absolute file offsets
+  std::vector<uint64_t> chunk_size;  // stored bytes
+  std::vector<uint32_t> chunk_mask;  // HDF5 filter mask (bit k: filter k skipped)
   std::vector<codec::FilterStep> pipeline;
 
   // hdf5 path (and metadata). HDF5's thread-safe build serializes calls
@@ -229,8 +265,9 @@ Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
   if (asked == IoMode::kAuto) {
     const uint64_t avail = AvailableMemoryBytes();
     mode = file_size > avail ? IoMode::kDirect : IoMode::kBuffered;
-    info.io_note = "auto: the file (" + HumanBytes(file_size) + ") " + (mode == IoMode::kDirect ? "exceeds" : "fits in") +
-                   " the memory available to the page cache (" + HumanBytes(avail) + ")";
+    info.io_note = "auto: the file (" + HumanBytes(file_size) + ") " +
+                   (mode == IoMode::kDirect ? "exceeds" : "fits in") + " the memory available to the page cache (" +
+                   HumanBytes(avail) + ")";
   }
   if (mode == IoMode::kDirect) {
     std::string why;
@@ -269,8 +306,7 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
     if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
     if (static_cast<uint64_t>(r) != want) {
       return Status::Corrupt(ChunkWhat(i) + ": file is truncated (needed " + std::to_string(want) +
-                             " bytes at offset " + std::to_string(off) + ", got " +
-                             std::to_string(r) + ")");
+                             " bytes at offset " + std::to_string(off) + ", got " + std::to_string(r) + ")");
     }
     return Status::Ok();
   }
@@ -282,9 +318,8 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
     int64_t r = ReadAt(i, dst.data(), want, chunk_addr[i]);
     if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
     if (static_cast<uint64_t>(r) != want) {
-      return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " +
-                             std::to_string(chunk_addr[i]) + " needs " + std::to_string(want) +
-                             " bytes, got " + std::to_string(r) + ")");
+      return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " + std::to_string(chunk_addr[i]) +
+                             " needs " + std::to_string(want) + " bytes, got " + std::to_string(r) + ")");
     }
     return Status::Ok();
   }
@@ -294,12 +329,11 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
   int64_t r = ReadAt(i, raw.data(), stored, chunk_addr[i]);
   if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
   if (static_cast<uint64_t>(r) != stored) {
-    return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " +
-                           std::to_string(chunk_addr[i]) + " has " + std::to_string(stored) +
-                           " stored bytes, got " + std::to_string(r) + ")");
+    return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " + std::to_string(chunk_addr[i]) +
+                           " has " + std::to_string(stored) + " stored bytes, got " + std::to_string(r) + ")");
   }
-  return codec::DecodeChunk(pipeline, chunk_mask[i], std::span(raw.data(), stored), decoded, dst,
-                            scratch, ChunkWhat(i));
+  return codec::DecodeChunk(pipeline, chunk_mask[i], std::span(raw.data(), stored), decoded, dst, scratch,
+                            ChunkWhat(i));
 }
 
 Status Dataset::Impl::ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) {
@@ -312,12 +346,9 @@ Status Dataset::Impl::ReadHdf5(uint64_t first, uint64_t count, std::span<std::by
   for (int d = 1; d < rank; ++d) cnt[d] = sample_shape[d - 1];
   h5::Id fspace(H5Dget_space(dset.get()));
   h5::Id mspace(H5Screate_simple(rank, cnt.data(), nullptr));
-  if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, cnt.data(),
-                          nullptr) < 0 ||
-      H5Dread(dset.get(), mem_type.get(), mspace.get(), fspace.get(), H5P_DEFAULT, dst.data()) <
-          0) {
-    return Status::Corrupt(what + " samples [" + std::to_string(first) + ", " +
-                           std::to_string(first + count) +
+  if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, cnt.data(), nullptr) < 0 ||
+      H5Dread(dset.get(), mem_type.get(), mspace.get(), fspace.get(), H5P_DEFAULT, dst.data()) < 0) {
+    return Status::Corrupt(what + " samples [" + std::to_string(first) + ", " + std::to_string(first + count) +
                            "): HDF5 read failed: " + h5::LastErrorText());
   }
   return Status::Ok();
@@ -356,16 +387,14 @@ uint64_t Dataset::stored_chunk_bytes(uint64_t i) const {
 
 Status Dataset::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
   if (i >= impl_->num_chunks) {
-    return Status::InvalidArgument(impl_->what + ": chunk " + std::to_string(i) +
-                                   " out of range (" + std::to_string(impl_->num_chunks) +
-                                   " chunks)");
+    return Status::InvalidArgument(impl_->what + ": chunk " + std::to_string(i) + " out of range (" +
+                                   std::to_string(impl_->num_chunks) + " chunks)");
   }
   const uint64_t n = samples_in_chunk(i);
   const uint64_t want = n * impl_->sample_bytes;
   if (dst.size() < want) {
-    return Status::InvalidArgument(impl_->ChunkWhat(i) + ": destination holds " +
-                                   std::to_string(dst.size()) + " bytes, chunk needs " +
-                                   std::to_string(want));
+    return Status::InvalidArgument(impl_->ChunkWhat(i) + ": destination holds " + std::to_string(dst.size()) +
+                                   " bytes, chunk needs " + std::to_string(want));
   }
   dst = dst.first(want);
   if (!impl_->info.unreadable.empty()) return Status::Unsupported(impl_->ChunkWhat(i) + ": " + impl_->info.unreadable);
@@ -400,8 +429,7 @@ Status Dataset::ReadSamples(uint64_t first, uint64_t count, std::span<std::byte>
   const uint64_t sb = impl_->sample_bytes;
   if (first + count > impl_->num_samples || dst.size() < count * sb) {
     return Status::InvalidArgument(impl_->what + ": samples [" + std::to_string(first) + ", " +
-                                   std::to_string(first + count) + ") out of range or buffer " +
-                                   "too small");
+                                   std::to_string(first + count) + ") out of range or buffer " + "too small");
   }
   if (!impl_->info.unreadable.empty()) return Status::Unsupported(impl_->what + ": " + impl_->info.unreadable);
   if (impl_->info.read_path == ReadPath::kHdf5) return impl_->ReadHdf5(first, count, dst);
@@ -428,8 +456,7 @@ Status Dataset::ReadSamples(uint64_t first, uint64_t count, std::span<std::byte>
 
 // Picks the read path of a dataset and fills the direct-path chunk index.
 // Returns the reason for the hdf5 path, or "" for the direct path.
-Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock,
-                                                  uint64_t file_size) {
+Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size) {
   Impl& d = *this;
   const H5D_layout_t layout = H5Pget_layout(dcpl);
   if (d.info.big_endian) return std::string("data is big-endian");
@@ -447,8 +474,8 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
                              " bytes of data at byte " + std::to_string(d.contiguous_addr) + ", file has " +
                              std::to_string(file_size) + ")");
     }
-    d.chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d.sample_bytes),
-                                           1, std::max<uint64_t>(1, d.num_samples));
+    d.chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d.sample_bytes), 1,
+                                           std::max<uint64_t>(1, d.num_samples));
     return std::string();
   }
   if (layout != H5D_CHUNKED) return std::string("unknown storage layout");
@@ -517,8 +544,8 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     if (addr > file_size || size > file_size - std::min<uint64_t>(file_size, d.chunk_addr[i]) ||
         d.chunk_addr[i] > file_size) {
       return Status::Corrupt(d.ChunkWhat(i) + ": file is truncated (chunk ends at byte " +
-                             std::to_string(d.chunk_addr[i] + size) + ", file has " +
-                             std::to_string(file_size) + " bytes)");
+                             std::to_string(d.chunk_addr[i] + size) + ", file has " + std::to_string(file_size) +
+                             " bytes)");
     }
   }
   return std::string();
@@ -552,21 +579,19 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   }
   if (H5Fis_hdf5(spec.file.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
-    return Status::Corrupt(spec.file + ": not an HDF5 file (no HDF5 signature found; " +
-                           std::to_string(file_size) + " bytes)");
+    return Status::Corrupt(spec.file + ": not an HDF5 file (no HDF5 signature found; " + std::to_string(file_size) +
+                           " bytes)");
   }
   d->file = h5::Id(H5Fopen(spec.file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!d->file.valid()) {
-    return Status::Corrupt(spec.file + ": HDF5 cannot open it (truncated or damaged?): " +
-                           h5::LastErrorText());
+    return Status::Corrupt(spec.file + ": HDF5 cannot open it (truncated or damaged?): " + h5::LastErrorText());
   }
   if (H5Lexists(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0 ||
       H5Oexists_by_name(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     std::string have;
     for (const std::string& p : h5::ListDatasets(d->file.get())) have += (have.empty() ? "" : ", ") + p;
-    return Status::NotFound(d->what + ": no such dataset (the file has: " +
-                            (have.empty() ? "no datasets" : have) +
+    return Status::NotFound(d->what + ": no such dataset (the file has: " + (have.empty() ? "no datasets" : have) +
                             "; name one as FILE.h5:/path)");
   }
   // First open (default access) to learn the layout; reopened below with a
@@ -587,9 +612,8 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   h5::Id ftype(H5Dget_type(d->dset.get()));
   auto dtype = DTypeOf(ftype.get());
   if (!dtype) {
-    return Status::Unsupported(d->what + ": element type is " +
-                               std::string(ClassName(H5Tget_class(ftype.get()))) + " of " +
-                               std::to_string(H5Tget_size(ftype.get())) +
+    return Status::Unsupported(d->what + ": element type is " + std::string(ClassName(H5Tget_class(ftype.get()))) +
+                               " of " + std::to_string(H5Tget_size(ftype.get())) +
                                " bytes; gpufeed reads integer and float arrays" +
                                (H5Tget_class(ftype.get()) == H5T_VLEN
                                     ? " here (variable-length uint8 files of JPEG/PNG bytes are read by the loader: "
@@ -624,9 +648,9 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   d->sample_bytes = *sample_bytes;
   d->info.raw_bytes = *raw_bytes;
   // Every read decodes whole samples (whole chunks on the direct path).
-  GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(
-      d->sample_bytes, d->what + ": one sample of shape " + ShapeText(d->sample_shape),
-      "gpufeed reads whole samples; is the file's shape right?"));
+  GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(d->sample_bytes,
+                                            d->what + ": one sample of shape " + ShapeText(d->sample_shape),
+                                            "gpufeed reads whole samples; is the file's shape right?"));
   d->info.stored_bytes = H5Dget_storage_size(d->dset.get());
 
   h5::Id dcpl(H5Dget_create_plist(d->dset.get()));
@@ -674,7 +698,8 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
         const char* plugin_path = std::getenv("HDF5_PLUGIN_PATH");
         d->info.unreadable = "filter " + std::to_string(f.id) + " (" + f.name +
                              ") is not available: gpufeed's direct path does not decode it and HDF5 found no plugin "
-                             "for it (HDF5_PLUGIN_PATH=" + (plugin_path ? plugin_path : "unset, default directory") +
+                             "for it (HDF5_PLUGIN_PATH=" +
+                             (plugin_path ? plugin_path : "unset, default directory") +
                              "); install the filter's HDF5 plugin (Debian: hdf5-plugin-lzf, hdf5-filter-plugin*) or "
                              "recompress the file where the filter is available (h5repack, h5py)";
         break;
@@ -709,13 +734,13 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
       const auto needed = CheckedMul(rows + 1, chunks_per_row * chunk_nbytes);
       if (!needed) return Status::Corrupt(d->what + ": damaged layout: chunk shape " + ShapeText(cs));
       GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(
-          *needed, d->what + ": HDF5's chunk cache for one read unit of " + std::to_string(d->chunk_samples) +
-                       " samples",
+          *needed,
+          d->what + ": HDF5's chunk cache for one read unit of " + std::to_string(d->chunk_samples) + " samples",
           "the dataset's chunks span too much of each sample; rechunk it with gpufeed convert"));
       cache_bytes = std::max(cache_bytes, *needed);
     } else {
-      d->chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d->sample_bytes),
-                                              1, std::max<uint64_t>(1, d->num_samples));
+      d->chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d->sample_bytes), 1,
+                                              std::max<uint64_t>(1, d->num_samples));
     }
     h5::Id dapl(H5Pcreate(H5P_DATASET_ACCESS));
     if (chunk_nbytes > 0) {
@@ -761,22 +786,20 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
     if (!ldset.valid()) return Status::InvalidArgument(lwhat + ": not a dataset: " + h5::LastErrorText());
     h5::Id ltype(H5Dget_type(ldset.get()));
     if (H5Tget_class(ltype.get()) != H5T_INTEGER) {
-      return Status::Unsupported(lwhat + ": labels must be integers, found " +
-                                 std::string(H5Tget_class(ltype.get()) == H5T_FLOAT
-                                                 ? "float"
-                                                 : ClassName(H5Tget_class(ltype.get()))));
+      return Status::Unsupported(
+          lwhat + ": labels must be integers, found " +
+          std::string(H5Tget_class(ltype.get()) == H5T_FLOAT ? "float" : ClassName(H5Tget_class(ltype.get()))));
     }
     h5::Id lspace(H5Dget_space(ldset.get()));
     const hssize_t n = H5Sget_simple_extent_npoints(lspace.get());
     if (n < 0 || static_cast<uint64_t>(n) != d->num_samples) {
-      return Status::InvalidArgument(lwhat + ": has " + std::to_string(n) + " labels but " +
-                                     d->what + " has " + std::to_string(d->num_samples) + " samples");
+      return Status::InvalidArgument(lwhat + ": has " + std::to_string(n) + " labels but " + d->what + " has " +
+                                     std::to_string(d->num_samples) + " samples");
     }
-    GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(static_cast<uint64_t>(n) * sizeof(int64_t),
-                                              lwhat + ": " + std::to_string(n) + " labels"));
+    GPUFEED_RETURN_IF_ERROR(
+        CheckFitsInMemory(static_cast<uint64_t>(n) * sizeof(int64_t), lwhat + ": " + std::to_string(n) + " labels"));
     d->labels.resize(static_cast<size_t>(n));
-    if (n > 0 && H5Dread(ldset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                         d->labels.data()) < 0) {
+    if (n > 0 && H5Dread(ldset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, d->labels.data()) < 0) {
       return Status::Corrupt(lwhat + ": read failed: " + h5::LastErrorText());
     }
     d->info.labels_path = labels_path;
@@ -793,7 +816,8 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
     }
     if (v > kFormatVersion) {
       return Status::Unsupported(spec.file + ": written in gpufeed format " + format + ", this build reads up to " +
-                                 std::to_string(kFormatVersion) + "; upgrade gpufeed (or rewrite the file with the "
+                                 std::to_string(kFormatVersion) +
+                                 "; upgrade gpufeed (or rewrite the file with the "
                                  "gpufeed that wrote it: gpufeed convert FILE -o OLD.h5)");
     }
   }

@@ -55,8 +55,7 @@ namespace {
 using GetEncoded = std::function<Status(uint64_t k, std::vector<unsigned char>* bytes, std::string* name)>;
 Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t n, const GetEncoded& get,
                                           const std::vector<int64_t>& label_values,
-                                          const std::vector<std::string>& class_names,
-                                          const ConvertOptions& options) {
+                                          const std::vector<std::string>& class_names, const ConvertOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   h5::QuietErrors();
   struct {
@@ -88,8 +87,8 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
   if (!bytes_space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl.get(), 1, &byte_chunk) < 0) {
     return h5_error("cannot set up /images/bytes");
   }
-  h5::Id bytes_ds(H5Dcreate2(group.get(), "bytes", H5T_STD_U8LE, bytes_space.get(), H5P_DEFAULT, dcpl.get(),
-                             H5P_DEFAULT));
+  h5::Id bytes_ds(
+      H5Dcreate2(group.get(), "bytes", H5T_STD_U8LE, bytes_space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   if (!bytes_ds.valid()) return h5_error("cannot create /images/bytes");
 
   std::vector<uint64_t> offsets(n + 1, 0);
@@ -134,15 +133,14 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
 
   const hsize_t off_dims = n + 1, size_dims[2] = {n, 2};
   h5::Id off_space(H5Screate_simple(1, &off_dims, nullptr));
-  h5::Id off_ds(H5Dcreate2(group.get(), "offsets", H5T_STD_U64LE, off_space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                           H5P_DEFAULT));
-  if (!off_ds.valid() ||
-      H5Dwrite(off_ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0) {
+  h5::Id off_ds(
+      H5Dcreate2(group.get(), "offsets", H5T_STD_U64LE, off_space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (!off_ds.valid() || H5Dwrite(off_ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0) {
     return h5_error("writing /images/offsets");
   }
   h5::Id size_space(H5Screate_simple(2, size_dims, nullptr));
-  h5::Id size_ds(H5Dcreate2(group.get(), "sizes", H5T_STD_U32LE, size_space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                            H5P_DEFAULT));
+  h5::Id size_ds(
+      H5Dcreate2(group.get(), "sizes", H5T_STD_U32LE, size_space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   if (!size_ds.valid() || H5Dwrite(size_ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, sizes.data()) < 0) {
     return h5_error("writing /images/sizes");
   }
@@ -151,8 +149,8 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
   h5::Id space(H5Screate_simple(1, &dims, nullptr));
   if (!listing.labels.empty()) {
     int64_t max_label = *std::max_element(listing.labels.begin(), listing.labels.end());
-    h5::Id labels(H5Dcreate2(file.get(), "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT,
-                             H5P_DEFAULT, H5P_DEFAULT));
+    h5::Id labels(
+        H5Dcreate2(file.get(), "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
     if (!labels.valid() ||
         H5Dwrite(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, listing.labels.data()) < 0) {
       return h5_error("writing /labels");

@@ -130,8 +130,8 @@ class EncodedSourceImpl final : public EncodedImageSource {
     return ReadRange(k, 1, reinterpret_cast<std::byte*>(out->data()));
   }
 
-  Status DecodeSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample,
-                      const SampleContext& ctx, std::span<std::byte> dst, uint64_t* delivered) const override {
+  Status DecodeSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample, const SampleContext& ctx,
+                      std::span<std::byte> dst, uint64_t* delivered) const override {
     const uint64_t first = chunk * group_, count = samples_in_chunk(chunk);
     if (sample < first || sample >= first + count || dst.size() != sample_bytes_ ||
         chunk_bytes.size() < chunk_buffer_bytes(chunk)) {
@@ -141,8 +141,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
     auto decode = [&](uint64_t k) {
       const auto* base = reinterpret_cast<const uint8_t*>(chunk_bytes.data()) + (offsets_[k] - offsets_[first]);
       return image::DecodeTransform(std::span(base, sample_stored_bytes(k)), decode_,
-                                    image::RandomKey(ctx.seed, ctx.epoch, k),
-                                    reinterpret_cast<uint8_t*>(dst.data()));
+                                    image::RandomKey(ctx.seed, ctx.epoch, k), reinterpret_cast<uint8_t*>(dst.data()));
     };
     Status st = decode(sample);
     *delivered = sample;
@@ -253,8 +252,8 @@ class EncodedSourceImpl final : public EncodedImageSource {
     uint64_t at = 0;
     for (uint64_t i = 0; i < count && st.ok(); ++i) {
       if (refs[i].len != sample_stored_bytes(first + i)) {
-        st = Status::Corrupt(name_ + " sample " + std::to_string(first + i) + ": holds " +
-                             std::to_string(refs[i].len) + " bytes, " + std::to_string(sample_stored_bytes(first + i)) +
+        st = Status::Corrupt(name_ + " sample " + std::to_string(first + i) + ": holds " + std::to_string(refs[i].len) +
+                             " bytes, " + std::to_string(sample_stored_bytes(first + i)) +
                              " when the file was opened (was it rewritten?)");
         break;
       }

@@ -158,8 +158,8 @@ struct FieldSource::Impl {
         return Status::InvalidArgument(
             files[f] + ":" + specs[j].path + ": field '" + specs[j].name + "' is " +
             std::string(DTypeName(ds[j].dtype())) + " " + ShapeText(ds[j].sample_shape()) + " per sample, but in " +
-            files[0] + " it is " + std::string(DTypeName(fields[j].dtype)) + " " +
-            ShapeText(fields[j].sample_shape) + "; every file must agree in fields, dtypes and sample shapes");
+            files[0] + " it is " + std::string(DTypeName(fields[j].dtype)) + " " + ShapeText(fields[j].sample_shape) +
+            "; every file must agree in fields, dtypes and sample shapes");
       }
       if (ds[j].num_samples() != n) {
         return Status::InvalidArgument(files[f] + ": field '" + specs[j].name + "' (" + specs[j].path + ") has " +
@@ -330,8 +330,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     d->dtype = DType::kUInt8;
     d->sample_shape = {d->sample_bytes};
   }
-  d->what = d->files.size() == 1 ? d->files[0]
-                                 : std::string(data) + " (" + std::to_string(d->files.size()) + " files)";
+  d->what = d->files.size() == 1 ? d->files[0] : std::string(data) + " (" + std::to_string(d->files.size()) + " files)";
   d->what += " fields ";
   for (size_t j = 0; j < d->specs.size(); ++j) d->what += (j ? "," : "") + d->specs[j].name + "=" + d->specs[j].path;
   return std::unique_ptr<FieldSource>(new FieldSource(std::move(d)));

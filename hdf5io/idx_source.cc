@@ -116,8 +116,7 @@ class IdxSource final : public SampleSource {
 
 }  // namespace
 
-Result<std::unique_ptr<SampleSource>> OpenIdxSource(const std::string& images_path,
-                                                    const std::string& labels_path) {
+Result<std::unique_ptr<SampleSource>> OpenIdxSource(const std::string& images_path, const std::string& labels_path) {
   auto images = ReadIdx(images_path);
   if (!images.ok()) return images.status();
   if (images->dims.size() < 2) {

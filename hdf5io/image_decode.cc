@@ -74,7 +74,7 @@ int RandInt(uint64_t* state, int lo, int hi) {
   return lo + static_cast<int>(std::min<double>(hi - lo, std::floor(Uniform(state) * (hi - lo + 1))));
 }
 
-constexpr int kMaxDecodeSide = 65535;          // JPEG's own limit
+constexpr int kMaxDecodeSide = 65535;               // JPEG's own limit
 constexpr uint64_t kMaxDecodedPixels = 1ull << 28;  // 768 MiB of RGB: past this a header lies
 
 // ---------------------------------------------------------------------------
@@ -484,7 +484,8 @@ void ResampleBox(const uint8_t* src, int h, int w, double by, double bx, double 
   bw_store.resize(xs.weights.size() * 4 + 4);
   float* w4 = bw_store.data();
   while (reinterpret_cast<uintptr_t>(w4) % 16 != 0) ++w4;
-  for (size_t i = 0; i < xs.weights.size(); ++i) w4[4 * i] = w4[4 * i + 1] = w4[4 * i + 2] = w4[4 * i + 3] = xs.weights[i];
+  for (size_t i = 0; i < xs.weights.size(); ++i)
+    w4[4 * i] = w4[4 * i + 1] = w4[4 * i + 2] = w4[4 * i + 3] = xs.weights[i];
   const size_t plane = size_t(out_h) * out_w;
   for (int oy = 0; oy < out_h; ++oy) {
     const float* row = &rows[size_t(oy) * row_stride];

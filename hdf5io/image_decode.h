@@ -39,8 +39,8 @@ CropBox PlanCrop(int src_h, int src_w, const DecodeOptions& options, uint64_t ke
 // image src (h x w x 3) to out_h x out_w with PIL's antialiased bilinear
 // filter (triangle of support max(1, scale)); writes dst planar (nchw) or
 // interleaved. dst holds 3 * out_h * out_w bytes. Thread-safe.
-void ResampleBox(const uint8_t* src, int h, int w, double box_y, double box_x, double box_h, double box_w,
-                 uint8_t* dst, int out_h, int out_w, bool nchw);
+void ResampleBox(const uint8_t* src, int h, int w, double box_y, double box_x, double box_h, double box_w, uint8_t* dst,
+                 int out_h, int out_w, bool nchw);
 
 // What a decode did, for tests and benchmarks.
 struct DecodeStats {

@@ -15,7 +15,6 @@ namespace gpufeed::image_folder {
 // ---------------------------------------------------------------------------
 // Listing the folder.
 
-
 namespace {
 
 std::string LowerExtension(const std::filesystem::path& p) {

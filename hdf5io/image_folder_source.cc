@@ -65,8 +65,8 @@ struct RgbImage {
 };
 
 // Parses a JPEG's header; Corrupt (naming `path`) if it is not one.
-Status JpegHeader(tjhandle tj, const std::string& path, std::span<const unsigned char> bytes, int* width,
-                  int* height, int* colorspace) {
+Status JpegHeader(tjhandle tj, const std::string& path, std::span<const unsigned char> bytes, int* width, int* height,
+                  int* colorspace) {
   int subsamp = 0;
   if (tjDecompressHeader3(tj, bytes.data(), bytes.size(), width, height, &subsamp, colorspace) != 0) {
     return Status::Corrupt(path + ": not a decodable JPEG: " + tjGetErrorStr2(tj));
@@ -218,9 +218,8 @@ class ImageFolderSource : public SampleSource {
   Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const override {
     const uint64_t n = num_samples();
     if (first > n || count > n - first || dst.size() != count * sample_bytes_) {
-      return Status::InvalidArgument(description() + ": Read(" + std::to_string(first) + ", " +
-                                     std::to_string(count) + ") into " + std::to_string(dst.size()) +
-                                     " bytes is out of range or mis-sized");
+      return Status::InvalidArgument(description() + ": Read(" + std::to_string(first) + ", " + std::to_string(count) +
+                                     ") into " + std::to_string(dst.size()) + " bytes is out of range or mis-sized");
     }
     thread_local std::vector<unsigned char> file;
     thread_local RgbImage decoded;
@@ -232,8 +231,7 @@ class ImageFolderSource : public SampleSource {
       auto* out = reinterpret_cast<uint8_t*>(dst.data() + i * sample_bytes_);
       std::span<uint8_t> out_span(out, sample_bytes_);
       if (nhwc_) {
-        image::ResizeCoverCrop(decoded.pixels, decoded.height, decoded.width, kChannels, out_span, height_,
-                               width_);
+        image::ResizeCoverCrop(decoded.pixels, decoded.height, decoded.width, kChannels, out_span, height_, width_);
         continue;
       }
       hwc.resize(sample_bytes_);
@@ -258,12 +256,11 @@ class ImageFolderSource : public SampleSource {
 
 }  // namespace
 
-Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& dir,
-                                                            const ImageFolderOptions& options) {
+Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& dir, const ImageFolderOptions& options) {
   if (options.height == 0 || options.width == 0 || options.height > kMaxSide || options.width > kMaxSide) {
-    return Status::InvalidArgument(dir + ": image folder output size " + std::to_string(options.height) +
-                                   "x" + std::to_string(options.width) +
-                                   " is invalid; set height and width to 1.." + std::to_string(kMaxSide));
+    return Status::InvalidArgument(dir + ": image folder output size " + std::to_string(options.height) + "x" +
+                                   std::to_string(options.width) + " is invalid; set height and width to 1.." +
+                                   std::to_string(kMaxSide));
   }
   if (options.layout != "NCHW" && options.layout != "NHWC") {
     return Status::InvalidArgument(dir + ": image layout '" + options.layout + "' is not NCHW or NHWC");
@@ -279,8 +276,8 @@ Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& d
       thread_local RgbImage img;
       why[i] = ReadWholeFile(l.files[i], &bytes);
       if (why[i].ok()) {
-        why[i] = DecodeImage(l.files[i], bytes, static_cast<int>(options.height), static_cast<int>(options.width),
-                             &img);
+        why[i] =
+            DecodeImage(l.files[i], bytes, static_cast<int>(options.height), static_cast<int>(options.width), &img);
       }
     });
     FolderListing kept;
@@ -301,8 +298,7 @@ Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& d
     }
     *listing = std::move(kept);
   }
-  return std::unique_ptr<SampleSource>(
-      std::make_unique<ImageFolderSource>(dir, std::move(listing).value(), options));
+  return std::unique_ptr<SampleSource>(std::make_unique<ImageFolderSource>(dir, std::move(listing).value(), options));
 }
 
 }  // namespace gpufeed

@@ -21,8 +21,8 @@ namespace {
 // Averages k x k blocks of `src` into `out` (ceil(h/k) x ceil(w/k)). Edge
 // blocks average only the pixels that exist; their centers are then off by
 // under half a block, which nobody can see at the scales where this runs.
-void BoxShrink(std::span<const uint8_t> src, int h, int w, int channels, int k, std::vector<uint8_t>* out,
-               int* out_h, int* out_w) {
+void BoxShrink(std::span<const uint8_t> src, int h, int w, int channels, int k, std::vector<uint8_t>* out, int* out_h,
+               int* out_w) {
   const int oh = (h + k - 1) / k, ow = (w + k - 1) / k;
   out->resize(static_cast<size_t>(oh) * ow * channels);
   std::vector<uint32_t> sums(static_cast<size_t>(ow) * channels);

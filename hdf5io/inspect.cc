@@ -29,18 +29,30 @@ namespace {
 
 std::string NpyDescr(DType t) {
   switch (t) {
-    case DType::kUInt8: return "|u1";
-    case DType::kInt8: return "|i1";
-    case DType::kUInt16: return "<u2";
-    case DType::kInt16: return "<i2";
-    case DType::kUInt32: return "<u4";
-    case DType::kInt32: return "<i4";
-    case DType::kUInt64: return "<u8";
-    case DType::kInt64: return "<i8";
-    case DType::kFloat16: return "<f2";
-    case DType::kFloat32: return "<f4";
-    case DType::kFloat64: return "<f8";
-    case DType::kBFloat16: return "<V2";
+    case DType::kUInt8:
+      return "|u1";
+    case DType::kInt8:
+      return "|i1";
+    case DType::kUInt16:
+      return "<u2";
+    case DType::kInt16:
+      return "<i2";
+    case DType::kUInt32:
+      return "<u4";
+    case DType::kInt32:
+      return "<i4";
+    case DType::kUInt64:
+      return "<u8";
+    case DType::kInt64:
+      return "<i8";
+    case DType::kFloat16:
+      return "<f2";
+    case DType::kFloat32:
+      return "<f4";
+    case DType::kFloat64:
+      return "<f8";
+    case DType::kBFloat16:
+      return "<V2";
   }
   return "|u1";
 }
@@ -116,7 +128,8 @@ Status ExportSample(const Dataset& ds, uint64_t k, const std::string& path) {
       }
     }
   }
-  const std::string header = std::string(pgm ? "P5\n" : "P6\n") + std::to_string(w) + " " + std::to_string(h) + "\n255\n";
+  const std::string header =
+      std::string(pgm ? "P5\n" : "P6\n") + std::to_string(w) + " " + std::to_string(h) + "\n255\n";
   return WriteWhole(path, header, pixels);
 }
 

@@ -40,8 +40,8 @@ Result<DType> DTypeFromDescr(const std::string& path, const std::string& descr) 
                                kind + "'))");
   }
   static const std::pair<const char*, DType> kKinds[] = {
-      {"u1", DType::kUInt8},  {"i1", DType::kInt8},   {"u2", DType::kUInt16}, {"i2", DType::kInt16},
-      {"u4", DType::kUInt32}, {"i4", DType::kInt32},  {"u8", DType::kUInt64}, {"i8", DType::kInt64},
+      {"u1", DType::kUInt8},   {"i1", DType::kInt8},    {"u2", DType::kUInt16},  {"i2", DType::kInt16},
+      {"u4", DType::kUInt32},  {"i4", DType::kInt32},   {"u8", DType::kUInt64},  {"i8", DType::kInt64},
       {"f2", DType::kFloat16}, {"f4", DType::kFloat32}, {"f8", DType::kFloat64}, {"b1", DType::kUInt8},
   };
   for (const auto& [k, t] : kKinds) {
@@ -187,14 +187,30 @@ Result<std::unique_ptr<SampleSource>> OpenNpySource(const std::string& path, con
     }
     const std::byte* p = lm.base + lm.data_offset;
     switch (lm.dtype) {
-      case DType::kUInt8: Widen<uint8_t>(p, n, &labels); break;
-      case DType::kInt8: Widen<int8_t>(p, n, &labels); break;
-      case DType::kUInt16: Widen<uint16_t>(p, n, &labels); break;
-      case DType::kInt16: Widen<int16_t>(p, n, &labels); break;
-      case DType::kUInt32: Widen<uint32_t>(p, n, &labels); break;
-      case DType::kInt32: Widen<int32_t>(p, n, &labels); break;
-      case DType::kUInt64: Widen<uint64_t>(p, n, &labels); break;
-      default: Widen<int64_t>(p, n, &labels); break;
+      case DType::kUInt8:
+        Widen<uint8_t>(p, n, &labels);
+        break;
+      case DType::kInt8:
+        Widen<int8_t>(p, n, &labels);
+        break;
+      case DType::kUInt16:
+        Widen<uint16_t>(p, n, &labels);
+        break;
+      case DType::kInt16:
+        Widen<int16_t>(p, n, &labels);
+        break;
+      case DType::kUInt32:
+        Widen<uint32_t>(p, n, &labels);
+        break;
+      case DType::kInt32:
+        Widen<int32_t>(p, n, &labels);
+        break;
+      case DType::kUInt64:
+        Widen<uint64_t>(p, n, &labels);
+        break;
+      default:
+        Widen<int64_t>(p, n, &labels);
+        break;
     }
   }
   return std::unique_ptr<SampleSource>(std::make_unique<NpySource>(std::move(*m), std::move(labels)));

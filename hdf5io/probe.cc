@@ -1,7 +1,6 @@
 // ProbeFiles (hdf5io/probe.h): fork, open in the child, watch from the parent.
 #include "hdf5io/probe.h"
 
-
 #include <hdf5.h>
 
 #include <fcntl.h>
@@ -45,7 +44,9 @@ void WriteMsg(int fd, char tag, uint32_t index) {
 [[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
                             const ProbeOptions& options) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the parent
-  struct rlimit no_core {0, 0};
+  struct rlimit no_core {
+    0, 0
+  };
   ::setrlimit(RLIMIT_CORE, &no_core);  // a crash here is expected: no core file
   // glibc's and HDF5's last words ("malloc(): corrupted top size") would
   // only confuse the parent's clear error.
@@ -68,7 +69,7 @@ void WriteMsg(int fd, char tag, uint32_t index) {
           (void)ds->ReadSamples(0, n, buf);
         }
       }
-    }  // closes every handle: HDF5 has crashed while closing hostile files too
+    }           // closes every handle: HDF5 has crashed while closing hostile files too
     H5close();  // and while shutting down with them (the caller's exit would)
     WriteMsg(fd, 'D', static_cast<uint32_t>(i));
   }

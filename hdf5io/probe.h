@@ -23,9 +23,9 @@
 namespace gpufeed {
 
 struct ProbeOptions {
-  OpenOptions open;             // how the children open each spec (trust_files is forced on)
-  int timeout_ms = 10000;       // per file
-  int processes = 4;            // children at once (at most one per file)
+  OpenOptions open;        // how the children open each spec (trust_files is forced on)
+  int timeout_ms = 10000;  // per file
+  int processes = 4;       // children at once (at most one per file)
 };
 
 // One Status per spec, in order: Ok when HDF5 survived the file (its own

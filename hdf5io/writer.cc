@@ -20,9 +20,12 @@ namespace gpufeed {
 
 std::string_view CodecName(Codec c) {
   switch (c) {
-    case Codec::kNone: return "none";
-    case Codec::kDeflate: return "deflate";
-    case Codec::kZstd: return "zstd";
+    case Codec::kNone:
+      return "none";
+    case Codec::kDeflate:
+      return "deflate";
+    case Codec::kZstd:
+      return "zstd";
   }
   return "?";
 }
@@ -49,18 +52,29 @@ namespace {
 
 hid_t FileTypeOf(DType t) {
   switch (t) {
-    case DType::kUInt8: return H5T_STD_U8LE;
-    case DType::kInt8: return H5T_STD_I8LE;
-    case DType::kUInt16: return H5T_STD_U16LE;
-    case DType::kInt16: return H5T_STD_I16LE;
-    case DType::kUInt32: return H5T_STD_U32LE;
-    case DType::kInt32: return H5T_STD_I32LE;
-    case DType::kUInt64: return H5T_STD_U64LE;
-    case DType::kInt64: return H5T_STD_I64LE;
-    case DType::kFloat32: return H5T_IEEE_F32LE;
-    case DType::kFloat64: return H5T_IEEE_F64LE;
+    case DType::kUInt8:
+      return H5T_STD_U8LE;
+    case DType::kInt8:
+      return H5T_STD_I8LE;
+    case DType::kUInt16:
+      return H5T_STD_U16LE;
+    case DType::kInt16:
+      return H5T_STD_I16LE;
+    case DType::kUInt32:
+      return H5T_STD_U32LE;
+    case DType::kInt32:
+      return H5T_STD_I32LE;
+    case DType::kUInt64:
+      return H5T_STD_U64LE;
+    case DType::kInt64:
+      return H5T_STD_I64LE;
+    case DType::kFloat32:
+      return H5T_IEEE_F32LE;
+    case DType::kFloat64:
+      return H5T_IEEE_F64LE;
     case DType::kFloat16:
-    case DType::kBFloat16: return H5I_INVALID_HID;
+    case DType::kBFloat16:
+      return H5I_INVALID_HID;
   }
   return H5I_INVALID_HID;
 }
@@ -103,9 +117,8 @@ uint64_t DatasetWriter::num_chunks() const {
   return (impl_->num_samples + impl_->chunk_samples - 1) / impl_->chunk_samples;
 }
 
-Result<DatasetWriter> DatasetWriter::Create(const std::string& path,
-                                            const std::vector<uint64_t>& sample_shape, DType dtype,
-                                            uint64_t num_samples, const WriteOptions& options) {
+Result<DatasetWriter> DatasetWriter::Create(const std::string& path, const std::vector<uint64_t>& sample_shape,
+                                            DType dtype, uint64_t num_samples, const WriteOptions& options) {
   h5::QuietErrors();
   h5::EnsureZstdFilterRegistered();
   if (num_samples == 0) return Status::InvalidArgument(path + ": no samples to write");
@@ -174,8 +187,7 @@ Result<DatasetWriter> DatasetWriter::Create(const std::string& path,
     }
     d->pipeline.push_back({codec::kFilterZstd, 1});
   }
-  d->images = h5::Id(H5Dcreate2(d->file.get(), "images", ftype, space.get(), H5P_DEFAULT,
-                                dcpl.get(), H5P_DEFAULT));
+  d->images = h5::Id(H5Dcreate2(d->file.get(), "images", ftype, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   if (!d->images.valid()) return d->Error("cannot create /images");
   if (!options.layout.empty()) {
     GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(d->images.get(), "layout", options.layout));
@@ -185,8 +197,7 @@ Result<DatasetWriter> DatasetWriter::Create(const std::string& path,
   return DatasetWriter(std::move(d));
 }
 
-Status DatasetWriter::EncodeChunk(uint64_t i, std::span<const std::byte> samples,
-                                  EncodedChunk* out) const {
+Status DatasetWriter::EncodeChunk(uint64_t i, std::span<const std::byte> samples, EncodedChunk* out) const {
   const uint64_t full = impl_->chunk_samples * impl_->sample_bytes;
   const uint64_t first = i * impl_->chunk_samples;
   const uint64_t n = std::min(impl_->chunk_samples, impl_->num_samples - first);
@@ -213,8 +224,8 @@ Status DatasetWriter::WriteChunk(uint64_t i, const EncodedChunk& chunk) {
   h5::QuietErrors();
   std::vector<hsize_t> offset(impl_->sample_shape.size() + 1, 0);
   offset[0] = i * impl_->chunk_samples;
-  if (H5Dwrite_chunk(impl_->images.get(), H5P_DEFAULT, chunk.filter_mask, offset.data(),
-                     chunk.bytes.size(), chunk.bytes.data()) < 0) {
+  if (H5Dwrite_chunk(impl_->images.get(), H5P_DEFAULT, chunk.filter_mask, offset.data(), chunk.bytes.size(),
+                     chunk.bytes.data()) < 0) {
     return impl_->Error("writing chunk " + std::to_string(i));
   }
   impl_->bytes_written += chunk.bytes.size();
@@ -224,8 +235,8 @@ Status DatasetWriter::WriteChunk(uint64_t i, const EncodedChunk& chunk) {
 Status DatasetWriter::WriteLabels(std::span<const int64_t> labels) {
   h5::QuietErrors();
   if (labels.size() != impl_->num_samples) {
-    return Status::InvalidArgument(impl_->path + ": " + std::to_string(labels.size()) +
-                                   " labels for " + std::to_string(impl_->num_samples) + " samples");
+    return Status::InvalidArgument(impl_->path + ": " + std::to_string(labels.size()) + " labels for " +
+                                   std::to_string(impl_->num_samples) + " samples");
   }
   int64_t lo = 0, hi = 0;
   if (!labels.empty()) {
@@ -234,15 +245,16 @@ Status DatasetWriter::WriteLabels(std::span<const int64_t> labels) {
     hi = *mx;
   }
   hid_t ftype = H5T_STD_I64LE;
-  if (lo >= 0 && hi <= 255) ftype = H5T_STD_U8LE;
-  else if (lo >= INT16_MIN && hi <= INT16_MAX) ftype = H5T_STD_I16LE;
-  else if (lo >= INT32_MIN && hi <= INT32_MAX) ftype = H5T_STD_I32LE;
+  if (lo >= 0 && hi <= 255)
+    ftype = H5T_STD_U8LE;
+  else if (lo >= INT16_MIN && hi <= INT16_MAX)
+    ftype = H5T_STD_I16LE;
+  else if (lo >= INT32_MIN && hi <= INT32_MAX)
+    ftype = H5T_STD_I32LE;
   hsize_t n = labels.size();
   h5::Id space(H5Screate_simple(1, &n, nullptr));
-  h5::Id dset(H5Dcreate2(impl_->file.get(), "labels", ftype, space.get(), H5P_DEFAULT, H5P_DEFAULT,
-                         H5P_DEFAULT));
-  if (!dset.valid() ||
-      H5Dwrite(dset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0) {
+  h5::Id dset(H5Dcreate2(impl_->file.get(), "labels", ftype, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (!dset.valid() || H5Dwrite(dset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0) {
     return impl_->Error("writing /labels");
   }
   return Status::Ok();

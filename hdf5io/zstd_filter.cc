@@ -9,8 +9,8 @@
 namespace gpufeed::h5 {
 namespace {
 
-size_t ZstdFilter(unsigned flags, size_t cd_nelmts, const unsigned cd_values[], size_t nbytes,
-                  size_t* buf_size, void** buf) {
+size_t ZstdFilter(unsigned flags, size_t cd_nelmts, const unsigned cd_values[], size_t nbytes, size_t* buf_size,
+                  void** buf) {
   if (flags & H5Z_FLAG_REVERSE) {
     unsigned long long n = ZSTD_getFrameContentSize(*buf, nbytes);
     if (n == ZSTD_CONTENTSIZE_ERROR || n == ZSTD_CONTENTSIZE_UNKNOWN) return 0;

@@ -59,7 +59,7 @@ Status BatchPool::AllocateViews(std::span<std::byte> region, uint64_t stride, in
   for (int i = 0; i < n; ++i) {
     slots.push_back(NewSlot(static_cast<uint32_t>(i),
                             HostBuffer::Adopt(region.data() + static_cast<uint64_t>(i) * stride,
-                                                   std::max<uint64_t>(1, batch_bytes), pin_memory),
+                                              std::max<uint64_t>(1, batch_bytes), pin_memory),
                             batch_size));
   }
   Install(std::move(slots), start_free);

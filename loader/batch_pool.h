@@ -26,12 +26,12 @@ class SharedChunks;
 }
 
 struct Batch::Slot {
-  HostBuffer images;         // batch_size x sample_bytes
+  HostBuffer images;              // batch_size x sample_bytes
   std::vector<int64_t> labels;    // batch_size
   std::vector<uint64_t> indices;  // batch_size
   BatchPool* pool = nullptr;
-  uint32_t id = 0;                // position in its pool
-  bool with_consumer = false;     // held by a Batch; read and written under its pool's mutex
+  uint32_t id = 0;             // position in its pool
+  bool with_consumer = false;  // held by a Batch; read and written under its pool's mutex
 };
 
 // Thread-safe. Acquire blocks until a slot is free or the pool is cancelled

@@ -35,8 +35,8 @@ ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t 
     : source_(source),
       budget_(budget_bytes),
       planar_fields_(source.fields().size() > 1),
-      buffers_(std::make_shared<ChunkBufferPool>(
-          std::max<uint64_t>(1, source.max_chunk_buffer_bytes()), spare_buffers)) {}
+      buffers_(
+          std::make_shared<ChunkBufferPool>(std::max<uint64_t>(1, source.max_chunk_buffer_bytes()), spare_buffers)) {}
 
 ChunkCache::~ChunkCache() = default;
 

@@ -81,7 +81,7 @@ struct ChunkEntry {
   ChunkBufferPool::Buffer data;  // written once, by the thread that wins kQueued -> kRunning
   Status status;                 // valid once state == kDone
   std::atomic<int> state{kQueued};
-  std::mutex mu;                 // guards the wait below
+  std::mutex mu;  // guards the wait below
   std::condition_variable done_cv;
 };
 

@@ -196,57 +196,58 @@ void LocalStream::Run() {
                       // not steal the plan stage, which can block on the pool
                       // (back-pressure) and so deadlock beneath this batch.
                       tbb::this_task_arena::isolate([&] {
-                      tbb::parallel_for(size_t{0}, w->chunks.size(), [&](size_t j) {
-                        loader::ChunkEntry& e = *w->chunks[j];
-                        Status st = L.cache->Ensure(e);
-                        if (!st.ok()) {
-                          std::lock_guard<std::mutex> lock(status_mu);
-                          if (w->status.ok()) w->status = st;
-                          return;
-                        }
-                        if (decodes) return;  // decoded per sample below, once every chunk is here
-                        const uint64_t base = uint64_t(e.chunk) * k;
-                        if (fields.size() == 1) {
-                          for (uint32_t i : by_chunk[j]) {
-                            std::memcpy(slot.images.data() + i * sb, e.data.get() + (slot.indices[i] - base) * sb, sb);
-                          }
-                        } else {
-                          // Planar: field f of the chunk at k x offset, of
-                          // the batch at capacity x offset.
-                          for (const FieldInfo& f : fields) {
-                            const uint64_t fb = f.sample_bytes;
-                            std::byte* out = slot.images.data() + capacity * f.offset;
-                            const std::byte* in = e.data.get() + k * f.offset;
-                            for (uint32_t i : by_chunk[j]) {
-                              std::memcpy(out + i * fb, in + (slot.indices[i] - base) * fb, fb);
-                            }
-                          }
-                        }
-                        w->chunks[j].reset();  // a transient chunk is freed here
-                      });
-                      if (decodes && w->status.ok()) {
-                        // Encoded samples: decoded (and augmented) one by one
-                        // into the slot, in parallel over the batch's samples
-                        // (a batch may draw on a single chunk).
-                        std::vector<uint32_t> chunk_of(count);
-                        for (size_t j = 0; j < by_chunk.size(); ++j) {
-                          for (uint32_t i : by_chunk[j]) chunk_of[i] = static_cast<uint32_t>(j);
-                        }
-                        tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
-                          const loader::ChunkEntry& e = *w->chunks[chunk_of[i]];
-                          const std::span<const std::byte> bytes(e.data.get(), src.chunk_buffer_bytes(e.chunk));
-                          uint64_t delivered = slot.indices[i];
-                          Status ds = src.DecodeSample(bytes, e.chunk, slot.indices[i], context,
-                                                       std::span(slot.images.data() + i * sb, sb), &delivered);
-                          if (!ds.ok()) {
+                        tbb::parallel_for(size_t{0}, w->chunks.size(), [&](size_t j) {
+                          loader::ChunkEntry& e = *w->chunks[j];
+                          Status st = L.cache->Ensure(e);
+                          if (!st.ok()) {
                             std::lock_guard<std::mutex> lock(status_mu);
-                            if (w->status.ok()) w->status = ds;
+                            if (w->status.ok()) w->status = st;
                             return;
                           }
-                          slot.indices[i] = delivered;
-                          slot.labels[i] = labels.empty() ? -1 : labels[delivered];
+                          if (decodes) return;  // decoded per sample below, once every chunk is here
+                          const uint64_t base = uint64_t(e.chunk) * k;
+                          if (fields.size() == 1) {
+                            for (uint32_t i : by_chunk[j]) {
+                              std::memcpy(slot.images.data() + i * sb, e.data.get() + (slot.indices[i] - base) * sb,
+                                          sb);
+                            }
+                          } else {
+                            // Planar: field f of the chunk at k x offset, of
+                            // the batch at capacity x offset.
+                            for (const FieldInfo& f : fields) {
+                              const uint64_t fb = f.sample_bytes;
+                              std::byte* out = slot.images.data() + capacity * f.offset;
+                              const std::byte* in = e.data.get() + k * f.offset;
+                              for (uint32_t i : by_chunk[j]) {
+                                std::memcpy(out + i * fb, in + (slot.indices[i] - base) * fb, fb);
+                              }
+                            }
+                          }
+                          w->chunks[j].reset();  // a transient chunk is freed here
                         });
-                      }
+                        if (decodes && w->status.ok()) {
+                          // Encoded samples: decoded (and augmented) one by one
+                          // into the slot, in parallel over the batch's samples
+                          // (a batch may draw on a single chunk).
+                          std::vector<uint32_t> chunk_of(count);
+                          for (size_t j = 0; j < by_chunk.size(); ++j) {
+                            for (uint32_t i : by_chunk[j]) chunk_of[i] = static_cast<uint32_t>(j);
+                          }
+                          tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
+                            const loader::ChunkEntry& e = *w->chunks[chunk_of[i]];
+                            const std::span<const std::byte> bytes(e.data.get(), src.chunk_buffer_bytes(e.chunk));
+                            uint64_t delivered = slot.indices[i];
+                            Status ds = src.DecodeSample(bytes, e.chunk, slot.indices[i], context,
+                                                         std::span(slot.images.data() + i * sb, sb), &delivered);
+                            if (!ds.ok()) {
+                              std::lock_guard<std::mutex> lock(status_mu);
+                              if (w->status.ok()) w->status = ds;
+                              return;
+                            }
+                            slot.indices[i] = delivered;
+                            slot.labels[i] = labels.empty() ? -1 : labels[delivered];
+                          });
+                        }
                       });
                       w->chunks.clear();
                       assemble_ns += static_cast<uint64_t>((std::chrono::steady_clock::now() - t0).count());
@@ -306,8 +307,8 @@ uint64_t EpochStream::num_batches() const { return impl_->num_batches(); }
 Result<std::optional<Batch>> EpochStream::Next() { return impl_->Next(); }
 LoaderStats EpochStream::stats() const { return impl_->stats(); }
 
-Batch EpochStream::MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count,
-                             uint64_t sample_bytes, bool has_labels, const std::vector<uint64_t>* sample_shape,
+Batch EpochStream::MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count, uint64_t sample_bytes,
+                             bool has_labels, const std::vector<uint64_t>* sample_shape,
                              const std::vector<FieldInfo>* fields) {
   Batch b;
   b.fields_ = fields;
@@ -431,8 +432,8 @@ EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
     return LocalStream::Start(std::move(s));
   };
   auto make_plan = [&](uint64_t e) {
-    return loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
-                                 impl_->source.num_chunks(), impl_->options, e);
+    return loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(), impl_->source.num_chunks(),
+                                 impl_->options, e);
   };
   if (impl_->next_plan && impl_->next_plan_epoch == epoch) {
     s->plan = std::move(*impl_->next_plan);

@@ -10,9 +10,12 @@ namespace gpufeed {
 
 std::string_view OrderName(Order o) {
   switch (o) {
-    case Order::kSequential: return "sequential";
-    case Order::kRandom: return "random";
-    case Order::kBlock: return "block";
+    case Order::kSequential:
+      return "sequential";
+    case Order::kRandom:
+      return "random";
+    case Order::kBlock:
+      return "block";
   }
   return "?";
 }

@@ -111,8 +111,8 @@ Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, ui
   } else {
     per_rank = (num_samples + world - 1) / world;
   }
-  const std::vector<uint64_t> global = GlobalOrder(num_samples, chunk_samples, o.order, o.seed, epoch,
-                                                   o.shuffle_window, world > 1 ? per_rank : 0);
+  const std::vector<uint64_t> global =
+      GlobalOrder(num_samples, chunk_samples, o.order, o.seed, epoch, o.shuffle_window, world > 1 ? per_rank : 0);
   const uint64_t start = static_cast<uint64_t>(o.rank) * per_rank;
   plan.samples.reserve(per_rank);
   for (uint64_t p = start; p < start + per_rank; ++p) plan.samples.push_back(global[p % num_samples]);

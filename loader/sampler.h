@@ -38,7 +38,7 @@ std::vector<uint64_t> GlobalOrder(uint64_t n, uint64_t chunk_samples, Order orde
                                   uint64_t shuffle_window, uint64_t shard_samples = 0);
 
 struct EpochPlan {
-  std::vector<uint64_t> samples;     // this rank's samples, in delivery order
+  std::vector<uint64_t> samples;  // this rank's samples, in delivery order
   uint64_t batch_size = 0;
   uint64_t num_batches = 0;
   // Per batch, the distinct chunks it touches (in first-use order).

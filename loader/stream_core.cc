@@ -56,7 +56,8 @@ Result<std::optional<StreamCore::Item>> StreamCore::Pop(const std::string& what)
         return Status::InvalidArgument(
             what + ": the consumer holds all " + std::to_string(pool_->size()) +
             " batch buffers and asks for another, which cannot be filled until one is released; release (destroy) "
-            "batches you no longer need before asking for more, or " + pool_->hold_hint());
+            "batches you no longer need before asking for more, or " +
+            pool_->hold_hint());
       }
     }
     wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();

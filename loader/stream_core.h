@@ -39,9 +39,9 @@ class StreamCore {
 
   // Producer side (any thread).
   void Push(Item it);
-  void Fail(Status s);      // records the first error; the producer should stop
+  void Fail(Status s);  // records the first error; the producer should stop
   bool failed() const { return failed_.load(); }
-  void Finish();            // no more items (after the last Push or Fail)
+  void Finish();  // no more items (after the last Push or Fail)
   // A stream that failed before its producer started.
   void FailNow(Status s) {
     Fail(std::move(s));

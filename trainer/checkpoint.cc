@@ -20,7 +20,9 @@ class Writer {
  public:
   void Raw(const void* p, size_t n) { buf.append(static_cast<const char*>(p), n); }
   template <class T>
-  void Pod(const T& v) { Raw(&v, sizeof v); }
+  void Pod(const T& v) {
+    Raw(&v, sizeof v);
+  }
   void Str(const std::string& s) {
     Pod<uint32_t>(static_cast<uint32_t>(s.size()));
     Raw(s.data(), s.size());
@@ -38,7 +40,9 @@ class Reader {
     return Status::Ok();
   }
   template <class T>
-  Status Pod(T* v) { return Raw(v, sizeof *v); }
+  Status Pod(T* v) {
+    return Raw(v, sizeof *v);
+  }
   Status Str(std::string* s) {
     uint32_t n;
     GPUFEED_RETURN_IF_ERROR(Pod(&n));

@@ -24,10 +24,10 @@ namespace gpufeed::trainer {
 constexpr uint32_t kCheckpointVersion = 1;
 
 struct CheckpointMeta {
-  std::string model;        // Model::Describe(): must match on load
-  std::string config;       // precision/optimizer/accum...: must match on load
+  std::string model;   // Model::Describe(): must match on load
+  std::string config;  // precision/optimizer/accum...: must match on load
   int next_epoch = 0;
-  int64_t step = 0;         // optimizer steps taken
+  int64_t step = 0;  // optimizer steps taken
   ScalerState scaler;
   LoaderState loader;
 };

@@ -17,8 +17,7 @@ Status PickDeterministic(const Perf* perf, int count, Algo* algo, const char* di
       return Status::Ok();
     }
   }
-  return Status::Unsupported(std::string("cuDNN has no deterministic ") + direction +
-                             " convolution for this shape");
+  return Status::Unsupported(std::string("cuDNN has no deterministic ") + direction + " convolution for this shape");
 }
 
 }  // namespace
@@ -56,22 +55,21 @@ Result<const ConvPlan*> ConvPlanCache::Get(cudnnHandle_t cudnn, const ConvShape&
   }
   int got = 0;
   cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  CUDNN_RETURN(cudnnGetConvolutionForwardAlgorithm_v7(cudnn, p.x, p.w, p.fwd, p.y,
-                                                      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp));
+  CUDNN_RETURN(
+      cudnnGetConvolutionForwardAlgorithm_v7(cudnn, p.x, p.w, p.fwd, p.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fp));
   GPUFEED_RETURN_IF_ERROR(PickDeterministic(fp, got, &p.fwd_algo, "forward"));
   CUDNN_RETURN(cudnnGetConvolutionForwardWorkspaceSize(cudnn, p.x, p.w, p.fwd, p.y, p.fwd_algo, &p.fwd_ws));
   cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
   CUDNN_RETURN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn, p.w, p.y, p.bwd_data, p.x,
                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, dp));
   GPUFEED_RETURN_IF_ERROR(PickDeterministic(dp, got, &p.data_algo, "backward-data"));
-  CUDNN_RETURN(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, p.w, p.y, p.bwd_data, p.x, p.data_algo,
-                                                            &p.data_ws));
+  CUDNN_RETURN(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn, p.w, p.y, p.bwd_data, p.x, p.data_algo, &p.data_ws));
   cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
   CUDNN_RETURN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn, p.x, p.y, p.bwd_filter, p.w,
                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, wp));
   GPUFEED_RETURN_IF_ERROR(PickDeterministic(wp, got, &p.filter_algo, "backward-filter"));
-  CUDNN_RETURN(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, p.x, p.y, p.bwd_filter, p.w, p.filter_algo,
-                                                              &p.filter_ws));
+  CUDNN_RETURN(
+      cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn, p.x, p.y, p.bwd_filter, p.w, p.filter_algo, &p.filter_ws));
   return &(plans_[key] = p);
 }
 

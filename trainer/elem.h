@@ -55,8 +55,8 @@ GPUFEED_HD void StoreAs(void* p, size_t i, DType dt, float v) {
 // coefficient). Returns the new weight; updates s1 (momentum / Adam's m) and
 // s2 (Adam's v). The CPU and GPU both call this with the same operands, and
 // nvcc is built with --fmad=false for the trainer, so fp32 results agree.
-GPUFEED_HD float OptimizerUpdate(const OptimizerStep& o, bool decay, float w, float g, float* s1, float* s2,
-                                 float bc1, float bc2) {
+GPUFEED_HD float OptimizerUpdate(const OptimizerStep& o, bool decay, float w, float g, float* s1, float* s2, float bc1,
+                                 float bc2) {
   if (o.kind == OptimizerKind::kSgd) {
     if (decay) g += o.weight_decay * w;
     const float m = o.momentum * *s1 + g;

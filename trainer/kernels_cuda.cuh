@@ -20,14 +20,34 @@
 namespace gpufeed::trainer::kernels {
 
 // Storage type <-> fp32, round to nearest even (as StoreAs on the CPU).
-template <class T> __device__ __forceinline__ float ToF(T v);
-template <> __device__ __forceinline__ float ToF(float v) { return v; }
-template <> __device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
-template <class T> __device__ __forceinline__ T FromF(float v);
-template <> __device__ __forceinline__ float FromF(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 FromF(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half FromF(float v) { return __float2half_rn(v); }
+template <class T>
+__device__ __forceinline__ float ToF(T v);
+template <>
+__device__ __forceinline__ float ToF(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float ToF(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float ToF(__half v) {
+  return __half2float(v);
+}
+template <class T>
+__device__ __forceinline__ T FromF(float v);
+template <>
+__device__ __forceinline__ float FromF(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half FromF(float v) {
+  return __float2half_rn(v);
+}
 
 // --- elementwise kernels ------------------------------------------------------
 
@@ -144,8 +164,8 @@ __global__ void BnReluApplyKernel(const T* x, const float* gamma, const float* b
   }
 }
 
-__global__ void BnBackwardFinishKernel(const float* pa, const float* pb, int groups, int C, float* sum_gx,
-                                       float* sum_g, float* dgamma, float* dbeta, float beta_acc) {
+__global__ void BnBackwardFinishKernel(const float* pa, const float* pb, int groups, int C, float* sum_gx, float* sum_g,
+                                       float* dgamma, float* dbeta, float beta_acc) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   double a = 0, b = 0;
@@ -158,8 +178,8 @@ __global__ void BnBackwardFinishKernel(const float* pa, const float* pb, int gro
 
 template <class T>
 __global__ void BnReluBackwardApplyKernel(const T* x, const T* y, const T* dy, const float* gamma, const float* mean,
-                                          const float* invstd, const float* sum_gx, const float* sum_g, size_t n,
-                                          int C, float inv_m, T* dx) {
+                                          const float* invstd, const float* sum_gx, const float* sum_g, size_t n, int C,
+                                          float inv_m, T* dx) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const int c = int(i % C);
     const float g = ToF(y[i]) > 0 ? ToF(dy[i]) : 0.f;
@@ -212,8 +232,7 @@ __global__ void MaxPoolBackwardKernel(const T* dy, const uint8_t* argmax, int n,
 // SumRowsKernel), dlogits = (softmax - onehot) * scale / denom.
 template <class T>
 __global__ void SoftmaxXentKernel(const T* logits, const int32_t* labels, int rows, int classes,
-                                  const ScalerState* scaler, float denom, T* dlogits, float* row_loss,
-                                  int* row_hit) {
+                                  const ScalerState* scaler, float denom, T* dlogits, float* row_loss, int* row_hit) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (warp >= rows) return;
   const T* z = logits + size_t(warp) * classes;
@@ -247,8 +266,7 @@ __global__ void SoftmaxXentKernel(const T* logits, const int32_t* labels, int ro
   }
 }
 
-__global__ void SumRowsKernel(const float* row_loss, const int* row_hit, int rows, double* loss_sum,
-                              int64_t* correct) {
+__global__ void SumRowsKernel(const float* row_loss, const int* row_hit, int rows, double* loss_sum, int64_t* correct) {
   __shared__ double sl[256];
   __shared__ long long sh[256];
   double l = 0;

@@ -93,15 +93,15 @@ Status Model::Init() {
         return Status::InvalidArgument("model: too many cnn blocks for a " + std::to_string(s.in_h) + "x" +
                                        std::to_string(s.in_w) + " input (each halves the size)");
       Layer conv;
-    conv.kind = Kind::kConv;
+      conv.kind = Kind::kConv;
       conv.conv = ConvShape{s.max_batch, h, w, c, k, s.dtype};
       const std::string name = "conv" + std::to_string(layers_.size());
-      GPUFEED_RETURN_IF_ERROR(AddParam(name + ".weight", conv.conv.w_elems(), true, std::sqrt(6.0f / (9 * c)), 0,
-                                       &conv.p));
+      GPUFEED_RETURN_IF_ERROR(
+          AddParam(name + ".weight", conv.conv.w_elems(), true, std::sqrt(6.0f / (9 * c)), 0, &conv.p));
       conv.out_elems = size_t(h) * w * k;
       layers_.push_back(conv);
       Layer bn;
-    bn.kind = Kind::kBnRelu;
+      bn.kind = Kind::kBnRelu;
       bn.h = h, bn.w = w, bn.c = k;
       GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
       GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
@@ -115,7 +115,7 @@ Status Model::Init() {
       bn.out_elems = conv.out_elems;
       layers_.push_back(bn);
       Layer pool;
-    pool.kind = Kind::kPool;
+      pool.kind = Kind::kPool;
       pool.h = h, pool.w = w, pool.c = k;
       h /= 2, w /= 2, c = k;
       pool.out_elems = size_t(h) * w * c;
@@ -222,8 +222,7 @@ Status Model::Backward(const void* x, int batch, bool accumulate) {
       case Kind::kBnRelu: {
         BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
         GPUFEED_RETURN_IF_ERROR(ops_->BnReluBackward(a, in, acts_[i], dy, params_[l.p].master, l.save_mean,
-                                                     l.save_invstd, dx, params_[l.p].grad, params_[l.p2].grad,
-                                                     beta));
+                                                     l.save_invstd, dx, params_[l.p].grad, params_[l.p2].grad, beta));
         break;
       }
       case Kind::kPool:

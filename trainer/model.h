@@ -16,11 +16,11 @@ namespace gpufeed::trainer {
 
 struct ModelSpec {
   ModelKind kind = ModelKind::kMlp;
-  std::vector<int> widths;    // mlp hidden widths / cnn channels
+  std::vector<int> widths;           // mlp hidden widths / cnn channels
   int in_h = 0, in_w = 0, in_c = 0;  // NHWC sample
   int classes = 0;
   int max_batch = 0;
-  DType dtype = DType::kFloat32;     // activations and weight copies
+  DType dtype = DType::kFloat32;  // activations and weight copies
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   uint64_t seed = 0;
 };
@@ -30,12 +30,12 @@ struct ModelSpec {
 struct Param {
   std::string name;
   size_t n = 0;
-  bool decay = true;      // weight decay applies (not to biases and batchnorm)
+  bool decay = true;  // weight decay applies (not to biases and batchnorm)
   float* master = nullptr;
   float* grad = nullptr;
-  float* s1 = nullptr;    // SGD momentum / Adam m
-  float* s2 = nullptr;    // Adam v (null for SGD)
-  void* copy = nullptr;   // compute dtype
+  float* s1 = nullptr;   // SGD momentum / Adam m
+  float* s2 = nullptr;   // Adam v (null for SGD)
+  void* copy = nullptr;  // compute dtype
 };
 
 class Model {
@@ -70,16 +70,16 @@ class Model {
   struct Layer {
     Kind kind = Kind::kLinear;
     int in_features = 0, out_features = 0;  // linear
-    bool relu = false;                       // linear
-    ConvShape conv;                          // conv (n = max batch)
-    int h = 0, w = 0, c = 0;                 // bn/pool input geometry
-    int p = -1, p2 = -1;                     // indices into params_ (weight/gamma, bias/beta)
-    float* run_mean = nullptr;               // bn
+    bool relu = false;                      // linear
+    ConvShape conv;                         // conv (n = max batch)
+    int h = 0, w = 0, c = 0;                // bn/pool input geometry
+    int p = -1, p2 = -1;                    // indices into params_ (weight/gamma, bias/beta)
+    float* run_mean = nullptr;              // bn
     float* run_var = nullptr;
     float* save_mean = nullptr;
     float* save_invstd = nullptr;
-    uint8_t* argmax = nullptr;               // pool
-    size_t out_elems = 0;                    // per sample
+    uint8_t* argmax = nullptr;  // pool
+    size_t out_elems = 0;       // per sample
   };
   Status Allocate(size_t bytes, void** p, uint64_t* counter);
   Status AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index);
@@ -88,9 +88,9 @@ class Model {
   ModelSpec spec_;
   std::vector<Layer> layers_;
   std::vector<Param> params_;
-  std::vector<void*> acts_;       // acts_[i]: output of layer i (max batch)
+  std::vector<void*> acts_;  // acts_[i]: output of layer i (max batch)
   void* dlogits_ = nullptr;
-  void* grad_a_ = nullptr;        // ping-pong activation gradients
+  void* grad_a_ = nullptr;  // ping-pong activation gradients
   void* grad_b_ = nullptr;
   std::vector<void*> owned_;
   uint64_t weights_ = 0, grads_ = 0, opt_ = 0, acts_bytes_ = 0;

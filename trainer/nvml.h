@@ -18,8 +18,8 @@ namespace gpufeed::trainer {
 class NvmlSampler {
  public:
   struct Sample {
-    double t = 0;          // seconds on the steady clock
-    double util = 0;       // utilization.gpu, percent
+    double t = 0;     // seconds on the steady clock
+    double util = 0;  // utilization.gpu, percent
     double mem_used_mb = 0;
   };
   // `pci_bus_id` as cudaDeviceGetPCIBusId writes it. When NVML cannot be
@@ -46,9 +46,9 @@ class NvmlSampler {
   std::thread thread_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;               // guarded by mu_
-  bool failed_ = false;             // guarded by mu_; sampling ended by an exception
-  std::vector<Sample> samples_;     // guarded by mu_
+  bool stop_ = false;            // guarded by mu_
+  bool failed_ = false;          // guarded by mu_; sampling ended by an exception
+  std::vector<Sample> samples_;  // guarded by mu_
 };
 
 }  // namespace gpufeed::trainer

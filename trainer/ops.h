@@ -63,14 +63,14 @@ struct BnArgs {
 // stays 1 and a non-finite gradient still skips the step.
 struct ScalerState {
   float scale = 1;
-  int32_t clean_steps = 0;   // since the last overflow or growth
-  int32_t skipped = 0;       // steps skipped for inf/NaN, total
-  int32_t dynamic = 0;       // 1: grow/halve the scale
+  int32_t clean_steps = 0;  // since the last overflow or growth
+  int32_t skipped = 0;      // steps skipped for inf/NaN, total
+  int32_t dynamic = 0;      // 1: grow/halve the scale
   int32_t growth_interval = 2000;
   // Written by FinishGradients for the optimizer step that follows.
-  float step_coef = 1;       // 1/scale_used x clip coefficient
-  int32_t step_skip = 0;     // 1: this step's gradients were not finite
-  float grad_norm = 0;       // global norm of the unscaled gradients
+  float step_coef = 1;    // 1/scale_used x clip coefficient
+  int32_t step_skip = 0;  // 1: this step's gradients were not finite
+  float grad_norm = 0;    // global norm of the unscaled gradients
 };
 
 enum class OptimizerKind { kSgd, kAdamW };
@@ -88,13 +88,13 @@ class Ops {
   virtual bool on_gpu() const = 0;
   virtual std::string Describe() const = 0;  // "cuda:0 NVIDIA H200 (sm_90)" / "cpu"
   virtual std::string PciBusId() const = 0;  // for NVML; empty on the CPU
-  virtual void* stream() const = 0;  // cudaStream_t on the GPU, nullptr on the CPU
+  virtual void* stream() const = 0;          // cudaStream_t on the GPU, nullptr on the CPU
 
   virtual Status Alloc(size_t bytes, void** p) = 0;  // zero-filled
   virtual void Free(void* p) = 0;
   virtual Status Upload(void* dst, const void* src, size_t bytes) = 0;
   virtual Status Download(void* dst, const void* src, size_t bytes) = 0;  // waits for queued work
-  virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;  // queued, device to device
+  virtual Status Copy(void* dst, const void* src, size_t bytes) = 0;      // queued, device to device
   virtual Status Sync() = 0;
   // Makes later work wait for `event` (a cudaEvent_t; ignored on the CPU).
   virtual Status WaitEvent(void* event) = 0;
@@ -127,13 +127,12 @@ class Ops {
   // From x, y (the forward's output, for the ReLU mask) and dy: dx, and
   // dgamma/dbeta accumulated with `beta_acc` (0: overwrite, 1: add).
   virtual Status BnReluBackward(const BnArgs& a, const void* x, const void* y, const void* dy, const float* gamma,
-                                const float* save_mean, const float* save_invstd, void* dx, float* dgamma,
-                                float* dbeta, float beta_acc) = 0;
+                                const float* save_mean, const float* save_invstd, void* dx, float* dgamma, float* dbeta,
+                                float beta_acc) = 0;
 
   // 2x2 max pooling, stride 2, floor: [n, h, w, c] -> [n, h/2, w/2, c];
   // argmax (uint8, 0..3) remembers the winner for the backward pass.
-  virtual Status MaxPoolForward(int n, int h, int w, int c, DType dtype, const void* x, void* y,
-                                uint8_t* argmax) = 0;
+  virtual Status MaxPoolForward(int n, int h, int w, int c, DType dtype, const void* x, void* y, uint8_t* argmax) = 0;
   // dx (zeroed here) receives dy at each window's winner.
   virtual Status MaxPoolBackward(int n, int h, int w, int c, DType dtype, const void* dy, const uint8_t* argmax,
                                  void* dx) = 0;
@@ -158,8 +157,7 @@ class Ops {
   // the compute copy (`copy`, may be null) in `dtype`. `decay` false for
   // biases and batchnorm parameters.
   virtual Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad,
-                                float* state1, float* state2, void* copy, DType dtype,
-                                const ScalerState* scaler) = 0;
+                                float* state1, float* state2, void* copy, DType dtype, const ScalerState* scaler) = 0;
 };
 
 std::unique_ptr<Ops> MakeCpuOps();

@@ -37,14 +37,16 @@ struct FloatView {
 class CpuOps final : public Ops {
  public:
   bool on_gpu() const override { return false; }
-  std::string Describe() const override { return "cpu (Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." +
-                                                   std::to_string(EIGEN_MAJOR_VERSION) + ")"; }
+  std::string Describe() const override {
+    return "cpu (Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + ")";
+  }
   std::string PciBusId() const override { return ""; }
   void* stream() const override { return nullptr; }
 
   Status Alloc(size_t bytes, void** p) override {
     *p = std::calloc(std::max<size_t>(bytes, 1), 1);
-    return *p ? Status::Ok() : Status::Internal("cpu trainer: out of memory allocating " + std::to_string(bytes) + " bytes");
+    return *p ? Status::Ok()
+              : Status::Internal("cpu trainer: out of memory allocating " + std::to_string(bytes) + " bytes");
   }
   void Free(void* p) override { std::free(p); }
   Status Upload(void* dst, const void* src, size_t bytes) override {
@@ -70,10 +72,14 @@ class CpuOps final : public Ops {
     FloatView av(g.a, size_t(ar - 1) * g.lda + ac, g.ab), bv(g.b, size_t(br - 1) * g.ldb + bc, g.ab);
     Eigen::Map<const RowMat, 0, Stride> A(av.p, ar, ac, Stride(g.lda)), B(bv.p, br, bc, Stride(g.ldb));
     RowMat prod;
-    if (g.trans_a && g.trans_b) prod.noalias() = A.transpose() * B.transpose();
-    else if (g.trans_a) prod.noalias() = A.transpose() * B;
-    else if (g.trans_b) prod.noalias() = A * B.transpose();
-    else prod.noalias() = A * B;
+    if (g.trans_a && g.trans_b)
+      prod.noalias() = A.transpose() * B.transpose();
+    else if (g.trans_a)
+      prod.noalias() = A.transpose() * B;
+    else if (g.trans_b)
+      prod.noalias() = A * B.transpose();
+    else
+      prod.noalias() = A * B;
     for (int i = 0; i < g.m; ++i) {
       for (int j = 0; j < g.n; ++j) {
         const size_t ci = size_t(i) * g.ldc + j;
@@ -315,8 +321,8 @@ class CpuOps final : public Ops {
     return Status::Ok();
   }
 
-  Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad,
-                        float* state1, float* state2, void* copy, DType dt, const ScalerState* scaler) override {
+  Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad, float* state1,
+                        float* state2, void* copy, DType dt, const ScalerState* scaler) override {
     if (scaler->step_skip) return Status::Ok();
     const float bc1 = 1.0f - std::pow(o.beta1, static_cast<float>(o.step));
     const float bc2 = 1.0f - std::pow(o.beta2, static_cast<float>(o.step));

@@ -30,12 +30,22 @@
 namespace gpufeed::trainer {
 namespace {
 
-#define DISPATCH(dt, T, ...)                                       \
-  switch (dt) {                                                    \
-    case DType::kFloat32: { using T = float; __VA_ARGS__ } break;  \
-    case DType::kBFloat16: { using T = __nv_bfloat16; __VA_ARGS__ } break; \
-    case DType::kFloat16: { using T = __half; __VA_ARGS__ } break; \
-    default: return Status::Unsupported("trainer: dtype " + std::string(DTypeName(dt))); \
+#define DISPATCH(dt, T, ...)                                                      \
+  switch (dt) {                                                                   \
+    case DType::kFloat32: {                                                       \
+      using T = float;                                                            \
+      __VA_ARGS__                                                                 \
+    } break;                                                                      \
+    case DType::kBFloat16: {                                                      \
+      using T = __nv_bfloat16;                                                    \
+      __VA_ARGS__                                                                 \
+    } break;                                                                      \
+    case DType::kFloat16: {                                                       \
+      using T = __half;                                                           \
+      __VA_ARGS__                                                                 \
+    } break;                                                                      \
+    default:                                                                      \
+      return Status::Unsupported("trainer: dtype " + std::string(DTypeName(dt))); \
   }
 
 unsigned Blocks(size_t n, unsigned threads = 256) {
@@ -123,8 +133,8 @@ class CudaOps final : public Ops {
   Status Gemm(const GemmArgs& g) override {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
     CUBLAS_RETURN(cublasGemmEx(cublas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               g.n, g.m, g.k, &g.alpha, g.b, CudaType(g.ab), g.ldb, g.a, CudaType(g.ab), g.lda,
-                               &g.beta, g.c, CudaType(g.c_dtype), g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                               g.n, g.m, g.k, &g.alpha, g.b, CudaType(g.ab), g.ldb, g.a, CudaType(g.ab), g.lda, &g.beta,
+                               g.c, CudaType(g.c_dtype), g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return Status::Ok();
   }
 
@@ -147,8 +157,8 @@ class CudaOps final : public Ops {
   }
   Status ColumnSum(const void* dy, int rows, int cols, DType dt, float* db, float beta) override {
     DISPATCH(dt, T,
-             ColumnSumKernel<T><<<(cols + 127) / 128, 128, 0, stream_>>>(static_cast<const T*>(dy), rows, cols, db,
-                                                                          beta);)
+             ColumnSumKernel<T>
+             <<<(cols + 127) / 128, 128, 0, stream_>>>(static_cast<const T*>(dy), rows, cols, db, beta);)
     LAUNCH_CHECK();
     return Status::Ok();
   }
@@ -215,8 +225,7 @@ class CudaOps final : public Ops {
     CUDNN_RETURN(cudnnConvolutionBackwardFilter(cudnn_, &one, (*p)->x, x, (*p)->y, dy, (*p)->bwd_filter,
                                                 (*p)->filter_algo, workspace_, (*p)->filter_ws, &zero, (*p)->w, *tmp));
     const size_t n = s.w_elems();
-    DISPATCH(s.dtype, T,
-             AccumulateKernel<T><<<Blocks(n), 256, 0, stream_>>>(static_cast<const T*>(*tmp), dw, n, beta);)
+    DISPATCH(s.dtype, T, AccumulateKernel<T><<<Blocks(n), 256, 0, stream_>>>(static_cast<const T*>(*tmp), dw, n, beta);)
     LAUNCH_CHECK();
     return Status::Ok();
   }
@@ -244,13 +253,12 @@ class CudaOps final : public Ops {
                BnPartialKernel<T, 0><<<grid, dim3(32, kBnRowLanes), 0, stream_>>>(
                    static_cast<const T*>(x), nullptr, nullptr, nullptr, nullptr, a.rows, a.c, rpb, fa, fb);)
       LAUNCH_CHECK();
-      BnStatsFinishKernel<<<(a.c + 127) / 128, 128, 0, stream_>>>(fa, fb, int(grid.y), a.c, a.rows, a.eps,
-                                                                   a.momentum, running_mean, running_var, save_mean,
-                                                                   save_invstd);
+      BnStatsFinishKernel<<<(a.c + 127) / 128, 128, 0, stream_>>>(fa, fb, int(grid.y), a.c, a.rows, a.eps, a.momentum,
+                                                                  running_mean, running_var, save_mean, save_invstd);
       LAUNCH_CHECK();
     } else {
       BnEvalStatsKernel<<<(a.c + 127) / 128, 128, 0, stream_>>>(running_mean, running_var, a.eps, a.c, save_mean,
-                                                                 save_invstd);
+                                                                save_invstd);
       LAUNCH_CHECK();
     }
     DISPATCH(a.dtype, T,
@@ -279,7 +287,7 @@ class CudaOps final : public Ops {
                  a.rows, a.c, rpb, fa, fb);)
     LAUNCH_CHECK();
     BnBackwardFinishKernel<<<(a.c + 127) / 128, 128, 0, stream_>>>(fa, fb, int(grid.y), a.c, sgx, sg, dgamma, dbeta,
-                                                                    beta_acc);
+                                                                   beta_acc);
     LAUNCH_CHECK();
     const float inv_m = 1.0f / static_cast<float>(a.rows);
     DISPATCH(a.dtype, T,
@@ -293,8 +301,8 @@ class CudaOps final : public Ops {
   Status MaxPoolForward(int n, int h, int w, int c, DType dt, const void* x, void* y, uint8_t* argmax) override {
     const size_t total = size_t(n) * (h / 2) * (w / 2) * c;
     DISPATCH(dt, T,
-             MaxPoolKernel<T><<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(x), n, h, w, c,
-                                                                  static_cast<T*>(y), argmax);)
+             MaxPoolKernel<T>
+             <<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(x), n, h, w, c, static_cast<T*>(y), argmax);)
     LAUNCH_CHECK();
     return Status::Ok();
   }
@@ -303,8 +311,8 @@ class CudaOps final : public Ops {
     GPUFEED_CUDA_RETURN(cudaMemsetAsync(dx, 0, size_t(n) * h * w * c * DTypeSize(dt), stream_));
     const size_t total = size_t(n) * (h / 2) * (w / 2) * c;
     DISPATCH(dt, T,
-             MaxPoolBackwardKernel<T><<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(dy), argmax, n, h, w,
-                                                                          c, static_cast<T*>(dx));)
+             MaxPoolBackwardKernel<T>
+             <<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(dy), argmax, n, h, w, c, static_cast<T*>(dx));)
     LAUNCH_CHECK();
     return Status::Ok();
   }
@@ -316,12 +324,12 @@ class CudaOps final : public Ops {
     if (!rh.ok()) return rh.status();
     const unsigned blocks = static_cast<unsigned>((size_t(rows) * 32 + 255) / 256);
     DISPATCH(dt, T,
-             SoftmaxXentKernel<T><<<blocks, 256, 0, stream_>>>(static_cast<const T*>(logits), labels, rows, classes,
-                                                               scaler, denom, static_cast<T*>(dlogits),
-                                                               static_cast<float*>(*rl), static_cast<int*>(*rh));)
+             SoftmaxXentKernel<T>
+             <<<blocks, 256, 0, stream_>>>(static_cast<const T*>(logits), labels, rows, classes, scaler, denom,
+                                           static_cast<T*>(dlogits), static_cast<float*>(*rl), static_cast<int*>(*rh));)
     LAUNCH_CHECK();
-    SumRowsKernel<<<1, 256, 0, stream_>>>(static_cast<const float*>(*rl), static_cast<const int*>(*rh), rows,
-                                          loss_sum, correct);
+    SumRowsKernel<<<1, 256, 0, stream_>>>(static_cast<const float*>(*rl), static_cast<const int*>(*rh), rows, loss_sum,
+                                          correct);
     LAUNCH_CHECK();
     return Status::Ok();
   }
@@ -338,8 +346,8 @@ class CudaOps final : public Ops {
     return Status::Ok();
   }
 
-  Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad,
-                        float* state1, float* state2, void* copy, DType dt, const ScalerState* scaler) override {
+  Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad, float* state1,
+                        float* state2, void* copy, DType dt, const ScalerState* scaler) override {
     const float bc1 = 1.0f - std::pow(o.beta1, static_cast<float>(o.step));
     const float bc2 = 1.0f - std::pow(o.beta2, static_cast<float>(o.step));
     OptimizerKernel<<<Blocks(n), 256, 0, stream_>>>(o, decay, n, master, grad, state1, state2, copy, dt, scaler, bc1,

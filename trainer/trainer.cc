@@ -48,7 +48,6 @@ using trainer::Model;
 using trainer::Ops;
 using trainer::ScalerState;
 
-
 Status Validate(const TrainOptions& o) {
   if (o.epochs < 1) return Status::InvalidArgument("train: --epochs must be >= 1");
   if (o.batch_size < 1 || o.batch_size > 65536) return Status::InvalidArgument("train: --batch-size in 1..65536");
@@ -61,8 +60,7 @@ Status Validate(const TrainOptions& o) {
     return Status::InvalidArgument("train: --precision must be fp32, bf16 or fp16");
   if (o.model == ModelKind::kCnn && o.channels.empty())
     return Status::InvalidArgument("train: a cnn needs at least one block (--channels)");
-  if (o.resume && o.checkpoint_path.empty())
-    return Status::InvalidArgument("train: --resume needs --checkpoint PATH");
+  if (o.resume && o.checkpoint_path.empty()) return Status::InvalidArgument("train: --resume needs --checkpoint PATH");
   if (o.growth_interval < 1 || !(o.init_scale >= 1)) return Status::InvalidArgument("train: bad loss scaler options");
   return Status::Ok();
 }
@@ -115,8 +113,10 @@ Result<Geometry> SampleGeometry(const ChunkSource& src) {
                                    std::to_string(s.size()));
   Geometry g;
   if (src.attributes().layout == "NHWC") g.layout = Layout::kNHWC;
-  if (g.layout == Layout::kNCHW) g.c = int(s[0]), g.h = int(s[1]), g.w = int(s[2]);
-  else g.h = int(s[0]), g.w = int(s[1]), g.c = int(s[2]);
+  if (g.layout == Layout::kNCHW)
+    g.c = int(s[0]), g.h = int(s[1]), g.w = int(s[2]);
+  else
+    g.h = int(s[0]), g.w = int(s[1]), g.c = int(s[2]);
   return g;
 }
 
@@ -194,8 +194,7 @@ Status Run::Setup() {
                std::to_string(g.h) + "x" + std::to_string(g.w);
       };
       return Status::InvalidArgument(test_->name() + ": test samples have another shape than the training samples: " +
-                                     text(*tg) + ", but training samples (" +
-                                     train_.name() + ") are " + text(geo_) +
+                                     text(*tg) + ", but training samples (" + train_.name() + ") are " + text(geo_) +
                                      "; convert both splits with the same --size and --layout");
     }
     if (test_->labels().empty()) return Status::InvalidArgument(test_->name() + ": no labels to evaluate on");
@@ -357,10 +356,9 @@ Status Run::Setup() {
 Status Run::Step(const void* images, const void* labels, int n, int micro) {
   GPUFEED_RETURN_IF_ERROR(model_->Forward(images, n, true));
   auto* c = static_cast<Counters*>(counters_.p);
-  GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(n, classes_, o_.precision, model_->logits(),
-                                            static_cast<const int32_t*>(labels), &c->loss, &c->correct,
-                                            model_->dlogits(), static_cast<const ScalerState*>(scaler_.p),
-                                            float(n) * float(o_.accum)));
+  GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(
+      n, classes_, o_.precision, model_->logits(), static_cast<const int32_t*>(labels), &c->loss, &c->correct,
+      model_->dlogits(), static_cast<const ScalerState*>(scaler_.p), float(n) * float(o_.accum)));
   return model_->Backward(images, n, micro > 0);
 }
 
@@ -508,8 +506,8 @@ Status Run::Evaluate(EpochReport* r) {
     GPUFEED_RETURN_IF_ERROR(ops_->WaitEvent(b.ready_event()));
     GPUFEED_RETURN_IF_ERROR(model_->Forward(b.images(), b.size(), false));
     GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(b.size(), classes_, o_.precision, model_->logits(),
-                                              static_cast<const int32_t*>(b.labels()), &c->loss, &c->correct,
-                                              nullptr, nullptr, 1.0f));
+                                              static_cast<const int32_t*>(b.labels()), &c->loss, &c->correct, nullptr,
+                                              nullptr, 1.0f));
     b.Release(ops_->stream());
     samples += b.size();
   }
@@ -601,8 +599,8 @@ Result<TrainReport> Run::Go() {
     report_.epochs.push_back(r);
     ++ran;
     if (!o_.checkpoint_path.empty()) {
-      trainer::CheckpointMeta meta{report_.model, ConfigString(o_), epoch + 1, step_, scaler_host_,
-                                   LoaderState{o_.seed, uint64_t(epoch + 1), 0}};
+      trainer::CheckpointMeta meta{report_.model, ConfigString(o_), epoch + 1,
+                                   step_,         scaler_host_,     LoaderState{o_.seed, uint64_t(epoch + 1), 0}};
       GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), meta));
     }
     if (o_.on_epoch) o_.on_epoch(r);

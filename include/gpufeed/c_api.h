@@ -81,9 +81,9 @@ typedef enum {
   GPUFEED_IO_ERROR = 5,         /* the OS or the connection failed */
   GPUFEED_INTERNAL = 6,         /* a library gpufeed calls failed unexpectedly */
   /* Outcomes of gpufeed_loader_next that are not failures of the stream. */
-  GPUFEED_END = 100,         /* the epoch has no more batches */
-  GPUFEED_TIMEOUT = 101,     /* no batch within the timeout; call again */
-  GPUFEED_INTERRUPTED = 102  /* gpufeed_loader_interrupt woke the wait */
+  GPUFEED_END = 100,        /* the epoch has no more batches */
+  GPUFEED_TIMEOUT = 101,    /* no batch within the timeout; call again */
+  GPUFEED_INTERRUPTED = 102 /* gpufeed_loader_interrupt woke the wait */
 } gpufeed_code;
 
 typedef struct gpufeed_error gpufeed_error;

@@ -19,21 +19,21 @@ namespace gpufeed {
 // source ("images"). Byte offsets place the field in a read unit and in a
 // batch buffer (planar layout, below).
 struct FieldInfo {
-  std::string name;                   // "images", "data", "mask": the batch array's name
-  std::string path;                   // HDF5 dataset path ("/climate/data"); "" when not from HDF5
-  DType dtype = DType::kUInt8;        // element type as stored (an HDF5 bool reads as uint8 0/1)
-  bool is_bool = false;               // stored as h5py's bool (enum of int8 FALSE/TRUE)
-  std::vector<uint64_t> sample_shape; // shape of one sample of this field
-  uint64_t sample_bytes = 0;          // product of sample_shape x DTypeSize(dtype)
-  uint64_t offset = 0;                // sum of the sample_bytes of the fields before it
+  std::string name;                    // "images", "data", "mask": the batch array's name
+  std::string path;                    // HDF5 dataset path ("/climate/data"); "" when not from HDF5
+  DType dtype = DType::kUInt8;         // element type as stored (an HDF5 bool reads as uint8 0/1)
+  bool is_bool = false;                // stored as h5py's bool (enum of int8 FALSE/TRUE)
+  std::vector<uint64_t> sample_shape;  // shape of one sample of this field
+  uint64_t sample_bytes = 0;           // product of sample_shape x DTypeSize(dtype)
+  uint64_t offset = 0;                 // sum of the sample_bytes of the fields before it
 };
 
 // What a source carries besides its samples: optional attributes that the
 // loader and the trainer pass on (gpufeed convert writes them).
 struct SourceAttributes {
-  std::string layout;                   // "NCHW", "NHWC", ... ("" unknown)
+  std::string layout;  // "NCHW", "NHWC", ... ("" unknown)
   std::vector<std::string> class_names;
-  std::vector<double> mean, stddev;     // per channel, in stored units
+  std::vector<double> mean, stddev;  // per channel, in stored units
 };
 
 // A sequence of samples stored in chunks of chunk_samples() consecutive

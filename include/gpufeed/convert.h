@@ -27,11 +27,11 @@ class SampleSource {
   virtual uint64_t num_samples() const = 0;
   virtual const std::vector<uint64_t>& sample_shape() const = 0;
   virtual DType dtype() const = 0;
-  virtual std::string layout() const = 0;                 // "" when unknown
+  virtual std::string layout() const = 0;  // "" when unknown
   virtual std::vector<std::string> class_names() const { return {}; }
   virtual const std::vector<int64_t>& labels() const = 0;  // empty: no labels
   virtual uint64_t input_bytes() const = 0;                // bytes the source occupies
-  virtual std::string description() const = 0;            // for messages
+  virtual std::string description() const = 0;             // for messages
   // Decodes samples [first, first + count) into dst (count * sample bytes).
   virtual Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const = 0;
 };
@@ -42,14 +42,11 @@ std::string GuessLayout(const std::vector<uint64_t>& sample_shape);
 
 // IDX files (the MNIST format), gzip-compressed or plain. 3-D image files
 // become [N, 1, H, W] with layout NCHW. `labels_path` may be empty.
-Result<std::unique_ptr<SampleSource>> OpenIdxSource(const std::string& images_path,
-                                                    const std::string& labels_path);
+Result<std::unique_ptr<SampleSource>> OpenIdxSource(const std::string& images_path, const std::string& labels_path);
 // A NumPy .npy array (C order, little-endian numeric) and optional labels .npy.
-Result<std::unique_ptr<SampleSource>> OpenNpySource(const std::string& path,
-                                                    const std::string& labels_path);
+Result<std::unique_ptr<SampleSource>> OpenNpySource(const std::string& path, const std::string& labels_path);
 // An HDF5 dataset ("file.h5" or "file.h5:/path"), read through Dataset.
-Result<std::unique_ptr<SampleSource>> OpenHdf5Source(const std::string& spec,
-                                                     const std::string& labels_path);
+Result<std::unique_ptr<SampleSource>> OpenHdf5Source(const std::string& spec, const std::string& labels_path);
 
 struct ImageFolderOptions {
   uint32_t height = 0, width = 0;  // required: output size (resize + center crop)
@@ -64,8 +61,7 @@ struct ImageFolderOptions {
 // A folder of class subfolders (sorted names become labels 0..C-1) of JPEG
 // (libjpeg-turbo) and PNG (libpng) files, decoded to RGB, resized so the
 // shorter side fits and center-cropped to height x width.
-Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& dir,
-                                                            const ImageFolderOptions& options);
+Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& dir, const ImageFolderOptions& options);
 
 // Picks the reader from the input: a directory, *.npy, an HDF5 file (by its
 // signature, or a "file:/path" spec), else IDX (by its magic, gzip or not).
@@ -82,17 +78,16 @@ struct ConvertOptions {
 struct ConvertSummary {
   uint64_t samples = 0;
   uint64_t chunk_samples = 0;
-  uint64_t input_bytes = 0;  // what the source occupied (e.g. gzip'd IDX)
-  uint64_t raw_bytes = 0;    // decoded sample bytes
-  uint64_t output_bytes = 0; // size of the written file
+  uint64_t input_bytes = 0;   // what the source occupied (e.g. gzip'd IDX)
+  uint64_t raw_bytes = 0;     // decoded sample bytes
+  uint64_t output_bytes = 0;  // size of the written file
   double seconds = 0;
   std::vector<double> mean, stddev;  // per channel, stored as attributes
 };
 
 // Writes `source` to `out_path` (atomically). Fails naming the input and
 // output on any error; the target is then left untouched.
-Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path,
-                               const ConvertOptions& options);
+Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path, const ConvertOptions& options);
 
 // Stores the image folder's files as they are (JPEG or PNG) in the group
 // /images (docs/format.md "Encoded images": a flat chunked uint8 `bytes`

@@ -106,24 +106,24 @@ struct OpenOptions {
 };
 
 struct FilterInfo {
-  int id = 0;                   // HDF5 filter id: 1 deflate, 2 shuffle, 32015 zstd
-  std::string name;             // "deflate", "shuffle", "zstd", or HDF5's name
-  std::vector<unsigned> params; // the filter's client data (level, element size)
+  int id = 0;                    // HDF5 filter id: 1 deflate, 2 shuffle, 32015 zstd
+  std::string name;              // "deflate", "shuffle", "zstd", or HDF5's name
+  std::vector<unsigned> params;  // the filter's client data (level, element size)
 };
 
 // Everything `gpufeed inspect` shows about a dataset; fixed at Open().
 struct DatasetInfo {
   std::string file;
   std::string images_path;
-  std::string labels_path;             // empty when the dataset has no labels
-  std::vector<uint64_t> shape;         // [N, sample dims...]
-  std::string storage;                 // "chunked", "contiguous" or "compact"
+  std::string labels_path;                 // empty when the dataset has no labels
+  std::vector<uint64_t> shape;             // [N, sample dims...]
+  std::string storage;                     // "chunked", "contiguous" or "compact"
   std::vector<uint64_t> hdf5_chunk_shape;  // empty unless chunked
-  std::vector<FilterInfo> filters;     // in pipeline (write) order
-  uint64_t stored_bytes = 0;           // bytes on disk for the images
-  uint64_t raw_bytes = 0;              // N * sample bytes
+  std::vector<FilterInfo> filters;         // in pipeline (write) order
+  uint64_t stored_bytes = 0;               // bytes on disk for the images
+  uint64_t raw_bytes = 0;                  // N * sample bytes
   ReadPath read_path = ReadPath::kDirect;
-  std::string read_path_reason;        // why the hdf5 path was taken, if it was
+  std::string read_path_reason;  // why the hdf5 path was taken, if it was
   // Non-empty when no sample can be read: a filter neither the direct path
   // nor any HDF5 plugin here decodes ("filter 32000 (lzf) is not
   // available: ..."). Open still describes the dataset; every read returns
@@ -136,9 +136,9 @@ struct DatasetInfo {
   std::string io_note;
   bool big_endian = false;
   // Optional attributes of the images dataset (empty when absent).
-  std::string layout;                  // "NCHW", "NHWC", ...
+  std::string layout;  // "NCHW", "NHWC", ...
   std::vector<std::string> class_names;
-  std::vector<double> mean;            // per channel, in stored units (0..255)
+  std::vector<double> mean;  // per channel, in stored units (0..255)
   std::vector<double> stddev;
 };
 
@@ -161,8 +161,8 @@ class Dataset final : public ChunkSource {
 
   uint64_t num_samples() const override;
   const std::vector<uint64_t>& sample_shape() const override;  // shape without axis 0
-  uint64_t sample_bytes() const override;  // product of sample_shape * dtype size
-  DType dtype() const override;   // element type as stored (native byte order)
+  uint64_t sample_bytes() const override;                      // product of sample_shape * dtype size
+  DType dtype() const override;                                // element type as stored (native byte order)
 
   // The read unit: chunk i holds samples [i * chunk_samples(), ...), the last
   // one possibly fewer. On the direct path of a chunked file this is the

@@ -22,7 +22,7 @@ struct GpuReport {
   int driver_version = 0;   // e.g. 13000; 0 when no driver
   int runtime_version = 0;  // CUDA runtime gpufeed was built with
   std::vector<GpuDevice> devices;
-  std::string reason;       // why devices is empty, when it is
+  std::string reason;  // why devices is empty, when it is
 };
 
 GpuReport QueryGpus();

@@ -44,16 +44,16 @@ enum class ImageTransform {
   // then CenterCrop(height, width). Same every epoch.
   kCenterCrop,
 };
-std::string_view ImageTransformName(ImageTransform t);              // "random_resized_crop" / "center_crop"
+std::string_view ImageTransformName(ImageTransform t);                 // "random_resized_crop" / "center_crop"
 Result<ImageTransform> ImageTransformFromName(std::string_view name);  // also accepts "rrc" and "center"
 
 struct DecodeOptions {
   uint32_t height = 224, width = 224;  // output size, 1..32768
   std::string layout = "NCHW";         // "NCHW" or "NHWC"; 3 channels (RGB) always
   ImageTransform transform = ImageTransform::kRandomResizedCrop;
-  double scale_min = 0.08, scale_max = 1.0;               // torchvision's defaults
-  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;    // torchvision's defaults
-  double center_fraction = 0.875;                         // 224 of 256, the ImageNet eval convention
+  double scale_min = 0.08, scale_max = 1.0;             // torchvision's defaults
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // torchvision's defaults
+  double center_fraction = 0.875;                       // 224 of 256, the ImageNet eval convention
   // false: a corrupt image fails the batch with an error naming the sample.
   // true: it is replaced by the next sample of its chunk that decodes (the
   // batch keeps its size; its index and label are the replacement's), counted

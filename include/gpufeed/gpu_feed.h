@@ -49,21 +49,21 @@ enum class Layout { kNCHW, kNHWC };
 
 struct FeedOptions {
   int device = 0;
-  DType dtype = DType::kFloat32;         // kFloat32, kFloat16 or kBFloat16
-  Layout layout = Layout::kNCHW;         // output layout
-  Layout input_layout = Layout::kNCHW;   // how samples are stored ([C,H,W] or [H,W,C])
+  DType dtype = DType::kFloat32;        // kFloat32, kFloat16 or kBFloat16
+  Layout layout = Layout::kNCHW;        // output layout
+  Layout input_layout = Layout::kNCHW;  // how samples are stored ([C,H,W] or [H,W,C])
   // Per-channel mean and std in stored units (0..255 for uint8). Empty: the
   // dataset's `mean`/`std` attributes when the loader reads a Dataset that
   // has them (gpufeed convert writes them), else 0 and 255 (x / 255) for
   // uint8 samples and 0 and 1 (as stored) for uint16, int16, float16 and
   // float32 ones (the input dtypes the feed takes; one images field).
   std::vector<double> mean, stddev;
-  int echo = 1;          // uses of each upload; 0 = auto (measured, at most 4)
-  int super_batch = 1;   // loader batches per upload; echo passes reshuffle all of them
-  int crop_padding = 0;  // random crop with this zero padding (0: none)
-  bool flip = false;     // random horizontal flip, probability 1/2
-  uint64_t seed = 0;     // augmentation and echo permutations: same seed, epoch, batch -> same bytes
-  int slots = 3;         // output slots on the device
+  int echo = 1;               // uses of each upload; 0 = auto (measured, at most 4)
+  int super_batch = 1;        // loader batches per upload; echo passes reshuffle all of them
+  int crop_padding = 0;       // random crop with this zero padding (0: none)
+  bool flip = false;          // random horizontal flip, probability 1/2
+  uint64_t seed = 0;          // augmentation and echo permutations: same seed, epoch, batch -> same bytes
+  int slots = 3;              // output slots on the device
   bool labels_int32 = false;  // labels (and a mask field) as int32 (else int64)
   // A source of two named fields (fields.h): the first is the image
   // (transformed as above), the second an integer mask [H, W] or [P, H, W]
@@ -71,7 +71,7 @@ struct FeedOptions {
   // passed through as int32/int64 (labels_int32); pixels a crop pulls in from
   // outside read mask_fill. Other sources of several fields are refused.
   int64_t mask_fill = 0;
-  bool force_cpu = false;     // use the CPU twins even where a GPU exists
+  bool force_cpu = false;  // use the CPU twins even where a GPU exists
 };
 
 struct FeedStats {
@@ -103,9 +103,9 @@ class DeviceBatch {
   // images(); nullptr without one.
   const void* mask() const { return mask_; }
   int size() const { return size_; }
-  int pass() const { return pass_; }              // 0: fresh, >0: an echo of an earlier upload
+  int pass() const { return pass_; }  // 0: fresh, >0: an echo of an earlier upload
   bool echoed() const { return pass_ > 0; }
-  uint64_t index() const { return index_; }       // output batch index within the epoch
+  uint64_t index() const { return index_; }  // output batch index within the epoch
   // A cudaEvent_t recorded after the transform: make your stream wait on it.
   // nullptr on the CPU path (the data is ready when Next() returns).
   void* ready_event() const { return ready_event_; }

@@ -27,8 +27,8 @@ Result<H2dTiming> MeasureH2d(uint64_t batch_bytes, int slots);
 
 struct KernelTiming {
   std::string dtype, layout;
-  double kernel_gb_per_s = 0;   // (uint8 read + output written) / time
-  double memcpy_gb_per_s = 0;   // device-to-device copy, read + written
+  double kernel_gb_per_s = 0;  // (uint8 read + output written) / time
+  double memcpy_gb_per_s = 0;  // device-to-device copy, read + written
   double ms = 0;
   double ratio() const { return kernel_gb_per_s / memcpy_gb_per_s; }
 };

@@ -64,8 +64,8 @@ struct LoaderOptions {
   uint64_t batch_size = 256;
   Order order = Order::kBlock;
   uint64_t seed = 0;
-  int threads = 0;               // TBB threads; 0: all hardware threads
-  int prefetch = 8;              // batches in flight ahead of the consumer
+  int threads = 0;   // TBB threads; 0: all hardware threads
+  int prefetch = 8;  // batches in flight ahead of the consumer
   // Decoded-chunk cache budget. A budget of the whole decoded dataset makes
   // every epoch after the first read and decode nothing (the cache's future
   // spans epochs); AutoCacheBytes() is a sensible share of this machine.
@@ -116,8 +116,8 @@ class Batch {
   const std::vector<uint64_t>& sample_shape() const { return *sample_shape_; }
   // size() x sample_bytes() bytes, sample after sample (pinned when pinned()).
   std::span<const std::byte> images() const { return {data_, size() * sample_bytes_}; }
-  std::span<const int64_t> labels() const { return labels_; }        // empty if the source has none
-  std::span<const uint64_t> indices() const { return indices_; }     // global sample indices
+  std::span<const int64_t> labels() const { return labels_; }     // empty if the source has none
+  std::span<const uint64_t> indices() const { return indices_; }  // global sample indices
   bool pinned() const { return pinned_; }
 
   // The sample's named fields (ChunkSource::fields()); one "images" field
@@ -153,23 +153,23 @@ class Batch {
 
 struct LoaderStats {
   uint64_t batches = 0, samples = 0;
-  uint64_t bytes_delivered = 0;       // image bytes handed to the consumer
-  uint64_t chunk_reads = 0;           // chunks read and decoded
-  uint64_t bytes_read = 0;            // stored bytes read from the source
-  uint64_t bytes_decoded = 0;         // decoded bytes produced
-  uint64_t chunk_hits = 0;            // chunk uses served by the cache
-  uint64_t chunk_misses = 0;          // chunk uses that needed a read
-  uint64_t prefetched = 0;            // reads started ahead of their batch
-  uint64_t chunk_shared_hits = 0;     // chunks taken from another stream's cache (the daemon's streams of a file)
+  uint64_t bytes_delivered = 0;    // image bytes handed to the consumer
+  uint64_t chunk_reads = 0;        // chunks read and decoded
+  uint64_t bytes_read = 0;         // stored bytes read from the source
+  uint64_t bytes_decoded = 0;      // decoded bytes produced
+  uint64_t chunk_hits = 0;         // chunk uses served by the cache
+  uint64_t chunk_misses = 0;       // chunk uses that needed a read
+  uint64_t prefetched = 0;         // reads started ahead of their batch
+  uint64_t chunk_shared_hits = 0;  // chunks taken from another stream's cache (the daemon's streams of a file)
   // Chunks read near this epoch's end for the next epoch's first batches
   // (not in chunk_reads: they are the next epoch's, served there as hits).
   uint64_t chunk_reads_ahead = 0;
-  double plan_seconds = 0;            // busy time per stage, summed over threads
-  double fetch_seconds = 0;           // read + decode
-  double assemble_seconds = 0;        // copying samples into batches
-  double consumer_wait_seconds = 0;   // time Next() waited for a batch
-  double wall_seconds = 0;            // since the stream started
-  uint64_t queue_depth_sum = 0;       // ready batches seen at each Next()
+  double plan_seconds = 0;           // busy time per stage, summed over threads
+  double fetch_seconds = 0;          // read + decode
+  double assemble_seconds = 0;       // copying samples into batches
+  double consumer_wait_seconds = 0;  // time Next() waited for a batch
+  double wall_seconds = 0;           // since the stream started
+  uint64_t queue_depth_sum = 0;      // ready batches seen at each Next()
   double hit_rate() const {
     return chunk_hits + chunk_misses ? double(chunk_hits) / double(chunk_hits + chunk_misses) : 0;
   }

@@ -28,7 +28,7 @@ struct SourceOptions {
   std::string data;     // "file.h5[:/path]", "unix:PATH" or "tcp://HOST:PORT"
   std::string dataset;  // daemon: the dataset to read there (empty: its first)
   LoaderOptions loader;
-  OpenOptions open;     // dataset only
+  OpenOptions open;  // dataset only
   // Encoded image datasets only (gpufeed/encoded.h): output size, layout,
   // transform, skip_corrupt. Ignored for plain datasets and daemons.
   DecodeOptions decode;

@@ -41,23 +41,23 @@
 namespace gpufeed {
 
 struct RemoteLoaderOptions {
-  std::string address;     // "unix:PATH" or "tcp://HOST:PORT"
-  std::string token;       // the daemon's shared secret (or token_file)
-  std::string token_file;  // read when token is empty
-  std::string dataset;     // one of the daemon's --data; empty: its first
+  std::string address;                        // "unix:PATH" or "tcp://HOST:PORT"
+  std::string token;                          // the daemon's shared secret (or token_file)
+  std::string token_file;                     // read when token is empty
+  std::string dataset;                        // one of the daemon's --data; empty: its first
   std::string client_name = "remote-loader";  // in the daemon's logs and metrics
   // batch_size, order, seed, shuffle_window, rank, world_size and drop_last
   // define the stream (as for Loader); prefetch and pin_memory size the local
   // pool; threads and cache_bytes are the daemon's business and ignored.
   LoaderOptions loader;
-  bool compress = false;       // zstd payloads (for links slower than ~1 GB/s)
+  bool compress = false;  // zstd payloads (for links slower than ~1 GB/s)
   // On a unix: address, the pool is a sealed memfd shared with the daemon,
   // whose Loader assembles batches straight into it: no copy, no checksum
   // of images, only a small frame per batch on the socket. Ignored on TCP
   // (and by a daemon that declines: batches then travel on the socket).
   bool shared_memory = true;
   int connect_timeout_ms = 5000;
-  int io_timeout_ms = 30000;   // silence from the daemon this long ends a stream
+  int io_timeout_ms = 30000;  // silence from the daemon this long ends a stream
   // While the consumer holds every batch of the pool (a pause: evaluation, a
   // checkpoint), a PING this often keeps the daemon from closing the stream
   // as idle (its --idle-timeout-ms, 300 s by default). 0: never.
@@ -80,7 +80,7 @@ class RemoteLoader final : public BatchSource {
   EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0) override;
   LoaderState state() const override;
   const BatchSourceInfo& info() const override;  // as the daemon reported it
-  uint64_t num_batches() const override;          // per epoch, for this rank
+  uint64_t num_batches() const override;         // per epoch, for this rank
   const RemoteLoaderOptions& options() const;
 
  private:

@@ -73,17 +73,17 @@ struct ServerOptions {
   std::string token_file;
   // "HOST:PORT" for the Prometheus text endpoint GET /metrics; empty: none.
   std::string metrics_listen;
-  int io_threads = 2;            // Asio threads
-  int loader_threads = 0;        // TBB threads, shared by the streams (see above); 0: all cores
-  int prefetch = 4;              // each stream's Loader prefetch
+  int io_threads = 2;                   // Asio threads
+  int loader_threads = 0;               // TBB threads, shared by the streams (see above); 0: all cores
+  int prefetch = 4;                     // each stream's Loader prefetch
   uint64_t cache_bytes = 256ull << 20;  // each stream's decoded-chunk cache
   uint64_t memory_bytes = 8ull << 30;   // budget for all admitted streams (see above)
-  int max_connections = 64;      // beyond this a connection gets an error frame and is closed
-  int handshake_timeout_ms = 5000;  // from accept to a valid HELLO
-  int idle_timeout_ms = 300000;     // no frame from the client and nothing to send
-  int write_timeout_ms = 60000;     // one frame not accepted by the socket for this long: the client is dead
-  int shutdown_grace_ms = 10000;    // Stop(): time for frames in flight to drain
-  bool handle_signals = false;      // SIGINT/SIGTERM call Stop() (the CLI sets it)
+  int max_connections = 64;             // beyond this a connection gets an error frame and is closed
+  int handshake_timeout_ms = 5000;      // from accept to a valid HELLO
+  int idle_timeout_ms = 300000;         // no frame from the client and nothing to send
+  int write_timeout_ms = 60000;         // one frame not accepted by the socket for this long: the client is dead
+  int shutdown_grace_ms = 10000;        // Stop(): time for frames in flight to drain
+  bool handle_signals = false;          // SIGINT/SIGTERM call Stop() (the CLI sets it)
   // Receives one structured line per event ("ts=... level=info event=accept
   // ..."); called from any thread, one call at a time. Default: stderr.
   std::function<void(std::string_view)> log;
@@ -93,11 +93,11 @@ struct ServerOptions {
 
 struct ServerStats {
   uint64_t connections_accepted = 0, connections_rejected = 0, connections_open = 0;
-  uint64_t streams_active = 0;    // admitted streams with a Loader
+  uint64_t streams_active = 0;  // admitted streams with a Loader
   uint64_t batches_sent = 0, bytes_sent = 0;
-  uint64_t protocol_errors = 0;   // malformed frames, bad tokens, timeouts
-  uint64_t reserved_bytes = 0;    // sum of admitted streams' memory bounds
-  uint64_t queued_frames = 0;     // frames waiting for sockets, all clients
+  uint64_t protocol_errors = 0;  // malformed frames, bad tokens, timeouts
+  uint64_t reserved_bytes = 0;   // sum of admitted streams' memory bounds
+  uint64_t queued_frames = 0;    // frames waiting for sockets, all clients
 };
 
 class Server {

@@ -61,7 +61,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     assert(!status_.ok() && "Result constructed from an OK Status without a value");
   }
@@ -69,9 +69,18 @@ class [[nodiscard]] Result {
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
 
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -86,9 +95,9 @@ class [[nodiscard]] Result {
 }  // namespace gpufeed
 
 // Propagates a non-OK Status from an expression to the caller.
-#define GPUFEED_RETURN_IF_ERROR(expr)            \
-  do {                                           \
-    ::gpufeed::Status gpufeed_status_ = (expr);  \
+#define GPUFEED_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::gpufeed::Status gpufeed_status_ = (expr);        \
     if (!gpufeed_status_.ok()) return gpufeed_status_; \
   } while (0)
 

@@ -57,25 +57,25 @@ struct TrainOptions {
   // source's).
   std::function<Result<std::unique_ptr<BatchSource>>(const LoaderOptions&)> train_source;
   ModelKind model = ModelKind::kMlp;
-  std::vector<int> widths = {256, 128};   // mlp hidden layers
-  std::vector<int> channels = {32, 64};   // cnn blocks
-  DType precision = DType::kFloat32;      // kFloat32, kBFloat16, kFloat16
+  std::vector<int> widths = {256, 128};  // mlp hidden layers
+  std::vector<int> channels = {32, 64};  // cnn blocks
+  DType precision = DType::kFloat32;     // kFloat32, kBFloat16, kFloat16
   Optimizer optimizer = Optimizer::kAdamW;
-  float lr = 1e-3f;                       // peak learning rate
-  float momentum = 0.9f;                  // SGD
+  float lr = 1e-3f;                                 // peak learning rate
+  float momentum = 0.9f;                            // SGD
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW
-  float weight_decay = 1e-4f;             // not applied to biases and batchnorm
-  float warmup_epochs = 0.5f;             // linear warmup, then cosine to 0 at the end
+  float weight_decay = 1e-4f;                       // not applied to biases and batchnorm
+  float warmup_epochs = 0.5f;                       // linear warmup, then cosine to 0 at the end
   int epochs = 10;
-  uint64_t batch_size = 256;              // micro-batch: one loader batch
-  int accum = 1;                          // micro-batches per optimizer step
-  float clip_norm = 0;                    // clip the global gradient norm (0: off)
-  int echo = 1;                           // GpuFeeder echo factor (0: auto; the schedule then assumes 1)
-  int crop_padding = 0;                   // random crop with this padding (0: off)
-  bool flip = false;                      // random horizontal flip
+  uint64_t batch_size = 256;  // micro-batch: one loader batch
+  int accum = 1;              // micro-batches per optimizer step
+  float clip_norm = 0;        // clip the global gradient norm (0: off)
+  int echo = 1;               // GpuFeeder echo factor (0: auto; the schedule then assumes 1)
+  int crop_padding = 0;       // random crop with this padding (0: off)
+  bool flip = false;          // random horizontal flip
   uint64_t seed = 0;
-  int growth_interval = 2000;             // fp16 loss scaler
-  float init_scale = 65536;               // fp16 loss scaler
+  int growth_interval = 2000;  // fp16 loss scaler
+  float init_scale = 65536;    // fp16 loss scaler
   TrainDevice device = TrainDevice::kAuto;
   int cuda_device = 0;
   // Loader settings (order, threads, prefetch, cache...). batch_size, seed,
@@ -87,16 +87,15 @@ struct TrainOptions {
   // Checkpoint file written after every epoch (atomically: tmp + rename).
   // Empty: none.
   std::string checkpoint_path;
-  bool resume = false;                    // continue from checkpoint_path
-  int stop_after_epochs = 0;              // stop (as if interrupted) after this many epochs (0: run all)
+  bool resume = false;        // continue from checkpoint_path
+  int stop_after_epochs = 0;  // stop (as if interrupted) after this many epochs (0: run all)
   // Compute ceiling: train on the first `device_resident_batches` batches
   // kept on the device, cycled, for as many steps as a real epoch (0: off).
   int device_resident_batches = 0;
-  bool telemetry = true;                  // NVML sampling thread (when NVML loads)
+  bool telemetry = true;  // NVML sampling thread (when NVML loads)
   // Called once, when the first epoch has ended (every workspace exists then,
   // so the memory breakdown is complete), with the model and its memory.
-  std::function<void(const std::string& backend, const std::string& model, const struct MemoryBreakdown&)>
-      on_start;
+  std::function<void(const std::string& backend, const std::string& model, const struct MemoryBreakdown&)> on_start;
   // Called as each epoch ends (after its evaluation and checkpoint), so a
   // run stopped later keeps every finished epoch's figures.
   std::function<void(const struct EpochReport&)> on_epoch;
@@ -109,41 +108,41 @@ struct TrainProgress {
   int epoch = 0, epochs = 0;
   uint64_t step_in_epoch = 0, steps_in_epoch = 0;
   double samples_per_s = 0;
-  double gpu_util = -1;                    // percent, -1 when unknown
+  double gpu_util = -1;  // percent, -1 when unknown
 };
 
 struct MemoryBreakdown {
   uint64_t weights = 0, gradients = 0, optimizer = 0, activations = 0, workspace = 0;  // bytes
-  uint64_t device_used = 0;   // what the device reports in use (0 on the CPU)
+  uint64_t device_used = 0;  // what the device reports in use (0 on the CPU)
   uint64_t total() const { return weights + gradients + optimizer + activations + workspace; }
 };
 
 struct EpochReport {
   int epoch = 0;
-  double train_loss = 0, train_accuracy = 0;    // over the epoch's (fresh and echoed) samples
-  double test_loss = 0, test_accuracy = 0;      // -1 without a test split
+  double train_loss = 0, train_accuracy = 0;  // over the epoch's (fresh and echoed) samples
+  double test_loss = 0, test_accuracy = 0;    // -1 without a test split
   uint64_t steps = 0, samples = 0, skipped_steps = 0;
   double loss_scale = 1;
   double seconds = 0, samples_per_s = 0, step_ms = 0;
-  double data_wait_seconds = 0;                 // the trainer waited for the feed
-  double gpu_util = -1, gpu_mem_used_mb = -1;   // NVML means over the epoch (-1: not available)
+  double data_wait_seconds = 0;                // the trainer waited for the feed
+  double gpu_util = -1, gpu_mem_used_mb = -1;  // NVML means over the epoch (-1: not available)
   double eval_seconds = 0;
 };
 
 struct TrainReport {
-  std::string backend;                 // "cuda (NVIDIA H200)" or "cpu"
-  std::string model;                   // e.g. "mlp 784-256-128-10"
+  std::string backend;  // "cuda (NVIDIA H200)" or "cpu"
+  std::string model;    // e.g. "mlp 784-256-128-10"
   uint64_t parameters = 0;
   MemoryBreakdown memory;
-  std::vector<EpochReport> epochs;     // the epochs this call ran
-  int start_epoch = 0;                 // > 0 when resumed
-  double wall_seconds = 0;             // the whole call, data loading included
-  double steady_gpu_util = -1;         // NVML mean after the first epoch (or its first 10%)
+  std::vector<EpochReport> epochs;  // the epochs this call ran
+  int start_epoch = 0;              // > 0 when resumed
+  double wall_seconds = 0;          // the whole call, data loading included
+  double steady_gpu_util = -1;      // NVML mean after the first epoch (or its first 10%)
   double steady_samples_per_s = 0;
-  double data_wait_fraction = 0;       // of the training time
-  std::string telemetry;               // why NVML is off, if it is
-  std::string verdict;                 // "compute-bound ...", "input-bound ..." or "host-bound ..."
-  uint64_t weights_hash = 0;           // XXH64 of the fp32 master weights at the end
+  double data_wait_fraction = 0;  // of the training time
+  std::string telemetry;          // why NVML is off, if it is
+  std::string verdict;            // "compute-bound ...", "input-bound ..." or "host-bound ..."
+  uint64_t weights_hash = 0;      // XXH64 of the fp32 master weights at the end
 };
 
 // Trains on `train` (evaluating on `test` after every epoch when not null;

@@ -21,7 +21,7 @@
 namespace gpufeed {
 
 enum class Codec { kNone, kDeflate, kZstd };
-std::string_view CodecName(Codec c);               // "none", "deflate", "zstd"
+std::string_view CodecName(Codec c);  // "none", "deflate", "zstd"
 Result<Codec> CodecFromName(std::string_view name);
 
 struct WriteOptions {
@@ -50,8 +50,8 @@ uint64_t AutoChunkSamples(uint64_t sample_bytes, uint64_t num_samples);
 class DatasetWriter {
  public:
   // Creates the temporary file with /images [num_samples, sample_shape...].
-  static Result<DatasetWriter> Create(const std::string& path, const std::vector<uint64_t>& sample_shape,
-                                      DType dtype, uint64_t num_samples, const WriteOptions& options);
+  static Result<DatasetWriter> Create(const std::string& path, const std::vector<uint64_t>& sample_shape, DType dtype,
+                                      uint64_t num_samples, const WriteOptions& options);
 
   DatasetWriter(DatasetWriter&&) noexcept;
   DatasetWriter& operator=(DatasetWriter&&) noexcept;

@@ -19,12 +19,12 @@
 enum { kN = 100, kC = 1, kH = 4, kW = 4, kSampleBytes = kC * kH * kW, kChunk = 8, kBatch = 16 };
 
 static int failures = 0;
-#define CHECK(cond)                                                      \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                        \
-    }                                                                    \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
 
 /* Sample k: bytes 0, 1 are k (little-endian), byte j >= 2 is (3k + j) mod 256. */
@@ -114,7 +114,8 @@ static uint64_t RunEpoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch
           im->dl_tensor.shape[2] == kH && im->dl_tensor.shape[3] == kW);
     CHECK(im->dl_tensor.dtype.code == kDLUInt && im->dl_tensor.dtype.bits == 8);
     CHECK(im->dl_tensor.device.device_type == kDLCPU && im->dl_tensor.strides == NULL);
-    CHECK(lb->dl_tensor.dtype.code == kDLInt && lb->dl_tensor.dtype.bits == 64 && lb->dl_tensor.shape[0] == (int64_t)rows);
+    CHECK(lb->dl_tensor.dtype.code == kDLInt && lb->dl_tensor.dtype.bits == 64 &&
+          lb->dl_tensor.shape[0] == (int64_t)rows);
     const uint8_t* px = (const uint8_t*)im->dl_tensor.data;
     const int64_t* lab = (const int64_t*)lb->dl_tensor.data;
     const int64_t* idx = (const int64_t*)ix->dl_tensor.data;
@@ -165,7 +166,7 @@ static void TestErrors(const char* path) {
   CHECK(gpufeed_loader_start_epoch(l, 0, 0, NULL) == GPUFEED_OK);
   gpufeed_loader_interrupt(l);
   CHECK(gpufeed_loader_next(l, -1, &b, NULL) == GPUFEED_INTERRUPTED && b == NULL);
-  CHECK(gpufeed_loader_next(l, -1, &b, NULL) == GPUFEED_OK && b != NULL);  /* the queued request's batch */
+  CHECK(gpufeed_loader_next(l, -1, &b, NULL) == GPUFEED_OK && b != NULL); /* the queued request's batch */
   CHECK(gpufeed_batch_index(b) == 0);
   gpufeed_batch_destroy(b);
   /* Damaged state bytes. */
@@ -216,7 +217,7 @@ static void TestFeedCpu(const char* path) {
   gpufeed_batch* b = NULL;
   int batches = 0, rows = 0;
   while (gpufeed_loader_next(l, 10000, &b, NULL) == GPUFEED_OK) {
-    CHECK(gpufeed_batch_find_array(b, "indices") < 0);  /* echo may permute: no indices on the feed */
+    CHECK(gpufeed_batch_find_array(b, "indices") < 0); /* echo may permute: no indices on the feed */
     DLManagedTensor* im = gpufeed_batch_array_dlpack(b, gpufeed_batch_find_array(b, "images"), NULL);
     DLManagedTensor* lb = gpufeed_batch_array_dlpack(b, gpufeed_batch_find_array(b, "labels"), NULL);
     CHECK(im->dl_tensor.dtype.code == kDLFloat && im->dl_tensor.dtype.bits == 32 && im->dl_tensor.ndim == 4);
@@ -233,7 +234,7 @@ static void TestFeedCpu(const char* path) {
       }
       ++rows;
     }
-    CHECK(gpufeed_batch_wait_stream(b, NULL, NULL) == GPUFEED_OK);  /* CPU twins: ready already */
+    CHECK(gpufeed_batch_wait_stream(b, NULL, NULL) == GPUFEED_OK); /* CPU twins: ready already */
     gpufeed_batch_set_release_stream(b, NULL);
     gpufeed_batch_destroy(b);
     lb->deleter(lb);
@@ -289,7 +290,7 @@ static void TestReleaseOnAnotherThread(const char* path) {
   gpufeed_batch* b = NULL;
   while (gpufeed_loader_next(l, 10000, &b, NULL) == GPUFEED_OK) {
     DLManagedTensor* ix = gpufeed_batch_array_dlpack(b, gpufeed_batch_find_array(b, "indices"), NULL);
-    gpufeed_batch_destroy(b);  /* the tensor alone holds the slot now */
+    gpufeed_batch_destroy(b); /* the tensor alone holds the slot now */
     for (int64_t r = 0; r < ix->dl_tensor.shape[0]; ++r) ++seen[((const int64_t*)ix->dl_tensor.data)[r]];
     pthread_mutex_lock(&q.mu);
     while (q.count == kQueue) pthread_cond_wait(&q.cv, &q.mu);

@@ -108,8 +108,8 @@ std::vector<std::byte> BatchRefBytes(uint32_t count, uint32_t slot, uint32_t res
   put(&sample_bytes, 8);
   put(&slot, 4);
   put(&reserved, 4);
-  for (uint64_t i = 0; i < count; ++i) put(&i, 8);           // indices
-  for (int64_t i = 0; i < int64_t{count}; ++i) put(&i, 8);   // labels
+  for (uint64_t i = 0; i < count; ++i) put(&i, 8);          // indices
+  for (int64_t i = 0; i < int64_t{count}; ++i) put(&i, 8);  // labels
   return p;
 }
 

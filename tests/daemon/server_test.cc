@@ -173,8 +173,8 @@ class DaemonTest : public ::testing::Test {
     const std::string path = dir_ + "/big.h5";
     testing::H5Layout layout;
     layout.chunk = {100, 3, 64, 64};
-    const bool ok = testing::WriteH5(path, {n, 3, 64, 64}, H5T_NATIVE_UINT8, testing::IndexSamples(n, 3 * 64 * 64),
-                                     layout);
+    const bool ok =
+        testing::WriteH5(path, {n, 3, 64, 64}, H5T_NATIVE_UINT8, testing::IndexSamples(n, 3 * 64 * 64), layout);
     return ok ? path : "";
   }
   // Reads frames until an ERROR (returned) or the connection ends.
@@ -200,25 +200,25 @@ TEST_F(DaemonTest, RemoteBatchesEqualLocalByteForByte) {
   auto server = StartServer(Options());
   ASSERT_TRUE(server);
   for (bool shm : {true, false}) {
-  for (Order order : {Order::kBlock, Order::kRandom, Order::kSequential}) {
-    for (int rank = 0; rank < 2; ++rank) {
-      const LoaderOptions lo = StreamOptions(order, rank, 2);
-      RemoteLoaderOptions c = Client(server->endpoint(), lo);
-      c.shared_memory = shm;
-      auto remote = RemoteLoader::Connect(c);
-      ASSERT_TRUE(remote.ok()) << remote.status().ToString();
-      EXPECT_EQ((*remote)->info().sample_bytes, 192u);
-      EXPECT_EQ((*remote)->info().sample_shape, (std::vector<uint64_t>{3, 8, 8}));
-      const Delivered want = Local(lo, 2);
-      EpochStream s = (*remote)->Epoch(2);
-      EXPECT_EQ(s.num_batches(), want.hashes.size());
-      Delivered got;
-      ASSERT_TRUE(Drain(s, &got).ok());
-      EXPECT_EQ(got.hashes, want.hashes) << OrderName(order) << " rank " << rank;
-      EXPECT_EQ(got.indices, want.indices);
-      EXPECT_EQ((*remote)->state().next_batch, want.hashes.size());
+    for (Order order : {Order::kBlock, Order::kRandom, Order::kSequential}) {
+      for (int rank = 0; rank < 2; ++rank) {
+        const LoaderOptions lo = StreamOptions(order, rank, 2);
+        RemoteLoaderOptions c = Client(server->endpoint(), lo);
+        c.shared_memory = shm;
+        auto remote = RemoteLoader::Connect(c);
+        ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+        EXPECT_EQ((*remote)->info().sample_bytes, 192u);
+        EXPECT_EQ((*remote)->info().sample_shape, (std::vector<uint64_t>{3, 8, 8}));
+        const Delivered want = Local(lo, 2);
+        EpochStream s = (*remote)->Epoch(2);
+        EXPECT_EQ(s.num_batches(), want.hashes.size());
+        Delivered got;
+        ASSERT_TRUE(Drain(s, &got).ok());
+        EXPECT_EQ(got.hashes, want.hashes) << OrderName(order) << " rank " << rank;
+        EXPECT_EQ(got.indices, want.indices);
+        EXPECT_EQ((*remote)->state().next_batch, want.hashes.size());
+      }
     }
-  }
   }
   EXPECT_GT(server->stats().batches_sent, 0u);
   EXPECT_TRUE(LogHas("transport=shm:4_slots"));
@@ -302,9 +302,7 @@ TEST_F(DaemonTest, TcpRequiresTheToken) {
   auto no_token = Server::Start(o);
   ASSERT_FALSE(no_token.ok());
   EXPECT_NE(no_token.status().message().find("--token-file"), std::string::npos);
-  {
-    std::ofstream(dir_ + "/token") << "correct horse\n";
-  }
+  { std::ofstream(dir_ + "/token") << "correct horse\n"; }
   o.token_file = dir_ + "/token";
   auto server = StartServer(o);
   ASSERT_TRUE(server);
@@ -395,7 +393,7 @@ TEST_F(DaemonTest, ClientThatDisconnectsMidBatch) {
     ASSERT_TRUE(c.SendFrame(FrameType::kCredit, daemon::EncodeCredit(4), 2000).ok());
     std::vector<std::byte> part(daemon::kHeaderBytes + 100);
     ASSERT_TRUE(c.RecvAll(part, 3000).ok());  // the first batch's header and a little more
-  }  // gone in the middle of a batch
+  }                                           // gone in the middle of a batch
   EXPECT_TRUE(Eventually([&] { return server->stats().connections_open == 0; }));
   EXPECT_EQ(server->stats().streams_active, 0u);
   // Its Loader is parked warm (the reservation goes with it), and reused.
@@ -441,8 +439,8 @@ TEST_F(DaemonTest, SharedMemoryStreamsAndHostileRegions) {
   };
   auto refused = [&](std::vector<std::byte> h, int fd) {
     Conn c = RawConnect(server->endpoint());
-    EXPECT_TRUE((fd >= 0 ? c.SendFrameWithFd(FrameType::kHello, h, fd, 2000)
-                         : c.SendFrame(FrameType::kHello, h, 2000)).ok());
+    EXPECT_TRUE(
+        (fd >= 0 ? c.SendFrameWithFd(FrameType::kHello, h, fd, 2000) : c.SendFrame(FrameType::kHello, h, 2000)).ok());
     return ReadError(c);
   };
   EXPECT_NE(refused(hello(4, stride), -1).find("carries no memfd"), std::string::npos);
@@ -565,13 +563,15 @@ TEST_F(DaemonTest, StalledAndIdleClientsAreBoundedAndDoNotBlockOthers) {
   ASSERT_TRUE(Eventually([&] { return server->stats().streams_active == 4; }));
   // Let the stalled streams run into their sockets, then check they stopped.
   uint64_t sent = 0;
-  ASSERT_TRUE(Eventually([&] {
-    const uint64_t now = server->stats().batches_sent;
-    const bool settled = now == sent && now > 0;
-    sent = now;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    return settled;
-  }, 20000));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const uint64_t now = server->stats().batches_sent;
+        const bool settled = now == sent && now > 0;
+        sent = now;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        return settled;
+      },
+      20000));
   const ServerStats st = server->stats();
   EXPECT_LT(st.batches_sent, 4 * n / 64);  // not the whole epoch: the sockets are full
   EXPECT_LE(st.queued_frames, 4u * 2);     // at most 2 frames per client wait in the daemon
@@ -635,8 +635,8 @@ TEST_F(DaemonTest, WriteTimeoutClosesADeadReader) {
   Conn c = RawConnect(server->endpoint());
   ASSERT_TRUE(c.SendFrame(FrameType::kHello, HelloBytes(lo), 2000).ok());
   ASSERT_TRUE(c.SendFrame(FrameType::kCredit, daemon::EncodeCredit(1000), 2000).ok());
-  EXPECT_TRUE(Eventually([&] { return server->stats().connections_accepted == 1 &&
-                                      server->stats().connections_open == 0; }, 10000));
+  EXPECT_TRUE(Eventually(
+      [&] { return server->stats().connections_accepted == 1 && server->stats().connections_open == 0; }, 10000));
   EXPECT_TRUE(LogHas("write timeout"));
   EXPECT_EQ(server->stats().streams_active, 0u);
 }
@@ -802,8 +802,10 @@ TEST(EventLogTest, JsonLinesAndLevels) {
   const std::string& l = lines[0];
   EXPECT_EQ(l.rfind("{\"ts\":\"", 0), 0u) << l;
   EXPECT_EQ(l.back(), '}') << l;
-  EXPECT_NE(l.find("\"level\":\"info\",\"event\":\"stream\",\"name\":\"a \\\"b\\\" c\",\"epoch\":\"3\",\"loader\":\"warm\""),
-            std::string::npos) << l;
+  EXPECT_NE(
+      l.find("\"level\":\"info\",\"event\":\"stream\",\"name\":\"a \\\"b\\\" c\",\"epoch\":\"3\",\"loader\":\"warm\""),
+      std::string::npos)
+      << l;
   lines.clear();
   auto warn = daemon::EventLog::Create("kv", "warn", [&](std::string_view l) { lines.emplace_back(l); });
   ASSERT_TRUE(warn.ok());
@@ -901,9 +903,7 @@ TEST_F(DaemonTest, BadStartOptionsAreNamed) {
   o = Options();
   o.listen = "udp://x";
   EXPECT_NE(Server::Start(o).status().message().find("unix:PATH"), std::string::npos);
-  {
-    std::ofstream(dir_ + "/notasocket") << "x";
-  }
+  { std::ofstream(dir_ + "/notasocket") << "x"; }
   o = Options();
   o.listen = "unix:" + dir_ + "/notasocket";
   EXPECT_NE(Server::Start(o).status().message().find("not a socket"), std::string::npos);

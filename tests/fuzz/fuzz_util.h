@@ -23,8 +23,8 @@ namespace gpufeed::fuzz {
   std::fprintf(stderr, "fuzz property violated: %s\n", what);
   std::abort();
 }
-#define GPUFEED_FUZZ_CHECK(cond) \
-  do {                           \
+#define GPUFEED_FUZZ_CHECK(cond)               \
+  do {                                         \
     if (!(cond)) ::gpufeed::fuzz::Fail(#cond); \
   } while (0)
 

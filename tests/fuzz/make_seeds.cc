@@ -31,9 +31,7 @@ void Put(const std::string& target, const std::string& name, const void* p, size
   std::ofstream f(out_dir / target / name, std::ios::binary | std::ios::trunc);
   f.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
 }
-void Put(const std::string& target, const std::string& name, const Bytes& b) {
-  Put(target, name, b.data(), b.size());
-}
+void Put(const std::string& target, const std::string& name, const Bytes& b) { Put(target, name, b.data(), b.size()); }
 // A selector byte in front of a payload.
 Bytes With(uint8_t first, const Bytes& rest) {
   Bytes b{std::byte{first}};

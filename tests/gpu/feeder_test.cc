@@ -242,7 +242,7 @@ TEST_P(FeederTest, MeanAndStdDefaultToTheDatasetsAttributes) {
   auto src = OpenHdf5Source(dir + "/in.h5", "");
   ASSERT_TRUE(src.ok());
   ConvertOptions co;
-  co.write.layout = "NCHW";  // [2, 4, 4] is too ambiguous to guess
+  co.write.layout = "NCHW";                               // [2, 4, 4] is too ambiguous to guess
   ASSERT_TRUE(Convert(**src, dir + "/out.h5", co).ok());  // channel 0 all 10, channel 1 all 30
   auto ds = Dataset::Open(dir + "/out.h5");
   ASSERT_TRUE(ds.ok());
@@ -373,8 +373,8 @@ class ImageMaskSource : public InMemorySource {
           const int32_t v = Pixel(i * k_ + s, y, x);
           const float f = float(v);
           const uint64_t e = (s * kH + y) * kW + x;
-          std::memcpy(dst.data() + e * 4, &f, 4);                          // field 0 at 0
-          std::memcpy(dst.data() + k_ * kH * kW * 4 + e * 4, &v, 4);       // field 1 at k x offset
+          std::memcpy(dst.data() + e * 4, &f, 4);                     // field 0 at 0
+          std::memcpy(dst.data() + k_ * kH * kW * 4 + e * 4, &v, 4);  // field 1 at k x offset
         }
       }
     }

@@ -77,16 +77,14 @@ TEST(MaskTransformTest, MaskStaysAlignedWithItsImage) {
 TEST(MaskTransformTest, EveryIntegerDtypeAndFill) {
   const int B = 3, H = 4, W = 5, P = 2;
   const size_t n = size_t(B) * P * H * W;
-  for (DType in : {DType::kInt8, DType::kUInt8, DType::kInt16, DType::kUInt16, DType::kInt32, DType::kUInt32,
-                   DType::kInt64}) {
+  for (DType in :
+       {DType::kInt8, DType::kUInt8, DType::kInt16, DType::kUInt16, DType::kInt32, DType::kUInt32, DType::kInt64}) {
     const uint32_t es = MaskElementBytes(in);
     std::vector<uint8_t> src(n * es);
     std::vector<int64_t> want(n);
     for (size_t e = 0; e < n; ++e) {
-      int64_t v = int64_t(e % 50) - (in == DType::kInt8 || in == DType::kInt16 || in == DType::kInt32 ||
-                                             in == DType::kInt64
-                                         ? 20
-                                         : 0);
+      int64_t v = int64_t(e % 50) -
+                  (in == DType::kInt8 || in == DType::kInt16 || in == DType::kInt32 || in == DType::kInt64 ? 20 : 0);
       if (in == DType::kUInt32) v += 3000000000ll;  // above int32: int64 output keeps it
       if (in == DType::kInt64) v *= 1000000000000ll;
       want[e] = v;
@@ -125,7 +123,8 @@ TEST(MaskTransformTest, EveryIntegerDtypeAndFill) {
 
 TEST(MaskTransformGpuTest, MatchesTheCpuReference) {
   auto ops = MakeCudaOps(0);
-  if (!ops.ok()) GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  if (!ops.ok())
+    GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
   DeviceOps& d = **ops;
   const int B = 7, H = 13, W = 17;
   const auto pixels = PositionPixels(2 * B, H, W);

@@ -59,8 +59,10 @@ TEST(TransformTest, IdentityNormalizationAndLayouts) {
         for (int c = 0; c < C; ++c)
           for (int y = 0; y < H; ++y)
             for (int x = 0; x < W; ++x) {
-              const size_t si = in == TensorLayout::kNCHW ? ((i * C + c) * H + y) * W + x : ((i * H + y) * W + x) * C + c;
-              const size_t di = out == TensorLayout::kNCHW ? ((i * C + c) * H + y) * W + x : ((i * H + y) * W + x) * C + c;
+              const size_t si =
+                  in == TensorLayout::kNCHW ? ((i * C + c) * H + y) * W + x : ((i * H + y) * W + x) * C + c;
+              const size_t di =
+                  out == TensorLayout::kNCHW ? ((i * C + c) * H + y) * W + x : ((i * H + y) * W + x) * C + c;
               ASSERT_EQ(dst[di], (float(src[si]) - mean[c]) * (1 / sd[c])) << i << c << y << x;
             }
     }
@@ -133,14 +135,14 @@ TEST(TransformTest, HalfAndBf16RoundToNearestEven) {
   EXPECT_EQ(FloatToHalfBits(0.1f), 0x2E66);
   EXPECT_EQ(FloatToHalfBits(65504.0f), 0x7BFF);
   EXPECT_EQ(FloatToHalfBits(65519.0f), 0x7BFF);
-  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7C00);                 // rounds to inf
-  EXPECT_EQ(FloatToHalfBits(FromBits(0x33800000)), 0x0001);     // 2^-24, smallest subnormal
-  EXPECT_EQ(FloatToHalfBits(FromBits(0x33000000)), 0x0000);     // 2^-25: tie, to even (0)
-  EXPECT_EQ(FloatToHalfBits(1.0f + 1.0f / 2048), 0x3C00);       // tie between 1 and 1+2^-10: even
-  EXPECT_EQ(FloatToHalfBits(1.0f + 3.0f / 2048), 0x3C02);       // tie: up to even
+  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7C00);              // rounds to inf
+  EXPECT_EQ(FloatToHalfBits(FromBits(0x33800000)), 0x0001);  // 2^-24, smallest subnormal
+  EXPECT_EQ(FloatToHalfBits(FromBits(0x33000000)), 0x0000);  // 2^-25: tie, to even (0)
+  EXPECT_EQ(FloatToHalfBits(1.0f + 1.0f / 2048), 0x3C00);    // tie between 1 and 1+2^-10: even
+  EXPECT_EQ(FloatToHalfBits(1.0f + 3.0f / 2048), 0x3C02);    // tie: up to even
   EXPECT_EQ(FloatToBf16Bits(1.0f), 0x3F80);
-  EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F808000)), 0x3F80);     // tie: even
-  EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F818000)), 0x3F82);     // tie: up to even
+  EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F808000)), 0x3F80);  // tie: even
+  EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F818000)), 0x3F82);  // tie: up to even
   EXPECT_EQ(FloatToBf16Bits(FromBits(0x3F808001)), 0x3F81);
 }
 
@@ -149,11 +151,16 @@ TEST(TransformTest, HalfAndBf16RoundToNearestEven) {
 // subnormal values where the dtype has them).
 double InputValue(DType dt, size_t e) {
   switch (dt) {
-    case DType::kUInt16: return double((e * 2654435761u) % 65536);
-    case DType::kInt16: return double(int64_t((e * 2654435761u) % 65536) - 32768);
-    case DType::kFloat16: return (double(int64_t(e % 257) - 128) / 8.0);  // exact in half
-    case DType::kFloat32: return double(float(e % 1000) * 0.37f - 150.0f);
-    default: return double(e % 256);
+    case DType::kUInt16:
+      return double((e * 2654435761u) % 65536);
+    case DType::kInt16:
+      return double(int64_t((e * 2654435761u) % 65536) - 32768);
+    case DType::kFloat16:
+      return (double(int64_t(e % 257) - 128) / 8.0);  // exact in half
+    case DType::kFloat32:
+      return double(float(e % 1000) * 0.37f - 150.0f);
+    default:
+      return double(e % 256);
   }
 }
 
@@ -162,11 +169,21 @@ std::vector<uint8_t> InputBytes(DType dt, size_t n) {
   for (size_t e = 0; e < n; ++e) {
     const double v = InputValue(dt, e);
     uint8_t* o = out.data() + e * InputElementBytes(dt);
-    if (dt == DType::kUInt16) { const uint16_t x = uint16_t(v); std::memcpy(o, &x, 2); }
-    else if (dt == DType::kInt16) { const int16_t x = int16_t(v); std::memcpy(o, &x, 2); }
-    else if (dt == DType::kFloat16) { const uint16_t x = FloatToHalfBits(float(v)); std::memcpy(o, &x, 2); }
-    else if (dt == DType::kFloat32) { const float x = float(v); std::memcpy(o, &x, 4); }
-    else { *o = uint8_t(v); }
+    if (dt == DType::kUInt16) {
+      const uint16_t x = uint16_t(v);
+      std::memcpy(o, &x, 2);
+    } else if (dt == DType::kInt16) {
+      const int16_t x = int16_t(v);
+      std::memcpy(o, &x, 2);
+    } else if (dt == DType::kFloat16) {
+      const uint16_t x = FloatToHalfBits(float(v));
+      std::memcpy(o, &x, 2);
+    } else if (dt == DType::kFloat32) {
+      const float x = float(v);
+      std::memcpy(o, &x, 4);
+    } else {
+      *o = uint8_t(v);
+    }
   }
   return out;
 }
@@ -175,7 +192,7 @@ TEST(TransformTest, HalfBitsToFloatIsExact) {
   EXPECT_EQ(HalfBitsToFloat(0x3C00), 1.0f);
   EXPECT_EQ(HalfBitsToFloat(0xC000), -2.0f);
   EXPECT_EQ(HalfBitsToFloat(0x7BFF), 65504.0f);
-  EXPECT_EQ(HalfBitsToFloat(0x0001), std::ldexp(1.0f, -24));   // smallest subnormal
+  EXPECT_EQ(HalfBitsToFloat(0x0001), std::ldexp(1.0f, -24));     // smallest subnormal
   EXPECT_EQ(HalfBitsToFloat(0x03FF), std::ldexp(1023.0f, -24));  // largest subnormal
   EXPECT_EQ(HalfBitsToFloat(0x8000), -0.0f);
   EXPECT_TRUE(std::isinf(HalfBitsToFloat(0x7C00)));
@@ -218,7 +235,8 @@ TEST(TransformTest, InputDtypesNormalizeTheirExactValues) {
 // augmentation included). Skips where no GPU is usable.
 TEST(TransformGpuTest, InputDtypesMatchTheCpuReferenceBitForBit) {
   auto ops = MakeCudaOps(0);
-  if (!ops.ok()) GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  if (!ops.ok())
+    GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
   DeviceOps& d = **ops;
   const int B = 5, C = 3, H = 11, W = 13;
   const size_t n = size_t(B) * C * H * W;
@@ -267,72 +285,73 @@ TEST(TransformGpuTest, InputDtypesMatchTheCpuReferenceBitForBit) {
 // GPU against CPU, every combination. Skips where no GPU is usable.
 TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
   auto ops = MakeCudaOps(0);
-  if (!ops.ok()) GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  if (!ops.ok())
+    GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
   DeviceOps& d = **ops;
   int cases = 0;
   // Odd width: scalar stores; even: the kernel's vector stores.
   for (const int W : {29, 30}) {
-  const int B = 9, C = 3, H = 37;
-  const size_t n = size_t(B) * C * H * W;
-  const auto src = RandomBytes(n * 2, 3);  // a super-batch of 2B samples, for the echo gather
-  std::vector<int64_t> labels(2 * B);
-  for (int i = 0; i < 2 * B; ++i) labels[i] = 1000 + i;
-  void *dsrc, *dlab, *ddst, *ddl, *stream;
-  ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
-  ASSERT_TRUE(d.Alloc(labels.size() * 8, &dlab).ok());
-  ASSERT_TRUE(d.Alloc(n * 4, &ddst).ok());
-  ASSERT_TRUE(d.Alloc(B * 8, &ddl).ok());
-  ASSERT_TRUE(d.NewStream(&stream).ok());
-  ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
-  ASSERT_TRUE(d.CopyToDevice(dlab, labels.data(), labels.size() * 8, stream).ok());
-  ASSERT_TRUE(d.StreamSync(stream).ok());
-  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    for (auto in : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
-      for (auto out : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
-        for (int aug = 0; aug < 2; ++aug) {
-          for (int perm = 0; perm < 2; ++perm) {
-            TransformParams p = Params(B, C, H, W);
-            p.out_dtype = dt;
-            p.in_layout = in;
-            p.out_layout = out;
-            p.labels_int32 = perm;
-            const float mean[3] = {125.3f, 122.9f, 113.8f}, sd[3] = {62.99f, 62.08f, 66.7f};
-            for (int k = 0; k < C; ++k) {
-              p.mean[k] = mean[k];
-              p.inv_std[k] = 1 / sd[k];
+    const int B = 9, C = 3, H = 37;
+    const size_t n = size_t(B) * C * H * W;
+    const auto src = RandomBytes(n * 2, 3);  // a super-batch of 2B samples, for the echo gather
+    std::vector<int64_t> labels(2 * B);
+    for (int i = 0; i < 2 * B; ++i) labels[i] = 1000 + i;
+    void *dsrc, *dlab, *ddst, *ddl, *stream;
+    ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
+    ASSERT_TRUE(d.Alloc(labels.size() * 8, &dlab).ok());
+    ASSERT_TRUE(d.Alloc(n * 4, &ddst).ok());
+    ASSERT_TRUE(d.Alloc(B * 8, &ddl).ok());
+    ASSERT_TRUE(d.NewStream(&stream).ok());
+    ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
+    ASSERT_TRUE(d.CopyToDevice(dlab, labels.data(), labels.size() * 8, stream).ok());
+    ASSERT_TRUE(d.StreamSync(stream).ok());
+    for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      for (auto in : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
+        for (auto out : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
+          for (int aug = 0; aug < 2; ++aug) {
+            for (int perm = 0; perm < 2; ++perm) {
+              TransformParams p = Params(B, C, H, W);
+              p.out_dtype = dt;
+              p.in_layout = in;
+              p.out_layout = out;
+              p.labels_int32 = perm;
+              const float mean[3] = {125.3f, 122.9f, 113.8f}, sd[3] = {62.99f, 62.08f, 66.7f};
+              for (int k = 0; k < C; ++k) {
+                p.mean[k] = mean[k];
+                p.inv_std[k] = 1 / sd[k];
+              }
+              p.crop_padding = aug ? 4 : 0;
+              p.flip = aug;
+              p.seed = 77 + cases;
+              if (perm) {
+                p.perm_domain = 2 * B;
+                p.perm_offset = B;
+                p.perm_seed = 4242;
+              }
+              const size_t bytes = n * DTypeSize(dt);
+              std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
+              std::vector<int64_t> want_l(B), got_l(B, -7);
+              ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), want.data(), want_l.data()).ok());
+              ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc), static_cast<const int64_t*>(dlab), ddst,
+                                      ddl, stream)
+                              .ok());
+              ASSERT_TRUE(d.StreamSync(stream).ok());
+              ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
+              ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl, B * (perm ? 4 : 8), nullptr).ok());
+              ASSERT_EQ(got, want) << DTypeName(dt) << " in " << int(in) << " out " << int(out) << " aug " << aug
+                                   << " perm " << perm;
+              ASSERT_EQ(0, std::memcmp(got_l.data(), want_l.data(), B * (perm ? 4 : 8)));
+              ++cases;
             }
-            p.crop_padding = aug ? 4 : 0;
-            p.flip = aug;
-            p.seed = 77 + cases;
-            if (perm) {
-              p.perm_domain = 2 * B;
-              p.perm_offset = B;
-              p.perm_seed = 4242;
-            }
-            const size_t bytes = n * DTypeSize(dt);
-            std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
-            std::vector<int64_t> want_l(B), got_l(B, -7);
-            ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), want.data(), want_l.data()).ok());
-            ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc), static_cast<const int64_t*>(dlab), ddst,
-                                    ddl, stream)
-                            .ok());
-            ASSERT_TRUE(d.StreamSync(stream).ok());
-            ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
-            ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl, B * (perm ? 4 : 8), nullptr).ok());
-            ASSERT_EQ(got, want) << DTypeName(dt) << " in " << int(in) << " out " << int(out) << " aug " << aug
-                                 << " perm " << perm;
-            ASSERT_EQ(0, std::memcmp(got_l.data(), want_l.data(), B * (perm ? 4 : 8)));
-            ++cases;
           }
         }
       }
     }
-  }
-  d.Free(dsrc);
-  d.Free(dlab);
-  d.Free(ddst);
-  d.Free(ddl);
-  d.FreeStream(stream);
+    d.Free(dsrc);
+    d.Free(dlab);
+    d.Free(ddst);
+    d.Free(ddl);
+    d.FreeStream(stream);
   }
   EXPECT_EQ(cases, 96);
 }
@@ -341,7 +360,8 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
 // per-sample constants computed per row instead of in shared memory).
 TEST(TransformGpuTest, LargeBatchesTakeThePerRowPathAndStillMatch) {
   auto ops = MakeCudaOps(0);
-  if (!ops.ok()) GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  if (!ops.ok())
+    GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
   DeviceOps& d = **ops;
   const int B = 2100, C = 3, H = 6, W = 5;
   const size_t n = size_t(B) * C * H * W;
@@ -366,9 +386,8 @@ TEST(TransformGpuTest, LargeBatchesTakeThePerRowPathAndStillMatch) {
     std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
     std::vector<int64_t> want_l(B), got_l(B, -7);
     ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), want.data(), want_l.data()).ok());
-    ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc), static_cast<const int64_t*>(dlab), ddst, ddl,
-                            stream)
-                    .ok());
+    ASSERT_TRUE(
+        d.Transform(p, static_cast<const uint8_t*>(dsrc), static_cast<const int64_t*>(dlab), ddst, ddl, stream).ok());
     ASSERT_TRUE(d.StreamSync(stream).ok());
     ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
     ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl, B * 8, nullptr).ok());

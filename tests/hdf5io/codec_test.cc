@@ -157,10 +157,10 @@ TEST(CodecTest, PluginFramesWithLyingSizesAreCorrupt) {
   std::vector<std::byte> dst(64);
   std::vector<std::byte> tmp;
   // Header claims 64 bytes in one block whose stored size overruns the chunk.
-  std::vector<std::byte> lz4 = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
-                                std::byte{0}, std::byte{0}, std::byte{64}, std::byte{0}, std::byte{0},
-                                std::byte{0}, std::byte{64}, std::byte{0xFF}, std::byte{0xFF},
-                                std::byte{0xFF}, std::byte{0xFF}};
+  std::vector<std::byte> lz4 = {std::byte{0},    std::byte{0},    std::byte{0},    std::byte{0},
+                                std::byte{0},    std::byte{0},    std::byte{0},    std::byte{64},
+                                std::byte{0},    std::byte{0},    std::byte{0},    std::byte{64},
+                                std::byte{0xFF}, std::byte{0xFF}, std::byte{0xFF}, std::byte{0xFF}};
   EXPECT_EQ(codec::Lz4FramedDecompress(lz4, dst, "t").code(), StatusCode::kCorrupt);
   EXPECT_EQ(codec::BitshuffleDecompress(lz4, dst, 1, 0, 2, tmp, "t").code(), StatusCode::kCorrupt);
   lz4[7] = std::byte{65};  // total size differs from the expected

@@ -289,10 +289,10 @@ TEST_F(ConvertTest, OutOfRangeLevelsAndTooFewClassNamesAreRefused) {
     int level;
     const char* says;
   };
-  for (const Case& c : {Case{Codec::kZstd, 99, "zstd level 99 is outside 1..22"},
-                        Case{Codec::kZstd, -3, "zstd level -3 is outside 1..22"},
-                        Case{Codec::kDeflate, 10, "deflate level 10 is outside 0..9"},
-                        Case{Codec::kNone, 3, "not to codec none"}}) {
+  for (const Case& c :
+       {Case{Codec::kZstd, 99, "zstd level 99 is outside 1..22"},
+        Case{Codec::kZstd, -3, "zstd level -3 is outside 1..22"},
+        Case{Codec::kDeflate, 10, "deflate level 10 is outside 0..9"}, Case{Codec::kNone, 3, "not to codec none"}}) {
     WriteOptions w;
     w.codec = c.codec;
     w.level = c.level;

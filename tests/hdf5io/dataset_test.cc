@@ -43,7 +43,9 @@ std::vector<Case> Cases() {
   // The hdf5 path: chunks that split samples, an unhandled filter, big-endian.
   c.push_back({"split_samples_gzip", {.chunk = {4, 2, 5, 3}, .deflate = 4}, H5T_NATIVE_UINT8, ReadPath::kHdf5});
   c.push_back({"fletcher32", {.chunk = {7, 3, 5, 4}, .fletcher32 = true}, H5T_NATIVE_UINT8, ReadPath::kHdf5});
-  c.push_back({"big_endian_u16", {.chunk = {7, 3, 5, 4}, .deflate = 4, .big_endian = true}, H5T_NATIVE_UINT16,
+  c.push_back({"big_endian_u16",
+               {.chunk = {7, 3, 5, 4}, .deflate = 4, .big_endian = true},
+               H5T_NATIVE_UINT16,
                ReadPath::kHdf5});
   return c;
 }
@@ -54,9 +56,9 @@ void ExpectAllChunks(const Dataset& ds, const std::vector<std::byte>& want) {
   std::vector<std::byte> got(ds.num_samples() * ds.sample_bytes(), std::byte{0xEE});
   for (uint64_t i = 0; i < ds.num_chunks(); ++i) {
     const uint64_t n = ds.samples_in_chunk(i);
-    ASSERT_TRUE(ds.ReadChunk(i, std::span(got.data() + i * ds.chunk_samples() * ds.sample_bytes(),
-                                          n * ds.sample_bytes()))
-                    .ok());
+    ASSERT_TRUE(
+        ds.ReadChunk(i, std::span(got.data() + i * ds.chunk_samples() * ds.sample_bytes(), n * ds.sample_bytes()))
+            .ok());
   }
   for (uint64_t k = 0; k < ds.num_samples(); ++k) {
     ASSERT_TRUE(std::equal(got.begin() + k * ds.sample_bytes(), got.begin() + (k + 1) * ds.sample_bytes(),

@@ -195,8 +195,8 @@ TEST(DirectIoTest, ReadAheadDeliversTheSameBytesInAnyOrder) {
     const char* name;
     H5Layout layout;
   };
-  for (const L& l : {L{"raw", {.chunk = {7, 1000}}}, L{"gzip", {.chunk = {7, 1000}, .deflate = 4}},
-                     L{"contiguous", {}}}) {
+  for (const L& l :
+       {L{"raw", {.chunk = {7, 1000}}}, L{"gzip", {.chunk = {7, 1000}, .deflate = 4}}, L{"contiguous", {}}}) {
     SCOPED_TRACE(l.name);
     const std::string path = dir + "/" + l.name + ".h5";
     ASSERT_TRUE(WriteH5(path, {kN, 1000}, H5T_NATIVE_UINT8, want, l.layout));
@@ -220,8 +220,8 @@ TEST(DirectIoTest, ReadAheadDeliversTheSameBytesInAnyOrder) {
           ds->WillRead(c);
           ds->WillRead(c);
           if (k + 6 < order.size()) ds->WillRead(order[k + 6]);
-          Status s = ds->ReadChunk(c, std::span(got.data() + c * ds->chunk_samples() * 1000,
-                                                ds->samples_in_chunk(c) * 1000));
+          Status s =
+              ds->ReadChunk(c, std::span(got.data() + c * ds->chunk_samples() * 1000, ds->samples_in_chunk(c) * 1000));
           EXPECT_TRUE(s.ok()) << s.ToString();
         }
       });

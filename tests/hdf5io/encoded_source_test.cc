@@ -59,7 +59,8 @@ Bytes Encode(uint64_t k, int h, int w, Kind kind) {
   const int comps = kind == Kind::kGrey ? 1 : kind == Kind::kCmyk ? 4 : 3;
   std::vector<uint8_t> px(size_t(h) * w * comps);
   for (size_t i = 0; i < size_t(h) * w; ++i) {
-    if (kind == Kind::kGrey) px[i] = uint8_t(c[0]);
+    if (kind == Kind::kGrey)
+      px[i] = uint8_t(c[0]);
     else if (kind == Kind::kCmyk) {  // Adobe-inverted CMYK with K = 255 reads as RGB = C, M, Y
       px[4 * i] = uint8_t(c[0]), px[4 * i + 1] = uint8_t(c[1]), px[4 * i + 2] = uint8_t(c[2]), px[4 * i + 3] = 255;
     } else {
@@ -157,8 +158,10 @@ std::map<uint64_t, std::vector<std::byte>> RunEpoch(const ChunkSource& src, Load
   for (;;) {
     auto b = stream.Next();
     if (!b.ok()) {
-      if (error) *error = b.status();
-      else ADD_FAILURE() << b.status().ToString();
+      if (error)
+        *error = b.status();
+      else
+        ADD_FAILURE() << b.status().ToString();
       return got;
     }
     if (!b->has_value()) break;
@@ -459,7 +462,10 @@ TEST(ImageDecodeTest, ResampleMatchesPilReference) {
     }
     return taps;
   };
-  struct Case { double by, bx, bh, bw; int oh, ow; };
+  struct Case {
+    double by, bx, bh, bw;
+    int oh, ow;
+  };
   for (const Case& c : {Case{0, 0, 53, 71, 53, 71}, Case{3, 5, 40, 60, 17, 23}, Case{10.5, 7.25, 20, 9, 31, 44},
                         Case{0, 0, 53, 71, 8, 5}, Case{50, 68, 3, 3, 12, 12}}) {
     const auto ys = axis(h, c.by, c.bh, c.oh), xs = axis(w, c.bx, c.bw, c.ow);

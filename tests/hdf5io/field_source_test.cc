@@ -60,17 +60,28 @@ std::vector<std::byte> SampleBytes(const FieldDef& fd, size_t fi, uint64_t k) {
     const double v = V(k, fi, e);
     std::byte* p = out.data() + e * es;
     auto put = [&](auto x) { std::memcpy(p, &x, sizeof x); };
-    if (fd.is_bool) put(static_cast<int8_t>((k + e) % 2));
-    else if (H5Tequal(fd.type, H5T_NATIVE_UINT8) > 0) put(static_cast<uint8_t>(static_cast<uint64_t>(v)));
-    else if (H5Tequal(fd.type, H5T_NATIVE_INT8) > 0) put(static_cast<int8_t>(static_cast<uint64_t>(v)));
-    else if (H5Tequal(fd.type, H5T_NATIVE_UINT16) > 0) put(static_cast<uint16_t>(static_cast<uint64_t>(v)));
-    else if (H5Tequal(fd.type, H5T_NATIVE_INT16) > 0) put(static_cast<int16_t>(static_cast<uint64_t>(v)));
-    else if (H5Tequal(fd.type, H5T_NATIVE_INT32) > 0) put(static_cast<int32_t>(v));
-    else if (H5Tequal(fd.type, H5T_NATIVE_UINT64) > 0) put(static_cast<uint64_t>(v));
-    else if (H5Tequal(fd.type, H5T_NATIVE_INT64) > 0) put(static_cast<int64_t>(-v));
-    else if (H5Tequal(fd.type, H5T_NATIVE_FLOAT) > 0) put(static_cast<float>(v + 0.25));
-    else if (H5Tequal(fd.type, H5T_NATIVE_DOUBLE) > 0) put(v + 0.125);
-    else ADD_FAILURE() << "type not handled";
+    if (fd.is_bool)
+      put(static_cast<int8_t>((k + e) % 2));
+    else if (H5Tequal(fd.type, H5T_NATIVE_UINT8) > 0)
+      put(static_cast<uint8_t>(static_cast<uint64_t>(v)));
+    else if (H5Tequal(fd.type, H5T_NATIVE_INT8) > 0)
+      put(static_cast<int8_t>(static_cast<uint64_t>(v)));
+    else if (H5Tequal(fd.type, H5T_NATIVE_UINT16) > 0)
+      put(static_cast<uint16_t>(static_cast<uint64_t>(v)));
+    else if (H5Tequal(fd.type, H5T_NATIVE_INT16) > 0)
+      put(static_cast<int16_t>(static_cast<uint64_t>(v)));
+    else if (H5Tequal(fd.type, H5T_NATIVE_INT32) > 0)
+      put(static_cast<int32_t>(v));
+    else if (H5Tequal(fd.type, H5T_NATIVE_UINT64) > 0)
+      put(static_cast<uint64_t>(v));
+    else if (H5Tequal(fd.type, H5T_NATIVE_INT64) > 0)
+      put(static_cast<int64_t>(-v));
+    else if (H5Tequal(fd.type, H5T_NATIVE_FLOAT) > 0)
+      put(static_cast<float>(v + 0.25));
+    else if (H5Tequal(fd.type, H5T_NATIVE_DOUBLE) > 0)
+      put(v + 0.125);
+    else
+      ADD_FAILURE() << "type not handled";
   }
   return out;
 }
@@ -121,13 +132,13 @@ void WriteFile(const std::string& path, const std::vector<FieldDef>& defs, uint6
 
 std::vector<FieldDef> MixedFields() {
   return {
-      {"img", "/images", H5T_NATIVE_UINT8, {3, 4, 5}, {7, 3, 4, 5}, 4},                  // gzip, chunk 7
-      {"mask", "/seg/mask", H5T_NATIVE_INT16, {4, 5}, {5, 4, 5}, -1, true, 3},            // shuffle+zstd, chunk 5
-      {"target", "/y", H5T_NATIVE_FLOAT, {2}, {}},                                         // contiguous
-      {"id", "/meta/id", H5T_NATIVE_INT64, {}, {16}, 1},                                   // scalar per sample
-      {"w", "/w", H5T_NATIVE_DOUBLE, {3}, {4, 3}},                                         // raw chunks
-      {"flag", "/flag", 0, {2}, {8, 2}, -1, false, -1, true},                              // h5py bool
-      {"u16", "/u16", H5T_NATIVE_UINT16, {2, 2}, {3, 2, 2}, 2, true},                      // shuffle+gzip
+      {"img", "/images", H5T_NATIVE_UINT8, {3, 4, 5}, {7, 3, 4, 5}, 4},         // gzip, chunk 7
+      {"mask", "/seg/mask", H5T_NATIVE_INT16, {4, 5}, {5, 4, 5}, -1, true, 3},  // shuffle+zstd, chunk 5
+      {"target", "/y", H5T_NATIVE_FLOAT, {2}, {}},                              // contiguous
+      {"id", "/meta/id", H5T_NATIVE_INT64, {}, {16}, 1},                        // scalar per sample
+      {"w", "/w", H5T_NATIVE_DOUBLE, {3}, {4, 3}},                              // raw chunks
+      {"flag", "/flag", 0, {2}, {8, 2}, -1, false, -1, true},                   // h5py bool
+      {"u16", "/u16", H5T_NATIVE_UINT16, {2, 2}, {3, 2, 2}, 2, true},           // shuffle+gzip
   };
 }
 
@@ -173,8 +184,8 @@ void ExpectEveryFieldOfEverySampleOnce(const FieldSource& src, const std::vector
               const auto want = SampleBytes(defs[f], f, k);
               ASSERT_EQ(batch.fields()[f].sample_bytes, want.size());
               ASSERT_EQ(0, std::memcmp(batch.field(f).data() + i * want.size(), want.data(), want.size()))
-                  << "field " << defs[f].name << " of sample " << k << " at row " << i << " order "
-                  << OrderName(order) << " world " << world;
+                  << "field " << defs[f].name << " of sample " << k << " at row " << i << " order " << OrderName(order)
+                  << " world " << world;
             }
           }
         }

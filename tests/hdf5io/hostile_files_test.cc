@@ -46,9 +46,7 @@ void WriteSparse(const std::string& path, const std::vector<hsize_t>& dims, cons
   H5Fclose(f);
 }
 
-std::string SharedTestdata() {
-  return std::string(GPUFEED_SOURCE_DIR) + "/../shared/testdata";
-}
+std::string SharedTestdata() { return std::string(GPUFEED_SOURCE_DIR) + "/../shared/testdata"; }
 
 // 2^40 samples declared, 4 stored: the chunk index is not sized by the
 // declared shape (it aborted in std::bad_alloc), the file opens on the hdf5
@@ -79,8 +77,8 @@ TEST(HostileFilesTest, HugeDeclaredSampleCountIsAClearError) {
 // wrote a wrong .npy with exit 0.
 TEST(HostileFilesTest, SampleSizeThatWrapsIsRefused) {
   const std::string dir = testing::MakeTempDir("hostile");
-  for (const auto& dims : std::vector<std::vector<hsize_t>>{{4, hsize_t{1} << 32, hsize_t{1} << 32},
-                                                           {4, (hsize_t{1} << 62) + 1, 4}}) {
+  for (const auto& dims :
+       std::vector<std::vector<hsize_t>>{{4, hsize_t{1} << 32, hsize_t{1} << 32}, {4, (hsize_t{1} << 62) + 1, 4}}) {
     const std::string path = dir + "/wrap.h5";
     WriteSparse(path, dims, {1, 1024, dims[2] == 4 ? hsize_t{4} : hsize_t{1024}}, 0);
     auto ds = Dataset::Open(path);
@@ -111,8 +109,8 @@ TEST(HostileFilesTest, HdfCrashesAndHangsAreContainedByTheProbe) {
   const std::string dir = testing::MakeTempDir("probe");
   const std::string good = dir + "/good.h5";
   WriteSparse(good, {10, 8}, {5, 8}, 10);
-  std::vector<std::string> specs = {good, cve + "/cve-2018-13867.h5", good, cve + "/cve-2018-13871.h5",
-                                    cve + "/cve-2018-15671.h5", good};
+  std::vector<std::string> specs = {
+      good, cve + "/cve-2018-13867.h5", good, cve + "/cve-2018-13871.h5", cve + "/cve-2018-15671.h5", good};
   ProbeOptions po;
   po.timeout_ms = 4000;
   po.processes = 2;

@@ -50,8 +50,7 @@ Bytes EncodeJpeg(const std::vector<uint8_t>& rgb, int h, int w) {
   EXPECT_NE(tj, nullptr);
   unsigned char* buf = nullptr;
   unsigned long size = 0;
-  EXPECT_EQ(tjCompress2(tj, rgb.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_444, 95, 0), 0)
-      << tjGetErrorStr2(tj);
+  EXPECT_EQ(tjCompress2(tj, rgb.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_444, 95, 0), 0) << tjGetErrorStr2(tj);
   Bytes out(buf, buf + size);
   tjFree(buf);
   tjDestroy(tj);
@@ -291,8 +290,7 @@ TEST_F(ImageFolderTest, GrayCmykAndAlphaBecomeRgb) {
   auto compress = [&](const std::vector<uint8_t>& px, TJPF pf, int subsamp) {
     unsigned char* buf = nullptr;
     unsigned long size = 0;
-    EXPECT_EQ(tjCompress2(tj, px.data(), kS, 0, kS, pf, &buf, &size, subsamp, 95, 0), 0)
-        << tjGetErrorStr2(tj);
+    EXPECT_EQ(tjCompress2(tj, px.data(), kS, 0, kS, pf, &buf, &size, subsamp, 95, 0), 0) << tjGetErrorStr2(tj);
     Bytes out(buf, buf + size);
     tjFree(buf);
     return out;
@@ -424,8 +422,7 @@ TEST_F(ImageFolderTest, EncodedConvertRoundTripsFileBytes) {
   EXPECT_EQ(progress.back(), (std::pair<uint64_t, uint64_t>{4, 4}));
   EXPECT_EQ(summary->output_bytes, fs::file_size(out));
 
-  const std::vector<fs::path> files = {dir / "cat/a.jpg", dir / "cat/b.JPEG", dir / "dog/c.jpeg",
-                                       dir / "dog/d.jpg"};
+  const std::vector<fs::path> files = {dir / "cat/a.jpg", dir / "cat/b.JPEG", dir / "dog/c.jpeg", dir / "dog/d.jpg"};
   uint64_t input_bytes = 0;
   for (const fs::path& f : files) input_bytes += fs::file_size(f);
   EXPECT_EQ(summary->input_bytes, input_bytes);

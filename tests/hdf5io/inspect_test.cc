@@ -21,8 +21,8 @@ std::string Slurp(const std::string& path) {
 TEST(InspectTest, ReportCountsLabelsAndChunks) {
   const std::string dir = testing::MakeTempDir("inspect");
   const auto data = testing::IndexSamples(25, 3 * 4 * 5);
-  ASSERT_TRUE(testing::WriteH5(dir + "/a.h5", {25, 3, 4, 5}, H5T_NATIVE_UINT8, data,
-                               {.chunk = {10, 3, 2, 5}, .deflate = 1}));
+  ASSERT_TRUE(
+      testing::WriteH5(dir + "/a.h5", {25, 3, 4, 5}, H5T_NATIVE_UINT8, data, {.chunk = {10, 3, 2, 5}, .deflate = 1}));
   auto ds = Dataset::Open(dir + "/a.h5");
   ASSERT_TRUE(ds.ok());
   const InspectReport r = Inspect(*ds);

@@ -161,7 +161,7 @@ TEST(LoaderTest, BlockOrderReadsEachChunkOnceWithAWindowOfCache) {
 TEST(LoaderTest, LoadersSharingChunksReadEachChunkOnce) {
   InMemorySource src(2000, 100, 20);  // 100 chunks
   LoaderOptions o = Opts(Order::kBlock, 2, 3);
-  o.shuffle_window = 100;        // one window: every chunk stays cached until near the end
+  o.shuffle_window = 100;  // one window: every chunk stays cached until near the end
   o.cache_bytes = 100 * 20 * 100;
   const Seen want = [&] {
     Loader alone(src, o);

@@ -34,9 +34,9 @@ TEST(SamplerTest, BlockWindowsHoldWChunks) {
     for (uint64_t c : chunks) EXPECT_TRUE(all_chunks.insert(c).second) << "chunk " << c << " in two windows";
   }
   // Samples are shuffled within windows, not left in chunk order.
-  EXPECT_NE(std::vector<uint64_t>(a.begin(), a.begin() + 10), std::vector<uint64_t>({a[0], a[0] + 1, a[0] + 2, a[0] + 3,
-                                                                                        a[0] + 4, a[0] + 5, a[0] + 6,
-                                                                                        a[0] + 7, a[0] + 8, a[0] + 9}));
+  EXPECT_NE(std::vector<uint64_t>(a.begin(), a.begin() + 10),
+            std::vector<uint64_t>(
+                {a[0], a[0] + 1, a[0] + 2, a[0] + 3, a[0] + 4, a[0] + 5, a[0] + 6, a[0] + 7, a[0] + 8, a[0] + 9}));
 }
 
 // Block order with ranks: windows end at shard boundaries, so ranks share
@@ -70,8 +70,8 @@ TEST(SamplerTest, BlockShardsReadTheirOwnChunks) {
           std::vector<uint64_t> both;
           std::set_intersection(chunks[r].begin(), chunks[r].end(), chunks[q].begin(), chunks[q].end(),
                                 std::back_inserter(both));
-          EXPECT_LE(both.size(), 1u) << "n " << n << " world " << world << ": ranks " << r << " and " << q
-                                     << " read " << both.size() << " chunks both";
+          EXPECT_LE(both.size(), 1u) << "n " << n << " world " << world << ": ranks " << r << " and " << q << " read "
+                                     << both.size() << " chunks both";
         }
       }
     }

@@ -84,10 +84,8 @@ bool WriteH5(const std::string& path, const std::vector<hsize_t>& shape, hid_t m
     for (uint64_t k = 0; k < shape[0]; ++k) labels[k] = IndexLabel(k);
     hsize_t n = shape[0];
     h5::Id lspace(H5Screate_simple(1, &n, nullptr));
-    h5::Id ldset(H5Dcreate2(file.get(), "labels", H5T_STD_I32LE, lspace.get(), H5P_DEFAULT, H5P_DEFAULT,
-                            H5P_DEFAULT));
-    if (!ldset.valid() ||
-        H5Dwrite(ldset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0) {
+    h5::Id ldset(H5Dcreate2(file.get(), "labels", H5T_STD_I32LE, lspace.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    if (!ldset.valid() || H5Dwrite(ldset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0) {
       return false;
     }
   }

@@ -32,8 +32,8 @@ std::string MakeTempDir(const std::string& tag);
 struct H5Layout {
   std::vector<hsize_t> chunk;  // empty: contiguous
   bool shuffle = false;
-  int deflate = -1;            // level, -1: none
-  int zstd = -1;               // level, -1: none
+  int deflate = -1;  // level, -1: none
+  int zstd = -1;     // level, -1: none
   bool fletcher32 = false;
   hsize_t userblock = 0;
   bool big_endian = false;

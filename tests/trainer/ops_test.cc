@@ -204,8 +204,8 @@ TEST(LossScalerTest, SkippedStepLeavesWeightsAndStateAlone) {
   OptimizerStep o;
   o.kind = OptimizerKind::kAdamW;
   o.lr = 0.1f;
-  ASSERT_TRUE(ops->ApplyOptimizer(o, true, 3, w.data(), g.data(), m.data(), v.data(), nullptr, DType::kFloat32, &s)
-                  .ok());
+  ASSERT_TRUE(
+      ops->ApplyOptimizer(o, true, 3, w.data(), g.data(), m.data(), v.data(), nullptr, DType::kFloat32, &s).ok());
   EXPECT_EQ(w, (std::vector<float>{1, 2, 3}));
   EXPECT_EQ(m, (std::vector<float>(3, 0.5f)));
   EXPECT_EQ(s.scale, 4);
@@ -234,7 +234,8 @@ class CudaVsCpu : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
     auto g = MakeCudaOps(0);
-    if (!g.ok()) GTEST_SKIP() << "no GPU here (" << g.status().ToString() << "); the CUDA comparison runs on the GPU host";
+    if (!g.ok())
+      GTEST_SKIP() << "no GPU here (" << g.status().ToString() << "); the CUDA comparison runs on the GPU host";
     gpu = std::move(*g);
   }
   // Device copy of host bytes, freed with the fixture.
@@ -255,9 +256,7 @@ class CudaVsCpu : public ::testing::TestWithParam<DType> {
   }
   // Relative tolerance of results stored in the dtype (one rounding of the
   // output plus accumulation-order differences).
-  double Tol() const {
-    return GetParam() == DType::kFloat32 ? 2e-5 : GetParam() == DType::kFloat16 ? 4e-3 : 2e-2;
-  }
+  double Tol() const { return GetParam() == DType::kFloat32 ? 2e-5 : GetParam() == DType::kFloat16 ? 4e-3 : 2e-2; }
   void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double rel, const char* what) {
     ASSERT_EQ(got.size(), want.size());
     double scale = 0;
@@ -371,7 +370,7 @@ TEST_P(CudaVsCpu, BatchNormReluAndPooling) {
                                   dg.data(), dbt.data(), 1.0f)
                   .ok());
   std::vector<float> init_rm(c, 0.1f), init_rv(c, 2.0f), ones(c, 1.0f);
-  float* f[] = {static_cast<float*>(Dev(gamma.data(), c * 4)), static_cast<float*>(Dev(beta.data(), c * 4)),
+  float* f[] = {static_cast<float*>(Dev(gamma.data(), c * 4)),   static_cast<float*>(Dev(beta.data(), c * 4)),
                 static_cast<float*>(Dev(init_rm.data(), c * 4)), static_cast<float*>(Dev(init_rv.data(), c * 4)),
                 static_cast<float*>(Dev(nullptr, c * 4)),        static_cast<float*>(Dev(nullptr, c * 4)),
                 static_cast<float*>(Dev(ones.data(), c * 4)),    static_cast<float*>(Dev(ones.data(), c * 4))};
@@ -420,7 +419,8 @@ TEST_P(CudaVsCpu, SoftmaxCrossEntropyNormAndOptimizer) {
   double loss = 0;
   int64_t correct = 0;
   std::vector<uint8_t> dz(z.size());
-  ASSERT_TRUE(cpu->SoftmaxXent(rows, classes, dt, z.data(), labels.data(), &loss, &correct, dz.data(), &sc, 70.0f).ok());
+  ASSERT_TRUE(
+      cpu->SoftmaxXent(rows, classes, dt, z.data(), labels.data(), &loss, &correct, dz.data(), &sc, 70.0f).ok());
   struct Acc {
     double loss = 0;
     int64_t correct = 0;

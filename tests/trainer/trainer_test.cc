@@ -105,8 +105,8 @@ TEST(TrainerTest, AccumulationEqualsOneLargeBatch) {
   double loss = 0;
   int64_t correct = 0;
   ASSERT_TRUE(big.Forward(x.data(), 32, true).ok());
-  ASSERT_TRUE(ops->SoftmaxXent(32, 5, DType::kFloat32, big.logits(), y.data(), &loss, &correct, big.dlogits(), &sc, 32)
-                  .ok());
+  ASSERT_TRUE(
+      ops->SoftmaxXent(32, 5, DType::kFloat32, big.logits(), y.data(), &loss, &correct, big.dlogits(), &sc, 32).ok());
   ASSERT_TRUE(big.Backward(x.data(), 32, false).ok());
   for (int m = 0; m < 4; ++m) {  // 4 micro-batches of 8, each loss over 8 x 4
     const float* xm = x.data() + m * 8 * 16;
@@ -215,8 +215,8 @@ TEST(TrainerTest, Fp16LossScalerSkipsOverflowsAndRecovers) {
   for (const auto& e : r->epochs)
     std::printf("epoch %d: %llu skipped, scale %g, loss %.4f, test accuracy %.3f\n", e.epoch,
                 (unsigned long long)e.skipped_steps, e.loss_scale, e.train_loss, e.test_accuracy);
-  EXPECT_GE(r->epochs[0].skipped_steps, 10u);   // 1e12 / 2^k fits fp16 gradients only after ~20 halvings
-  EXPECT_LT(r->epochs[0].skipped_steps, 32u);   // ... but not every step
+  EXPECT_GE(r->epochs[0].skipped_steps, 10u);  // 1e12 / 2^k fits fp16 gradients only after ~20 halvings
+  EXPECT_LT(r->epochs[0].skipped_steps, 32u);  // ... but not every step
   EXPECT_LT(r->epochs[0].loss_scale, 1e12);
   EXPECT_GT(r->epochs.back().test_accuracy, 0.9);
 }
@@ -310,8 +310,12 @@ TEST(TrainerTest, BadOptionsAndDataAreNamed) {
   // Labels 0 and 10^12 are not "at least 2 classes": they are not class indices.
   class HugeLabel : public BarsSource {
    public:
-    HugeLabel() : BarsSource(256, 2) { huge_ = BarsSource::labels(); huge_[5] = 1000000000000; }
+    HugeLabel() : BarsSource(256, 2) {
+      huge_ = BarsSource::labels();
+      huge_[5] = 1000000000000;
+    }
     const std::vector<int64_t>& labels() const override { return huge_; }
+
    private:
     std::vector<int64_t> huge_;
   };
@@ -330,7 +334,8 @@ TEST(TrainerTest, CpuMlpLearnsFashionMnist) {
     GTEST_SKIP() << root << " missing: install Debian's dataset-fashion-mnist (scripts/setup does)";
   const std::string dir = testing::MakeTempDir("fmnist-train");
   for (const char* split : {"train", "t10k"}) {
-    auto src = OpenIdxSource(root + "/" + split + "-images-idx3-ubyte.gz", root + "/" + split + "-labels-idx1-ubyte.gz");
+    auto src =
+        OpenIdxSource(root + "/" + split + "-images-idx3-ubyte.gz", root + "/" + split + "-labels-idx1-ubyte.gz");
     ASSERT_TRUE(src.ok()) << src.status().ToString();
     auto s = Convert(**src, dir + "/" + split + ".h5", {});
     ASSERT_TRUE(s.ok()) << s.status().ToString();

@@ -15,7 +15,10 @@ int main(int argc, char** argv) {
   const std::string path = argv[1];
   const uint64_t n = 100, sample = 16;
   auto w = gpufeed::DatasetWriter::Create(path, {sample}, gpufeed::DType::kUInt8, n, {.chunk_samples = 10});
-  if (!w.ok()) { std::fprintf(stderr, "%s\n", w.status().ToString().c_str()); return 1; }
+  if (!w.ok()) {
+    std::fprintf(stderr, "%s\n", w.status().ToString().c_str());
+    return 1;
+  }
   std::vector<std::byte> bytes(n * sample);
   std::vector<int64_t> labels(n);
   for (uint64_t i = 0; i < n; ++i) {
@@ -30,7 +33,10 @@ int main(int argc, char** argv) {
   if (!w->WriteLabels(labels).ok() || !w->Commit().ok()) return 1;
 
   auto ds = gpufeed::Dataset::Open(path);
-  if (!ds.ok()) { std::fprintf(stderr, "%s\n", ds.status().ToString().c_str()); return 1; }
+  if (!ds.ok()) {
+    std::fprintf(stderr, "%s\n", ds.status().ToString().c_str());
+    return 1;
+  }
   gpufeed::Loader loader(*ds, {.batch_size = 32, .order = gpufeed::Order::kRandom, .seed = 3, .threads = 2});
   std::vector<int> seen(n, 0);
   for (const gpufeed::Batch& b : loader.Epoch(0)) {
@@ -45,7 +51,10 @@ int main(int argc, char** argv) {
     }
   }
   for (uint64_t i = 0; i < n; ++i) {
-    if (seen[i] != 1) { std::fprintf(stderr, "sample %llu seen %d times\n", (unsigned long long)i, seen[i]); return 1; }
+    if (seen[i] != 1) {
+      std::fprintf(stderr, "sample %llu seen %d times\n", (unsigned long long)i, seen[i]);
+      return 1;
+    }
   }
   std::printf("cpp_app: gpufeed %s, %llu samples read back, each once\n", GPUFEED_VERSION,
               static_cast<unsigned long long>(n));
