@@ -1,7 +1,8 @@
 // Server: binds the listening socket, accepts sessions (within the
 // connection cap), renders /metrics (served by daemon/metrics_http.cc), and
-// stops gracefully on Stop() or a signal. Sessions do the rest
-// (daemon/session.cc).
+// stops gracefully on Stop() or a signal. The registry of datasets, sessions
+// and parked Loaders and the memory budget are ServerCore
+// (daemon/server_core.cc); sessions do the rest (daemon/session*.cc).
 #include "gpufeed/server.h"
 
 #include <netinet/in.h>
@@ -32,147 +33,6 @@ namespace asio = boost::asio;
 using daemon::ServerCore;
 using daemon::Session;
 using GenericProto = asio::generic::stream_protocol;
-
-namespace daemon {
-
-// ---------------------------------------------------------------------------
-// ServerCore
-
-ServerCore::ServerCore(const ServerOptions& o) : options(o) {}
-
-void ServerCore::Log(const char* level, const std::string& event, const std::string& fields) {
-  if (log_) log_->Log(level, event, fields);
-}
-
-Result<std::pair<std::string, const Dataset*>> ServerCore::FindDataset(const std::string& name) const {
-  if (name.empty())
-    return std::pair<std::string, const Dataset*>(datasets.front().first, datasets.front().second.get());
-  std::string names;
-  for (const auto& [n, ds] : datasets) {
-    if (n == name) return std::make_pair(n, static_cast<const Dataset*>(ds.get()));
-    names += (names.empty() ? "" : ", ") + n;
-  }
-  return Status::NotFound("dataset '" + name + "' is not served here (serving: " + names + ")");
-}
-
-void ServerCore::StreamOpened() {
-  const uint64_t now_open = streams_open.fetch_add(1) + 1;
-  std::lock_guard<std::mutex> lock(peak_mu_);
-  const auto now = std::chrono::steady_clock::now();
-  if (now_open >= peak_streams_ || now - peak_time_ > kPeakWindow) {
-    peak_streams_ = now_open;
-    peak_time_ = now;
-  }
-}
-
-void ServerCore::StreamClosed() { streams_open -= 1; }
-
-uint64_t ServerCore::RecentPeakStreams() {
-  const uint64_t now_open = streams_open.load();
-  std::lock_guard<std::mutex> lock(peak_mu_);
-  if (std::chrono::steady_clock::now() - peak_time_ > kPeakWindow) return std::max<uint64_t>(1, now_open);
-  return std::max<uint64_t>({1, now_open, peak_streams_});
-}
-
-std::shared_ptr<loader::SharedChunks> ServerCore::SharedChunksOf(const Dataset* d) const {
-  for (size_t i = 0; i < datasets.size(); ++i) {
-    if (datasets[i].second.get() == d) return shared_chunks[i];
-  }
-  return nullptr;
-}
-
-bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {
-  std::vector<Parked> evicted;  // destroyed outside the lock
-  bool ok = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    while (reserved_ + bytes > options.memory_bytes && !parked_.empty()) {
-      reserved_ -= parked_.front().reserved_bytes;
-      evicted.push_back(std::move(parked_.front()));
-      parked_.erase(parked_.begin());
-    }
-    if (reserved_ + bytes <= options.memory_bytes) {
-      reserved_ += bytes;
-      *after = reserved_;
-      ok = true;
-    }
-  }
-  return ok;
-}
-
-void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes,
-                      std::unique_ptr<ShmPool> shm) {
-  std::vector<Parked> evicted;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    parked_.push_back({key, std::move(shm), std::move(loader), reserved_bytes});
-    while (parked_.size() > kMaxParked) {
-      reserved_ -= parked_.front().reserved_bytes;
-      evicted.push_back(std::move(parked_.front()));
-      parked_.erase(parked_.begin());
-    }
-  }
-}
-
-std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reserved_bytes,
-                                         std::unique_ptr<ShmPool>* shm, uint64_t shm_inode) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto pick = parked_.rend();
-  for (auto it = parked_.rbegin(); it != parked_.rend(); ++it) {
-    if (it->key != key) continue;
-    if (pick == parked_.rend()) pick = it;
-    if (shm_inode != 0 && it->shm && it->shm->region.inode() == shm_inode) {  // this client's own memory
-      pick = it;
-      break;
-    }
-  }
-  if (pick == parked_.rend()) return nullptr;
-  std::unique_ptr<Loader> l = std::move(pick->loader);
-  *reserved_bytes = pick->reserved_bytes;
-  if (shm != nullptr) *shm = std::move(pick->shm);
-  parked_.erase(std::next(pick).base());
-  return l;
-}
-
-size_t ServerCore::parked() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return parked_.size();
-}
-
-void ServerCore::DropParked() {
-  std::vector<Parked> dropped;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Parked& p : parked_) reserved_ -= p.reserved_bytes;
-  dropped = std::move(parked_);
-  parked_.clear();
-}
-void ServerCore::Unreserve(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  reserved_ -= bytes;
-}
-uint64_t ServerCore::reserved() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return reserved_;
-}
-
-void ServerCore::Register(const std::shared_ptr<Session>& s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  sessions_[s->id()] = s;
-}
-void ServerCore::Unregister(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  sessions_.erase(id);
-}
-std::vector<std::shared_ptr<Session>> ServerCore::Sessions() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::shared_ptr<Session>> v;
-  for (const auto& [id, w] : sessions_) {
-    if (auto s = w.lock()) v.push_back(std::move(s));
-  }
-  return v;
-}
-
-}  // namespace daemon
 
 // ---------------------------------------------------------------------------
 // Server::Impl
