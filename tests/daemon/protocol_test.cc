@@ -186,7 +186,9 @@ TEST(ProtocolTest, FrameHeaderRoundTripAndChecksum) {
   HeaderBytes hb2 = hb;
   hb2[16] = std::byte{0x7f};  // raw_bytes
   auto h2 = ParseHeader(hb2, kMaxControlPayload, 1u << 30, "peer");
-  if (h2.ok()) EXPECT_FALSE(VerifyChecksum(*h2, hb2, Bytes(payload), "peer").ok());
+  if (h2.ok()) {
+    EXPECT_FALSE(VerifyChecksum(*h2, hb2, Bytes(payload), "peer").ok());
+  }
 }
 
 TEST(ProtocolTest, MalformedHeadersAreRefusedWithReasons) {

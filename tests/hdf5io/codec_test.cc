@@ -16,7 +16,9 @@ TEST(CodecTest, ShuffleRoundTripsForEveryElementSizeAndPrefix) {
     raw.resize(raw.size() + 3);  // bytes that do not fill an element stay in place
     std::vector<std::byte> shuffled(raw.size());
     Shuffle(raw, shuffled, elem);
-    if (elem > 1) EXPECT_NE(shuffled, raw);
+    if (elem > 1) {
+      EXPECT_NE(shuffled, raw);
+    }
     for (size_t prefix : {raw.size(), raw.size() - 3, size_t{17}, size_t{0}}) {
       std::vector<std::byte> back(prefix);
       Unshuffle(shuffled, back, elem);

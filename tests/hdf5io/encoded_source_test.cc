@@ -169,8 +169,12 @@ std::map<uint64_t, std::vector<std::byte>> RunEpoch(const ChunkSource& src, Load
     for (uint64_t i = 0; i < batch.size(); ++i) {
       const uint64_t k = batch.indices()[i];
       auto bytes = batch.images().subspan(i * batch.sample_bytes(), batch.sample_bytes());
-      if (error == nullptr) EXPECT_EQ(got.count(k), 0u) << "sample " << k << " twice";
-      if (!src.labels().empty()) EXPECT_EQ(batch.labels()[i], src.labels()[k]);
+      if (error == nullptr) {
+        EXPECT_EQ(got.count(k), 0u) << "sample " << k << " twice";
+      }
+      if (!src.labels().empty()) {
+        EXPECT_EQ(batch.labels()[i], src.labels()[k]);
+      }
       got[k].assign(bytes.begin(), bytes.end());
     }
   }
@@ -434,7 +438,9 @@ TEST(ImageDecodeTest, PartialAndScaledDecodeTrackAFullDecode) {
       double sum = 0;
       for (size_t i = 0; i < got.size(); ++i) sum += std::abs(int(got[i]) - int(want[i]));
       worst_mean = std::max(worst_mean, sum / got.size());
-      if (st.scale_num == 8) EXPECT_LT(sum / got.size(), 0.25) << "crop " << k;
+      if (st.scale_num == 8) {
+        EXPECT_LT(sum / got.size(), 0.25) << "crop " << k;
+      }
     }
     EXPECT_LT(worst_mean, 2.0) << "output " << out;
   }

@@ -242,7 +242,9 @@ class CudaVsCpu : public ::testing::TestWithParam<DType> {
   void* Dev(const void* host, size_t bytes) {
     void* p;
     EXPECT_TRUE(gpu->Alloc(bytes, &p).ok());
-    if (host) EXPECT_TRUE(gpu->Upload(p, host, bytes).ok());
+    if (host) {
+      EXPECT_TRUE(gpu->Upload(p, host, bytes).ok());
+    }
     owned.push_back(p);
     return p;
   }
