@@ -324,8 +324,8 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   getrusage(RUSAGE_SELF, &ru);
   r.max_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
   r.rss_before_bytes = rss_before;
-  // Direct I/O adds its read-ahead's 4 chunk buffers (Dataset's io_uring ring).
-  const uint64_t read_ahead = (*opened)->dataset() != nullptr && ds->info().io == "direct" ? 4 : 0;
+  // Direct I/O adds its read-ahead's chunk buffers (Dataset's io_uring ring).
+  const uint64_t read_ahead = (*opened)->dataset() != nullptr ? ds->info().read_ahead_chunks : 0;
   r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
                          (2 * threads + 4 + read_ahead) * (ds != nullptr       ? ds->chunk_bytes_max()
                                                            : fields != nullptr ? fields->chunk_samples() * sb

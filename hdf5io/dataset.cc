@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -285,12 +286,15 @@ Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
   // Buffered: the loader's WillRead hints (posix_fadvise WILLNEED) carry the
   // plan's order to the kernel's read-ahead.
   if (mode == IoMode::kDirect) {
-    // Reads in flight while the loader's threads decode: up to 4 chunks ahead
-    // (4 chunk-sized buffers, on top of the loader's memory bound).
-    constexpr unsigned kReadAheadDepth = 4;
+    // Reads in flight while the loader's threads decode: a chunk ahead for
+    // each hardware thread, 4 to 32 (chunk-sized buffers, on top of the
+    // loader's memory bound). 4 left 16 inflating threads waiting for the
+    // disk (cold celeba-deflate on the H200: 0.55 of the O_DIRECT ceiling).
+    const unsigned depth = std::clamp(std::thread::hardware_concurrency(), 4u, 32u);
     std::string why;
-    ahead = io::UringReadAhead::Create(direct_fd, kReadAheadDepth, &why);
-    const std::string what_io = ahead ? "io_uring read-ahead, " + std::to_string(kReadAheadDepth) + " chunks deep"
+    ahead = io::UringReadAhead::Create(direct_fd, depth, &why);
+    if (ahead) info.read_ahead_chunks = depth;
+    const std::string what_io = ahead ? "io_uring read-ahead, " + std::to_string(depth) + " chunks deep"
                                       : why + ": synchronous O_DIRECT preads";
     info.io_note = info.io_note.empty() ? what_io : info.io_note + "; " + what_io;
   }

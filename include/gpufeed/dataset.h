@@ -134,6 +134,10 @@ struct DatasetInfo {
   // or O_DIRECT refused and the fallback to pread).
   std::string io;
   std::string io_note;
+  // Direct I/O's io_uring read-ahead: chunks read ahead of the loader, each
+  // in a buffer of the largest chunk's size (0: none). One per hardware
+  // thread (4 to 32), so every decoding thread finds its next chunk read.
+  uint32_t read_ahead_chunks = 0;
   bool big_endian = false;
   // Optional attributes of the images dataset (empty when absent).
   std::string layout;  // "NCHW", "NHWC", ...
