@@ -164,42 +164,11 @@ def resnet18(in_channels, classes):
     return nn.Sequential(*layers), "written out"
 
 
-# --- the h5py peers ------------------------------------------------------------
-def next_prime(n):
-    def prime(k):
-        return k > 1 and all(k % d for d in range(2, int(k ** 0.5) + 1))
-    while not prime(n):
-        n += 1
-    return n
-
-
-class H5Samples(torch.utils.data.Dataset):
-    def __init__(self, path, tuned):
-        self.path, self.tuned, self.file = path, tuned, None
-        with h5py.File(path, "r") as f:
-            d = f["images"]
-            self.n = d.shape[0]
-            self.decoded_bytes = d.size * d.dtype.itemsize
-            self.chunks = -(-d.shape[0] // d.chunks[0]) if d.chunks else 1
-
-    def __len__(self):
-        return self.n
-
-    def _open(self):
-        if self.tuned:
-            self.file = h5py.File(self.path, "r", rdcc_nbytes=int(self.decoded_bytes * 1.1) + (1 << 20),
-                                  rdcc_w0=1.0, rdcc_nslots=next_prime(100 * self.chunks))
-        else:
-            self.file = h5py.File(self.path, "r")
-        self.images, self.labels = self.file["images"], self.file["labels"]
-
-    def __getitem__(self, i):
-        if self.file is None:
-            self._open()
-        if isinstance(i, list):
-            idx = np.sort(np.asarray(i))
-            return torch.from_numpy(self.images[idx]), torch.from_numpy(self.labels[idx].astype(np.int64))
-        return torch.from_numpy(self.images[i]), int(self.labels[i])
+# --- the h5py peers ---------------------------------------------------------
+# The Dataset of torch_e2e.py (per-sample reads naive, sorted per-batch reads
+# tuned, the file opened lazily per worker): one peer for both scripts.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from torch_e2e import H5Samples  # noqa: E402
 
 
 def dataloader(path, tuned, batch_size, workers):
