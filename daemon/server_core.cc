@@ -73,10 +73,11 @@ bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {
 }
 
 void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes,
-                      std::unique_ptr<ShmPool> shm) {
+                      std::unique_ptr<ShmPool> shm, bool expected) {
   std::vector<Parked> evicted;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (expected) EndExpectedLocked(key);
     parked_.push_back({key, std::move(shm), std::move(loader), reserved_bytes});
     while (parked_.size() > kMaxParked) {
       reserved_ -= parked_.front().reserved_bytes;
@@ -104,6 +105,26 @@ std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reser
   if (shm != nullptr) *shm = std::move(pick->shm);
   parked_.erase(std::next(pick).base());
   return l;
+}
+
+void ServerCore::ExpectPark(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  parks_expected_[key] += 1;
+}
+
+void ServerCore::ParkAbandoned(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EndExpectedLocked(key);
+}
+
+void ServerCore::EndExpectedLocked(const std::string& key) {
+  auto it = parks_expected_.find(key);
+  if (it != parks_expected_.end() && --it->second <= 0) parks_expected_.erase(it);
+}
+
+bool ServerCore::ParkExpected(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return parks_expected_.count(key) != 0;
 }
 
 size_t ServerCore::parked() const {

@@ -50,12 +50,23 @@ class ServerCore {
   // A shared-memory stream's Loader is parked with its ShmPool (the Loader
   // fills that pool); Take() prefers the one mapping the client's memfd
   // `shm_inode` and hands the ShmPool over through `shm`.
+  // `expected`: the session had announced it with ExpectPark.
   void Park(const std::string& key, std::unique_ptr<Loader> loader, uint64_t reserved_bytes,
-            std::unique_ptr<ShmPool> shm = nullptr);
+            std::unique_ptr<ShmPool> shm = nullptr, bool expected = false);
   std::unique_ptr<Loader> Take(const std::string& key, uint64_t* reserved_bytes,
                                std::unique_ptr<ShmPool>* shm = nullptr, uint64_t shm_inode = 0);
   size_t parked() const;
   void DropParked();  // at shutdown
+  // A stream that ends its epoch parks its Loader when its session goes,
+  // which is a moment after the END frame is on its way: the client's next
+  // epoch may connect in between. The session announces the park when it
+  // queues END (ExpectPark) and ends the announcement by parking (Park with
+  // expected) or, when it cannot, ParkAbandoned. While a park with `key` is
+  // expected, a new session with that key waits for it (bounded) instead of
+  // building a cold Loader beside it.
+  void ExpectPark(const std::string& key);
+  void ParkAbandoned(const std::string& key);
+  bool ParkExpected(const std::string& key) const;
 
   void Register(const std::shared_ptr<Session>& s);
   void Unregister(uint64_t id);
@@ -84,6 +95,7 @@ class ServerCore {
   std::atomic<uint64_t> batches_sent{0}, bytes_sent{0}, protocol_errors{0}, queued{0};
 
  private:
+  void EndExpectedLocked(const std::string& key);  // mu_ held
   mutable std::mutex mu_;
   std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // GUARDED_BY(mu_)
   uint64_t reserved_ = 0;                                // GUARDED_BY(mu_)
@@ -93,7 +105,8 @@ class ServerCore {
     std::unique_ptr<Loader> loader;
     uint64_t reserved_bytes = 0;
   };
-  std::vector<Parked> parked_;  // GUARDED_BY(mu_); oldest first
+  std::vector<Parked> parked_;                 // GUARDED_BY(mu_); oldest first
+  std::map<std::string, int> parks_expected_;  // GUARDED_BY(mu_); key -> sessions about to park
   static constexpr size_t kMaxParked = 64;
   std::mutex peak_mu_;
   uint64_t peak_streams_ = 0;                        // GUARDED_BY(peak_mu_)

@@ -25,6 +25,7 @@ Session::Session(ServerCore& server, Socket socket, uint64_t id, std::string pee
       idle_timer_(socket_.get_executor()),
       write_timer_(socket_.get_executor()),
       grace_timer_(socket_.get_executor()),
+      park_timer_(socket_.get_executor()),
       id_(id),
       peer_(std::move(peer)),
       client_name_("client-" + std::to_string(id)) {}
@@ -39,18 +40,21 @@ Session::~Session() {
   if (producer_.joinable()) producer_.join();
   out_.clear();  // batches back to the Loader's pool before the Loader goes
   shm_sent_.clear();
+  bool parked = false;
   if (reserved_bytes_ > 0) {
     server_.streams_active -= 1;
     if (loader_ && loader_ok_ && !server_.stopping) {
       // Warm for this client's next epoch or reconnect; its reservation (and
       // shared memory) goes along.
-      server_.Park(stream_key_, std::move(loader_), reserved_bytes_, std::move(shm_pool_));
+      server_.Park(stream_key_, std::move(loader_), reserved_bytes_, std::move(shm_pool_), park_expected_);
+      parked = true;
     } else {
       loader_.reset();
       shm_pool_.reset();
       server_.Unreserve(reserved_bytes_);
     }
   }
+  if (park_expected_ && !parked) server_.ParkAbandoned(stream_key_);
   if (counted_open_) server_.StreamClosed();
   server_.Unregister(id_);
   server_.open -= 1;
@@ -128,6 +132,7 @@ void Session::CloseNow(const std::string& reason) {
   idle_timer_.cancel();
   write_timer_.cancel();
   grace_timer_.cancel();
+  park_timer_.cancel();
   boost::system::error_code ec;
   socket_.shutdown(asio::socket_base::shutdown_both, ec);
   socket_.close(ec);

@@ -91,7 +91,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleSlots(std::span<const std::byte> payload);
   int ThreadShare(uint64_t* divided_among) const;  // this stream's loader threads
   void StartProducer();
-  void Produce();  // the producer thread
+  bool AwaitPark();  // true: StartProducer runs again in a moment
+  void Produce();    // the producer thread
   void OnProducerDone();
   void Enqueue(std::shared_ptr<OutFrame> f);
   void EnqueueControl(FrameType type, std::vector<std::byte> payload, bool close_after);
@@ -105,7 +106,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   ServerCore& server_;
   Socket socket_;
-  boost::asio::steady_timer handshake_timer_, idle_timer_, write_timer_, grace_timer_;
+  boost::asio::steady_timer handshake_timer_, idle_timer_, write_timer_, grace_timer_, park_timer_;
   const uint64_t id_;
   const std::string peer_;
   mutable Mutex name_mu_;
@@ -120,7 +121,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   uint64_t write_seq_ = 0;
   bool draining_ = false, shutdown_sent_ = false, producer_running_ = false;
-  bool loader_ok_ = false;     // the stream ended without a Loader error: the Loader may be parked
+  bool loader_ok_ = false;      // the stream ended without a Loader error: the Loader may be parked
+  bool park_expected_ = false;  // announced to server_ (ExpectPark) when END was queued
+  bool awaiting_park_ = false;  // StartProducer waits for another session's Loader (AwaitPark)
+  std::chrono::steady_clock::time_point park_deadline_;
   bool counted_open_ = false;  // in server_.streams_open
   uint64_t reserved_bytes_ = 0;
   std::shared_ptr<Session> keep_alive_;  // while the producer runs

@@ -36,7 +36,7 @@ void Session::HandleCredit(std::span<const std::byte> payload) {
   }
   metrics_.credits = total;
   cv_.notify_all();
-  if (!producer_running_ && !loader_ && !draining_) StartProducer();
+  if (!producer_running_ && !loader_ && !draining_ && !awaiting_park_) StartProducer();
 }
 
 // A shared-memory client hands slots back (or grants them the first time):
@@ -61,8 +61,11 @@ void Session::HandleSlots(std::span<const std::byte> payload) {
     }
     shm_client_holds_[k] = false;  // a duplicate within this frame fails above
   }
-  if (!producer_running_ && !loader_ && !draining_) StartProducer();  // maps the memory
-  if (state_ != State::kStreaming || !shm_pool_) return;
+  // The first grant maps the memory; StartProducer hands the pool every slot
+  // granted until then (this frame's, and any granted while it waited).
+  const bool mapped = shm_pool_ != nullptr;
+  if (!producer_running_ && !loader_ && !draining_ && !awaiting_park_) StartProducer();
+  if (!mapped || state_ != State::kStreaming || !shm_pool_) return;
   for (uint32_t k : *slots) {
     if (shm_sent_[k].has_value()) {
       shm_sent_[k].reset();  // Batch's destructor: back to the pool

@@ -45,7 +45,10 @@ void Session::StartProducer() {
                 (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
   uint64_t parked_bytes = 0;
   std::unique_ptr<ShmPool> parked_shm;
-  if (auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_)) {
+  auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_);
+  if (!warm && server_.ParkExpected(stream_key_) && AwaitPark()) return;
+  awaiting_park_ = false;
+  if (warm) {
     loader_ = std::move(warm);
     reserved_bytes_ = parked_bytes;
     if (parked_bytes < bound_for(threads)) {  // more threads than it had: more room, or fewer threads
@@ -96,6 +99,9 @@ void Session::StartProducer() {
     }
     hello_fd_.Reset();
     LoaderInternal::UsePool(*loader_, &shm_pool_->pool);
+    for (uint32_t k = 0; k < shm_client_holds_.size(); ++k) {  // granted so far: the Loader's to fill
+      if (!shm_client_holds_[k]) shm_pool_->pool.Release(shm_pool_->pool.slot(k));
+    }
     Log("info", "shm",
         Kv("slots", shm_client_holds_.size()) + " " + Kv("stride", shm_stride_) + " " +
             Kv("mapping", reuse ? "reused" : "new"));
@@ -110,11 +116,34 @@ void Session::StartProducer() {
   producer_ = std::thread([this] { Produce(); });
 }
 
+// This client's previous connection with the same stream identity (its last
+// epoch) queued END and is closing: its Loader is parked in a moment. Rather
+// than build a cold Loader (and a second reservation) beside it, try again
+// every few milliseconds, for at most kParkWait; then go on without it.
+bool Session::AwaitPark() {
+  constexpr auto kParkWait = milliseconds(2000), kRetry = milliseconds(5);
+  const auto now = std::chrono::steady_clock::now();
+  if (!awaiting_park_) {
+    awaiting_park_ = true;
+    park_deadline_ = now + kParkWait;
+  }
+  if (now >= park_deadline_) {
+    Log("warn", "park_wait", Kv("waited_ms", static_cast<uint64_t>(kParkWait.count())) + " outcome=cold_loader");
+    return false;
+  }
+  park_timer_.expires_after(kRetry);
+  park_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec || self->state_ != State::kStreaming || self->draining_ || self->loader_) return;
+    self->StartProducer();
+  });
+  return true;
+}
+
 void Session::Produce() {
   // Exceptions must not leave this thread (STYLE.md): the Loader reports
   // failures as Status; anything else becomes an error frame.
   std::shared_ptr<OutFrame> final_frame;
-  bool loader_ok = true;
+  bool loader_ok = true, epoch_end = false;
   try {
     EpochStream stream = loader_->Epoch(hello_.epoch, hello_.start_batch);
     for (;;) {
@@ -142,6 +171,7 @@ void Session::Produce() {
           std::lock_guard<std::mutex> lock(mu_);
           if (stop_producer_) break;  // the pool was cancelled to stop the stream: not its end
         }
+        epoch_end = true;
         final_frame = std::make_shared<OutFrame>();
         final_frame->body = EncodeEnd({hello_.epoch, num_batches_});
         final_frame->header =
@@ -198,8 +228,13 @@ void Session::Produce() {
     loader_ok = false;
     final_frame.reset();
   }
-  asio::post(socket_.get_executor(), [self = shared_from_this(), final_frame, loader_ok] {
+  asio::post(socket_.get_executor(), [self = shared_from_this(), final_frame, loader_ok, epoch_end] {
     self->loader_ok_ = loader_ok;
+    if (epoch_end && loader_ok && !self->server_.stopping && !self->park_expected_) {
+      // Announced before END can reach the client (see AwaitPark).
+      self->server_.ExpectPark(self->stream_key_);
+      self->park_expected_ = true;
+    }
     if (final_frame) self->Enqueue(final_frame);
     self->OnProducerDone();
   });

@@ -145,6 +145,12 @@ class DaemonTest : public ::testing::Test {
     }
     return false;
   }
+  size_t LogCount(const std::string& needle) {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    size_t n = 0;
+    for (const auto& l : log_) n += l.find(needle) != std::string::npos ? 1 : 0;
+    return n;
+  }
   // Waits (bounded) until `pred` holds.
   template <typename F>
   bool Eventually(F pred, int ms = 5000) {
@@ -407,6 +413,36 @@ TEST_F(DaemonTest, ClientThatDisconnectsMidBatch) {
   ASSERT_TRUE(Drain(s, &got).ok());
   EXPECT_EQ(got.hashes, Local(StreamOptions(), 0).hashes);
   EXPECT_TRUE(LogHas("loader=warm"));
+}
+
+// A client's next epoch connects while the last epoch's session may still be
+// closing (its END is out, its Loader not yet parked): the new session waits
+// for that Loader instead of building a cold one beside it. Every epoch after
+// the first runs warm, over TCP and over shared memory.
+TEST_F(DaemonTest, EveryNextEpochRunsOnTheWarmLoader) {
+  auto server = StartServer(Options());
+  ASSERT_TRUE(server);
+  constexpr uint64_t kEpochs = 6;
+  for (bool shm : {false, true}) {
+    RemoteLoaderOptions c = Client(server->endpoint(), StreamOptions());
+    c.shared_memory = shm;
+    auto remote = RemoteLoader::Connect(c);
+    ASSERT_TRUE(remote.ok());
+    const size_t new_before = LogCount("loader=new"), warm_before = LogCount("loader=warm");
+    std::vector<Delivered> got(kEpochs);
+    for (uint64_t epoch = 0; epoch < kEpochs; ++epoch) {  // back to back, as a training loop asks
+      EpochStream s = (*remote)->Epoch(epoch);
+      Status st = Drain(s, &got[epoch]);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+    for (uint64_t epoch = 0; epoch < kEpochs; ++epoch) {
+      EXPECT_EQ(got[epoch].hashes, Local(StreamOptions(), epoch).hashes) << "epoch " << epoch << " shm " << shm;
+    }
+    EXPECT_TRUE(Eventually([&] { return LogCount("loader=warm") - warm_before == kEpochs - 1; }))
+        << "shm " << shm << ": " << LogCount("loader=warm") - warm_before << " warm starts";
+    EXPECT_EQ(LogCount("loader=new") - new_before, 1u) << "shm " << shm;
+  }
+  EXPECT_FALSE(LogHas("outcome=cold_loader"));
 }
 
 // Shared memory: the daemon's Loader fills the client's memfd; a client's
