@@ -93,8 +93,7 @@ void OnError(j_common_ptr c) {
   longjmp(e->jump, 1);
 }
 // Warnings are fatal: libjpeg warns on truncated or damaged entropy data and
-// then makes up the missing pixels (grey), which must not become a sample
-// (as the image-folder source's TJFLAG_STOPONWARNING).
+// then makes up the missing pixels (grey), which must not become a sample.
 void OnMessage(j_common_ptr c, int level) {
   if (level < 0) OnError(c);
 }
@@ -262,7 +261,9 @@ bool JpegPass(std::span<const uint8_t> bytes, const CropBox* box, int min_h, int
   return true;
 }
 
-// Decodes a PNG of any bit depth / color type to 8-bit RGB (alpha over white).
+// Decodes a PNG of any bit depth / color type to 8-bit RGB. Transparent
+// pixels are composited onto white: images with alpha are overwhelmingly
+// logos and cut-outs drawn to be seen on a white page.
 Status PngRgb(std::span<const uint8_t> bytes, std::vector<uint8_t>* out, int* h, int* w) {
   png_image img;
   std::memset(&img, 0, sizeof(img));
@@ -276,13 +277,37 @@ Status PngRgb(std::span<const uint8_t> bytes, std::vector<uint8_t>* out, int* h,
     return Status::Corrupt("PNG of " + std::to_string(img.width) + "x" + std::to_string(img.height) +
                            " is too large or empty");
   }
-  img.format = PNG_FORMAT_RGB;
-  out->resize(PNG_IMAGE_SIZE(img));
-  const png_color white = {255, 255, 255};
-  if (!png_image_finish_read(&img, &white, out->data(), 0, nullptr)) {
-    png_image_free(&img);
-    return Status::Corrupt(std::string("PNG decode failed: ") + img.message);
+  if (img.format & PNG_FORMAT_FLAG_LINEAR) {
+    // 16-bit samples. libpng's 8-bit output would treat them as linear light
+    // and gamma-encode them (a grey of 32768 became 186); scale the stored
+    // values instead (32768 -> 128), as every other reader does.
+    img.format = PNG_FORMAT_LINEAR_RGB_ALPHA;  // alpha is premultiplied in linear formats
+    thread_local std::vector<uint16_t> wide;
+    wide.resize(PNG_IMAGE_SIZE(img) / sizeof(uint16_t));
+    if (!png_image_finish_read(&img, nullptr, wide.data(), 0, nullptr)) {
+      png_image_free(&img);
+      return Status::Corrupt(std::string("PNG decode failed: ") + img.message);
+    }
+    const size_t pixels = static_cast<size_t>(img.width) * img.height;
+    out->resize(pixels * 3);
+    for (size_t i = 0; i < pixels; ++i) {
+      const uint32_t a = wide[4 * i + 3];
+      for (int c = 0; c < 3; ++c) {
+        const uint32_t v = std::min<uint32_t>(65535, wide[4 * i + c] + (65535 - a));  // over white
+        (*out)[3 * i + c] = static_cast<uint8_t>((v * 255 + 32767) / 65535);
+      }
+    }
+  } else {
+    img.format = PNG_FORMAT_RGB;
+    out->resize(PNG_IMAGE_SIZE(img));
+    const png_color white = {255, 255, 255};
+    if (!png_image_finish_read(&img, &white, out->data(), 0, nullptr)) {
+      png_image_free(&img);
+      return Status::Corrupt(std::string("PNG decode failed: ") + img.message);
+    }
   }
+  // Warnings (PNG_IMAGE_WARNING) are accepted: libpng's are about metadata
+  // such as a mismatched iCCP profile, not about pixels.
   *h = static_cast<int>(img.height);
   *w = static_cast<int>(img.width);
   return Status::Ok();
@@ -528,17 +553,24 @@ Status ImageSize(std::span<const uint8_t> bytes, int* h, int* w) {
   return Status::Ok();
 }
 
-Status DecodeFull(std::span<const uint8_t> bytes, std::vector<uint8_t>* rgb, int* h, int* w) {
+Status DecodeCovering(std::span<const uint8_t> bytes, int min_h, int min_w, std::vector<uint8_t>* rgb, int* h, int* w) {
   if (LooksLikePng(bytes)) return PngRgb(bytes, rgb, h, w);
   if (!LooksLikeJpeg(bytes)) {
     return Status::Corrupt("neither a JPEG nor a PNG (" + std::to_string(bytes.size()) + " bytes, unknown signature)");
   }
   Decoded d;
   std::string why;
-  if (!JpegPass(bytes, nullptr, 0, 0, false, rgb, &d, &why)) return Status::Corrupt("JPEG decode failed: " + why);
+  CropBox whole{-1, -1, 0, 0};
+  if (!JpegPass(bytes, nullptr, std::max(0, min_h), std::max(0, min_w), false, rgb, &d, &why, nullptr, 0, &whole)) {
+    return Status::Corrupt((whole.height <= 0 ? "not a decodable JPEG: " : "JPEG decode failed: ") + why);
+  }
   *h = d.sh;
   *w = d.sw;
   return Status::Ok();
+}
+
+Status DecodeFull(std::span<const uint8_t> bytes, std::vector<uint8_t>* rgb, int* h, int* w) {
+  return DecodeCovering(bytes, 0, 0, rgb, h, w);
 }
 
 Status DecodeTransform(std::span<const uint8_t> bytes, const DecodeOptions& o, uint64_t key, uint8_t* dst,

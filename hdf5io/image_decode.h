@@ -51,12 +51,21 @@ struct DecodeStats {
 
 // Decodes a JPEG or PNG (by signature) and applies options' transform with
 // the crop from `key`, writing 3 x out_h x out_w bytes (options.layout) to
-// dst. Greyscale becomes RGB; CMYK/YCCK (Adobe, inverted) becomes RGB.
+// dst. Greyscale becomes RGB; CMYK/YCCK (Adobe, inverted) becomes RGB; a
+// PNG's alpha is composited over white and 16-bit samples are scaled
+// (32768 -> 128).
 // Corrupt data (libjpeg errors and warnings, truncation, an unknown
 // signature) returns Corrupt with the reason (the caller adds the sample).
 // Thread-safe (per-thread decompressors and scratch).
 Status DecodeTransform(std::span<const uint8_t> bytes, const DecodeOptions& options, uint64_t key, uint8_t* dst,
                        DecodeStats* stats = nullptr);
+
+// Decodes a whole JPEG or PNG (by signature) to interleaved RGB: a JPEG at
+// the smallest DCT scale (1/8, 2/8, 4/8 or 8/8) whose size is still at least
+// min_h x min_w (0 x 0: full size), a PNG at full size; h and w are the
+// decoded size. Greyscale, CMYK, alpha and 16-bit PNGs as DecodeTransform.
+// The image-folder source's decoder. Thread-safe.
+Status DecodeCovering(std::span<const uint8_t> bytes, int min_h, int min_w, std::vector<uint8_t>* rgb, int* h, int* w);
 
 // Full-size decode to interleaved RGB (the benchmark's ceiling and tests'
 // reference); JPEG via libjpeg with the same settings as DecodeTransform.

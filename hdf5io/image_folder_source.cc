@@ -1,12 +1,10 @@
-// Image folders (DIR/<class>/<image>): a SampleSource that decodes JPEG
-// (TurboJPEG) and PNG (libpng) files to fixed-size RGB uint8 samples for
-// `gpufeed convert DIR --size HxW`. The listing is image_folder_listing.cc,
+// Image folders (DIR/<class>/<image>): a SampleSource that decodes JPEG and
+// PNG files (image_decode.cc, the decoder encoded samples use) to fixed-size
+// RGB uint8 samples for `gpufeed convert DIR --size HxW`. The listing is image_folder_listing.cc,
 // the resize image_ops.cc, the encoded converter encoded_convert.cc.
 #include <fcntl.h>
 #include <tbb/parallel_for.h>
-#include <png.h>
 #include <sys/stat.h>
-#include <turbojpeg.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +18,7 @@
 #include <system_error>
 
 #include "gpufeed/convert.h"
+#include "hdf5io/image_decode.h"
 #include "hdf5io/image_folder_listing.h"
 #include "hdf5io/image_ops.h"
 
@@ -38,151 +37,21 @@ constexpr uint32_t kMaxSide = 1u << 15;
 // ---------------------------------------------------------------------------
 // Decoding.
 
-// One TurboJPEG decompressor per thread: handles are not thread-safe, and
-// creating one per image costs more than decoding a thumbnail.
-tjhandle ThreadDecompressor() {
-  struct Handle {
-    tjhandle h = tjInitDecompress();
-    ~Handle() {
-      if (h != nullptr) tjDestroy(h);
-    }
-  };
-  thread_local Handle handle;
-  return handle.h;
-}
-
-bool LooksLikeJpeg(std::span<const unsigned char> b) {
-  return b.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF;
-}
-bool LooksLikePng(std::span<const unsigned char> b) {
-  static constexpr unsigned char kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  return b.size() >= 8 && std::memcmp(b.data(), kSig, 8) == 0;
-}
-
 struct RgbImage {
   std::vector<uint8_t> pixels;  // height x width x 3, packed
   int height = 0, width = 0;
 };
 
-// Parses a JPEG's header; Corrupt (naming `path`) if it is not one.
-Status JpegHeader(tjhandle tj, const std::string& path, std::span<const unsigned char> bytes, int* width, int* height,
-                  int* colorspace) {
-  int subsamp = 0;
-  if (tjDecompressHeader3(tj, bytes.data(), bytes.size(), width, height, &subsamp, colorspace) != 0) {
-    return Status::Corrupt(path + ": not a decodable JPEG: " + tjGetErrorStr2(tj));
-  }
-  // A damaged header can end the stream early, which then parses as a
-  // tables-only datastream: a "valid" header of a 0x0 image.
-  if (*width <= 0 || *height <= 0) {
-    return Status::Corrupt(path + ": JPEG header holds no image size (damaged header or tables-only stream)");
-  }
-  return Status::Ok();
-}
-
-// Decodes a JPEG to RGB, letting the DCT scale it down as far as it can while
-// staying >= target_h x target_w (the scaled IDCT is both faster and a better
-// low-pass than resampling the full image).
-Status DecodeJpeg(const std::string& path, std::span<const unsigned char> bytes, int target_h, int target_w,
-                  RgbImage* out) {
-  tjhandle tj = ThreadDecompressor();
-  if (tj == nullptr) return Status::Internal(path + ": tjInitDecompress failed: " + tjGetErrorStr2(nullptr));
-  int w = 0, h = 0, cs = 0;
-  GPUFEED_RETURN_IF_ERROR(JpegHeader(tj, path, bytes, &w, &h, &cs));
-
-  int num_factors = 0;
-  const tjscalingfactor* factors = tjGetScalingFactors(&num_factors);
-  tjscalingfactor best = {1, 1};
-  for (int i = 0; factors != nullptr && i < num_factors; ++i) {
-    const tjscalingfactor f = factors[i];
-    if (f.num > f.denom) continue;  // upscaling is left to the bilinear resize
-    if (TJSCALED(w, f) < target_w || TJSCALED(h, f) < target_h) continue;
-    if (static_cast<int64_t>(f.num) * best.denom < static_cast<int64_t>(best.num) * f.denom) best = f;
-  }
-  const int sw = TJSCALED(w, best), sh = TJSCALED(h, best);
-
-  // libjpeg cannot convert CMYK/YCCK to RGB, so those decode to CMYK and are
-  // converted below.
-  const bool cmyk = cs == TJCS_CMYK || cs == TJCS_YCCK;
-  const TJPF pf = cmyk ? TJPF_CMYK : TJPF_RGB;
-  thread_local std::vector<uint8_t> cmyk_buf;
-  std::vector<uint8_t>& buf = cmyk ? cmyk_buf : out->pixels;
-  buf.resize(static_cast<size_t>(sw) * sh * tjPixelSize[pf]);
-  // Warnings are fatal: libjpeg warns on truncated or damaged entropy data and
-  // then makes up the missing pixels (grey), which must not become a sample.
-  if (tjDecompress2(tj, bytes.data(), bytes.size(), buf.data(), sw, 0, sh, pf, TJFLAG_STOPONWARNING) != 0) {
-    return Status::Corrupt(path + ": JPEG decode failed: " + tjGetErrorStr2(tj));
-  }
-  if (cmyk) {
-    // Photoshop (the source of nearly all CMYK JPEGs) stores inverted CMYK,
-    // so a stored value is 255 - ink and R = (255 - C)(255 - K) / 255 reads
-    // as stored C * stored K / 255 (as OpenCV and Pillow do).
-    out->pixels.resize(static_cast<size_t>(sw) * sh * kChannels);
-    for (size_t i = 0, n = static_cast<size_t>(sw) * sh; i < n; ++i) {
-      const unsigned k = cmyk_buf[i * 4 + 3];
-      for (int c = 0; c < kChannels; ++c) {
-        out->pixels[i * kChannels + c] = static_cast<uint8_t>((cmyk_buf[i * 4 + c] * k + 127) / 255);
-      }
-    }
-  }
-  out->height = sh;
-  out->width = sw;
-  return Status::Ok();
-}
-
-// Decodes a PNG of any bit depth / color type to 8-bit sRGB RGB. Transparent
-// pixels are composited onto white: images with alpha are overwhelmingly
-// logos and cut-outs drawn to be seen on a white page.
-Status DecodePng(const std::string& path, std::span<const unsigned char> bytes, RgbImage* out) {
-  png_image img;
-  std::memset(&img, 0, sizeof(img));
-  img.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size())) {
-    png_image_free(&img);
-    return Status::Corrupt(path + ": not a decodable PNG: " + img.message);
-  }
-  if (img.format & PNG_FORMAT_FLAG_LINEAR) {
-    // 16-bit samples. libpng's 8-bit output would treat them as linear light
-    // and gamma-encode them (a grey of 32768 became 186); scale the stored
-    // values instead (32768 -> 128), as every other reader does.
-    img.format = PNG_FORMAT_LINEAR_RGB_ALPHA;  // alpha is premultiplied in linear formats
-    std::vector<uint16_t> wide(PNG_IMAGE_SIZE(img) / sizeof(uint16_t));
-    if (!png_image_finish_read(&img, nullptr, wide.data(), 0, nullptr)) {
-      png_image_free(&img);
-      return Status::Corrupt(path + ": PNG decode failed: " + img.message);
-    }
-    const size_t pixels = static_cast<size_t>(img.width) * img.height;
-    out->pixels.resize(pixels * 3);
-    for (size_t i = 0; i < pixels; ++i) {
-      const uint32_t a = wide[4 * i + 3];
-      for (int c = 0; c < 3; ++c) {
-        const uint32_t v = std::min<uint32_t>(65535, wide[4 * i + c] + (65535 - a));  // over white
-        out->pixels[3 * i + c] = static_cast<uint8_t>((v * 255 + 32767) / 65535);
-      }
-    }
-  } else {
-    img.format = PNG_FORMAT_RGB;
-    out->pixels.resize(PNG_IMAGE_SIZE(img));
-    const png_color white = {255, 255, 255};
-    if (!png_image_finish_read(&img, &white, out->pixels.data(), 0, nullptr)) {
-      png_image_free(&img);
-      return Status::Corrupt(path + ": PNG decode failed: " + img.message);
-    }
-  }
-  // Warnings (PNG_IMAGE_WARNING) are accepted: libpng's are about metadata
-  // such as a mismatched iCCP profile, not about pixels.
-  out->height = static_cast<int>(img.height);
-  out->width = static_cast<int>(img.width);
-  return Status::Ok();
-}
-
-// Decodes by content, not extension: image sets in the wild have PNGs named
-// .jpg (ImageNet has some).
+// Decodes by content, not extension (image sets in the wild have PNGs named
+// .jpg: ImageNet has some), with the encoded path's decoder: a JPEG at the
+// smallest DCT scale that still covers target_h x target_w (the scaled IDCT
+// is both faster and a better low-pass than resampling the full image).
+// Corrupt, naming `path`, when it does not decode.
 Status DecodeImage(const std::string& path, std::span<const unsigned char> bytes, int target_h, int target_w,
                    RgbImage* out) {
-  if (LooksLikeJpeg(bytes)) return DecodeJpeg(path, bytes, target_h, target_w, out);
-  if (LooksLikePng(bytes)) return DecodePng(path, bytes, out);
-  return Status::Corrupt(path + ": neither a JPEG nor a PNG (" + std::to_string(bytes.size()) +
-                         " bytes, unknown signature)");
+  Status st = image::DecodeCovering(bytes, target_h, target_w, &out->pixels, &out->height, &out->width);
+  if (!st.ok()) return Status::Corrupt(path + ": " + st.message());
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------

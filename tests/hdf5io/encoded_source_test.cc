@@ -508,5 +508,71 @@ TEST(ImageDecodeTest, NonImagesAndTruncatedJpegsAreCorrupt) {
   }
 }
 
+// Encoded 16-bit PNGs decode as the image folder's do: stored values scaled
+// to 8 bits (32768 -> 128), not gamma-encoded as linear light (186 before the
+// two decoders became one); a half-transparent black pixel is composited
+// over white.
+TEST(ImageDecodeTest, SixteenBitAndAlphaPngsDecodeLikeTheImageFolder) {
+  for (auto [value, want] : {std::pair{32768, 128}, std::pair{65535, 255}, std::pair{16384, 64}, std::pair{0, 0}}) {
+    png_image img;
+    std::memset(&img, 0, sizeof(img));
+    img.version = PNG_IMAGE_VERSION;
+    img.width = 8;
+    img.height = 8;
+    img.format = PNG_FORMAT_LINEAR_Y;  // 16-bit grey, values stored as given
+    std::vector<uint16_t> px(64, static_cast<uint16_t>(value));
+    png_alloc_size_t size = 0;
+    ASSERT_TRUE(png_image_write_to_memory(&img, nullptr, &size, 0, px.data(), 0, nullptr)) << img.message;
+    std::vector<uint8_t> bytes(size);
+    ASSERT_TRUE(png_image_write_to_memory(&img, bytes.data(), &size, 0, px.data(), 0, nullptr)) << img.message;
+    std::vector<uint8_t> rgb;
+    int h = 0, w = 0;
+    ASSERT_TRUE(image::DecodeFull(bytes, &rgb, &h, &w).ok());
+    ASSERT_EQ(h * w, 64);
+    for (uint8_t v : rgb) ASSERT_EQ(v, want) << "stored " << value;
+    DecodeOptions d;
+    d.height = d.width = 8;
+    d.transform = ImageTransform::kCenterCrop;
+    d.center_fraction = 1.0;  // the whole 8x8 image, resampled 1:1
+    std::vector<uint8_t> out(3 * 64, 1);
+    ASSERT_TRUE(image::DecodeTransform(bytes, d, 0, out.data()).ok());
+    for (uint8_t v : out) ASSERT_EQ(v, want) << "stored " << value;
+  }
+  png_image img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = PNG_IMAGE_VERSION;
+  img.width = img.height = 2;
+  img.format = PNG_FORMAT_GA;  // 8-bit grey + alpha: black at alpha 128
+  const std::vector<uint8_t> ga = {0, 128, 0, 128, 0, 128, 0, 128};
+  png_alloc_size_t size = 0;
+  ASSERT_TRUE(png_image_write_to_memory(&img, nullptr, &size, 0, ga.data(), 0, nullptr)) << img.message;
+  std::vector<uint8_t> bytes(size);
+  ASSERT_TRUE(png_image_write_to_memory(&img, bytes.data(), &size, 0, ga.data(), 0, nullptr)) << img.message;
+  std::vector<uint8_t> rgb;
+  int h = 0, w = 0;
+  ASSERT_TRUE(image::DecodeCovering(bytes, 2, 2, &rgb, &h, &w).ok());
+  // Half black over white, composited in linear light (libpng's simplified
+  // API does that): 0.5 linear is 186 in sRGB.
+  for (uint8_t v : rgb) EXPECT_NEAR(v, 186, 2);
+}
+
+// DecodeCovering (the image folder's decoder) picks the smallest DCT scale
+// that keeps the whole image at least the size asked for.
+TEST(ImageDecodeTest, CoveringDecodeUsesTheSmallestScaleThatCovers) {
+  const Bytes j = Encode(3, 160, 200, Kind::kBaseline);  // 160 rows x 200 columns
+  std::vector<uint8_t> rgb;
+  int h = 0, w = 0;
+  for (auto [min_h, min_w, want_h, want_w] :
+       {std::array{0, 0, 160, 200}, std::array{20, 25, 20, 25}, std::array{21, 25, 40, 50}, std::array{60, 60, 80, 100},
+        std::array{81, 10, 160, 200}}) {
+    ASSERT_TRUE(image::DecodeCovering(j, min_h, min_w, &rgb, &h, &w).ok());
+    EXPECT_EQ(h, want_h) << min_h << "x" << min_w;
+    EXPECT_EQ(w, want_w) << min_h << "x" << min_w;
+    EXPECT_EQ(rgb.size(), size_t(3) * h * w);
+  }
+  Status s = image::DecodeCovering(std::vector<uint8_t>(j.begin(), j.begin() + 20), 8, 8, &rgb, &h, &w);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+}
+
 }  // namespace
 }  // namespace gpufeed
