@@ -505,6 +505,7 @@ GPUFEED_BOOL_SETTER(feed_flip, feed_options.flip)
 GPUFEED_BOOL_SETTER(feed_labels_int32, feed_options.labels_int32)
 GPUFEED_BOOL_SETTER(feed_force_cpu, feed_options.force_cpu)
 GPUFEED_BOOL_SETTER(skip_corrupt, source.decode.skip_corrupt)
+GPUFEED_BOOL_SETTER(no_sample_axis, source.open.no_sample_axis)
 #undef GPUFEED_BOOL_SETTER
 
 #define GPUFEED_STRING_SETTER(name, field) \

@@ -323,6 +323,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->required();
   lcmd->add_option("--field", la->bench.open.fields, "NAME=/hdf5/path: a named field (repeatable, in order)");
   lcmd->add_option("--max-open-files", la->bench.open.max_open_files, "files holding descriptors at once");
+  lcmd->add_flag("--no-sample-axis", la->bench.open.no_sample_axis,
+                 "each file is one sample; its datasets have no sample axis (DeepCAM's reference files)");
   lcmd->add_option("--dataset", la->bench.dataset,
                    "with a daemon --data: the dataset to read there (default: its first)");
   lcmd->add_option("--token-file", la->bench.token_file, "with a tcp:// daemon: its shared secret");

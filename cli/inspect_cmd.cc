@@ -19,6 +19,7 @@ struct InspectArgs {
   int64_t sample = -1;
   bool json = false;
   bool trust_files = false;
+  bool no_sample_axis = false;
 };
 
 std::string ShapeText(const std::vector<uint64_t>& s) {
@@ -33,6 +34,7 @@ int RunInspectFields(const InspectArgs& a) {
   OpenOptions o;
   o.fields = a.fields;
   o.trust_files = a.trust_files;
+  o.no_sample_axis = a.no_sample_axis;
   auto src = FieldSource::Open(a.spec, o);
   if (!src.ok()) {
     std::fprintf(stderr, "gpufeed inspect: %s\n", src.status().ToString().c_str());
@@ -43,6 +45,7 @@ int RunInspectFields(const InspectArgs& a) {
   OpenOptions one;
   one.trust_files = true;  // probed by FieldSource::Open
   one.labels_path = "none";
+  one.no_sample_axis = a.no_sample_axis;
   for (const FieldInfo& f : fs.fields()) {
     auto ds = Dataset::Open(fs.files()[0] + ":" + f.path, one);
     nlohmann::json filters = nlohmann::json::array();
@@ -172,6 +175,7 @@ int RunInspect(const InspectArgs& a) {
   if (!a.fields.empty() || IsMultiFileSpec(a.spec)) return RunInspectFields(a);
   OpenOptions o;
   o.labels_path = a.labels;
+  o.no_sample_axis = a.no_sample_axis;
   if (auto kind = DetectEncoded(a.spec, o); kind.ok() && *kind != EncodedStorage::kNone) {
     o.trust_files = true;  // probed just now
     return InspectEncoded(a, o);
@@ -292,6 +296,8 @@ void AddInspectCommand(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--field", args->fields, "NAME=/hdf5/path: a named field (repeatable, in order)");
   cmd->add_option("--labels", args->labels, "labels dataset path (default /labels if present; 'none')");
+  cmd->add_flag("--no-sample-axis", args->no_sample_axis,
+                "each file is one sample; its datasets have no sample axis (DeepCAM's reference files)");
   cmd->add_flag("--json", args->json, "print as JSON");
   cmd->add_option("--sample", args->sample, "write sample K ...");
   cmd->add_option("--out", args->out, "... to this .npy, .pgm or .ppm file");

@@ -218,6 +218,7 @@ struct Dataset::Impl {
   // destructor closes the descriptor.
   std::unique_ptr<io::UringReadAhead> ahead;
   bool contiguous = false;
+  bool no_sample_axis = false;  // OpenOptions::no_sample_axis: axis 0 (extent 1) is not in the file
   uint64_t contiguous_addr = 0;
   std::vector<uint64_t> chunk_addr;  // absolute file offsets
   std::vector<uint64_t> chunk_size;  // stored bytes
@@ -343,6 +344,16 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
 Status Dataset::Impl::ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) {
   std::lock_guard<std::mutex> lock(h5_mu);
   h5::QuietErrors();
+  if (no_sample_axis) {  // the one sample is the whole dataset
+    if (first != 0 || count != 1 || dst.size() < sample_bytes) {
+      return Status::InvalidArgument(what + ": samples [" + std::to_string(first) + ", " +
+                                     std::to_string(first + count) + ") of a one-sample (no sample axis) dataset");
+    }
+    if (H5Dread(dset.get(), mem_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, dst.data()) < 0) {
+      return Status::Corrupt(what + ": HDF5 read failed: " + h5::LastErrorText());
+    }
+    return Status::Ok();
+  }
   const int rank = static_cast<int>(sample_shape.size()) + 1;
   std::vector<hsize_t> start(rank, 0), cnt(rank);
   start[0] = first;
@@ -535,7 +546,8 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     unsigned mask = 0;
     haddr_t addr = HADDR_UNDEF;
     hsize_t size = 0;
-    if (H5Dget_chunk_info_by_coord(d.dset.get(), offset.data(), &mask, &addr, &size) < 0) {
+    // The file's coordinates lack the axis no_sample_axis adds.
+    if (H5Dget_chunk_info_by_coord(d.dset.get(), offset.data() + (d.no_sample_axis ? 1 : 0), &mask, &addr, &size) < 0) {
       return Status::Corrupt(d.ChunkWhat(i) + ": chunk index unreadable: " + h5::LastErrorText());
     }
     if (addr == HADDR_UNDEF) {
@@ -628,10 +640,25 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   d->is_bool = H5Tget_class(ftype.get()) == H5T_ENUM;
   d->info.big_endian = H5Tget_order(ftype.get()) == H5T_ORDER_BE;
   h5::Id space(H5Dget_space(d->dset.get()));
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 1) return Status::Unsupported(d->what + ": scalar dataset; expected [N, ...] samples");
-  std::vector<hsize_t> dims(rank), maxdims(rank);
+  // no_sample_axis: the whole dataset is one sample, behind an axis 0 of
+  // extent 1 that the file does not have (`rank` counts it, `file_rank` not).
+  const bool whole = options.no_sample_axis;
+  d->no_sample_axis = whole;
+  d->info.no_sample_axis = whole;
+  const int file_rank = H5Sget_simple_extent_ndims(space.get());
+  if (file_rank < 0) return Status::Corrupt(d->what + ": damaged dataspace: " + h5::LastErrorText());
+  if (file_rank < 1 && !whole) {
+    return Status::Unsupported(d->what +
+                               ": scalar dataset; expected [N, ...] samples (a file holding one sample without a "
+                               "sample axis: open with no_sample_axis, CLI --no-sample-axis)");
+  }
+  const int rank = file_rank + (whole ? 1 : 0);
+  std::vector<hsize_t> dims(file_rank), maxdims(file_rank);
   H5Sget_simple_extent_dims(space.get(), dims.data(), maxdims.data());
+  if (whole) {
+    dims.insert(dims.begin(), 1);
+    maxdims.insert(maxdims.begin(), 1);
+  }
   d->info.shape.assign(dims.begin(), dims.end());
   // Sizes below come from the file: checked before anything is sized by them.
   for (int k = 0; k < rank; ++k) {
@@ -661,8 +688,12 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
   d->info.storage = layout == H5D_CHUNKED ? "chunked" : layout == H5D_CONTIGUOUS ? "contiguous" : "compact";
   if (layout == H5D_CHUNKED) {
-    std::vector<hsize_t> cdims(rank);
-    H5Pget_chunk(dcpl.get(), rank, cdims.data());
+    std::vector<hsize_t> cdims(file_rank);
+    if (file_rank > 0 && H5Pget_chunk(dcpl.get(), file_rank, cdims.data()) != file_rank) {
+      return Status::Corrupt(d->what + ": damaged layout: chunk rank differs from the dataset's rank " +
+                             std::to_string(file_rank));
+    }
+    if (whole) cdims.insert(cdims.begin(), 1);
     d->info.hdf5_chunk_shape.assign(cdims.begin(), cdims.end());
   }
   const int nfilters = H5Pget_nfilters(dcpl.get());
@@ -772,7 +803,10 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   // Labels.
   std::string labels_path = options.labels_path;
   const bool explicit_labels = !labels_path.empty() && labels_path != "none";
-  if (labels_path.empty()) {
+  if (labels_path.empty() && whole) {
+    // One sample per file: a label is a field of its own (or a one-element
+    // labels dataset named explicitly); /labels of a segmentation is not one.
+  } else if (labels_path.empty()) {
     labels_path = "/labels";
     if (H5Lexists(d->file.get(), "labels", H5P_DEFAULT) <= 0) labels_path.clear();
     H5Eclear2(H5E_DEFAULT);

@@ -144,6 +144,10 @@ GPUFEED_C_EXPORT void gpufeed_options_set_io(gpufeed_options* o, const char* mod
  * bounds the files holding descriptors at once (default 256). */
 GPUFEED_C_EXPORT void gpufeed_options_add_field(gpufeed_options* o, const char* field);
 GPUFEED_C_EXPORT void gpufeed_options_set_max_open_files(gpufeed_options* o, int v);
+/* Each file holds one sample whose datasets have no sample axis (DeepCAM's
+ * reference files: /climate/data [768, 1152, 16]); OpenOptions::no_sample_axis.
+ * Default 0. */
+GPUFEED_C_EXPORT void gpufeed_options_set_no_sample_axis(gpufeed_options* o, int v);
 
 /* Encoded image datasets (gpufeed/encoded.h DecodeOptions; ignored for
  * others): output size (default 224 x 224), transform

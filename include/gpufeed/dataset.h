@@ -103,6 +103,12 @@ struct OpenOptions {
   // Lowered to what half the free room under RLIMIT_NOFILE allows (each open
   // field holds about 2 descriptors).
   int max_open_files = 256;
+  // Each file holds one sample and its datasets have no sample axis
+  // (DeepCAM's reference files: /climate/data is [768, 1152, 16] float32,
+  // one sample). The whole dataset is then the sample, behind an axis 0 of
+  // extent 1; /labels is not looked for (name a label as a field, or
+  // labels_path a one-element dataset). CLI: --no-sample-axis.
+  bool no_sample_axis = false;
 };
 
 struct FilterInfo {
@@ -133,6 +139,8 @@ struct DatasetInfo {
   // on the hdf5 path), and why when it is not what was asked (auto's choice,
   // or O_DIRECT refused and the fallback to pread).
   std::string io;
+  // Opened with OpenOptions::no_sample_axis: shape[0] (1) is not in the file.
+  bool no_sample_axis = false;
   std::string io_note;
   // Direct I/O's io_uring read-ahead: chunks read ahead of the loader, each
   // in a buffer of the largest chunk's size (0: none). One per hardware

@@ -137,7 +137,7 @@ SETTERS = {
     "max_open_files": ("int", "max_open_files"),
     "image_height": ("u32", "image_height"), "image_width": ("u32", "image_width"),
     "image_transform": ("str", "image_transform"), "image_layout": ("str", "image_layout"),
-    "skip_corrupt": ("bool", "skip_corrupt"),
+    "skip_corrupt": ("bool", "skip_corrupt"), "no_sample_axis": ("bool", "no_sample_axis"),
 }
 _CTYPE = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "int": ctypes.c_int, "bool": ctypes.c_int, "str": ctypes.c_char_p}
 for _key, (_kind, _suffix) in SETTERS.items():

@@ -148,7 +148,10 @@ class Loader:
     also name many files: a glob ("deepcam/*.h5"), a directory or a *.txt
     list of paths. Each field arrives as [B, *field shape] in its stored
     dtype; sample k of every field is row k. max_open_files bounds the files
-    holding descriptors at once (default 256).
+    holding descriptors at once (default 256). no_sample_axis: each file is
+    one sample and its datasets have no sample axis (DeepCAM's reference
+    files: /climate/data [768, 1152, 16]); such a field arrives as
+    [B, *dataset shape].
     output: "torch", "numpy", "dlpack" (gpufeed.Array objects) or "auto"
     (torch if importable, else NumPy, else DLPack arrays).
     """
@@ -161,7 +164,7 @@ class Loader:
                  slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
                  compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
                  keepalive_ms=30000, output="auto", poll_ms=100, fields=None, max_open_files=None, image_size=224,
-                 transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False):
+                 transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False, no_sample_axis=False):
         self._handle = None
         self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
         kind, index = _parse_device(device)
@@ -184,6 +187,7 @@ class Loader:
             "image_height": image_size if isinstance(image_size, int) else image_size[0],
             "image_width": image_size if isinstance(image_size, int) else image_size[1],
             "image_transform": transform, "image_layout": image_layout, "skip_corrupt": skip_corrupt,
+            "no_sample_axis": no_sample_axis,
         }
         if feed:
             values.update({

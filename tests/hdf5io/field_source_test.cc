@@ -86,9 +86,11 @@ std::vector<std::byte> SampleBytes(const FieldDef& fd, size_t fi, uint64_t k) {
   return out;
 }
 
-// Writes samples [first, first + n) of every field into `path`.
+// Writes samples [first, first + n) of every field into `path`. no_axis:
+// one sample (n == 1) stored without the sample axis (DeepCAM's files), its
+// chunk dims those of chunk_samples_and_more past the first.
 void WriteFile(const std::string& path, const std::vector<FieldDef>& defs, uint64_t first, uint64_t n,
-               const std::map<std::string, uint64_t>& override_n = {}) {
+               const std::map<std::string, uint64_t>& override_n = {}, bool no_axis = false) {
   h5::EnsureZstdFilterRegistered();
   hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   ASSERT_GE(file, 0);
@@ -96,6 +98,10 @@ void WriteFile(const std::string& path, const std::vector<FieldDef>& defs, uint6
     const FieldDef& fd = defs[fi];
     const uint64_t count = override_n.count(fd.name) ? override_n.at(fd.name) : n;
     std::vector<hsize_t> dims{count};
+    if (no_axis) {
+      ASSERT_EQ(count, 1u);
+      dims.clear();
+    }
     dims.insert(dims.end(), fd.sample_shape.begin(), fd.sample_shape.end());
     std::vector<std::byte> data;
     for (uint64_t k = first; k < first + count; ++k) {
@@ -108,6 +114,7 @@ void WriteFile(const std::string& path, const std::vector<FieldDef>& defs, uint6
     if (!fd.chunk_samples_and_more.empty()) {
       std::vector<hsize_t> c = fd.chunk_samples_and_more;
       c[0] = std::min<hsize_t>(c[0], std::max<hsize_t>(1, count));
+      if (no_axis) c.erase(c.begin());
       H5Pset_chunk(dcpl, static_cast<int>(c.size()), c.data());
       if (fd.shuffle) H5Pset_shuffle(dcpl);
       if (fd.deflate >= 0) H5Pset_deflate(dcpl, static_cast<unsigned>(fd.deflate));
@@ -116,7 +123,8 @@ void WriteFile(const std::string& path, const std::vector<FieldDef>& defs, uint6
         H5Pset_filter(dcpl, 32015, H5Z_FLAG_OPTIONAL, 1, &level);
       }
     }
-    hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+    hid_t space =
+        dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
     hid_t type = fd.is_bool ? BoolType() : H5Tcopy(fd.type);
     hid_t ds = H5Dcreate2(file, fd.path.c_str(), type, space, lcpl, dcpl, H5P_DEFAULT);
     ASSERT_GE(ds, 0) << fd.path;
@@ -265,6 +273,51 @@ TEST(FieldSourceTest, ManySamplesPerFileUnitsNeverSpanFiles) {
   EXPECT_LE((*src)->open_files(), 1u);
   ExpectEveryFieldOfEverySampleOnce(**src, defs);
   EXPECT_LE((*src)->open_files(), 1u);
+}
+
+// DeepCAM's reference files hold one sample and no sample axis
+// (/climate/data is [768, 1152, 16]): with no_sample_axis each file is one
+// sample, whatever its storage: one deflate chunk (direct path), chunks that
+// split the sample (HDF5's path), contiguous, a scalar.
+TEST(FieldSourceTest, FilesWithoutASampleAxisAreOneSampleEach) {
+  const std::string dir = MakeTempDir("fields_no_axis");
+  std::vector<FieldDef> defs = {{"data", "/climate/data", H5T_NATIVE_FLOAT, {6, 4, 3}, {1, 6, 4, 3}, 4},
+                                {"mask", "/climate/labels_0", H5T_NATIVE_INT32, {6, 4}, {1, 3, 2}},
+                                {"target", "/target", H5T_NATIVE_DOUBLE, {}, {}},
+                                {"u16", "/u16", H5T_NATIVE_UINT16, {5}, {}}};
+  for (int k = 0; k < 17; ++k) {
+    char name[32];
+    std::snprintf(name, sizeof name, "s_%03d.h5", k);
+    WriteFile(dir + "/" + name, defs, k, 1, {}, /*no_axis=*/true);
+  }
+  OpenOptions o;
+  o.fields = Specs(defs);
+  o.no_sample_axis = true;
+  auto src = FieldSource::Open(dir + "/s_*.h5", o);  // probed: the probe opens them the same way
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  EXPECT_EQ((*src)->num_samples(), 17u);
+  EXPECT_EQ((*src)->chunk_samples(), 1u);
+  const auto f = (*src)->fields();
+  EXPECT_EQ(f[0].sample_shape, (std::vector<uint64_t>{6, 4, 3}));
+  EXPECT_EQ(f[1].sample_shape, (std::vector<uint64_t>{6, 4}));
+  EXPECT_TRUE(f[2].sample_shape.empty());
+  ExpectEveryFieldOfEverySampleOnce(**src, defs);
+  for (auto [path, want] : {std::pair{"/climate/data", "direct"}, std::pair{"/climate/labels_0", "hdf5"}}) {
+    OpenOptions one;
+    one.no_sample_axis = true;
+    one.trust_files = true;
+    auto ds = Dataset::Open(dir + "/s_003.h5:" + path, one);
+    ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+    EXPECT_EQ(ReadPathName(ds->info().read_path), want) << path << ": " << ds->info().read_path_reason;
+    EXPECT_TRUE(ds->info().no_sample_axis);
+    EXPECT_EQ(ds->num_samples(), 1u);
+  }
+  // Without the option a scalar field cannot be a field of samples: the
+  // error says what to do.
+  o.no_sample_axis = false;
+  auto plain = FieldSource::Open(dir + "/s_*.h5", o);
+  ASSERT_FALSE(plain.ok());
+  EXPECT_NE(plain.status().message().find("no-sample-axis"), std::string::npos) << plain.status().ToString();
 }
 
 TEST(FieldSourceTest, DefaultFieldsAreImagesAndLabels) {

@@ -100,6 +100,30 @@ def test_many_samples_per_file_sharded_disjoint_and_complete(many_per_file, worl
     assert (seen <= 1).all() and seen.sum() == per_rank * world
 
 
+def test_files_without_a_sample_axis_as_deepcam_stores_them(tmp_path):
+    """DeepCAM's reference files: /climate/data [H, W, C] and
+    /climate/labels_0 [H, W], one sample per file and no sample axis."""
+    for k in range(N_FILES):
+        data, mask, _ = field_values(k)
+        with h5py.File(tmp_path / ("r_%03d.h5" % k), "w") as f:
+            f.create_dataset("climate/data", data=data.transpose(1, 2, 0), chunks=(2, 3, 1), compression="gzip")
+            f.create_dataset("climate/labels_0", data=mask)
+    loader = gpufeed.Loader(str(tmp_path / "r_*.h5"), fields=["data=/climate/data", "mask=/climate/labels_0"],
+                            no_sample_axis=True, batch_size=4, order="random", seed=5, output="numpy")
+    seen = np.zeros(N_FILES, dtype=int)
+    for data, mask in loader:
+        assert data.shape[1:] == (4, 3, 2) and mask.shape[1:] == (4, 3)
+        for row in range(data.shape[0]):
+            k = int(data[row, 0, 0, 0]) // 100
+            seen[k] += 1
+            want_data, want_mask, _ = field_values(k)
+            with h5py.File(tmp_path / ("r_%03d.h5" % k), "r") as f:
+                assert np.array_equal(data[row], f["climate/data"][()])
+            assert np.array_equal(data[row], want_data.transpose(1, 2, 0))
+            assert np.array_equal(mask[row], want_mask)
+    assert (seen == 1).all(), seen
+
+
 def test_mismatched_lengths_name_both(tmp_path):
     with h5py.File(tmp_path / "bad.h5", "w") as f:
         f.create_dataset("a", data=np.zeros((5, 2), np.float32))
