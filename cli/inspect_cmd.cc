@@ -85,8 +85,8 @@ int RunInspectFields(const InspectArgs& a) {
       if (sources > 0) {
         // The loader reads each source as a dataset of its own (direct path where it qualifies).
         path_taken = "per-source";
-        storage += " (" + std::to_string(sources) + " sources, first " + SourceText(ds->info().virtual_sources[0]) +
-                   ")";
+        storage +=
+            " (" + std::to_string(sources) + " sources, first " + SourceText(ds->info().virtual_sources[0]) + ")";
         first_sources = SourcesJson(ds->info().virtual_sources);
       }
     }
@@ -287,8 +287,9 @@ int RunInspect(const InspectArgs& a) {
     if (info.virtual_sources.size() > kSourcesShown) {
       std::printf("\n    ... %zu more", info.virtual_sources.size() - kSourcesShown);
     }
-    std::printf("\n  loader       reads each source directly (bench loader, Python, the C API); this Dataset, "
-                "`bench read`, `train` and `serve` read through HDF5");
+    std::printf(
+        "\n  loader       reads each source directly (bench loader, Python, the C API); this Dataset, "
+        "`bench read`, `train` and `serve` read through HDF5");
   }
   std::printf("\n  filters      ");
   if (info.filters.empty()) std::printf("none");

@@ -78,6 +78,7 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
     // A virtual dataset (its mapping checked by Open): read its sources
     // directly, as fields named as a many-file input's (images, labels).
     OpenOptions fo = open;
+    fo.trust_files = o.open.trust_files;  // the sources have not been through the probe yet
     fo.fields = {"images=" + ds->info().images_path};
     if (ds->has_labels()) fo.fields.push_back("labels=" + ds->info().labels_path);
     auto fs = FieldSource::Open(ds->info().file, fo);

@@ -10,12 +10,14 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "gpufeed/dataset.h"
 #include "gpufeed/fields.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/open_source.h"
 #include "hdf5io/h5_util.h"
+#include "hdf5io/virtual.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {
@@ -416,6 +418,28 @@ TEST(VdsTest, MappingsThatAreNotAxisZeroRangesAreRefused) {
     EXPECT_NE(ds.status().message().find(w.text), std::string::npos) << ds.status().ToString();
     EXPECT_NE(ds.status().message().find(vds + ":" + w.dset), std::string::npos) << ds.status().ToString();
   }
+}
+
+TEST(VdsTest, SourceFilesAreFoundWhereHdf5LooksForThem) {
+  const std::string dir = MakeTempDir("vds_names");
+  std::filesystem::create_directories(dir + "/sub");
+  std::ofstream(dir + "/here.h5") << "x";
+  std::ofstream(dir + "/sub/there.h5") << "x";
+  const std::string vds = dir + "/v.h5", what = vds + ":/images";
+  EXPECT_EQ(*h5::ResolveVirtualSourceFile(".", vds, what), vds);
+  EXPECT_EQ(*h5::ResolveVirtualSourceFile("here.h5", vds, what), dir + "/here.h5");  // the VDS's directory
+  EXPECT_EQ(*h5::ResolveVirtualSourceFile("sub/there.h5", vds, what), dir + "/sub/there.h5");
+  // An absolute name that moved: its base name, next to the VDS.
+  EXPECT_EQ(*h5::ResolveVirtualSourceFile("/elsewhere/gone/here.h5", vds, what), dir + "/here.h5");
+  ::setenv("HDF5_VDS_PREFIX", "/nonexistent:${ORIGIN}/sub", 1);
+  EXPECT_EQ(*h5::ResolveVirtualSourceFile("there.h5", vds, what), dir + "/sub/there.h5");
+  ::unsetenv("HDF5_VDS_PREFIX");
+  auto missing = h5::ResolveVirtualSourceFile("nowhere.h5", vds, what);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("'nowhere.h5'"), std::string::npos) << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find(what), std::string::npos) << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find(dir + "/nowhere.h5"), std::string::npos) << missing.status().ToString();
 }
 
 }  // namespace
