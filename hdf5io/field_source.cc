@@ -394,7 +394,6 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     if (d->open_list.size() < d->max_open) d->Insert(p, std::move(ds));
     return Status::Ok();
   };
-  d->open.resize(0);
   for (size_t f = 0; f < d->files.size(); ++f) {
     auto ds = d->OpenFields(f);
     if (!ds.ok()) return ds.status();

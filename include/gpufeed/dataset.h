@@ -98,8 +98,9 @@ struct OpenOptions {
   // spec (and /labels) as before. Non-empty, or a data spec naming many
   // files, opens a FieldSource (fields.h) instead of a Dataset.
   std::vector<std::string> fields;
-  // FieldSource: files whose descriptors may be open at once; the least
-  // recently used one is closed beyond it (and reopened when read again).
+  // FieldSource: files whose descriptors may be open at once (with virtual
+  // fields: runs of samples read from one dataset per field, fields.h); the
+  // least recently used one is closed beyond it (and reopened when read again).
   // Lowered to what half the free room under RLIMIT_NOFILE allows (each open
   // field holds about 2 descriptors).
   int max_open_files = 256;
