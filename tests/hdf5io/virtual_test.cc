@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -28,7 +29,7 @@ using testing::MakeTempDir;
 constexpr hsize_t kH = 3, kW = 5;  // images are uint8 [N, 3, 5]
 constexpr uint64_t kSampleBytes = kH * kW;
 
-enum class Codec { kNone, kDeflate, kZstd, kShuffleDeflate };
+enum class Codec { kNone, kDeflate, kZstd, kShuffleDeflate, kLzf };
 
 int64_t LabelOf(uint64_t k) { return static_cast<int64_t>(k * 7 + 3); }
 
@@ -49,6 +50,7 @@ void WriteSource(const std::string& path, uint64_t first, uint64_t n, Codec code
     H5Pset_chunk(dcpl, static_cast<int>(c.size()), c.data());
     if (codec == Codec::kShuffleDeflate) H5Pset_shuffle(dcpl);
     if (codec == Codec::kDeflate || codec == Codec::kShuffleDeflate) H5Pset_deflate(dcpl, 4);
+    if (codec == Codec::kLzf) H5Pset_filter(dcpl, 32000, H5Z_FLAG_MANDATORY, 0, nullptr);  // Debian's plugin
     if (codec == Codec::kZstd) {
       const unsigned level = 3;
       H5Pset_filter(dcpl, 32015, H5Z_FLAG_OPTIONAL, 1, &level);
