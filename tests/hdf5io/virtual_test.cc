@@ -418,6 +418,8 @@ TEST(VdsTest, MappingsThatAreNotAxisZeroRangesAreRefused) {
     H5Sclose(vspace);
   }
   AddVds(file, "float", H5T_NATIVE_FLOAT, 20, {kH, kW}, {{"a.h5", "/data", 0, 20}});
+  AddVds(file, "inner", H5T_NATIVE_UINT8, 20, {kH, kW}, {{"a.h5", "/data", 0, 20}});
+  AddVds(file, "nested", H5T_NATIVE_UINT8, 20, {kH, kW}, {{".", "/inner", 0, 20}});
   H5Fclose(file);
   struct Want {
     const char* dset;
@@ -429,7 +431,8 @@ TEST(VdsTest, MappingsThatAreNotAxisZeroRangesAreRefused) {
                         Want{"/overlap", StatusCode::kUnsupported, "overlaps"},
                         Want{"/short", StatusCode::kInvalidArgument, "needs >= 30 samples"},
                         Want{"/unlimited", StatusCode::kUnsupported, "unlimited"},
-                        Want{"/float", StatusCode::kInvalidArgument, "the source is uint8"}}) {
+                        Want{"/float", StatusCode::kInvalidArgument, "the source is uint8"},
+                        Want{"/nested", StatusCode::kUnsupported, "itself a virtual dataset"}}) {
     auto ds = Dataset::Open(vds + ":" + w.dset);
     ASSERT_FALSE(ds.ok()) << w.dset;
     EXPECT_EQ(ds.status().code(), w.code) << ds.status().ToString();
