@@ -26,9 +26,10 @@ namespace gpufeed::h5 {
 // [0, dims[0]) with no gap and no overlap. Every source file must exist and
 // hold its dataset with the same type, the same sample shape and at least
 // the samples mapped. Errors: Unsupported (strided, unlimited, printf-named
-// or partial-axis mappings; overlaps), InvalidArgument (a gap, a source
-// that disagrees), NotFound (a missing source file or dataset: names it and
-// the virtual dataset), Corrupt (a selection outside its extent).
+// or partial-axis mappings; overlaps; a source that is itself virtual),
+// InvalidArgument (a gap, a source whose type or shape disagrees), NotFound
+// (a missing source file or dataset: names it and the virtual dataset),
+// Corrupt (a selection outside its extent, a source HDF5 cannot open).
 Result<std::vector<VirtualSource>> ResolveVirtualSources(hid_t dcpl, hid_t ftype, const std::vector<uint64_t>& dims,
                                                          const std::string& vds_file, const std::string& what);
 
