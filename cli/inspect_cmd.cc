@@ -1,4 +1,5 @@
 // `gpufeed inspect`: what a dataset is, how it is stored, how gpufeed reads it.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,30 @@ std::string ShapeText(const std::vector<uint64_t>& s) {
   return t + "]";
 }
 
+// How gpufeed reads a virtual dataset, in a line: its source count and the
+// first few sources.
+constexpr size_t kSourcesShown = 3;
+
+std::string SourceText(const VirtualSource& v) {
+  return v.file + ":" + v.dataset +
+         (v.stacked ? " (one sample)"
+                    : " [" + std::to_string(v.source_first) + ", " + std::to_string(v.source_first + v.count) + ")") +
+         " -> [" + std::to_string(v.first) + ", " + std::to_string(v.first + v.count) + ")";
+}
+
+nlohmann::json SourcesJson(const std::vector<VirtualSource>& vs) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < std::min(vs.size(), kSourcesShown); ++i) {
+    out.push_back({{"file", vs[i].file},
+                   {"dataset", vs[i].dataset},
+                   {"first", vs[i].first},
+                   {"count", vs[i].count},
+                   {"source_first", vs[i].source_first},
+                   {"stacked", vs[i].stacked}});
+  }
+  return out;
+}
+
 // Named fields or many files: the fields, the files and the read unit, and
 // each field's storage in the first file.
 int RunInspectFields(const InspectArgs& a) {
@@ -51,12 +76,22 @@ int RunInspectFields(const InspectArgs& a) {
     nlohmann::json filters = nlohmann::json::array();
     std::string path_taken, storage;
     std::vector<uint64_t> chunk;
+    size_t sources = 0;
+    nlohmann::json first_sources = nlohmann::json::array();
     if (ds.ok()) {
       for (const FilterInfo& fi : ds->info().filters) filters.push_back(fi.name);
       path_taken = std::string(ReadPathName(ds->info().read_path));
       if (!ds->info().read_path_reason.empty()) path_taken += " (" + ds->info().read_path_reason + ")";
       storage = ds->info().storage;
       chunk = ds->info().hdf5_chunk_shape;
+      sources = ds->info().virtual_sources.size();
+      if (sources > 0) {
+        // The loader reads each source as a dataset of its own (direct path where it qualifies).
+        path_taken = "per-source";
+        storage +=
+            " (" + std::to_string(sources) + " sources, first " + SourceText(ds->info().virtual_sources[0]) + ")";
+        first_sources = SourcesJson(ds->info().virtual_sources);
+      }
     }
     fields.push_back({{"name", f.name},
                       {"path", f.path},
@@ -66,7 +101,9 @@ int RunInspectFields(const InspectArgs& a) {
                       {"storage", storage},
                       {"hdf5_chunk_shape", chunk},
                       {"filters", filters},
-                      {"read_path", path_taken}});
+                      {"read_path", path_taken},
+                      {"virtual_sources", sources},
+                      {"virtual_sources_first", first_sources}});
   }
   if (a.json) {
     nlohmann::json j = {{"data", a.spec},
@@ -213,6 +250,8 @@ int RunInspect(const InspectArgs& a) {
         {"dtype", DTypeName(ds->dtype())},
         {"layout", info.layout},
         {"storage", info.storage},
+        {"virtual_sources", info.virtual_sources.size()},
+        {"virtual_sources_first", SourcesJson(info.virtual_sources)},
         {"hdf5_chunk_shape", info.hdf5_chunk_shape},
         {"hdf5_chunks", r.hdf5_chunks},
         {"filters", filters},
@@ -243,6 +282,18 @@ int RunInspect(const InspectArgs& a) {
   if (!info.hdf5_chunk_shape.empty()) {
     std::printf(", chunks %s, %llu chunks", ShapeText(info.hdf5_chunk_shape).c_str(),
                 static_cast<unsigned long long>(r.hdf5_chunks));
+  }
+  if (!info.virtual_sources.empty()) {
+    std::printf(", %zu sources", info.virtual_sources.size());
+    for (size_t i = 0; i < std::min(info.virtual_sources.size(), kSourcesShown); ++i) {
+      std::printf("\n    %s", SourceText(info.virtual_sources[i]).c_str());
+    }
+    if (info.virtual_sources.size() > kSourcesShown) {
+      std::printf("\n    ... %zu more", info.virtual_sources.size() - kSourcesShown);
+    }
+    std::printf(
+        "\n  loader       reads each source directly (bench loader, Python, the C API); this Dataset, "
+        "`bench read`, `train` and `serve` read through HDF5");
   }
   std::printf("\n  filters      ");
   if (info.filters.empty()) std::printf("none");

@@ -74,6 +74,19 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
   }
   auto ds = Dataset::Open(o.data, open);
   if (!ds.ok()) return ds.status();
+  if (!ds->info().virtual_sources.empty()) {
+    // A virtual dataset (its mapping checked by Open): read its sources
+    // directly, as fields named as a many-file input's (images, labels).
+    OpenOptions fo = open;
+    fo.trust_files = o.open.trust_files;  // the sources have not been through the probe yet
+    fo.fields = {"images=" + ds->info().images_path};
+    if (ds->has_labels()) fo.fields.push_back("labels=" + ds->info().labels_path);
+    auto fs = FieldSource::Open(ds->info().file, fo);
+    if (!fs.ok()) return fs.status();
+    std::unique_ptr<ChunkSource> owned = std::move(*fs);
+    auto loader = std::make_unique<Loader>(*owned, o.loader);
+    return std::make_unique<OpenedSource>(std::move(owned), std::move(loader));
+  }
   auto owned = std::make_unique<Dataset>(std::move(*ds));
   auto loader = std::make_unique<Loader>(*owned, o.loader);
   return std::make_unique<OpenedSource>(std::move(owned), std::move(loader));

@@ -21,6 +21,7 @@
 #include "hdf5io/direct_io.h"
 #include "hdf5io/h5_util.h"
 #include "hdf5io/probe.h"
+#include "hdf5io/virtual.h"
 
 namespace gpufeed {
 namespace {
@@ -476,6 +477,10 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
   const H5D_layout_t layout = H5Pget_layout(dcpl);
   if (d.info.big_endian) return std::string("data is big-endian");
   if (layout == H5D_COMPACT) return std::string("compact storage");
+  if (layout == H5D_VIRTUAL) {
+    return "virtual dataset of " + std::to_string(d.info.virtual_sources.size()) +
+           " sources: read through HDF5 here; the loader reads each source directly";
+  }
   if (layout == H5D_CONTIGUOUS) {
     if (H5Pget_external_count(dcpl) > 0) return std::string("data is in external files");
     haddr_t addr = H5Dget_offset(d.dset.get());
@@ -686,7 +691,22 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
 
   h5::Id dcpl(H5Dget_create_plist(d->dset.get()));
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
-  d->info.storage = layout == H5D_CHUNKED ? "chunked" : layout == H5D_CONTIGUOUS ? "contiguous" : "compact";
+  d->info.storage = layout == H5D_CHUNKED      ? "chunked"
+                    : layout == H5D_CONTIGUOUS ? "contiguous"
+                    : layout == H5D_VIRTUAL    ? "virtual"
+                                               : "compact";
+  if (layout == H5D_VIRTUAL && whole) {
+    return Status::InvalidArgument(d->what +
+                                   ": a virtual dataset with no_sample_axis (--no-sample-axis): its axis 0 is the "
+                                   "sample axis (stacked sources are one sample each already); open it without");
+  }
+  if (layout == H5D_VIRTUAL) {
+    // Resolved and checked here (gaps, missing files, sources that disagree
+    // would read as fill values through HDF5); FieldSource reads the sources.
+    auto sources = h5::ResolveVirtualSources(dcpl.get(), ftype.get(), d->info.shape, spec.file, d->what);
+    if (!sources.ok()) return sources.status();
+    d->info.virtual_sources = std::move(*sources);
+  }
   if (layout == H5D_CHUNKED) {
     std::vector<hsize_t> cdims(file_rank);
     if (file_rank > 0 && H5Pget_chunk(dcpl.get(), file_rank, cdims.data()) != file_rank) {

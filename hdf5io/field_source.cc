@@ -41,7 +41,7 @@ bool IsDirectory(std::string_view p) {
   return ::stat(std::string(p).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// One file's fields, open (a Dataset per field, in field order).
+// One file's (or part's) fields, open (a Dataset per field, in field order).
 using OpenFile = std::vector<Dataset>;
 
 }  // namespace
@@ -117,12 +117,39 @@ Result<std::vector<std::string>> ExpandFiles(std::string_view data_view) {
   return files;
 }
 
+namespace {
+
+// Where one field of a part is read: the part's samples from `first` on of
+// file:path. A stacked virtual source (no sample axis) is one whole sample:
+// `rows` rows of its axis 0 (rows is 1 for everything else).
+struct Piece {
+  std::string file, path;
+  uint64_t first = 0;
+  bool stacked = false;
+  std::string via;               // "vds.h5:/images" when mapped by a virtual dataset
+  uint64_t rows = 1;             // set at Open
+  uint64_t dataset_samples = 0;  // the dataset's axis 0 at Open (a reopen must agree)
+};
+
+// A run of samples that every field reads from one dataset: a whole input
+// file, or, where a field is a virtual dataset, the samples between two
+// source boundaries of any field. Read units never span parts.
+struct Part {
+  size_t file = 0;  // the input file it belongs to
+  uint64_t count = 0;
+  std::vector<Piece> pieces;  // one per field
+};
+
+}  // namespace
+
 struct FieldSource::Impl {
   std::vector<FieldSpec> specs;
   std::vector<FieldInfo> fields;
   std::vector<std::string> files;
   std::vector<uint64_t> file_first;  // first global sample of each file; + total at the end
-  std::vector<uint64_t> unit_first;  // first unit of each file; + num_chunks at the end
+  std::vector<Part> parts;           // in sample order; empty input files have none
+  std::vector<uint64_t> part_first;  // first global sample of each part; + total at the end
+  std::vector<uint64_t> unit_first;  // first unit of each part; + num_chunks at the end
   uint64_t num_samples = 0, sample_bytes = 0, chunk_samples = 1, num_chunks = 0;
   std::vector<uint64_t> sample_shape;
   DType dtype = DType::kUInt8;
@@ -131,16 +158,16 @@ struct FieldSource::Impl {
   OpenOptions reopen;  // trusted (probed at Open), labels "none"
   size_t max_open = 256;
 
-  // Open files, least recently used first out. A reader holds a shared_ptr,
+  // Open parts, least recently used first out. A reader holds a shared_ptr,
   // so closing one here never pulls it from under a read.
   mutable std::mutex mu;
-  mutable std::vector<std::shared_ptr<const OpenFile>> open;  // GUARDED_BY(mu), per file
+  mutable std::vector<std::shared_ptr<const OpenFile>> open;  // GUARDED_BY(mu), per part
   mutable std::vector<uint64_t> last_use;                     // GUARDED_BY(mu)
-  mutable std::vector<size_t> open_list;                      // GUARDED_BY(mu): files with open[f]
+  mutable std::vector<size_t> open_list;                      // GUARDED_BY(mu): parts with open[p]
   mutable uint64_t clock = 0;                                 // GUARDED_BY(mu)
 
-  // Opens every field of file f and checks it against the fields (a file
-  // replaced since Open is caught here, not read as something else).
+  // Opens every field of input file f as named (a virtual dataset opens as
+  // one, its mapping resolved and checked) and checks it against the fields.
   Result<OpenFile> OpenFields(size_t f) const {
     OpenFile out;
     for (size_t j = 0; j < specs.size(); ++j) {
@@ -171,33 +198,74 @@ struct FieldSource::Impl {
     return Status::Ok();
   }
 
-  Result<std::shared_ptr<const OpenFile>> Acquire(size_t f) const {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (open[f]) {
-        last_use[f] = ++clock;
-        return open[f];
-      }
+  // Opens the dataset of every field of part p.
+  Result<OpenFile> OpenPart(size_t p) const {
+    OpenFile out;
+    for (const Piece& pc : parts[p].pieces) {
+      auto ds = Dataset::Open(pc.file + ":" + pc.path, reopen);
+      if (!ds.ok()) return pc.via.empty() ? ds.status() : ds.status().WithContext("source of " + pc.via);
+      out.push_back(std::move(*ds));
     }
-    auto ds = OpenFields(f);
-    if (!ds.ok()) return ds.status();
-    GPUFEED_RETURN_IF_ERROR(CheckFile(f, *ds));
-    if (ds->front().num_samples() != file_first[f + 1] - file_first[f]) {
-      return Status::InvalidArgument(files[f] + ": now has " + std::to_string(ds->front().num_samples()) +
-                                     " samples, had " + std::to_string(file_first[f + 1] - file_first[f]) +
-                                     " when the dataset was opened (the file changed; reopen the dataset)");
-    }
-    auto p = std::make_shared<const OpenFile>(std::move(*ds));
-    std::lock_guard<std::mutex> lock(mu);
-    if (open[f]) {
-      last_use[f] = ++clock;
-      return open[f];  // another thread opened it meanwhile; ours closes
-    }
-    Insert(f, p);
-    return p;
+    return out;
   }
 
-  void Insert(size_t f, std::shared_ptr<const OpenFile> p) const {  // requires mu
+  // A part's datasets hold what the fields say: dtype, sample shape, the
+  // samples the part reads. record: the first open (Open), whose rows and
+  // lengths it sets; else a reopen, which must find the lengths unchanged.
+  Status CheckPart(size_t p, const OpenFile& ds, Part* record) const {
+    const Part& part = parts[p];
+    for (size_t j = 0; j < ds.size(); ++j) {
+      const Piece& pc = part.pieces[j];
+      const std::string where = pc.file + ":" + pc.path + (pc.via.empty() ? "" : " (source of " + pc.via + ")");
+      std::vector<uint64_t> shape = ds[j].sample_shape();
+      if (pc.stacked) shape.insert(shape.begin(), ds[j].num_samples());  // the whole dataset is the sample
+      if (ds[j].dtype() != fields[j].dtype || ds[j].is_bool() != fields[j].is_bool || shape != fields[j].sample_shape) {
+        return Status::InvalidArgument(where + ": field '" + specs[j].name + "' is " +
+                                       std::string(DTypeName(ds[j].dtype())) + " " + ShapeText(shape) +
+                                       " per sample here, but " + std::string(DTypeName(fields[j].dtype)) + " " +
+                                       ShapeText(fields[j].sample_shape) + " in " + files[0]);
+      }
+      if (record != nullptr) {
+        Piece& rp = record->pieces[j];
+        rp.dataset_samples = ds[j].num_samples();
+        rp.rows = pc.stacked ? ds[j].num_samples() : 1;
+        const auto end = CheckedAdd(rp.first, part.count);
+        if (!pc.stacked && (!end || *end > rp.dataset_samples)) {
+          return Status::InvalidArgument(where + ": has " + std::to_string(rp.dataset_samples) +
+                                         " samples, the part read from it needs [" + std::to_string(rp.first) + ", " +
+                                         (end ? std::to_string(*end) : std::string("overflow")) + ")");
+        }
+      } else if (ds[j].num_samples() != pc.dataset_samples) {
+        return Status::InvalidArgument(where + ": now has " + std::to_string(ds[j].num_samples()) + " samples, had " +
+                                       std::to_string(pc.dataset_samples) +
+                                       " when the dataset was opened (the file changed; reopen the dataset)");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Result<std::shared_ptr<const OpenFile>> Acquire(size_t p) const {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (open[p]) {
+        last_use[p] = ++clock;
+        return open[p];
+      }
+    }
+    auto ds = OpenPart(p);
+    if (!ds.ok()) return ds.status();
+    GPUFEED_RETURN_IF_ERROR(CheckPart(p, *ds, nullptr));
+    auto ptr = std::make_shared<const OpenFile>(std::move(*ds));
+    std::lock_guard<std::mutex> lock(mu);
+    if (open[p]) {
+      last_use[p] = ++clock;
+      return open[p];  // another thread opened it meanwhile; ours closes
+    }
+    Insert(p, ptr);
+    return ptr;
+  }
+
+  void Insert(size_t p, std::shared_ptr<const OpenFile> ptr) const {  // requires mu
     while (open_list.size() >= max_open) {
       auto lru = std::min_element(open_list.begin(), open_list.end(),
                                   [&](size_t a, size_t b) { return last_use[a] < last_use[b]; });
@@ -205,18 +273,57 @@ struct FieldSource::Impl {
       *lru = open_list.back();
       open_list.pop_back();
     }
-    open[f] = std::move(p);
-    last_use[f] = ++clock;
-    open_list.push_back(f);
+    open[p] = std::move(ptr);
+    last_use[p] = ++clock;
+    open_list.push_back(p);
   }
 
-  size_t FileOfUnit(uint64_t i) const {
+  size_t PartOfUnit(uint64_t i) const {
     return static_cast<size_t>(std::upper_bound(unit_first.begin(), unit_first.end(), i) - unit_first.begin() - 1);
   }
   uint64_t UnitSamples(uint64_t i) const {
-    const size_t f = FileOfUnit(i);
-    const uint64_t local = (i - unit_first[f]) * chunk_samples;
-    return std::min(chunk_samples, file_first[f + 1] - file_first[f] - local);
+    const size_t p = PartOfUnit(i);
+    const uint64_t local = (i - unit_first[p]) * chunk_samples;
+    return std::min(chunk_samples, parts[p].count - local);
+  }
+
+  // Splits input file f (its fields open as `ds`) into parts: one when no
+  // field is virtual, else one between every two source boundaries.
+  Status AddParts(size_t f, const OpenFile& ds) {
+    const uint64_t n = ds.front().num_samples();
+    if (n == 0) return Status::Ok();
+    // Per field, its runs: (start in the file, piece).
+    std::vector<std::vector<std::pair<uint64_t, Piece>>> runs(ds.size());
+    for (size_t j = 0; j < ds.size(); ++j) {
+      const auto& vs = ds[j].info().virtual_sources;
+      if (vs.empty()) {
+        runs[j].push_back({0, Piece{files[f], specs[j].path, 0, false, "", 1, 0}});
+        continue;
+      }
+      for (const VirtualSource& v : vs) {
+        runs[j].push_back({v.first, Piece{v.file, v.dataset, v.source_first, v.stacked, ds[j].name(), 1, 0}});
+      }
+    }
+    // Sweep: a part ends at the nearest boundary of any field.
+    std::vector<size_t> at(ds.size(), 0);
+    uint64_t s = 0;
+    while (s < n) {
+      Part part;
+      part.file = f;
+      uint64_t end = n;
+      for (size_t j = 0; j < ds.size(); ++j) {
+        while (at[j] + 1 < runs[j].size() && runs[j][at[j] + 1].first <= s) ++at[j];
+        if (at[j] + 1 < runs[j].size()) end = std::min(end, runs[j][at[j] + 1].first);
+        Piece pc = runs[j][at[j]].second;
+        // Within the run (s < its end); a stacked run is one sample, so s is its start.
+        pc.first += s - runs[j][at[j]].first;
+        part.pieces.push_back(std::move(pc));
+      }
+      part.count = end - s;
+      parts.push_back(std::move(part));
+      s = end;
+    }
+    return Status::Ok();
   }
 };
 
@@ -274,15 +381,24 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     const uint64_t room = nofile.rlim_cur > 128 ? (nofile.rlim_cur - 128) / 2 : 1;  // half of what is left
     d->max_open = static_cast<size_t>(std::clamp<uint64_t>(room / per_file, 1, d->max_open));
   }
-  d->open.resize(d->files.size());
-  d->last_use.assign(d->files.size(), 0);
   d->file_first.assign(1, 0);
-  uint64_t unit = 0;
+  bool any_virtual = false;
+  size_t largest = 0;  // the field with the largest samples: its chunking is the read unit
+  uint64_t unit = 1;
+  std::vector<bool> checked;  // per part: opened, checked, lengths recorded
+  // Records part p's datasets (its first open) and keeps the first max_open open.
+  auto first_open = [&](size_t p, std::shared_ptr<const OpenFile> ds) -> Status {
+    GPUFEED_RETURN_IF_ERROR(d->CheckPart(p, *ds, &d->parts[p]));
+    if (p == 0) unit = d->parts[0].pieces[largest].stacked ? 1 : (*ds)[largest].chunk_samples();
+    checked[p] = true;
+    if (d->open_list.size() < d->max_open) d->Insert(p, std::move(ds));
+    return Status::Ok();
+  };
   for (size_t f = 0; f < d->files.size(); ++f) {
     auto ds = d->OpenFields(f);
     if (!ds.ok()) return ds.status();
     if (f == 0) {
-      uint64_t offset = 0, largest = 0;
+      uint64_t offset = 0;
       for (size_t j = 0; j < ds->size(); ++j) {
         const Dataset& x = (*ds)[j];
         FieldInfo fi;
@@ -296,31 +412,68 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
         const auto next = CheckedAdd(offset, fi.sample_bytes);
         if (!next) return Status::Unsupported(d->files[0] + ": the fields' sample sizes overflow 64 bits");
         offset = *next;
-        if (j == 0 || fi.sample_bytes > largest) {
-          largest = fi.sample_bytes;
-          unit = x.chunk_samples();  // the largest field's read unit
-        }
         d->fields.push_back(std::move(fi));
       }
       d->sample_bytes = offset;
       d->attributes = ds->front().attributes();
+      for (size_t j = 1; j < d->fields.size(); ++j) {
+        if (d->fields[j].sample_bytes > d->fields[largest].sample_bytes) largest = j;
+      }
     }
     GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, *ds));
     const uint64_t n = ds->front().num_samples();
     const auto total = CheckedAdd(d->file_first.back(), n);
     if (!total) return Status::Unsupported(d->files[f] + ": the files' sample counts overflow 64 bits");
     d->file_first.push_back(*total);
-    // Units never span files: every file but the last holds whole units
-    // (the last may end in a short one, as a single file's last chunk).
-    if (n > 0 && f + 1 < d->files.size()) unit = std::gcd(unit, n);
-    if (f < d->max_open) d->Insert(f, std::make_shared<const OpenFile>(std::move(*ds)));
+    const size_t before = d->parts.size();
+    GPUFEED_RETURN_IF_ERROR(d->AddParts(f, *ds));
+    bool is_virtual = false;
+    for (const Dataset& x : *ds) is_virtual = is_virtual || !x.info().virtual_sources.empty();
+    any_virtual = any_virtual || is_virtual;
+    d->open.resize(d->parts.size());
+    d->last_use.resize(d->parts.size(), 0);
+    checked.resize(d->parts.size(), false);
+    // A file without virtual fields is one part, read from the datasets just opened.
+    if (!is_virtual && d->parts.size() > before) {
+      GPUFEED_RETURN_IF_ERROR(first_open(before, std::make_shared<const OpenFile>(std::move(*ds))));
+    }
   }
+  // Virtual fields' sources are files HDF5 has not parsed in this process
+  // beyond their metadata: they go through the probe before they are read.
+  if (any_virtual && !trusted) {
+    std::vector<std::string> probe_specs;
+    for (const Part& part : d->parts) {
+      for (const Piece& pc : part.pieces) {
+        if (!pc.via.empty()) probe_specs.push_back(pc.file + ":" + pc.path);
+      }
+    }
+    std::sort(probe_specs.begin(), probe_specs.end());
+    probe_specs.erase(std::unique(probe_specs.begin(), probe_specs.end()), probe_specs.end());
+    ProbeOptions probe;
+    probe.open = d->reopen;
+    probe.timeout_ms = options.probe_timeout_ms;
+    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
+    const std::vector<Status> probed = ProbeFiles(probe_specs, probe);
+    for (const Status& s : probed) GPUFEED_RETURN_IF_ERROR(s);
+  }
+  // The parts of virtual fields: their sources opened once (checked,
+  // lengths recorded).
+  for (size_t p = 0; p < d->parts.size(); ++p) {
+    if (checked[p]) continue;
+    auto opened = d->OpenPart(p);
+    if (!opened.ok()) return opened.status();
+    GPUFEED_RETURN_IF_ERROR(first_open(p, std::make_shared<const OpenFile>(std::move(*opened))));
+  }
+  // Units never span parts: every part but the last holds whole units (the
+  // last may end in a short one, as a single file's last chunk).
+  for (size_t p = 0; p + 1 < d->parts.size(); ++p) unit = std::gcd(unit, d->parts[p].count);
   d->num_samples = d->file_first.back();
   d->chunk_samples = std::max<uint64_t>(1, unit);
+  d->part_first.assign(1, 0);
   d->unit_first.assign(1, 0);
-  for (size_t f = 0; f < d->files.size(); ++f) {
-    const uint64_t n = d->file_first[f + 1] - d->file_first[f];
-    d->unit_first.push_back(d->unit_first.back() + (n + d->chunk_samples - 1) / d->chunk_samples);
+  for (const Part& part : d->parts) {
+    d->part_first.push_back(d->part_first.back() + part.count);
+    d->unit_first.push_back(d->unit_first.back() + (part.count + d->chunk_samples - 1) / d->chunk_samples);
   }
   d->num_chunks = d->unit_first.back();
   if (d->fields.size() == 1) {
@@ -370,25 +523,28 @@ Status FieldSource::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
     return Status::InvalidArgument(d.what + ": unit " + std::to_string(i) + " out of range (" +
                                    std::to_string(d.num_chunks) + " units)");
   }
-  const size_t f = d.FileOfUnit(i);
+  const size_t p = d.PartOfUnit(i);
+  const Part& part = d.parts[p];
   const uint64_t n = d.UnitSamples(i);
-  const uint64_t local = (i - d.unit_first[f]) * d.chunk_samples;
+  const uint64_t local = (i - d.unit_first[p]) * d.chunk_samples;
   const uint64_t capacity = d.fields.size() == 1 ? n : d.chunk_samples;
   if (dst.size() < capacity * d.sample_bytes) {
     return Status::InvalidArgument(d.what + ": unit " + std::to_string(i) + ": destination holds " +
                                    std::to_string(dst.size()) + " bytes, the unit needs " +
                                    std::to_string(capacity * d.sample_bytes));
   }
-  const std::string where = d.files[f] + " (unit " + std::to_string(i) + ", samples [" +
-                            std::to_string(d.file_first[f] + local) + ", " +
-                            std::to_string(d.file_first[f] + local + n) + ") of " + d.what + ")";
-  auto file = d.Acquire(f);
+  const std::string where = d.files[part.file] + " (unit " + std::to_string(i) + ", samples [" +
+                            std::to_string(d.part_first[p] + local) + ", " +
+                            std::to_string(d.part_first[p] + local + n) + ") of " + d.what + ")";
+  auto file = d.Acquire(p);
   if (!file.ok()) return file.status().WithContext(where);
   for (size_t j = 0; j < d.fields.size(); ++j) {
     const FieldInfo& fi = d.fields[j];
+    const Piece& pc = part.pieces[j];
     std::span<std::byte> out = dst.subspan(capacity * fi.offset, n * fi.sample_bytes);
-    Status s = (**file)[j].ReadSamples(local, n, out);
-    if (!s.ok()) return s.WithContext(where);
+    // A stacked source is one sample (first and local are 0): all its rows.
+    Status s = (**file)[j].ReadSamples((pc.first + local) * pc.rows, n * pc.rows, out);
+    if (!s.ok()) return pc.via.empty() ? s.WithContext(where) : s.WithContext("source of " + pc.via).WithContext(where);
   }
   return Status::Ok();
 }

@@ -98,8 +98,9 @@ struct OpenOptions {
   // spec (and /labels) as before. Non-empty, or a data spec naming many
   // files, opens a FieldSource (fields.h) instead of a Dataset.
   std::vector<std::string> fields;
-  // FieldSource: files whose descriptors may be open at once; the least
-  // recently used one is closed beyond it (and reopened when read again).
+  // FieldSource: files whose descriptors may be open at once (with virtual
+  // fields: runs of samples read from one dataset per field, fields.h); the
+  // least recently used one is closed beyond it (and reopened when read again).
   // Lowered to what half the free room under RLIMIT_NOFILE allows (each open
   // field holds about 2 descriptors).
   int max_open_files = 256;
@@ -117,13 +118,34 @@ struct FilterInfo {
   std::vector<unsigned> params;  // the filter's client data (level, element size)
 };
 
+// One source of an HDF5 virtual dataset (VDS) as gpufeed reads it: a range
+// of the virtual dataset's sample axis (axis 0) mapped from a range of the
+// source dataset's axis 0, every other axis whole (docs/format.md, "Virtual
+// datasets").
+struct VirtualSource {
+  std::string file;           // resolved as HDF5 does ("." is the virtual dataset's own file)
+  std::string dataset;        // path of the source dataset in `file`
+  uint64_t first = 0;         // first sample of the virtual dataset it holds
+  uint64_t count = 0;         // samples it holds (>= 1)
+  uint64_t source_first = 0;  // where they start on the source's axis 0 (0 when stacked)
+  // The source has no sample axis: it is one whole sample (h5py's
+  // VirtualLayout stacking files along a new axis 0); count is then 1.
+  bool stacked = false;
+};
+
 // Everything `gpufeed inspect` shows about a dataset; fixed at Open().
 struct DatasetInfo {
   std::string file;
   std::string images_path;
-  std::string labels_path;                 // empty when the dataset has no labels
-  std::vector<uint64_t> shape;             // [N, sample dims...]
-  std::string storage;                     // "chunked", "contiguous" or "compact"
+  std::string labels_path;      // empty when the dataset has no labels
+  std::vector<uint64_t> shape;  // [N, sample dims...]
+  std::string storage;          // "chunked", "contiguous", "compact" or "virtual"
+  // A virtual dataset's sources, in sample order, tiling [0, N) exactly
+  // (checked at Open; every source file exists and agrees in dtype and
+  // shape). Empty for a dataset that is not virtual. The Dataset itself
+  // reads a virtual dataset through HDF5 (the hdf5 path); the loader reads
+  // each source directly (FieldSource).
+  std::vector<VirtualSource> virtual_sources;
   std::vector<uint64_t> hdf5_chunk_shape;  // empty unless chunked
   std::vector<FilterInfo> filters;         // in pipeline (write) order
   uint64_t stored_bytes = 0;               // bytes on disk for the images

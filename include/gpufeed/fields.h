@@ -28,6 +28,12 @@
 // against what Open saw, and a file that vanished is an error naming it and
 // the unit.
 //
+// Virtual datasets. A field that is an HDF5 virtual dataset (h5py's
+// VirtualLayout: sources concatenated or stacked along axis 0) is read from
+// its sources (DatasetInfo::virtual_sources), each a Dataset of its own;
+// read units are also cut at every source boundary of every field, and the
+// descriptor bound counts such runs ("parts") instead of files.
+//
 // Thread safety: every const member may be called from any number of
 // threads at once (ReadChunk included).
 #ifndef GPUFEED_FIELDS_H_

@@ -73,7 +73,9 @@ class OpenedSource {
 // Opens the dataset (errors as Dataset::Open; an encoded image field, found
 // by DetectEncoded, is opened with OpenEncodedImages and options.decode), the
 // FieldSource when options.open.fields names fields or options.data names
-// many files (errors as FieldSource::Open), or connects to the daemon (errors
+// many files (errors as FieldSource::Open), a FieldSource of fields images
+// (and labels, when the file has them) when the dataset is an HDF5 virtual
+// dataset (its sources read directly), or connects to the daemon (errors
 // as RemoteLoader::Connect, naming the address). The daemon serves
 // single-array datasets: named fields with a daemon address are refused
 // (Unsupported) rather than dropped.
