@@ -227,7 +227,9 @@ TEST(VdsTest, ConcatenatedSourcesOfEveryCodecReadDirectly) {
       auto s = Dataset::Open(dir + "/src" + std::to_string(i) + ".h5:/data", o);
       ASSERT_TRUE(s.ok()) << s.status().ToString();
       EXPECT_EQ(s->info().read_path, ReadPath::kDirect) << i << ": " << s->info().read_path_reason;
-      if (i == 4 && lzf) EXPECT_EQ(s->info().filters.at(0).name, "lzf");
+      if (i == 4 && lzf) {
+        EXPECT_EQ(s->info().filters.at(0).name, "lzf");
+      }
     }
   }
   const uint64_t n = 109;
