@@ -30,7 +30,8 @@ struct SourceOptions {
   LoaderOptions loader;
   OpenOptions open;  // dataset only
   // Encoded image datasets only (gpufeed/encoded.h): output size, layout,
-  // transform, skip_corrupt. Ignored for plain datasets and daemons.
+  // transform, skip_corrupt; a daemon serving one decodes with them too.
+  // Ignored for other datasets.
   DecodeOptions decode;
   // Daemon only: token, token_file, client_name, timeouts, compression and
   // shared memory; its address, dataset and loader fields are ignored (the
@@ -74,9 +75,9 @@ class OpenedSource {
 // by DetectEncoded, is opened with OpenEncodedImages and options.decode), the
 // FieldSource when options.open.fields names fields or options.data names
 // many files (errors as FieldSource::Open), or connects to the daemon (errors
-// as RemoteLoader::Connect, naming the address). The daemon serves
-// single-array datasets: named fields with a daemon address are refused
-// (Unsupported) rather than dropped.
+// as RemoteLoader::Connect, naming the address). A daemon's fields are its
+// own (gpufeed serve --field): with a daemon address, options.open.fields
+// (when given) must equal them, in order, or InvalidArgument names both.
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& options);
 
 }  // namespace gpufeed

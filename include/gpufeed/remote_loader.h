@@ -35,6 +35,7 @@
 #include <memory>
 #include <string>
 
+#include "gpufeed/encoded.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/status.h"
 
@@ -50,6 +51,11 @@ struct RemoteLoaderOptions {
   // define the stream (as for Loader); prefetch and pin_memory size the local
   // pool; threads and cache_bytes are the daemon's business and ignored.
   LoaderOptions loader;
+  // An encoded image dataset (gpufeed/encoded.h): how the daemon decodes
+  // this client's samples (output size, layout, transform, skip_corrupt),
+  // as a local Loader over OpenEncodedImages(..., decode) would; part of
+  // the stream's identity. Ignored for other datasets.
+  DecodeOptions decode;
   bool compress = false;  // zstd payloads (for links slower than ~1 GB/s)
   // On a unix: address, the pool is a sealed memfd shared with the daemon,
   // whose Loader assembles batches straight into it: no copy, no checksum

@@ -62,9 +62,16 @@
 namespace gpufeed {
 
 struct ServerOptions {
-  // Datasets served ("file.h5" or "file.h5:/images"); clients name one by
+  // Datasets served, each opened as the local Loader opens it: "file.h5" or
+  // "file.h5:/images" (a single array, or encoded images, which each client
+  // has decoded with its own DecodeOptions), or with named fields (below) or
+  // many files (a glob, directory or list: fields.h). Clients name one by
   // this exact string, or get the first when they name none.
   std::vector<std::string> data;
+  // fields[i]: data[i]'s named fields, "NAME=/hdf5/path" in the order
+  // batches carry them (OpenOptions::fields; CLI: each --field after its
+  // --data). Missing or empty: none. Longer than data: refused.
+  std::vector<std::vector<std::string>> fields;
   // "unix:PATH" (created with mode 0600; a stale socket file is replaced) or
   // "tcp://HOST:PORT" (HOST empty: 127.0.0.1; port 0: any free port).
   std::string listen = "unix:/tmp/gpufeed.sock";
