@@ -18,6 +18,7 @@
 
 #include "daemon/address.h"
 #include "daemon/conn.h"
+#include "daemon/datasets.h"
 #include "daemon/protocol.h"
 #include "gpufeed/convert.h"
 #include "gpufeed/encoded.h"
@@ -326,6 +327,174 @@ TEST_F(DaemonFieldsTest, NewClientAgainstOldDaemonGetsAClearError) {
   EXPECT_NE(m.find("version 3"), std::string::npos) << m;
   EXPECT_NE(m.find("upgrade gpufeed on the older side"), std::string::npos) << m;
   EXPECT_NE(m.find("it says: client unix: protocol version 3"), std::string::npos) << m;
+}
+
+// ---------------------------------------------------------------------------
+// Encoded images
+
+class DaemonEncodedTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kN = 23;
+  void SetUp() override {
+    const fs::path root = testing::MakeTempDir("daemon_jpeg");
+    dir_ = root.string();
+    const fs::path images = root / "images";
+    // Textured JPEGs of varied sizes in two classes, so crops differ and a
+    // wrong crop or transform shows in the bytes.
+    for (uint64_t k = 0; k < kN; ++k) {
+      const int h = 40 + static_cast<int>(k * 7 % 50), w = 60 + static_cast<int>(k * 13 % 70);
+      std::vector<uint8_t> px(static_cast<size_t>(h) * w * 3);
+      for (int y = 0; y < h; ++y) {
+        for (int x = 0; x < w; ++x) {
+          for (int c = 0; c < 3; ++c) {
+            px[(static_cast<size_t>(y) * w + x) * 3 + c] =
+                static_cast<uint8_t>((x * 7 + y * 3 * (c + 1) + k * 11) % 256);
+          }
+        }
+      }
+      tjhandle tj = tjInitCompress();
+      unsigned char* buf = nullptr;
+      unsigned long size = 0;
+      ASSERT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420, 90, 0), 0);
+      const fs::path cls = images / (k % 3 == 0 ? "b" : "a");
+      fs::create_directories(cls);
+      char name[32];
+      std::snprintf(name, sizeof name, "%02llu.jpg", static_cast<unsigned long long>(k));
+      std::ofstream(cls / name, std::ios::binary).write(reinterpret_cast<const char*>(buf), std::streamsize(size));
+      tjFree(buf);
+      tjDestroy(tj);
+    }
+    data_ = (root / "jpeg.h5").string();
+    auto c = ConvertEncodedImageFolder(images.string(), data_, {});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::ofstream(dir_ + "/token") << "tok\n";
+  }
+  ServerOptions Options(const std::string& listen) {
+    ServerOptions o;
+    o.data = {data_};
+    o.listen = listen;
+    o.token_file = dir_ + "/token";
+    o.io_threads = 2;
+    o.loader_threads = 2;
+    o.prefetch = 3;
+    o.cache_bytes = 64 << 10;
+    o.memory_bytes = 256 << 20;
+    o.log = [](std::string_view) {};
+    return o;
+  }
+  LoaderOptions Stream() {
+    LoaderOptions lo;
+    lo.batch_size = 5;
+    lo.order = Order::kRandom;
+    lo.seed = 11;
+    lo.prefetch = 3;
+    lo.threads = 2;
+    lo.pin_memory = false;
+    lo.cache_bytes = 64 << 10;
+    return lo;
+  }
+  std::string dir_, data_;
+};
+
+TEST_F(DaemonEncodedTest, DecodedBatchesEqualTheLocalLoadersForEachClientsOptions) {
+  auto tcp = Server::Start(Options("tcp://127.0.0.1:0"));
+  ASSERT_TRUE(tcp.ok()) << tcp.status().ToString();
+  auto unix_server = Server::Start(Options("unix:" + dir_ + "/d.sock"));
+  ASSERT_TRUE(unix_server.ok()) << unix_server.status().ToString();
+  std::vector<DecodeOptions> variants(3);
+  variants[0].height = 16;  // deterministic: resize + center crop
+  variants[0].width = 24;
+  variants[0].transform = ImageTransform::kCenterCrop;
+  variants[1].height = 16;  // the same size, another transform: a parked Loader of [0] must not serve it
+  variants[1].width = 24;
+  variants[2].height = variants[2].width = 20;  // random-resized-crop, channels last
+  variants[2].layout = "NHWC";
+  variants[2].scale_min = 0.3;
+  struct Transport {
+    std::string name, address;
+    bool compress, shm;
+  };
+  const std::vector<Transport> transports = {
+      {"shm", (*unix_server)->endpoint(), false, true},
+      {"tcp", (*tcp)->endpoint(), false, false},
+      {"tcp+zstd", (*tcp)->endpoint(), true, false},
+  };
+  std::vector<std::vector<Copy>> wants;
+  for (const DecodeOptions& d : variants) {
+    auto local_src = OpenEncodedImages(data_, {}, d);
+    ASSERT_TRUE(local_src.ok()) << local_src.status().ToString();
+    Loader local(**local_src, Stream());
+    auto want = Epoch(local, 2);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    ASSERT_EQ(want->size(), (kN + 4) / 5);
+    EXPECT_FALSE(want->front().labels.empty());
+    // Same seed, same bytes: the local decode is deterministic.
+    Loader again(**local_src, Stream());
+    auto twice = Epoch(again, 2);
+    ASSERT_TRUE(twice.ok());
+    ASSERT_TRUE(*twice == *want);
+    for (const Transport& t : transports) {
+      RemoteLoaderOptions ro;
+      ro.address = t.address;
+      ro.token = "tok";
+      ro.loader = Stream();
+      ro.decode = d;
+      ro.compress = t.compress;
+      ro.shared_memory = t.shm;
+      ro.io_timeout_ms = 10000;
+      auto remote = RemoteLoader::Connect(ro);
+      ASSERT_TRUE(remote.ok()) << t.name << ": " << remote.status().ToString();
+      EXPECT_EQ((*remote)->info().sample_shape, local.info().sample_shape) << t.name;
+      EXPECT_EQ((*remote)->info().sample_bytes, 3u * d.height * d.width);
+      ExpectSameFields((*remote)->info().fields, local.info().fields);
+      auto got = Epoch(**remote, 2);
+      ASSERT_TRUE(got.ok()) << t.name << ": " << got.status().ToString();
+      EXPECT_TRUE(*got == *want) << t.name << " decode " << d.height << "x" << d.width << " "
+                                 << ImageTransformName(d.transform);
+    }
+    wants.push_back(std::move(*want));
+  }
+  // The test can fail: the variants' bytes differ.
+  EXPECT_FALSE(wants[0] == wants[1]);
+}
+
+TEST_F(DaemonEncodedTest, BadAndTooManyDecodeOptionsAreRefused) {
+  auto server = Server::Start(Options("unix:" + dir_ + "/d.sock"));
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  {  // out of range: the daemon's HELLO decoder names it
+    auto addr = daemon::ParseAddress((*server)->endpoint());
+    ASSERT_TRUE(addr.ok());
+    auto c = daemon::Conn::Connect(*addr, 2000);
+    ASSERT_TRUE(c.ok());
+    daemon::Hello h;
+    h.token = "tok";
+    h.loader = Stream();
+    h.decode.height = 0;
+    ASSERT_TRUE(c->SendFrame(FrameType::kHello, daemon::EncodeHello(h), 2000).ok());
+    daemon::Conn::Frame f;
+    ASSERT_TRUE(c->RecvFrame(&f, daemon::kMaxControlPayload, 5000).ok());
+    ASSERT_EQ(f.header.type, FrameType::kError);
+    auto e = daemon::DecodeError(f.payload);
+    ASSERT_TRUE(e.ok());
+    EXPECT_NE(e->message.find("decode output size 0x224"), std::string::npos) << e->message;
+  }
+  // Distinct options, one source each, up to the limit (the defaults are the first).
+  RemoteLoaderOptions ro;
+  ro.address = (*server)->endpoint();
+  ro.token = "tok";
+  ro.loader = Stream();
+  for (uint32_t i = 0; i < daemon::DatasetRegistry::kMaxDecodeVariants - 1; ++i) {
+    ro.decode.height = ro.decode.width = 8 + i;
+    auto r = RemoteLoader::Connect(ro);
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status().ToString();
+  }
+  ro.decode.height = ro.decode.width = 8;  // known already: fine
+  EXPECT_TRUE(RemoteLoader::Connect(ro).ok());
+  ro.decode.height = ro.decode.width = 99;
+  auto over = RemoteLoader::Connect(ro);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(over.status().message().find("distinct decode options"), std::string::npos) << over.status().message();
 }
 
 }  // namespace
