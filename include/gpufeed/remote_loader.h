@@ -13,8 +13,10 @@
 //   for (const gpufeed::Batch& b : (*remote)->Epoch(0)) { use(b.images(), b.labels()); }
 //
 // Order and resume. The daemon runs a Loader with the same (seed, epoch,
-// rank, world size, order, window, batch size, drop_last), so a remote
-// stream delivers exactly the batches a local Loader would, and Epoch(e, n)
+// rank, world size, order, window, batch size, drop_last, and an encoded
+// dataset's decode options), so a remote stream delivers exactly the
+// batches a local Loader would (info().fields and every field of each
+// Batch included), and Epoch(e, n)
 // after a lost connection or a daemon restart continues exactly where
 // state() says the consumer stopped.
 //

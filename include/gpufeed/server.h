@@ -12,8 +12,10 @@
 //   if (!server.ok()) { report(server.status()); }
 //   ... (*server)->Stop(); (*server)->Wait();  // or a SIGINT/SIGTERM with handle_signals
 //
-// What is shared. One Dataset per file, opened once (its file descriptor,
-// chunk index and labels; the OS page cache under it). Each stream runs its
+// What is shared. One source per dataset, opened once (its file
+// descriptors, chunk index and labels; the OS page cache under it); an
+// encoded dataset has one per distinct set of clients' decode options (at
+// most 8, each opened on the first HELLO that asks for it). Each stream runs its
 // own Loader — its own TBB pipeline, decoded-chunk cache of `cache_bytes` and
 // batch pool — because the cache is managed with the stream's own future
 // order (loader/chunk_cache.h); but the caches of one file's streams take
