@@ -23,7 +23,6 @@ struct DatasetRegistry::Entry {
   std::unique_ptr<ChunkSource> source;  // a Dataset or FieldSource; null when encoded
   std::shared_ptr<loader::SharedChunks> shared;
   bool encoded = false;
-  OpenOptions open;  // encoded: how variants are opened (the file was probed at Add)
   struct Variant {
     std::string key;
     std::unique_ptr<EncodedImageSource> source;
@@ -57,7 +56,6 @@ Status DatasetRegistry::Add(const std::string& spec, const std::vector<std::stri
     open.trust_files = true;
     if (auto kind = DetectEncoded(spec, open); kind.ok() && *kind != EncodedStorage::kNone) {
       e->encoded = true;
-      e->open = open;
       const DecodeOptions defaults;
       auto enc = OpenEncodedImages(spec, open, defaults);
       if (!enc.ok()) return enc.status();
@@ -106,7 +104,8 @@ Result<DatasetRegistry::Stream> DatasetRegistry::Find(const std::string& name, c
                                " distinct decode options are served already (image size, layout, transform); "
                                "this daemon takes no more: use the options other clients use, or restart it");
   }
-  auto enc = OpenEncodedImages(e->name, e->open, decode);
+  // The file's index is shared with the first source: nothing is read here.
+  auto enc = e->variants.front()->source->WithDecodeOptions(decode);
   if (!enc.ok()) return enc.status();
   auto v = std::make_unique<Entry::Variant>();
   v->key = s.decode_key;

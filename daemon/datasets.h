@@ -7,9 +7,10 @@
 // DecodeOptions (HELLO), and an EncodedImageSource carries its decode
 // options; so an encoded dataset holds one source per distinct set of
 // options its clients asked for (the first opened at Start with the
-// defaults, the others on a client's first HELLO naming them, at most
-// kMaxDecodeVariants), each with its own chunk sharing. Sources live until
-// the daemon stops: parked Loaders may read them.
+// defaults, the others made from it, sharing its index and file handles, on
+// a client's first HELLO naming them, at most kMaxDecodeVariants), each with
+// its own chunk sharing. Sources live until the daemon stops: parked Loaders
+// may read them.
 #ifndef GPUFEED_DAEMON_DATASETS_H_
 #define GPUFEED_DAEMON_DATASETS_H_
 
@@ -57,9 +58,9 @@ class DatasetRegistry {
     std::string decode_key;  // DecodeKey of the source's options ("" unless encoded)
   };
   // The dataset `name` (empty: the first), or NotFound listing them. An
-  // encoded dataset's source for `decode` (checked by the caller), opened
-  // now if no client asked for these options before: that reads the
-  // dataset's index (offsets) on the calling thread. More than
+  // encoded dataset's source for `decode`, made now (no I/O:
+  // EncodedImageSource::WithDecodeOptions) if no client asked for these
+  // options before; InvalidArgument for options out of range. More than
   // kMaxDecodeVariants distinct options: Unsupported naming the limit.
   // Thread-safe.
   Result<Stream> Find(const std::string& name, const DecodeOptions& decode);
