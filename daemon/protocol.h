@@ -55,7 +55,7 @@ enum class FrameType : uint16_t {
   kEnd = 5,       // server -> client: the epoch is complete
   kError = 6,     // either way: why the connection is being closed
   kShutdown = 7,  // server -> client: the daemon is stopping; resume elsewhere or later
-  kBatchRef = 8,  // server -> client: one batch, its images already in a shared-memory slot
+  kBatchRef = 8,  // server -> client: one batch, its fields already in a shared-memory slot
   kSlots = 9,     // client -> server: these shared-memory slots may be filled
   kPing = 10,     // client -> server, empty: alive, holding every slot (resets the idle timeout)
 };
@@ -127,8 +127,8 @@ struct Hello {
   bool compress = false;
   bool describe_only = false;  // answer kHelloOk and close (RemoteLoader::Connect)
   // Shared memory (Unix sockets): the HELLO frame carries a sealed memfd
-  // (SCM_RIGHTS) of shm_slots x shm_stride bytes, batch i's images at
-  // i x shm_stride. 0: batches travel in BATCH frames.
+  // (SCM_RIGHTS) of shm_slots x shm_stride bytes, slot i (a batch, every
+  // field of it, planar) at i x shm_stride. 0: batches travel in BATCH frames.
   uint32_t shm_slots = 0;
   uint64_t shm_stride = 0;
   // Encoded image datasets (gpufeed/encoded.h): how the daemon's Loader
@@ -165,7 +165,7 @@ struct BatchHead {
 };
 
 // A BATCH_REF payload: BatchHead's fixed part, the slot (u32, then 4 zero
-// bytes), indices and labels; the images are in the slot.
+// bytes), indices and labels; the fields are in the slot (planar).
 struct BatchRef {
   BatchHead head;
   uint32_t slot = 0;

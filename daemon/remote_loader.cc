@@ -371,7 +371,7 @@ Status RemoteStream::CheckHead(const daemon::BatchHead& head, uint64_t expect) c
   return Status::Ok();
 }
 
-// A BATCH_REF: the images are in a slot granted to the daemon; the frame
+// A BATCH_REF: the fields are in a slot granted to the daemon; the frame
 // carries which, and the samples' indices and labels.
 Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h,
                                   uint64_t expect, std::deque<Batch::Slot*>& held, loader::StreamCore::Item* item) {

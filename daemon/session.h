@@ -75,9 +75,9 @@ class Session : public std::enable_shared_from_this<Session> {
   struct OutFrame {
     HeaderBytes header;
     std::vector<std::byte> body;  // control payload, batch head, or a compressed batch
-    Batch batch;                  // images sent from the Loader's slot (uncompressed batches)
+    Batch batch;                  // its fields sent from the Loader's slot (uncompressed BATCH)
     uint64_t samples = 0;
-    int64_t shm_slot = -1;  // BATCH_REF: the slot its images are in (not sent)
+    int64_t shm_slot = -1;  // BATCH_REF: the slot its fields are in (not sent)
     bool is_batch = false;
     bool close_after = false;
   };

@@ -160,7 +160,7 @@ void Session::Produce() {
       f->is_batch = true;
       f->samples = b.size();
       if (shm_) {
-        // The images are in the client's slot already; only the head travels.
+        // The fields are in the client's slot already; only the head travels.
         const auto off = static_cast<uint64_t>(b.images().data() - shm_pool_->region.bytes().data());
         f->shm_slot = static_cast<int64_t>(off / shm_stride_);
         f->body = EncodeBatchRef(b, static_cast<uint32_t>(f->shm_slot));
