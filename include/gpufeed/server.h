@@ -35,7 +35,10 @@
 //   stream_bytes = cache_bytes + (prefetch + 1) x batch bytes
 //                  + (2 x its threads + 4) x chunk bytes
 // (with shared memory, prefetch + 1 is the client's slot count: the slots are
-// the client's memory, mapped by the daemon, and counted here too)
+// the client's memory, mapped by the daemon, and counted here too; a batch
+// is every field's bytes, and an encoded dataset's sample is what the
+// client's decode options make of it, 3 x height x width; a chunk is the
+// largest read unit: every field's, or an encoded run of files)
 // (the Loader's bound, loader.h), and the frames it has queued for the
 // socket are batches of that pool (uncompressed) or at most 2 compressed
 // copies. A stream's Loader exists only once its client has granted credit;
