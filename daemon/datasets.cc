@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "daemon/protocol.h"
 #include "gpufeed/fields.h"
 #include "hdf5io/probe.h"
 #include "loader/chunk_cache.h"
@@ -107,6 +108,11 @@ Result<DatasetRegistry::Stream> DatasetRegistry::Find(const std::string& name, c
   // The file's index is shared with the first source: nothing is read here.
   auto enc = e->variants.front()->source->WithDecodeOptions(decode);
   if (!enc.ok()) return enc.status();
+  if ((*enc)->sample_bytes() > kMaxSampleBytes) {  // what the protocol can describe
+    return Status::InvalidArgument(e->name + ": decoded samples of " + std::to_string(decode.height) + " x " +
+                                   std::to_string(decode.width) + " x 3 bytes exceed the protocol's " +
+                                   std::to_string(kMaxSampleBytes >> 30) + " GiB a sample; ask for a smaller size");
+  }
   auto v = std::make_unique<Entry::Variant>();
   v->key = s.decode_key;
   v->source = std::move(*enc);

@@ -60,7 +60,8 @@ class DatasetRegistry {
   // The dataset `name` (empty: the first), or NotFound listing them. An
   // encoded dataset's source for `decode`, made now (no I/O:
   // EncodedImageSource::WithDecodeOptions) if no client asked for these
-  // options before; InvalidArgument for options out of range. More than
+  // options before; InvalidArgument for options out of range or samples
+  // larger than the protocol describes (kMaxSampleBytes). More than
   // kMaxDecodeVariants distinct options: Unsupported naming the limit.
   // Thread-safe.
   Result<Stream> Find(const std::string& name, const DecodeOptions& decode);

@@ -478,6 +478,18 @@ TEST_F(DaemonEncodedTest, BadAndTooManyDecodeOptionsAreRefused) {
     ASSERT_TRUE(e.ok());
     EXPECT_NE(e->message.find("decode output size 0x224"), std::string::npos) << e->message;
   }
+  {  // a size whose samples the protocol cannot describe: refused, no slot taken
+    RemoteLoaderOptions big;
+    big.address = (*server)->endpoint();
+    big.token = "tok";
+    big.loader = Stream();
+    big.decode.height = big.decode.width = 32768;  // valid, 3 GiB a sample
+    auto r = RemoteLoader::Connect(big);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("exceed the protocol's 2 GiB a sample"), std::string::npos)
+        << r.status().message();
+  }
   // Distinct options, one source each, up to the limit (the defaults are the first).
   RemoteLoaderOptions ro;
   ro.address = (*server)->endpoint();
