@@ -127,7 +127,8 @@ class Loader:
     --keep-encoded`, or h5py vlen uint8), decoded by the loader's threads:
     image_size (S or (H, W), default 224), transform ("random_resized_crop"
     for training, "center_crop" for evaluation), image_layout ("NCHW" /
-    "NHWC"), skip_corrupt.
+    "NHWC"), skip_corrupt. A daemon serving an encoded dataset decodes with
+    these options.
 
     Daemon options (RemoteLoaderOptions): dataset, token, token_file,
     client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,
@@ -148,7 +149,10 @@ class Loader:
     also name many files: a glob ("deepcam/*.h5"), a directory or a *.txt
     list of paths. Each field arrives as [B, *field shape] in its stored
     dtype; sample k of every field is row k. max_open_files bounds the files
-    holding descriptors at once (default 256).
+    holding descriptors at once (default 256). A daemon serving named fields
+    (`gpufeed serve --data ... --field ...`) delivers them the same way;
+    fields= then names them (the same names and paths, in order) for the
+    tuple or dict.
     output: "torch", "numpy", "dlpack" (gpufeed.Array objects) or "auto"
     (torch if importable, else NumPy, else DLPack arrays).
     """
