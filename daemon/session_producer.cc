@@ -41,11 +41,13 @@ void Session::StartProducer() {
   auto bound_for = [&](int t) { return fixed + (2 * static_cast<uint64_t>(t) + 4) * src.max_chunk_buffer_bytes(); };
   uint64_t divided_among = 1;
   int threads = ThreadShare(&divided_among);
-  stream_key_ = served_.name + "|" + served_.decode_key + "|" + std::to_string(lo.batch_size) + "|" +
-                std::string(OrderName(lo.order)) + "|" + std::to_string(lo.seed) + "|" +
-                std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) + "|" +
-                std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" + (hello_.compress ? "z" : "-") +
+  stream_key_ = src.name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
+                std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
+                "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
+                (hello_.compress ? "z" : "-") +
                 (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
+  // An encoded dataset's decode options (its decoded samples) too.
+  if (served_.encoded) stream_key_ += "|decode " + served_.decode_key;
   uint64_t parked_bytes = 0;
   std::unique_ptr<ShmPool> parked_shm;
   if (auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_)) {
