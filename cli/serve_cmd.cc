@@ -14,7 +14,15 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   o->handle_signals = true;
   CLI::App* cmd = app.add_subcommand(
       "serve", "Run the loader daemon: stream batches to RemoteLoader clients over a Unix socket or TCP");
-  cmd->add_option("--data", o->data, "FILE.h5 or FILE.h5:/path (repeat to serve several)")->required();
+  CLI::Option* data_opt =
+      cmd->add_option("--data", o->data,
+                      "FILE.h5 or FILE.h5:/path (a single array or encoded images), or many files (a quoted glob, "
+                      "a directory, a list) with --field; repeat to serve several")
+          ->required();
+  auto field_args = std::make_shared<std::vector<std::string>>();
+  CLI::Option* field_opt = cmd->add_option(
+      "--field", *field_args,
+      "NAME=/hdf5/path: a named field of the --data before it (repeatable, in the order batches carry them)");
   cmd->add_option("--listen", o->listen, "unix:PATH (mode 0600) or tcp://HOST:PORT (HOST empty: loopback)")
       ->capture_default_str();
   cmd->add_option("--threads", o->loader_threads, "TBB threads of each stream's loader (default: all cores)");
@@ -34,7 +42,24 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--log-format", o->log_format, "the log on stderr: kv (key=value lines) or json (an object a line)")
       ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "debug, info, warn or error")->capture_default_str();
-  cmd->callback([o, exit_code] {
+  cmd->callback([o, exit_code, cmd, data_opt, field_opt, field_args] {
+    // Each --field belongs to the --data before it (CLI11 records every
+    // value's option in command-line order).
+    o->fields.assign(o->data.size(), {});
+    size_t data_seen = 0, field_seen = 0;
+    for (const CLI::Option* opt : cmd->parse_order()) {
+      if (opt == data_opt) {
+        ++data_seen;
+      } else if (opt == field_opt && field_seen < field_args->size()) {
+        if (data_seen == 0) {
+          std::fprintf(stderr, "gpufeed serve: --field %s comes before any --data (put it after its dataset)\n",
+                       (*field_args)[field_seen].c_str());
+          *exit_code = 1;
+          return;
+        }
+        o->fields[data_seen - 1].push_back((*field_args)[field_seen++]);
+      }
+    }
     auto server = Server::Start(*o);
     if (!server.ok()) {
       std::fprintf(stderr, "gpufeed serve: %s\n", server.status().ToString().c_str());

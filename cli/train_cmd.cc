@@ -204,6 +204,16 @@ int RunTrain(TrainArgs& a) {
   if (IsDaemonAddress(a.test)) {
     return fail(Status::Unsupported("train: --test " + a.test + ": the test split is read from a file"));
   }
+  // Encoded image datasets are decoded by the loader (a daemon's too, with
+  // these options): random-resized-crop (or --transform) for training,
+  // resize + center crop for the test split.
+  auto decode = ParseDecodeArgs(a.decode);
+  if (!decode.ok()) return fail(decode.status());
+  if (decode->layout != "NCHW") {
+    // The trainer learns a sample's layout from a Dataset's attribute only.
+    return fail(Status::InvalidArgument("--image-layout " + decode->layout +
+                                        ": train decodes encoded images as NCHW (leave --image-layout out)"));
+  }
   std::string train_spec = a.data;
   if (IsDaemonAddress(a.data)) {
     // Batches from the daemon (two streams: epochs overlap); the model's
@@ -214,6 +224,7 @@ int RunTrain(TrainArgs& a) {
     r.dataset = a.dataset;
     r.token_file = a.token_file;
     r.client_name = "train";
+    r.decode = *decode;
     auto probe = RemoteLoader::Connect(r);
     if (!probe.ok()) return fail(probe.status());
     const std::string& name = (*probe)->info().name;  // "ADDRESS SPEC"
@@ -226,20 +237,12 @@ int RunTrain(TrainArgs& a) {
       return std::unique_ptr<BatchSource>(std::move(*remote));
     };
   }
-  // Encoded image datasets are decoded by the loader: random-resized-crop
-  // (or --transform) for training, resize + center crop for the test split.
-  auto decode = ParseDecodeArgs(a.decode);
-  if (!decode.ok()) return fail(decode.status());
-  if (decode->layout != "NCHW") {
-    // The trainer learns a sample's layout from a Dataset's attribute only.
-    return fail(Status::InvalidArgument("--image-layout " + decode->layout +
-                                        ": train decodes encoded images as NCHW (leave --image-layout out)"));
-  }
   std::unique_ptr<EncodedImageSource> train_enc, test_enc;
   OpenOptions probed;
   probed.trust_files = true;  // DetectEncoded ran the probe
-  if (auto k = o.train_source ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(train_spec);
-      k.ok() && *k != EncodedStorage::kNone) {
+  // With a daemon, its file (readable here) gives the shape and labels; the
+  // batches come from the daemon, decoded there with the same options.
+  if (auto k = DetectEncoded(train_spec); k.ok() && *k != EncodedStorage::kNone) {
     auto e = OpenEncodedImages(train_spec, probed, *decode);
     if (!e.ok()) return fail(e.status());
     train_enc = std::move(*e);

@@ -174,7 +174,11 @@ Status Conn::RecvFrame(Frame* f, uint32_t max_payload, int timeout_ms) {
   HeaderBytes hb;
   GPUFEED_RETURN_IF_ERROR(RecvAll(hb, timeout_ms));
   auto h = ParseHeader(hb, max_payload, max_payload, peer_);
-  if (!h.ok()) return h.status();
+  if (!h.ok()) {
+    const uint16_t theirs = HeaderVersion(hb);
+    if (theirs == 0 || theirs == kVersion) return h.status();
+    return ForeignVersionError(hb, theirs, h.status(), timeout_ms);
+  }
   f->header = *h;
   std::vector<std::byte> wire(h->payload_bytes);
   GPUFEED_RETURN_IF_ERROR(RecvAll(wire, timeout_ms));
@@ -186,6 +190,21 @@ Status Conn::RecvFrame(Frame* f, uint32_t max_payload, int timeout_ms) {
     f->payload = std::move(wire);
   }
   return Status::Ok();
+}
+
+// A peer of another protocol version answered: when it is an ERROR frame
+// (whose layout every version shares), its message says why; the result
+// names both versions and the side to upgrade either way.
+Status Conn::ForeignVersionError(const HeaderBytes& hb, uint16_t theirs, const Status& mismatch, int timeout_ms) {
+  HeaderBytes ours = hb;
+  std::memcpy(ours.data() + 4, &kVersion, 2);
+  auto h = ParseHeader(ours, kMaxControlPayload, kMaxControlPayload, peer_);
+  if (!h.ok() || h->type != FrameType::kError || (h->flags & kFlagZstd)) return mismatch;
+  std::vector<std::byte> payload(h->payload_bytes);
+  if (!RecvAll(payload, timeout_ms).ok() || !VerifyChecksum(*h, hb, payload, peer_).ok()) return mismatch;
+  auto e = DecodeError(payload);
+  if (!e.ok()) return mismatch;
+  return Status::Unsupported(VersionMismatch(peer_, theirs) + " (it says: " + e->message + ")");
 }
 
 void Conn::ShutdownBoth() {

@@ -49,6 +49,7 @@ class Conn {
   void Close();
 
  private:
+  Status ForeignVersionError(const HeaderBytes& hb, uint16_t theirs, const Status& mismatch, int timeout_ms);
   int fd_ = -1;
   std::string peer_;
   const std::atomic<bool>* cancel_ = nullptr;

@@ -30,18 +30,32 @@ uint64_t OpenedSource::num_batches() const { return remote_ ? remote_->num_batch
 
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
   if (IsDaemonAddress(o.data)) {
-    if (!o.open.fields.empty()) {
-      return Status::Unsupported(o.data +
-                                 ": a gpufeed serve daemon serves single-array datasets (images, labels); "
-                                 "named fields (--field) are not carried by its protocol yet: read the files "
-                                 "locally (--data FILES --field ...)");
-    }
     RemoteLoaderOptions r = o.remote;
     r.address = o.data;
     r.dataset = o.dataset;
     r.loader = o.loader;
+    r.decode = o.decode;
     auto remote = RemoteLoader::Connect(r);
     if (!remote.ok()) return remote.status();
+    // Named fields are the daemon's (gpufeed serve --data ... --field ...);
+    // fields asked for here must be what it serves, in the same order.
+    if (!o.open.fields.empty()) {
+      const std::vector<FieldInfo>& served = (*remote)->info().fields;
+      std::string want, have;
+      bool same = served.size() == o.open.fields.size();
+      for (size_t i = 0; i < o.open.fields.size(); ++i) {
+        auto spec = FieldSpec::Parse(o.open.fields[i]);
+        if (!spec.ok()) return spec.status();
+        want += (want.empty() ? "" : ", ") + spec->name + "=" + spec->path;
+        same = same && served[i].name == spec->name && served[i].path == spec->path;
+      }
+      for (const FieldInfo& f : served) have += (have.empty() ? "" : ", ") + f.name + "=" + f.path;
+      if (!same) {
+        return Status::InvalidArgument(o.data + " serves fields [" + have + "], not the [" + want +
+                                       "] asked for (the daemon's --field options define them; leave --field out "
+                                       "to take what it serves)");
+      }
+    }
     return std::make_unique<OpenedSource>(std::move(*remote));
   }
   if (!o.dataset.empty()) {

@@ -91,6 +91,7 @@ class Reader {
     Raw(v.data(), n * sizeof(T), f);
     return v;
   }
+  bool ok() const { return error_.empty(); }
   void Fail(std::string m) {
     if (error_.empty()) error_ = std::string(what_) + ": " + std::move(m);
   }
@@ -145,7 +146,12 @@ std::string_view FrameTypeName(FrameType t) {
 }
 
 HeaderBytes MakeHeader(FrameType type, uint32_t flags, uint32_t raw_bytes,
-                       std::initializer_list<std::span<const std::byte>> pieces) {
+                       std::initializer_list<std::span<const std::byte>> pieces, uint16_t version) {
+  return MakeHeader(type, flags, raw_bytes, std::span(pieces.begin(), pieces.size()), version);
+}
+
+HeaderBytes MakeHeader(FrameType type, uint32_t flags, uint32_t raw_bytes,
+                       std::span<const std::span<const std::byte>> pieces, uint16_t version) {
   HeaderBytes h{};
   uint64_t payload = 0;
   for (auto p : pieces) payload += p.size();
@@ -153,7 +159,7 @@ HeaderBytes MakeHeader(FrameType type, uint32_t flags, uint32_t raw_bytes,
   const uint32_t len = static_cast<uint32_t>(payload);
   const uint32_t reserved = 0;
   std::memcpy(h.data() + 0, &kMagic, 4);
-  std::memcpy(h.data() + 4, &kVersion, 2);
+  std::memcpy(h.data() + 4, &version, 2);
   std::memcpy(h.data() + 6, &t, 2);
   std::memcpy(h.data() + 8, &flags, 4);
   std::memcpy(h.data() + 12, &len, 4);
@@ -164,6 +170,21 @@ HeaderBytes MakeHeader(FrameType type, uint32_t flags, uint32_t raw_bytes,
   const uint64_t sum = c.Digest();
   std::memcpy(h.data() + 24, &sum, 8);
   return h;
+}
+
+uint16_t HeaderVersion(std::span<const std::byte, kHeaderBytes> b) {
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  std::memcpy(&magic, b.data() + 0, 4);
+  std::memcpy(&version, b.data() + 4, 2);
+  return magic == kMagic ? version : 0;
+}
+
+std::string VersionMismatch(std::string_view peer, uint16_t theirs) {
+  const std::string side = theirs < kVersion ? "the older side (" + std::string(peer) + ")" : "this side";
+  return std::string(peer) + " speaks gpufeed daemon protocol version " + std::to_string(theirs) +
+         "; this build speaks version " + std::to_string(kVersion) + " only (2: shared memory; 3: named fields, " +
+         "decode options): upgrade gpufeed on " + side + " so both run the same release";
 }
 
 Result<FrameHeader> ParseHeader(std::span<const std::byte, kHeaderBytes> b, uint32_t max_payload, uint32_t max_raw,
@@ -187,10 +208,7 @@ Result<FrameHeader> ParseHeader(std::span<const std::byte, kHeaderBytes> b, uint
       return std::string(buf);
     }() + " (not a gpufeed daemon peer, or the stream lost its framing)");
   }
-  if (version != kVersion) {
-    return Status::Unsupported(who + ": protocol version " + std::to_string(version) + ", this build speaks " +
-                               std::to_string(kVersion) + " (upgrade the older side)");
-  }
+  if (version != kVersion) return Status::Unsupported(VersionMismatch(who, version));
   if (!KnownType(type)) return Status::Corrupt(who + ": unknown frame type " + std::to_string(type));
   h.type = static_cast<FrameType>(type);
   if ((h.flags & ~kFlagZstd) != 0 || reserved != 0) {
@@ -230,6 +248,10 @@ Status VerifyChecksum(const FrameHeader& h, std::span<const std::byte, kHeaderBy
 }
 
 std::vector<std::byte> Compress(std::initializer_list<std::span<const std::byte>> pieces) {
+  return Compress(std::span(pieces.begin(), pieces.size()));
+}
+
+std::vector<std::byte> Compress(std::span<const std::span<const std::byte>> pieces) {
   std::vector<std::byte> raw;
   size_t n = 0;
   for (auto p : pieces) n += p.size();
@@ -273,6 +295,16 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
   w.U8(m.describe_only ? 1 : 0);
   w.U32(m.shm_slots);
   w.U64(m.shm_stride);
+  w.U32(m.decode.height);
+  w.U32(m.decode.width);
+  w.Str(m.decode.layout);
+  w.U8(static_cast<uint8_t>(m.decode.transform));
+  w.F64(m.decode.scale_min);
+  w.F64(m.decode.scale_max);
+  w.F64(m.decode.ratio_min);
+  w.F64(m.decode.ratio_max);
+  w.F64(m.decode.center_fraction);
+  w.U8(m.decode.skip_corrupt ? 1 : 0);
   return w.Take();
 }
 
@@ -294,7 +326,24 @@ Result<Hello> DecodeHello(std::span<const std::byte> p) {
   m.describe_only = r.U8("describe_only") != 0;
   m.shm_slots = r.U32("shm_slots");
   m.shm_stride = r.U64("shm_stride");
+  m.decode.height = r.U32("image_height");
+  m.decode.width = r.U32("image_width");
+  m.decode.layout = r.Str("image_layout");
+  const uint8_t transform = r.U8("transform");
+  m.decode.scale_min = r.F64("scale_min");
+  m.decode.scale_max = r.F64("scale_max");
+  m.decode.ratio_min = r.F64("ratio_min");
+  m.decode.ratio_max = r.F64("ratio_max");
+  m.decode.center_fraction = r.F64("center_fraction");
+  const uint8_t skip_corrupt = r.U8("skip_corrupt");
   GPUFEED_RETURN_IF_ERROR(r.Finish());
+  if (transform > static_cast<uint8_t>(ImageTransform::kCenterCrop) || skip_corrupt > 1) {
+    return Status::InvalidArgument("HELLO: unknown transform " + std::to_string(transform) + " or skip_corrupt " +
+                                   std::to_string(skip_corrupt) + " (0 random_resized_crop, 1 center_crop; 0 or 1)");
+  }
+  m.decode.transform = static_cast<ImageTransform>(transform);
+  m.decode.skip_corrupt = skip_corrupt == 1;
+  if (Status st = ValidateDecodeOptions(m.decode); !st.ok()) return st.WithContext("HELLO: decode options");
   if (m.shm_slots > kMaxShmSlots || (m.shm_slots > 0 && (m.shm_stride == 0 || m.shm_stride > (1ull << 36)))) {
     return Status::InvalidArgument("HELLO: " + std::to_string(m.shm_slots) + " shared-memory slots of " +
                                    std::to_string(m.shm_stride) + " bytes (up to " + std::to_string(kMaxShmSlots) +
@@ -331,8 +380,29 @@ std::vector<std::byte> EncodeHelloOk(const HelloOk& m) {
   w.U64(m.client_id);
   w.U8(m.compress ? 1 : 0);
   w.U8(m.shm ? 1 : 0);
+  w.U32(static_cast<uint32_t>(m.info.fields.size()));
+  for (const FieldInfo& f : m.info.fields) {
+    w.Str(f.name);
+    w.Str(f.path);
+    w.U8(static_cast<uint8_t>(f.dtype));
+    w.U8(f.is_bool ? 1 : 0);
+    PutVec(w, f.sample_shape);
+    w.U64(f.sample_bytes);
+  }
   return w.Take();
 }
+
+namespace {
+
+// Checked product: a shape whose size wraps to `bytes` would pass.
+bool ShapeHoldsBytes(DType dtype, const std::vector<uint64_t>& shape, uint64_t bytes) {
+  uint64_t shape_bytes = DTypeSize(dtype);
+  bool wrapped = false;
+  for (uint64_t d : shape) wrapped |= __builtin_mul_overflow(shape_bytes, d, &shape_bytes);
+  return !wrapped && shape_bytes == bytes;
+}
+
+}  // namespace
 
 Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p) {
   Reader r(p, "HELLO_OK");
@@ -350,18 +420,55 @@ Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p) {
   m.client_id = r.U64("client_id");
   m.compress = r.U8("compress") != 0;
   m.shm = r.U8("shm") != 0;
+  const uint32_t nfields = r.U32("fields");
+  if (nfields == 0 || nfields > kMaxFields) {
+    r.Fail("field count " + std::to_string(nfields) + " outside [1, " + std::to_string(kMaxFields) + "]");
+  }
+  std::vector<uint8_t> field_dtypes;
+  for (uint32_t i = 0; i < nfields && r.ok(); ++i) {
+    FieldInfo f;
+    f.name = r.Str("field name");
+    f.path = r.Str("field path");
+    field_dtypes.push_back(r.U8("field dtype"));
+    f.is_bool = r.U8("field is_bool") != 0;
+    f.sample_shape = r.Vec<uint64_t>(kMaxRank, "field sample_shape");
+    f.sample_bytes = r.U64("field sample_bytes");
+    m.info.fields.push_back(std::move(f));
+  }
   GPUFEED_RETURN_IF_ERROR(r.Finish());
   if (dtype > static_cast<uint8_t>(DType::kFloat64)) {
     return Status::Corrupt("HELLO_OK: unknown dtype " + std::to_string(dtype));
   }
   m.info.dtype = static_cast<DType>(dtype);
-  // Checked product: a shape whose size wraps to sample_bytes would pass.
-  uint64_t shape_bytes = DTypeSize(m.info.dtype);
-  bool wrapped = false;
-  for (uint64_t d : m.info.sample_shape) wrapped |= __builtin_mul_overflow(shape_bytes, d, &shape_bytes);
-  if (m.info.sample_bytes == 0 || m.info.sample_bytes > (1ull << 31) || wrapped || shape_bytes != m.info.sample_bytes) {
+  if (m.info.sample_bytes == 0 || m.info.sample_bytes > kMaxSampleBytes ||
+      !ShapeHoldsBytes(m.info.dtype, m.info.sample_shape, m.info.sample_bytes)) {
     return Status::Corrupt("HELLO_OK: sample of " + std::to_string(m.info.sample_bytes) +
                            " bytes does not fit its shape");
+  }
+  // Each field fits its shape; offsets are the running sum, which must end
+  // at sample_bytes (each term is at most sample_bytes <= 2^31: no wrap).
+  uint64_t offset = 0;
+  for (size_t i = 0; i < m.info.fields.size(); ++i) {
+    FieldInfo& f = m.info.fields[i];
+    if (field_dtypes[i] > static_cast<uint8_t>(DType::kFloat64)) {
+      return Status::Corrupt("HELLO_OK: field '" + f.name + "' has unknown dtype " + std::to_string(field_dtypes[i]));
+    }
+    f.dtype = static_cast<DType>(field_dtypes[i]);
+    if (f.name.empty() || f.sample_bytes == 0 || f.sample_bytes > m.info.sample_bytes - offset ||
+        !ShapeHoldsBytes(f.dtype, f.sample_shape, f.sample_bytes)) {
+      return Status::Corrupt("HELLO_OK: field " + std::to_string(i) + " '" + f.name + "' of " +
+                             std::to_string(f.sample_bytes) + " bytes does not fit its shape or the sample's " +
+                             std::to_string(m.info.sample_bytes) + " bytes");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (m.info.fields[j].name == f.name) return Status::Corrupt("HELLO_OK: field '" + f.name + "' twice");
+    }
+    f.offset = offset;
+    offset += f.sample_bytes;
+  }
+  if (offset != m.info.sample_bytes) {
+    return Status::Corrupt("HELLO_OK: fields of " + std::to_string(offset) + " bytes in samples of " +
+                           std::to_string(m.info.sample_bytes));
   }
   if (m.info.batch_size == 0 || m.info.batch_size > kMaxBatchSize) {
     return Status::Corrupt("HELLO_OK: batch size " + std::to_string(m.info.batch_size));
@@ -425,6 +532,13 @@ Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p) {
 }
 
 std::vector<std::byte> EncodeBatchRef(const Batch& b, uint32_t slot) { return EncodeHead(b, &slot); }
+
+std::vector<std::span<const std::byte>> BatchFieldBytes(const Batch& b) {
+  if (b.fields().size() <= 1) return {b.images()};
+  std::vector<std::span<const std::byte>> v;
+  for (size_t f = 0; f < b.fields().size(); ++f) v.push_back(b.field(f));
+  return v;
+}
 
 Result<BatchRef> DecodeBatchRef(std::span<const std::byte> p) {
   if (p.size() < BatchRef::kFixedBytes) {

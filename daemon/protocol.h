@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpufeed/encoded.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/status.h"
 
@@ -29,7 +30,10 @@ static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian and is copied to and from memory as is");
 
 inline constexpr uint32_t kMagic = 0x57465047;  // bytes "GPFW"
-inline constexpr uint16_t kVersion = 2;         // 2: shared-memory batches (BATCH_REF, SLOTS)
+// 1: the first; 2: shared-memory batches (BATCH_REF, SLOTS); 3: named fields
+// (HELLO_OK's field list, BATCH payloads field by field) and decode options
+// in HELLO. A peer of another version is refused (docs/protocol.md).
+inline constexpr uint16_t kVersion = 3;
 inline constexpr size_t kHeaderBytes = 32;
 
 // Limits, checked before any allocation.
@@ -40,6 +44,8 @@ inline constexpr uint32_t kMaxChannels = 64;              // mean/std entries
 inline constexpr uint64_t kMaxBatchSize = 1 << 20;        // samples per batch
 inline constexpr uint32_t kMaxCredits = 1024;             // outstanding batches a client may grant
 inline constexpr uint32_t kMaxShmSlots = 256;             // slots of a client's shared memory
+inline constexpr uint32_t kMaxFields = 64;                // named fields of a sample (HELLO_OK)
+inline constexpr uint64_t kMaxSampleBytes = 1ull << 31;   // one sample, all fields
 
 enum class FrameType : uint16_t {
   kHello = 1,     // client -> server: token and stream parameters
@@ -49,7 +55,7 @@ enum class FrameType : uint16_t {
   kEnd = 5,       // server -> client: the epoch is complete
   kError = 6,     // either way: why the connection is being closed
   kShutdown = 7,  // server -> client: the daemon is stopping; resume elsewhere or later
-  kBatchRef = 8,  // server -> client: one batch, its images already in a shared-memory slot
+  kBatchRef = 8,  // server -> client: one batch, its fields already in a shared-memory slot
   kSlots = 9,     // client -> server: these shared-memory slots may be filled
   kPing = 10,     // client -> server, empty: alive, holding every slot (resets the idle timeout)
 };
@@ -67,9 +73,21 @@ struct FrameHeader {
 
 using HeaderBytes = std::array<std::byte, kHeaderBytes>;
 
-// A header for a payload sent as the concatenation of `pieces`.
+// A header for a payload sent as the concatenation of `pieces`. `version`
+// other than kVersion only for the ERROR frame that answers a peer of
+// another version in its own (the header and ERROR layouts are the same in
+// every version, so that peer can read why it is refused).
 HeaderBytes MakeHeader(FrameType type, uint32_t flags, uint32_t raw_bytes,
-                       std::initializer_list<std::span<const std::byte>> pieces);
+                       std::initializer_list<std::span<const std::byte>> pieces, uint16_t version = kVersion);
+HeaderBytes MakeHeader(FrameType type, uint32_t flags, uint32_t raw_bytes,
+                       std::span<const std::span<const std::byte>> pieces, uint16_t version = kVersion);
+
+// The version a header claims when its magic is ours (0 otherwise): lets a
+// peer answer, or read, the ERROR frame of another version.
+uint16_t HeaderVersion(std::span<const std::byte, kHeaderBytes> bytes);
+// The message for a peer speaking `theirs`: which versions each side speaks
+// and which side to upgrade.
+std::string VersionMismatch(std::string_view peer, uint16_t theirs);
 
 // Checks magic, version, type, flags and both lengths against `max_payload`
 // (and raw_bytes against `max_raw`). `peer` names the other side in messages.
@@ -94,6 +112,7 @@ Status VerifyChecksum(const FrameHeader& h, std::span<const std::byte, kHeaderBy
 
 // zstd level 1 (fast enough for links slower than ~1 GB/s).
 std::vector<std::byte> Compress(std::initializer_list<std::span<const std::byte>> pieces);
+std::vector<std::byte> Compress(std::span<const std::span<const std::byte>> pieces);
 Status Decompress(std::span<const std::byte> src, std::span<std::byte> dst, std::string_view peer);
 
 // --- messages ---------------------------------------------------------------
@@ -108,13 +127,22 @@ struct Hello {
   bool compress = false;
   bool describe_only = false;  // answer kHelloOk and close (RemoteLoader::Connect)
   // Shared memory (Unix sockets): the HELLO frame carries a sealed memfd
-  // (SCM_RIGHTS) of shm_slots x shm_stride bytes, batch i's images at
-  // i x shm_stride. 0: batches travel in BATCH frames.
+  // (SCM_RIGHTS) of shm_slots x shm_stride bytes, slot i (a batch, every
+  // field of it, planar) at i x shm_stride. 0: batches travel in BATCH frames.
   uint32_t shm_slots = 0;
   uint64_t shm_stride = 0;
+  // Encoded image datasets (gpufeed/encoded.h): how the daemon's Loader
+  // decodes this stream's samples (output size, layout, transform,
+  // skip_corrupt). Checked with ValidateDecodeOptions on decode; ignored
+  // for datasets that are not encoded.
+  DecodeOptions decode;
 };
 
 struct HelloOk {
+  // name, dtype, sample_shape, sample_bytes, num_samples, batch_size,
+  // has_labels, mean, stddev and fields are sent. Decoded fields are
+  // checked (each shape's bytes, the sum of their bytes = sample_bytes) and
+  // get their offsets (the running sum), as ChunkSource::fields() has them.
   BatchSourceInfo info;
   uint64_t num_batches = 0;  // in this epoch, for this rank
   uint64_t client_id = 0;
@@ -122,7 +150,8 @@ struct HelloOk {
   bool shm = false;  // the daemon mapped the client's memfd: BATCH_REF frames, SLOTS grants
 };
 
-// The part of a kBatch payload before the images.
+// The part of a kBatch payload before the samples' bytes (every field's,
+// field after field: count x the field's sample bytes each).
 struct BatchHead {
   uint64_t epoch = 0;
   uint64_t index = 0;
@@ -136,7 +165,7 @@ struct BatchHead {
 };
 
 // A BATCH_REF payload: BatchHead's fixed part, the slot (u32, then 4 zero
-// bytes), indices and labels; the images are in the slot.
+// bytes), indices and labels; the fields are in the slot (planar).
 struct BatchRef {
   BatchHead head;
   uint32_t slot = 0;
@@ -160,11 +189,15 @@ std::vector<std::byte> EncodeHelloOk(const HelloOk& m);
 Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p);
 std::vector<std::byte> EncodeCredit(uint32_t batches);
 Result<uint32_t> DecodeCredit(std::span<const std::byte> p);
-// The fixed part, indices and labels of `b`; its images follow on the wire.
+// The fixed part, indices and labels of `b`; its fields follow on the wire
+// (BatchFieldBytes).
 std::vector<std::byte> EncodeBatchHead(const Batch& b);
 // The fixed part only (32 bytes); indices and labels are read by the caller.
 Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p);
 std::vector<std::byte> EncodeBatchRef(const Batch& b, uint32_t slot);
+// The bytes of a batch on the wire after its head: field f's rows of `b`
+// (b.field(f)), in field order; one span (b.images()) for a one-field batch.
+std::vector<std::span<const std::byte>> BatchFieldBytes(const Batch& b);
 // The fixed part and slot; checks that `p` is exactly as long as its count
 // says. Indices and labels follow at BatchRef::kFixedBytes.
 Result<BatchRef> DecodeBatchRef(std::span<const std::byte> p);

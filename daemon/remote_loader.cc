@@ -76,6 +76,7 @@ struct RemoteLoader::Impl {
     h.start_batch = start;
     h.compress = options.compress;
     h.describe_only = describe;
+    h.decode = options.decode;
     if (!describe && region.fd() >= 0) {
       h.shm_slots = static_cast<uint32_t>(pool.size());
       h.shm_stride = shm_stride;
@@ -186,8 +187,19 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
   auto ok = loader->Handshake(&conn, epoch, start_batch, false, &cancel);
   if (!ok.ok()) return ok.status();
   const BatchSourceInfo& want = loader->info;
+  auto same_fields = [&] {
+    if (ok->info.fields.size() != want.fields.size()) return false;
+    for (size_t i = 0; i < want.fields.size(); ++i) {
+      const FieldInfo &a = ok->info.fields[i], &b = want.fields[i];
+      if (a.name != b.name || a.dtype != b.dtype || a.sample_shape != b.sample_shape ||
+          a.sample_bytes != b.sample_bytes) {
+        return false;
+      }
+    }
+    return true;
+  };
   if (ok->info.sample_bytes != want.sample_bytes || ok->info.batch_size != want.batch_size ||
-      ok->num_batches != loader->num_batches || ok->info.has_labels != want.has_labels) {
+      ok->num_batches != loader->num_batches || ok->info.has_labels != want.has_labels || !same_fields()) {
     return Status::InvalidArgument(peer + ": the daemon now serves a different dataset (" + ok->info.name +
                                    ") than at Connect() (" + want.name + ")");
   }
@@ -312,17 +324,23 @@ Status RemoteStream::ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const 
                            " samples in a frame of " + std::to_string(h.raw_bytes) + " bytes");
   }
   const uint64_t n = head->count;
-  auto indices = std::as_writable_bytes(std::span(slot->indices.data(), n));
-  auto labels = std::as_writable_bytes(std::span(slot->labels.data(), head->has_labels ? n : 0));
-  auto images = std::span(slot->images.data(), n * info.sample_bytes);
+  // Indices, labels, then each field's n rows, to where the field lives in a
+  // slot laid out for batch_size samples (planar: ChunkSource's layout).
+  std::vector<std::span<std::byte>> parts = {
+      std::as_writable_bytes(std::span(slot->indices.data(), n)),
+      std::as_writable_bytes(std::span(slot->labels.data(), head->has_labels ? n : 0))};
+  const uint64_t capacity = slot->images.bytes() / info.sample_bytes;  // >= batch_size >= n (CheckHead)
+  for (const FieldInfo& f : info.fields) {
+    parts.push_back(std::span(slot->images.data() + capacity * f.offset, n * f.sample_bytes));
+  }
   if (!raw.empty()) {
     size_t at = daemon::BatchHead::kFixedBytes;
-    for (auto dst : {indices, labels, images}) {
+    for (auto dst : parts) {
       std::memcpy(dst.data(), raw.data() + at, dst.size());
       at += dst.size();
     }
   } else {
-    for (auto dst : {indices, labels, images}) {
+    for (auto dst : parts) {
       GPUFEED_RETURN_IF_ERROR(conn.RecvAll(dst, timeout));
       sum.Update(dst);
     }
@@ -353,7 +371,7 @@ Status RemoteStream::CheckHead(const daemon::BatchHead& head, uint64_t expect) c
   return Status::Ok();
 }
 
-// A BATCH_REF: the images are in a slot granted to the daemon; the frame
+// A BATCH_REF: the fields are in a slot granted to the daemon; the frame
 // carries which, and the samples' indices and labels.
 Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h,
                                   uint64_t expect, std::deque<Batch::Slot*>& held, loader::StreamCore::Item* item) {
@@ -451,13 +469,7 @@ Result<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(const RemoteLoaderOp
   Conn conn;
   auto ok = impl->Handshake(&conn, 0, 0, true, nullptr);
   if (!ok.ok()) return ok.status();
-  impl->info = ok->info;
-  // The daemon serves single-array datasets: one "images" field.
-  impl->info.fields.assign(1, FieldInfo{});
-  impl->info.fields[0].name = "images";
-  impl->info.fields[0].dtype = ok->info.dtype;
-  impl->info.fields[0].sample_shape = ok->info.sample_shape;
-  impl->info.fields[0].sample_bytes = ok->info.sample_bytes;
+  impl->info = ok->info;  // fields as the daemon's source has them (DecodeHelloOk set their offsets)
   impl->info.name = addr->ToString() + " " + ok->info.name;
   impl->info.pool_slots = static_cast<uint64_t>(std::max(1, options.loader.prefetch)) + 1;
   impl->num_batches = ok->num_batches;

@@ -25,7 +25,6 @@
 #include "daemon/server_core.h"
 #include "daemon/session.h"
 #include "daemon/token.h"
-#include "gpufeed/fields.h"
 
 namespace gpufeed {
 
@@ -302,17 +301,12 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     return Status::InvalidArgument("serve: TCP (" + o.listen +
                                    ") needs --token-file: a shared secret clients must send");
   }
-  for (const std::string& spec : o.data) {
-    if (IsMultiFileSpec(spec)) {
-      return Status::Unsupported("serve: '" + spec +
-                                 "' names many files; the daemon serves one file's images "
-                                 "(and labels) per dataset: its protocol does not carry named fields or many-file "
-                                 "datasets yet. Read them locally (gpufeed.Loader(..., fields=...), --field)");
-    }
-    auto ds = Dataset::Open(spec);
-    if (!ds.ok()) return ds.status();
-    core.datasets.emplace_back(spec, std::make_unique<Dataset>(std::move(*ds)));
-    core.shared_chunks.push_back(std::make_shared<loader::SharedChunks>());
+  if (o.fields.size() > o.data.size()) {
+    return Status::InvalidArgument("serve: named fields (--field) given before any --data they would belong to");
+  }
+  for (size_t i = 0; i < o.data.size(); ++i) {
+    GPUFEED_RETURN_IF_ERROR(
+        core.datasets.Add(o.data[i], i < o.fields.size() ? o.fields[i] : std::vector<std::string>{}));
   }
   GPUFEED_RETURN_IF_ERROR(impl->Bind());
   Status st = o.metrics_listen.empty() ? Status::Ok() : impl->metrics.Bind(o.metrics_listen);
@@ -333,8 +327,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   }
   raw->Accept();
   if (!raw->metrics.endpoint().empty()) raw->metrics.Accept();  // no io thread runs yet
-  std::string data;
-  for (const auto& [n, ds] : core.datasets) data += (data.empty() ? "" : ",") + n;
+  const std::string data = core.datasets.Names();
   core.Log("info", "listen",
            daemon::Kv("endpoint", raw->endpoint) + " " + daemon::Kv("metrics", raw->metrics.endpoint()) + " " +
                daemon::Kv("data", data) + " " + daemon::Kv("io_threads", static_cast<uint64_t>(o.io_threads)) + " " +

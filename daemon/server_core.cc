@@ -16,17 +16,6 @@ void ServerCore::Log(const char* level, const std::string& event, const std::str
   if (log_) log_->Log(level, event, fields);
 }
 
-Result<std::pair<std::string, const Dataset*>> ServerCore::FindDataset(const std::string& name) const {
-  if (name.empty())
-    return std::pair<std::string, const Dataset*>(datasets.front().first, datasets.front().second.get());
-  std::string names;
-  for (const auto& [n, ds] : datasets) {
-    if (n == name) return std::make_pair(n, static_cast<const Dataset*>(ds.get()));
-    names += (names.empty() ? "" : ", ") + n;
-  }
-  return Status::NotFound("dataset '" + name + "' is not served here (serving: " + names + ")");
-}
-
 void ServerCore::StreamOpened() {
   const uint64_t now_open = streams_open.fetch_add(1) + 1;
   std::lock_guard<std::mutex> lock(peak_mu_);
@@ -44,13 +33,6 @@ uint64_t ServerCore::RecentPeakStreams() {
   std::lock_guard<std::mutex> lock(peak_mu_);
   if (std::chrono::steady_clock::now() - peak_time_ > kPeakWindow) return std::max<uint64_t>(1, now_open);
   return std::max<uint64_t>({1, now_open, peak_streams_});
-}
-
-std::shared_ptr<loader::SharedChunks> ServerCore::SharedChunksOf(const Dataset* d) const {
-  for (size_t i = 0; i < datasets.size(); ++i) {
-    if (datasets[i].second.get() == d) return shared_chunks[i];
-  }
-  return nullptr;
 }
 
 bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/datasets.h"
 #include "daemon/event_log.h"
 #include "daemon/shm.h"
 #include "gpufeed/dataset.h"
@@ -35,8 +36,6 @@ class ServerCore {
   // Thread-safe. `fields` is "key=value ..." (values quoted where needed).
   void Log(const char* level, const std::string& event, const std::string& fields);
   void SetLog(std::unique_ptr<EventLog> log) { log_ = std::move(log); }  // before the first Log
-  // The dataset a client named (empty: the first), or an error listing them.
-  Result<std::pair<std::string, const Dataset*>> FindDataset(const std::string& name) const;
   // Admits `bytes` more within memory_bytes, evicting parked Loaders (oldest
   // first) to make room; false when they still do not fit.
   bool Reserve(uint64_t bytes, uint64_t* reserved_after);
@@ -76,10 +75,8 @@ class ServerCore {
   boost::asio::io_context io;
   std::string token;  // empty: none required
   int loader_threads = 1;
-  std::vector<std::pair<std::string, std::unique_ptr<Dataset>>> datasets;  // fixed after Start
-  // One per dataset (same order): the decoded chunks its streams share.
-  std::vector<std::shared_ptr<loader::SharedChunks>> shared_chunks;
-  std::shared_ptr<loader::SharedChunks> SharedChunksOf(const Dataset* d) const;
+  // The served datasets (filled at Start) and the chunks their streams share.
+  DatasetRegistry datasets;
   std::atomic<bool> stopping{false};
 
   std::atomic<uint64_t> accepted{0}, rejected{0}, open{0}, streams_active{0};

@@ -90,7 +90,7 @@ void Session::ArmIdle() {
   });
 }
 
-void Session::Fail(const Status& st, bool protocol_error) {
+void Session::Fail(const Status& st, bool protocol_error, uint16_t version) {
   if (state_ == State::kClosed || state_ == State::kClosing) return;
   if (protocol_error) server_.protocol_errors += 1;
   Log(protocol_error ? "warn" : "info", "error",
@@ -106,7 +106,7 @@ void Session::Fail(const Status& st, bool protocol_error) {
     }
     out_.pop_back();
   }
-  EnqueueControl(FrameType::kError, EncodeError({st.code(), st.message()}), true);
+  EnqueueControl(FrameType::kError, EncodeError({st.code(), st.message()}), true, version);
   // A client that does not read its error frame is closed anyway.
   auto self = shared_from_this();
   grace_timer_.expires_after(milliseconds(std::min(2000, server_.options.write_timeout_ms)));

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "daemon/datasets.h"
 #include "daemon/protocol.h"
 #include "daemon/shm.h"
 #include "loader/batch_pool.h"
@@ -74,9 +75,9 @@ class Session : public std::enable_shared_from_this<Session> {
   struct OutFrame {
     HeaderBytes header;
     std::vector<std::byte> body;  // control payload, batch head, or a compressed batch
-    Batch batch;                  // images sent from the Loader's slot (uncompressed batches)
+    Batch batch;                  // its fields sent from the Loader's slot (uncompressed BATCH)
     uint64_t samples = 0;
-    int64_t shm_slot = -1;  // BATCH_REF: the slot its images are in (not sent)
+    int64_t shm_slot = -1;  // BATCH_REF: the slot its fields are in (not sent)
     bool is_batch = false;
     bool close_after = false;
   };
@@ -95,9 +96,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void Produce();    // the producer thread
   void OnProducerDone();
   void Enqueue(std::shared_ptr<OutFrame> f);
-  void EnqueueControl(FrameType type, std::vector<std::byte> payload, bool close_after);
+  void EnqueueControl(FrameType type, std::vector<std::byte> payload, bool close_after, uint16_t version = kVersion);
   void WriteNext();
-  void Fail(const Status& st, bool protocol_error);  // error frame, then close
+  // Error frame, then close. `version`: the header's (a client of another
+  // protocol version gets its ERROR in its own, so it can read why).
+  void Fail(const Status& st, bool protocol_error, uint16_t version = kVersion);
   void CloseNow(const std::string& reason);
   void StopProducer();
   void ArmIdle();
@@ -132,9 +135,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Set on the strand before the producer starts; read-only afterwards.
   Hello hello_;
-  const Dataset* dataset_ = nullptr;
+  DatasetRegistry::Stream served_;  // the dataset's source for this stream (decode options applied)
   uint64_t num_batches_ = 0;
-  std::string stream_key_;  // dataset and stream parameters: which parked Loader fits
+  std::string stream_key_;  // dataset, decode options and stream parameters: which parked Loader fits
 
   // Shared memory (set on the strand; declared before loader_ so it
   // outlives it). The Loader assembles into shm_pool_, whose slots are views

@@ -4,6 +4,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -91,7 +92,26 @@ void Session::ReadHelloHeader(size_t got) {
 void Session::OnHeader() {
   auto h = ParseHeader(in_header_, kMaxControlPayload, kMaxControlPayload, "client " + peer_);
   if (!h.ok()) {
-    Fail(h.status(), true);
+    // A client of another protocol version reads the ERROR in its own
+    // version (the header and ERROR layouts are the same in every version).
+    const uint16_t theirs = HeaderVersion(in_header_);
+    if (theirs == 0 || theirs == kVersion) {
+      Fail(h.status(), true);
+      return;
+    }
+    // Its HELLO's payload is read first (within the control limit): closing
+    // a TCP socket with unread bytes resets it, and the client could lose
+    // the ERROR before reading it.
+    uint32_t declared = 0;
+    std::memcpy(&declared, in_header_.data() + 12, 4);
+    in_payload_.resize(std::min(declared, kMaxControlPayload));
+    auto self = shared_from_this();
+    const Status mismatch = h.status();
+    asio::async_read(socket_, asio::buffer(in_payload_),
+                     [self, mismatch, theirs](const boost::system::error_code&, size_t) {
+                       if (self->state_ != State::kHandshake) return;
+                       self->Fail(mismatch, true, theirs);
+                     });
     return;
   }
   in_ = *h;
@@ -152,12 +172,12 @@ void Session::HandleHello(std::span<const std::byte> payload) {
     Fail(Status::InvalidArgument("wrong token (see --token-file)"), true);
     return;
   }
-  auto ds = server_.FindDataset(hello->dataset);
+  auto ds = server_.datasets.Find(hello->dataset, hello->decode);
   if (!ds.ok()) {
     Fail(ds.status(), false);
     return;
   }
-  const Dataset& d = *ds->second;
+  const ChunkSource& d = *ds->source;
   LoaderOptions lo = hello->loader;
   lo.threads = server_.loader_threads;
   lo.prefetch = std::max(server_.options.prefetch, kMaxQueued + 1);  // the pipeline keeps a slot while frames wait
@@ -165,11 +185,11 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   lo.pin_memory = false;
   auto plan = loader::MakeEpochPlan(d.num_samples(), d.chunk_samples(), d.num_chunks(), lo, hello->epoch);
   if (!plan.ok()) {
-    Fail(plan.status().WithContext(ds->first), false);
+    Fail(plan.status().WithContext(ds->name), false);
     return;
   }
   if (hello->start_batch > plan->num_batches) {
-    Fail(Status::InvalidArgument(ds->first + ": resume at batch " + std::to_string(hello->start_batch) +
+    Fail(Status::InvalidArgument(ds->name + ": resume at batch " + std::to_string(hello->start_batch) +
                                  " past the epoch's " + std::to_string(plan->num_batches)),
          false);
     return;
@@ -185,7 +205,7 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   hello_ = std::move(*hello);
   hello_.loader = lo;
   hello_.token.clear();
-  dataset_ = &d;
+  served_ = *ds;
   num_batches_ = plan->num_batches;
   if (!hello_.client_name.empty()) {
     std::string n;
@@ -197,21 +217,24 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   handshake_timer_.cancel();
 
   HelloOk ok;
-  ok.info.name = ds->first;
+  const SourceAttributes attrs = d.attributes();
+  ok.info.name = ds->name;
   ok.info.dtype = d.dtype();
   ok.info.sample_shape = d.sample_shape();
   ok.info.sample_bytes = d.sample_bytes();
   ok.info.num_samples = d.num_samples();
   ok.info.batch_size = lo.batch_size;
-  ok.info.has_labels = d.has_labels();
-  ok.info.mean = d.info().mean;
-  ok.info.stddev = d.info().stddev;
+  ok.info.has_labels = !d.labels().empty();
+  ok.info.mean = attrs.mean;
+  ok.info.stddev = attrs.stddev;
+  ok.info.fields = d.fields();
   ok.num_batches = num_batches_;
   ok.client_id = id_;
   ok.compress = hello_.compress;
   ok.shm = shm_;
   Log("info", hello_.describe_only ? "describe" : "stream",
-      Kv("name", client_name()) + " " + Kv("dataset", ds->first) + " " + Kv("epoch", hello_.epoch) + " " +
+      Kv("name", client_name()) + " " + Kv("dataset", ds->name) + " " +
+          (ds->encoded ? Kv("decode", ds->decode_key) + " " : std::string()) + Kv("epoch", hello_.epoch) + " " +
           Kv("start_batch", hello_.start_batch) + " " + Kv("batch_size", lo.batch_size) + " " +
           Kv("order", std::string(OrderName(lo.order))) + " " + Kv("rank", lo.rank) + " " +
           Kv("world_size", lo.world_size) + " " + Kv("compress", hello_.compress ? "zstd" : "none") + " " +

@@ -31,18 +31,23 @@ int Session::ThreadShare(uint64_t* divided_among) const {
 }
 
 void Session::StartProducer() {
-  const uint64_t sb = dataset_->sample_bytes(), bb = hello_.loader.batch_size * sb;
+  const ChunkSource& src = *served_.source;
+  const uint64_t sb = src.sample_bytes(), bb = hello_.loader.batch_size * sb;
   const LoaderOptions& lo = hello_.loader;
   // The stream's bound (server.h) for `t` loader threads.
   const uint64_t fixed = lo.cache_bytes + (lo.prefetch + 1) * bb + (hello_.compress ? kMaxQueued * bb : 0);
-  auto bound_for = [&](int t) { return fixed + (2 * static_cast<uint64_t>(t) + 4) * dataset_->chunk_bytes_max(); };
+  // sb is the decoded sample (an encoded dataset's: its decode options'
+  // output); a chunk buffer, encoded bytes or decoded samples of every field.
+  auto bound_for = [&](int t) { return fixed + (2 * static_cast<uint64_t>(t) + 4) * src.max_chunk_buffer_bytes(); };
   uint64_t divided_among = 1;
   int threads = ThreadShare(&divided_among);
-  stream_key_ = dataset_->name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
+  stream_key_ = src.name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
                 std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
                 "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
                 (hello_.compress ? "z" : "-") +
                 (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
+  // An encoded dataset's decode options (its decoded samples) too.
+  if (served_.encoded) stream_key_ += "|decode " + served_.decode_key;
   uint64_t parked_bytes = 0;
   std::unique_ptr<ShmPool> parked_shm;
   auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_);
@@ -80,8 +85,8 @@ void Session::StartProducer() {
     // chunk buffers; built with its share, 4 ranks of celeba-raw ran ~20%
     // slower in one run: docs/benchmarks.md), run with its share (SetThreads
     // below), which bounds the buffers it ever has at once.
-    loader_ = std::make_unique<Loader>(*dataset_, hello_.loader);
-    LoaderInternal::ShareChunks(*loader_, server_.SharedChunksOf(dataset_));  // one cache per file, in effect
+    loader_ = std::make_unique<Loader>(src, hello_.loader);
+    LoaderInternal::ShareChunks(*loader_, served_.shared);  // one cache per file, in effect
   }
   if (shm_) {
     const bool reuse = parked_shm && parked_shm->region.inode() == shm_inode_ && parked_shm->Reclaim();
@@ -89,7 +94,7 @@ void Session::StartProducer() {
       shm_pool_ = std::move(parked_shm);  // this client's memory, mapped already
     } else {
       auto p = ShmPool::Map(std::move(hello_fd_), static_cast<uint32_t>(shm_client_holds_.size()), shm_stride_,
-                            hello_.loader.batch_size, dataset_->sample_bytes(), "client " + peer_);
+                            hello_.loader.batch_size, src.sample_bytes(), "client " + peer_);
       if (!p.ok()) {
         LoaderInternal::UsePool(*loader_, nullptr);
         Fail(p.status(), false);
@@ -187,20 +192,25 @@ void Session::Produce() {
       f->is_batch = true;
       f->samples = b.size();
       if (shm_) {
-        // The images are in the client's slot already; only the head travels.
+        // The fields are in the client's slot already; only the head travels.
         const auto off = static_cast<uint64_t>(b.images().data() - shm_pool_->region.bytes().data());
         f->shm_slot = static_cast<int64_t>(off / shm_stride_);
         f->body = EncodeBatchRef(b, static_cast<uint32_t>(f->shm_slot));
         f->header = MakeHeader(FrameType::kBatchRef, 0, static_cast<uint32_t>(f->body.size()), {f->body});
         f->batch = std::move(b);
-      } else if (f->body = EncodeBatchHead(b); hello_.compress) {
-        const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.images().size());
-        f->body = Compress({f->body, b.images()});
-        f->header = MakeHeader(FrameType::kBatch, kFlagZstd, raw, {f->body});
       } else {
-        const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.images().size());
-        f->header = MakeHeader(FrameType::kBatch, 0, raw, {f->body, b.images()});
-        f->batch = std::move(b);
+        // The head, then each field's rows (docs/protocol.md, BATCH).
+        f->body = EncodeBatchHead(b);
+        std::vector<std::span<const std::byte>> pieces{f->body};
+        for (auto field : BatchFieldBytes(b)) pieces.push_back(field);
+        const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.size() * b.sample_bytes());
+        if (hello_.compress) {
+          f->body = Compress(pieces);
+          f->header = MakeHeader(FrameType::kBatch, kFlagZstd, raw, {f->body});
+        } else {
+          f->header = MakeHeader(FrameType::kBatch, 0, raw, pieces);
+          f->batch = std::move(b);
+        }
       }
       const LoaderStats st = stream.stats();
       metrics_.loader_samples_per_s = st.samples_per_second();

@@ -37,9 +37,9 @@ void Session::Enqueue(std::shared_ptr<OutFrame> f) {
   WriteNext();
 }
 
-void Session::EnqueueControl(FrameType type, std::vector<std::byte> payload, bool close_after) {
+void Session::EnqueueControl(FrameType type, std::vector<std::byte> payload, bool close_after, uint16_t version) {
   auto f = std::make_shared<OutFrame>();
-  f->header = MakeHeader(type, 0, static_cast<uint32_t>(payload.size()), {payload});
+  f->header = MakeHeader(type, 0, static_cast<uint32_t>(payload.size()), {payload}, version);
   f->body = std::move(payload);
   f->close_after = close_after;
   out_.push_back(std::move(f));
@@ -50,9 +50,11 @@ void Session::WriteNext() {
   if (writing_ || out_.empty() || state_ == State::kClosed) return;
   writing_ = true;
   const OutFrame& f = *out_.front();
-  std::array<asio::const_buffer, 3> bufs = {
-      asio::buffer(f.header), asio::buffer(f.body),
-      asio::buffer(f.batch.images().data(), f.batch.images().size())};  // empty unless a BATCH's images
+  // Header, body, then (an uncompressed BATCH) each field's rows of its batch.
+  std::vector<asio::const_buffer> bufs = {asio::buffer(f.header), asio::buffer(f.body)};
+  if (f.batch.size() > 0) {
+    for (auto field : BatchFieldBytes(f.batch)) bufs.push_back(asio::buffer(field.data(), field.size()));
+  }
   auto self = shared_from_this();
   const uint64_t seq = ++write_seq_;
   write_timer_.expires_after(milliseconds(server_.options.write_timeout_ms));

@@ -93,6 +93,17 @@ Status ReadInts(hid_t file, const std::string& path, const std::string& what, ui
 
 class EncodedSourceImpl final : public EncodedImageSource {
  public:
+  // What sources over the same field share (WithDecodeOptions): read at
+  // Init, never written afterwards.
+  struct Index {
+    std::vector<uint64_t> offsets;  // [n + 1], checked non-decreasing
+    std::vector<int64_t> labels;
+    std::vector<std::string> class_names;
+    std::unique_ptr<Dataset> bytes;  // kOffsets
+    h5::Id vlen;                     // kVlen (HDF5 serializes its reads)
+  };
+  explicit EncodedSourceImpl(std::shared_ptr<Index> index = std::make_shared<Index>()) : index_(std::move(index)) {}
+
   EncodedStorage storage() const override { return storage_; }
   const DecodeOptions& decode_options() const override { return decode_; }
   std::vector<std::string> class_names() const override { return class_names_; }
@@ -122,6 +133,20 @@ class EncodedSourceImpl final : public EncodedImageSource {
     }
     const uint64_t first = i * group_;
     return ReadRange(first, samples_in_chunk(i), dst.data());
+  }
+
+  Result<std::unique_ptr<EncodedImageSource>> WithDecodeOptions(const DecodeOptions& decode) const override {
+    GPUFEED_RETURN_IF_ERROR(ValidateDecodeOptions(decode));
+    auto s = std::make_unique<EncodedSourceImpl>(index_);
+    s->storage_ = storage_;
+    s->file_ = file_;
+    s->path_ = path_;
+    s->name_ = name_;
+    s->n_ = n_;
+    s->group_ = group_;
+    s->max_chunk_bytes_ = max_chunk_bytes_;
+    s->SetDecode(decode);
+    return std::unique_ptr<EncodedImageSource>(std::move(s));
   }
 
   Status ReadEncoded(uint64_t k, std::vector<uint8_t>* out) const override {
@@ -170,14 +195,10 @@ class EncodedSourceImpl final : public EncodedImageSource {
   Status Init(const SpecParts& spec, hid_t file, EncodedStorage storage, const OpenOptions& open,
               const DecodeOptions& decode) {
     storage_ = storage;
-    decode_ = decode;
     file_ = spec.file;
     path_ = spec.path;
     name_ = spec.file + ":" + spec.path;
-    const bool nhwc = decode.layout == "NHWC";
-    shape_ = nhwc ? std::vector<uint64_t>{decode.height, decode.width, 3}
-                  : std::vector<uint64_t>{3, decode.height, decode.width};
-    sample_bytes_ = uint64_t(3) * decode.height * decode.width;
+    SetDecode(decode);
     hsize_t file_bytes = 0;
     H5Fget_filesize(file, &file_bytes);
     if (storage == EncodedStorage::kOffsets) {
@@ -240,6 +261,14 @@ class EncodedSourceImpl final : public EncodedImageSource {
   }
 
  private:
+  void SetDecode(const DecodeOptions& decode) {
+    decode_ = decode;
+    const bool nhwc = decode.layout == "NHWC";
+    shape_ = nhwc ? std::vector<uint64_t>{decode.height, decode.width, 3}
+                  : std::vector<uint64_t>{3, decode.height, decode.width};
+    sample_bytes_ = uint64_t(3) * decode.height * decode.width;
+  }
+
   // Bytes of samples [first, first + count) into dst, back to back.
   Status ReadRange(uint64_t first, uint64_t count, std::byte* dst) const {
     const uint64_t lo = offsets_[first], hi = offsets_[first + count];
@@ -306,11 +335,12 @@ class EncodedSourceImpl final : public EncodedImageSource {
   std::vector<uint64_t> shape_;
   uint64_t sample_bytes_ = 0;
   uint64_t n_ = 0, group_ = 1, max_chunk_bytes_ = 0;
-  std::vector<uint64_t> offsets_;  // [n_ + 1], checked non-decreasing
-  std::vector<int64_t> labels_;
-  std::vector<std::string> class_names_;
-  std::unique_ptr<Dataset> bytes_;  // kOffsets
-  h5::Id vlen_;                     // kVlen (HDF5 serializes its reads)
+  std::shared_ptr<Index> index_;  // before the references into it
+  std::vector<uint64_t>& offsets_ = index_->offsets;
+  std::vector<int64_t>& labels_ = index_->labels;
+  std::vector<std::string>& class_names_ = index_->class_names;
+  std::unique_ptr<Dataset>& bytes_ = index_->bytes;
+  h5::Id& vlen_ = index_->vlen;
   mutable std::atomic<uint64_t> skipped_{0};
 };
 

@@ -141,7 +141,10 @@ GPUFEED_C_EXPORT void gpufeed_options_set_io(gpufeed_options* o, const char* mod
  * directory, a *.txt / *.list of paths), host batches carry one array per
  * field, named as the field, [B, *field shape] of the field's stored dtype
  * (h5py bool as uint8), plus "indices"; the feed is refused. max_open_files
- * bounds the files holding descriptors at once (default 256). */
+ * bounds the files holding descriptors at once (default 256). A daemon's
+ * fields are its own (gpufeed serve --data ... --field ...) and its batches
+ * carry them the same way; fields added here must then equal them, in order
+ * (InvalidArgument naming both otherwise). */
 GPUFEED_C_EXPORT void gpufeed_options_add_field(gpufeed_options* o, const char* field);
 GPUFEED_C_EXPORT void gpufeed_options_set_max_open_files(gpufeed_options* o, int v);
 /* Each file holds one sample whose datasets have no sample axis (DeepCAM's
@@ -152,7 +155,8 @@ GPUFEED_C_EXPORT void gpufeed_options_set_no_sample_axis(gpufeed_options* o, int
 /* Encoded image datasets (gpufeed/encoded.h DecodeOptions; ignored for
  * others): output size (default 224 x 224), transform
  * ("random_resized_crop" | "center_crop"), layout ("NCHW" | "NHWC"), and
- * skip_corrupt (replace a sample that does not decode; default 0). */
+ * skip_corrupt (replace a sample that does not decode; default 0). A daemon
+ * serving an encoded dataset decodes this client's batches with them. */
 GPUFEED_C_EXPORT void gpufeed_options_set_image_height(gpufeed_options* o, uint32_t v);
 GPUFEED_C_EXPORT void gpufeed_options_set_image_width(gpufeed_options* o, uint32_t v);
 GPUFEED_C_EXPORT void gpufeed_options_set_image_transform(gpufeed_options* o, const char* transform);

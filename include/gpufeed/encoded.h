@@ -94,6 +94,14 @@ class EncodedImageSource : public ChunkSource {
   virtual uint64_t skipped() const = 0;
   // The stored bytes of sample k (for tests, export and checks). Thread-safe.
   virtual Status ReadEncoded(uint64_t k, std::vector<uint8_t>* out) const = 0;
+  // A source over the same stored samples decoded with `decode` (size,
+  // layout, transform, skip_corrupt): exactly what OpenEncodedImages(spec,
+  // open, decode) would give, without reading the file again (the index,
+  // labels and file handles are shared; its own skipped() count). For a
+  // server decoding one dataset for clients that ask for different options.
+  // InvalidArgument as ValidateDecodeOptions. Thread-safe; either source may
+  // be destroyed first.
+  virtual Result<std::unique_ptr<EncodedImageSource>> WithDecodeOptions(const DecodeOptions& decode) const = 0;
 };
 
 // Opens the encoded field at spec (DetectEncoded must not say kNone:

@@ -30,7 +30,8 @@ struct SourceOptions {
   LoaderOptions loader;
   OpenOptions open;  // dataset only
   // Encoded image datasets only (gpufeed/encoded.h): output size, layout,
-  // transform, skip_corrupt. Ignored for plain datasets and daemons.
+  // transform, skip_corrupt; a daemon serving one decodes with them too.
+  // Ignored for other datasets.
   DecodeOptions decode;
   // Daemon only: token, token_file, client_name, timeouts, compression and
   // shared memory; its address, dataset and loader fields are ignored (the
@@ -76,9 +77,9 @@ class OpenedSource {
 // many files (errors as FieldSource::Open), a FieldSource of fields images
 // (and labels, when the file has them) when the dataset is an HDF5 virtual
 // dataset (its sources read directly), or connects to the daemon (errors
-// as RemoteLoader::Connect, naming the address). The daemon serves
-// single-array datasets: named fields with a daemon address are refused
-// (Unsupported) rather than dropped.
+// as RemoteLoader::Connect, naming the address). A daemon's fields are its
+// own (gpufeed serve --field): with a daemon address, options.open.fields
+// (when given) must equal them, in order, or InvalidArgument names both.
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& options);
 
 }  // namespace gpufeed

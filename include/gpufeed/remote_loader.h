@@ -13,8 +13,10 @@
 //   for (const gpufeed::Batch& b : (*remote)->Epoch(0)) { use(b.images(), b.labels()); }
 //
 // Order and resume. The daemon runs a Loader with the same (seed, epoch,
-// rank, world size, order, window, batch size, drop_last), so a remote
-// stream delivers exactly the batches a local Loader would, and Epoch(e, n)
+// rank, world size, order, window, batch size, drop_last, and an encoded
+// dataset's decode options), so a remote stream delivers exactly the
+// batches a local Loader would (info().fields and every field of each
+// Batch included), and Epoch(e, n)
 // after a lost connection or a daemon restart continues exactly where
 // state() says the consumer stopped.
 //
@@ -35,6 +37,7 @@
 #include <memory>
 #include <string>
 
+#include "gpufeed/encoded.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/status.h"
 
@@ -50,6 +53,11 @@ struct RemoteLoaderOptions {
   // define the stream (as for Loader); prefetch and pin_memory size the local
   // pool; threads and cache_bytes are the daemon's business and ignored.
   LoaderOptions loader;
+  // An encoded image dataset (gpufeed/encoded.h): how the daemon decodes
+  // this client's samples (output size, layout, transform, skip_corrupt),
+  // as a local Loader over OpenEncodedImages(..., decode) would; part of
+  // the stream's identity. Ignored for other datasets.
+  DecodeOptions decode;
   bool compress = false;  // zstd payloads (for links slower than ~1 GB/s)
   // On a unix: address, the pool is a sealed memfd shared with the daemon,
   // whose Loader assembles batches straight into it: no copy, no checksum

@@ -12,8 +12,10 @@
 //   if (!server.ok()) { report(server.status()); }
 //   ... (*server)->Stop(); (*server)->Wait();  // or a SIGINT/SIGTERM with handle_signals
 //
-// What is shared. One Dataset per file, opened once (its file descriptor,
-// chunk index and labels; the OS page cache under it). Each stream runs its
+// What is shared. One source per dataset, opened once (its file
+// descriptors, chunk index and labels; the OS page cache under it); an
+// encoded dataset has one per distinct set of clients' decode options (at
+// most 8, each opened on the first HELLO that asks for it). Each stream runs its
 // own Loader — its own TBB pipeline, decoded-chunk cache of `cache_bytes` and
 // batch pool — because the cache is managed with the stream's own future
 // order (loader/chunk_cache.h); but the caches of one file's streams take
@@ -33,7 +35,10 @@
 //   stream_bytes = cache_bytes + (prefetch + 1) x batch bytes
 //                  + (2 x its threads + 4) x chunk bytes
 // (with shared memory, prefetch + 1 is the client's slot count: the slots are
-// the client's memory, mapped by the daemon, and counted here too)
+// the client's memory, mapped by the daemon, and counted here too; a batch
+// is every field's bytes, and an encoded dataset's sample is what the
+// client's decode options make of it, 3 x height x width; a chunk is the
+// largest read unit: every field's, or an encoded run of files)
 // (the Loader's bound, loader.h), and the frames it has queued for the
 // socket are batches of that pool (uncompressed) or at most 2 compressed
 // copies. A stream's Loader exists only once its client has granted credit;
@@ -62,9 +67,16 @@
 namespace gpufeed {
 
 struct ServerOptions {
-  // Datasets served ("file.h5" or "file.h5:/images"); clients name one by
+  // Datasets served, each opened as the local Loader opens it: "file.h5" or
+  // "file.h5:/images" (a single array, or encoded images, which each client
+  // has decoded with its own DecodeOptions), or with named fields (below) or
+  // many files (a glob, directory or list: fields.h). Clients name one by
   // this exact string, or get the first when they name none.
   std::vector<std::string> data;
+  // fields[i]: data[i]'s named fields, "NAME=/hdf5/path" in the order
+  // batches carry them (OpenOptions::fields; CLI: each --field after its
+  // --data). Missing or empty: none. Longer than data: refused.
+  std::vector<std::vector<std::string>> fields;
   // "unix:PATH" (created with mode 0600; a stale socket file is replaced) or
   // "tcp://HOST:PORT" (HOST empty: 127.0.0.1; port 0: any free port).
   std::string listen = "unix:/tmp/gpufeed.sock";

@@ -127,7 +127,8 @@ class Loader:
     --keep-encoded`, or h5py vlen uint8), decoded by the loader's threads:
     image_size (S or (H, W), default 224), transform ("random_resized_crop"
     for training, "center_crop" for evaluation), image_layout ("NCHW" /
-    "NHWC"), skip_corrupt.
+    "NHWC"), skip_corrupt. A daemon serving an encoded dataset decodes with
+    these options.
 
     Daemon options (RemoteLoaderOptions): dataset, token, token_file,
     client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,
@@ -151,7 +152,10 @@ class Loader:
     holding descriptors at once (default 256). no_sample_axis: each file is
     one sample and its datasets have no sample axis (DeepCAM's reference
     files: /climate/data [768, 1152, 16]); such a field arrives as
-    [B, *dataset shape].
+    [B, *dataset shape]. A daemon serving named fields
+    (`gpufeed serve --data ... --field ...`) delivers them the same way;
+    fields= then names them (the same names and paths, in order) for the
+    tuple or dict.
     output: "torch", "numpy", "dlpack" (gpufeed.Array objects) or "auto"
     (torch if importable, else NumPy, else DLPack arrays).
     """

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -67,6 +68,7 @@ TEST(ProtocolTest, HelloOkEndErrorCreditRoundTrip) {
   ok.info.has_labels = true;
   ok.info.mean = {1, 2, 3};
   ok.info.stddev = {4, 5, 6};
+  ok.info.fields = {FieldInfo{"images", "/images", DType::kUInt8, false, {3, 4, 5}, 60, 0}};
   ok.num_batches = 32;
   ok.client_id = 5;
   auto d = DecodeHelloOk(EncodeHelloOk(ok));
@@ -90,6 +92,200 @@ TEST(ProtocolTest, HelloOkEndErrorCreditRoundTrip) {
   EXPECT_EQ(*c, 5u);
   EXPECT_FALSE(DecodeCredit(EncodeCredit(0)).ok());
   EXPECT_FALSE(DecodeCredit(EncodeCredit(kMaxCredits + 1)).ok());
+}
+
+// A sample of named fields (version 3): data float32 [2, 3] + mask bool [3]
+// + target float64 scalar.
+HelloOk FieldsHelloOk() {
+  HelloOk ok;
+  ok.info.name = "deepcam/*.h5";
+  ok.info.dtype = DType::kUInt8;
+  ok.info.sample_shape = {24 + 3 + 8};
+  ok.info.sample_bytes = 24 + 3 + 8;
+  ok.info.num_samples = 50;
+  ok.info.batch_size = 4;
+  ok.info.fields = {
+      FieldInfo{"data", "/climate/data", DType::kFloat32, false, {2, 3}, 24, 0},
+      FieldInfo{"mask", "/climate/mask", DType::kUInt8, true, {3}, 3, 0},
+      FieldInfo{"target", "/y", DType::kFloat64, false, {}, 8, 0},
+  };
+  ok.num_batches = 13;
+  return ok;
+}
+
+TEST(ProtocolTest, HelloOkCarriesEveryField) {
+  const HelloOk ok = FieldsHelloOk();
+  auto d = DecodeHelloOk(EncodeHelloOk(ok));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_EQ(d->info.fields.size(), 3u);
+  const uint64_t offsets[] = {0, 24, 27};  // the running sum, as ChunkSource::fields() has it
+  for (size_t i = 0; i < 3; ++i) {
+    const FieldInfo &got = d->info.fields[i], &want = ok.info.fields[i];
+    EXPECT_EQ(got.name, want.name);
+    EXPECT_EQ(got.path, want.path);
+    EXPECT_EQ(got.dtype, want.dtype);
+    EXPECT_EQ(got.is_bool, want.is_bool);
+    EXPECT_EQ(got.sample_shape, want.sample_shape);
+    EXPECT_EQ(got.sample_bytes, want.sample_bytes);
+    EXPECT_EQ(got.offset, offsets[i]);
+  }
+  EXPECT_EQ(EncodeHelloOk(*d), EncodeHelloOk(ok));
+}
+
+// Hostile field descriptions: refused with a message, nothing allocated
+// from a count or a shape.
+TEST(ProtocolTest, HostileFieldDescriptionsAreRefused) {
+  auto refused = [](const HelloOk& m, const std::string& words) {
+    auto d = DecodeHelloOk(EncodeHelloOk(m));
+    EXPECT_FALSE(d.ok()) << words;
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kCorrupt);
+      EXPECT_NE(d.status().message().find(words), std::string::npos) << d.status().message();
+    }
+  };
+  HelloOk m = FieldsHelloOk();
+  m.info.fields.clear();
+  refused(m, "field count 0");
+  m = FieldsHelloOk();
+  m.info.fields.resize(kMaxFields + 1, m.info.fields[2]);
+  refused(m, "field count 65");
+  m = FieldsHelloOk();
+  m.info.fields[0].sample_shape.assign(kMaxRank + 1, 1);
+  refused(m, "'field sample_shape' has 9 entries");
+  m = FieldsHelloOk();
+  m.info.fields[0].sample_shape = {1ull << 32, 1ull << 32, 2};  // 2^65 elements of 4 bytes: the product wraps
+  m.info.fields[0].sample_bytes = 24;
+  refused(m, "does not fit its shape");
+  m = FieldsHelloOk();
+  m.info.fields[0].sample_shape = {1ull << 62, 4};  // 2^64 x 4 bytes: wraps to 0
+  m.info.fields[0].sample_bytes = 0;
+  refused(m, "does not fit");
+  m = FieldsHelloOk();
+  m.info.fields[1].sample_bytes = 4;  // shape says 3
+  refused(m, "'mask' of 4 bytes");
+  m = FieldsHelloOk();
+  m.info.fields[2].sample_shape = {2};  // 16 bytes: the fields overrun the sample
+  m.info.fields[2].sample_bytes = 16;
+  refused(m, "does not fit its shape or the sample's 35 bytes");
+  m = FieldsHelloOk();
+  m.info.fields.pop_back();  // 27 of 35 bytes described
+  refused(m, "fields of 27 bytes in samples of 35");
+  m = FieldsHelloOk();
+  m.info.fields[1].name = "data";
+  refused(m, "'data' twice");
+  m = FieldsHelloOk();
+  m.info.fields[1].name = "";
+  refused(m, "field 1 ''");
+  // A field count that claims more than the payload holds: truncated.
+  auto bytes = EncodeHelloOk(FieldsHelloOk());
+  // Each field: str name, str path, u8 dtype, u8 is_bool, vec<u64> shape, u64 bytes.
+  const size_t data_bytes = (4 + 4) + (4 + 13) + 1 + 1 + (4 + 16) + 8;
+  const size_t mask_bytes = (4 + 4) + (4 + 13) + 1 + 1 + (4 + 8) + 8;
+  const size_t target_bytes = (4 + 6) + (4 + 2) + 1 + 1 + 4 + 8;
+  const size_t count_at = bytes.size() - data_bytes - mask_bytes - target_bytes - 4;
+  uint32_t count = 0;
+  std::memcpy(&count, bytes.data() + count_at, 4);
+  ASSERT_EQ(count, 3u);  // found it
+  count = 40;
+  std::memcpy(bytes.data() + count_at, &count, 4);
+  auto d = DecodeHelloOk(bytes);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("truncated"), std::string::npos) << d.status().message();
+  // A field's dtype byte out of range.
+  bytes = EncodeHelloOk(FieldsHelloOk());
+  const size_t dtype_at = count_at + 4 + (4 + 4) + (4 + 13);  // after name "data", path "/climate/data"
+  ASSERT_EQ(static_cast<uint8_t>(bytes[dtype_at]), static_cast<uint8_t>(DType::kFloat32));
+  bytes[dtype_at] = std::byte{99};
+  d = DecodeHelloOk(bytes);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("unknown dtype 99"), std::string::npos) << d.status().message();
+}
+
+TEST(ProtocolTest, HelloCarriesDecodeOptionsAndRefusesBadOnes) {
+  Hello h;
+  h.loader.batch_size = 8;
+  h.decode.height = 160;
+  h.decode.width = 192;
+  h.decode.layout = "NHWC";
+  h.decode.transform = ImageTransform::kCenterCrop;
+  h.decode.scale_min = 0.25;
+  h.decode.scale_max = 0.75;
+  h.decode.ratio_min = 0.5;
+  h.decode.ratio_max = 2;
+  h.decode.center_fraction = 0.5;
+  h.decode.skip_corrupt = true;
+  auto d = DecodeHello(EncodeHello(h));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->decode.height, 160u);
+  EXPECT_EQ(d->decode.width, 192u);
+  EXPECT_EQ(d->decode.layout, "NHWC");
+  EXPECT_EQ(d->decode.transform, ImageTransform::kCenterCrop);
+  EXPECT_EQ(d->decode.scale_min, 0.25);
+  EXPECT_EQ(d->decode.scale_max, 0.75);
+  EXPECT_EQ(d->decode.ratio_min, 0.5);
+  EXPECT_EQ(d->decode.ratio_max, 2);
+  EXPECT_EQ(d->decode.center_fraction, 0.5);
+  EXPECT_TRUE(d->decode.skip_corrupt);
+  EXPECT_EQ(EncodeHello(*d), EncodeHello(h));
+
+  auto refused = [](std::vector<std::byte> bytes, const std::string& words) {
+    auto r = DecodeHello(bytes);
+    EXPECT_FALSE(r.ok()) << words;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().message();
+      EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status().message();
+    }
+  };
+  Hello bad = h;
+  bad.decode.height = 0;
+  refused(EncodeHello(bad), "decode output size 0x192");
+  bad = h;
+  bad.decode.width = 40000;
+  refused(EncodeHello(bad), "160x40000");
+  bad = h;
+  bad.decode.layout = "CHWN";
+  refused(EncodeHello(bad), "'CHWN'");
+  bad = h;
+  bad.decode.scale_min = std::nan("");
+  refused(EncodeHello(bad), "scale range");
+  bad = h;
+  bad.decode.ratio_max = INFINITY;
+  refused(EncodeHello(bad), "ratio range");
+  bad = h;
+  bad.decode.center_fraction = 1.5;
+  refused(EncodeHello(bad), "center-crop fraction");
+  // The transform and skip_corrupt bytes: the last f64s and the last byte.
+  auto bytes = EncodeHello(h);
+  bytes.back() = std::byte{2};
+  refused(bytes, "skip_corrupt 2");
+  bytes = EncodeHello(h);
+  bytes[bytes.size() - 1 - 5 * 8 - 1] = std::byte{7};
+  refused(bytes, "unknown transform 7");
+}
+
+TEST(ProtocolTest, VersionMismatchNamesBothVersionsAndTheSideToUpgrade) {
+  const auto frame = MakeFrame(FrameType::kCredit, EncodeCredit(1));
+  HeaderBytes old = HeaderOf(frame);
+  const uint16_t two = 2;
+  std::memcpy(old.data() + 4, &two, 2);
+  Status st = ParseHeader(old, kMaxControlPayload, kMaxControlPayload, "client unix").status();
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_NE(st.message().find("client unix speaks gpufeed daemon protocol version 2; this build speaks version 3"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("upgrade gpufeed on the older side (client unix)"), std::string::npos);
+  EXPECT_EQ(HeaderVersion(old), 2);
+  HeaderBytes newer = old;
+  const uint16_t four = 4;
+  std::memcpy(newer.data() + 4, &four, 2);
+  st = ParseHeader(newer, kMaxControlPayload, kMaxControlPayload, "daemon x").status();
+  EXPECT_NE(st.message().find("upgrade gpufeed on this side"), std::string::npos) << st.message();
+  // A header made for another version checks out in that version.
+  const auto body = EncodeError({StatusCode::kUnsupported, "old"});
+  const auto h2 = MakeHeader(FrameType::kError, 0, static_cast<uint32_t>(body.size()), {body}, 2);
+  EXPECT_EQ(HeaderVersion(h2), 2);
+  HeaderBytes garbage{};
+  EXPECT_EQ(HeaderVersion(garbage), 0);  // not ours at all
 }
 
 // A BATCH_REF payload built by hand: fixed part, slot, reserved, indices, labels.
@@ -133,6 +329,7 @@ TEST(ProtocolTest, SharedMemoryMessages) {
   ok.info.sample_shape = {4};
   ok.info.sample_bytes = 4;
   ok.info.batch_size = 8;
+  ok.info.fields = {FieldInfo{"images", "", DType::kUInt8, false, {4}, 4, 0}};
   ok.shm = true;
   auto o = DecodeHelloOk(EncodeHelloOk(ok));
   ASSERT_TRUE(o.ok()) << o.status().ToString();
@@ -294,6 +491,7 @@ TEST(ProtocolTest, MutatedMessagesAreRefusedOrDecodeConsistently) {
   ok.info.batch_size = 8;
   ok.info.mean = {0.5};
   ok.info.stddev = {2};
+  ok.info.fields = {FieldInfo{"images", "", DType::kUInt8, false, {3, 4}, 12, 0}};
   const uint32_t slots[] = {1, 2, 3};
   struct Codec {
     std::vector<std::byte> valid;

@@ -215,6 +215,15 @@ TEST_F(DaemonTest, RemoteBatchesEqualLocalByteForByte) {
         ASSERT_TRUE(remote.ok()) << remote.status().ToString();
         EXPECT_EQ((*remote)->info().sample_bytes, 192u);
         EXPECT_EQ((*remote)->info().sample_shape, (std::vector<uint64_t>{3, 8, 8}));
+        // One field, "images", as the local Loader describes it (protocol 3).
+        const std::vector<FieldInfo>& fields = (*remote)->info().fields;
+        ASSERT_EQ(fields.size(), 1u);
+        const FieldInfo want_field = ds_->fields()[0];
+        EXPECT_EQ(fields[0].name, want_field.name);
+        EXPECT_EQ(fields[0].path, want_field.path);
+        EXPECT_EQ(fields[0].sample_shape, want_field.sample_shape);
+        EXPECT_EQ(fields[0].sample_bytes, 192u);
+        EXPECT_EQ(fields[0].offset, 0u);
         const Delivered want = Local(lo, 2);
         EpochStream s = (*remote)->Epoch(2);
         EXPECT_EQ(s.num_batches(), want.hashes.size());

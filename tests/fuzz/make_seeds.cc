@@ -60,6 +60,10 @@ void Protocol() {
   h.loader.rank = 1;
   h.shm_slots = 4;
   h.shm_stride = 4096;
+  h.decode.height = 160;
+  h.decode.width = 128;
+  h.decode.layout = "NHWC";
+  h.decode.transform = gpufeed::ImageTransform::kCenterCrop;
   const Bytes hello = EncodeHello(h);
   Put(t, "frame-hello", With(0, MakeFrame(FrameType::kHello, hello)));
   Put(t, "frame-ping", With(0, MakeFrame(FrameType::kPing, {})));
@@ -77,11 +81,23 @@ void Protocol() {
   ok.info.mean = {0.5, 0.25, 0.125};
   ok.info.stddev = {1, 2, 3};
   ok.num_batches = 13;
+  ok.info.fields = {gpufeed::FieldInfo{"images", "/images", gpufeed::DType::kUInt8, false, {3, 4, 5}, 60, 0}};
   Put(t, "hello-ok", With(2, EncodeHelloOk(ok)));
+  // Named fields (version 3): float32 [2, 3], bool [3], float64 scalar.
+  HelloOk fields = ok;
+  fields.info.sample_shape = {35};
+  fields.info.sample_bytes = 35;
+  fields.info.fields = {
+      gpufeed::FieldInfo{"data", "/climate/data", gpufeed::DType::kFloat32, false, {2, 3}, 24, 0},
+      gpufeed::FieldInfo{"mask", "/climate/mask", gpufeed::DType::kUInt8, true, {3}, 3, 0},
+      gpufeed::FieldInfo{"target", "/y", gpufeed::DType::kFloat64, false, {}, 8, 0},
+  };
+  Put(t, "hello-ok-fields", With(2, EncodeHelloOk(fields)));
   ok.info.sample_shape.clear();
   ok.info.mean.clear();
   ok.info.stddev.clear();
   ok.info.sample_bytes = 1;
+  ok.info.fields = {gpufeed::FieldInfo{"images", "", gpufeed::DType::kUInt8, false, {}, 1, 0}};
   Put(t, "hello-ok-scalar", With(2, EncodeHelloOk(ok)));
   Put(t, "credit", With(3, EncodeCredit(4)));
   Put(t, "credit-zero", With(3, EncodeCredit(0)));

@@ -1,6 +1,7 @@
 // Fuzz target: the daemon's wire decoders (daemon/protocol.h), which read
 // bytes from any peer that can connect. The first input byte picks the
-// decoder, the rest is the frame header or payload. Besides the sanitizers,
+// decoder, the rest is the frame header or payload (HELLO with its decode
+// options, HELLO_OK with its fields: protocol version 3). Besides the sanitizers,
 // every message that decodes must survive a re-encode: Encode(Decode(x))
 // decodes again, to the same bytes when encoded once more.
 #include <cstddef>
@@ -46,7 +47,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (auto m = DecodeHello(p); m.ok()) CheckStable(*m, EncodeHello, DecodeHello);
       break;
     case 2:
-      if (auto m = DecodeHelloOk(p); m.ok()) CheckStable(*m, EncodeHelloOk, DecodeHelloOk);
+      if (auto m = DecodeHelloOk(p); m.ok()) {
+        CheckStable(*m, EncodeHelloOk, DecodeHelloOk);
+        // Version 3's fields: 1 to kMaxFields, laid end to end over the sample.
+        GPUFEED_FUZZ_CHECK(!m->info.fields.empty() && m->info.fields.size() <= kMaxFields);
+        uint64_t offset = 0;
+        for (const gpufeed::FieldInfo& f : m->info.fields) {
+          GPUFEED_FUZZ_CHECK(f.offset == offset && f.sample_bytes > 0);
+          offset += f.sample_bytes;
+        }
+        GPUFEED_FUZZ_CHECK(offset == m->info.sample_bytes);
+      }
       break;
     case 3:
       if (auto m = DecodeCredit(p); m.ok()) CheckStable(*m, EncodeCredit, DecodeCredit);

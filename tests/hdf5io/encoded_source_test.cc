@@ -275,6 +275,43 @@ TEST(EncodedSourceTest, CropIsAPureFunctionOfSeedEpochAndSample) {
   EXPECT_LT(same_seed, 3);
 }
 
+// A source made from another with other decode options (the daemon's way
+// of serving clients that ask for different ones) decodes as one opened
+// with them, for both storages, and outlives the one it came from.
+TEST(EncodedSourceTest, WithDecodeOptionsEqualsOpeningWithThem) {
+  Folder f = MakeFolder("enc_with", 17);
+  const std::string conv = Convert(f, "x.h5");
+  const std::string vlen = (f.dir.parent_path() / "v.h5").string();
+  std::vector<int64_t> labels(17);
+  for (int64_t k = 0; k < 17; ++k) labels[size_t(k)] = k % 3;
+  WriteVlen(vlen, f.files, labels);
+  DecodeOptions other;
+  other.height = 12;
+  other.width = 20;
+  other.layout = "NHWC";
+  other.transform = ImageTransform::kCenterCrop;
+  for (const std::string& path : {conv, vlen}) {
+    auto base = OpenEncodedImages(path, {}, {});
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    auto derived = (*base)->WithDecodeOptions(other);
+    ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+    auto opened = OpenEncodedImages(path, {}, other);
+    ASSERT_TRUE(opened.ok());
+    base->reset();  // the derived source keeps what it shares
+    EXPECT_EQ((*derived)->sample_shape(), (std::vector<uint64_t>{12, 20, 3}));
+    EXPECT_EQ((*derived)->labels(), (*opened)->labels());
+    EXPECT_EQ((*derived)->decode_options().transform, ImageTransform::kCenterCrop);
+    const auto want = RunEpoch(**opened, Opts(2), 1);
+    ASSERT_EQ(want.size(), 17u);
+    EXPECT_EQ(RunEpoch(**derived, Opts(2), 1), want) << path;
+  }
+  auto base = OpenEncodedImages(conv, {}, {});
+  ASSERT_TRUE(base.ok());
+  DecodeOptions bad;
+  bad.height = 0;
+  EXPECT_EQ((*base)->WithDecodeOptions(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(EncodedSourceTest, VlenFallbackEqualsDirectPath) {
   Folder f = MakeFolder("enc_vlen", 21);
   const std::string direct = Convert(f, "x.h5");

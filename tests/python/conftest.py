@@ -1,10 +1,14 @@
 """Fixtures for the gpufeed Python tests: index-valued HDF5 files written by
 h5py (sample k's bytes encode k), the built binaries, and a runner for code
 that must run in a fresh process (resume, ranks, torch absent)."""
+import contextlib
 import os
 import pathlib
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -73,3 +77,35 @@ def run_python(code, env=None, timeout=120):
     p = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, "child failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
     return p.stdout
+
+
+@contextlib.contextmanager
+def serve(gpufeed_cli, serve_args, sock, timeout=30):
+    """Runs `gpufeed serve SERVE_ARGS --listen unix:SOCK` until the block
+    ends (SIGTERM, then kill after 30 s); yields its address once it accepts."""
+    proc = subprocess.Popen([gpufeed_cli, "serve"] + list(serve_args) + ["--listen", "unix:" + str(sock),
+                                                                          "--threads", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError("gpufeed serve exited: " + proc.stderr.read().decode())
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(str(sock))
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise AssertionError("gpufeed serve did not listen on %s" % sock)
+                time.sleep(0.05)
+            finally:
+                s.close()
+        yield "unix:" + str(sock)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -61,3 +61,19 @@ def test_bad_transform_names_the_option(vlen_file):
     with pytest.raises(gpufeed.Error) as e:
         gpufeed.Loader(vlen_file, transform="spin", pin_memory=False)
     assert "random_resized_crop" in str(e.value)
+
+
+@pytest.mark.parametrize("transform", ["center_crop", "random_resized_crop"])
+def test_daemon_decodes_as_the_local_loader(vlen_file, gpufeed_cli, tmp_path, transform):
+    """An encoded dataset served by `gpufeed serve`: each client's decode
+    options (size, transform) give the local Loader's bytes."""
+    from conftest import serve
+    converted = str(tmp_path / "conv.h5")
+    subprocess.run([gpufeed_cli, "convert", vlen_file, "--keep-encoded", "-o", converted], check=True,
+                   capture_output=True)
+    with serve(gpufeed_cli, ["--data", converted], tmp_path / "d.sock") as address:
+        for size in ((16, 24), 20):
+            local = batches(converted, image_size=size, transform=transform)
+            remote = batches(address, image_size=size, transform=transform)
+            assert [k for k, _, _ in remote] == [k for k, _, _ in local]
+            assert all(np.array_equal(a, b) for (_, _, a), (_, _, b) in zip(local, remote))

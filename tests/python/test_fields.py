@@ -161,3 +161,31 @@ def test_feed_gives_a_mask_field_the_images_crop_and_flip(tmp_path):
                           + torch.arange(h)[:, None] * 100 + torch.arange(w)[None, :] + 1).sum())
     assert seen == set(range(n))
     assert moved > 0, "no sample was cropped or flipped: the test checks nothing"
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_fields_through_the_daemon_equal_local(per_file_dir, many_per_file, gpufeed_cli, tmp_path, shared_memory):
+    """`gpufeed serve --data GLOB --field ...` (each --field after its --data):
+    a daemon client gets the same tuple / dict of fields as the local Loader."""
+    from conftest import serve
+    cosmo_dir, _ = many_per_file
+    per_file, cosmo = str(per_file_dir / "*.h5"), str(cosmo_dir / "*.h5")
+    cosmo_spec = ["x=/x", "y=/y"]
+    args = ["--data", per_file] + sum((["--field", s] for s in SPEC), []) + \
+           ["--data", cosmo] + sum((["--field", s] for s in cosmo_spec), [])
+    opts = dict(batch_size=4, order="random", seed=3, threads=2, prefetch=2, output="numpy")
+    with serve(gpufeed_cli, args, tmp_path / "d.sock") as address:
+        for data, spec in ((per_file, SPEC), (cosmo, cosmo_spec)):
+            local = [tuple(a.copy() for a in b) for b in gpufeed.Loader(data, fields=spec, **opts)]
+            remote = [tuple(a.copy() for a in b)
+                      for b in gpufeed.Loader(address, dataset=data, fields=spec, shared_memory=shared_memory, **opts)]
+            assert len(remote) == len(local) > 1
+            for want, got in zip(local, remote):
+                assert len(got) == len(spec)
+                for w, g in zip(want, got):
+                    assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w)
+        as_dict = dict(zip(("data", "mask", "flag"), ("/climate/data", "/climate/labels_0", "/flag")))
+        first = next(iter(gpufeed.Loader(address, dataset=per_file, fields=as_dict, **opts)))
+        assert sorted(first) == ["data", "flag", "mask"] and first["data"].shape == (4, 2, 4, 3)
+        with pytest.raises(gpufeed.Error, match="serves fields"):
+            gpufeed.Loader(address, dataset=per_file, fields=["mask=/climate/labels_0"], **opts)

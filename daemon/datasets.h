@@ -1,0 +1,80 @@
+// The datasets a daemon serves (`gpufeed serve --data ... [--field ...]`):
+// each opened once at Start as the local Loader would open it — a Dataset, a
+// FieldSource (named fields, many files), or encoded images — with the
+// decoded-chunk sharing of its streams. Internal to daemon/.
+//
+// Encoded images are decoded by each stream's Loader with the client's
+// DecodeOptions (HELLO), and an EncodedImageSource carries its decode
+// options; so an encoded dataset holds one source per distinct set of
+// options its clients asked for (the first opened at Start with the
+// defaults, the others made from it, sharing its index and file handles, on
+// a client's first HELLO naming them, at most kMaxDecodeVariants), each with
+// its own chunk sharing. Sources live until the daemon stops: parked Loaders
+// may read them.
+#ifndef GPUFEED_DAEMON_DATASETS_H_
+#define GPUFEED_DAEMON_DATASETS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "gpufeed/chunk_source.h"
+#include "gpufeed/dataset.h"
+#include "gpufeed/encoded.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+namespace loader {
+class SharedChunks;
+}
+
+namespace daemon {
+
+// A key that is equal exactly when two DecodeOptions decode alike
+// ("224x224|NCHW|center_crop|0.08,1,...|skip"): part of a stream's identity.
+std::string DecodeKey(const DecodeOptions& d);
+
+class DatasetRegistry {
+ public:
+  static constexpr size_t kMaxDecodeVariants = 8;  // per encoded dataset
+
+  DatasetRegistry();
+  ~DatasetRegistry();
+  DatasetRegistry(const DatasetRegistry&) = delete;
+  DatasetRegistry& operator=(const DatasetRegistry&) = delete;
+
+  // At Start, before any Find: opens `spec` (its name for clients) with
+  // named `fields` ("NAME=/path"; empty: the single array, or encoded
+  // images). Errors as Dataset::Open / FieldSource::Open / OpenEncodedImages.
+  Status Add(const std::string& spec, const std::vector<std::string>& fields);
+
+  // What one stream reads.
+  struct Stream {
+    std::string name;                              // the dataset as clients name it
+    const ChunkSource* source = nullptr;           // lives as long as the registry
+    std::shared_ptr<loader::SharedChunks> shared;  // the chunks its streams share
+    bool encoded = false;
+    std::string decode_key;  // DecodeKey of the source's options ("" unless encoded)
+  };
+  // The dataset `name` (empty: the first), or NotFound listing them. An
+  // encoded dataset's source for `decode`, made now (no I/O:
+  // EncodedImageSource::WithDecodeOptions) if no client asked for these
+  // options before; InvalidArgument for options out of range or samples
+  // larger than the protocol describes (kMaxSampleBytes). More than
+  // kMaxDecodeVariants distinct options: Unsupported naming the limit.
+  // Thread-safe.
+  Result<Stream> Find(const std::string& name, const DecodeOptions& decode);
+
+  std::string Names() const;  // "a.h5,b.h5", for the log
+  bool empty() const { return entries_.empty(); }
+
+ private:
+  struct Entry;
+  std::vector<std::unique_ptr<Entry>> entries_;  // fixed after Start
+};
+
+}  // namespace daemon
+}  // namespace gpufeed
+
+#endif  // GPUFEED_DAEMON_DATASETS_H_
