@@ -72,7 +72,19 @@ hid_t FileTypeOf(DType t) {
       return H5T_IEEE_F32LE;
     case DType::kFloat64:
       return H5T_IEEE_F64LE;
-    case DType::kFloat16:
+    case DType::kFloat16: {
+      // IEEE half, as h5py and NumPy store float16 (HDF5 has no predefined
+      // one): created once, locked, kept for the process's life.
+      static const hid_t half = [] {
+        const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+        H5Tset_fields(t, 15, 10, 5, 0, 10);
+        H5Tset_size(t, 2);
+        H5Tset_ebias(t, 15);
+        H5Tlock(t);
+        return t;
+      }();
+      return half;
+    }
     case DType::kBFloat16:
       return H5I_INVALID_HID;
   }
