@@ -24,7 +24,7 @@ struct InspectArgs {
   bool json = false;
   bool trust_files = false;
   bool stats = false, store = false, sidecar = false;
-  std::string channel_axis;  // "" (from the layout), "none" or an axis
+  std::vector<std::string> channel_axis;  // K, none, NAME=K, NAME=none; empty: from the layout
   int threads = 0;
 };
 
@@ -206,26 +206,42 @@ int RunStats(const InspectArgs& a) {
   StatsOptions so;
   so.threads = a.threads;
   std::vector<std::string> layouts;
+  std::vector<bool> guesses;  // the channel axis is a guess (no layout attribute)
   for (const FieldInfo& f : fields) {
     OpenOptions one;
     one.trust_files = true;  // probed by FieldSource::Open
     one.labels_path = "none";
     auto ds = Dataset::Open((*src)->files()[0] + ":" + f.path, one);
     std::string layout = ds.ok() ? ds->info().layout : "";
-    if (layout.empty()) layout = GuessLayout(f.sample_shape);  // as convert does
-    int axis = ChannelAxisFromLayout(layout, f.sample_shape.size());
-    if (a.channel_axis == "none") {
+    bool guessed = false;
+    int axis = GuessChannelAxis(layout, f.sample_shape, &guessed);
+    guesses.push_back(guessed);
+    // --channel-axis K|none (every field) or NAME=K|none (that field), repeatable.
+    std::string choice;
+    for (const std::string& c : a.channel_axis) {
+      const size_t eq = c.find('=');
+      if (eq == std::string::npos) {
+        choice = c;
+      } else if (c.substr(0, eq) == f.name) {
+        choice = c.substr(eq + 1);
+      }
+    }
+    if (choice == "none") {
       axis = -1;
-    } else if (!a.channel_axis.empty()) {
+      guesses.back() = false;
+    } else if (!choice.empty()) {
       char* end = nullptr;
-      const long v = std::strtol(a.channel_axis.c_str(), &end, 10);
-      if (end == a.channel_axis.c_str() || *end != '\0' || v < 0 || static_cast<size_t>(v) >= f.sample_shape.size()) {
-        std::fprintf(stderr, "gpufeed inspect: --channel-axis %s: field '%s' has %zu sample axes (0..%zu), or 'none'\n",
-                     a.channel_axis.c_str(), f.name.c_str(), f.sample_shape.size(),
+      const long v = std::strtol(choice.c_str(), &end, 10);
+      if (end == choice.c_str() || *end != '\0' || v < 0 || static_cast<size_t>(v) >= f.sample_shape.size()) {
+        std::fprintf(stderr,
+                     "gpufeed inspect: --channel-axis %s: field '%s' has %zu sample axes (0..%zu); give an axis, "
+                     "'none', or NAME=K for one field\n",
+                     choice.c_str(), f.name.c_str(), f.sample_shape.size(),
                      f.sample_shape.empty() ? 0 : f.sample_shape.size() - 1);
         return 2;
       }
       axis = static_cast<int>(v);
+      guesses.back() = false;
     }
     so.channel_axes.push_back(axis);
     layouts.push_back(layout);
@@ -268,6 +284,7 @@ int RunStats(const InspectArgs& a) {
                     {"dtype", DTypeName(fields[j].dtype)},
                     {"sample_shape", fields[j].sample_shape},
                     {"layout", layouts[j]},
+                    {"channel_axis_guessed", static_cast<bool>(guesses[j])},
                     {"channel_axis", fs.channel_axis},
                     {"samples", fs.samples},
                     {"mean", fs.means()},
@@ -293,7 +310,9 @@ int RunStats(const InspectArgs& a) {
                 static_cast<unsigned long long>(fs.samples),
                 fs.channel_axis < 0 ? "one channel (the whole sample)"
                                     : ("channel axis " + std::to_string(fs.channel_axis) +
-                                       (layouts[j].empty() ? "" : " (" + layouts[j] + ")"))
+                                       (guesses[j]           ? " (no layout attribute: a guess; --channel-axis K)"
+                                        : layouts[j].empty() ? ""
+                                                             : " (" + layouts[j] + ")"))
                                           .c_str());
     std::printf("    %7s %14s %14s %14s %14s %14s %10s %10s\n", "channel", "count", "mean", "std", "min", "max", "nan",
                 "inf");
@@ -453,7 +472,8 @@ void AddInspectCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--stats", args->stats,
                 "per-channel count, mean, std, min, max, NaN/Inf of every field over every file (reads them all)");
   cmd->add_option("--channel-axis", args->channel_axis,
-                  "--stats: the sample axis channels run along, or 'none' (default: from the layout attribute)");
+                  "--stats: the sample axis channels run along, or 'none'; NAME=K for one field (repeatable; default: "
+                  "from the layout attribute)");
   cmd->add_flag("--store", args->store,
                 "--stats: store mean/std where the loader reads them: each file's attributes (atomically, through a "
                 "copy), or FILE.gpufeed-stats.json beside a read-only file");

@@ -2,6 +2,8 @@
 // (gpufeed/stats.h): chunks read in parallel, merged in a fixed tree.
 #include "hdf5io/channel_stats.h"
 
+#include "gpufeed/convert.h"
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_reduce.h>
 #include <tbb/task_arena.h>
@@ -311,6 +313,20 @@ int ChannelAxisFromLayout(std::string_view layout, size_t sample_rank) {
   const int c = static_cast<int>(layout.find('C'));
   if (layout.size() == sample_rank + 1 && layout[0] == 'N') return c - 1;
   if (layout.size() == sample_rank) return c;
+  return -1;
+}
+
+int GuessChannelAxis(std::string_view layout, const std::vector<uint64_t>& shape, bool* guessed) {
+  *guessed = false;
+  const int from_layout = ChannelAxisFromLayout(layout, shape.size());
+  if (from_layout >= 0 || !layout.empty() || shape.size() != 3) return from_layout;
+  *guessed = true;
+  const std::string guess = GuessLayout(shape);
+  if (!guess.empty()) return ChannelAxisFromLayout(guess, 3);
+  constexpr uint64_t kMaxGuessedChannels = 64;
+  if (shape[0] <= kMaxGuessedChannels && shape[0] < shape[2]) return 0;
+  if (shape[2] <= kMaxGuessedChannels && shape[2] < shape[0]) return 2;
+  *guessed = false;
   return -1;
 }
 

@@ -134,11 +134,13 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
   }
 
   std::vector<stats::Geometry> geom;
+  std::vector<int> axes;  // the layout's channel axis, or the guess inspect --stats makes
   std::vector<bool> has_stats;
   std::vector<stats::Accumulator> totals;
   for (size_t j = 0; j < fields.size(); ++j) {
-    geom.push_back(
-        stats::GeometryOf(fields[j].sample_shape, ChannelAxisFromLayout(layouts[j], fields[j].sample_shape.size())));
+    bool guessed = false;
+    axes.push_back(GuessChannelAxis(layouts[j], fields[j].sample_shape, &guessed));
+    geom.push_back(stats::GeometryOf(fields[j].sample_shape, axes[j]));
     has_stats.push_back(stats::Accumulator::Supports(fields[j].dtype));
     totals.emplace_back(fields[j].dtype, geom[j]);
   }
@@ -231,7 +233,7 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
     FieldStats fs;
     fs.name = fields[j].name;
     fs.path = fields[j].path.empty() ? "/" + fields[j].name : fields[j].path;
-    fs.channel_axis = ChannelAxisFromLayout(layouts[j], fields[j].sample_shape.size());
+    fs.channel_axis = axes[j];
     fs.samples = total;
     if (has_stats[j]) fs.channels = totals[j].Result();
     summary.stats.push_back(std::move(fs));

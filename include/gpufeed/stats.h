@@ -53,6 +53,14 @@ struct FieldStats {
 // -1 when layout is empty, has no single 'C', or does not match the rank.
 int ChannelAxisFromLayout(std::string_view layout, size_t sample_rank);
 
+// The channel axis for statistics of a field that may record no layout:
+// the layout's (above) when it names one; else, for a 3-axis sample, the
+// axis GuessLayout (convert.h) picks, or else the smaller end when it is at
+// most 64 and smaller than the other end ([16, 768, 1152] -> 0, DeepCAM's
+// 16 channels; [768, 1152, 16] -> 2), the two layouts the GPU feed takes;
+// -1 (the whole sample) otherwise. *guessed says whether it was a guess.
+int GuessChannelAxis(std::string_view layout, const std::vector<uint64_t>& sample_shape, bool* guessed);
+
 struct StatsOptions {
   // Per field of source.fields(), the channel axis (-1: the whole sample is
   // one channel). Empty: -1 for every field. Checked against each field's
