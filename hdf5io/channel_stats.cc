@@ -67,8 +67,9 @@ struct IntSums {
   int64_t min = 0, max = 0;
 };
 
-// Flush often enough that s1 and s2 cannot overflow: |v| < 2^16, so with
-// n < 2^30, |s1| < 2^46 and s2 < 2^62.
+// Flush before a sample would take a channel's count past 2^30: with
+// |v| < 2^16 that keeps |s1| < 2^46 and s2 < 2^62; a single sample alone
+// (at most a < 4 GiB chunk, < 2^31 16-bit elements) keeps s2 < 2^63.
 constexpr uint64_t kIntFlush = uint64_t{1} << 30;
 
 Moments FromIntSums(const IntSums& s) {
@@ -129,41 +130,62 @@ bool Accumulator::Supports(DType dtype) { return dtype != DType::kBFloat16; }
 
 template <typename T>
 void Accumulator::AddInt(const std::byte* data, uint64_t samples) {
-  std::vector<IntSums> sums(g_.channels);
+  const uint64_t C = g_.channels, per_sample = g_.outer * g_.inner;  // elements of a channel in a sample
+  // Per-channel scratch, flat so the NHWC case (inner == 1) is a tight loop.
+  std::vector<int64_t> s1(C, 0), mn(C, std::numeric_limits<int64_t>::max()), mx(C, std::numeric_limits<int64_t>::min());
+  std::vector<uint64_t> s2(C, 0);
+  uint64_t n = 0;  // elements per channel in the scratch
+  auto flush = [&] {
+    for (uint64_t c = 0; c < C && n > 0; ++c) {
+      IntSums x;
+      x.n = n;
+      x.s1 = s1[c];
+      x.s2 = s2[c];
+      x.min = mn[c];
+      x.max = mx[c];
+      m_[c].Merge(FromIntSums(x));
+      s1[c] = 0;
+      s2[c] = 0;
+      mn[c] = std::numeric_limits<int64_t>::max();
+      mx[c] = std::numeric_limits<int64_t>::min();
+    }
+    n = 0;
+  };
   const T* p = reinterpret_cast<const T*>(data);
   for (uint64_t s = 0; s < samples; ++s) {
-    for (uint64_t o = 0; o < g_.outer; ++o) {
-      for (uint64_t c = 0; c < g_.channels; ++c) {
-        IntSums& a = sums[c];
-        if (a.n + g_.inner > kIntFlush && a.n > 0) {
-          m_[c].Merge(FromIntSums(a));
-          a = IntSums{};
+    if (n > 0 && n + per_sample > kIntFlush) flush();
+    if (g_.inner == 1) {
+      for (uint64_t o = 0; o < g_.outer; ++o, p += C) {
+        for (uint64_t c = 0; c < C; ++c) {
+          const int64_t v = p[c];
+          s1[c] += v;
+          s2[c] += static_cast<uint64_t>(v * v);
+          mn[c] = std::min(mn[c], v);
+          mx[c] = std::max(mx[c], v);
         }
-        int64_t s1 = 0;
-        uint64_t s2 = 0;
-        int64_t mn = std::numeric_limits<int64_t>::max(), mx = std::numeric_limits<int64_t>::min();
-        for (uint64_t k = 0; k < g_.inner; ++k) {
-          const int64_t v = p[k];
-          s1 += v;
-          s2 += static_cast<uint64_t>(v * v);
-          mn = std::min(mn, v);
-          mx = std::max(mx, v);
+      }
+    } else {
+      for (uint64_t o = 0; o < g_.outer; ++o) {
+        for (uint64_t c = 0; c < C; ++c, p += g_.inner) {
+          int64_t a1 = 0, lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+          uint64_t a2 = 0;
+          for (uint64_t k = 0; k < g_.inner; ++k) {
+            const int64_t v = p[k];
+            a1 += v;
+            a2 += static_cast<uint64_t>(v * v);
+            lo = std::min(lo, v);
+            hi = std::max(hi, v);
+          }
+          s1[c] += a1;
+          s2[c] += a2;
+          mn[c] = std::min(mn[c], lo);
+          mx[c] = std::max(mx[c], hi);
         }
-        if (a.n == 0) {
-          a.min = mn;
-          a.max = mx;
-        } else {
-          a.min = std::min(a.min, mn);
-          a.max = std::max(a.max, mx);
-        }
-        a.n += g_.inner;
-        a.s1 += s1;
-        a.s2 += s2;
-        p += g_.inner;
       }
     }
+    n += per_sample;
   }
-  for (uint64_t c = 0; c < g_.channels; ++c) m_[c].Merge(FromIntSums(sums[c]));
+  flush();
 }
 
 namespace {
