@@ -299,6 +299,36 @@ TEST(StatsTest, ChanMergeMatchesOnePass) {
   EXPECT_NEAR(a.Result()[0].stddev, whole.Result()[0].stddev, 1e-9);
 }
 
+// Long channel runs (8-bit sums go through 4096-element blocks) and NHWC
+// (inner == 1), against a plain computation.
+TEST(StatsTest, AccumulatorLongRunsAndInterleavedChannels) {
+  for (const stats::Geometry g : {stats::Geometry{1, 2, 10007}, stats::Geometry{5003, 3, 1}}) {
+    const uint64_t per = g.outer * g.channels * g.inner, samples = 3;
+    std::vector<uint8_t> v(per * samples);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+    stats::Accumulator acc(DType::kUInt8, g);
+    acc.Add(reinterpret_cast<const std::byte*>(v.data()), samples);
+    const std::vector<ChannelStats> got = acc.Result();
+    for (uint64_t c = 0; c < g.channels; ++c) {
+      std::vector<double> x;
+      for (uint64_t s = 0; s < samples; ++s) {
+        for (uint64_t o = 0; o < g.outer; ++o) {
+          for (uint64_t k = 0; k < g.inner; ++k) x.push_back(v[s * per + (o * g.channels + c) * g.inner + k]);
+        }
+      }
+      double sum = 0, sq = 0;
+      for (double e : x) sum += e;
+      const double mean = sum / static_cast<double>(x.size());
+      for (double e : x) sq += (e - mean) * (e - mean);
+      EXPECT_EQ(got[c].count, x.size());
+      EXPECT_NEAR(got[c].mean, mean, 1e-12 * mean);
+      EXPECT_NEAR(got[c].stddev, std::sqrt(sq / static_cast<double>(x.size())), 1e-10);
+      EXPECT_EQ(got[c].min, *std::min_element(x.begin(), x.end()));
+      EXPECT_EQ(got[c].max, *std::max_element(x.begin(), x.end()));
+    }
+  }
+}
+
 std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
