@@ -97,7 +97,8 @@ enum class StoreMode {
 //   reflinks; the file's inode changes (hard links keep the old contents).
 // - sidecar: StatsSidecarPath(file), written through AtomicFile; the file's
 //   size and modification time are recorded and the sidecar is ignored once
-//   they change. Entries for other datasets of an existing sidecar are kept.
+//   they change. Entries for other datasets of an existing sidecar that
+//   still matches the file are kept.
 // Returns where they went ("attributes" or the sidecar's path).
 Result<std::string> StoreStats(const std::string& file, const std::vector<FieldStats>& stats, StoreMode mode);
 
