@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -111,6 +112,19 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
   auto shard_n = [&](uint64_t s) { return std::min(shard_samples, total - s * shard_samples); };
   auto shard_chunks = [&](uint64_t s) { return (shard_n(s) + k - 1) / k; };
 
+  // An output that is one of the inputs would replace it: refused before
+  // anything is written.
+  if (const auto* fs = dynamic_cast<const FieldSource*>(&source); fs != nullptr) {
+    for (uint64_t s = 0; s < n_shards; ++s) {
+      const std::string path = options.shard_bytes > 0 ? ShardPath(out_path, s) : out_path;
+      for (const std::string& in : fs->files()) {
+        std::error_code ec;
+        if (std::filesystem::equivalent(path, in, ec)) {
+          return Status::InvalidArgument(what + ": the output " + path + " is one of the inputs; write elsewhere");
+        }
+      }
+    }
+  }
   // Every shard's temporary file is created now (so encoding knows each
   // one's edge chunk) and closed; a shard is reopened while it is written.
   FieldConvertSummary summary;

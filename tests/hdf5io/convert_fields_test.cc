@@ -136,6 +136,12 @@ TEST(ConvertFieldsTest, GlobOfHdf5FilesToOneFileAndToShards) {
   ASSERT_TRUE(s1.ok()) << s1.status().ToString();
   ASSERT_EQ(s1->outputs, std::vector<std::string>{dir + "/out.h5"});
   ExpectIndexValued(dir + "/out.h5", fields, n);
+  // Writing over an input is refused (and leaves it).
+  const uintmax_t in1_size = fs::file_size(dir + "/in1.h5");
+  auto over = ConvertFields(**src, dir + "/in1.h5", one);
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.status().message().find("is one of the inputs"), std::string::npos) << over.status().ToString();
+  EXPECT_EQ(fs::file_size(dir + "/in1.h5"), in1_size);
 
   FieldConvertOptions sharded;
   sharded.convert.threads = 3;
