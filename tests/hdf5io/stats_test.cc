@@ -437,6 +437,33 @@ TEST(StatsStoreTest, MalformedSidecarIsIgnored) {
   }
 }
 
+// A sidecar that matches the file but whose arrays are wrong is not used.
+TEST(StatsStoreTest, SidecarWithBadArraysIsIgnored) {
+  const std::string dir = testing::MakeTempDir("stats_store_bad_arrays");
+  const std::string file = dir + "/a.h5";
+  WriteFile(file, T::kU8, false, 0, 3);
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  const std::string head = "{\"gpufeed_stats\": 1, \"file_size\": " + std::to_string(st.st_size) +
+                           ", \"file_mtime_ns\": " +
+                           std::to_string(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec) +
+                           ", \"datasets\": {\"/x\": ";
+  const char* good = "{\"mean\": [1, 2, 3], \"std\": [1, 1, 1]}";
+  std::ofstream(StatsSidecarPath(file)) << head << good << "}}";
+  auto ds = Dataset::Open(file + ":/x");
+  ASSERT_TRUE(ds.ok());
+  ASSERT_EQ(ds->info().mean, (std::vector<double>{1, 2, 3}));  // the well-formed one is read
+  for (const char* bad :
+       {"{\"mean\": [1, 2, 3], \"std\": [1, 1]}", "{\"mean\": [1], \"std\": [-1]}", "{\"mean\": [\"a\"], \"std\": [1]}",
+        "{\"mean\": [], \"std\": []}", "{\"mean\": 1, \"std\": 1}", "[]"}) {
+    std::ofstream(StatsSidecarPath(file)) << head << bad << "}}";
+    auto d = Dataset::Open(file + ":/x");
+    ASSERT_TRUE(d.ok()) << bad;
+    EXPECT_TRUE(d->info().mean.empty()) << bad;
+    EXPECT_EQ(d->info().stats_from, "") << bad;
+  }
+}
+
 TEST(StatsStoreTest, FailedStoreLeavesTheFileAsItWas) {
   const std::string dir = testing::MakeTempDir("stats_store_fail");
   const std::string file = dir + "/a.h5";
