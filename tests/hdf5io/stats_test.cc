@@ -329,6 +329,47 @@ TEST(StatsTest, AccumulatorLongRunsAndInterleavedChannels) {
   }
 }
 
+// Float runs long enough for the blocked path, a NaN and an Inf in some
+// blocks, a mean far from 0: equal to a plain two-pass computation.
+TEST(StatsTest, AccumulatorLongFloatRunsWithNonFinite) {
+  const stats::Geometry g{1, 2, 5000};
+  const uint64_t per = g.channels * g.inner, samples = 3;
+  std::vector<float> v(per * samples);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 1e4f + static_cast<float>((i * 2654435761u) % 1000) * 0.01f;
+  v[1500] = std::nanf("");
+  v[per + 7000 % per] = HUGE_VALF;
+  v[2 * per + 4999] = -HUGE_VALF;
+  stats::Accumulator acc(DType::kFloat32, g);
+  acc.Add(reinterpret_cast<const std::byte*>(v.data()), samples);
+  const std::vector<ChannelStats> got = acc.Result();
+  for (uint64_t c = 0; c < g.channels; ++c) {
+    std::vector<double> x;
+    uint64_t bad = 0;
+    for (uint64_t s = 0; s < samples; ++s) {
+      for (uint64_t k = 0; k < g.inner; ++k) {
+        const float e = v[s * per + c * g.inner + k];
+        if (std::isfinite(e)) {
+          x.push_back(e);
+        } else {
+          ++bad;
+        }
+      }
+    }
+    double sum = 0, sq = 0;
+    for (double e : x) sum += e;
+    const double mean = sum / static_cast<double>(x.size());
+    for (double e : x) sq += (e - mean) * (e - mean);
+    EXPECT_EQ(got[c].count, x.size());
+    EXPECT_EQ(got[c].nan + got[c].inf, bad);
+    EXPECT_NEAR(got[c].mean, mean, 1e-12 * mean);
+    EXPECT_NEAR(got[c].stddev, std::sqrt(sq / static_cast<double>(x.size())), 1e-9);
+    EXPECT_EQ(got[c].min, *std::min_element(x.begin(), x.end()));
+    EXPECT_EQ(got[c].max, *std::max_element(x.begin(), x.end()));
+  }
+  EXPECT_EQ(got[0].nan + got[1].nan, 1u);
+  EXPECT_EQ(got[0].inf + got[1].inf, 2u);
+}
+
 std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
