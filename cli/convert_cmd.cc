@@ -1,23 +1,167 @@
 // `gpufeed convert`: any supported input → gpufeed's chunked HDF5.
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "gpufeed/convert.h"
+#include "gpufeed/fields.h"
 
 namespace gpufeed::cli {
 namespace {
 
+bool IsDirectoryPath(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 struct ConvertArgs {
-  std::string input, output, labels, size, layout = "NCHW", codec = "zstd";
-  std::vector<std::string> class_names;
+  std::string input, output, labels, size, layout = "NCHW", codec = "zstd", shard_size;
+  std::vector<std::string> class_names, fields;
+  bool no_sample_axis = false;
   int level = -1, threads = 0;
   uint64_t chunk_samples = 0;
   bool shuffle_filter = false, keep_encoded = false, json = false, skip_corrupt = false;
 };
+
+// "4GiB", "512MiB", "2GB", "1000000": bytes; 0 on anything else.
+uint64_t ParseByteSize(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || errno != 0 || !(v > 0)) return 0;
+  const std::string unit(end);
+  static const std::pair<const char*, double> kUnits[] = {{"", 1},
+                                                          {"B", 1},
+                                                          {"K", 1024.0},
+                                                          {"KiB", 1024.0},
+                                                          {"KB", 1e3},
+                                                          {"M", 1048576.0},
+                                                          {"MiB", 1048576.0},
+                                                          {"MB", 1e6},
+                                                          {"G", 1073741824.0},
+                                                          {"GiB", 1073741824.0},
+                                                          {"GB", 1e9},
+                                                          {"T", 1099511627776.0},
+                                                          {"TiB", 1099511627776.0},
+                                                          {"TB", 1e12}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit == name) {
+      const double bytes = v * scale;
+      return bytes >= 1 && bytes < 1.8e19 ? static_cast<uint64_t>(bytes) : 0;
+    }
+  }
+  return 0;
+}
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Named fields or many files: FieldSource (HDF5) or OpenNpyFields, then
+// ConvertFields (one file or shards).
+int RunConvertFields(const ConvertArgs& a, const CLI::App& cmd, bool npy) {
+  auto refuse = [](const std::string& m) {
+    std::fprintf(stderr, "gpufeed convert: %s\n", m.c_str());
+    return 2;
+  };
+  for (const char* opt : {"--labels", "--size", "--layout", "--skip-corrupt", "--keep-encoded", "--class-names"}) {
+    if (cmd.count(opt) > 0) {
+      return refuse(std::string(opt) +
+                    " does not apply to named fields / many files (every field is converted "
+                    "as it is, labels included as a field)");
+    }
+  }
+  if (a.codec == "none" && a.shuffle_filter) {
+    return refuse("--shuffle-filter only helps a compressor; choose --codec deflate or zstd");
+  }
+  FieldConvertOptions opts;
+  if (!a.shard_size.empty()) {
+    opts.shard_bytes = ParseByteSize(a.shard_size);
+    if (opts.shard_bytes == 0) {
+      return refuse("--shard-size " + a.shard_size + ": expected a size such as 4GiB, 512MiB, 2GB or 1000000");
+    }
+  }
+  auto codec = CodecFromName(a.codec);
+  if (!codec.ok()) return refuse(codec.status().message());
+  opts.convert.write.codec = *codec;
+  opts.convert.write.level = a.level;
+  opts.convert.write.shuffle_filter = a.shuffle_filter;
+  opts.convert.write.chunk_samples = a.chunk_samples;
+  opts.convert.threads = a.threads;
+  Progress progress("convert " + a.output);
+  opts.convert.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
+  std::unique_ptr<ChunkSource> source;
+  if (npy) {
+    auto s = OpenNpyFields(a.fields, a.no_sample_axis);
+    if (!s.ok()) {
+      std::fprintf(stderr, "gpufeed convert: %s\n", s.status().ToString().c_str());
+      return 1;
+    }
+    source = std::move(*s);
+  } else {
+    OpenOptions o;
+    o.fields = a.fields;
+    o.no_sample_axis = a.no_sample_axis;
+    auto s = FieldSource::Open(a.input, o);
+    if (!s.ok()) {
+      std::fprintf(stderr, "gpufeed convert: %s\n", s.status().ToString().c_str());
+      return 1;
+    }
+    source = std::move(*s);
+  }
+  auto summary = ConvertFields(*source, a.output, opts);
+  progress.Finish();
+  if (!summary.ok()) {
+    std::fprintf(stderr, "gpufeed convert: %s\n", summary.status().ToString().c_str());
+    return 1;
+  }
+  const ConvertSummary& s = summary->totals;
+  const double ratio = s.output_bytes ? static_cast<double>(s.raw_bytes) / s.output_bytes : 0;
+  const double mbps = s.seconds > 0 ? s.raw_bytes / s.seconds / 1e6 : 0;
+  if (a.json) {
+    nlohmann::json fields = nlohmann::json::array();
+    for (const FieldStats& f : summary->stats) {
+      fields.push_back({{"name", f.name},
+                        {"path", f.path},
+                        {"channel_axis", f.channel_axis},
+                        {"mean", f.means()},
+                        {"std", f.stddevs()}});
+    }
+    nlohmann::json j = {{"input", npy ? "npy" : a.input},
+                        {"outputs", summary->outputs},
+                        {"samples", s.samples},
+                        {"shard_samples", summary->shard_samples},
+                        {"chunk_samples", s.chunk_samples},
+                        {"raw_bytes", s.raw_bytes},
+                        {"output_bytes", s.output_bytes},
+                        {"ratio", ratio},
+                        {"seconds", s.seconds},
+                        {"mb_per_s", mbps},
+                        {"codec", a.codec},
+                        {"fields", fields}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("converted %s -> %s%s\n", source->name().c_str(), summary->outputs.front().c_str(),
+              summary->outputs.size() > 1 ? (" ... " + summary->outputs.back()).c_str() : "");
+  std::printf("  samples %llu in %zu file%s (%llu a shard), chunk %llu samples, codec %s\n",
+              static_cast<unsigned long long>(s.samples), summary->outputs.size(),
+              summary->outputs.size() == 1 ? "" : "s", static_cast<unsigned long long>(summary->shard_samples),
+              static_cast<unsigned long long>(s.chunk_samples), a.codec.c_str());
+  std::printf("  raw %.1f MB, out %.1f MB (raw/out %.2fx), %.2f s, %.1f MB/s raw\n", s.raw_bytes / 1e6,
+              s.output_bytes / 1e6, ratio, s.seconds, mbps);
+  for (const FieldStats& f : summary->stats) {
+    std::printf("  %s (%s) mean/std:", f.name.c_str(), f.path.c_str());
+    for (const ChannelStats& c : f.channels) std::printf(" %.4g/%.4g", c.mean, c.stddev);
+    std::printf("\n");
+  }
+  return 0;
+}
 
 int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   // Options that do not apply to this input are errors, not ignored.
@@ -25,6 +169,23 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     std::fprintf(stderr, "gpufeed convert: %s\n", m.c_str());
     return 2;
   };
+  // .npy fields: every --field NAME=PATTERN names .npy files, no INPUT.
+  bool npy = !a.fields.empty();
+  for (const std::string& f : a.fields)
+    npy = npy && (EndsWith(f, ".npy") || EndsWith(f, ".txt") || EndsWith(f, ".list"));
+  if (npy && !a.input.empty()) {
+    return refuse("--field NAME=FILES.npy names the input; drop " + a.input + " (or give HDF5 paths: NAME=/path)");
+  }
+  if (a.input.empty() && !npy) return refuse("name the INPUT (or .npy fields: --field NAME='dir/*_NAME.npy')");
+  // A directory without --field is an image folder, as before.
+  if (npy || !a.fields.empty() || (IsMultiFileSpec(a.input) && !IsDirectoryPath(a.input))) {
+    return RunConvertFields(a, cmd, npy);
+  }
+  for (const char* opt : {"--shard-size", "--no-sample-axis"}) {
+    if (cmd.count(opt) > 0) {
+      return refuse(std::string(opt) + " applies to named fields / many files (--field NAME=/path, a glob or a list)");
+    }
+  }
   struct stat st {};
   const bool is_dir = ::stat(a.input.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
   if (!is_dir) {
@@ -151,8 +312,17 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
       "convert", "Convert IDX (gzip or plain), .npy, an image folder or an HDF5 dataset to gpufeed's chunked HDF5");
-  cmd->add_option("input", args->input, "IDX file, .npy file, folder of class subfolders, or HDF5 file[:/dataset]")
-      ->required();
+  cmd->add_option("input", args->input,
+                  "IDX file, .npy file, folder of class subfolders, HDF5 file[:/dataset], or many HDF5 files "
+                  "('DIR/*.h5', LIST.txt; DIR with --field)");
+  cmd->add_option("--field", args->fields,
+                  "NAME=/hdf5/path (of INPUT's files) or NAME='dir/*_NAME.npy' (.npy files, no INPUT): a named "
+                  "field, repeatable, in order");
+  cmd->add_option("--shard-size", args->shard_size,
+                  "fields / many files: write OUT-00000.h5, OUT-00001.h5, ... of about this many decoded bytes each "
+                  "(4GiB, 512MiB, 2GB)");
+  cmd->add_flag("--no-sample-axis", args->no_sample_axis,
+                "each file is one sample without a sample axis (.npy files; HDF5 files such as DeepCAM's)");
   cmd->add_option("-o,--output", args->output, "output .h5 file (written atomically)")->required();
   cmd->add_option("--labels", args->labels,
                   "labels: an IDX or .npy file, or for HDF5 input a dataset path in the same file");

@@ -1,9 +1,13 @@
 // `gpufeed inspect`: what a dataset is, how it is stored, how gpufeed reads it.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
+#include "gpufeed/convert.h"
+#include "gpufeed/stats.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/fields.h"
 #include "common/atomic_file.h"
@@ -21,6 +25,9 @@ struct InspectArgs {
   bool json = false;
   bool trust_files = false;
   bool no_sample_axis = false;
+  bool stats = false, store = false, sidecar = false;
+  std::vector<std::string> channel_axis;  // K, none, NAME=K, NAME=none; empty: from the layout
+  int threads = 0;
 };
 
 std::string ShapeText(const std::vector<uint64_t>& s) {
@@ -208,7 +215,173 @@ int InspectEncoded(const InspectArgs& a, const OpenOptions& o) {
   return 0;
 }
 
+// --stats: per-channel statistics of every field, over every file, and with
+// --store where the loader finds them.
+int RunStats(const InspectArgs& a) {
+  if (a.sidecar && !a.store) {
+    std::fprintf(stderr, "gpufeed inspect: --sidecar goes with --store\n");
+    return 2;
+  }
+  if (a.sample >= 0 || !a.out.empty()) {
+    std::fprintf(stderr, "gpufeed inspect: --stats does not go with --sample/--out\n");
+    return 2;
+  }
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "gpufeed inspect: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  OpenOptions o;
+  o.fields = a.fields;
+  o.trust_files = a.trust_files;
+  std::string data = a.spec;
+  if (a.fields.empty() && !IsMultiFileSpec(a.spec)) {
+    auto spec = DatasetSpec::Parse(a.spec);
+    if (!spec.ok()) return fail(spec.status());
+    data = spec->file;
+    o.fields = {"images=" + spec->images};
+  }
+  auto src = FieldSource::Open(data, o);
+  if (!src.ok()) return fail(src.status());
+  const std::vector<FieldInfo> fields = (*src)->fields();
+  StatsOptions so;
+  so.threads = a.threads;
+  std::vector<std::string> layouts;
+  std::vector<bool> guesses;  // the channel axis is a guess (no layout attribute)
+  for (const FieldInfo& f : fields) {
+    OpenOptions one;
+    one.trust_files = true;  // probed by FieldSource::Open
+    one.labels_path = "none";
+    auto ds = Dataset::Open((*src)->files()[0] + ":" + f.path, one);
+    std::string layout = ds.ok() ? ds->info().layout : "";
+    bool guessed = false;
+    int axis = GuessChannelAxis(layout, f.sample_shape, &guessed);
+    guesses.push_back(guessed);
+    // --channel-axis K|none (every field) or NAME=K|none (that field), repeatable.
+    std::string choice;
+    for (const std::string& c : a.channel_axis) {
+      const size_t eq = c.find('=');
+      if (eq == std::string::npos) {
+        choice = c;
+      } else if (c.substr(0, eq) == f.name) {
+        choice = c.substr(eq + 1);
+      }
+    }
+    if (choice == "none") {
+      axis = -1;
+      guesses.back() = false;
+    } else if (!choice.empty()) {
+      char* end = nullptr;
+      const long v = std::strtol(choice.c_str(), &end, 10);
+      if (end == choice.c_str() || *end != '\0' || v < 0 || static_cast<size_t>(v) >= f.sample_shape.size()) {
+        std::fprintf(stderr,
+                     "gpufeed inspect: --channel-axis %s: field '%s' has %zu sample axes (0..%zu); give an axis, "
+                     "'none', or NAME=K for one field\n",
+                     choice.c_str(), f.name.c_str(), f.sample_shape.size(),
+                     f.sample_shape.empty() ? 0 : f.sample_shape.size() - 1);
+        return 2;
+      }
+      axis = static_cast<int>(v);
+      guesses.back() = false;
+    }
+    so.channel_axes.push_back(axis);
+    layouts.push_back(layout);
+  }
+  Progress progress("stats " + a.spec);
+  if (!a.json) so.progress = [&](uint64_t done, uint64_t total) { progress.Update(done, total); };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto stats = ComputeStats(**src, so);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  progress.Finish();
+  if (!stats.ok()) return fail(stats.status());
+  const std::vector<std::string> files = (*src)->files();
+  const uint64_t bytes = (*src)->num_samples() * (*src)->sample_bytes();
+  src->reset();  // closed before the files are replaced
+
+  nlohmann::json stored = nlohmann::json::array();
+  if (a.store) {
+    for (const std::string& f : files) {
+      auto where = StoreStats(f, *stats, a.sidecar ? StoreMode::kSidecar : StoreMode::kAuto);
+      if (!where.ok()) return fail(where.status());
+      stored.push_back({{"file", f}, {"where", *where}});
+    }
+  }
+  if (a.json) {
+    nlohmann::json jf = nlohmann::json::array();
+    for (size_t j = 0; j < stats->size(); ++j) {
+      const FieldStats& fs = (*stats)[j];
+      nlohmann::json ch = nlohmann::json::array();
+      for (const ChannelStats& c : fs.channels) {
+        ch.push_back({{"count", c.count},
+                      {"mean", c.mean},
+                      {"std", c.stddev},
+                      {"min", c.min},
+                      {"max", c.max},
+                      {"nan", c.nan},
+                      {"inf", c.inf}});
+      }
+      jf.push_back({{"name", fs.name},
+                    {"path", fs.path},
+                    {"dtype", DTypeName(fields[j].dtype)},
+                    {"sample_shape", fields[j].sample_shape},
+                    {"layout", layouts[j]},
+                    {"channel_axis_guessed", static_cast<bool>(guesses[j])},
+                    {"channel_axis", fs.channel_axis},
+                    {"samples", fs.samples},
+                    {"mean", fs.means()},
+                    {"std", fs.stddevs()},
+                    {"channels", ch}});
+    }
+    nlohmann::json j = {{"data", a.spec},
+                        {"files", files.size()},
+                        {"fields", jf},
+                        {"seconds", seconds},
+                        {"bytes", bytes},
+                        {"stored", stored},
+                        {"gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s: %zu file%s, %.2f GB read in %.2f s (%.2f GB/s)\n", a.spec.c_str(), files.size(),
+              files.size() == 1 ? "" : "s", bytes / 1e9, seconds, seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+  for (size_t j = 0; j < stats->size(); ++j) {
+    const FieldStats& fs = (*stats)[j];
+    std::printf("  %s (%s) %s %s, %llu samples, %s\n", fs.name.c_str(), fs.path.c_str(),
+                std::string(DTypeName(fields[j].dtype)).c_str(), ShapeText(fields[j].sample_shape).c_str(),
+                static_cast<unsigned long long>(fs.samples),
+                fs.channel_axis < 0 ? "one channel (the whole sample)"
+                                    : ("channel axis " + std::to_string(fs.channel_axis) +
+                                       (guesses[j]           ? " (no layout attribute: a guess; --channel-axis K)"
+                                        : layouts[j].empty() ? ""
+                                                             : " (" + layouts[j] + ")"))
+                                          .c_str());
+    std::printf("    %7s %14s %14s %14s %14s %14s %10s %10s\n", "channel", "count", "mean", "std", "min", "max", "nan",
+                "inf");
+    uint64_t nan = 0, inf = 0;
+    for (size_t c = 0; c < fs.channels.size(); ++c) {
+      const ChannelStats& x = fs.channels[c];
+      std::printf("    %7zu %14llu %14.6g %14.6g %14.6g %14.6g %10llu %10llu\n", c,
+                  static_cast<unsigned long long>(x.count), x.mean, x.stddev, x.min, x.max,
+                  static_cast<unsigned long long>(x.nan), static_cast<unsigned long long>(x.inf));
+      nan += x.nan;
+      inf += x.inf;
+    }
+    if (nan + inf > 0) {
+      std::printf("    %llu NaN and %llu Inf values, left out of count, mean, std, min and max\n",
+                  static_cast<unsigned long long>(nan), static_cast<unsigned long long>(inf));
+    }
+  }
+  for (const auto& s : stored) {
+    std::printf("  stored for %s: %s\n", s["file"].get<std::string>().c_str(), s["where"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
 int RunInspect(const InspectArgs& a) {
+  if (a.stats) return RunStats(a);
+  if (a.store || a.sidecar || !a.channel_axis.empty() || a.threads != 0) {
+    std::fprintf(stderr, "gpufeed inspect: --store, --sidecar, --channel-axis and --threads go with --stats\n");
+    return 2;
+  }
   if (!a.fields.empty() || IsMultiFileSpec(a.spec)) return RunInspectFields(a);
   OpenOptions o;
   o.labels_path = a.labels;
@@ -270,6 +443,7 @@ int RunInspect(const InspectArgs& a) {
         {"class_names", info.class_names},
         {"mean", info.mean},
         {"std", info.stddev},
+        {"stats_from", info.stats_from},
     };
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -319,7 +493,7 @@ int RunInspect(const InspectArgs& a) {
               r.recommended_cache_bytes / 1048576.0,
               static_cast<unsigned long long>(InspectReport::kRecommendedWindow));
   if (!info.mean.empty()) {
-    std::printf("  mean/std    ");
+    std::printf("  mean/std     (%s)", info.stats_from.c_str());
     for (size_t c = 0; c < info.mean.size(); ++c) {
       std::printf(" %.3f/%.3f", info.mean[c], c < info.stddev.size() ? info.stddev[c] : 0.0);
     }
@@ -352,6 +526,16 @@ void AddInspectCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", args->json, "print as JSON");
   cmd->add_option("--sample", args->sample, "write sample K ...");
   cmd->add_option("--out", args->out, "... to this .npy, .pgm or .ppm file");
+  cmd->add_flag("--stats", args->stats,
+                "per-channel count, mean, std, min, max, NaN/Inf of every field over every file (reads them all)");
+  cmd->add_option("--channel-axis", args->channel_axis,
+                  "--stats: the sample axis channels run along, or 'none'; NAME=K for one field (repeatable; default: "
+                  "from the layout attribute)");
+  cmd->add_flag("--store", args->store,
+                "--stats: store mean/std where the loader reads them: each file's attributes (atomically, through a "
+                "copy), or FILE.gpufeed-stats.json beside a read-only file");
+  cmd->add_flag("--sidecar", args->sidecar, "--store: always the sidecar file, never the HDF5 file");
+  cmd->add_option("--threads", args->threads, "--stats: threads (default: all cores)");
   cmd->callback([args, exit_code] { *exit_code = RunInspect(*args); });
 }
 

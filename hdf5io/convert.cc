@@ -18,120 +18,11 @@
 #include <thread>
 
 #include "gpufeed/dataset.h"
+#include "gpufeed/stats.h"
+#include "hdf5io/channel_stats.h"
 
 namespace gpufeed {
 namespace {
-
-// Per-channel running sums. Kept as exact integers for integer dtypes up to
-// 32 bits (a uint8 chunk's sums fit in uint64 for billions of samples).
-struct ChannelSums {
-  std::vector<double> sum, sum_sq;
-  uint64_t per_channel = 0;  // elements counted per channel
-
-  void Resize(size_t c) {
-    sum.assign(c, 0.0);
-    sum_sq.assign(c, 0.0);
-  }
-  void Add(const ChannelSums& o) {
-    for (size_t c = 0; c < sum.size(); ++c) {
-      sum[c] += o.sum[c];
-      sum_sq[c] += o.sum_sq[c];
-    }
-    per_channel += o.per_channel;
-  }
-};
-
-// Where the channel axis is: `channels` planes of `inner` elements repeated
-// `outer` times within each sample.
-struct ChannelGeometry {
-  size_t channels = 1, outer = 1, inner = 1;
-};
-
-ChannelGeometry GeometryOf(const std::string& layout, const std::vector<uint64_t>& shape) {
-  ChannelGeometry g;
-  uint64_t total = 1;
-  for (uint64_t x : shape) total *= x;
-  if (layout == "NCHW" && shape.size() == 3) {
-    g.channels = shape[0];
-    g.inner = shape[1] * shape[2];
-  } else if (layout == "NHWC" && shape.size() == 3) {
-    g.channels = shape[2];
-    g.outer = shape[0] * shape[1];
-  } else {
-    g.inner = total;
-  }
-  return g;
-}
-
-template <typename T>
-void AccumulateTyped(const std::byte* data, uint64_t samples, const ChannelGeometry& g, ChannelSums* s) {
-  const T* p = reinterpret_cast<const T*>(data);
-  for (uint64_t n = 0; n < samples; ++n) {
-    for (size_t o = 0; o < g.outer; ++o) {
-      for (size_t c = 0; c < g.channels; ++c) {
-        double sum = 0, sq = 0;
-        if constexpr (std::is_same_v<T, uint8_t>) {
-          uint64_t isum = 0, isq = 0;  // exact and fast for the common case
-          for (size_t k = 0; k < g.inner; ++k) {
-            const uint64_t v = p[k];
-            isum += v;
-            isq += v * v;
-          }
-          sum = static_cast<double>(isum);
-          sq = static_cast<double>(isq);
-        } else {
-          for (size_t k = 0; k < g.inner; ++k) {
-            const double v = static_cast<double>(p[k]);
-            sum += v;
-            sq += v * v;
-          }
-        }
-        s->sum[c] += sum;
-        s->sum_sq[c] += sq;
-        p += g.inner;
-      }
-    }
-  }
-  s->per_channel += samples * g.outer * g.inner;
-}
-
-// Returns false for dtypes without channel statistics (float16).
-bool Accumulate(DType t, const std::byte* data, uint64_t samples, const ChannelGeometry& g, ChannelSums* s) {
-  switch (t) {
-    case DType::kUInt8:
-      AccumulateTyped<uint8_t>(data, samples, g, s);
-      return true;
-    case DType::kInt8:
-      AccumulateTyped<int8_t>(data, samples, g, s);
-      return true;
-    case DType::kUInt16:
-      AccumulateTyped<uint16_t>(data, samples, g, s);
-      return true;
-    case DType::kInt16:
-      AccumulateTyped<int16_t>(data, samples, g, s);
-      return true;
-    case DType::kUInt32:
-      AccumulateTyped<uint32_t>(data, samples, g, s);
-      return true;
-    case DType::kInt32:
-      AccumulateTyped<int32_t>(data, samples, g, s);
-      return true;
-    case DType::kUInt64:
-      AccumulateTyped<uint64_t>(data, samples, g, s);
-      return true;
-    case DType::kInt64:
-      AccumulateTyped<int64_t>(data, samples, g, s);
-      return true;
-    case DType::kFloat32:
-      AccumulateTyped<float>(data, samples, g, s);
-      return true;
-    case DType::kFloat64:
-      AccumulateTyped<double>(data, samples, g, s);
-      return true;
-    default:
-      return false;
-  }
-}
 
 uint64_t FileSize(const std::string& path) {
   struct stat st;
@@ -143,7 +34,7 @@ struct Work {
   uint64_t index = 0;
   uint64_t samples = 0;
   DatasetWriter::EncodedChunk encoded;
-  ChannelSums sums;
+  stats::Accumulator stats;
 };
 
 }  // namespace
@@ -180,7 +71,11 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
   const uint64_t k = writer.chunk_samples();
   const uint64_t sb = writer.sample_bytes();
   const uint64_t n_chunks = writer.num_chunks();
-  const ChannelGeometry geom = GeometryOf(wopt.layout, source.sample_shape());
+  // Statistics per channel where the layout names the channel axis, else
+  // one value for the whole sample (the shared implementation: stats.h).
+  const int channel_axis = ChannelAxisFromLayout(wopt.layout, source.sample_shape().size());
+  const stats::Geometry geom = stats::GeometryOf(source.sample_shape(), channel_axis);
+  const bool have_stats = stats::Accumulator::Supports(source.dtype());
   const int threads =
       options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
@@ -193,9 +88,7 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
     failed.store(true);
   };
 
-  ChannelSums totals;
-  totals.Resize(geom.channels);
-  bool have_stats = true;
+  stats::Accumulator totals(source.dtype(), geom);
   uint64_t next = 0, done = 0;
 
   tbb::task_arena arena(threads);
@@ -222,9 +115,9 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
                   try {
                     Status s = source.Read(i * k, w->samples, buf);
                     if (s.ok()) {
-                      w->sums.Resize(geom.channels);
-                      if (!Accumulate(source.dtype(), buf.data(), w->samples, geom, &w->sums)) {
-                        w->sums.per_channel = 0;
+                      if (have_stats) {
+                        w->stats = stats::Accumulator(source.dtype(), geom);
+                        w->stats.Add(buf.data(), w->samples);
                       }
                       s = writer.EncodeChunk(i, buf, &w->encoded);
                     }
@@ -242,8 +135,7 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
                                                               fail(std::move(s));
                                                               return;
                                                             }
-                                                            if (w->sums.per_channel == 0) have_stats = false;
-                                                            if (have_stats) totals.Add(w->sums);
+                                                            if (have_stats) totals.Merge(w->stats);  // in order
                                                             done += w->samples;
                                                             if (options.progress) options.progress(done, total);
                                                           }));
@@ -254,15 +146,20 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
     GPUFEED_RETURN_IF_ERROR(writer.WriteLabels(source.labels()));
   }
   ConvertSummary summary;
-  if (have_stats && totals.per_channel > 0) {
-    const double n = static_cast<double>(totals.per_channel);
-    for (size_t c = 0; c < geom.channels; ++c) {
-      const double mean = totals.sum[c] / n;
-      const double var = std::max(0.0, totals.sum_sq[c] / n - mean * mean);
-      summary.mean.push_back(mean);
-      summary.stddev.push_back(std::sqrt(var));
+  if (have_stats) {
+    const std::vector<ChannelStats> channels = totals.Result();
+    bool counted = true;
+    for (const ChannelStats& c : channels) counted = counted && c.count > 0;
+    for (const ChannelStats& c : channels) {
+      summary.mean.push_back(c.mean);
+      summary.stddev.push_back(c.stddev);
     }
-    GPUFEED_RETURN_IF_ERROR(writer.WriteChannelStats(summary.mean, summary.stddev));
+    if (counted) {
+      GPUFEED_RETURN_IF_ERROR(writer.WriteChannelStats(summary.mean, summary.stddev));
+    } else {
+      summary.mean.clear();
+      summary.stddev.clear();
+    }
   }
   GPUFEED_RETURN_IF_ERROR(writer.Commit());
   summary.samples = total;

@@ -2,6 +2,7 @@
 // chunk index once, and serves ReadChunk either by pread + codec (direct) or
 // by H5Dread through a tuned chunk cache (hdf5).
 #include "gpufeed/dataset.h"
+#include "gpufeed/stats.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -883,6 +884,13 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   d->info.class_names = h5::ReadStringArrayAttr(d->dset.get(), "class_names");
   d->info.mean = h5::ReadDoubleArrayAttr(d->dset.get(), "mean");
   d->info.stddev = h5::ReadDoubleArrayAttr(d->dset.get(), "std");
+  if (!d->info.mean.empty()) {
+    d->info.stats_from = "attributes";
+  } else {
+    // A read-only file's statistics (gpufeed inspect --stats --store).
+    ReadStatsSidecar(spec.file, spec.images, &d->info.mean, &d->info.stddev);
+    if (!d->info.mean.empty()) d->info.stats_from = StatsSidecarPath(spec.file);
+  }
   H5Eclear2(H5E_DEFAULT);
   return Dataset(std::move(d));
 }

@@ -9,8 +9,11 @@
 #include <cstring>
 #include <regex>
 
+#include <algorithm>
+
 #include "common/sizes.h"
 #include "gpufeed/convert.h"
+#include "gpufeed/fields.h"
 
 namespace gpufeed {
 namespace {
@@ -165,7 +168,175 @@ void Widen(const std::byte* p, uint64_t n, std::vector<int64_t>* out) {
   }
 }
 
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Named fields over .npy files (OpenNpyFields). Read units span files: a
+// unit is a byte copy out of the mapped files, so no alignment is needed.
+class NpyFieldSource final : public ChunkSource {
+ public:
+  struct Field {
+    FieldInfo info;
+    std::vector<std::unique_ptr<NpyMap>> files;
+  };
+  NpyFieldSource(std::vector<Field> fields, std::vector<uint64_t> file_first, std::string what)
+      : fields_(std::move(fields)), file_first_(std::move(file_first)), what_(std::move(what)) {
+    uint64_t offset = 0;
+    for (Field& f : fields_) {
+      f.info.offset = offset;
+      offset += f.info.sample_bytes;
+    }
+    sample_bytes_ = offset;
+    num_samples_ = file_first_.back();
+    chunk_samples_ =
+        std::clamp<uint64_t>((4u << 20) / std::max<uint64_t>(1, sample_bytes_), 1, std::max<uint64_t>(1, num_samples_));
+    if (fields_.size() == 1) {
+      shape_ = fields_[0].info.sample_shape;
+      dtype_ = fields_[0].info.dtype;
+    } else {
+      shape_ = {sample_bytes_};
+    }
+  }
+  uint64_t num_samples() const override { return num_samples_; }
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  uint64_t sample_bytes() const override { return sample_bytes_; }
+  DType dtype() const override { return dtype_; }
+  uint64_t chunk_samples() const override { return chunk_samples_; }
+  uint64_t num_chunks() const override { return (num_samples_ + chunk_samples_ - 1) / chunk_samples_; }
+  uint64_t samples_in_chunk(uint64_t i) const override {
+    return std::min(chunk_samples_, num_samples_ - i * chunk_samples_);
+  }
+  uint64_t stored_chunk_bytes(uint64_t i) const override { return samples_in_chunk(i) * sample_bytes_; }
+  const std::vector<int64_t>& labels() const override {
+    static const std::vector<int64_t> kNone;
+    return kNone;
+  }
+  std::string name() const override { return what_; }
+  std::vector<FieldInfo> fields() const override {
+    std::vector<FieldInfo> out;
+    for (const Field& f : fields_) out.push_back(f.info);
+    return out;
+  }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    if (i >= num_chunks()) return Status::InvalidArgument(what_ + ": unit " + std::to_string(i) + " out of range");
+    const uint64_t capacity = fields_.size() == 1 ? samples_in_chunk(i) : chunk_samples_;
+    if (dst.size() < capacity * sample_bytes_) {
+      return Status::InvalidArgument(what_ + ": unit " + std::to_string(i) + ": destination too small");
+    }
+    const uint64_t first = i * chunk_samples_, end = first + samples_in_chunk(i);
+    for (const Field& f : fields_) {
+      const uint64_t sb = f.info.sample_bytes;
+      std::byte* out = dst.data() + capacity * f.info.offset;
+      for (uint64_t k = first; k < end;) {
+        const size_t file =
+            static_cast<size_t>(std::upper_bound(file_first_.begin(), file_first_.end(), k) - file_first_.begin() - 1);
+        const uint64_t local = k - file_first_[file];
+        const uint64_t run = std::min(end, file_first_[file + 1]) - k;
+        const NpyMap& m = *f.files[file];
+        CopyBytes(out + (k - first) * sb, m.base + m.data_offset + local * sb, run * sb);
+        k += run;
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<Field> fields_;
+  std::vector<uint64_t> file_first_;
+  std::string what_;
+  std::vector<uint64_t> shape_;
+  DType dtype_ = DType::kUInt8;
+  uint64_t sample_bytes_ = 0, num_samples_ = 0, chunk_samples_ = 1;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<ChunkSource>> OpenNpyFields(const std::vector<std::string>& specs, bool no_sample_axis) {
+  if (specs.empty()) return Status::InvalidArgument(".npy fields: name at least one (--field NAME=PATTERN.npy)");
+  std::vector<NpyFieldSource::Field> fields;
+  std::vector<uint64_t> file_first;
+  std::string what = "npy";
+  for (const std::string& text : specs) {
+    const size_t eq = text.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 >= text.size()) {
+      return Status::InvalidArgument("field '" + text + "': expected NAME=PATTERN (for example data='dir/*_data.npy')");
+    }
+    // The name rules of HDF5 fields (FieldSpec); the pattern is a path, not an HDF5 path.
+    auto named = FieldSpec::Parse(text.substr(0, eq) + "=/x");
+    if (!named.ok()) return named.status();
+    const std::string name = named->name, pattern = text.substr(eq + 1);
+    for (const auto& f : fields) {
+      if (f.info.name == name) return Status::InvalidArgument("field '" + name + "' is named twice");
+    }
+    auto files = ExpandFiles(pattern);
+    if (!files.ok()) return files.status().WithContext("field '" + name + "'");
+    NpyMap* first = nullptr;
+    NpyFieldSource::Field f;
+    f.info.name = name;
+    f.info.path = "/" + name;
+    std::vector<uint64_t> counts;
+    for (const std::string& path : *files) {
+      auto m = MapNpy(path);
+      if (!m.ok()) return m.status();
+      std::vector<uint64_t> sample_shape = (*m)->shape;
+      uint64_t n = 1;
+      if (!no_sample_axis) {
+        if (sample_shape.empty()) {
+          return Status::InvalidArgument(path +
+                                         ": a 0-d array has no sample axis (is each file one sample? "
+                                         "--no-sample-axis)");
+        }
+        n = sample_shape[0];
+        sample_shape.erase(sample_shape.begin());
+      }
+      if (first == nullptr) {
+        f.info.dtype = (*m)->dtype;
+        f.info.sample_shape = sample_shape;
+        f.info.sample_bytes = DTypeSize((*m)->dtype);
+        for (uint64_t x : sample_shape) f.info.sample_bytes *= x;  // checked by MapNpy against the file's size
+        first = m->get();
+      } else if ((*m)->dtype != f.info.dtype || sample_shape != f.info.sample_shape) {
+        return Status::InvalidArgument(path + ": field '" + name + "' is " + std::string(DTypeName((*m)->dtype)) + " " +
+                                       ShapeText(sample_shape) + " per sample, but in " + first->path + " it is " +
+                                       std::string(DTypeName(f.info.dtype)) + " " + ShapeText(f.info.sample_shape) +
+                                       "; every file of a field must agree in dtype and sample shape");
+      }
+      counts.push_back(n);
+      f.files.push_back(std::move(*m));
+    }
+    if (fields.empty()) {
+      file_first.assign(1, 0);
+      for (uint64_t n : counts) {
+        const auto next = CheckedAdd(file_first.back(), n);
+        if (!next) return Status::Unsupported(pattern + ": the files' sample counts overflow 64 bits");
+        file_first.push_back(*next);
+      }
+    } else {
+      if (f.files.size() != fields[0].files.size()) {
+        return Status::InvalidArgument("field '" + name + "' (" + pattern + ") names " +
+                                       std::to_string(f.files.size()) + " files but field '" + fields[0].info.name +
+                                       "' names " + std::to_string(fields[0].files.size()) +
+                                       "; file i of every field holds the same samples");
+      }
+      for (size_t i = 0; i < counts.size(); ++i) {
+        if (counts[i] != file_first[i + 1] - file_first[i]) {
+          return Status::InvalidArgument(f.files[i]->path + ": field '" + name + "' has " + std::to_string(counts[i]) +
+                                         " samples but " + fields[0].files[i]->path + " (field '" +
+                                         fields[0].info.name + "') has " +
+                                         std::to_string(file_first[i + 1] - file_first[i]));
+        }
+      }
+    }
+    what += (fields.empty() ? " " : ",") + name + "=" + pattern;
+    fields.push_back(std::move(f));
+  }
+  if (file_first.back() == 0) return Status::InvalidArgument(what + ": no samples");
+  return std::unique_ptr<ChunkSource>(
+      std::make_unique<NpyFieldSource>(std::move(fields), std::move(file_first), std::move(what)));
+}
 
 Result<std::unique_ptr<SampleSource>> OpenNpySource(const std::string& path, const std::string& labels_path) {
   auto m = MapNpy(path);

@@ -72,7 +72,19 @@ hid_t FileTypeOf(DType t) {
       return H5T_IEEE_F32LE;
     case DType::kFloat64:
       return H5T_IEEE_F64LE;
-    case DType::kFloat16:
+    case DType::kFloat16: {
+      // IEEE half, as h5py and NumPy store float16 (HDF5 has no predefined
+      // one): created once, locked, kept for the process's life.
+      static const hid_t half = [] {
+        const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+        H5Tset_fields(t, 15, 10, 5, 0, 10);
+        H5Tset_size(t, 2);
+        H5Tset_ebias(t, 15);
+        H5Tlock(t);
+        return t;
+      }();
+      return half;
+    }
     case DType::kBFloat16:
       return H5I_INVALID_HID;
   }
@@ -82,26 +94,97 @@ hid_t FileTypeOf(DType t) {
 }  // namespace
 
 struct DatasetWriter::Impl {
+  // One dataset of the file: /images, or a named field.
+  struct Dset {
+    std::string path;
+    std::vector<uint64_t> sample_shape;
+    DType dtype = DType::kUInt8;
+    uint64_t sample_bytes = 0;
+    std::vector<codec::FilterStep> pipeline;
+    h5::Id id;
+  };
   std::string path;
   std::unique_ptr<AtomicFile> out;  // the temporary file HDF5 writes, renamed by Commit
-  std::vector<uint64_t> sample_shape;
-  DType dtype = DType::kUInt8;
   uint64_t num_samples = 0;
-  uint64_t sample_bytes = 0;
   uint64_t chunk_samples = 1;
   int level = 0;
-  std::vector<codec::FilterStep> pipeline;
+  WriteOptions options;
+  std::vector<Dset> dsets;
   h5::Id file;
-  h5::Id images;
   uint64_t bytes_written = 0;
   bool committed = false;
 
   ~Impl() {
-    images.Reset();
+    for (Dset& d : dsets) d.id.Reset();
     file.Reset();  // closed before `out` removes an uncommitted temporary file
   }
   Status Error(const std::string& what) const {
     return Status::IOError(path + ": " + what + ": " + h5::LastErrorText());
+  }
+  Status Reopen() {
+    if (file.valid()) return Status::Ok();
+    file = h5::Id(H5Fopen(out->tmp_path().c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    if (!file.valid()) return Error("cannot reopen " + out->tmp_path());
+    for (Dset& d : dsets) {
+      d.id = h5::Id(H5Dopen2(file.get(), d.path.c_str(), H5P_DEFAULT));
+      if (!d.id.valid()) return Error("cannot reopen " + d.path);
+    }
+    return Status::Ok();
+  }
+  Status CloseFile() {
+    if (!file.valid()) return Status::Ok();
+    for (Dset& d : dsets) d.id.Reset();
+    if (H5Fclose(file.Release()) < 0) return Error("closing " + out->tmp_path());
+    return Status::Ok();
+  }
+  // Creates dataset `path` with this writer's chunking and filters.
+  Status AddDset(const std::string& dpath, const std::vector<uint64_t>& sample_shape, DType dtype,
+                 const std::string& layout) {
+    const hid_t ftype = FileTypeOf(dtype);
+    if (ftype == H5I_INVALID_HID) {
+      return Status::Unsupported(path + ":" + dpath + ": writing " + std::string(DTypeName(dtype)) +
+                                 " is not supported");
+    }
+    Dset d;
+    d.path = dpath;
+    d.sample_shape = sample_shape;
+    d.dtype = dtype;
+    d.sample_bytes = DTypeSize(dtype);
+    for (uint64_t x : sample_shape) d.sample_bytes *= x;
+    if (chunk_samples * d.sample_bytes > (4ull << 30) - 1) {
+      return Status::InvalidArgument(path + ":" + dpath + ": a chunk of " + std::to_string(chunk_samples) +
+                                     " samples exceeds HDF5's 4 GiB chunk limit; use fewer --chunk-samples");
+    }
+    const int rank = static_cast<int>(sample_shape.size()) + 1;
+    std::vector<hsize_t> dims(rank), chunk(rank);
+    dims[0] = num_samples;
+    chunk[0] = chunk_samples;
+    for (int k = 1; k < rank; ++k) dims[k] = chunk[k] = sample_shape[k - 1];
+    h5::Id space(H5Screate_simple(rank, dims.data(), nullptr));
+    h5::Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+    H5Pset_chunk(dcpl.get(), rank, chunk.data());
+    H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+    if (options.codec != Codec::kNone && options.shuffle_filter) {
+      H5Pset_shuffle(dcpl.get());
+      d.pipeline.push_back({codec::kFilterShuffle, DTypeSize(dtype)});
+    }
+    if (options.codec == Codec::kDeflate) {
+      H5Pset_deflate(dcpl.get(), static_cast<unsigned>(level));
+      d.pipeline.push_back({codec::kFilterDeflate, 1});
+    } else if (options.codec == Codec::kZstd) {
+      const unsigned cd = static_cast<unsigned>(level);
+      if (H5Pset_filter(dcpl.get(), h5::kZstdFilterId, H5Z_FLAG_OPTIONAL, 1, &cd) < 0) {
+        return Error("cannot set the zstd filter");
+      }
+      d.pipeline.push_back({codec::kFilterZstd, 1});
+    }
+    h5::Id lcpl(H5Pcreate(H5P_LINK_CREATE));
+    H5Pset_create_intermediate_group(lcpl.get(), 1);
+    d.id = h5::Id(H5Dcreate2(file.get(), dpath.c_str(), ftype, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
+    if (!d.id.valid()) return Error("cannot create " + dpath);
+    if (!layout.empty()) GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(d.id.get(), "layout", layout));
+    dsets.push_back(std::move(d));
+    return Status::Ok();
   }
 };
 
@@ -111,7 +194,8 @@ DatasetWriter& DatasetWriter::operator=(DatasetWriter&&) noexcept = default;
 DatasetWriter::~DatasetWriter() = default;
 
 uint64_t DatasetWriter::chunk_samples() const { return impl_->chunk_samples; }
-uint64_t DatasetWriter::sample_bytes() const { return impl_->sample_bytes; }
+uint64_t DatasetWriter::sample_bytes() const { return impl_->dsets[0].sample_bytes; }
+uint64_t DatasetWriter::sample_bytes(size_t dataset) const { return impl_->dsets.at(dataset).sample_bytes; }
 uint64_t DatasetWriter::bytes_written() const { return impl_->bytes_written; }
 uint64_t DatasetWriter::num_chunks() const {
   return (impl_->num_samples + impl_->chunk_samples - 1) / impl_->chunk_samples;
@@ -122,24 +206,15 @@ Result<DatasetWriter> DatasetWriter::Create(const std::string& path, const std::
   h5::QuietErrors();
   h5::EnsureZstdFilterRegistered();
   if (num_samples == 0) return Status::InvalidArgument(path + ": no samples to write");
-  const hid_t ftype = FileTypeOf(dtype);
-  if (ftype == H5I_INVALID_HID) {
-    return Status::Unsupported(path + ": writing " + std::string(DTypeName(dtype)) + " is not supported");
-  }
   auto d = std::make_unique<Impl>();
   d->path = path;
   d->out = std::make_unique<AtomicFile>(path);
-  d->sample_shape = sample_shape;
-  d->dtype = dtype;
   d->num_samples = num_samples;
-  d->sample_bytes = DTypeSize(dtype);
-  for (uint64_t x : sample_shape) d->sample_bytes *= x;
+  d->options = options;
+  uint64_t sample_bytes = DTypeSize(dtype);
+  for (uint64_t x : sample_shape) sample_bytes *= x;
   d->chunk_samples = options.chunk_samples ? std::min(options.chunk_samples, num_samples)
-                                           : AutoChunkSamples(d->sample_bytes, num_samples);
-  if (d->chunk_samples * d->sample_bytes > (4ull << 30) - 1) {
-    return Status::InvalidArgument(path + ": a chunk of " + std::to_string(d->chunk_samples) +
-                                   " samples exceeds HDF5's 4 GiB chunk limit; use fewer --chunk-samples");
-  }
+                                           : AutoChunkSamples(sample_bytes, num_samples);
   // Levels outside a codec's range are refused, not clamped or wrapped.
   if (options.level != -1) {
     const int lo = options.codec == Codec::kDeflate ? 0 : 1;
@@ -163,48 +238,35 @@ Result<DatasetWriter> DatasetWriter::Create(const std::string& path, const std::
   H5Pset_alignment(fapl.get(), 4096, 4096);
   d->file = h5::Id(H5Fcreate(d->out->tmp_path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!d->file.valid()) return d->Error("cannot create " + d->out->tmp_path());
-
-  const int rank = static_cast<int>(sample_shape.size()) + 1;
-  std::vector<hsize_t> dims(rank), chunk(rank);
-  dims[0] = num_samples;
-  chunk[0] = d->chunk_samples;
-  for (int k = 1; k < rank; ++k) dims[k] = chunk[k] = sample_shape[k - 1];
-  h5::Id space(H5Screate_simple(rank, dims.data(), nullptr));
-  h5::Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
-  H5Pset_chunk(dcpl.get(), rank, chunk.data());
-  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-  if (options.codec != Codec::kNone && options.shuffle_filter) {
-    H5Pset_shuffle(dcpl.get());
-    d->pipeline.push_back({codec::kFilterShuffle, DTypeSize(dtype)});
-  }
-  if (options.codec == Codec::kDeflate) {
-    H5Pset_deflate(dcpl.get(), static_cast<unsigned>(d->level));
-    d->pipeline.push_back({codec::kFilterDeflate, 1});
-  } else if (options.codec == Codec::kZstd) {
-    const unsigned cd = static_cast<unsigned>(d->level);
-    if (H5Pset_filter(dcpl.get(), h5::kZstdFilterId, H5Z_FLAG_OPTIONAL, 1, &cd) < 0) {
-      return d->Error("cannot set the zstd filter");
-    }
-    d->pipeline.push_back({codec::kFilterZstd, 1});
-  }
-  d->images = h5::Id(H5Dcreate2(d->file.get(), "images", ftype, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
-  if (!d->images.valid()) return d->Error("cannot create /images");
-  if (!options.layout.empty()) {
-    GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(d->images.get(), "layout", options.layout));
-  }
-  GPUFEED_RETURN_IF_ERROR(h5::WriteStringArrayAttr(d->images.get(), "class_names", options.class_names));
+  GPUFEED_RETURN_IF_ERROR(d->AddDset(options.dataset_path, sample_shape, dtype, options.layout));
+  GPUFEED_RETURN_IF_ERROR(h5::WriteStringArrayAttr(d->dsets[0].id.get(), "class_names", options.class_names));
   GPUFEED_RETURN_IF_ERROR(h5::WriteStringAttr(d->file.get(), "gpufeed_format", "1"));
   return DatasetWriter(std::move(d));
 }
 
-Status DatasetWriter::EncodeChunk(uint64_t i, std::span<const std::byte> samples, EncodedChunk* out) const {
-  const uint64_t full = impl_->chunk_samples * impl_->sample_bytes;
+Result<size_t> DatasetWriter::AddDataset(const std::string& path, const std::vector<uint64_t>& sample_shape,
+                                         DType dtype, const std::string& layout) {
+  h5::QuietErrors();
+  GPUFEED_RETURN_IF_ERROR(impl_->Reopen());
+  GPUFEED_RETURN_IF_ERROR(impl_->AddDset(path, sample_shape, dtype, layout));
+  return impl_->dsets.size() - 1;
+}
+
+Status DatasetWriter::Close() {
+  h5::QuietErrors();
+  return impl_->CloseFile();
+}
+
+Status DatasetWriter::EncodeChunk(uint64_t i, std::span<const std::byte> samples, EncodedChunk* out,
+                                  size_t dataset) const {
+  const Impl::Dset& d = impl_->dsets.at(dataset);
+  const uint64_t full = impl_->chunk_samples * d.sample_bytes;
   const uint64_t first = i * impl_->chunk_samples;
   const uint64_t n = std::min(impl_->chunk_samples, impl_->num_samples - first);
-  if (samples.size() != n * impl_->sample_bytes) {
+  if (samples.size() != n * d.sample_bytes) {
     return Status::InvalidArgument(impl_->path + ": chunk " + std::to_string(i) + " given " +
                                    std::to_string(samples.size()) + " bytes, expected " +
-                                   std::to_string(n * impl_->sample_bytes));
+                                   std::to_string(n * d.sample_bytes));
   }
   thread_local codec::DecodeScratch scratch;
   thread_local std::vector<std::byte> padded;
@@ -215,18 +277,20 @@ Status DatasetWriter::EncodeChunk(uint64_t i, std::span<const std::byte> samples
     raw = padded;
   }
   unsigned mask = 0;
-  codec::EncodeChunk(impl_->pipeline, impl_->level, raw, out->bytes, &mask, scratch);
+  codec::EncodeChunk(d.pipeline, impl_->level, raw, out->bytes, &mask, scratch);
   out->filter_mask = mask;
   return Status::Ok();
 }
 
-Status DatasetWriter::WriteChunk(uint64_t i, const EncodedChunk& chunk) {
+Status DatasetWriter::WriteChunk(uint64_t i, const EncodedChunk& chunk, size_t dataset) {
   h5::QuietErrors();
-  std::vector<hsize_t> offset(impl_->sample_shape.size() + 1, 0);
+  GPUFEED_RETURN_IF_ERROR(impl_->Reopen());
+  const Impl::Dset& d = impl_->dsets.at(dataset);
+  std::vector<hsize_t> offset(d.sample_shape.size() + 1, 0);
   offset[0] = i * impl_->chunk_samples;
-  if (H5Dwrite_chunk(impl_->images.get(), H5P_DEFAULT, chunk.filter_mask, offset.data(), chunk.bytes.size(),
+  if (H5Dwrite_chunk(d.id.get(), H5P_DEFAULT, chunk.filter_mask, offset.data(), chunk.bytes.size(),
                      chunk.bytes.data()) < 0) {
-    return impl_->Error("writing chunk " + std::to_string(i));
+    return impl_->Error("writing chunk " + std::to_string(i) + " of " + d.path);
   }
   impl_->bytes_written += chunk.bytes.size();
   return Status::Ok();
@@ -234,6 +298,7 @@ Status DatasetWriter::WriteChunk(uint64_t i, const EncodedChunk& chunk) {
 
 Status DatasetWriter::WriteLabels(std::span<const int64_t> labels) {
   h5::QuietErrors();
+  GPUFEED_RETURN_IF_ERROR(impl_->Reopen());
   if (labels.size() != impl_->num_samples) {
     return Status::InvalidArgument(impl_->path + ": " + std::to_string(labels.size()) + " labels for " +
                                    std::to_string(impl_->num_samples) + " samples");
@@ -260,16 +325,18 @@ Status DatasetWriter::WriteLabels(std::span<const int64_t> labels) {
   return Status::Ok();
 }
 
-Status DatasetWriter::WriteChannelStats(const std::vector<double>& mean, const std::vector<double>& stddev) {
+Status DatasetWriter::WriteChannelStats(const std::vector<double>& mean, const std::vector<double>& stddev,
+                                        size_t dataset) {
   h5::QuietErrors();
-  GPUFEED_RETURN_IF_ERROR(h5::WriteDoubleArrayAttr(impl_->images.get(), "mean", mean));
-  return h5::WriteDoubleArrayAttr(impl_->images.get(), "std", stddev);
+  GPUFEED_RETURN_IF_ERROR(impl_->Reopen());
+  const hid_t id = impl_->dsets.at(dataset).id.get();
+  GPUFEED_RETURN_IF_ERROR(h5::WriteDoubleArrayAttr(id, "mean", mean));
+  return h5::WriteDoubleArrayAttr(id, "std", stddev);
 }
 
 Status DatasetWriter::Commit() {
   h5::QuietErrors();
-  impl_->images.Reset();
-  if (H5Fclose(impl_->file.Release()) < 0) return impl_->Error("closing " + impl_->out->tmp_path());
+  GPUFEED_RETURN_IF_ERROR(impl_->CloseFile());
   GPUFEED_RETURN_IF_ERROR(impl_->out->Commit());
   impl_->committed = true;
   return Status::Ok();

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "gpufeed/chunk_source.h"
 #include "gpufeed/dtype.h"
+#include "gpufeed/stats.h"
 #include "gpufeed/status.h"
 #include "gpufeed/writer.h"
 
@@ -102,6 +104,54 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
 // "file.h5" or "file.h5:/path", its /labels and class names kept.
 Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const std::string& out_path,
                                           const ConvertOptions& options);
+
+// ---------------------------------------------------------------------------
+// Named fields over many files (docs/format.md "Converting many files").
+
+// .npy files as named fields: each spec is "NAME=PATTERN" (a glob, sorted,
+// or a *.txt / *.list of paths), e.g. "data=dir/*_data.npy". Every field
+// must name as many files; file i of every field holds the same samples.
+// Each file is [n, sample dims...] (a shard of n samples), or with
+// no_sample_axis the sample itself (no sample axis). Every file of a
+// field must have the first file's dtype and sample shape, and file i of
+// every field the same n; the error names the first file that disagrees.
+// The result is a ChunkSource whose fields are NAME at path "/NAME". The
+// files are memory-mapped (no descriptor held); headers are checked against
+// the file sizes (hostile input) before anything is sized by them.
+Result<std::unique_ptr<ChunkSource>> OpenNpyFields(const std::vector<std::string>& specs, bool no_sample_axis);
+
+struct FieldConvertOptions {
+  ConvertOptions convert;  // codec, level, chunk_samples, threads, progress
+  // 0: one output file. Otherwise the decoded sample bytes (every field's)
+  // of each shard, rounded down to whole chunks (at least one sample): the
+  // output is OUT-00000.h5, OUT-00001.h5, ... (OUT is out_path without
+  // ".h5"). Compressed shards come out smaller.
+  uint64_t shard_bytes = 0;
+  // Per field, its layout attribute; empty: a FieldSource's first file's
+  // layout attribute of that field, else GuessLayout of its sample shape.
+  std::vector<std::string> layouts;
+};
+
+struct FieldConvertSummary {
+  ConvertSummary totals;             // mean/stddev: the first field's
+  std::vector<std::string> outputs;  // the files written, in sample order
+  uint64_t shard_samples = 0;        // samples per shard (the last may hold fewer)
+  std::vector<FieldStats> stats;     // per field, over all samples (what every shard's attributes hold)
+};
+
+// Writes every field of `source` (a FieldSource over HDF5 files, the
+// OpenNpyFields result, any ChunkSource) to `out_path`, or to shards: each
+// field a chunked dataset at its path (FieldInfo::path, or "/NAME"), all
+// fields chunked alike (the chunk of the largest field, so a read unit is
+// one chunk of each), every sample once, in order; each file with
+// gpufeed_format, the layouts, and the per-channel mean/std of the whole
+// dataset (so any shard read first gives the loader the same
+// normalization). Chunks are read, measured and compressed in parallel and
+// written in order. All outputs are committed at the end: a failure leaves
+// none of them (each shard is renamed into place atomically; a crash during
+// the final renames can leave the first shards of a complete set).
+Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::string& out_path,
+                                          const FieldConvertOptions& options);
 
 }  // namespace gpufeed
 

@@ -174,6 +174,9 @@ struct DatasetInfo {
   std::vector<std::string> class_names;
   std::vector<double> mean;  // per channel, in stored units (0..255)
   std::vector<double> stddev;
+  // Where mean/std came from: "attributes", the sidecar's path (a read-only
+  // file's statistics: gpufeed/stats.h), or "" (none).
+  std::string stats_from;
 };
 
 // A read-only view of one images dataset and its labels.

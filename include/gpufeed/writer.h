@@ -40,6 +40,9 @@ struct WriteOptions {
   uint64_t chunk_samples = 0;
   std::string layout;                    // "NCHW", "NHWC", ... (attribute)
   std::vector<std::string> class_names;  // attribute, optional
+  // Path of the first dataset (Create's). Named fields keep theirs
+  // ("/climate/data"); intermediate groups are created.
+  std::string dataset_path = "/images";
 };
 
 // Chunk size `WriteOptions::chunk_samples == 0` resolves to.
@@ -59,7 +62,15 @@ class DatasetWriter {
 
   uint64_t chunk_samples() const;
   uint64_t num_chunks() const;
-  uint64_t sample_bytes() const;
+  uint64_t sample_bytes() const;  // of dataset 0
+
+  // Adds another dataset (a named field) of the same num_samples, chunking
+  // (chunk_samples() samples a chunk, so chunk i of every dataset holds the
+  // same samples) and filters; `layout` becomes its attribute when not
+  // empty. Returns its index (1, 2, ...) for the calls below.
+  Result<size_t> AddDataset(const std::string& path, const std::vector<uint64_t>& sample_shape, DType dtype,
+                            const std::string& layout);
+  uint64_t sample_bytes(size_t dataset) const;
 
   // An encoded chunk, ready for WriteChunk.
   struct EncodedChunk {
@@ -69,16 +80,21 @@ class DatasetWriter {
   // Encodes chunk i's samples (samples_in_chunk * sample_bytes bytes; a short
   // last chunk is zero-padded to the full chunk as HDF5 stores it).
   // Thread-safe: call from many threads at once.
-  Status EncodeChunk(uint64_t i, std::span<const std::byte> samples, EncodedChunk* out) const;
+  Status EncodeChunk(uint64_t i, std::span<const std::byte> samples, EncodedChunk* out, size_t dataset = 0) const;
   // Stores an encoded chunk. Returns IOError/Internal naming the file.
-  Status WriteChunk(uint64_t i, const EncodedChunk& chunk);
+  // Reopens the temporary file after Close().
+  Status WriteChunk(uint64_t i, const EncodedChunk& chunk, size_t dataset = 0);
 
   // Writes /labels (int64 widened values stored as the narrowest of uint8,
   // int16, int32, int64 that holds them). Requires labels.size() == samples.
   Status WriteLabels(std::span<const int64_t> labels);
   // Per-channel mean and std attributes of /images, in stored units.
-  Status WriteChannelStats(const std::vector<double>& mean, const std::vector<double>& stddev);
+  Status WriteChannelStats(const std::vector<double>& mean, const std::vector<double>& stddev, size_t dataset = 0);
 
+  // Closes the temporary file's HDF5 handles (and descriptor) without
+  // committing: a writer with many shards in flight holds no descriptors for
+  // those it is not writing. A later write reopens it.
+  Status Close();
   // Closes the file and renames it onto the target path.
   Status Commit();
   uint64_t bytes_written() const;  // stored chunk bytes so far

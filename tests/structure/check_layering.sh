@@ -22,7 +22,7 @@ declare -A allowed=(
 owner_of_public() {
   case "$1" in
     status.h|dtype.h|chunk_source.h|version.h) echo common ;;
-    dataset.h|fields.h|encoded.h|writer.h|convert.h|inspect.h|page_cache.h) echo hdf5io ;;
+    dataset.h|fields.h|encoded.h|writer.h|convert.h|inspect.h|page_cache.h|stats.h) echo hdf5io ;;
     loader.h) echo loader ;;
     gpu_feed.h|device.h|hw_timing.h) echo gpu ;;
     trainer.h) echo trainer ;;
