@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/first_error.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/stats.h"
 #include "hdf5io/channel_stats.h"
@@ -79,14 +80,8 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
   const int threads =
       options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
-  std::mutex error_mu;
-  Status first_error;  // GUARDED_BY(error_mu)
-  std::atomic<bool> failed{false};
-  auto fail = [&](Status s) {
-    std::lock_guard<std::mutex> lock(error_mu);
-    if (first_error.ok()) first_error = std::move(s);
-    failed.store(true);
-  };
+  FirstError first_error;  // the workers' first failure stops the others
+  auto fail = [&](Status s) { first_error.Set(std::move(s)); };
 
   stats::Accumulator totals(source.dtype(), geom);
   uint64_t next = 0, done = 0;
@@ -97,7 +92,7 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
         static_cast<size_t>(threads) * 2,
         tbb::make_filter<void, uint64_t>(tbb::filter_mode::serial_in_order,
                                          [&](tbb::flow_control& fc) -> uint64_t {
-                                           if (next >= n_chunks || failed.load()) {
+                                           if (next >= n_chunks || first_error.failed()) {
                                              fc.stop();
                                              return 0;
                                            }
@@ -109,7 +104,7 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
                   auto w = std::make_shared<Work>();
                   w->index = i;
                   w->samples = std::min(k, total - i * k);
-                  if (failed.load()) return w;
+                  if (first_error.failed()) return w;
                   thread_local std::vector<std::byte> buf;
                   buf.resize(w->samples * sb);
                   try {
@@ -129,7 +124,7 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
                 }) &
             tbb::make_filter<std::shared_ptr<Work>, void>(tbb::filter_mode::serial_in_order,
                                                           [&](std::shared_ptr<Work> w) {
-                                                            if (failed.load()) return;
+                                                            if (first_error.failed()) return;
                                                             Status s = writer.WriteChunk(w->index, w->encoded);
                                                             if (!s.ok()) {
                                                               fail(std::move(s));
@@ -140,7 +135,8 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
                                                             if (options.progress) options.progress(done, total);
                                                           }));
   });
-  if (failed.load()) return first_error.WithContext("converting " + source.description() + " to " + out_path);
+  if (first_error.failed())
+    return first_error.Get().WithContext("converting " + source.description() + " to " + out_path);
 
   if (!source.labels().empty()) {
     GPUFEED_RETURN_IF_ERROR(writer.WriteLabels(source.labels()));

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/first_error.h"
 #include "gpufeed/convert.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/fields.h"
@@ -160,14 +161,8 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
   }
   const int threads = options.convert.threads > 0 ? options.convert.threads
                                                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::mutex error_mu;
-  Status first_error;  // GUARDED_BY(error_mu)
-  std::atomic<bool> failed{false};
-  auto fail = [&](Status s) {
-    std::lock_guard<std::mutex> lock(error_mu);
-    if (first_error.ok()) first_error = std::move(s);
-    failed.store(true);
-  };
+  FirstError first_error;  // the workers' first failure stops the others
+  auto fail = [&](Status s) { first_error.Set(std::move(s)); };
   uint64_t next_shard = 0, next_chunk = 0, done = 0;
   try {
     tbb::task_arena arena(threads);
@@ -176,7 +171,7 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
           static_cast<size_t>(threads) * 2,
           tbb::make_filter<void, std::shared_ptr<Work>>(tbb::filter_mode::serial_in_order,
                                                         [&](tbb::flow_control& fc) -> std::shared_ptr<Work> {
-                                                          if (next_shard >= n_shards || failed.load()) {
+                                                          if (next_shard >= n_shards || first_error.failed()) {
                                                             fc.stop();
                                                             return nullptr;
                                                           }
@@ -194,7 +189,7 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
               tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
                   tbb::filter_mode::parallel,
                   [&](std::shared_ptr<Work> w) {
-                    if (failed.load()) return w;
+                    if (first_error.failed()) return w;
                     try {
                       thread_local std::vector<std::byte> unit;
                       thread_local std::vector<std::vector<std::byte>> bufs;
@@ -220,7 +215,7 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
                   }) &
               tbb::make_filter<std::shared_ptr<Work>, void>(
                   tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                    if (failed.load()) return;
+                    if (first_error.failed()) return;
                     DatasetWriter& writer = writers[w->shard];
                     for (size_t j = 0; j < fields.size(); ++j) {
                       Status s = writer.WriteChunk(w->chunk, w->encoded[j], j);
@@ -237,10 +232,7 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
   } catch (const std::exception& e) {
     return Status::Internal(what + ": " + e.what());
   }
-  if (failed.load()) {
-    std::lock_guard<std::mutex> lock(error_mu);
-    return first_error.WithContext(what + " to " + out_path);
-  }
+  if (first_error.failed()) return first_error.Get().WithContext(what + " to " + out_path);
   // The whole dataset's statistics in every shard, then every shard renamed
   // into place: until here a failure leaves no output.
   for (size_t j = 0; j < fields.size(); ++j) {

@@ -46,6 +46,28 @@ cmp -s "$dir/ro.h5" "$dir/ro.copy" || fail "the read-only file changed"
 "$bin" inspect "$dir/rw.h5:/climate/data" --json | grep -q '"stats_from": "attributes"' || fail "no attributes"
 echo "stats: sidecar beside the read-only file (unchanged), attributes in the writable one"
 
+# DeepCAM's reference layout: one sample a file, no sample axis ([H, W, C]
+# data, [H, W] labels); --no-sample-axis converts them into one file with one.
+/usr/bin/python3 - "$dir/ref" <<'PY' || fail "writing reference-layout files"
+import os, sys, h5py, numpy as np
+d = sys.argv[1]; os.makedirs(d)
+for k in range(3):
+    with h5py.File(os.path.join(d, "r_%d.h5" % k), "w") as f:
+        f["climate/data"] = (k * 1000 + np.arange(6 * 8 * 16, dtype=np.float32)).reshape(6, 8, 16)
+        f.create_dataset("climate/labels_0", data=np.full((6, 8), k, np.int32), chunks=(3, 4), compression="gzip")
+PY
+"$bin" convert "$dir/ref/*.h5" "${F[@]}" --no-sample-axis --codec deflate -o "$dir/ref.h5" >/dev/null 2>"$dir/err" ||
+  fail "convert --no-sample-axis: $(cat "$dir/err")"
+/usr/bin/python3 - "$dir/ref.h5" <<'PY' || fail "--no-sample-axis output differs"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f:
+    assert f["climate/data"].shape == (3, 6, 8, 16), f["climate/data"].shape
+    for k in range(3):
+        assert np.array_equal(f["climate/data"][k], (k * 1000 + np.arange(768, dtype=np.float32)).reshape(6, 8, 16))
+        assert (f["climate/labels_0"][k] == k).all()
+PY
+echo "convert --no-sample-axis: 3 reference-layout files into [3, 6, 8, 16] and [3, 6, 8]"
+
 refused() {  # expects exit 2
   "$bin" "$@" >/dev/null 2>"$dir/err"
   [ $? -eq 2 ] || fail "not refused: $*"
