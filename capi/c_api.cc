@@ -352,7 +352,8 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
   } else {
     DeviceBatch& d = *f.device;
     const auto& info = core->opened->source().info();
-    // Named fields: the image is the first, a mask the second (the feeder checked both).
+    // Named fields: the image is the first, a mask or a class field the second
+    // (the feeder checked both; a class field travels as the labels).
     const bool named = info.fields.size() == 2;
     const auto& s = named ? info.fields[0].sample_shape : info.sample_shape;  // checked rank 3 by the feeder
     const bool in_nchw = core->feed_options.input_layout == gpufeed::Layout::kNCHW;
@@ -372,6 +373,11 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
       for (uint64_t dim : info.fields[1].sample_shape) mshape.push_back(static_cast<int64_t>(dim));
       b->arrays.push_back({info.fields[1].name.c_str(), const_cast<void*>(d.mask()),
                            DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), mshape});
+    } else if (named) {
+      b->arrays.push_back({info.fields[1].name.c_str(),
+                           const_cast<void*>(d.labels()),
+                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64),
+                           {n}});
     }
     if (info.has_labels) {
       b->arrays.push_back({"labels",

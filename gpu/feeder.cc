@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "common/clock.h"
@@ -20,6 +21,53 @@ namespace {
 constexpr int kInSlots = 2;
 constexpr int kAutoEchoProbeUploads = 4;  // uploads measured before echo = 0 picks a factor
 constexpr int kMaxAutoEcho = 4;
+
+// n class values of an integer dtype (a class field's batch column) as the
+// labels' int64; a uint64 past int64's range is an error, not a wrap.
+Status ClassesToInt64(std::span<const std::byte> column, DType t, uint64_t n, int64_t* out) {
+  const uint64_t es = DTypeSize(t);
+  if (column.size() < n * es) return Status::Internal("feed: class field column shorter than its batch");
+  auto get = [&](uint64_t i, auto v) {
+    std::memcpy(&v, column.data() + i * es, sizeof v);
+    return v;
+  };
+  for (uint64_t i = 0; i < n; ++i) {
+    switch (t) {
+      case DType::kInt8:
+        out[i] = get(i, int8_t{});
+        break;
+      case DType::kUInt8:
+        out[i] = get(i, uint8_t{});
+        break;
+      case DType::kInt16:
+        out[i] = get(i, int16_t{});
+        break;
+      case DType::kUInt16:
+        out[i] = get(i, uint16_t{});
+        break;
+      case DType::kInt32:
+        out[i] = get(i, int32_t{});
+        break;
+      case DType::kUInt32:
+        out[i] = get(i, uint32_t{});
+        break;
+      case DType::kInt64:
+        out[i] = get(i, int64_t{});
+        break;
+      case DType::kUInt64: {
+        const uint64_t v = get(i, uint64_t{});
+        if (v > static_cast<uint64_t>(INT64_MAX)) {
+          return Status::InvalidArgument("feed: class " + std::to_string(v) + " does not fit the labels' int64");
+        }
+        out[i] = static_cast<int64_t>(v);
+        break;
+      }
+      default:
+        return Status::Internal("feed: class field of " + std::string(DTypeName(t)));
+    }
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -44,6 +92,10 @@ struct GpuFeeder::Impl {
     int64_t fill = 0;
   } mask;
   uint64_t mask_bytes = 0;  // 0: no mask field
+  // Or a class field (named fields: the second, one integer per sample),
+  // which travels as the labels do (int64 staging, int32/int64 out).
+  DType class_dtype = DType::kInt64;
+  bool class_field = false;
   uint64_t MaskOutBytes() const { return uint64_t(mask.planes) * H * W * (mask.out_int64 ? 8 : 4); }
   size_t out_elem = 4;
   int echo = 1;
@@ -100,10 +152,11 @@ struct GpuFeeder::Impl {
 Status GpuFeeder::Impl::Init() {
   const BatchSourceInfo& src = loader.info();
   // Named fields: the first is the image; a second, integer one sharing its
-  // spatial dimensions is a mask that gets the same crop and flip.
+  // spatial dimensions is a mask that gets the same crop and flip, or one
+  // integer a sample is its class (the labels).
   if (src.fields.size() > 2) {
     return Status::Unsupported(src.name +
-                               ": the GPU feed takes an image field and at most one integer mask field; "
+                               ": the GPU feed takes an image field and at most one integer mask or class field; "
                                "this source has " +
                                std::to_string(src.fields.size()) +
                                " fields: use the loader's host batches (Batch::field) for the others");
@@ -192,13 +245,23 @@ Status GpuFeeder::Impl::Init() {
     const auto& ms = mf.sample_shape;
     const bool spatial =
         (ms.size() == 2 || ms.size() == 3) && ms[ms.size() - 2] == uint64_t(H) && ms[ms.size() - 1] == uint64_t(W);
-    if (gpu::MaskElementBytes(mf.dtype) == 0 || !spatial) {
+    const bool one_per_sample = ms.empty() || (ms.size() == 1 && ms[0] == 1);
+    const bool integer = DTypeIsInteger(mf.dtype);
+    if (integer && one_per_sample) {
+      class_field = true;
+      class_dtype = mf.dtype;
+    } else if (gpu::MaskElementBytes(mf.dtype) == 0 || !spatial) {
       return Status::Unsupported(src.name + ": field '" + mf.name + "' (" + std::string(DTypeName(mf.dtype)) + ", " +
-                                 std::to_string(ms.size()) + " dims) is not an integer mask of the image's " +
+                                 std::to_string(ms.size()) + " dims) is neither an integer mask of the image's " +
                                  std::to_string(H) + " x " + std::to_string(W) +
-                                 " pixels ([H, W] or [P, H, W]): the GPU feed takes an image field "
-                                 "and at most one such mask");
+                                 " pixels ([H, W] or [P, H, W]) nor one integer a sample (a class): the GPU feed "
+                                 "takes an image field and at most one such field; read others from the loader's "
+                                 "host batches (Batch::field)");
     }
+  }
+  if (named && !class_field) {
+    const FieldInfo& mf = src.fields[1];
+    const auto& ms = mf.sample_shape;
     mask.dtype = mf.dtype;
     mask.planes = ms.size() == 3 ? static_cast<int>(ms[0]) : 1;
     mask.out_int64 = !o.labels_int32;
@@ -269,7 +332,7 @@ Status GpuFeeder::Impl::Fill(int k) {
     Batch b = std::move(**r);
     const uint64_t n = b.size();
     // Named fields are planar in the batch: each field is copied whole.
-    const std::byte* image = mask_bytes > 0 ? b.field(0).data() : b.images().data();
+    const std::byte* image = mask_bytes > 0 || class_field ? b.field(0).data() : b.images().data();
     GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.images) + s.samples * sample_bytes, image,
                                               n * sample_bytes, copy_stream));
     if (mask_bytes > 0) {
@@ -278,7 +341,9 @@ Status GpuFeeder::Impl::Fill(int k) {
       st.bytes_uploaded += n * mask_bytes;
     }
     auto* staging = static_cast<int64_t*>(s.labels_staging) + s.samples;
-    if (b.labels().empty()) {
+    if (class_field) {
+      GPUFEED_RETURN_IF_ERROR(ClassesToInt64(b.field(1), class_dtype, n, staging));
+    } else if (b.labels().empty()) {
       std::fill(staging, staging + n, int64_t{-1});
     } else {
       std::memcpy(staging, b.labels().data(), n * sizeof(int64_t));

@@ -69,7 +69,9 @@ struct FeedOptions {
   // (transformed as above), the second an integer mask [H, W] or [P, H, W]
   // of the image's pixels, given the same crop, flip and echo gather and
   // passed through as int32/int64 (labels_int32); pixels a crop pulls in from
-  // outside read mask_fill. Other sources of several fields are refused.
+  // outside read mask_fill. Or the second is one integer a sample (shape [] or
+  // [1], any integer dtype): a class field, delivered as labels() (with the
+  // echo gather, as int32/int64). Other sources of several fields are refused.
   int64_t mask_fill = 0;
   bool force_cpu = false;  // use the CPU twins even where a GPU exists
 };
@@ -98,7 +100,8 @@ class DeviceBatch {
   ~DeviceBatch();  // Release(nullptr)
 
   const void* images() const { return images_; }  // device pointer (host memory on the CPU path)
-  const void* labels() const { return labels_; }  // int32 or int64 per FeedOptions
+  // int32 or int64 per FeedOptions: the source's labels, or its class field
+  const void* labels() const { return labels_; }
   // The mask field, [size, P, H, W] int32/int64 (labels_int32), aligned with
   // images(); nullptr without one.
   const void* mask() const { return mask_; }

@@ -429,6 +429,84 @@ TEST_P(FeederTest, MaskFieldGetsTheImagesCropAndFlip) {
   EXPECT_GT(moved, 0) << "nothing was cropped or flipped: the test checks nothing";
 }
 
+// Two named fields: "image" float32 [1, H, W] whose every pixel of sample k
+// is k + 1, and "class" uint16 (one a sample) = 3k + 7: the class field
+// travels as the labels, through the same echo gather, as int32 or int64.
+class ImageClassSource : public InMemorySource {
+ public:
+  static constexpr int kH = 4, kW = 5;
+  ImageClassSource(uint64_t n, uint64_t k)
+      : InMemorySource(n, kH * kW * 4 + 2, k), n_(n), k_(k), shape_{kH * kW * 4 + 2} {}
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  std::vector<FieldInfo> fields() const override {
+    FieldInfo a, b;
+    a.name = "image";
+    a.dtype = DType::kFloat32;
+    a.sample_shape = {1, kH, kW};
+    a.sample_bytes = kH * kW * 4;
+    b.name = "class";
+    b.dtype = DType::kUInt16;
+    b.sample_shape = {};
+    b.sample_bytes = 2;
+    b.offset = a.sample_bytes;
+    return {a, b};
+  }
+  static uint16_t Class(uint64_t k) { return static_cast<uint16_t>(3 * k + 7); }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    const uint64_t n = std::min(k_, n_ - i * k_);
+    for (uint64_t s = 0; s < n; ++s) {
+      const uint64_t k = i * k_ + s;
+      const float f = float(k + 1);
+      for (int e = 0; e < kH * kW; ++e) std::memcpy(dst.data() + (s * kH * kW + e) * 4, &f, 4);  // field 0 at 0
+      const uint16_t c = Class(k);
+      std::memcpy(dst.data() + k_ * kH * kW * 4 + s * 2, &c, 2);  // field 1 at k x offset
+    }
+    return Status::Ok();
+  }
+
+ private:
+  uint64_t n_, k_;
+  std::vector<uint64_t> shape_;
+};
+
+TEST_P(FeederTest, ClassFieldTravelsAsTheLabels) {
+  constexpr int H = ImageClassSource::kH, W = ImageClassSource::kW;
+  for (bool int32 : {true, false}) {
+    ImageClassSource src(23, 4);
+    Loader loader(src, LoaderOpts());
+    FeedOptions o = Opts();
+    o.mean = {0};
+    o.stddev = {1};
+    o.echo = 2;
+    o.flip = true;
+    o.labels_int32 = int32;
+    GpuFeeder feeder(loader, o);
+    std::vector<float> img(8 * H * W);
+    std::vector<int64_t> lab64(8);
+    std::vector<int32_t> lab32(8);
+    std::set<uint64_t> fresh;
+    uint64_t rows = 0;
+    for (;;) {
+      auto b = feeder.Next();
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      if (!*b) break;
+      EXPECT_EQ((*b)->mask(), nullptr);
+      ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), int32 ? static_cast<void*>(lab32.data()) : lab64.data()).ok());
+      for (int i = 0; i < (*b)->size(); ++i) {
+        const uint64_t k = uint64_t(img[i * H * W] + 0.5f) - 1;
+        const int64_t got = int32 ? lab32[i] : lab64[i];
+        ASSERT_EQ(got, ImageClassSource::Class(k)) << "row " << i << " of batch " << (*b)->index();
+        if (!(*b)->echoed()) {
+          EXPECT_TRUE(fresh.insert(k).second) << "sample " << k << " twice";
+        }
+        ++rows;
+      }
+    }
+    EXPECT_EQ(fresh.size(), 23u);
+    EXPECT_EQ(rows, 46u);  // every sample, then its echo
+  }
+}
+
 // A source of several named fields the feed cannot take (here: a second
 // field that is no mask of the image): refused clearly, not read as images.
 TEST(FeederFieldsTest, ManyFieldsAreRefusedClearly) {
@@ -455,7 +533,7 @@ TEST(FeederFieldsTest, ManyFieldsAreRefusedClearly) {
   auto b = feeder.Next();
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(b.status().message().find("is not an integer mask"), std::string::npos) << b.status().ToString();
+  EXPECT_NE(b.status().message().find("is neither an integer mask"), std::string::npos) << b.status().ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuAndGpu, FeederTest, ::testing::Values(false, true),

@@ -124,6 +124,28 @@ def test_files_without_a_sample_axis_as_deepcam_stores_them(tmp_path):
     assert (seen == 1).all(), seen
 
 
+def test_feed_gives_a_class_field_as_the_labels(tmp_path):
+    """An image field and one integer a sample (a class): the feed's CPU twin
+    normalizes the image and delivers the class, named as its field, through
+    the same echo gather."""
+    n = 10
+    x = np.stack([np.full((3, 4, 4), k, np.uint8) for k in range(n)])
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f.create_dataset("x", data=x)
+        f.create_dataset("cls", data=(np.arange(n) * 5 + 1).astype(np.int16))
+    loader = gpufeed.Loader(str(tmp_path / "c.h5"), fields={"img": "/x", "cls": "/cls"}, batch_size=4,
+                            dtype=torch.float32, mean=[0, 0, 0], std=[1, 1, 1], echo=2, order="random", seed=2)
+    rows = 0
+    for b in loader:
+        img, cls = b["img"], b["cls"]
+        assert img.dtype == torch.float32 and cls.dtype == torch.int64 and cls.shape == (img.shape[0],)
+        for row in range(img.shape[0]):
+            k = int(img[row, 0, 0, 0])
+            assert int(cls[row]) == k * 5 + 1, (k, int(cls[row]))
+            rows += 1
+    assert rows == 2 * n
+
+
 def test_mismatched_lengths_name_both(tmp_path):
     with h5py.File(tmp_path / "bad.h5", "w") as f:
         f.create_dataset("a", data=np.zeros((5, 2), np.float32))
