@@ -503,7 +503,15 @@ int RunInspect(const InspectArgs& a) {
     std::printf("  labels       none\n");
   } else {
     std::printf("  labels       %s, %zu classes\n", info.labels_path.c_str(), r.label_histogram.size());
+    // The text view lists the first classes (index-like labels would print a
+    // line per sample); --json has them all.
+    constexpr size_t kShown = 40;
+    size_t shown = 0;
     for (auto [label, n] : r.label_histogram) {
+      if (shown++ == kShown) {
+        std::printf("    ... %zu more classes (--json lists every one)\n", r.label_histogram.size() - kShown);
+        break;
+      }
       const bool named = label >= 0 && static_cast<size_t>(label) < info.class_names.size();
       std::printf("    %6lld %-16s %llu\n", static_cast<long long>(label), named ? info.class_names[label].c_str() : "",
                   static_cast<unsigned long long>(n));
