@@ -352,34 +352,24 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
   } else {
     DeviceBatch& d = *f.device;
     const auto& info = core->opened->source().info();
-    // Named fields: the image is the first, a mask or a class field the second
-    // (the feeder checked both; a class field travels as the labels).
-    const bool named = info.fields.size() == 2;
-    const auto& s = named ? info.fields[0].sample_shape : info.sample_shape;  // checked rank 3 by the feeder
-    const bool in_nchw = core->feed_options.input_layout == gpufeed::Layout::kNCHW;
-    const int64_t C = static_cast<int64_t>(in_nchw ? s[0] : s[2]);
-    const int64_t H = static_cast<int64_t>(in_nchw ? s[1] : s[0]);
-    const int64_t W = static_cast<int64_t>(in_nchw ? s[2] : s[1]);
     const int64_t n = d.size();
     b->epoch = core->epoch;
     b->index = d.index();
     b->size = static_cast<uint64_t>(n);
-    std::vector<int64_t> shape = core->feed_options.layout == gpufeed::Layout::kNCHW ? std::vector<int64_t>{n, C, H, W}
-                                                                                     : std::vector<int64_t>{n, H, W, C};
-    b->arrays.push_back({named ? info.fields[0].name.c_str() : "images", const_cast<void*>(d.images()),
-                         DlType(core->feed_options.dtype), shape});
-    if (named && d.mask() != nullptr) {
-      std::vector<int64_t> mshape{n};
-      for (uint64_t dim : info.fields[1].sample_shape) mshape.push_back(static_cast<int64_t>(dim));
-      b->arrays.push_back({info.fields[1].name.c_str(), const_cast<void*>(d.mask()),
-                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64), mshape});
-    } else if (named) {
-      b->arrays.push_back({info.fields[1].name.c_str(),
-                           const_cast<void*>(d.labels()),
-                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64),
-                           {n}});
+    // One array per field as the feeder delivers it: the image ("images" for
+    // a source of /images) transformed, then a source's later named fields (a
+    // class as the labels, masks cropped with the image, others as stored).
+    const std::vector<gpufeed::FeedField>& fields = f.feed->feeder->fields();
+    for (size_t i = 0; i < fields.size(); ++i) {
+      std::vector<int64_t> shape{n};
+      for (uint64_t dim : fields[i].sample_shape) shape.push_back(static_cast<int64_t>(dim));
+      b->arrays.push_back({fields[i].name.c_str(), const_cast<void*>(d.field(i)), DlType(fields[i].dtype), shape});
     }
-    if (info.has_labels) {
+    // The source's labels, unless a class field took their place.
+    const bool class_field = std::any_of(fields.begin(), fields.end(), [](const gpufeed::FeedField& x) {
+      return x.role == gpufeed::FeedFieldRole::kClass;
+    });
+    if (info.has_labels && !class_field) {
       b->arrays.push_back({"labels",
                            const_cast<void*>(d.labels()),
                            DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64),

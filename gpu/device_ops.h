@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "gpu/gather_rows.h"
 #include "gpu/mask_transform.h"
 #include "gpu/transform.h"
 #include "gpufeed/status.h"
@@ -41,6 +42,10 @@ class DeviceOps {
   // flipped as Transform's images of the same params.
   virtual Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
                                void* stream) = 0;
+  // The pass-through gather (gather_rows.h): rows of row_bytes in the order
+  // Transform's samples of the same params.
+  virtual Status GatherRows(const TransformParams& p, const uint8_t* src, uint64_t row_bytes, void* dst,
+                            void* stream) = 0;
 };
 
 std::unique_ptr<DeviceOps> MakeCpuOps();

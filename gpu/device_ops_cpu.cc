@@ -48,6 +48,9 @@ class CpuOps final : public DeviceOps {
   Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst, void*) override {
     return MaskTransformCpu(p, m, src, dst);
   }
+  Status GatherRows(const TransformParams& p, const uint8_t* src, uint64_t row_bytes, void* dst, void*) override {
+    return GatherRowsCpu(p, src, row_bytes, dst);
+  }
 };
 
 }  // namespace

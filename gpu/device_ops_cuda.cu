@@ -70,6 +70,10 @@ class CudaOps final : public DeviceOps {
                        void* stream) override {
     return MaskTransformGpu(p, m, src, dst, stream);
   }
+  Status GatherRows(const TransformParams& p, const uint8_t* src, uint64_t row_bytes, void* dst,
+                    void* stream) override {
+    return GatherRowsGpu(p, src, row_bytes, dst, stream);
+  }
 
  private:
   int device_;

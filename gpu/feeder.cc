@@ -84,25 +84,30 @@ struct GpuFeeder::Impl {
   int C = 0, H = 0, W = 0;
   uint64_t B = 0, sample_bytes = 0;  // the image field's sample bytes
   DType image_dtype = DType::kUInt8;
-  // The mask field (named fields: the second), when there is one.
-  struct MaskField {
-    DType dtype = DType::kInt32;
-    int planes = 1;
-    bool out_int64 = true;
-    int64_t fill = 0;
-  } mask;
-  uint64_t mask_bytes = 0;  // 0: no mask field
-  // Or a class field (named fields: the second, one integer per sample),
-  // which travels as the labels do (int64 staging, int32/int64 out).
-  DType class_dtype = DType::kInt64;
-  bool class_field = false;
-  uint64_t MaskOutBytes() const { return uint64_t(mask.planes) * H * W * (mask.out_int64 ? 8 : 4); }
+  bool named = false;   // a source of several named fields
+  bool volume = false;  // rank-4 image samples, normalized as [C, D*H, W]
+  std::vector<uint64_t> image_shape_in;
+  // Its fields after the image (fields[1..]): how each travels. A class
+  // travels as the labels do (int64 staging, int32/int64 out); a mask and a
+  // field passed through have device buffers of their own in every slot.
+  struct Extra {
+    size_t field = 0;  // index in the source's fields
+    FeedFieldRole role = FeedFieldRole::kPassThrough;
+    DType dtype = DType::kUInt8;  // stored
+    uint64_t in_bytes = 0;        // stored bytes a sample
+    uint64_t out_bytes = 0;       // delivered bytes a sample (a class: in the labels)
+    gpu::MaskParams mask;         // a mask's
+  };
+  std::vector<Extra> extras;
+  std::vector<FeedField> fields;  // what fields() reports
+  int class_extra = -1;           // the class among extras, if any
+  int first_mask = -1;            // the first mask among extras (DeviceBatch::mask())
   size_t out_elem = 4;
   int echo = 1;
 
   struct InSlot {
     void* images = nullptr;
-    void* mask = nullptr;            // the mask field [super_batch x B], when there is one
+    std::vector<void*> extra;        // per extras: [super_batch x B] stored rows (null for a class)
     void* labels = nullptr;          // int64 [super_batch x B]
     void* labels_staging = nullptr;  // pinned host copy source
     void* uploaded = nullptr;        // event after the copy
@@ -118,7 +123,8 @@ struct GpuFeeder::Impl {
   };
   struct OutSlot {
     void* images = nullptr;
-    void* mask = nullptr;
+    std::vector<void*> extra;             // per extras: [B] delivered rows (null for a class)
+    std::vector<const void*> field_ptrs;  // per source field: what DeviceBatch::field(i) returns
     void* labels = nullptr;
     void* ready = nullptr;
     void* free_event = nullptr;
@@ -144,6 +150,7 @@ struct GpuFeeder::Impl {
       : loader(l), o(opt), epoch(e), stream(l.Epoch(e, start)), start_batch(start) {}
 
   Status Init();
+  Status ClassifyFields(const BatchSourceInfo& src);
   Status Fill(int k);
   Result<std::optional<DeviceBatch>> Produce(GpuFeeder* owner);
   void Teardown();
@@ -151,17 +158,9 @@ struct GpuFeeder::Impl {
 
 Status GpuFeeder::Impl::Init() {
   const BatchSourceInfo& src = loader.info();
-  // Named fields: the first is the image; a second, integer one sharing its
-  // spatial dimensions is a mask that gets the same crop and flip, or one
-  // integer a sample is its class (the labels).
-  if (src.fields.size() > 2) {
-    return Status::Unsupported(src.name +
-                               ": the GPU feed takes an image field and at most one integer mask or class field; "
-                               "this source has " +
-                               std::to_string(src.fields.size()) +
-                               " fields: use the loader's host batches (Batch::field) for the others");
-  }
-  const bool named = src.fields.size() == 2;
+  // Named fields: the first is the image; the others are classes, masks or
+  // passed through (ClassifyFields, after the image's shape is known).
+  named = src.fields.size() >= 2;
   image_dtype = named ? src.fields[0].dtype : src.dtype;
   if (gpu::InputElementBytes(image_dtype) == 0) {
     return Status::Unsupported(src.name +
@@ -170,14 +169,35 @@ Status GpuFeeder::Impl::Init() {
                                std::string(DTypeName(image_dtype)));
   }
   const auto& shape = named ? src.fields[0].sample_shape : src.sample_shape;
-  if (shape.size() != 3) {
-    return Status::InvalidArgument(src.name + ": the GPU feed needs [C, H, W] or [H, W, C] samples, got rank " +
+  if (shape.size() != 3 && shape.size() != 4) {
+    return Status::InvalidArgument(src.name +
+                                   ": the GPU feed needs [C, H, W] or [H, W, C] samples (or volumes [C, D, H, W] or "
+                                   "[D, H, W, C]), got rank " +
                                    std::to_string(shape.size()));
   }
+  for (uint64_t dim : shape) {
+    if (dim == 0 || dim > (1ull << 30)) {
+      return Status::InvalidArgument(src.name + ": a sample dimension of " + std::to_string(dim));
+    }
+  }
   const bool nchw = o.input_layout == Layout::kNCHW;
-  C = static_cast<int>(nchw ? shape[0] : shape[2]);
-  H = static_cast<int>(nchw ? shape[1] : shape[0]);
-  W = static_cast<int>(nchw ? shape[2] : shape[1]);
+  image_shape_in = shape;
+  // A volume is normalized as C planes of D x H rows: the same bytes, in
+  // either layout, as a [C, D*H, W] or [D*H, W, C] image.
+  volume = shape.size() == 4;
+  const uint64_t rows = volume ? (nchw ? shape[1] * shape[2] : shape[0] * shape[1]) : (nchw ? shape[1] : shape[0]);
+  if (volume && (o.crop_padding > 0 || o.flip)) {
+    return Status::InvalidArgument(src.name +
+                                   ": volume samples (rank 4) are normalized but not cropped or flipped (the "
+                                   "feed's augmentation is 2-D); turn crop_padding and flip off (--crop-padding 0, "
+                                   "no --flip)");
+  }
+  if (uint64_t(shape[0]) * shape[1] * shape[2] * (volume ? shape[3] : 1) >= (1ull << 32)) {
+    return Status::InvalidArgument(src.name + ": samples of 2^32 elements or more");
+  }
+  C = static_cast<int>(volume ? (nchw ? shape[0] : shape[3]) : (nchw ? shape[0] : shape[2]));
+  H = static_cast<int>(rows);
+  W = static_cast<int>(volume ? (nchw ? shape[3] : shape[2]) : (nchw ? shape[2] : shape[1]));
   if (C > gpu::kMaxChannels) {
     return Status::Unsupported(src.name + ": " + std::to_string(C) + " channels, the feed normalizes at most " +
                                std::to_string(gpu::kMaxChannels) + " (is input_layout right?)");
@@ -240,35 +260,8 @@ Status GpuFeeder::Impl::Init() {
   }
   B = src.batch_size;
   sample_bytes = named ? src.fields[0].sample_bytes : src.sample_bytes;
-  if (named) {
-    const FieldInfo& mf = src.fields[1];
-    const auto& ms = mf.sample_shape;
-    const bool spatial =
-        (ms.size() == 2 || ms.size() == 3) && ms[ms.size() - 2] == uint64_t(H) && ms[ms.size() - 1] == uint64_t(W);
-    const bool one_per_sample = ms.empty() || (ms.size() == 1 && ms[0] == 1);
-    const bool integer = DTypeIsInteger(mf.dtype);
-    if (integer && one_per_sample) {
-      class_field = true;
-      class_dtype = mf.dtype;
-    } else if (gpu::MaskElementBytes(mf.dtype) == 0 || !spatial) {
-      return Status::Unsupported(src.name + ": field '" + mf.name + "' (" + std::string(DTypeName(mf.dtype)) + ", " +
-                                 std::to_string(ms.size()) + " dims) is neither an integer mask of the image's " +
-                                 std::to_string(H) + " x " + std::to_string(W) +
-                                 " pixels ([H, W] or [P, H, W]) nor one integer a sample (a class): the GPU feed "
-                                 "takes an image field and at most one such field; read others from the loader's "
-                                 "host batches (Batch::field)");
-    }
-  }
-  if (named && !class_field) {
-    const FieldInfo& mf = src.fields[1];
-    const auto& ms = mf.sample_shape;
-    mask.dtype = mf.dtype;
-    mask.planes = ms.size() == 3 ? static_cast<int>(ms[0]) : 1;
-    mask.out_int64 = !o.labels_int32;
-    mask.fill = o.mask_fill;
-    mask_bytes = mf.sample_bytes;
-  }
   out_elem = DTypeSize(o.dtype);
+  GPUFEED_RETURN_IF_ERROR(ClassifyFields(src));
 
   if (o.force_cpu) {
     ops = gpu::MakeCpuOps();
@@ -288,7 +281,10 @@ Status GpuFeeder::Impl::Init() {
   const uint64_t super = B * static_cast<uint64_t>(o.super_batch);
   for (InSlot& s : in) {
     GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * sample_bytes, &s.images));
-    if (mask_bytes > 0) GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * mask_bytes, &s.mask));
+    s.extra.assign(extras.size(), nullptr);
+    for (size_t e = 0; e < extras.size(); ++e) {
+      if (extras[e].out_bytes > 0) GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * extras[e].in_bytes, &s.extra[e]));
+    }
     GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * sizeof(int64_t), &s.labels));
     GPUFEED_RETURN_IF_ERROR(ops->AllocPinned(super * sizeof(int64_t), &s.labels_staging));
     GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.uploaded));
@@ -297,10 +293,96 @@ Status GpuFeeder::Impl::Init() {
   out.resize(static_cast<size_t>(o.slots));
   for (OutSlot& s : out) {
     GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * C * H * W * out_elem, &s.images));
-    if (mask_bytes > 0) GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * MaskOutBytes(), &s.mask));
+    s.extra.assign(extras.size(), nullptr);
+    for (size_t e = 0; e < extras.size(); ++e) {
+      if (extras[e].out_bytes > 0) GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * extras[e].out_bytes, &s.extra[e]));
+    }
     GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * (o.labels_int32 ? 4 : 8), &s.labels));
+    s.field_ptrs.assign(fields.size(), nullptr);
+    s.field_ptrs[0] = s.images;
+    for (size_t e = 0; e < extras.size(); ++e) {
+      s.field_ptrs[extras[e].field] = extras[e].role == FeedFieldRole::kClass ? s.labels : s.extra[e];
+    }
     GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.ready));
     GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.free_event));
+  }
+  return Status::Ok();
+}
+
+// How each named field after the image travels (FeedOptions::mask_fill's
+// comment is the contract): the first integer one-a-sample field is the
+// class (in place of the source's labels), an integer field of the image's pixels a
+// mask, anything else passed through as stored, unless it has the image's
+// pixels and would come out unaligned with a cropped or flipped image.
+Status GpuFeeder::Impl::ClassifyFields(const BatchSourceInfo& src) {
+  const bool augment = o.crop_padding > 0 || o.flip;
+  const DType index_type = o.labels_int32 ? DType::kInt32 : DType::kInt64;
+  FeedField image;
+  image.name = src.fields.empty() ? "images" : src.fields[0].name;  // "images" for a source of /images
+  image.role = FeedFieldRole::kImage;
+  image.dtype = o.dtype;
+  // The stored sample's dimensions in the output layout (a volume's D, H, W
+  // stay apart).
+  const bool same_layout = o.layout == o.input_layout;
+  const auto& in = image_shape_in;
+  const size_t r = in.size();
+  if (same_layout) {
+    image.sample_shape = in;
+  } else if (o.input_layout == Layout::kNCHW) {  // [C, ...spatial] -> [...spatial, C]
+    image.sample_shape.assign(in.begin() + 1, in.end());
+    image.sample_shape.push_back(in[0]);
+  } else {  // [...spatial, C] -> [C, ...spatial]
+    image.sample_shape.push_back(in[r - 1]);
+    image.sample_shape.insert(image.sample_shape.end(), in.begin(), in.end() - 1);
+  }
+  fields.push_back(image);
+  if (!named) return Status::Ok();
+  for (size_t j = 1; j < src.fields.size(); ++j) {
+    const FieldInfo& f = src.fields[j];
+    const auto& ms = f.sample_shape;
+    // A mask is aligned with 2-D images only; a volume is never cropped.
+    const bool pixels =
+        !volume && ms.size() >= 2 && ms[ms.size() - 2] == uint64_t(H) && ms[ms.size() - 1] == uint64_t(W);
+    const bool one_per_sample = ms.empty() || (ms.size() == 1 && ms[0] == 1);
+    Extra x;
+    x.field = j;
+    x.dtype = f.dtype;
+    x.in_bytes = f.sample_bytes;
+    FeedField out;
+    out.name = f.name;
+    if (DTypeIsInteger(f.dtype) && one_per_sample && class_extra < 0) {
+      x.role = FeedFieldRole::kClass;
+      class_extra = static_cast<int>(extras.size());
+      out.dtype = index_type;
+    } else if (gpu::MaskElementBytes(f.dtype) != 0 && pixels && ms.size() <= 3) {
+      x.role = FeedFieldRole::kMask;
+      x.mask.in_dtype = f.dtype;
+      x.mask.planes = ms.size() == 3 ? static_cast<int>(ms[0]) : 1;
+      x.mask.out_int64 = !o.labels_int32;
+      x.mask.fill = o.mask_fill;
+      x.out_bytes = uint64_t(x.mask.planes) * H * W * DTypeSize(index_type);
+      if (first_mask < 0) first_mask = static_cast<int>(extras.size());
+      out.dtype = index_type;
+      out.sample_shape = ms;
+    } else if (pixels && augment) {
+      return Status::Unsupported(src.name + ": field '" + f.name + "' (" + std::string(DTypeName(f.dtype)) +
+                                 ") has the image's " + std::to_string(H) + " x " + std::to_string(W) +
+                                 " pixels but is no integer mask ([H, W] or [P, H, W] of int8..int64, uint8..uint32), "
+                                 "so the feed cannot crop or flip it with the image; turn crop_padding and flip off "
+                                 "(--crop-padding 0, no --flip) to take it as stored, or read it from the loader's "
+                                 "host batches (Batch::field)");
+    } else {
+      x.role = FeedFieldRole::kPassThrough;
+      x.out_bytes = x.in_bytes;
+      out.dtype = f.dtype;
+      out.sample_shape = ms;
+    }
+    if (x.in_bytes == 0) {
+      return Status::InvalidArgument(src.name + ": field '" + f.name + "' has empty samples");
+    }
+    out.role = x.role;
+    extras.push_back(x);
+    fields.push_back(std::move(out));
   }
   return Status::Ok();
 }
@@ -332,17 +414,20 @@ Status GpuFeeder::Impl::Fill(int k) {
     Batch b = std::move(**r);
     const uint64_t n = b.size();
     // Named fields are planar in the batch: each field is copied whole.
-    const std::byte* image = mask_bytes > 0 || class_field ? b.field(0).data() : b.images().data();
+    const std::byte* image = named ? b.field(0).data() : b.images().data();
     GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.images) + s.samples * sample_bytes, image,
                                               n * sample_bytes, copy_stream));
-    if (mask_bytes > 0) {
-      GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.mask) + s.samples * mask_bytes,
-                                                b.field(1).data(), n * mask_bytes, copy_stream));
-      st.bytes_uploaded += n * mask_bytes;
+    for (size_t e = 0; e < extras.size(); ++e) {
+      const Extra& x = extras[e];
+      if (x.out_bytes == 0) continue;  // the class: below
+      GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.extra[e]) + s.samples * x.in_bytes,
+                                                b.field(x.field).data(), n * x.in_bytes, copy_stream));
+      st.bytes_uploaded += n * x.in_bytes;
     }
     auto* staging = static_cast<int64_t*>(s.labels_staging) + s.samples;
-    if (class_field) {
-      GPUFEED_RETURN_IF_ERROR(ClassesToInt64(b.field(1), class_dtype, n, staging));
+    if (class_extra >= 0) {
+      const Extra& x = extras[static_cast<size_t>(class_extra)];
+      GPUFEED_RETURN_IF_ERROR(ClassesToInt64(b.field(x.field), x.dtype, n, staging));
     } else if (b.labels().empty()) {
       std::fill(staging, staging + n, int64_t{-1});
     } else {
@@ -437,13 +522,14 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   p.seed = gpu::Mix64(o.seed ^ gpu::Mix64((epoch << 32) ^ out_index));
   GPUFEED_RETURN_IF_ERROR(ops->Transform(p, static_cast<const uint8_t*>(s->images),
                                          static_cast<const int64_t*>(s->labels), os.images, os.labels, compute_stream));
-  if (mask_bytes > 0) {  // the same params: the same crop, flip and gather
-    gpu::MaskParams m;
-    m.in_dtype = mask.dtype;
-    m.planes = mask.planes;
-    m.out_int64 = mask.out_int64;
-    m.fill = mask.fill;
-    GPUFEED_RETURN_IF_ERROR(ops->MaskTransform(p, m, static_cast<const uint8_t*>(s->mask), os.mask, compute_stream));
+  for (size_t e = 0; e < extras.size(); ++e) {  // the same params: the same crop, flip and gather
+    const Extra& x = extras[e];
+    const auto* rows = static_cast<const uint8_t*>(s->extra[e]);
+    if (x.role == FeedFieldRole::kMask) {
+      GPUFEED_RETURN_IF_ERROR(ops->MaskTransform(p, x.mask, rows, os.extra[e], compute_stream));
+    } else if (x.role == FeedFieldRole::kPassThrough) {
+      GPUFEED_RETURN_IF_ERROR(ops->GatherRows(p, rows, x.in_bytes, os.extra[e], compute_stream));
+    }
   }
   GPUFEED_RETURN_IF_ERROR(ops->Record(os.ready, compute_stream));
   os.held = true;
@@ -454,7 +540,8 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   b.slot_ = slot;
   b.images_ = os.images;
   b.labels_ = os.labels;
-  b.mask_ = os.mask;
+  b.mask_ = first_mask >= 0 ? os.extra[static_cast<size_t>(first_mask)] : nullptr;
+  b.fields_ = &os.field_ptrs;
   b.ready_event_ = ops->is_gpu() ? os.ready : nullptr;
   b.size_ = p.batch;
   b.pass_ = s->pass;
@@ -489,7 +576,9 @@ void GpuFeeder::Impl::Teardown() {
   for (InSlot& s : in) {
     s.host.clear();
     if (s.images) ops->Free(s.images);
-    if (s.mask) ops->Free(s.mask);
+    for (void* x : s.extra) {
+      if (x) ops->Free(x);
+    }
     if (s.labels) ops->Free(s.labels);
     if (s.labels_staging) ops->FreePinned(s.labels_staging);
     if (s.uploaded) ops->FreeEvent(s.uploaded);
@@ -497,7 +586,9 @@ void GpuFeeder::Impl::Teardown() {
   }
   for (OutSlot& s : out) {
     if (s.images) ops->Free(s.images);
-    if (s.mask) ops->Free(s.mask);
+    for (void* x : s.extra) {
+      if (x) ops->Free(x);
+    }
     if (s.labels) ops->Free(s.labels);
     if (s.ready) ops->FreeEvent(s.ready);
     if (s.free_event) ops->FreeEvent(s.free_event);
@@ -510,6 +601,7 @@ void GpuFeeder::Impl::Teardown() {
 GpuFeeder::GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch, uint64_t start_batch)
     : impl_(std::make_unique<Impl>(loader, options, epoch, start_batch)) {
   impl_->init_status = impl_->Init();
+  if (!impl_->init_status.ok()) impl_->fields.clear();  // a feed that did not start delivers nothing
 }
 
 GpuFeeder::~GpuFeeder() { impl_->Teardown(); }
@@ -560,11 +652,25 @@ Status GpuFeeder::CopyToHost(const DeviceBatch& b, void* images, void* labels) c
 
 Status GpuFeeder::CopyMaskToHost(const DeviceBatch& b, void* mask) const {
   const Impl& d = *impl_;
-  if (b.owner_ != this) return Status::InvalidArgument("feed: the batch is released or from another feeder");
-  if (d.mask_bytes == 0) return Status::InvalidArgument("feed: the source has no mask field");
-  const Impl::OutSlot& os = d.out[static_cast<size_t>(b.slot_)];
-  return d.ops->CopyToHost(mask, os.mask, static_cast<uint64_t>(b.size()) * d.MaskOutBytes(), os.ready);
+  if (d.first_mask < 0) return Status::InvalidArgument("feed: the source has no mask field");
+  return CopyFieldToHost(b, d.extras[static_cast<size_t>(d.first_mask)].field, mask);
 }
+
+Status GpuFeeder::CopyFieldToHost(const DeviceBatch& b, size_t i, void* dst) const {
+  const Impl& d = *impl_;
+  if (b.owner_ != this) return Status::InvalidArgument("feed: the batch is released or from another feeder");
+  if (i >= d.fields.size()) {
+    return Status::InvalidArgument("feed: no field " + std::to_string(i) + "; the feed delivers " +
+                                   std::to_string(d.fields.size()) + " named fields");
+  }
+  const FeedField& f = d.fields[i];
+  uint64_t bytes = DTypeSize(f.dtype);
+  for (uint64_t dim : f.sample_shape) bytes *= dim;
+  const Impl::OutSlot& os = d.out[static_cast<size_t>(b.slot_)];
+  return d.ops->CopyToHost(dst, os.field_ptrs[i], static_cast<uint64_t>(b.size()) * bytes, os.ready);
+}
+
+const std::vector<FeedField>& GpuFeeder::fields() const { return impl_->fields; }
 
 void GpuFeeder::ReleaseSlot(int slot, void* consumer_stream) {
   Impl::OutSlot& os = impl_->out[static_cast<size_t>(slot)];
@@ -590,6 +696,7 @@ DeviceBatch& DeviceBatch::operator=(DeviceBatch&& o) noexcept {
     images_ = o.images_;
     labels_ = o.labels_;
     mask_ = o.mask_;
+    fields_ = o.fields_;
     ready_event_ = o.ready_event_;
     size_ = o.size_;
     pass_ = o.pass_;

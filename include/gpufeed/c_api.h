@@ -140,9 +140,10 @@ GPUFEED_C_EXPORT void gpufeed_options_set_io(gpufeed_options* o, const char* mod
  * it). With fields, or with data naming many files (a glob such as "run*.h5", a
  * directory, a *.txt / *.list of paths), host batches carry one array per
  * field, named as the field, [B, *field shape] of the field's stored dtype
- * (h5py bool as uint8), plus "indices". The feed takes one image field and,
- * as a second field, an integer mask of its pixels (docs/format.md, "The GPU
- * feed with fields"); more are refused. max_open_files
+ * (h5py bool as uint8), plus "indices". The feed transforms the first field
+ * as the image and delivers every later one, named as its field: a class as
+ * int32/int64, integer masks of its pixels cropped and flipped with it, others
+ * as stored (docs/format.md, "The GPU feed with fields"). max_open_files
  * bounds the files holding descriptors at once (default 256). A daemon's
  * fields are its own (gpufeed serve --data ... --field ...) and its batches
  * carry them the same way; fields added here must then equal them, in order

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gpufeed/dtype.h"
@@ -49,9 +50,12 @@ enum class Layout { kNCHW, kNHWC };
 
 struct FeedOptions {
   int device = 0;
-  DType dtype = DType::kFloat32;        // kFloat32, kFloat16 or kBFloat16
-  Layout layout = Layout::kNCHW;        // output layout
-  Layout input_layout = Layout::kNCHW;  // how samples are stored ([C,H,W] or [H,W,C])
+  DType dtype = DType::kFloat32;  // kFloat32, kFloat16 or kBFloat16
+  Layout layout = Layout::kNCHW;  // output layout
+  // How samples are stored: [C,H,W] or [H,W,C]; volumes (CosmoFlow's 4 x 128^3)
+  // [C,D,H,W] or [D,H,W,C], normalized per channel as images of D*H rows,
+  // delivered in `layout` ([C,D,H,W] or [D,H,W,C]), never cropped or flipped.
+  Layout input_layout = Layout::kNCHW;
   // Per-channel mean and std in stored units (0..255 for uint8). Empty: the
   // dataset's `mean`/`std` attributes when the loader reads a Dataset that
   // has them (gpufeed convert writes them), else 0 and 255 (x / 255) for
@@ -65,13 +69,22 @@ struct FeedOptions {
   uint64_t seed = 0;          // augmentation and echo permutations: same seed, epoch, batch -> same bytes
   int slots = 3;              // output slots on the device
   bool labels_int32 = false;  // labels (and a mask field) as int32 (else int64)
-  // A source of two named fields (fields.h): the first is the image
-  // (transformed as above), the second an integer mask [H, W] or [P, H, W]
-  // of the image's pixels, given the same crop, flip and echo gather and
-  // passed through as int32/int64 (labels_int32); pixels a crop pulls in from
-  // outside read mask_fill. Or the second is one integer a sample (shape [] or
-  // [1], any integer dtype): a class field, delivered as labels() (with the
-  // echo gather, as int32/int64). Other sources of several fields are refused.
+  // A source of several named fields (fields.h): the first is the image
+  // (transformed as above); each later one is, in this order of tests
+  // (GpuFeeder::fields() says which each became):
+  //  - a class: the first field of one integer a sample (shape [] or [1],
+  //    any integer dtype), delivered as labels() (int32/int64) in place of
+  //    the source's labels;
+  //  - a mask: an integer field [H, W] or [P, H, W] of the image's pixels,
+  //    given the image's crop and flip, as int32/int64 (labels_int32);
+  //    pixels a crop pulls in from outside read mask_fill;
+  //  - passed through: anything else (CosmoFlow's float32 [4] targets, a
+  //    weight, a float map), its rows delivered as stored, same dtype and
+  //    shape. A field of the image's H x W that is no integer mask would come
+  //    out unaligned with a cropped or flipped image: with crop_padding or
+  //    flip it is refused (turn them off to take it as stored).
+  // Every field gets the same echo gather: row i of every field is the same
+  // dataset sample.
   int64_t mask_fill = 0;
   bool force_cpu = false;  // use the CPU twins even where a GPU exists
 };
@@ -90,6 +103,16 @@ struct FeedStats {
 
 class GpuFeeder;
 
+// What the feed delivers for one named field of the source.
+enum class FeedFieldRole { kImage, kClass, kMask, kPassThrough };
+struct FeedField {
+  std::string name;
+  FeedFieldRole role = FeedFieldRole::kPassThrough;
+  DType dtype = DType::kUInt8;         // of the output: FeedOptions::dtype for the image, int32/int64 for
+                                       // a class or mask, the stored dtype for a field passed through
+  std::vector<uint64_t> sample_shape;  // of one output sample: the image's in the output layout, [] for a class
+};
+
 // One transformed batch in an output slot. Move-only; valid until released,
 // and must be released (or destroyed) before its GpuFeeder is.
 class DeviceBatch {
@@ -102,9 +125,13 @@ class DeviceBatch {
   const void* images() const { return images_; }  // device pointer (host memory on the CPU path)
   // int32 or int64 per FeedOptions: the source's labels, or its class field
   const void* labels() const { return labels_; }
-  // The mask field, [size, P, H, W] int32/int64 (labels_int32), aligned with
-  // images(); nullptr without one.
+  // The first mask field, [size, P, H, W] int32/int64 (labels_int32),
+  // aligned with images(); nullptr without one.
   const void* mask() const { return mask_; }
+  // Array i of GpuFeeder::fields(): images() for the image, labels() for a
+  // class field, else the field's [size, *sample_shape] rows. nullptr past
+  // the fields.
+  const void* field(size_t i) const { return fields_ && i < fields_->size() ? (*fields_)[i] : nullptr; }
   int size() const { return size_; }
   int pass() const { return pass_; }  // 0: fresh, >0: an echo of an earlier upload
   bool echoed() const { return pass_ > 0; }
@@ -123,6 +150,7 @@ class DeviceBatch {
   const void* images_ = nullptr;
   const void* labels_ = nullptr;
   const void* mask_ = nullptr;
+  const std::vector<const void*>* fields_ = nullptr;  // the output slot's, per field
   void* ready_event_ = nullptr;
   int size_ = 0, pass_ = 0;
   uint64_t index_ = 0;
@@ -150,6 +178,13 @@ class GpuFeeder {
   Status CopyToHost(const DeviceBatch& b, void* images, void* labels) const;
   // Waits for `b` and copies its mask (size x P x H x W, int32 or int64).
   Status CopyMaskToHost(const DeviceBatch& b, void* mask) const;
+  // Waits for `b` and copies its field i (size x the field's output sample).
+  Status CopyFieldToHost(const DeviceBatch& b, size_t i, void* dst) const;
+  // The arrays the feed delivers besides the source's /labels, in order: the
+  // image (named "images" for a source of /images, else as its field), then
+  // a source's later named fields. Empty after a failed start (Next() says
+  // why).
+  const std::vector<FeedField>& fields() const;
   FeedStats stats() const;
   // The statistics of the loader stream the feeder pulls from.
   LoaderStats loader_stats() const;

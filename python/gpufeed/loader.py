@@ -155,7 +155,10 @@ class Loader:
     [B, *dataset shape]. A daemon serving named fields
     (`gpufeed serve --data ... --field ...`) delivers them the same way;
     fields= then names them (the same names and paths, in order) for the
-    tuple or dict.
+    tuple or dict. With the feed, the first field is the image (transformed
+    as above) and every later one arrives too: a class (one integer a
+    sample) as labels_int32 decides, integer masks of the image's pixels
+    cropped and flipped with it, anything else (a float target) as stored.
     output: "torch", "numpy", "dlpack" (gpufeed.Array objects) or "auto"
     (torch if importable, else NumPy, else DLPack arrays).
     """

@@ -6,8 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "gpufeed/convert.h"
@@ -507,33 +510,261 @@ TEST_P(FeederTest, ClassFieldTravelsAsTheLabels) {
   }
 }
 
-// A source of several named fields the feed cannot take (here: a second
-// field that is no mask of the image): refused clearly, not read as images.
-TEST(FeederFieldsTest, ManyFieldsAreRefusedClearly) {
-  class TwoFields : public TensorSource {
-   public:
-    TwoFields() : TensorSource(16, 4) {}
-    std::vector<FieldInfo> fields() const override {
-      FieldInfo a, b;
-      a.name = "data";
-      a.sample_shape = {1, 4, 4};
-      a.sample_bytes = 16;
-      b.name = "mask";
-      b.dtype = DType::kFloat32;  // a float field: no mask
-      b.sample_shape = {2, 2};
-      b.sample_bytes = 16;
-      b.offset = 16;
-      return {a, b};
+// A source of any named fields whose every value encodes its sample: field
+// j of sample k is Value(k, j) (bytes), stored planar in each chunk as the
+// loader's named-field sources store them (field j at chunk_samples x offset).
+class FieldsSource : public InMemorySource {
+ public:
+  using ValueFn = std::function<std::vector<std::byte>(uint64_t k, size_t j)>;
+  FieldsSource(uint64_t n, uint64_t k, std::vector<FieldInfo> fields, ValueFn value)
+      : InMemorySource(n, Total(fields), k), n_(n), k_(k), fields_(std::move(fields)), value_(std::move(value)) {
+    uint64_t off = 0;
+    for (FieldInfo& f : fields_) {
+      f.offset = off;
+      off += f.sample_bytes;
     }
-  } src;
+    shape_ = {off};
+  }
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  std::vector<FieldInfo> fields() const override { return fields_; }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    const uint64_t n = std::min(k_, n_ - i * k_);
+    for (uint64_t s = 0; s < n; ++s) {
+      for (size_t j = 0; j < fields_.size(); ++j) {
+        const auto v = value_(i * k_ + s, j);
+        std::memcpy(dst.data() + k_ * fields_[j].offset + s * fields_[j].sample_bytes, v.data(), v.size());
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  static uint64_t Total(const std::vector<FieldInfo>& f) {
+    uint64_t t = 0;
+    for (const auto& x : f) t += x.sample_bytes;
+    return t;
+  }
+  uint64_t n_, k_;
+  std::vector<FieldInfo> fields_;
+  ValueFn value_;
+  std::vector<uint64_t> shape_;
+};
+
+FieldInfo Field(const char* name, DType t, std::vector<uint64_t> shape) {
+  FieldInfo f;
+  f.name = name;
+  f.dtype = t;
+  f.sample_shape = shape;
+  f.sample_bytes = DTypeSize(t);
+  for (uint64_t d : shape) f.sample_bytes *= d;
+  return f;
+}
+
+template <typename T>
+std::vector<std::byte> Bytes(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// Five fields, the way a scientific sample has them: an image, a class, a
+// mask of its pixels, four float targets and a second integer (an id). With
+// crop, flip and echo, each arrives as documented and row i of every array
+// is the same dataset sample.
+TEST_P(FeederTest, EveryLaterFieldTravelsWithItsSample) {
+  constexpr int H = 6, W = 7;
+  auto pixel = [](uint64_t k, int y, int x) { return int32_t(k * 10000 + y * 100 + x + 1); };
+  auto target = [](uint64_t k, int t) {
+    return t == 0 ? float(k) : t == 1 ? k + 0.25f : t == 2 ? -float(k) : 1.0f / (k + 1);
+  };
+  FieldsSource src(
+      27, 4,
+      {Field("image", DType::kFloat32, {1, H, W}), Field("class", DType::kUInt16, {}),
+       Field("mask", DType::kInt32, {H, W}), Field("target", DType::kFloat32, {4}), Field("id", DType::kInt64, {1})},
+      [&](uint64_t k, size_t j) {
+        std::vector<int32_t> m(H * W);
+        for (int e = 0; e < H * W; ++e) m[e] = pixel(k, e / W, e % W);
+        switch (j) {
+          case 0: {
+            std::vector<float> f(m.begin(), m.end());
+            return Bytes(f);
+          }
+          case 1:
+            return Bytes(std::vector<uint16_t>{uint16_t(3 * k + 7)});
+          case 2:
+            return Bytes(m);
+          case 3:
+            return Bytes(std::vector<float>{target(k, 0), target(k, 1), target(k, 2), target(k, 3)});
+          default:
+            return Bytes(std::vector<int64_t>{int64_t(1000 + k)});
+        }
+      });
   Loader loader(src, LoaderOpts());
-  FeedOptions o;
-  o.force_cpu = true;
+  FeedOptions o = Opts();
+  o.mean = {0};
+  o.stddev = {1};
+  o.crop_padding = 2;
+  o.flip = true;
+  o.echo = 2;
+  GpuFeeder feeder(loader, o);
+  auto first = feeder.Next();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const auto& f = feeder.fields();
+  ASSERT_EQ(f.size(), 5u);
+  const FeedFieldRole roles[] = {FeedFieldRole::kImage, FeedFieldRole::kClass, FeedFieldRole::kMask,
+                                 FeedFieldRole::kPassThrough, FeedFieldRole::kPassThrough};
+  const DType dtypes[] = {DType::kFloat32, DType::kInt64, DType::kInt64, DType::kFloat32, DType::kInt64};
+  for (size_t j = 0; j < 5; ++j) {
+    EXPECT_EQ(f[j].role, roles[j]) << f[j].name;
+    EXPECT_EQ(f[j].dtype, dtypes[j]) << f[j].name;
+  }
+  EXPECT_EQ(f[0].sample_shape, (std::vector<uint64_t>{1, H, W}));
+  EXPECT_EQ(f[3].sample_shape, (std::vector<uint64_t>{4}));
+  std::vector<float> img(8 * H * W), tgt(8 * 4);
+  std::vector<int64_t> lab(8), cls(8), mask(8 * H * W), id(8);
+  std::set<uint64_t> fresh;
+  uint64_t rows = 0;
+  int moved = 0;
+  std::optional<DeviceBatch> b = std::move(*first);
+  while (b) {
+    ASSERT_EQ(b->field(0), b->images());
+    ASSERT_EQ(b->field(1), b->labels());
+    ASSERT_EQ(b->field(2), b->mask());
+    ASSERT_NE(b->field(4), nullptr);
+    ASSERT_EQ(b->field(5), nullptr);
+    ASSERT_TRUE(feeder.CopyToHost(*b, img.data(), lab.data()).ok());
+    ASSERT_TRUE(feeder.CopyFieldToHost(*b, 1, cls.data()).ok());
+    ASSERT_TRUE(feeder.CopyFieldToHost(*b, 2, mask.data()).ok());
+    ASSERT_TRUE(feeder.CopyFieldToHost(*b, 3, tgt.data()).ok());
+    ASSERT_TRUE(feeder.CopyFieldToHost(*b, 4, id.data()).ok());
+    for (int i = 0; i < b->size(); ++i) {
+      int64_t any = 0;
+      for (int e = 0; e < H * W; ++e) {
+        ASSERT_EQ(int64_t(img[i * H * W + e]), mask[i * H * W + e]) << "pixel " << e << " of row " << i;
+        if (mask[i * H * W + e] != 0) {
+          any = mask[i * H * W + e];
+          if (any % 10000 != (e / W) * 100 + e % W + 1) ++moved;
+        }
+      }
+      ASSERT_NE(any, 0);  // some pixel survives any crop of padding 2 in 6 x 7
+      const uint64_t k = uint64_t(any / 10000);
+      EXPECT_EQ(lab[i], int64_t(3 * k + 7)) << "row " << i;
+      EXPECT_EQ(cls[i], lab[i]);
+      for (int t = 0; t < 4; ++t) EXPECT_EQ(tgt[i * 4 + t], target(k, t)) << "target " << t << " of sample " << k;
+      EXPECT_EQ(id[i], int64_t(1000 + k));
+      if (!b->echoed()) {
+        EXPECT_TRUE(fresh.insert(k).second) << "sample " << k << " twice";
+      }
+      ++rows;
+    }
+    auto r = feeder.Next();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    b = std::move(*r);
+  }
+  EXPECT_EQ(fresh.size(), 27u);
+  EXPECT_EQ(rows, 54u);  // every sample, then its echo
+  EXPECT_GT(moved, 0) << "nothing was cropped or flipped: the test checks nothing";
+  float none;
+  EXPECT_EQ(feeder.CopyFieldToHost(DeviceBatch(), 3, &none).code(), StatusCode::kInvalidArgument);
+}
+
+// CosmoFlow's sample: an int16 volume [C, D, H, W] normalized per channel,
+// and its float32 targets passed through; in either output layout, echoed.
+TEST_P(FeederTest, VolumesAreNormalizedPerChannelAndTheirTargetsTravel) {
+  constexpr int C = 2, D = 3, H = 4, W = 5;
+  auto voxel = [](uint64_t k, int c, int d, int y, int x) { return int16_t(k * 500 + c * 200 + d * 40 + y * 8 + x); };
+  FieldsSource src(19, 3, {Field("x", DType::kInt16, {C, D, H, W}), Field("y", DType::kFloat32, {4})},
+                   [&](uint64_t k, size_t j) {
+                     if (j == 1) return Bytes(std::vector<float>{float(k), 0.5f, -1.0f, k / 3.0f});
+                     std::vector<int16_t> v;
+                     for (int c = 0; c < C; ++c)
+                       for (int d = 0; d < D; ++d)
+                         for (int y = 0; y < H; ++y)
+                           for (int x = 0; x < W; ++x) v.push_back(voxel(k, c, d, y, x));
+                     return Bytes(v);
+                   });
+  for (Layout out : {Layout::kNCHW, Layout::kNHWC}) {
+    Loader loader(src, LoaderOpts());
+    FeedOptions o = Opts();
+    o.mean = {10, 20};
+    o.stddev = {2, 4};
+    o.layout = out;
+    o.echo = 2;
+    GpuFeeder feeder(loader, o);
+    std::vector<float> vol(8 * C * D * H * W), y(8 * 4);
+    std::set<uint64_t> fresh;
+    for (;;) {
+      auto b = feeder.Next();
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      if (!*b) break;
+      EXPECT_EQ(feeder.fields()[0].sample_shape,
+                out == Layout::kNCHW ? (std::vector<uint64_t>{C, D, H, W}) : (std::vector<uint64_t>{D, H, W, C}));
+      ASSERT_TRUE(feeder.CopyToHost(**b, vol.data(), nullptr).ok());
+      ASSERT_TRUE(feeder.CopyFieldToHost(**b, 1, y.data()).ok());
+      for (int i = 0; i < (*b)->size(); ++i) {
+        const uint64_t k = uint64_t(y[i * 4]);
+        ASSERT_EQ(y[i * 4 + 3], k / 3.0f);
+        for (int c = 0; c < C; ++c)
+          for (int d = 0; d < D; ++d)
+            for (int yy = 0; yy < H; ++yy)
+              for (int x = 0; x < W; ++x) {
+                const size_t e = out == Layout::kNCHW ? ((size_t(c) * D + d) * H + yy) * W + x
+                                                      : ((size_t(d) * H + yy) * W + x) * C + c;
+                const float want = (float(voxel(k, c, d, yy, x)) - o.mean[c]) * float(1.0 / o.stddev[c]);
+                ASSERT_EQ(vol[i * C * D * H * W + e], want) << "sample " << k << " c " << c << " d " << d;
+              }
+        if (!(*b)->echoed()) {
+          EXPECT_TRUE(fresh.insert(k).second) << "sample " << k << " twice";
+        }
+      }
+    }
+    EXPECT_EQ(fresh.size(), 19u);
+  }
+  // The feed's augmentation is 2-D: a volume with crop or flip is refused.
+  Loader loader(src, LoaderOpts());
+  FeedOptions o = Opts();
+  o.mean = {0, 0};
+  o.flip = true;
   GpuFeeder feeder(loader, o);
   auto b = feeder.Next();
   ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(b.status().message().find("is neither an integer mask"), std::string::npos) << b.status().ToString();
+  EXPECT_NE(b.status().message().find("volume samples"), std::string::npos) << b.status().ToString();
+  EXPECT_TRUE(feeder.fields().empty());
+}
+
+// A float field of the image's pixels is no mask: taken as stored without
+// augmentation, refused (naming it) with crop or flip, which would leave it
+// unaligned with its image.
+TEST(FeederFieldsTest, AFloatMapOfTheImagesPixelsIsRefusedWithAugmentation) {
+  FieldsSource src(16, 4, {Field("data", DType::kUInt8, {1, 4, 4}), Field("heat", DType::kFloat32, {4, 4})},
+                   [](uint64_t k, size_t j) {
+                     return j == 0 ? Bytes(std::vector<uint8_t>(16, uint8_t(k)))
+                                   : Bytes(std::vector<float>(16, k + 0.5f));
+                   });
+  for (bool flip : {false, true}) {
+    Loader loader(src, LoaderOpts());
+    FeedOptions o;
+    o.force_cpu = true;
+    o.flip = flip;
+    GpuFeeder feeder(loader, o);
+    auto b = feeder.Next();
+    if (flip) {
+      ASSERT_FALSE(b.ok());
+      EXPECT_EQ(b.status().code(), StatusCode::kUnsupported);
+      EXPECT_NE(b.status().message().find("field 'heat' (float32) has the image's 4 x 4 pixels"), std::string::npos)
+          << b.status().ToString();
+      continue;
+    }
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(feeder.fields().size(), 2u);
+    EXPECT_EQ(feeder.fields()[1].role, FeedFieldRole::kPassThrough);
+    std::vector<float> img(8 * 16), heat(8 * 16);
+    ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), nullptr).ok());
+    ASSERT_TRUE(feeder.CopyFieldToHost(**b, 1, heat.data()).ok());
+    for (int i = 0; i < (*b)->size(); ++i) {
+      EXPECT_EQ(heat[i * 16 + 15], std::round(img[i * 16] * 255) + 0.5f) << "row " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuAndGpu, FeederTest, ::testing::Values(false, true),

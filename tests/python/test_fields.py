@@ -146,6 +146,42 @@ def test_feed_gives_a_class_field_as_the_labels(tmp_path):
     assert rows == 2 * n
 
 
+def test_feed_takes_a_volume_and_passes_its_targets_through(tmp_path):
+    """CosmoFlow's sample through the feed (CPU twins here, the GPU on a GPU
+    host): an int16 volume [C, D, H, W] normalized per channel, its float32
+    targets and an id pair passed through as stored, a bool flag (one integer
+    a sample) as the class, each row the same sample through the echo gather,
+    in the order the fields are named."""
+    n, shape = 13, (2, 3, 4, 5)
+    vol = lambda k: (k * 300 + np.arange(np.prod(shape)).reshape(shape)).astype(np.int16)
+    with h5py.File(tmp_path / "cosmo.h5", "w") as f:
+        f.create_dataset("x", data=np.stack([vol(k) for k in range(n)]), chunks=(4,) + shape, compression="gzip")
+        f.create_dataset("y", data=np.stack([[k, k / 2, -k, 1 / (k + 1)] for k in range(n)]).astype(np.float32))
+        f.create_dataset("id", data=np.arange(n, dtype=np.int32)[:, None] * np.ones((1, 2), np.int32) + 1000)
+        f.create_dataset("flag", data=np.arange(n) % 3 == 0)
+    mean, std = [5.0, -7.0], [2.0, 4.0]
+    loader = gpufeed.Loader(str(tmp_path / "cosmo.h5"), fields=["x=/x", "y=/y", "id=/id", "flag=/flag"],
+                            batch_size=4, device="cpu", dtype=torch.float32, mean=mean, std=std, echo=2,
+                            order="random", seed=3)
+    rows, fresh = 0, []
+    for x, y, ids, flag in loader:
+        assert x.dtype == torch.float32 and tuple(x.shape[1:]) == shape
+        assert y.dtype == torch.float32 and tuple(y.shape[1:]) == (4,)
+        assert ids.dtype == torch.int32 and tuple(ids.shape[1:]) == (2,)
+        assert flag.dtype == torch.int64 and tuple(flag.shape[1:]) == ()  # one integer a sample: the class
+        for row in range(x.shape[0]):
+            k = int(y[row, 0])
+            assert y[row].tolist() == np.array([k, k / 2, -k, 1 / (k + 1)], np.float32).tolist()
+            assert ids[row].tolist() == [1000 + k] * 2
+            assert int(flag[row]) == int(k % 3 == 0)
+            want = (vol(k).astype(np.float32) - np.array(mean, np.float32)[:, None, None, None]) \
+                * (1 / np.array(std))[:, None, None, None].astype(np.float32)
+            assert np.array_equal(x[row].numpy(), want), k
+            rows += 1
+            fresh.append(k)
+    assert rows == 2 * n and sorted(set(fresh)) == list(range(n))
+
+
 def test_mismatched_lengths_name_both(tmp_path):
     with h5py.File(tmp_path / "bad.h5", "w") as f:
         f.create_dataset("a", data=np.zeros((5, 2), np.float32))
