@@ -611,8 +611,12 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   if (H5Lexists(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0 ||
       H5Oexists_by_name(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
+    // Listed in a child process: HDF5 has corrupted its heap walking
+    // hostile files' headers (ListDatasetsIsolated).
+    auto listed = ListDatasetsIsolated(spec.file, options.probe_timeout_ms);
+    if (!listed.ok()) return listed.status().WithContext(d->what + ": no such dataset");
     std::string have;
-    for (const std::string& p : h5::ListDatasets(d->file.get())) have += (have.empty() ? "" : ", ") + p;
+    for (const std::string& p : *listed) have += (have.empty() ? "" : ", ") + p;
     return Status::NotFound(d->what + ": no such dataset (the file has: " + (have.empty() ? "no datasets" : have) +
                             "; name one as FILE.h5:/path)");
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/sizes.h"
+#include "hdf5io/h5_util.h"
 
 namespace gpufeed {
 namespace {
@@ -215,6 +216,86 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
         for (size_t i = a; i < b; ++i) out[i] = st;
       }
     }
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, int timeout_ms, size_t max_bytes) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IOError(std::string("list datasets: pipe: ") + std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Status::IOError(std::string("list datasets: fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    struct rlimit no_core {
+      0, 0
+    };
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDERR_FILENO);
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    std::string names;  // NUL-terminated names: HDF5 allows newlines in them
+    if (f >= 0) {
+      for (const std::string& n : h5::ListDatasets(f)) {
+        if (names.size() + n.size() + 1 > max_bytes) break;
+        names += n;
+        names.push_back('\0');
+      }
+    }
+    for (size_t off = 0; off < names.size();) {
+      const ssize_t w = ::write(fds[1], names.data() + off, names.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+    ::_exit(0);  // no H5Fclose: closing a hostile file has crashed HDF5 too, and the answer is out
+  }
+  ::close(fds[1]);
+  std::string got;
+  bool timed_out = false;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(1, timeout_ms));
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd one{fds[0], POLLIN, 0};
+    const int r = ::poll(&one, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      timed_out = r == 0;
+      break;
+    }
+    char buf[4096];
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // EOF: the child is done (or died)
+    if (got.size() < max_bytes) got.append(buf, static_cast<size_t>(std::min<size_t>(n, max_bytes - got.size())));
+  }
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  ::close(fds[0]);
+  if (timed_out) {
+    return Status::Corrupt(file + ": HDF5 did not finish listing this file's datasets within " +
+                           std::to_string(timeout_ms) + " ms (in a child process): damaged or hostile file");
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Status::Corrupt(file + ": HDF5 crashed listing this file's datasets (" + SignalText(status) +
+                           " in a child process): damaged or hostile file; gpufeed will not open it");
+  }
+  std::vector<std::string> out;
+  for (size_t a = 0; a < got.size();) {
+    const size_t z = got.find('\0', a);
+    if (z == std::string::npos) break;  // a name cut by max_bytes
+    out.push_back(got.substr(a, z - a));
+    a = z + 1;
   }
   return out;
 }

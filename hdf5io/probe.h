@@ -33,6 +33,15 @@ struct ProbeOptions {
 // child crashed or hung on it.
 std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options = {});
 
+// The datasets of `file` ("/a", "/g/b"), listed by HDF5 in a forked child
+// with a time limit: a listing walks every object header of the file, which
+// the probe's open never does, and HDF5's own link decoding has overflowed
+// the heap on hostile files (CVE-2018-13869, -13870, -13871, -16438) without crashing the
+// probe but aborting a later free. Only error messages use it. Corrupt, naming
+// the file, when the child crashed or hung; at most `max_bytes` of names.
+Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, int timeout_ms,
+                                                      size_t max_bytes = 64 << 10);
+
 }  // namespace gpufeed
 
 #endif  // GPUFEED_HDF5IO_PROBE_H_

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -110,7 +112,7 @@ TEST(HostileFilesTest, HdfCrashesAndHangsAreContainedByTheProbe) {
   const std::string good = dir + "/good.h5";
   WriteSparse(good, {10, 8}, {5, 8}, 10);
   std::vector<std::string> specs = {
-      good, cve + "/cve-2018-13867.h5", good, cve + "/cve-2018-13871.h5", cve + "/cve-2018-15671.h5", good};
+      good, cve + "/cve-2018-13867.h5", good, cve + "/cve-2025-6269-1.h5", cve + "/cve-2018-15671.h5", good};
   ProbeOptions po;
   po.timeout_ms = 4000;
   po.processes = 2;
@@ -136,6 +138,48 @@ TEST(HostileFilesTest, HdfCrashesAndHangsAreContainedByTheProbe) {
   ASSERT_FALSE(crash.ok());
   EXPECT_EQ(crash.status().code(), StatusCode::kCorrupt) << crash.status().ToString();
   EXPECT_NE(crash.status().message().find("cve-2018-16438.h5"), std::string::npos) << crash.status().ToString();
+}
+
+// The "no such dataset" error lists the file's datasets. That walk reads
+// every object header, which the probe's open does not, and HDF5 has
+// overflowed its heap on it (CVE-2018-13869, -13870, -13871, -16438: the probe survived, the
+// caller's next free aborted). The listing runs in a child process: a good
+// file still gets its list, a hostile one a Corrupt error, a hang a time limit.
+TEST(HostileFilesTest, ListingDatasetsForAnErrorCannotCrashTheCaller) {
+  const std::string dir = testing::MakeTempDir("listing");
+  const std::string good = dir + "/good.h5";
+  WriteSparse(good, {10, 8}, {5, 8}, 10);
+  auto missing = Dataset::Open(good + ":/nope", {});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("(the file has: /images;"), std::string::npos)
+      << missing.status().ToString();
+  auto listed = ListDatasetsIsolated(good, 5000);
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_EQ(*listed, std::vector<std::string>{"/images"});
+
+  // A FIFO with no writer: HDF5's open blocks, the time limit ends it.
+  const std::string fifo = dir + "/fifo.h5";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto hung = ListDatasetsIsolated(fifo, 300);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  ASSERT_FALSE(hung.ok());
+  EXPECT_EQ(hung.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(hung.status().message().find("did not finish listing"), std::string::npos) << hung.status().ToString();
+
+  const std::string cve = SharedTestdata() + "/hdf5-cve";
+  if (!std::filesystem::exists(cve)) GTEST_SKIP() << "no " << cve << " (shared/ is beside the repo in CI)";
+  OpenOptions o;
+  o.probe_timeout_ms = 4000;
+  for (const char* name : {"cve-2018-13869.h5", "cve-2018-13870.h5", "cve-2018-13871.h5", "cve-2018-16438.h5"}) {
+    auto ds = Dataset::Open(cve + "/" + name, o);
+    ASSERT_FALSE(ds.ok()) << name;
+    EXPECT_EQ(ds.status().code(), StatusCode::kCorrupt) << ds.status().ToString();
+    EXPECT_TRUE(ds.status().message().find("HDF5 crashed listing") != std::string::npos ||
+                ds.status().message().find("did not finish listing") != std::string::npos)
+        << ds.status().ToString();
+  }
 }
 
 }  // namespace
