@@ -23,6 +23,13 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   CLI::Option* field_opt = cmd->add_option(
       "--field", *field_args,
       "NAME=/hdf5/path: a named field of the --data before it (repeatable, in the order batches carry them)");
+  // Counted (repeatable: once per --data); which --data each belongs to
+  // comes from the parse order below.
+  auto no_axis_count = std::make_shared<int>(0);
+  CLI::Option* no_axis_opt =
+      cmd->add_flag("--no-sample-axis", *no_axis_count,
+                    "each file of the --data before it holds one sample, its datasets without a sample axis "
+                    "(DeepCAM's reference files: /climate/data [768, 1152, 16])");
   cmd->add_option("--listen", o->listen, "unix:PATH (mode 0600) or tcp://HOST:PORT (HOST empty: loopback)")
       ->capture_default_str();
   cmd->add_option("--threads", o->loader_threads, "TBB threads of each stream's loader (default: all cores)");
@@ -42,10 +49,11 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--log-format", o->log_format, "the log on stderr: kv (key=value lines) or json (an object a line)")
       ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "debug, info, warn or error")->capture_default_str();
-  cmd->callback([o, exit_code, cmd, data_opt, field_opt, field_args] {
-    // Each --field belongs to the --data before it (CLI11 records every
-    // value's option in command-line order).
+  cmd->callback([o, exit_code, cmd, data_opt, field_opt, field_args, no_axis_opt, no_axis_count] {
+    // Each --field and --no-sample-axis belongs to the --data before it
+    // (CLI11 records every value's and flag's option in command-line order).
     o->fields.assign(o->data.size(), {});
+    o->no_sample_axis.assign(o->data.size(), false);
     size_t data_seen = 0, field_seen = 0;
     for (const CLI::Option* opt : cmd->parse_order()) {
       if (opt == data_opt) {
@@ -58,6 +66,15 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
           return;
         }
         o->fields[data_seen - 1].push_back((*field_args)[field_seen++]);
+      } else if (opt == no_axis_opt) {
+        if (data_seen == 0) {
+          std::fprintf(stderr,
+                       "gpufeed serve: --no-sample-axis comes before any --data (put it after the dataset whose "
+                       "files have no sample axis)\n");
+          *exit_code = 1;
+          return;
+        }
+        o->no_sample_axis[data_seen - 1] = true;
       }
     }
     auto server = Server::Start(*o);

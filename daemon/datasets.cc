@@ -36,13 +36,11 @@ struct DatasetRegistry::Entry {
 DatasetRegistry::DatasetRegistry() = default;
 DatasetRegistry::~DatasetRegistry() = default;
 
-Status DatasetRegistry::Add(const std::string& spec, const std::vector<std::string>& fields) {
+Status DatasetRegistry::Add(const std::string& spec, OpenOptions open) {
   auto e = std::make_unique<Entry>();
   e->name = spec;
   e->shared = std::make_shared<loader::SharedChunks>();
-  OpenOptions open;
-  open.fields = fields;
-  if (!fields.empty() || IsMultiFileSpec(spec)) {
+  if (!open.fields.empty() || IsMultiFileSpec(spec)) {
     auto fs = FieldSource::Open(spec, open);
     if (!fs.ok()) return fs.status();
     e->source = std::move(*fs);

@@ -1,4 +1,5 @@
-// The datasets a daemon serves (`gpufeed serve --data ... [--field ...]`):
+// The datasets a daemon serves (`gpufeed serve --data ... [--field ...]
+// [--no-sample-axis]`):
 // each opened once at Start as the local Loader would open it — a Dataset, a
 // FieldSource (named fields, many files), or encoded images — with the
 // decoded-chunk sharing of its streams. Internal to daemon/.
@@ -45,9 +46,11 @@ class DatasetRegistry {
   DatasetRegistry& operator=(const DatasetRegistry&) = delete;
 
   // At Start, before any Find: opens `spec` (its name for clients) with
-  // named `fields` ("NAME=/path"; empty: the single array, or encoded
-  // images). Errors as Dataset::Open / FieldSource::Open / OpenEncodedImages.
-  Status Add(const std::string& spec, const std::vector<std::string>& fields);
+  // `open` as the local Loader would (OpenBatchSource): named fields
+  // (open.fields, "NAME=/path"; empty: the single array, or encoded images),
+  // open.no_sample_axis. Errors as Dataset::Open / FieldSource::Open /
+  // OpenEncodedImages.
+  Status Add(const std::string& spec, OpenOptions open);
 
   // What one stream reads.
   struct Stream {

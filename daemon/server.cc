@@ -25,6 +25,7 @@
 #include "daemon/server_core.h"
 #include "daemon/session.h"
 #include "daemon/token.h"
+#include "gpufeed/dataset.h"
 
 namespace gpufeed {
 
@@ -304,9 +305,14 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   if (o.fields.size() > o.data.size()) {
     return Status::InvalidArgument("serve: named fields (--field) given before any --data they would belong to");
   }
+  if (o.no_sample_axis.size() > o.data.size()) {
+    return Status::InvalidArgument("serve: --no-sample-axis given before any --data it would belong to");
+  }
   for (size_t i = 0; i < o.data.size(); ++i) {
-    GPUFEED_RETURN_IF_ERROR(
-        core.datasets.Add(o.data[i], i < o.fields.size() ? o.fields[i] : std::vector<std::string>{}));
+    OpenOptions open;
+    if (i < o.fields.size()) open.fields = o.fields[i];
+    open.no_sample_axis = i < o.no_sample_axis.size() && o.no_sample_axis[i];
+    GPUFEED_RETURN_IF_ERROR(core.datasets.Add(o.data[i], std::move(open)));
   }
   GPUFEED_RETURN_IF_ERROR(impl->Bind());
   Status st = o.metrics_listen.empty() ? Status::Ok() : impl->metrics.Bind(o.metrics_listen);

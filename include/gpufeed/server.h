@@ -77,6 +77,11 @@ struct ServerOptions {
   // batches carry them (OpenOptions::fields; CLI: each --field after its
   // --data). Missing or empty: none. Longer than data: refused.
   std::vector<std::vector<std::string>> fields;
+  // no_sample_axis[i]: each file of data[i] holds one sample whose datasets
+  // have no sample axis, as DeepCAM's reference files do
+  // (OpenOptions::no_sample_axis; CLI: --no-sample-axis after its --data).
+  // Missing: false. Longer than data: refused.
+  std::vector<bool> no_sample_axis;
   // "unix:PATH" (created with mode 0600; a stale socket file is replaced) or
   // "tcp://HOST:PORT" (HOST empty: 127.0.0.1; port 0: any free port).
   std::string listen = "unix:/tmp/gpufeed.sock";

@@ -11,6 +11,7 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -79,24 +80,32 @@ struct FieldDef {
   hsize_t chunk;  // samples per HDF5 chunk; 0: contiguous
 };
 
-// Field f of sample k: index-valued bytes (testing::FillIndexSamples) of the
-// field's size, so each row names its sample.
-void WriteFields(const std::string& path, const std::vector<FieldDef>& defs, uint64_t n) {
+// Samples [first, first + n) of every field: index-valued bytes
+// (testing::FillIndexSamples) of the field's size, so each row names its
+// sample. no_axis: one sample (n == 1) stored without the sample axis, as
+// DeepCAM's reference files are (a chunked field is then one chunk; a
+// scalar is contiguous).
+void WriteFields(const std::string& path, const std::vector<FieldDef>& defs, uint64_t n, uint64_t first = 0,
+                 bool no_axis = false) {
+  if (no_axis) ASSERT_EQ(n, 1u);
   hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   ASSERT_GE(file, 0);
   for (const FieldDef& d : defs) {
-    std::vector<hsize_t> dims{n};
+    std::vector<hsize_t> dims;
+    if (!no_axis) dims.push_back(n);
     dims.insert(dims.end(), d.sample_shape.begin(), d.sample_shape.end());
-    auto bytes = testing::IndexSamples(n, d.sample_bytes);
+    std::vector<std::byte> bytes(n * d.sample_bytes);
+    testing::FillIndexSamples(first, n, d.sample_bytes, bytes);
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5Pset_create_intermediate_group(lcpl, 1);
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    if (d.chunk > 0) {
+    if (d.chunk > 0 && !dims.empty()) {
       std::vector<hsize_t> c = dims;
-      c[0] = d.chunk;
+      if (!no_axis) c[0] = d.chunk;
       H5Pset_chunk(dcpl, static_cast<int>(c.size()), c.data());
     }
-    hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+    hid_t space =
+        dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
     hid_t ds = H5Dcreate2(file, d.path.c_str(), d.type, space, lcpl, dcpl, H5P_DEFAULT);
     ASSERT_GE(ds, 0) << d.path;
     ASSERT_GE(H5Dwrite(ds, d.type, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()), 0);
@@ -248,6 +257,91 @@ TEST_F(DaemonFieldsTest, FieldsBeforeAnyDataAreRefusedAtStart) {
   auto missing = Server::Start(o);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/missing"), std::string::npos) << missing.status().message();
+}
+
+// DeepCAM's reference files hold one sample each, without a sample axis
+// (/climate/data is [768, 1152, 16]). Served with no_sample_axis (CLI:
+// --no-sample-axis after their --data), each file is one sample: every
+// sample arrives once and every batch equals the local Loader's opened with
+// OpenOptions::no_sample_axis. Without it the daemon does not start, and the
+// error (the /id field is a scalar) names the option.
+TEST_F(DaemonFieldsTest, FilesWithoutASampleAxisAreOneSampleEach) {
+  constexpr uint64_t kFiles = 23;  // not a multiple of the batch
+  const std::string ref = dir_ + "/ref";
+  fs::create_directories(ref);
+  for (uint64_t k = 0; k < kFiles; ++k) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/r_%03d.h5", static_cast<int>(k));
+    WriteFields(ref + name, defs_, 1, k, /*no_axis=*/true);
+  }
+  const std::string spec = ref + "/r_*.h5";
+  ServerOptions o = Options("unix:" + dir_ + "/d.sock");
+  o.data = {data_, spec};
+  o.fields = {specs_, specs_};
+  auto refused = Server::Start(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--no-sample-axis"), std::string::npos) << refused.status().ToString();
+  o.no_sample_axis = {false, true};  // per dataset: data_ has its sample axis
+  auto server = Server::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+
+  OpenOptions oo;
+  oo.fields = specs_;
+  oo.no_sample_axis = true;
+  auto local_src = FieldSource::Open(spec, oo);
+  ASSERT_TRUE(local_src.ok()) << local_src.status().ToString();
+  ASSERT_EQ((*local_src)->num_samples(), kFiles);
+  for (bool shm : {true, false}) {
+    for (Order order : {Order::kRandom, Order::kBlock}) {
+      const LoaderOptions lo = Stream(order);
+      Loader local(**local_src, lo);
+      auto want = Epoch(local, 1);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      RemoteLoaderOptions ro;
+      ro.address = (*server)->endpoint();
+      ro.dataset = spec;
+      ro.token = "tok";
+      ro.loader = lo;
+      ro.shared_memory = shm;
+      ro.io_timeout_ms = 10000;
+      auto remote = RemoteLoader::Connect(ro);
+      ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+      ExpectSameFields((*remote)->info().fields, local.info().fields);
+      EXPECT_EQ((*remote)->info().num_samples, kFiles);
+      EXPECT_EQ((*remote)->info().fields[0].sample_shape, (std::vector<uint64_t>{2, 3, 4}));
+      EXPECT_TRUE((*remote)->info().fields[3].sample_shape.empty());  // /id: a scalar sample
+      auto got = Epoch(**remote, 1);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_TRUE(*got == *want) << (shm ? "shm" : "socket") << " order " << OrderName(order);
+      // Each file is one sample, delivered once, every field's row its bytes.
+      std::vector<int> seen(kFiles, 0);
+      for (const Copy& c : *got) {
+        for (size_t i = 0; i < c.indices.size(); ++i) {
+          ASSERT_LT(c.indices[i], kFiles);
+          ++seen[c.indices[i]];
+          for (size_t f = 0; f < defs_.size(); ++f) {
+            auto row = std::span(c.fields[f]).subspan(i * defs_[f].sample_bytes, defs_[f].sample_bytes);
+            ASSERT_EQ(testing::SampleIndexOf(row), static_cast<int64_t>(c.indices[i])) << defs_[f].name;
+          }
+        }
+      }
+      EXPECT_EQ(seen, std::vector<int>(kFiles, 1));
+    }
+  }
+  // The daemon's other dataset keeps its sample axis.
+  RemoteLoaderOptions ro;
+  ro.address = (*server)->endpoint();
+  ro.dataset = data_;
+  ro.token = "tok";
+  ro.loader = Stream(Order::kSequential);
+  auto plain = RemoteLoader::Connect(ro);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ((*plain)->info().num_samples, kN);
+  // More flags than datasets: refused, naming the option.
+  o.no_sample_axis = {false, true, true};
+  auto extra = Server::Start(o);
+  ASSERT_FALSE(extra.ok());
+  EXPECT_NE(extra.status().message().find("--no-sample-axis"), std::string::npos) << extra.status().ToString();
 }
 
 // ---------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Named fields and many-file datasets through gpufeed.Loader, against h5py:
 every sample once, every field byte-identical and aligned (row k of every
 field is the same sample), as a tuple or a dict, and clear errors."""
+import subprocess
+
 import h5py
 import numpy as np
 import pytest
@@ -100,14 +102,20 @@ def test_many_samples_per_file_sharded_disjoint_and_complete(many_per_file, worl
     assert (seen <= 1).all() and seen.sum() == per_rank * world
 
 
+def write_reference_layout(d):
+    """DeepCAM's reference layout in `d`: r_K.h5 holds sample K, its
+    /climate/data [H, W, C] and /climate/labels_0 [H, W] without a sample axis."""
+    for k in range(N_FILES):
+        data, mask, _ = field_values(k)
+        with h5py.File(d / ("r_%03d.h5" % k), "w") as f:
+            f.create_dataset("climate/data", data=data.transpose(1, 2, 0), chunks=(2, 3, 1), compression="gzip")
+            f.create_dataset("climate/labels_0", data=mask)
+
+
 def test_files_without_a_sample_axis_as_deepcam_stores_them(tmp_path):
     """DeepCAM's reference files: /climate/data [H, W, C] and
     /climate/labels_0 [H, W], one sample per file and no sample axis."""
-    for k in range(N_FILES):
-        data, mask, _ = field_values(k)
-        with h5py.File(tmp_path / ("r_%03d.h5" % k), "w") as f:
-            f.create_dataset("climate/data", data=data.transpose(1, 2, 0), chunks=(2, 3, 1), compression="gzip")
-            f.create_dataset("climate/labels_0", data=mask)
+    write_reference_layout(tmp_path)
     loader = gpufeed.Loader(str(tmp_path / "r_*.h5"), fields=["data=/climate/data", "mask=/climate/labels_0"],
                             no_sample_axis=True, batch_size=4, order="random", seed=5, output="numpy")
     seen = np.zeros(N_FILES, dtype=int)
@@ -122,6 +130,40 @@ def test_files_without_a_sample_axis_as_deepcam_stores_them(tmp_path):
             assert np.array_equal(data[row], want_data.transpose(1, 2, 0))
             assert np.array_equal(mask[row], want_mask)
     assert (seen == 1).all(), seen
+
+
+def test_files_without_a_sample_axis_through_the_daemon(per_file_dir, gpufeed_cli, tmp_path):
+    """`gpufeed serve --data REF --field ... --no-sample-axis`: the flag
+    belongs to the --data before it (the other dataset keeps its sample
+    axis); a client gets each reference file as one sample, the batches of a
+    local Loader with no_sample_axis=True. Before any --data it is refused."""
+    from conftest import serve
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    write_reference_layout(ref_dir)
+    ref, per_file = str(ref_dir / "r_*.h5"), str(per_file_dir / "*.h5")
+    ref_spec = ["data=/climate/data", "mask=/climate/labels_0"]
+    args = ["--data", per_file] + sum((["--field", s] for s in SPEC), []) + \
+           ["--data", ref] + sum((["--field", s] for s in ref_spec), []) + ["--no-sample-axis"]
+    opts = dict(batch_size=4, order="random", seed=5, threads=2, prefetch=2, output="numpy")
+    with serve(gpufeed_cli, args, tmp_path / "d.sock") as address:
+        local = [tuple(a.copy() for a in b) for b in gpufeed.Loader(ref, fields=ref_spec, no_sample_axis=True, **opts)]
+        remote = [tuple(a.copy() for a in b) for b in gpufeed.Loader(address, dataset=ref, fields=ref_spec, **opts)]
+        assert len(remote) == len(local) > 1
+        seen = np.zeros(N_FILES, dtype=int)
+        for want, (data, mask) in zip(local, remote):
+            assert data.shape[1:] == (4, 3, 2) and mask.shape[1:] == (4, 3)
+            assert np.array_equal(data, want[0]) and np.array_equal(mask, want[1])
+            for row in range(data.shape[0]):
+                k = int(data[row, 0, 0, 0]) // 100
+                seen[k] += 1
+                assert np.array_equal(data[row], field_values(k)[0].transpose(1, 2, 0))
+        assert (seen == 1).all(), seen
+        first = next(iter(gpufeed.Loader(address, dataset=per_file, fields=SPEC, **opts)))
+        assert first[0].shape == (4, 2, 4, 3)  # the first --data keeps its sample axis
+    p = subprocess.run([gpufeed_cli, "serve", "--no-sample-axis", "--data", ref, "--listen",
+                        "unix:" + str(tmp_path / "e.sock")], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "--no-sample-axis comes before any --data" in p.stderr, p.stderr
 
 
 def test_feed_gives_a_class_field_as_the_labels(tmp_path):
