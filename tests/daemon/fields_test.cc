@@ -87,7 +87,9 @@ struct FieldDef {
 // scalar is contiguous).
 void WriteFields(const std::string& path, const std::vector<FieldDef>& defs, uint64_t n, uint64_t first = 0,
                  bool no_axis = false) {
-  if (no_axis) ASSERT_EQ(n, 1u);
+  if (no_axis) {
+    ASSERT_EQ(n, 1u);
+  }
   hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   ASSERT_GE(file, 0);
   for (const FieldDef& d : defs) {
