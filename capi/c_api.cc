@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -124,6 +125,34 @@ struct FeedState {
   std::unique_ptr<gpufeed::GpuFeeder> feeder;  // GUARDED_BY(mu) for Next/Release
 };
 
+// Host batches released after a stream (gpufeed_batch_set_release_stream):
+// a non_blocking copy of a tensor to the GPU may still be reading its slot
+// when the tensor is freed, so the slot goes back to the pool from a
+// callback the stream runs after that copy. The count is shared with the
+// callbacks, which may outlive a Core that gave up waiting for them.
+struct DeferredReleases {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t pending = 0;  // GUARDED_BY(mu)
+};
+struct PendingRelease {
+  Batch batch;
+  std::shared_ptr<DeferredReleases> gate;
+};
+// The stream callback: no CUDA call here (cudaLaunchHostFunc's rule); the
+// pool's Release only takes its mutex.
+void RunPendingRelease(void* p) {
+  std::unique_ptr<PendingRelease> r(static_cast<PendingRelease*>(p));
+  std::shared_ptr<DeferredReleases> gate = r->gate;
+  r.reset();  // the slot goes back to its pool
+  {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    --gate->pending;
+  }
+  gate->cv.notify_all();
+}
+constexpr auto kDeferredReleaseWait = std::chrono::seconds(30);
+
 // What one fetch produced.
 struct Fetched {
   Status status;
@@ -154,6 +183,22 @@ struct Core {
   std::optional<gpufeed::EpochStream> stream;
   std::shared_ptr<FeedState> feed_state;
   std::unique_ptr<gpufeed::gpu::DeviceOps> device_ops;  // stream waits for device batches
+  // Host batches' release after a stream: CUDA ops made on first use (null
+  // where there is no CUDA), and the callbacks still pending.
+  std::mutex release_ops_mu;
+  bool release_ops_tried = false;                        // GUARDED_BY(release_ops_mu)
+  std::unique_ptr<gpufeed::gpu::DeviceOps> release_ops;  // set once, then read-only
+  const std::shared_ptr<DeferredReleases> deferred = std::make_shared<DeferredReleases>();
+
+  gpufeed::gpu::DeviceOps* ReleaseOps() {
+    std::lock_guard<std::mutex> lock(release_ops_mu);
+    if (!release_ops_tried) {
+      release_ops_tried = true;
+      auto ops = gpufeed::gpu::MakeCudaOps(gpufeed::gpu::kCurrentDevice);
+      if (ops.ok()) release_ops = std::move(*ops);
+    }
+    return release_ops.get();
+  }
 
   // The fetch thread's mailbox (the analysis checks the annotations under
   // clang: common/mutex.h).
@@ -167,6 +212,20 @@ struct Core {
   std::thread fetcher;
 
   ~Core() {
+    // Slots still read by copies on a stream go back to the pool first. A
+    // stream stuck past the bound (a hung GPU) would have its callbacks
+    // release into freed memory: the loader is left allocated instead.
+    bool abandoned = false;
+    {
+      std::unique_lock<std::mutex> lock(deferred->mu);
+      abandoned = !deferred->cv.wait_for(lock, kDeferredReleaseWait, [&] { return deferred->pending == 0; });
+    }
+    if (abandoned) {
+      std::fprintf(stderr,
+                   "gpufeed: %s: a CUDA stream has not reached the copies of released host batches in %d s; "
+                   "leaving the loader's memory allocated\n",
+                   name.c_str(), static_cast<int>(kDeferredReleaseWait.count()));
+    }
     {
       gpufeed::MutexLock lock(&mu);
       quit = true;
@@ -176,6 +235,11 @@ struct Core {
     {
       gpufeed::MutexLock lock(&mu);
       result = Fetched();
+    }
+    if (abandoned) {
+      (void)new std::optional<gpufeed::EpochStream>(std::move(stream));  // never freed: see above
+      (void)opened.release();
+      return;
     }
     feed_state.reset();
     stream.reset();
@@ -276,6 +340,7 @@ struct gpufeed_batch {
   std::optional<Batch> host;
   std::optional<DeviceBatch> device;
   std::atomic<void*> release_stream{nullptr};
+  std::atomic<bool> host_release_stream{false};  // set for a host batch: release after the stream
   uint64_t epoch = 0, index = 0, size = 0;
   DLDevice dl_device{kDLCPU, 0};
   std::vector<Array> arrays;
@@ -289,6 +354,22 @@ struct gpufeed_batch {
       device.reset();
     }
     if (host) {
+      gpufeed::gpu::DeviceOps* ops = host_release_stream.load() ? core->release_ops.get() : nullptr;
+      if (ops != nullptr) {
+        void* stream = release_stream.load();
+        auto r = std::make_unique<PendingRelease>(PendingRelease{std::move(*host), core->deferred});
+        host.reset();
+        {
+          std::lock_guard<std::mutex> lock(core->deferred->mu);
+          ++core->deferred->pending;
+        }
+        if (ops->LaunchHostFunc(stream, RunPendingRelease, r.get()).ok()) {
+          (void)r.release();  // RunPendingRelease owns it now
+        } else {
+          (void)ops->StreamSync(stream);  // no callback: wait here instead
+          RunPendingRelease(r.release());
+        }
+      }
       host.reset();
       core->held_host.fetch_sub(1, std::memory_order_relaxed);
     }
@@ -831,7 +912,16 @@ gpufeed_code gpufeed_batch_wait_stream(gpufeed_batch* b, void* stream, gpufeed_e
   });
 }
 
-void gpufeed_batch_set_release_stream(gpufeed_batch* b, void* stream) { b->release_stream.store(stream); }
+void gpufeed_batch_set_release_stream(gpufeed_batch* b, void* stream) {
+  b->release_stream.store(stream);
+  if (b->host) {
+    try {
+      b->host_release_stream.store(b->core->ReleaseOps() != nullptr);
+    } catch (...) {
+      // Without ops the slot is released at once, as without a stream.
+    }
+  }
+}
 
 void gpufeed_batch_destroy(gpufeed_batch* b) {
   if (b == nullptr) return;

@@ -46,9 +46,14 @@ class DeviceOps {
   // Transform's samples of the same params.
   virtual Status GatherRows(const TransformParams& p, const uint8_t* src, uint64_t row_bytes, void* dst,
                             void* stream) = 0;
+  // Runs fn(data) on a runtime thread once the work queued on `stream` so far
+  // has run (cudaLaunchHostFunc; on the CPU: now). fn must not call CUDA.
+  virtual Status LaunchHostFunc(void* stream, void (*fn)(void*), void* data) = 0;
 };
 
 std::unique_ptr<DeviceOps> MakeCpuOps();
+// MakeCudaOps' device for "the calling thread's current device", left as it is.
+constexpr int kCurrentDevice = -1;
 // Fails with a Status naming the CUDA error (no driver, no such device).
 // In a build without CUDA: Unsupported.
 Result<std::unique_ptr<DeviceOps>> MakeCudaOps(int device);

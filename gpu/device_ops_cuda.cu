@@ -74,6 +74,10 @@ class CudaOps final : public DeviceOps {
                     void* stream) override {
     return GatherRowsGpu(p, src, row_bytes, dst, stream);
   }
+  Status LaunchHostFunc(void* stream, void (*fn)(void*), void* data) override {
+    GPUFEED_CUDA_RETURN(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), fn, data));
+    return Status::Ok();
+  }
 
  private:
   int device_;
@@ -88,6 +92,10 @@ Result<std::unique_ptr<DeviceOps>> MakeCudaOps(int device) {
     cudaGetLastError();
     return Status::Unsupported(std::string("no CUDA device: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
                                ")");
+  }
+  if (device == kCurrentDevice) {
+    GPUFEED_CUDA_RETURN(cudaGetDevice(&device));
+    return std::unique_ptr<DeviceOps>(std::make_unique<CudaOps>(device));
   }
   if (device < 0 || device >= n) {
     return Status::InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +

@@ -52,8 +52,8 @@ def run(gpufeed, torch, a, feed):
                 x = (x.to(dev, non_blocking=True).float() - mean) * inv_std
                 y = y.to(dev, non_blocking=True)
             # Voxel 0 of channel 0 is k: (k - 1) / 2 exactly in fp32.
-            ks_x.append(x[:, 0, 0, 0, 0] * STD[0] + MEAN[0])
-            ks_y.append(y[:, 0])
+            ks_x.append(x[:, 0, 0, 0, 0] * STD[0] + MEAN[0])  # a new tensor: x's slot goes back
+            ks_y.append(y[:, 0].clone())  # a view would hold the batch's slot
         sync()
         dt = time.perf_counter() - t0
         kx = torch.cat(ks_x).round().long().cpu()

@@ -37,9 +37,10 @@
  * never by a fixed count), each exported as a DLPack 0.6 DLManagedTensor
  * (Debian's libdlpack-dev, dlpack/dlpack.h) that views gpufeed's buffer. The
  * buffer is gpufeed's pool slot: it is reused only when the batch handle and
- * every tensor exported from it are released. Device batches (the GPU feed)
- * return their slot after the work queued on their release stream (see
- * gpufeed_batch_set_release_stream) at the time of the last release.
+ * every tensor exported from it are released. Device batches (the GPU feed),
+ * and host batches given a release stream, return their slot after the work
+ * queued on that stream (gpufeed_batch_set_release_stream) at the time of
+ * the last release.
  */
 #ifndef GPUFEED_C_API_H_
 #define GPUFEED_C_API_H_
@@ -310,10 +311,15 @@ GPUFEED_C_EXPORT void gpufeed_dlpack_delete(DLManagedTensor* t);
  * stream) wait on the device for the batch's transform (an event wait, no
  * host synchronization). A no-op for host batches. */
 GPUFEED_C_EXPORT gpufeed_code gpufeed_batch_wait_stream(gpufeed_batch* b, void* stream, gpufeed_error** error);
-/* Device batches: the slot is reused only after the work queued on `stream`
- * when the batch's last reference is released (default: the legacy default
- * stream). Set it to the stream that reads the tensors. No-op for host
- * batches. */
+/* The slot is reused only after the work queued on `stream` (a
+ * cudaStream_t; NULL: the legacy default stream) when the batch's last
+ * reference is released. Device batches: the default is the legacy default
+ * stream; set it to the stream that reads the tensors. Host batches: the
+ * default is to release at once; set it to the stream on which the tensors
+ * are copied to a GPU asynchronously (torch's x.cuda(non_blocking=True) from
+ * this pinned memory), or the loader may refill the slot while the copy
+ * still reads it. Copies queued on other streams are not covered. Without
+ * CUDA (a CPU build, no device) a host batch is released at once. */
 GPUFEED_C_EXPORT void gpufeed_batch_set_release_stream(gpufeed_batch* b, void* stream);
 
 /* Releases the caller's handle. Tensors exported from the batch stay valid.

@@ -8,7 +8,10 @@ Contracts (docs/python.md has them in full):
 - Streams: on device="cuda" each batch is made ready on torch's current
   stream when it is yielded (an event wait queued on that stream, no host
   synchronization), and its slot is reused only after the work queued on
-  that stream by the time its last tensor is freed.
+  that stream by the time its last tensor is freed. Host batches (torch
+  output) once torch has initialized CUDA: likewise, so that
+  x.cuda(non_blocking=True) on the current stream may outlive x; copies on
+  another stream must finish (or keep x) before x is freed.
 - Threads: iterate a Loader from one thread. The blocking wait runs in the
   library with the GIL released, in slices of `poll_ms`, so Ctrl-C raises
   KeyboardInterrupt within that time and other threads keep running.
@@ -181,6 +184,7 @@ class Loader:
         self._echo = int(echo) if feed else 1
         self._output = _pick_output(output)
         self._cuda_index = index if kind == "cuda" else None
+        self._host_batches = not feed
         self._poll_ms = int(poll_ms)
         values = {
             "batch_size": batch_size, "order": order, "seed": seed, "threads": threads, "prefetch": prefetch,
@@ -404,6 +408,12 @@ class Loader:
                 if self._cuda_index is not None and lib.gpufeed_loader_on_gpu(self._h()):
                     stream = self._torch.cuda.current_stream(self._cuda_index).cuda_stream or None
                     _lib.check(lib.gpufeed_batch_wait_stream(handle, stream, ctypes.byref(err)), err)
+                    lib.gpufeed_batch_set_release_stream(handle, stream)
+                elif self._host_batches and self._torch.cuda.is_initialized():
+                    # x.cuda(non_blocking=True) copies from this pinned slot
+                    # after the tensor may be gone: the slot goes back to the
+                    # pool only when the current stream has run that copy.
+                    stream = self._torch.cuda.current_stream().cuda_stream or None
                     lib.gpufeed_batch_set_release_stream(handle, stream)
                 for name, i in self._array_indexes(handle, names):
                     managed = export(handle, i, ctypes.byref(err))

@@ -1,0 +1,80 @@
+"""Host batches copied to a GPU with x.cuda(non_blocking=True), the tensor
+freed before the copy runs: the copy must still read the batch it was given.
+
+gpufeed's host batches view its pinned pool; freeing the last tensor returns
+the slot, which the loader refills at once. An asynchronous copy queued
+behind other GPU work would then read the next batch's bytes, silently. The
+Python Loader gives each host batch torch's current stream as its release
+stream once torch has initialized CUDA, so the slot goes back only after
+that stream has run the copy (gpufeed_batch_set_release_stream).
+
+Needs a GPU (skips without one). Runs under pytest, or as a script on a host
+without h5py or pytest (the GPU host):
+
+  PYTHONPATH=dist/gpufeed/python python3 tests/python/test_gpu_host_copies.py dist/gpufeed/bin/gpufeed
+
+which also runs the same loop with the release stream switched off and
+reports how many rows came out wrong, to show the check can fail.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the developer machine has torch
+    torch = None
+
+N, BATCH = 1200, 16
+
+
+def make_file(cli, directory):
+    """celeba-raw from `gpufeed bench gen`: the first 8 bytes of sample k hold k."""
+    path = os.path.join(directory, "raw.h5")
+    subprocess.run([cli, "bench", "gen", "--workload", "celeba-raw", "--samples", str(N), "-o", path], check=True,
+                   stdout=subprocess.DEVNULL)
+    return path
+
+
+def wrong_rows(gpufeed, path):
+    """Copies every batch with non_blocking=True behind ~5 ms of GPU sleep and
+    frees it at once; returns how many rows hold another sample's bytes."""
+    loader = gpufeed.Loader(path, batch_size=BATCH, order="sequential", threads=4, prefetch=2, pin_memory=True,
+                            output="torch", trust_files=True)
+    torch.cuda.init()
+    heads = []
+    for images, labels in loader:
+        torch.cuda._sleep(10_000_000)  # the copy below waits on the GPU behind this
+        heads.append(images.cuda(non_blocking=True).reshape(images.shape[0], -1)[:, :8])
+        del images, labels  # the batch's host tensors go now; the copy has not run yet
+    torch.cuda.synchronize()
+    loader.close()
+    got = torch.cat(heads).cpu().to(torch.int64)
+    index = sum(got[:, b] << (8 * b) for b in range(8))
+    assert index.shape[0] == N
+    return int((index != torch.arange(N)).sum())
+
+
+def test_non_blocking_copies_of_freed_host_batches_read_their_own_batch(gpufeed_cli, tmp_path):
+    import pytest
+    if torch is None or not torch.cuda.is_available():
+        pytest.skip("no CUDA device for torch here; this runs on the GPU host")
+    import gpufeed
+    assert wrong_rows(gpufeed, make_file(gpufeed_cli, str(tmp_path))) == 0
+
+
+if __name__ == "__main__":
+    if torch is None or not torch.cuda.is_available():
+        print("no CUDA device for torch: nothing checked")
+        sys.exit(0)
+    import gpufeed
+    from gpufeed._lib import lib
+    with tempfile.TemporaryDirectory() as d:
+        path = make_file(sys.argv[1] if len(sys.argv) > 1 else "gpufeed", d)
+        fixed = wrong_rows(gpufeed, path)
+        print("with the release stream: %d of %d rows wrong" % (fixed, N))
+        lib.gpufeed_batch_set_release_stream = lambda *args: None  # what gpufeed did before
+        unfixed = wrong_rows(gpufeed, path)
+        print("without it: %d of %d rows wrong%s" % (unfixed, N, "" if unfixed else " (the check saw no hazard)"))
+    sys.exit(1 if fixed else 0)
