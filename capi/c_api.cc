@@ -354,7 +354,15 @@ struct gpufeed_batch {
       device.reset();
     }
     if (host) {
-      gpufeed::gpu::DeviceOps* ops = host_release_stream.load() ? core->release_ops.get() : nullptr;
+      // A pinned host batch is released after its release stream, by default
+      // the legacy default stream (torch's default): an asynchronous copy
+      // from pageable memory cannot outlive the call that queued it.
+      gpufeed::gpu::DeviceOps* ops = nullptr;
+      if (host_release_stream.load()) {
+        ops = core->release_ops.get();
+      } else if (host->pinned()) {
+        ops = core->ReleaseOps();
+      }
       if (ops != nullptr) {
         void* stream = release_stream.load();
         auto r = std::make_unique<PendingRelease>(PendingRelease{std::move(*host), core->deferred});

@@ -314,12 +314,13 @@ GPUFEED_C_EXPORT gpufeed_code gpufeed_batch_wait_stream(gpufeed_batch* b, void* 
 /* The slot is reused only after the work queued on `stream` (a
  * cudaStream_t; NULL: the legacy default stream) when the batch's last
  * reference is released. Device batches: the default is the legacy default
- * stream; set it to the stream that reads the tensors. Host batches: the
- * default is to release at once; set it to the stream on which the tensors
- * are copied to a GPU asynchronously (torch's x.cuda(non_blocking=True) from
- * this pinned memory), or the loader may refill the slot while the copy
- * still reads it. Copies queued on other streams are not covered. Without
- * CUDA (a CPU build, no device) a host batch is released at once. */
+ * stream; set it to the stream that reads the tensors. Host batches in
+ * pinned memory: the default is the legacy default stream too, so that an
+ * asynchronous copy to a GPU queued there (torch's x.cuda(non_blocking=True)
+ * on its default stream) still reads this batch after its tensor is freed;
+ * set it to the stream that copies them if that is another one (copies on
+ * streams not named are not covered). Host batches in pageable memory, or
+ * without CUDA (a CPU build, no device), are released at once. */
 GPUFEED_C_EXPORT void gpufeed_batch_set_release_stream(gpufeed_batch* b, void* stream);
 
 /* Releases the caller's handle. Tensors exported from the batch stay valid.
