@@ -42,8 +42,8 @@ void WriteMsg(int fd, char tag, uint32_t index) {
 
 // The child: opens each file of [first, last) as Dataset::Open does, then
 // _exit(0). Never returns.
-[[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
-                            const ProbeOptions& options) {
+// A forked child about to let HDF5 parse a file that may crash or hang it.
+void BecomeSacrificialChild() {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the parent
   struct rlimit no_core {
     0, 0
@@ -52,6 +52,30 @@ void WriteMsg(int fd, char tag, uint32_t index) {
   // glibc's and HDF5's last words ("malloc(): corrupted top size") would
   // only confuse the parent's clear error.
   if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDERR_FILENO);
+}
+
+// pipe + fork: in the parent, the child's pid and the pipe's read end; in
+// the child (pid 0), the write end, with the read end closed.
+struct Forked {
+  pid_t pid = -1;
+  int fd = -1;
+};
+Result<Forked> ForkWithPipe(const char* what) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IOError(std::string(what) + ": pipe: " + std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Status::IOError(std::string(what) + ": fork: " + std::strerror(errno));
+  }
+  ::close(fds[pid == 0 ? 0 : 1]);
+  return Forked{pid, fds[pid == 0 ? 1 : 0]};
+}
+
+[[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
+                            const ProbeOptions& options) {
+  BecomeSacrificialChild();
   OpenOptions o = options.open;
   o.trust_files = true;
   for (size_t i = first; i < last; ++i) {
@@ -112,22 +136,12 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
   }
   std::vector<Child> live;
   auto spawn = [&](size_t first, size_t last) -> Status {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IOError(std::string("probe: pipe: ") + std::strerror(errno));
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      ::close(fds[0]);
-      ::close(fds[1]);
-      return Status::IOError(std::string("probe: fork: ") + std::strerror(errno));
-    }
-    if (pid == 0) {
-      ::close(fds[0]);
-      ChildMain(fds[1], specs, first, last, options);
-    }
-    ::close(fds[1]);
+    auto forked = ForkWithPipe("probe");
+    if (!forked.ok()) return forked.status();
+    if (forked->pid == 0) ChildMain(forked->fd, specs, first, last, options);
     Child c;
-    c.pid = pid;
-    c.fd = fds[0];
+    c.pid = forked->pid;
+    c.fd = forked->fd;
     c.next = first;
     c.last = last;
     c.file_start = Clock::now();
@@ -221,22 +235,12 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
 }
 
 Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, int timeout_ms, size_t max_bytes) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IOError(std::string("list datasets: pipe: ") + std::strerror(errno));
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return Status::IOError(std::string("list datasets: fork: ") + std::strerror(errno));
-  }
+  auto forked = ForkWithPipe("list datasets");
+  if (!forked.ok()) return forked.status();
+  const pid_t pid = forked->pid;
+  const int fd = forked->fd;
   if (pid == 0) {
-    ::close(fds[0]);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    struct rlimit no_core {
-      0, 0
-    };
-    ::setrlimit(RLIMIT_CORE, &no_core);
-    if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDERR_FILENO);
+    BecomeSacrificialChild();
     const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     std::string names;  // NUL-terminated names: HDF5 allows newlines in them
     if (f >= 0) {
@@ -247,14 +251,13 @@ Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, i
       }
     }
     for (size_t off = 0; off < names.size();) {
-      const ssize_t w = ::write(fds[1], names.data() + off, names.size() - off);
+      const ssize_t w = ::write(fd, names.data() + off, names.size() - off);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) break;
       off += static_cast<size_t>(w);
     }
     ::_exit(0);  // no H5Fclose: closing a hostile file has crashed HDF5 too, and the answer is out
   }
-  ::close(fds[1]);
   std::string got;
   bool timed_out = false;
   const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(1, timeout_ms));
@@ -264,7 +267,7 @@ Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, i
       timed_out = true;
       break;
     }
-    pollfd one{fds[0], POLLIN, 0};
+    pollfd one{fd, POLLIN, 0};
     const int r = ::poll(&one, 1, static_cast<int>(left));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
@@ -272,7 +275,7 @@ Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, i
       break;
     }
     char buf[4096];
-    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // EOF: the child is done (or died)
     if (got.size() < max_bytes) got.append(buf, static_cast<size_t>(std::min<size_t>(n, max_bytes - got.size())));
@@ -281,7 +284,7 @@ Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, i
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  ::close(fds[0]);
+  ::close(fd);
   if (timed_out) {
     return Status::Corrupt(file + ": HDF5 did not finish listing this file's datasets within " +
                            std::to_string(timeout_ms) + " ms (in a child process): damaged or hostile file");

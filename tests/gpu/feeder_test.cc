@@ -345,171 +345,6 @@ TEST_P(FeederTest, Float32SamplesAreNormalizedAsStored) {
   EXPECT_EQ(seen, 37u);
 }
 
-// Two named fields, planar in each read unit: "image" float32 [1, H, W] and
-// "mask" int32 [H, W], both pixel (y, x) of sample k = k * 10000 + y * 100 +
-// x + 1, so the feed's image and mask outputs must be equal element for
-// element whatever crop and flip they got.
-class ImageMaskSource : public InMemorySource {
- public:
-  static constexpr int kH = 6, kW = 7;
-  ImageMaskSource(uint64_t n, uint64_t k) : InMemorySource(n, kH * kW * 8, k), n_(n), k_(k), shape_{kH * kW * 8} {}
-  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
-  std::vector<FieldInfo> fields() const override {
-    FieldInfo a, b;
-    a.name = "image";
-    a.dtype = DType::kFloat32;
-    a.sample_shape = {1, kH, kW};
-    a.sample_bytes = kH * kW * 4;
-    b.name = "mask";
-    b.dtype = DType::kInt32;
-    b.sample_shape = {kH, kW};
-    b.sample_bytes = kH * kW * 4;
-    b.offset = a.sample_bytes;
-    return {a, b};
-  }
-  static int32_t Pixel(uint64_t k, int y, int x) { return int32_t(k * 10000 + y * 100 + x + 1); }
-  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
-    const uint64_t n = std::min(k_, n_ - i * k_);
-    for (uint64_t s = 0; s < n; ++s) {
-      for (int y = 0; y < kH; ++y) {
-        for (int x = 0; x < kW; ++x) {
-          const int32_t v = Pixel(i * k_ + s, y, x);
-          const float f = float(v);
-          const uint64_t e = (s * kH + y) * kW + x;
-          std::memcpy(dst.data() + e * 4, &f, 4);                     // field 0 at 0
-          std::memcpy(dst.data() + k_ * kH * kW * 4 + e * 4, &v, 4);  // field 1 at k x offset
-        }
-      }
-    }
-    return Status::Ok();
-  }
-
- private:
-  uint64_t n_, k_;
-  std::vector<uint64_t> shape_;
-};
-
-TEST_P(FeederTest, MaskFieldGetsTheImagesCropAndFlip) {
-  constexpr int H = ImageMaskSource::kH, W = ImageMaskSource::kW;
-  ImageMaskSource src(29, 4);
-  Loader loader(src, LoaderOpts());
-  FeedOptions o = Opts();
-  o.mean = {0};
-  o.stddev = {1};
-  o.crop_padding = 2;
-  o.flip = true;
-  o.echo = 2;
-  o.labels_int32 = true;
-  o.mask_fill = 0;  // the image's zero padding
-  GpuFeeder feeder(loader, o);
-  std::vector<float> img(8 * H * W);
-  std::vector<int32_t> mask(8 * H * W);
-  std::set<int64_t> fresh;
-  int moved = 0;
-  for (;;) {
-    auto b = feeder.Next();
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
-    if (!*b) break;
-    ASSERT_NE((*b)->mask(), nullptr);
-    ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), nullptr).ok());
-    ASSERT_TRUE(feeder.CopyMaskToHost(**b, mask.data()).ok());
-    for (int e = 0; e < (*b)->size() * H * W; ++e) {
-      ASSERT_EQ(int32_t(img[e]), mask[e]) << "element " << e << " of batch " << (*b)->index();
-      const int y = (e / W) % H, x = e % W;
-      if (mask[e] != 0 && mask[e] % 10000 != y * 100 + x + 1) ++moved;
-    }
-    if (!(*b)->echoed()) {
-      for (int i = 0; i < (*b)->size(); ++i) {
-        // Some pixel of the sample survives any crop of padding 2 in 6 x 7.
-        int32_t any = 0;
-        for (int e = 0; e < H * W && any == 0; ++e) any = mask[i * H * W + e];
-        ASSERT_NE(any, 0);
-        EXPECT_TRUE(fresh.insert(any / 10000).second) << "sample " << any / 10000 << " twice";
-      }
-    }
-  }
-  EXPECT_EQ(fresh.size(), 29u);
-  EXPECT_GT(moved, 0) << "nothing was cropped or flipped: the test checks nothing";
-}
-
-// Two named fields: "image" float32 [1, H, W] whose every pixel of sample k
-// is k + 1, and "class" uint16 (one a sample) = 3k + 7: the class field
-// travels as the labels, through the same echo gather, as int32 or int64.
-class ImageClassSource : public InMemorySource {
- public:
-  static constexpr int kH = 4, kW = 5;
-  ImageClassSource(uint64_t n, uint64_t k)
-      : InMemorySource(n, kH * kW * 4 + 2, k), n_(n), k_(k), shape_{kH * kW * 4 + 2} {}
-  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
-  std::vector<FieldInfo> fields() const override {
-    FieldInfo a, b;
-    a.name = "image";
-    a.dtype = DType::kFloat32;
-    a.sample_shape = {1, kH, kW};
-    a.sample_bytes = kH * kW * 4;
-    b.name = "class";
-    b.dtype = DType::kUInt16;
-    b.sample_shape = {};
-    b.sample_bytes = 2;
-    b.offset = a.sample_bytes;
-    return {a, b};
-  }
-  static uint16_t Class(uint64_t k) { return static_cast<uint16_t>(3 * k + 7); }
-  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
-    const uint64_t n = std::min(k_, n_ - i * k_);
-    for (uint64_t s = 0; s < n; ++s) {
-      const uint64_t k = i * k_ + s;
-      const float f = float(k + 1);
-      for (int e = 0; e < kH * kW; ++e) std::memcpy(dst.data() + (s * kH * kW + e) * 4, &f, 4);  // field 0 at 0
-      const uint16_t c = Class(k);
-      std::memcpy(dst.data() + k_ * kH * kW * 4 + s * 2, &c, 2);  // field 1 at k x offset
-    }
-    return Status::Ok();
-  }
-
- private:
-  uint64_t n_, k_;
-  std::vector<uint64_t> shape_;
-};
-
-TEST_P(FeederTest, ClassFieldTravelsAsTheLabels) {
-  constexpr int H = ImageClassSource::kH, W = ImageClassSource::kW;
-  for (bool int32 : {true, false}) {
-    ImageClassSource src(23, 4);
-    Loader loader(src, LoaderOpts());
-    FeedOptions o = Opts();
-    o.mean = {0};
-    o.stddev = {1};
-    o.echo = 2;
-    o.flip = true;
-    o.labels_int32 = int32;
-    GpuFeeder feeder(loader, o);
-    std::vector<float> img(8 * H * W);
-    std::vector<int64_t> lab64(8);
-    std::vector<int32_t> lab32(8);
-    std::set<uint64_t> fresh;
-    uint64_t rows = 0;
-    for (;;) {
-      auto b = feeder.Next();
-      ASSERT_TRUE(b.ok()) << b.status().ToString();
-      if (!*b) break;
-      EXPECT_EQ((*b)->mask(), nullptr);
-      ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), int32 ? static_cast<void*>(lab32.data()) : lab64.data()).ok());
-      for (int i = 0; i < (*b)->size(); ++i) {
-        const uint64_t k = uint64_t(img[i * H * W] + 0.5f) - 1;
-        const int64_t got = int32 ? lab32[i] : lab64[i];
-        ASSERT_EQ(got, ImageClassSource::Class(k)) << "row " << i << " of batch " << (*b)->index();
-        if (!(*b)->echoed()) {
-          EXPECT_TRUE(fresh.insert(k).second) << "sample " << k << " twice";
-        }
-        ++rows;
-      }
-    }
-    EXPECT_EQ(fresh.size(), 23u);
-    EXPECT_EQ(rows, 46u);  // every sample, then its echo
-  }
-}
-
 // A source of any named fields whose every value encodes its sample: field
 // j of sample k is Value(k, j) (bytes), stored planar in each chunk as the
 // loader's named-field sources store them (field j at chunk_samples x offset).
@@ -567,13 +402,129 @@ std::vector<std::byte> Bytes(const std::vector<T>& v) {
   return b;
 }
 
+// Two named fields: "image" float32 [1, H, W] and "mask" int32 [H, W], both
+// pixel (y, x) of sample k = k * 10000 + y * 100 + x + 1, so the feed's image
+// and mask outputs must be equal element for element whatever crop and flip
+// they got.
+struct ImageMask {
+  static constexpr int kH = 6, kW = 7;
+  static int32_t Pixel(uint64_t k, int y, int x) { return int32_t(k * 10000 + y * 100 + x + 1); }
+  static std::vector<int32_t> Pixels(uint64_t k) {
+    std::vector<int32_t> m(kH * kW);
+    for (int e = 0; e < kH * kW; ++e) m[e] = Pixel(k, e / kW, e % kW);
+    return m;
+  }
+  static FieldsSource Make(uint64_t n, uint64_t k) {
+    return FieldsSource(n, k, {Field("image", DType::kFloat32, {1, kH, kW}), Field("mask", DType::kInt32, {kH, kW})},
+                        [](uint64_t s, size_t j) {
+                          const auto m = Pixels(s);
+                          return j == 0 ? Bytes(std::vector<float>(m.begin(), m.end())) : Bytes(m);
+                        });
+  }
+};
+
+TEST_P(FeederTest, MaskFieldGetsTheImagesCropAndFlip) {
+  constexpr int H = ImageMask::kH, W = ImageMask::kW;
+  FieldsSource src = ImageMask::Make(29, 4);
+  Loader loader(src, LoaderOpts());
+  FeedOptions o = Opts();
+  o.mean = {0};
+  o.stddev = {1};
+  o.crop_padding = 2;
+  o.flip = true;
+  o.echo = 2;
+  o.labels_int32 = true;
+  o.mask_fill = 0;  // the image's zero padding
+  GpuFeeder feeder(loader, o);
+  std::vector<float> img(8 * H * W);
+  std::vector<int32_t> mask(8 * H * W);
+  std::set<int64_t> fresh;
+  int moved = 0;
+  for (;;) {
+    auto b = feeder.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    ASSERT_NE((*b)->mask(), nullptr);
+    ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), nullptr).ok());
+    ASSERT_TRUE(feeder.CopyMaskToHost(**b, mask.data()).ok());
+    for (int e = 0; e < (*b)->size() * H * W; ++e) {
+      ASSERT_EQ(int32_t(img[e]), mask[e]) << "element " << e << " of batch " << (*b)->index();
+      const int y = (e / W) % H, x = e % W;
+      if (mask[e] != 0 && mask[e] % 10000 != y * 100 + x + 1) ++moved;
+    }
+    if (!(*b)->echoed()) {
+      for (int i = 0; i < (*b)->size(); ++i) {
+        // Some pixel of the sample survives any crop of padding 2 in 6 x 7.
+        int32_t any = 0;
+        for (int e = 0; e < H * W && any == 0; ++e) any = mask[i * H * W + e];
+        ASSERT_NE(any, 0);
+        EXPECT_TRUE(fresh.insert(any / 10000).second) << "sample " << any / 10000 << " twice";
+      }
+    }
+  }
+  EXPECT_EQ(fresh.size(), 29u);
+  EXPECT_GT(moved, 0) << "nothing was cropped or flipped: the test checks nothing";
+}
+
+// Two named fields: "image" float32 [1, H, W] whose every pixel of sample k
+// is k + 1, and "class" uint16 (one a sample) = 3k + 7: the class field
+// travels as the labels, through the same echo gather, as int32 or int64.
+struct ImageClass {
+  static constexpr int kH = 4, kW = 5;
+  static uint16_t Class(uint64_t k) { return static_cast<uint16_t>(3 * k + 7); }
+  static FieldsSource Make(uint64_t n, uint64_t k) {
+    return FieldsSource(n, k, {Field("image", DType::kFloat32, {1, kH, kW}), Field("class", DType::kUInt16, {})},
+                        [](uint64_t s, size_t j) {
+                          return j == 0 ? Bytes(std::vector<float>(kH * kW, float(s + 1)))
+                                        : Bytes(std::vector<uint16_t>{Class(s)});
+                        });
+  }
+};
+
+TEST_P(FeederTest, ClassFieldTravelsAsTheLabels) {
+  constexpr int H = ImageClass::kH, W = ImageClass::kW;
+  for (bool int32 : {true, false}) {
+    FieldsSource src = ImageClass::Make(23, 4);
+    Loader loader(src, LoaderOpts());
+    FeedOptions o = Opts();
+    o.mean = {0};
+    o.stddev = {1};
+    o.echo = 2;
+    o.flip = true;
+    o.labels_int32 = int32;
+    GpuFeeder feeder(loader, o);
+    std::vector<float> img(8 * H * W);
+    std::vector<int64_t> lab64(8);
+    std::vector<int32_t> lab32(8);
+    std::set<uint64_t> fresh;
+    uint64_t rows = 0;
+    for (;;) {
+      auto b = feeder.Next();
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      if (!*b) break;
+      EXPECT_EQ((*b)->mask(), nullptr);
+      ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), int32 ? static_cast<void*>(lab32.data()) : lab64.data()).ok());
+      for (int i = 0; i < (*b)->size(); ++i) {
+        const uint64_t k = uint64_t(img[i * H * W] + 0.5f) - 1;
+        const int64_t got = int32 ? lab32[i] : lab64[i];
+        ASSERT_EQ(got, ImageClass::Class(k)) << "row " << i << " of batch " << (*b)->index();
+        if (!(*b)->echoed()) {
+          EXPECT_TRUE(fresh.insert(k).second) << "sample " << k << " twice";
+        }
+        ++rows;
+      }
+    }
+    EXPECT_EQ(fresh.size(), 23u);
+    EXPECT_EQ(rows, 46u);  // every sample, then its echo
+  }
+}
+
 // Five fields, the way a scientific sample has them: an image, a class, a
 // mask of its pixels, four float targets and a second integer (an id). With
 // crop, flip and echo, each arrives as documented and row i of every array
 // is the same dataset sample.
 TEST_P(FeederTest, EveryLaterFieldTravelsWithItsSample) {
-  constexpr int H = 6, W = 7;
-  auto pixel = [](uint64_t k, int y, int x) { return int32_t(k * 10000 + y * 100 + x + 1); };
+  constexpr int H = ImageMask::kH, W = ImageMask::kW;
   auto target = [](uint64_t k, int t) {
     return t == 0 ? float(k) : t == 1 ? k + 0.25f : t == 2 ? -float(k) : 1.0f / (k + 1);
   };
@@ -582,15 +533,12 @@ TEST_P(FeederTest, EveryLaterFieldTravelsWithItsSample) {
       {Field("image", DType::kFloat32, {1, H, W}), Field("class", DType::kUInt16, {}),
        Field("mask", DType::kInt32, {H, W}), Field("target", DType::kFloat32, {4}), Field("id", DType::kInt64, {1})},
       [&](uint64_t k, size_t j) {
-        std::vector<int32_t> m(H * W);
-        for (int e = 0; e < H * W; ++e) m[e] = pixel(k, e / W, e % W);
+        const std::vector<int32_t> m = ImageMask::Pixels(k);
         switch (j) {
-          case 0: {
-            std::vector<float> f(m.begin(), m.end());
-            return Bytes(f);
-          }
+          case 0:
+            return Bytes(std::vector<float>(m.begin(), m.end()));
           case 1:
-            return Bytes(std::vector<uint16_t>{uint16_t(3 * k + 7)});
+            return Bytes(std::vector<uint16_t>{ImageClass::Class(k)});
           case 2:
             return Bytes(m);
           case 3:
@@ -648,7 +596,7 @@ TEST_P(FeederTest, EveryLaterFieldTravelsWithItsSample) {
       }
       ASSERT_NE(any, 0);  // some pixel survives any crop of padding 2 in 6 x 7
       const uint64_t k = uint64_t(any / 10000);
-      EXPECT_EQ(lab[i], int64_t(3 * k + 7)) << "row " << i;
+      EXPECT_EQ(lab[i], int64_t(ImageClass::Class(k))) << "row " << i;
       EXPECT_EQ(cls[i], lab[i]);
       for (int t = 0; t < 4; ++t) EXPECT_EQ(tgt[i * 4 + t], target(k, t)) << "target " << t << " of sample " << k;
       EXPECT_EQ(id[i], int64_t(1000 + k));
