@@ -19,8 +19,9 @@
 // plus the chunks whose last use is a batch still in flight (they have left
 // the cache's budget and are freed once copied: at most a shuffle window at a
 // block-order window boundary, a few chunks otherwise). A Dataset read with
-// direct I/O (IoMode::kDirect) adds its read-ahead: 4 x chunk bytes, plus one
-// aligned chunk buffer per reading thread.
+// direct I/O (IoMode::kDirect) adds its read-ahead, DatasetInfo's
+// read_ahead_chunks (one per hardware thread, 4 to 32) x chunk bytes, plus
+// one aligned chunk buffer per reading thread.
 //
 // Threads. A Loader may run one epoch stream at a time; its methods are not
 // thread-safe with respect to each other. The stream is consumed from one
