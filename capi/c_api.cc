@@ -345,6 +345,42 @@ struct gpufeed_batch {
   DLDevice dl_device{kDLCPU, 0};
   std::vector<Array> arrays;
 
+  // A pinned host batch goes back to its pool after its release stream, by
+  // default the legacy default stream (torch's default), has run what was
+  // queued on it: an asynchronous copy to a GPU may still read it. (A copy
+  // from pageable memory cannot outlive the call that queued it.) Moves
+  // *host into a stream callback, or leaves it for the caller to release.
+  void DeferHostRelease() {
+    gpufeed::gpu::DeviceOps* ops = nullptr;
+    if (host_release_stream.load()) {
+      ops = core->release_ops.get();
+    } else if (host->pinned()) {
+      ops = core->ReleaseOps();
+    }
+    if (ops == nullptr) return;
+    void* stream = release_stream.load();
+    auto r = std::make_unique<PendingRelease>(PendingRelease{std::move(*host), core->deferred});
+    host.reset();
+    {
+      std::lock_guard<std::mutex> lock(core->deferred->mu);
+      ++core->deferred->pending;
+    }
+    bool launched = false;
+    try {
+      launched = ops->LaunchHostFunc(stream, RunPendingRelease, r.get()).ok();
+    } catch (...) {
+    }
+    if (launched) {
+      (void)r.release();  // RunPendingRelease owns it now
+      return;
+    }
+    try {
+      (void)ops->StreamSync(stream);  // no callback: wait here instead
+    } catch (...) {
+    }
+    RunPendingRelease(r.release());
+  }
+
   void Unref() {
     if (refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     // The slot goes back first, then the references that keep its pool alive.
@@ -354,29 +390,10 @@ struct gpufeed_batch {
       device.reset();
     }
     if (host) {
-      // A pinned host batch is released after its release stream, by default
-      // the legacy default stream (torch's default): an asynchronous copy
-      // from pageable memory cannot outlive the call that queued it.
-      gpufeed::gpu::DeviceOps* ops = nullptr;
-      if (host_release_stream.load()) {
-        ops = core->release_ops.get();
-      } else if (host->pinned()) {
-        ops = core->ReleaseOps();
-      }
-      if (ops != nullptr) {
-        void* stream = release_stream.load();
-        auto r = std::make_unique<PendingRelease>(PendingRelease{std::move(*host), core->deferred});
-        host.reset();
-        {
-          std::lock_guard<std::mutex> lock(core->deferred->mu);
-          ++core->deferred->pending;
-        }
-        if (ops->LaunchHostFunc(stream, RunPendingRelease, r.get()).ok()) {
-          (void)r.release();  // RunPendingRelease owns it now
-        } else {
-          (void)ops->StreamSync(stream);  // no callback: wait here instead
-          RunPendingRelease(r.release());
-        }
+      try {
+        DeferHostRelease();
+      } catch (...) {
+        // Out of memory making the callback: released at once, as without a stream.
       }
       host.reset();
       core->held_host.fetch_sub(1, std::memory_order_relaxed);
