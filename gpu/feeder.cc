@@ -192,8 +192,10 @@ Status GpuFeeder::Impl::Init() {
                                    "feed's augmentation is 2-D); turn crop_padding and flip off (--crop-padding 0, "
                                    "no --flip)");
   }
-  if (uint64_t(shape[0]) * shape[1] * shape[2] * (volume ? shape[3] : 1) >= (1ull << 32)) {
-    return Status::InvalidArgument(src.name + ": samples of 2^32 elements or more");
+  if (uint64_t(shape[0]) * shape[1] * shape[2] * (volume ? shape[3] : 1) >= (1ull << 32) || rows > INT32_MAX) {
+    return Status::InvalidArgument(src.name +
+                                   ": samples of 2^32 elements or more (or 2^31 rows), which the feed's "
+                                   "32-bit offsets cannot address");
   }
   C = static_cast<int>(volume ? (nchw ? shape[0] : shape[3]) : (nchw ? shape[0] : shape[2]));
   H = static_cast<int>(rows);
