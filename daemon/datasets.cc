@@ -47,11 +47,7 @@ Status DatasetRegistry::Add(const std::string& spec, OpenOptions open) {
   } else {
     // HDF5's parser meets the file in the forked probe first, as
     // OpenBatchSource does; then the file is trusted.
-    ProbeOptions po;
-    po.open = open;
-    po.timeout_ms = open.probe_timeout_ms;
-    po.processes = 1;
-    if (Status st = ProbeFiles({spec}, po)[0]; !st.ok()) return st;
+    GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(spec, open));
     open.trust_files = true;
     if (auto kind = DetectEncoded(spec, open); kind.ok() && *kind != EncodedStorage::kNone) {
       e->encoded = true;

@@ -72,14 +72,8 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
   // HDF5's parser meets the file in the forked probe first (as Dataset::Open
   // would), then here to see whether the field is encoded images.
   OpenOptions open = o.open;
-  if (!open.trust_files) {
-    ProbeOptions po;
-    po.open = open;
-    po.timeout_ms = open.probe_timeout_ms;
-    po.processes = 1;
-    if (Status st = ProbeFiles({o.data}, po)[0]; !st.ok()) return st;
-    open.trust_files = true;
-  }
+  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(o.data, open));
+  open.trust_files = true;
   if (auto kind = DetectEncoded(o.data, open); kind.ok() && *kind != EncodedStorage::kNone) {
     auto enc = OpenEncodedImages(o.data, open, o.decode);
     if (!enc.ok()) return enc.status();

@@ -591,14 +591,7 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   }
   if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(spec.file + ": is a directory, not an HDF5 file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  const char* trust_env = std::getenv("GPUFEED_TRUST_FILES");
-  if (!options.trust_files && !(trust_env != nullptr && std::string_view(trust_env) == "1")) {
-    ProbeOptions probe;
-    probe.open = options;
-    probe.timeout_ms = options.probe_timeout_ms;
-    probe.processes = 1;
-    GPUFEED_RETURN_IF_ERROR(ProbeFiles({std::string(spec_text)}, probe)[0]);
-  }
+  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(std::string(spec_text), options));
   if (H5Fis_hdf5(spec.file.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     return Status::Corrupt(spec.file + ": not an HDF5 file (no HDF5 signature found; " + std::to_string(file_size) +

@@ -354,13 +354,7 @@ Result<EncodedStorage> DetectEncoded(std::string_view spec, const OpenOptions& o
     H5Eclear2(H5E_DEFAULT);
     return EncodedStorage::kNone;
   }
-  if (!open.trust_files) {
-    ProbeOptions po;
-    po.open = open;
-    po.timeout_ms = open.probe_timeout_ms;
-    po.processes = 1;
-    if (Status st = ProbeFiles({std::string(spec)}, po)[0]; !st.ok()) return st;
-  }
+  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(std::string(spec), open));
   h5::Id file(H5Fopen(parts->file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) return Status::IOError(parts->file + ": cannot open: " + h5::LastErrorText());
   return DetectIn(file.get(), parts->path);
@@ -372,14 +366,7 @@ Result<std::unique_ptr<EncodedImageSource>> OpenEncodedImages(std::string_view s
   auto parts = SplitSpec(spec);
   if (!parts.ok()) return parts.status();
   h5::QuietErrors();
-  if (!open.trust_files) {
-    ProbeOptions po;
-    po.open = open;
-    po.timeout_ms = open.probe_timeout_ms;
-    po.processes = 1;
-    Status st = ProbeFiles({std::string(spec)}, po)[0];
-    if (!st.ok()) return st;
-  }
+  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(std::string(spec), open));
   h5::Id file(H5Fopen(parts->file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) return Status::IOError(parts->file + ": cannot open: " + h5::LastErrorText());
   auto storage = DetectIn(file.get(), parts->path);

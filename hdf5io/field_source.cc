@@ -350,8 +350,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
   }
   // HDF5's parser is untrusted: every (file, field) goes through the probe
   // processes once, in one pass, before this process opens any of them.
-  const char* trust_env = std::getenv("GPUFEED_TRUST_FILES");
-  const bool trusted = options.trust_files || (trust_env != nullptr && std::string_view(trust_env) == "1");
+  const bool trusted = TrustFiles(options);
   if (d->specs.empty()) {
     d->specs.push_back({"images", "/images"});
     OpenOptions o = d->reopen;

@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -232,6 +234,20 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
     }
   }
   return out;
+}
+
+bool TrustFiles(const OpenOptions& open) {
+  const char* env = std::getenv("GPUFEED_TRUST_FILES");
+  return open.trust_files || (env != nullptr && std::string_view(env) == "1");
+}
+
+Status ProbeUnlessTrusted(const std::string& spec, const OpenOptions& open) {
+  if (TrustFiles(open)) return Status::Ok();
+  ProbeOptions po;
+  po.open = open;
+  po.timeout_ms = open.probe_timeout_ms;
+  po.processes = 1;
+  return ProbeFiles({spec}, po)[0];
 }
 
 Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, int timeout_ms, size_t max_bytes) {

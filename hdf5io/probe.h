@@ -33,6 +33,15 @@ struct ProbeOptions {
 // child crashed or hung on it.
 std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options = {});
 
+// Whether the caller trusts HDF5 files: OpenOptions::trust_files, or
+// GPUFEED_TRUST_FILES=1 in the environment (what `gpufeed --trust-files`
+// sets). Every probe site asks this one function.
+bool TrustFiles(const OpenOptions& open);
+
+// One spec through one probe process, unless TrustFiles(open): Ok, or the
+// probe's Corrupt error.
+Status ProbeUnlessTrusted(const std::string& spec, const OpenOptions& open);
+
 // The datasets of `file` ("/a", "/g/b"), listed by HDF5 in a forked child
 // with a time limit: a listing walks every object header of the file, which
 // the probe's open never does, and HDF5's own link decoding has overflowed

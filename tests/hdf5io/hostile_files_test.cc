@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -186,6 +187,32 @@ TEST(HostileFilesTest, ListingDatasetsForAnErrorCannotCrashTheCaller) {
                 m.find("did not finish reading this file's metadata") != std::string::npos)
         << ds.status().ToString();
   }
+}
+
+// One answer to "is the probe skipped?" for every kind of source (encoded
+// images ignored the environment, and `gpufeed --trust-files`, which sets it).
+TEST(HostileFilesTest, TrustComesFromTheOptionOrTheEnvironment) {
+  ::unsetenv("GPUFEED_TRUST_FILES");
+  OpenOptions o;
+  EXPECT_FALSE(TrustFiles(o));
+  o.trust_files = true;
+  EXPECT_TRUE(TrustFiles(o));
+  o.trust_files = false;
+  ::setenv("GPUFEED_TRUST_FILES", "1", 1);
+  EXPECT_TRUE(TrustFiles(o));
+  ::setenv("GPUFEED_TRUST_FILES", "0", 1);
+  EXPECT_FALSE(TrustFiles(o));
+  ::unsetenv("GPUFEED_TRUST_FILES");
+  // Trusted: a FIFO nobody writes is not probed (the probe would hang on it
+  // for the time limit); untrusted, the probe's limit ends the wait.
+  const std::string fifo = testing::MakeTempDir("trust") + "/fifo.h5";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  o.trust_files = true;
+  EXPECT_TRUE(ProbeUnlessTrusted(fifo, o).ok());
+  o.trust_files = false;
+  o.probe_timeout_ms = 300;
+  const Status probed = ProbeUnlessTrusted(fifo, o);
+  EXPECT_EQ(probed.code(), StatusCode::kCorrupt) << probed.ToString();
 }
 
 }  // namespace
