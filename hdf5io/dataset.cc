@@ -20,6 +20,7 @@
 #include "common/sizes.h"
 #include "hdf5io/codec.h"
 #include "hdf5io/direct_io.h"
+#include "hdf5io/fork_gate.h"
 #include "hdf5io/h5_util.h"
 #include "hdf5io/probe.h"
 #include "hdf5io/virtual.h"
@@ -344,6 +345,7 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
 }
 
 Status Dataset::Impl::ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) {
+  h5::Hdf5Section in_hdf5;  // before h5_mu: a section never waits while holding it
   std::lock_guard<std::mutex> lock(h5_mu);
   h5::QuietErrors();
   if (no_sample_axis) {  // the one sample is the whole dataset
@@ -592,6 +594,7 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(spec.file + ": is a directory, not an HDF5 file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(std::string(spec_text), options));
+  h5::Hdf5Section in_hdf5;  // no probe forks while this thread is in HDF5 (fork_gate.h)
   if (H5Fis_hdf5(spec.file.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     return Status::Corrupt(spec.file + ": not an HDF5 file (no HDF5 signature found; " + std::to_string(file_size) +

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "gpufeed/encoded.h"
+#include "hdf5io/fork_gate.h"
 #include "hdf5io/h5_util.h"
 #include "hdf5io/image_decode.h"
 #include "hdf5io/probe.h"
@@ -294,6 +295,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
   }
 
   Status ReadVlen(uint64_t first, uint64_t count, hvl_t* refs) const {
+    h5::Hdf5Section in_hdf5;
     h5::QuietErrors();
     const hsize_t start = first, n = count;
     h5::Id mem_space(H5Screate_simple(1, &n, nullptr));
@@ -308,6 +310,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
     return Status::Ok();
   }
   void ReclaimVlen(uint64_t count, hvl_t* refs) const {
+    h5::Hdf5Section in_hdf5;
     const hsize_t n = count;
     h5::Id mem_space(H5Screate_simple(1, &n, nullptr));
     h5::Id mem_type(H5Tvlen_create(H5T_NATIVE_UINT8));

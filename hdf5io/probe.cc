@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/sizes.h"
+#include "hdf5io/fork_gate.h"
 #include "hdf5io/h5_util.h"
 
 namespace gpufeed {
@@ -65,7 +66,7 @@ struct Forked {
 Result<Forked> ForkWithPipe(const char* what) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IOError(std::string(what) + ": pipe: " + std::strerror(errno));
-  const pid_t pid = ::fork();
+  const pid_t pid = h5::ForkOutsideHdf5();
   if (pid < 0) {
     ::close(fds[0]);
     ::close(fds[1]);

@@ -7,9 +7,11 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpufeed/dataset.h"
@@ -213,6 +215,45 @@ TEST(HostileFilesTest, TrustComesFromTheOptionOrTheEnvironment) {
   o.probe_timeout_ms = 300;
   const Status probed = ProbeUnlessTrusted(fifo, o);
   EXPECT_EQ(probed.code(), StatusCode::kCorrupt) << probed.ToString();
+}
+
+// A probe forked while another thread reads through HDF5 (the hdf5 path):
+// HDF5's threadsafe build has one global lock, and a child forked while a
+// reader holds it waits for it forever. Good files must not read as hanging.
+TEST(HostileFilesTest, ProbesForkedBesideHdf5ReadersDoNotHang) {
+  const std::string dir = testing::MakeTempDir("forkgate");
+  const uint64_t n = 512, sb = 16384;
+  const auto bytes = testing::IndexSamples(n, sb);
+  testing::H5Layout layout;
+  layout.chunk = {8, sb};
+  layout.deflate = 1;
+  ASSERT_TRUE(testing::WriteH5(dir + "/busy.h5", {n, sb}, H5T_NATIVE_UINT8, bytes, layout));
+  const std::string good = dir + "/good.h5";
+  WriteSparse(good, {10, 8}, {5, 8}, 10);
+  OpenOptions ro;
+  ro.trust_files = true;
+  ro.force_hdf5_path = true;
+  auto busy = Dataset::Open(dir + "/busy.h5", ro);
+  ASSERT_TRUE(busy.ok()) << busy.status().ToString();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 2; ++t) {
+    readers.emplace_back([&] {
+      std::vector<std::byte> buf(64 * sb);
+      for (uint64_t i = 0; !stop.load(); i = (i + 64) % n) (void)busy->ReadSamples(i, 64, buf);
+    });
+  }
+  ProbeOptions po;
+  po.timeout_ms = 1500;
+  po.processes = 1;
+  int hung = 0;
+  for (int k = 0; k < 12; ++k) {
+    const Status s = ProbeFiles({good}, po)[0];
+    if (!s.ok()) ++hung;
+  }
+  stop = true;
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(hung, 0) << "of 12 probes of a good file, " << hung << " hung";
 }
 
 }  // namespace
