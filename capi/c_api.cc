@@ -18,6 +18,8 @@
 // is not thread-safe, so every feeder call holds its FeedState's mutex.
 #include "gpufeed/c_api.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -923,6 +925,36 @@ DLManagedTensor* gpufeed_batch_array_dlpack(gpufeed_batch* b, int i, gpufeed_err
     return GPUFEED_OK;
   });
   return out;
+}
+
+namespace {
+// Python's capsule calls, found in the process that loaded this library
+// (the interpreter exports them); null where there is no Python.
+struct CapsuleCalls {
+  int (*is_valid)(void*, const char*) = nullptr;
+  void* (*get_pointer)(void*, const char*) = nullptr;
+};
+const CapsuleCalls& Capsules() {
+  static const CapsuleCalls calls = [] {
+    CapsuleCalls c;
+    c.is_valid = reinterpret_cast<int (*)(void*, const char*)>(::dlsym(RTLD_DEFAULT, "PyCapsule_IsValid"));
+    c.get_pointer = reinterpret_cast<void* (*)(void*, const char*)>(::dlsym(RTLD_DEFAULT, "PyCapsule_GetPointer"));
+    return c;
+  }();
+  return calls;
+}
+}  // namespace
+
+int gpufeed_dlpack_capsule_destructor_available(void) {
+  return Capsules().is_valid != nullptr && Capsules().get_pointer != nullptr ? 1 : 0;
+}
+
+void gpufeed_dlpack_capsule_destructor(void* capsule) {
+  const CapsuleCalls& c = Capsules();
+  if (capsule == nullptr || c.is_valid == nullptr || c.get_pointer == nullptr) return;
+  if (c.is_valid(capsule, "dltensor") != 0) {
+    gpufeed_dlpack_delete(static_cast<DLManagedTensor*>(c.get_pointer(capsule, "dltensor")));
+  }
 }
 
 void gpufeed_dlpack_delete(DLManagedTensor* t) {

@@ -307,6 +307,17 @@ GPUFEED_C_EXPORT DLManagedTensor* gpufeed_batch_array_dlpack(gpufeed_batch* b, i
  * cannot call a function pointer held in a struct. */
 GPUFEED_C_EXPORT void gpufeed_dlpack_delete(DLManagedTensor* t);
 
+/* A PyCapsule destructor (a PyObject* as void*) for a "dltensor" capsule that
+ * owns a DLManagedTensor of this API: calls its deleter unless a consumer
+ * took it (renamed "used_dltensor"). It runs no Python code, so a signal
+ * cannot interrupt it half-way: a Python-level destructor swallowed Ctrl-C
+ * (KeyboardInterrupt raised inside a ctypes callback is dropped) and leaked
+ * the batch's slot. PyCapsule_IsValid and PyCapsule_GetPointer are looked up
+ * in the process; gpufeed_dlpack_capsule_destructor_available() is 0 where
+ * they are not found (then use a destructor of your own). */
+GPUFEED_C_EXPORT void gpufeed_dlpack_capsule_destructor(void* capsule);
+GPUFEED_C_EXPORT int gpufeed_dlpack_capsule_destructor_available(void);
+
 /* Device batches: makes `stream` (a cudaStream_t; NULL: the legacy default
  * stream) wait on the device for the batch's transform (an event wait, no
  * host synchronization). A no-op for host batches. */

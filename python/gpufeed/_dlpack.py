@@ -35,7 +35,13 @@ def _capsule_destructor(capsule_ptr):
         lib.gpufeed_dlpack_delete(_capsule_get_pointer(capsule_ptr, _DLTENSOR))
 
 
-_DESTRUCTOR_PTR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
+# The C API's destructor where it can reach Python's capsule calls (always,
+# under CPython): it runs no Python code, so a Ctrl-C arriving during a
+# tensor's release is neither swallowed nor able to leak the batch's slot.
+if lib.gpufeed_dlpack_capsule_destructor_available():
+    _DESTRUCTOR_PTR = ctypes.cast(lib.gpufeed_dlpack_capsule_destructor, ctypes.c_void_p).value
+else:
+    _DESTRUCTOR_PTR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
 
 
 def capsule(managed):

@@ -1,5 +1,6 @@
 """gpufeed.Loader against h5py, the C++ Loader, itself in new processes, and
 the daemon. Every check is exact: sample k's bytes encode k."""
+import ctypes
 import json
 import os
 import pathlib
@@ -300,6 +301,26 @@ def test_dlpack_arrays_for_any_consumer(index_file):
     assert index_of(a[7]) == 7 and t[7] == 7
     with pytest.raises(RuntimeError):
         images.__dlpack__()  # handed over once
+
+
+def test_unconsumed_capsules_return_their_slots_without_python_code(index_file):
+    """A capsule dropped unconsumed gives its batch's slot back through the C
+    API's destructor, which runs no Python (a Python one dropped a Ctrl-C
+    raised inside it and leaked the slot). With a pool of prefetch + 1 = 3
+    slots, 3 epochs of 8 batches only go through if every dropped capsule
+    returned its slot."""
+    from gpufeed import _dlpack
+    assert _dlpack._DESTRUCTOR_PTR == ctypes.cast(gpufeed._lib.lib.gpufeed_dlpack_capsule_destructor,
+                                                  ctypes.c_void_p).value
+    loader = gpufeed.Loader(index_file, **dict(OPTS, order="sequential", prefetch=2), output="dlpack")
+    seen = 0
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            caps = [images.__dlpack__(), labels.__dlpack__()]  # handed over, never consumed
+            del images, labels, caps
+            seen += 1
+    assert seen == 3 * 8
 
 
 def _wait_for_socket(path, proc, timeout=30):
