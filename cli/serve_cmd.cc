@@ -10,7 +10,7 @@ namespace gpufeed::cli {
 
 void AddServeCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<ServerOptions>();
-  o->loader_threads = static_cast<int>(std::thread::hardware_concurrency());
+  o->loader_threads = 0;  // ServerOptions: 0 is every core this process may use
   o->handle_signals = true;
   CLI::App* cmd = app.add_subcommand(
       "serve", "Run the loader daemon: stream batches to RemoteLoader clients over a Unix socket or TCP");
@@ -49,6 +49,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--log-format", o->log_format, "the log on stderr: kv (key=value lines) or json (an object a line)")
       ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "debug, info, warn or error")->capture_default_str();
+  cmd->add_option("--lease-file", o->lease_file,
+                  "stop once no process holds a shared flock on this file (how gpufeed.Loader(share=\"node\") "
+                  "ends the node's server with the job's last rank)");
   cmd->callback([o, exit_code, cmd, data_opt, field_opt, field_args, no_axis_opt, no_axis_count] {
     // Each --field and --no-sample-axis belongs to the --data before it
     // (CLI11 records every value's and flag's option in command-line order).

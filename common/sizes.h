@@ -25,6 +25,18 @@ inline std::optional<uint64_t> CheckedAdd(uint64_t a, uint64_t b) {
   return r;
 }
 
+// a * b and a + b clamped to UINT64_MAX: for bounds that must stay bounds
+// (a budget check then refuses them) rather than errors.
+inline uint64_t SaturatingMul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
 // first * dims[0] * dims[1] * ..., or nullopt on overflow.
 inline std::optional<uint64_t> CheckedProduct(uint64_t first, std::span<const uint64_t> dims) {
   uint64_t r = first;

@@ -7,18 +7,24 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "common/cores.h"
 #include "daemon/address.h"
 #include "daemon/conn.h"
 #include "daemon/metrics_http.h"
@@ -62,8 +68,19 @@ struct Server::Impl {
   std::atomic<bool> stop_requested{false};
   std::mutex wait_mu;
   bool waited = false;  // GUARDED_BY(wait_mu)
+  // The lease (ServerOptions::lease_file): its descriptor, held open (and,
+  // once taken exclusively, locked) until the server is destroyed; the
+  // timer that polls it runs on `control`.
+  int lease_fd = -1;
+  asio::steady_timer lease_timer{control};
+
+  ~Impl() {
+    if (lease_fd >= 0) ::close(lease_fd);
+  }
 
   Status Bind();
+  Status OpenLease(const std::string& path);
+  void PollLease();  // on `control`
   void Accept();
   void Reject(GenericProto::socket socket, const std::string& why);
   void DoStop();  // on `control`
@@ -255,8 +272,35 @@ std::string Server::Impl::Metrics() const {
   return m;
 }
 
+Status Server::Impl::OpenLease(const std::string& path) {
+  lease_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (lease_fd < 0) {
+    return Status::InvalidArgument("serve: lease file " + path + ": " + std::strerror(errno) +
+                                   " (--lease-file names a file the clients hold a shared lock on; create it first)");
+  }
+  return Status::Ok();
+}
+
+// No client holds the lease when an exclusive lock is granted at once: then
+// the server stops, keeping the lock until the process exits (a client that
+// asks for the lease meanwhile waits, then finds no server and starts one).
+void Server::Impl::PollLease() {
+  if (stop_requested) return;
+  if (::flock(lease_fd, LOCK_EX | LOCK_NB) == 0) {
+    core.Log("info", "lease_released", daemon::Kv("sessions", core.Sessions().size()));
+    stop_requested = true;
+    DoStop();
+    return;
+  }
+  lease_timer.expires_after(std::chrono::milliseconds(std::max(1, core.options.lease_poll_ms)));
+  lease_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) PollLease();
+  });
+}
+
 void Server::Impl::DoStop() {
   core.stopping = true;
+  lease_timer.cancel();
   core.Log("info", "shutdown", daemon::Kv("sessions", core.Sessions().size()));
   boost::system::error_code ec;
   acceptor.close(ec);
@@ -293,7 +337,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   impl->address = *addr;
   ServerCore& core = impl->core;
   core.loader_threads =
-      o.loader_threads > 0 ? o.loader_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      o.loader_threads > 0 ? o.loader_threads : AvailableCores();
   if (!o.token_file.empty()) {
     auto t = daemon::ReadTokenFile(o.token_file);
     if (!t.ok()) return t.status();
@@ -314,6 +358,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     open.no_sample_axis = i < o.no_sample_axis.size() && o.no_sample_axis[i];
     GPUFEED_RETURN_IF_ERROR(core.datasets.Add(o.data[i], std::move(open)));
   }
+  if (!o.lease_file.empty()) GPUFEED_RETURN_IF_ERROR(impl->OpenLease(o.lease_file));
   GPUFEED_RETURN_IF_ERROR(impl->Bind());
   Status st = o.metrics_listen.empty() ? Status::Ok() : impl->metrics.Bind(o.metrics_listen);
   if (!st.ok()) {
@@ -333,6 +378,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   }
   raw->Accept();
   if (!raw->metrics.endpoint().empty()) raw->metrics.Accept();  // no io thread runs yet
+  if (raw->lease_fd >= 0) asio::post(raw->control, [raw] { raw->PollLease(); });
   const std::string data = core.datasets.Names();
   core.Log("info", "listen",
            daemon::Kv("endpoint", raw->endpoint) + " " + daemon::Kv("metrics", raw->metrics.endpoint()) + " " +

@@ -21,6 +21,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/cores.h"
 #include "common/trace.h"
 #include "common/host_buffer.h"
 #include "gpufeed/dataset.h"
@@ -65,7 +66,7 @@ struct Loader::Impl {
                               std::to_string(share));
       options.batch_size = share;
     }
-    threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = o.threads > 0 ? o.threads : DefaultLoaderThreads();
     state.seed = o.seed;
     cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
     info.name = s.name();

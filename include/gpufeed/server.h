@@ -101,6 +101,16 @@ struct ServerOptions {
   int write_timeout_ms = 60000;         // one frame not accepted by the socket for this long: the client is dead
   int shutdown_grace_ms = 10000;        // Stop(): time for frames in flight to drain
   bool handle_signals = false;          // SIGINT/SIGTERM call Stop() (the CLI sets it)
+  // A node-local server's lifetime (gpufeed.Loader(share="node"); CLI
+  // --lease-file): every client process holds a shared flock(2) on this
+  // file for as long as it may use the server, and the server stops once
+  // none does (it polls for an exclusive lock every lease_poll_ms, and holds
+  // that lock until it exits, so a process that takes the lease while it
+  // stops waits for it and then starts a new one). A client that dies drops
+  // its lock with its last descriptor. The file must exist at Start; empty:
+  // no lease, the server runs until Stop() or a signal.
+  std::string lease_file;
+  int lease_poll_ms = 200;
   // Receives one structured line per event ("ts=... level=info event=accept
   // ..."); called from any thread, one call at a time. Default: stderr.
   std::function<void(std::string_view)> log;

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from . import _dlpack, _lib, errors
+from . import _dlpack, _lib, _node, errors
 from ._lib import lib
 
 _STATE_FORMAT = "gpufeed.Loader/1"
@@ -164,6 +164,18 @@ class Loader:
     cropped and flipped with it, anything else (a float target) as stored.
     output: "torch", "numpy", "dlpack" (gpufeed.Array objects) or "auto"
     (torch if importable, else NumPy, else DLPack arrays).
+
+    share: "node" reads a file through one server for all the local ranks of
+    a torchrun job on this host (one reader, one decoded-chunk cache, one set
+    of decode threads: every core of the host, or threads x the local ranks
+    when threads is given), started by the first rank to open it and ended
+    after the last closes; each rank keeps its own shard (rank, world_size),
+    slots and GPU feed. "none": a loader in this process (threads=0 then
+    takes this rank's share of the host's cores). "auto" (default): "node"
+    when torchrun started more than one local rank (LOCAL_WORLD_SIZE > 1)
+    and no option only a local loader takes (labels, io, max_open_files) is
+    given, else "none". The chosen mode is `loader.share`; docs/python.md
+    has the details.
     """
 
     def __init__(self, data, *, dataset=None, batch_size=256, order="block", seed=0, threads=0, prefetch=8,
@@ -174,9 +186,18 @@ class Loader:
                  slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
                  compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
                  keepalive_ms=30000, output="auto", poll_ms=100, fields=None, max_open_files=None, image_size=224,
-                 transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False, no_sample_axis=False):
+                 transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False, no_sample_axis=False,
+                 share="auto"):
         self._handle = None
+        self._node = None
         self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
+        self.share = _node.resolve(share, data, {"labels": labels, "io": io, "max_open_files": max_open_files})
+        if self.share == "node":
+            # The node's server opens the data (started by the first local
+            # rank to get here); this loader is its client.
+            self._node = _node.NodeServer(data, field_specs, no_sample_axis, trust_files, threads, cache_bytes,
+                                          prefetch)
+            data, dataset = self._node.address, self._node.dataset
         kind, index = _parse_device(device)
         feed = kind == "cuda" or dtype is not None or crop_padding or flip
         dist_rank, dist_world = _distributed_defaults()
@@ -231,6 +252,11 @@ class Loader:
             handle = lib.gpufeed_loader_open(str(data).encode(), opts, ctypes.byref(err))
             if not handle:
                 _lib.take_error(err)
+        except BaseException:
+            if self._node is not None:
+                self._node.close()
+                self._node = None
+            raise
         finally:
             lib.gpufeed_options_destroy(opts)
         self._handle = handle
@@ -446,6 +472,9 @@ class Loader:
         handle, self._handle = self._handle, None
         if handle:
             lib.gpufeed_loader_destroy(handle)
+        node, self._node = self._node, None
+        if node is not None:
+            node.close()  # after the connection: the node's server may stop now
 
     def __enter__(self):
         return self

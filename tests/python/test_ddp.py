@@ -1,0 +1,174 @@
+"""The contracts data parallelism needs, between processes on the CPU:
+share="node" (one node-local server for the local ranks, started by the
+first, ended after the last, a dead rank not stopping the others), every
+sample once across ranks, the same number of batches on every rank, and
+set_epoch reshuffling every rank alike. Sample k's bytes encode k."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import gpufeed
+from conftest import N_SAMPLES, ROOT, index_of
+
+CHILD = r"""
+import json, os, signal, sys
+import gpufeed
+from conftest import index_of
+path, epochs, die_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+loader = gpufeed.Loader(path, batch_size=32, order="block", seed=3, threads=2, prefetch=2, shuffle_window=2,
+                        output="numpy")
+out = {"share": loader.share, "started_here": loader._node is not None and loader._node.started_here,
+       "batches": len(loader), "epochs": []}
+for epoch in range(epochs):
+    loader.set_epoch(epoch)
+    got, n = [], 0
+    for images, labels in loader:
+        got += [index_of(row) for row in images]
+        n += 1
+        if die_after and n == die_after:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)  # a rank that dies mid-epoch
+    out["epochs"].append({"indices": got, "batches": n})
+loader.close()
+print(json.dumps(out))
+"""
+
+
+def start_ranks(path, world, node_dir, epochs=2, die_after=None, extra_env=None):
+    run_id = uuid.uuid4().hex
+    procs = []
+    for r in range(world):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), str(ROOT / "tests" / "python"),
+                                                          os.environ.get("PYTHONPATH")]))
+        env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world),
+                    "TORCHELASTIC_RUN_ID": run_id, "GPUFEED_NODE_DIR": str(node_dir)})
+        env.update(extra_env or {})
+        die = (die_after or {}).get(r, 0)
+        procs.append(subprocess.Popen([sys.executable, "-c", CHILD, path, str(epochs), str(die)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(procs, timeout=180):
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        results.append((p.returncode, out, err))
+    return results
+
+
+def server_processes(node_dir):
+    """PIDs of `gpufeed serve` processes whose lease lies in node_dir."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and any(a.startswith(str(node_dir).encode()) for a in argv):
+            with open("/proc/%s/stat" % d) as f:
+                if f.read().split(")")[-1].split()[0] != "Z":
+                    pids.append(int(d))
+    return pids
+
+
+def wait_no_server(node_dir, timeout=20):
+    deadline = time.time() + timeout
+    while server_processes(node_dir):
+        assert time.time() < deadline, "the node's server outlived every rank: %s" % server_processes(node_dir)
+        time.sleep(0.1)
+    assert not [f for f in os.listdir(node_dir) if f.endswith(".sock")], os.listdir(node_dir)
+
+
+def test_node_share_every_sample_once_one_server(index_file, tmp_path, gpufeed_cli):
+    procs = start_ranks(index_file, 2, tmp_path, extra_env={"GPUFEED_CLI": gpufeed_cli})
+    results = finish(procs)
+    outs = []
+    for code, out, err in results:
+        assert code == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert [o["share"] for o in outs] == ["node", "node"]
+    assert sum(o["started_here"] for o in outs) == 1, "one rank starts the node's server, the other attaches"
+    assert len(set(o["batches"] for o in outs)) == 1
+    for epoch in range(2):
+        per_rank = [o["epochs"][epoch]["indices"] for o in outs]
+        assert [o["epochs"][epoch]["batches"] for o in outs] == [outs[0]["batches"]] * 2
+        seen = np.bincount(np.concatenate(per_rank), minlength=N_SAMPLES)
+        assert (seen == 1).all(), "epoch %d: missing %s, doubled %s" % (
+            epoch, np.flatnonzero(seen == 0)[:5], np.flatnonzero(seen > 1)[:5])
+        # The same shard a local loader of that rank delivers: the order is
+        # the loader's, wherever it runs.
+        for r in range(2):
+            local = gpufeed.Loader(index_file, batch_size=32, order="block", seed=3, threads=2, shuffle_window=2,
+                                   rank=r, world_size=2, share="none", output="numpy")
+            local.set_epoch(epoch)
+            assert [index_of(row) for images, _ in local for row in images] == per_rank[r]
+            local.close()
+    # set_epoch reshuffles every rank alike: epoch 2's shards differ from epoch 1's.
+    assert outs[0]["epochs"][0]["indices"] != outs[0]["epochs"][1]["indices"]
+    wait_no_server(tmp_path)
+
+
+def test_a_dead_rank_does_not_stop_the_others(index_file, tmp_path, gpufeed_cli):
+    procs = start_ranks(index_file, 2, tmp_path, die_after={1: 1}, extra_env={"GPUFEED_CLI": gpufeed_cli})
+    (code0, out0, err0), (code1, _, _) = finish(procs)
+    assert code1 == -signal.SIGKILL
+    assert code0 == 0, err0
+    out = json.loads(out0.strip().splitlines()[-1])
+    for epoch in out["epochs"]:
+        assert epoch["batches"] == out["batches"]
+        assert len(epoch["indices"]) == N_SAMPLES // 2
+    wait_no_server(tmp_path)
+
+
+def test_uneven_shards_pad_to_equal_batches(tmp_path, gpufeed_cli):
+    from conftest import write_index_file
+    path = write_index_file(tmp_path / "odd.h5", n=N_SAMPLES + 1)  # 251 over 2 ranks: one padded row
+    procs = start_ranks(path, 2, tmp_path, epochs=1, extra_env={"GPUFEED_CLI": gpufeed_cli})
+    outs = []
+    for code, out, err in finish(procs):
+        assert code == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    indices = [o["epochs"][0]["indices"] for o in outs]
+    assert len(indices[0]) == len(indices[1]) == 126
+    assert outs[0]["epochs"][0]["batches"] == outs[1]["epochs"][0]["batches"]
+    seen = np.bincount(np.concatenate(indices), minlength=N_SAMPLES + 1)
+    assert (seen >= 1).all() and seen.sum() == 252 and (seen == 2).sum() == 1
+    wait_no_server(tmp_path)
+
+
+def test_share_options_are_checked(index_file, monkeypatch):
+    with pytest.raises(gpufeed.InvalidArgumentError, match="share='bogus'"):
+        gpufeed.Loader(index_file, share="bogus")
+    with pytest.raises(gpufeed.InvalidArgumentError, match="labels="):
+        gpufeed.Loader(index_file, share="node", labels="/labels")
+    with pytest.raises(gpufeed.InvalidArgumentError, match="daemon already"):
+        gpufeed.Loader("unix:/nonexistent.sock", share="node")
+    # auto: a local loader outside torchrun, and where a local-only option is given.
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    loader = gpufeed.Loader(index_file, threads=2)
+    assert loader.share == "none"
+    loader.close()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    loader = gpufeed.Loader(index_file, threads=2, labels="/labels")
+    assert loader.share == "none"
+    loader.close()
+
+
+def test_node_server_that_cannot_start_names_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFEED_NODE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", uuid.uuid4().hex)
+    with pytest.raises(gpufeed.Error, match="node's server"):
+        gpufeed.Loader(str(tmp_path / "missing.h5"), share="node")
+    wait_no_server(tmp_path)
