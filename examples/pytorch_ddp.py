@@ -11,8 +11,8 @@ open the file starts a node-local `gpufeed serve`, the others attach to it,
 and it ends after the last rank. Each rank keeps its own shard, pinned slots
 and GPU feed. Every rank gets the same number of batches (the short shard is
 padded, as DistributedSampler does), so no all-reduce waits on a rank with
-one batch fewer; each epoch's sample count and label sum are all-reduced and
-checked against the file. On CPUs (--device cpu, the gloo backend) it is
+one batch fewer; each epoch's sample count and every rank's batch count are
+all-reduced and checked. On CPUs (--device cpu, the gloo backend) it is
 CI's test of the same path (--min-accuracy).
 """
 import argparse
@@ -88,9 +88,10 @@ def main():
     # rank and world_size come from torch.distributed; each rank its shard.
     train = gpufeed.Loader(a.train, batch_size=a.batch_size, order="block", seed=0, **feed)
     test = gpufeed.Loader(a.test, batch_size=1000, order="sequential", **feed)
-    if rank == 0:
-        print("%d ranks, %s; train: %d samples, %d batches a rank, share=%r" % (
-            world, device.type, train.num_samples, len(train), train.share), flush=True)
+    if local_rank == 0:
+        print("node %s: %d ranks in all, %s; train: %d samples, %d batches a rank, share=%r" % (
+            os.environ.get("GROUP_RANK", "0"), world, device.type, train.num_samples, len(train), train.share),
+            flush=True)
     acc = 0.0
     for epoch in range(a.epochs):
         train.set_epoch(epoch)  # every rank reshuffles alike

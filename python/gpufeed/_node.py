@@ -4,8 +4,8 @@ decoded-chunk cache instead of one per rank.
 
 How the ranks meet, with nothing to run by hand:
 - Every rank of the job on this host derives the same name from the job
-  (torchrun's TORCHELASTIC_RUN_ID and restart count, else MASTER_ADDR and
-  MASTER_PORT) and from what the server opens (the data, its fields, the
+  (torchrun's TORCHELASTIC_RUN_ID, GROUP_RANK and restart count, else
+  MASTER_ADDR and MASTER_PORT) and from what the server opens (the data, its fields, the
   cache): PREFIX.sock, PREFIX.lease, PREFIX.lock, PREFIX.log in
   $GPUFEED_NODE_DIR, else $XDG_RUNTIME_DIR, else the temporary directory.
 - A rank takes PREFIX.lock exclusively (the start-up mutex), then a shared
@@ -77,7 +77,10 @@ def resolve(share, data, local_only):
 def _job_id():
     run = os.environ.get("TORCHELASTIC_RUN_ID")
     if run:
-        return "run=%s/restart=%s" % (run, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        # GROUP_RANK: the node's rank, so two agents of one job on one host
+        # (simulated nodes) keep a server each, as real nodes would.
+        return "run=%s/node=%s/restart=%s" % (run, os.environ.get("GROUP_RANK", "0"),
+                                              os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port:
         return "master=%s:%s" % (addr, port)
