@@ -45,32 +45,45 @@ from torch_resnet import Nvml, resnet18  # noqa: E402
 import gpufeed  # noqa: E402
 
 
-def tree_rss(root):
-    """RSS of `root` and every descendant, bytes (from /proc)."""
-    parent, rss = {}, {}
+def pss(pid):
+    """Proportional set size of one process, bytes: shared pages (the node
+    server's slots mapped by a rank, torch's libraries) divided among the
+    processes that map them, so a sum over processes counts memory once."""
+    try:
+        with open("/proc/%s/smaps_rollup" % pid) as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_pss(root):
+    """PSS of `root` and every descendant (the node server, started by a
+    rank, and DataLoader workers are descendants of torchrun's agent)."""
+    parent = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
-            with open("/proc/%s/status" % d) as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-            parent[int(d)] = int(fields["PPid"])
-            rss[int(d)] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
-        except (OSError, KeyError, ValueError):
+            with open("/proc/%s/stat" % d) as f:
+                parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
     total = 0
-    for pid in rss:
+    for pid in parent:
         p = pid
         while p and p != root:
             p = parent.get(p, 0)
-        if p == root:
-            total += rss[pid]
+        if p == root and pid != root:
+            total += pss(pid)
     return total
 
 
 class Sampler(threading.Thread):
     """NVML utilization of this rank's GPU every 50 ms; rank 0 also the
-    job's RSS every 0.5 s."""
+    job's PSS (torchrun's agent excluded) every 0.5 s."""
 
     def __init__(self, nvml, rss_root):
         super().__init__(daemon=True)
@@ -86,7 +99,7 @@ class Sampler(threading.Thread):
                 self.util.append(s[0])
                 self.peak_gpu = max(self.peak_gpu, s[1])
             if self.rss_root and k % 10 == 0:
-                self.peak_rss = max(self.peak_rss, tree_rss(self.rss_root))
+                self.peak_rss = max(self.peak_rss, tree_pss(self.rss_root))
             k += 1
 
     def take_util(self):
@@ -142,19 +155,26 @@ def main():
         loss.backward()
         opt.step()
 
-    # The model's warm-up, the same for every mode.
-    warm = torch.randn(a.batch_size, channels, shape[2], shape[3], device=dev).contiguous(
-        memory_format=torch.channels_last)
-    for _ in range(5):
-        step(warm, torch.randint(0, classes, (a.batch_size,), device=dev))
+    # The model's warm-up, the same for every mode: the input dtype the mode
+    # delivers (bf16 from gpufeed and the ceiling, float32 normalized by the
+    # tuned peer), at the full and the last (short) batch size, so cuDNN's
+    # autotuning is not counted in epoch 1.
+    in_dtype = torch.float32 if a.mode == "tuned" else torch.bfloat16
+    for size in sorted({a.batch_size, share % a.batch_size or a.batch_size}):
+        warm = torch.randn(size, channels, shape[2], shape[3], device=dev).to(in_dtype).contiguous(
+            memory_format=torch.channels_last)
+        for _ in range(3):
+            step(warm, torch.randint(0, classes, (size,), device=dev))
     del warm
     torch.cuda.synchronize()
+    base = torch.tensor([pss(os.getpid())], dtype=torch.float64, device=dev)
+    dist.all_reduce(base)  # the ranks' memory before the feed opens
 
     loader = None
     t_open = time.perf_counter()
     if a.mode == "ceiling":
         src = gpufeed.Loader(a.data, batch_size=1024, order="sequential", device="cuda", dtype=torch.bfloat16,
-                             layout="NHWC", mean=mean, std=std, share="none")
+                             layout="NHWC", mean=mean, std=std, share="none", rank=0, world_size=1)
         parts, lparts = [], []
         for images, lab in src:
             parts.append(images.clone())
@@ -261,12 +281,14 @@ def main():
                "threads": a.threads, "workers": a.workers, "torch": torch.__version__, "model": kind,
                "device": torch.cuda.get_device_name(), "open_seconds": open_s, "epochs": epochs,
                "later_samples_per_s": sum(x["samples_per_s"] for x in later) / len(later),
-               "peak_host_rss": sampler_t.peak_rss, "peak_gpu_mem_per_rank": float(peak[0]),
+               "peak_host_rss": sampler_t.peak_rss, "feed_host_bytes": sampler_t.peak_rss - float(base[0]),
+               "peak_gpu_mem_per_rank": float(peak[0]),
                "torch_peak_alloc_per_rank": float(peak[1]), "loader_stats_rank0": stats,
                "cpus": os.cpu_count()}
-        print("  %-8s G=%d later epochs %.0f samples/s, job RSS %.1f GiB, GPU mem %.1f GiB a rank, open %.1f s" % (
-            a.mode, world, out["later_samples_per_s"], out["peak_host_rss"] / 2**30, out["peak_gpu_mem_per_rank"] / 2**30,
-            open_s), flush=True)
+        print("  %-8s G=%d later epochs %.0f samples/s, job memory %.1f GiB (the feed's %.1f), GPU mem %.1f GiB a "
+              "rank, open %.1f s" % (a.mode, world, out["later_samples_per_s"], out["peak_host_rss"] / 2**30,
+                                     out["feed_host_bytes"] / 2**30, out["peak_gpu_mem_per_rank"] / 2**30, open_s),
+              flush=True)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(out, f, indent=2)
