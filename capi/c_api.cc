@@ -727,7 +727,10 @@ int gpufeed_loader_on_gpu(const gpufeed_loader* l) {
 
 gpufeed_code gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch,
                                         gpufeed_error** error) {
-  return Guard(error, [&] { return StartEpoch(*l->core, epoch, start_batch, error); });
+  return Guard(error, [&] {
+    l->core->opened->source().SetReshard({});  // an epoch of its own, not a resumed one
+    return StartEpoch(*l->core, epoch, start_batch, error);
+  });
 }
 
 gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batch** batch, gpufeed_error** error) {
@@ -802,6 +805,8 @@ gpufeed_code gpufeed_loader_save_state(const gpufeed_loader* l, void** bytes, si
     st.seed = l->core->seed;
     st.epoch = l->core->epoch;
     st.next_batch = l->core->Position();
+    const gpufeed::BatchSource& src = l->core->opened->source();
+    gpufeed::DescribeShard(src.info().num_samples, src.sharding(), &st);
     const std::string s = st.Serialize();
     void* p = std::malloc(s.size());
     if (p == nullptr) return Fail(error, GPUFEED_INTERNAL, "gpufeed_loader_save_state: out of memory");
@@ -821,7 +826,11 @@ gpufeed_code gpufeed_loader_restore_state(gpufeed_loader* l, const void* bytes, 
                   l->core->name + ": saved state is for seed " + std::to_string(st->seed) + ", the loader has seed " +
                       std::to_string(l->core->seed) + " (open the loader with the run's seed)");
     }
-    return StartEpoch(*l->core, st->epoch, st->next_batch, error);
+    // At another world size: the epoch's samples its ranks had not
+    // received, split among this run's (gpufeed/loader.h, Resharding).
+    auto start = l->core->opened->source().PrepareResume(*st);
+    if (!start.ok()) return Fail(error, start.status().WithContext(l->core->name));
+    return StartEpoch(*l->core, st->epoch, *start, error);
   });
 }
 

@@ -305,6 +305,10 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
   w.F64(m.decode.ratio_max);
   w.F64(m.decode.center_fraction);
   w.U8(m.decode.skip_corrupt ? 1 : 0);
+  w.U64(m.loader.reshard.epoch);
+  w.U32(m.loader.reshard.world_size);
+  w.U64(m.loader.reshard.share);
+  w.U64(m.loader.reshard.consumed);
   return w.Take();
 }
 
@@ -336,7 +340,16 @@ Result<Hello> DecodeHello(std::span<const std::byte> p) {
   m.decode.ratio_max = r.F64("ratio_max");
   m.decode.center_fraction = r.F64("center_fraction");
   const uint8_t skip_corrupt = r.U8("skip_corrupt");
+  m.loader.reshard.epoch = r.U64("reshard_epoch");
+  m.loader.reshard.world_size = r.U32("reshard_world_size");
+  m.loader.reshard.share = r.U64("reshard_share");
+  m.loader.reshard.consumed = r.U64("reshard_consumed");
   GPUFEED_RETURN_IF_ERROR(r.Finish());
+  if (m.loader.reshard.world_size > (1u << 24) || m.loader.reshard.consumed > m.loader.reshard.share) {
+    return Status::InvalidArgument("HELLO: reshard of " + std::to_string(m.loader.reshard.world_size) + " ranks, " +
+                                   std::to_string(m.loader.reshard.consumed) + " of " +
+                                   std::to_string(m.loader.reshard.share) + " samples received");
+  }
   if (transform > static_cast<uint8_t>(ImageTransform::kCenterCrop) || skip_corrupt > 1) {
     return Status::InvalidArgument("HELLO: unknown transform " + std::to_string(transform) + " or skip_corrupt " +
                                    std::to_string(skip_corrupt) + " (0 random_resized_crop, 1 center_crop; 0 or 1)");

@@ -33,7 +33,7 @@ inline constexpr uint32_t kMagic = 0x57465047;  // bytes "GPFW"
 // 1: the first; 2: shared-memory batches (BATCH_REF, SLOTS); 3: named fields
 // (HELLO_OK's field list, BATCH payloads field by field) and decode options
 // in HELLO. A peer of another version is refused (docs/protocol.md).
-inline constexpr uint16_t kVersion = 3;
+inline constexpr uint16_t kVersion = 4;  // 4: HELLO carries the loader's reshard
 inline constexpr size_t kHeaderBytes = 32;
 
 // Limits, checked before any allocation.
@@ -121,7 +121,7 @@ struct Hello {
   std::string token;
   std::string dataset;      // one of the daemon's --data; empty: its first
   std::string client_name;  // for logs and metrics
-  LoaderOptions loader;     // batch_size, order, seed, shuffle_window, rank, world_size, drop_last are sent
+  LoaderOptions loader;     // batch_size, order, seed, shuffle_window, rank, world_size, drop_last, reshard are sent
   uint64_t epoch = 0;
   uint64_t start_batch = 0;
   bool compress = false;

@@ -23,6 +23,7 @@
 #include "daemon/shm.h"
 #include "daemon/token.h"
 #include "loader/batch_pool.h"
+#include "loader/sampler.h"
 #include "loader/stream_core.h"
 #include "loader/stream_impl.h"
 
@@ -44,7 +45,7 @@ Status FromErrorFrame(const Conn::Frame& f, const std::string& peer) {
   if (!e.ok()) return e.status().WithContext(peer);
   if (f.header.type == FrameType::kShutdown) {
     return Status::IOError(peer + ": the daemon is shutting down (" + e->message +
-                           "); resume with Epoch(state().epoch, state().next_batch)");
+                           "); resume with Resume(state()) (Python: load_state_dict(state_dict()))");
   }
   return Status(e->code, peer + ": daemon refused: " + e->message);
 }
@@ -138,6 +139,9 @@ struct RemoteLoader::Impl {
 struct RemoteStream final : EpochStream::Impl {
   RemoteLoader::Impl* loader;
   uint64_t epoch = 0, start_batch = 0;
+  // Batches of this epoch for this rank: the loader's, or fewer in an epoch
+  // resumed at another world size (its reshard).
+  uint64_t epoch_batches = 0;
   std::string peer;
   std::atomic<bool> cancel{false};
   std::thread receiver;
@@ -158,7 +162,7 @@ struct RemoteStream final : EpochStream::Impl {
                       std::deque<Batch::Slot*>& held, loader::StreamCore::Item* item);
   Status CheckHead(const daemon::BatchHead& head, uint64_t expect) const;
   Result<std::optional<Batch>> Next() override;
-  uint64_t num_batches() const override { return loader->num_batches; }
+  uint64_t num_batches() const override { return epoch_batches; }
   LoaderStats stats() const override;
   void Stop() override;
   static EpochStream Start(std::unique_ptr<RemoteStream> s) { return Wrap(std::move(s)); }
@@ -199,7 +203,7 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
     return true;
   };
   if (ok->info.sample_bytes != want.sample_bytes || ok->info.batch_size != want.batch_size ||
-      ok->num_batches != loader->num_batches || ok->info.has_labels != want.has_labels || !same_fields()) {
+      ok->num_batches != epoch_batches || ok->info.has_labels != want.has_labels || !same_fields()) {
     return Status::InvalidArgument(peer + ": the daemon now serves a different dataset (" + ok->info.name +
                                    ") than at Connect() (" + want.name + ")");
   }
@@ -482,6 +486,11 @@ EpochStream RemoteLoader::Epoch(uint64_t epoch, uint64_t start_batch) {
   auto s = std::make_unique<RemoteStream>(impl_.get());
   s->epoch = epoch;
   s->start_batch = start_batch;
+  s->epoch_batches = impl_->num_batches;
+  if (const LoaderOptions o = sharding(); o.reshard.world_size > 0 && o.reshard.epoch == epoch && o.batch_size > 0) {
+    const uint64_t share = loader::RankShare(impl_->info.num_samples, o, epoch);
+    s->epoch_batches = (share + o.batch_size - 1) / o.batch_size;
+  }
   s->peer = impl_->address.ToString();
   impl_->state.epoch = epoch;
   impl_->state.next_batch = start_batch;
@@ -503,7 +512,19 @@ EpochStream RemoteLoader::Epoch(uint64_t epoch, uint64_t start_batch) {
   return RemoteStream::Start(std::move(s));
 }
 
-LoaderState RemoteLoader::state() const { return impl_->state; }
+LoaderState RemoteLoader::state() const {
+  LoaderState s = impl_->state;
+  DescribeShard(impl_->info.num_samples, sharding(), &s);
+  return s;
+}
+
+LoaderOptions RemoteLoader::sharding() const {
+  LoaderOptions o = impl_->options.loader;
+  o.batch_size = impl_->info.batch_size;  // as the daemon delivers it (clamped to the share)
+  return o;
+}
+
+void RemoteLoader::SetReshard(const LoaderOptions::Reshard& r) { impl_->options.loader.reshard = r; }
 const BatchSourceInfo& RemoteLoader::info() const { return impl_->info; }
 uint64_t RemoteLoader::num_batches() const { return impl_->num_batches; }
 const RemoteLoaderOptions& RemoteLoader::options() const { return impl_->options; }

@@ -336,8 +336,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   impl->core.SetLog(std::move(*log));
   impl->address = *addr;
   ServerCore& core = impl->core;
-  core.loader_threads =
-      o.loader_threads > 0 ? o.loader_threads : AvailableCores();
+  core.loader_threads = o.loader_threads > 0 ? o.loader_threads : AvailableCores();
   if (!o.token_file.empty()) {
     auto t = daemon::ReadTokenFile(o.token_file);
     if (!t.ok()) return t.status();

@@ -45,14 +45,14 @@ void Session::StartProducer() {
   const uint64_t share = (src.num_samples() + world - 1) / world;
   const uint64_t bb = SaturatingMul(std::min<uint64_t>(lo.batch_size, std::max<uint64_t>(1, share)), sb);
   const uint64_t all_chunks = SaturatingMul(src.num_chunks(), chunk);
-  const uint64_t fixed =
-      SaturatingAdd(SaturatingAdd(std::min(lo.cache_bytes, all_chunks),
-                                  SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb)),
-                    hello_.compress ? SaturatingMul(kMaxQueued, bb) : 0);
+  const uint64_t fixed = SaturatingAdd(
+      SaturatingAdd(std::min(lo.cache_bytes, all_chunks), SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb)),
+      hello_.compress ? SaturatingMul(kMaxQueued, bb) : 0);
   // sb is the decoded sample (an encoded dataset's: its decode options'
   // output); a chunk buffer, encoded bytes or decoded samples of every field.
   auto bound_for = [&](int t) {
-    const uint64_t buffers = std::min<uint64_t>(2 * static_cast<uint64_t>(t) + 4, std::max<uint64_t>(1, src.num_chunks()));
+    const uint64_t buffers =
+        std::min<uint64_t>(2 * static_cast<uint64_t>(t) + 4, std::max<uint64_t>(1, src.num_chunks()));
     return SaturatingAdd(fixed, SaturatingMul(buffers, chunk));
   };
   uint64_t divided_among = 1;
@@ -60,6 +60,10 @@ void Session::StartProducer() {
   stream_key_ = src.name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
                 std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
                 "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
+                (lo.reshard.world_size > 0
+                     ? "reshard " + std::to_string(lo.reshard.epoch) + "/" + std::to_string(lo.reshard.world_size) +
+                           "/" + std::to_string(lo.reshard.share) + "/" + std::to_string(lo.reshard.consumed) + "|"
+                     : std::string()) +
                 (hello_.compress ? "z" : "-") +
                 (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
   // An encoded dataset's decode options (its decoded samples) too.

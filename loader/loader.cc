@@ -401,7 +401,11 @@ const LoaderOptions& Loader::options() const { return impl_->options; }
 const ChunkSource& Loader::source() const { return impl_->source; }
 const BatchSourceInfo& Loader::info() const { return impl_->info; }
 uint64_t Loader::batch_bytes() const { return impl_->batch_bytes(); }
-LoaderState Loader::state() const { return impl_->state; }
+LoaderState Loader::state() const {
+  LoaderState s = impl_->state;
+  DescribeShard(impl_->source.num_samples(), impl_->options, &s);
+  return s;
+}
 
 uint64_t Loader::num_batches() const {
   auto plan = loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
@@ -417,6 +421,44 @@ void LoaderInternal::SetThreads(Loader& loader, int threads) { loader.impl_->thr
 
 void LoaderInternal::ShareChunks(Loader& loader, std::shared_ptr<loader::SharedChunks> shared) {
   loader.impl_->cache->SetShared(std::move(shared));
+}
+
+namespace {
+
+// A stream that fails at its first Next() (a state that cannot resume here).
+struct FailedStream final : EpochStream::Impl {
+  explicit FailedStream(Status st) : status(std::move(st)) {}
+  Result<std::optional<Batch>> Next() override { return status; }
+  uint64_t num_batches() const override { return 0; }
+  LoaderStats stats() const override { return {}; }
+  void Stop() override {}
+  static EpochStream Make(Status st) { return Wrap(std::make_unique<FailedStream>(std::move(st))); }
+  Status status;
+};
+
+}  // namespace
+
+Result<uint64_t> BatchSource::PrepareResume(const LoaderState& state) {
+  const LoaderOptions o = sharding();
+  auto r = ReshardFor(state, o);
+  if (!r.ok()) return r.status();
+  SetReshard(*r);
+  // Resharded here: the epoch's samples left, split anew, from its start.
+  const bool split_here = r->world_size > 0 && state.world_size != static_cast<uint32_t>(std::max(1, o.world_size));
+  return split_here ? 0 : state.next_batch;
+}
+
+EpochStream BatchSource::Resume(const LoaderState& state) {
+  auto start = PrepareResume(state);
+  if (!start.ok()) return FailedStream::Make(start.status());
+  return Epoch(state.epoch, *start);
+}
+
+LoaderOptions Loader::sharding() const { return impl_->options; }
+
+void Loader::SetReshard(const LoaderOptions::Reshard& r) {
+  impl_->options.reshard = r;
+  impl_->next_plan.reset();  // made under the old options
 }
 
 EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {

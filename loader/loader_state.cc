@@ -37,7 +37,7 @@ Result<Order> OrderFromName(std::string_view name) {
 
 namespace {
 constexpr char kStateMagic[8] = {'G', 'P', 'F', 'D', 'L', 'S', 'T', 'A'};
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;  // 2: the shard fields (world size, share, received, base)
 
 void PutU64(std::string& s, uint64_t v) {
   for (int k = 0; k < 8; ++k) s += static_cast<char>((v >> (8 * k)) & 0xff);
@@ -52,9 +52,10 @@ uint64_t GetU64(std::string_view s, size_t at) {
 std::string LoaderState::Serialize() const {
   std::string s(kStateMagic, 8);
   for (int k = 0; k < 4; ++k) s += static_cast<char>((kStateVersion >> (8 * k)) & 0xff);
-  PutU64(s, seed);
-  PutU64(s, epoch);
-  PutU64(s, next_batch);
+  for (uint64_t v : {seed, epoch, next_batch, uint64_t{world_size}, share, consumed, base.epoch,
+                     uint64_t{base.world_size}, base.share, base.consumed}) {
+    PutU64(s, v);
+  }
   return s;
 }
 
@@ -64,15 +65,29 @@ Result<LoaderState> LoaderState::Deserialize(std::string_view bytes) {
   }
   uint32_t version = 0;
   for (int k = 0; k < 4; ++k) version |= uint32_t(uint8_t(bytes[8 + k])) << (8 * k);
-  if (version != kStateVersion) {
-    return Status::Unsupported("loader state: version " + std::to_string(version) + ", this build reads " +
+  if (version != 1 && version != kStateVersion) {
+    return Status::Unsupported("loader state: version " + std::to_string(version) + ", this build reads 1 and " +
                                std::to_string(kStateVersion));
   }
-  if (bytes.size() != 12 + 24) return Status::Corrupt("loader state: wrong length " + std::to_string(bytes.size()));
+  const size_t want = 12 + 8 * (version == 1 ? 3 : 10);
+  if (bytes.size() != want) return Status::Corrupt("loader state: wrong length " + std::to_string(bytes.size()));
   LoaderState s;
   s.seed = GetU64(bytes, 12);
   s.epoch = GetU64(bytes, 20);
   s.next_batch = GetU64(bytes, 28);
+  if (version == 1) return s;  // no shard fields: resumes at the same world size
+  const uint64_t world = GetU64(bytes, 36), base_world = GetU64(bytes, 68);
+  s.share = GetU64(bytes, 44);
+  s.consumed = GetU64(bytes, 52);
+  s.base.epoch = GetU64(bytes, 60);
+  s.base.share = GetU64(bytes, 76);
+  s.base.consumed = GetU64(bytes, 84);
+  if (world > (1u << 24) || base_world > (1u << 24) || s.consumed > s.share || s.base.consumed > s.base.share) {
+    return Status::Corrupt("loader state: shard fields out of range (world size " + std::to_string(world) + ", " +
+                           std::to_string(s.consumed) + " of " + std::to_string(s.share) + " samples received)");
+  }
+  s.world_size = static_cast<uint32_t>(world);
+  s.base.world_size = static_cast<uint32_t>(base_world);
   return s;
 }
 

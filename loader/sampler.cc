@@ -67,6 +67,14 @@ std::vector<uint64_t> GlobalOrder(uint64_t n, uint64_t chunk_samples, Order orde
   return out;
 }
 
+uint64_t RankShare(uint64_t num_samples, const LoaderOptions& o, uint64_t epoch) {
+  const uint64_t world = static_cast<uint64_t>(std::max(1, o.world_size));
+  const uint64_t n =
+      o.reshard.world_size > 0 && o.reshard.epoch == epoch ? ReshardRemaining(num_samples, o.reshard) : num_samples;
+  if (o.drop_last) return o.batch_size == 0 ? 0 : n / world / o.batch_size * o.batch_size;
+  return (n + world - 1) / world;
+}
+
 Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, uint64_t num_chunks,
                                 const LoaderOptions& o, uint64_t epoch) {
   if (o.batch_size == 0) return Status::InvalidArgument("loader: batch size must be at least 1 (--batch-size)");
@@ -102,20 +110,41 @@ Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, ui
   const uint64_t world = static_cast<uint64_t>(o.world_size);
   EpochPlan plan;
   plan.batch_size = o.batch_size;
-  // Contiguous shards of the global order: with kBlock a rank's share is made
-  // of whole windows, so ranks do not read each other's chunks (but the one
-  // cut by a shard boundary).
-  uint64_t per_rank;
-  if (o.drop_last) {
-    per_rank = num_samples / world / o.batch_size * o.batch_size;
+  const LoaderOptions::Reshard& rs = o.reshard;
+  if (rs.world_size > 0 && rs.epoch == epoch) {
+    // A run saved at rs.world_size ranks continues here: the samples none of
+    // its ranks received, in their order, cut into this run's shares.
+    if (rs.consumed > rs.share || rs.share > num_samples) {
+      return Status::InvalidArgument("loader: a saved state's shard (" + std::to_string(rs.consumed) + " of " +
+                                     std::to_string(rs.share) + " samples at " + std::to_string(rs.world_size) +
+                                     " ranks) does not fit a source of " + std::to_string(num_samples) +
+                                     " samples: is it this dataset's state?");
+    }
+    const std::vector<uint64_t> global = GlobalOrder(num_samples, chunk_samples, o.order, o.seed, epoch,
+                                                     o.shuffle_window, rs.world_size > 1 ? rs.share : 0);
+    std::vector<uint64_t> left;
+    left.reserve(ReshardRemaining(num_samples, rs));
+    for (uint64_t r = 0; r < rs.world_size; ++r) {
+      for (uint64_t p = r * rs.share + rs.consumed; p < (r + 1) * rs.share && p < num_samples; ++p) {
+        left.push_back(global[p]);
+      }
+    }
+    const uint64_t m = left.size();
+    const uint64_t per_rank = o.drop_last ? m / world / o.batch_size * o.batch_size : (m + world - 1) / world;
+    const uint64_t start = static_cast<uint64_t>(o.rank) * per_rank;
+    plan.samples.reserve(per_rank);
+    for (uint64_t p = start; p < start + per_rank && m > 0; ++p) plan.samples.push_back(left[p % m]);
   } else {
-    per_rank = (num_samples + world - 1) / world;
+    // Contiguous shards of the global order: with kBlock a rank's share is
+    // made of whole windows, so ranks do not read each other's chunks (but
+    // the one cut by a shard boundary).
+    const uint64_t per_rank = RankShare(num_samples, o, epoch);
+    const std::vector<uint64_t> global =
+        GlobalOrder(num_samples, chunk_samples, o.order, o.seed, epoch, o.shuffle_window, world > 1 ? per_rank : 0);
+    const uint64_t start = static_cast<uint64_t>(o.rank) * per_rank;
+    plan.samples.reserve(per_rank);
+    for (uint64_t p = start; p < start + per_rank; ++p) plan.samples.push_back(global[p % num_samples]);
   }
-  const std::vector<uint64_t> global =
-      GlobalOrder(num_samples, chunk_samples, o.order, o.seed, epoch, o.shuffle_window, world > 1 ? per_rank : 0);
-  const uint64_t start = static_cast<uint64_t>(o.rank) * per_rank;
-  plan.samples.reserve(per_rank);
-  for (uint64_t p = start; p < start + per_rank; ++p) plan.samples.push_back(global[p % num_samples]);
   plan.num_batches = (plan.samples.size() + o.batch_size - 1) / o.batch_size;
   if (plan.num_batches >= (1ull << 32)) return Status::Unsupported("loader: more than 2^32 batches");
 
@@ -139,6 +168,49 @@ Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, ui
 }  // namespace gpufeed::loader
 
 namespace gpufeed {
+
+uint64_t ReshardRemaining(uint64_t num_samples, const LoaderOptions::Reshard& r) {
+  uint64_t left = 0;
+  for (uint64_t k = 0; k < r.world_size; ++k) {
+    const uint64_t from = k * r.share + r.consumed, to = std::min((k + 1) * r.share, num_samples);
+    if (from < to) left += to - from;
+  }
+  return left;
+}
+
+void DescribeShard(uint64_t num_samples, const LoaderOptions& o, LoaderState* s) {
+  s->world_size = static_cast<uint32_t>(std::max(1, o.world_size));
+  s->share = loader::RankShare(num_samples, o, s->epoch);
+  s->base = o.reshard.world_size > 0 && o.reshard.epoch == s->epoch ? o.reshard : LoaderOptions::Reshard{};
+  uint64_t consumed = 0;
+  s->consumed =
+      __builtin_mul_overflow(s->next_batch, o.batch_size, &consumed) ? s->share : std::min(consumed, s->share);
+}
+
+Result<LoaderOptions::Reshard> ReshardFor(const LoaderState& s, const LoaderOptions& o) {
+  const auto world = static_cast<uint32_t>(std::max(1, o.world_size));
+  if (s.world_size == 0 || s.world_size == world) {
+    // The same world size (or an old state that does not say): the same
+    // shares, the epoch from its batch; a resharded epoch as it was.
+    return s.world_size == world ? s.base : LoaderOptions::Reshard{};
+  }
+  if (s.base.world_size > 0) {
+    return Status::InvalidArgument(
+        "loader: the state was saved at " + std::to_string(s.world_size) + " ranks, mid-way through an epoch that " +
+        "itself resumed a run of " + std::to_string(s.base.world_size) + " ranks; resume it at " +
+        std::to_string(s.world_size) + " ranks, or from a state saved at the end of an epoch");
+  }
+  if (s.consumed > s.share) {
+    return Status::InvalidArgument("loader: a saved state received " + std::to_string(s.consumed) +
+                                   " samples of a share of " + std::to_string(s.share) + " (damaged state?)");
+  }
+  LoaderOptions::Reshard r;
+  r.epoch = s.epoch;
+  r.world_size = s.world_size;
+  r.share = s.share;
+  r.consumed = s.consumed;
+  return r;
+}
 
 std::vector<uint64_t> EpochOrder(uint64_t num_samples, uint64_t chunk_samples, Order order, uint64_t seed,
                                  uint64_t epoch, uint64_t shuffle_window) {

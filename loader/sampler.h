@@ -50,6 +50,12 @@ struct EpochPlan {
   uint64_t batch_count(uint64_t b) const { return std::min(batch_size, samples.size() - b * batch_size); }
 };
 
+// Samples in each rank's share of `epoch` (every rank's is the same size):
+// the contiguous share of the epoch's order, or of the samples a reshard
+// left (o.reshard, for its epoch); drop_last rounds down to whole batches,
+// else it is rounded up (the short shares padded).
+uint64_t RankShare(uint64_t num_samples, const LoaderOptions& o, uint64_t epoch);
+
 // Builds the plan for one rank, or fails with InvalidArgument for bad options
 // (batch_size 0, rank outside [0, world_size), ...).
 Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, uint64_t num_chunks,

@@ -82,7 +82,29 @@ struct LoaderOptions {
   bool drop_last = false;
   // Allocate batch buffers with cudaHostAlloc when a CUDA device is present.
   bool pin_memory = true;
+  // Epoch reshard.epoch continues a run saved at another world size
+  // (Reshard, below); world_size 0: none. Set by a resume, not by hand.
+  struct Reshard {
+    uint64_t epoch = 0;
+    uint32_t world_size = 0;  // the saved run's ranks
+    uint64_t share = 0;       // samples in each of its ranks' shares that epoch
+    uint64_t consumed = 0;    // samples each of them had received
+  } reshard;
 };
+
+// Resuming at another world size. A state saved at W ranks, each having
+// received `consumed` samples of its contiguous share of the epoch's order,
+// resumes at W' ranks (any rank's state will do: ranks of one run move in
+// step) with the samples none of them received, in the order they had, cut
+// into W' contiguous shares (padded or dropped as drop_last says): in that
+// epoch no sample is lost or repeated, and later epochs are the W' ranks'
+// own. A state saved mid-way through such an epoch resumes at the same
+// world size only (InvalidArgument otherwise: resume at its world size, or
+// from a state saved at an epoch's end).
+//
+// The samples left of `r`'s epoch, in order (positions < num_samples only:
+// the saved run's padding repeats samples that are there already).
+uint64_t ReshardRemaining(uint64_t num_samples, const LoaderOptions::Reshard& r);
 
 // The order of all `num_samples` samples in an epoch before sharding, as
 // every rank computes it (each rank's share is cut from it): a pure function
@@ -90,15 +112,34 @@ struct LoaderOptions {
 std::vector<uint64_t> EpochOrder(uint64_t num_samples, uint64_t chunk_samples, Order order, uint64_t seed,
                                  uint64_t epoch, uint64_t shuffle_window);
 
-// Where a run is: resume with Loader::Epoch(state.epoch, state.next_batch).
-// Serialized with a magic and a version.
+// Where a run is: resume with BatchSource::Resume(state) (at the same world
+// size: Epoch(state.epoch, state.next_batch)). Serialized with a magic and a
+// version (version 1, without the shard fields, is still read: it resumes
+// at the same world size only).
 struct LoaderState {
   uint64_t seed = 0;
   uint64_t epoch = 0;
   uint64_t next_batch = 0;  // batches the consumer has received this epoch
+  // The shard the position is in (DescribeShard): 0 when unknown.
+  uint32_t world_size = 0;
+  uint64_t share = 0;     // samples of this rank's share in this epoch
+  uint64_t consumed = 0;  // of them received: min(next_batch x batch size, share)
+  // The reshard this epoch itself ran under (world_size 0: none).
+  LoaderOptions::Reshard base;
   std::string Serialize() const;
   static Result<LoaderState> Deserialize(std::string_view bytes);
 };
+
+// Fills state's shard fields for its (epoch, next_batch) under `options`
+// (batch_size as delivered), for a source of `num_samples`.
+void DescribeShard(uint64_t num_samples, const LoaderOptions& options, LoaderState* state);
+
+// The reshard that resuming `state` at `options`' world size needs, or
+// world_size 0 when Epoch(state.epoch, state.next_batch) resumes it (the
+// same world size and share, or a state without shard fields).
+// InvalidArgument for a state saved mid-way through a resharded epoch at
+// another world size.
+Result<LoaderOptions::Reshard> ReshardFor(const LoaderState& state, const LoaderOptions& options);
 
 // One delivered batch. Move-only; its buffer returns to the loader's pool when
 // the Batch is destroyed (the range-for iterator does that when it advances).
@@ -276,8 +317,23 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0) = 0;
-  EpochStream Resume(const LoaderState& state) { return Epoch(state.epoch, state.next_batch); }
+  // Continues where `state` was saved, at this source's world size too
+  // (ReshardFor): its epoch from its batch, or the samples its run had not
+  // received, split among this run's ranks. The stream fails with
+  // InvalidArgument for a state that cannot resume here.
+  EpochStream Resume(const LoaderState& state);
+  // Resume's first half, for callers that start the epoch themselves (the C
+  // API's feed): sets the reshard `state` needs and returns the batch its
+  // epoch starts at; InvalidArgument as ReshardFor.
+  Result<uint64_t> PrepareResume(const LoaderState& state);
+  // The state's position (epoch, next_batch) with its shard fields.
   virtual LoaderState state() const = 0;
+  // The sharding options (rank, world size, drop_last, batch size as
+  // delivered, a pending reshard) the epochs are cut with.
+  virtual LoaderOptions sharding() const = 0;
+  // Epoch r.epoch continues a run saved at r.world_size ranks (Resume sets
+  // it; world_size 0 clears it). Takes effect at the next Epoch().
+  virtual void SetReshard(const LoaderOptions::Reshard& r) = 0;
   virtual const BatchSourceInfo& info() const = 0;
   virtual uint64_t num_batches() const = 0;  // per epoch, for this rank
 };
@@ -298,6 +354,8 @@ class Loader : public BatchSource {
   // Where the consumer is: the epoch of the last stream and how many of its
   // batches were received.
   LoaderState state() const override;
+  LoaderOptions sharding() const override;
+  void SetReshard(const LoaderOptions::Reshard& r) override;
   // The source's shape, dtype, labels and (for a Dataset) mean/std, and the
   // batch size; fixed at construction.
   const BatchSourceInfo& info() const override;

@@ -87,6 +87,8 @@ class RemoteLoader final : public BatchSource {
   // Connection failures surface from the stream's first Next().
   EpochStream Epoch(uint64_t epoch, uint64_t start_batch = 0) override;
   LoaderState state() const override;
+  LoaderOptions sharding() const override;
+  void SetReshard(const LoaderOptions::Reshard& r) override;
   const BatchSourceInfo& info() const override;  // as the daemon reported it
   uint64_t num_batches() const override;         // per epoch, for this rank
   const RemoteLoaderOptions& options() const;

@@ -254,13 +254,29 @@ TEST(ProtocolTest, HelloCarriesDecodeOptionsAndRefusesBadOnes) {
   bad = h;
   bad.decode.center_fraction = 1.5;
   refused(EncodeHello(bad), "center-crop fraction");
-  // The transform and skip_corrupt bytes: the last f64s and the last byte.
+  // The transform and skip_corrupt bytes, before the reshard (u64, u32,
+  // u64, u64: 28 bytes at the end).
+  const size_t reshard_bytes = 8 + 4 + 8 + 8;
   auto bytes = EncodeHello(h);
-  bytes.back() = std::byte{2};
+  bytes[bytes.size() - 1 - reshard_bytes] = std::byte{2};
   refused(bytes, "skip_corrupt 2");
   bytes = EncodeHello(h);
-  bytes[bytes.size() - 1 - 5 * 8 - 1] = std::byte{7};
+  bytes[bytes.size() - 1 - reshard_bytes - 5 * 8 - 1] = std::byte{7};
   refused(bytes, "unknown transform 7");
+  // The reshard of a run resumed at another world size travels, checked.
+  h.loader.reshard = {7, 3, 160, 48};
+  auto r = DecodeHello(EncodeHello(h));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->loader.reshard.epoch, 7u);
+  EXPECT_EQ(r->loader.reshard.world_size, 3u);
+  EXPECT_EQ(r->loader.reshard.share, 160u);
+  EXPECT_EQ(r->loader.reshard.consumed, 48u);
+  bad = h;
+  bad.loader.reshard.consumed = 161;
+  refused(EncodeHello(bad), "161 of 160 samples received");
+  bad = h;
+  bad.loader.reshard.world_size = (1u << 24) + 1;
+  refused(EncodeHello(bad), "reshard of 16777217 ranks");
 }
 
 TEST(ProtocolTest, VersionMismatchNamesBothVersionsAndTheSideToUpgrade) {
@@ -270,14 +286,15 @@ TEST(ProtocolTest, VersionMismatchNamesBothVersionsAndTheSideToUpgrade) {
   std::memcpy(old.data() + 4, &two, 2);
   Status st = ParseHeader(old, kMaxControlPayload, kMaxControlPayload, "client unix").status();
   EXPECT_EQ(st.code(), StatusCode::kUnsupported);
-  EXPECT_NE(st.message().find("client unix speaks gpufeed daemon protocol version 2; this build speaks version 3"),
+  EXPECT_NE(st.message().find("client unix speaks gpufeed daemon protocol version 2; this build speaks version " +
+                              std::to_string(kVersion)),
             std::string::npos)
       << st.message();
   EXPECT_NE(st.message().find("upgrade gpufeed on the older side (client unix)"), std::string::npos);
   EXPECT_EQ(HeaderVersion(old), 2);
   HeaderBytes newer = old;
-  const uint16_t four = 4;
-  std::memcpy(newer.data() + 4, &four, 2);
+  const uint16_t next = kVersion + 1;
+  std::memcpy(newer.data() + 4, &next, 2);
   st = ParseHeader(newer, kMaxControlPayload, kMaxControlPayload, "daemon x").status();
   EXPECT_NE(st.message().find("upgrade gpufeed on this side"), std::string::npos) << st.message();
   // A header made for another version checks out in that version.

@@ -131,6 +131,124 @@ TEST(LoaderTest, ResumeGivesIdenticalBatches) {
   EXPECT_TRUE(std::equal(rest.indices.begin(), rest.indices.end(), whole.indices.begin() + 6 * 32));
 }
 
+// A run saved at W ranks after k batches resumes at W' ranks: in that epoch
+// every sample arrives exactly once (what the W ranks received, then what
+// the W' ranks receive, less the W' run's padding), every W' rank gets the
+// same number of batches, and the next epoch is the W' ranks' own.
+TEST(LoaderTest, ResumeAtAnotherWorldSizeLosesAndRepeatsNothing) {
+  const uint64_t n = 480;  // divisible by 1..4 and 6: no padding in the saved run
+  InMemorySource src(n, 24, 7);
+  for (Order order : {Order::kBlock, Order::kRandom}) {
+    for (int from : {1, 2, 3, 4}) {
+      for (int to : {1, 2, 3, 5}) {
+        for (uint64_t k : {0, 1, 4}) {
+          if (from == to) continue;
+          SCOPED_TRACE(std::string(OrderName(order)) + " " + std::to_string(from) + " -> " + std::to_string(to) +
+                       " ranks after " + std::to_string(k) + " batches");
+          std::vector<int> seen(n, 0);
+          LoaderState saved;
+          for (int r = 0; r < from; ++r) {
+            LoaderOptions o = Opts(order, 2, 2);
+            o.batch_size = 16;
+            o.rank = r;
+            o.world_size = from;
+            Loader l(src, o);
+            EpochStream stream = l.Epoch(3);
+            for (uint64_t b = 0; b < k; ++b) {
+              auto batch = stream.Next();
+              ASSERT_TRUE(batch.ok() && batch->has_value());
+              for (uint64_t i : (*batch)->indices()) seen[i] += 1;
+            }
+            const LoaderState st = l.state();
+            if (r == 0) {
+              saved = st;
+            } else {  // ranks of one run move in step: any rank's state will do
+              EXPECT_EQ(st.consumed, saved.consumed);
+              EXPECT_EQ(st.share, saved.share);
+            }
+          }
+          auto restored = LoaderState::Deserialize(saved.Serialize());
+          ASSERT_TRUE(restored.ok());
+          EXPECT_EQ(restored->world_size, static_cast<uint32_t>(from));
+          EXPECT_EQ(restored->consumed, std::min<uint64_t>(k * 16, n / from));
+          const uint64_t left = n - static_cast<uint64_t>(from) * restored->consumed;
+          const uint64_t per_rank = (left + to - 1) / to;
+          std::vector<int> resumed(n, 0);
+          std::vector<uint64_t> batches;
+          for (int r = 0; r < to; ++r) {
+            LoaderOptions o = Opts(order, 2, 2);
+            o.batch_size = 16;
+            o.rank = r;
+            o.world_size = to;
+            Loader l(src, o);
+            uint64_t count = 0, nb = 0;
+            EpochStream stream = l.Resume(*restored);
+            for (const Batch& b : stream) {
+              for (uint64_t i : b.indices()) resumed[i] += 1;
+              count += b.size();
+              ++nb;
+            }
+            EXPECT_EQ(count, per_rank);
+            batches.push_back(nb);
+            // The next epoch is this run's own: a full share.
+            uint64_t next = 0;
+            for (const Batch& b : l.Epoch(4)) next += b.size();
+            EXPECT_EQ(next, (n + to - 1) / to);
+          }
+          EXPECT_EQ(std::count(batches.begin(), batches.end(), batches[0]), to);
+          uint64_t padded = 0;
+          for (uint64_t i = 0; i < n; ++i) {
+            ASSERT_GE(seen[i] + resumed[i], 1) << "sample " << i << " lost";
+            ASSERT_LE(seen[i], 1);
+            padded += seen[i] + resumed[i] - 1;
+          }
+          EXPECT_EQ(padded, per_rank * to - left) << "only the resumed run's padding repeats";
+        }
+      }
+    }
+  }
+}
+
+TEST(LoaderTest, ResumeAtAnotherWorldSizeIsRefusedMidWayThroughAResumedEpoch) {
+  InMemorySource src(480, 24, 7);
+  LoaderOptions o = Opts(Order::kBlock, 2, 2);
+  o.batch_size = 16;
+  o.world_size = 2;
+  LoaderState at2;
+  {
+    Loader l(src, o);
+    EpochStream stream = l.Epoch(0);
+    ASSERT_TRUE(stream.Next().ok());
+    at2 = l.state();
+  }
+  o.world_size = 3;
+  Loader l3(src, o);
+  EpochStream resumed = l3.Resume(at2);
+  ASSERT_TRUE(resumed.Next().ok());
+  const LoaderState at3 = l3.state();
+  EXPECT_EQ(at3.base.world_size, 2u);
+  // At 3 ranks again: the same resharded epoch, from where it was.
+  {
+    Loader again(src, o);
+    EpochStream s = again.Resume(at3);
+    uint64_t rest = 0;
+    for (const Batch& b : s) rest += b.size();
+    EXPECT_EQ(rest + 16, (480 - 2 * 16 + 2) / 3);
+  }
+  o.world_size = 4;
+  Loader l4(src, o);
+  auto r = l4.Resume(at3).Next();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("resume it at 3 ranks"), std::string::npos) << r.status().message();
+  // A version-1 state (no shard fields) still reads, and resumes as before.
+  std::string v1 = at2.Serialize().substr(0, 12 + 24);
+  v1[8] = 1;
+  auto old = LoaderState::Deserialize(v1);
+  ASSERT_TRUE(old.ok());
+  EXPECT_EQ(old->world_size, 0u);
+  EXPECT_EQ(old->next_batch, 1u);
+}
+
 TEST(LoaderTest, BlockOrderReadsEachChunkOnceWithAWindowOfCache) {
   InMemorySource src(2000, 100, 20);  // 100 chunks of 2000 bytes
   for (auto [threads, prefetch] : {std::pair{1, 1}, {2, 4}, {4, 8}}) {

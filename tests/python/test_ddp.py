@@ -172,3 +172,68 @@ def test_node_server_that_cannot_start_names_why(tmp_path, monkeypatch):
     with pytest.raises(gpufeed.Error, match="node's server"):
         gpufeed.Loader(str(tmp_path / "missing.h5"), share="node")
     wait_no_server(tmp_path)
+
+
+RESUME_CHILD = r"""
+import json, pickle, sys
+import gpufeed
+from conftest import index_of
+path, what, arg = sys.argv[1], sys.argv[2], sys.argv[3]
+loader = gpufeed.Loader(path, batch_size=16, order="block", seed=9, threads=2, prefetch=2, shuffle_window=2,
+                        output="numpy")
+loader.set_epoch(1)
+got, n = [], 0
+if what == "save":  # read `arg` batches of epoch 1, then save
+    for images, labels in loader:
+        got += [index_of(row) for row in images]
+        n += 1
+        if n == int(arg):
+            break
+    out = {"indices": got, "state": pickle.dumps(loader.state_dict()).hex(), "share": loader.share}
+else:  # resume from the state, to the epoch's end
+    loader.load_state_dict(pickle.loads(bytes.fromhex(arg)))
+    for images, labels in loader:
+        got += [index_of(row) for row in images]
+        n += 1
+    out = {"indices": got, "batches": n, "share": loader.share}
+loader.close()
+print(json.dumps(out))
+"""
+
+
+def run_ranks(script, world, node_dir, args, gpufeed_cli, share_env="node"):
+    run_id = uuid.uuid4().hex
+    procs = []
+    for r in range(world):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), str(ROOT / "tests" / "python"),
+                                                          os.environ.get("PYTHONPATH")]))
+        env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                    "LOCAL_WORLD_SIZE": str(world if share_env == "node" else 1), "TORCHELASTIC_RUN_ID": run_id,
+                    "GPUFEED_NODE_DIR": str(node_dir), "GPUFEED_CLI": gpufeed_cli})
+        procs.append(subprocess.Popen([sys.executable, "-c", script] + list(args), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for code, out, err in finish(procs):
+        assert code == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+@pytest.mark.parametrize("save_world,resume_world,resume_share", [(2, 3, "node"), (2, 1, "none"), (3, 2, "none")])
+def test_resume_at_another_world_size(index_file, tmp_path, gpufeed_cli, save_world, resume_world, resume_share):
+    saved = run_ranks(RESUME_CHILD, save_world, tmp_path, [index_file, "save", "3"], gpufeed_cli)
+    assert all(o["share"] == "node" for o in saved) if save_world > 1 else True
+    first = np.concatenate([o["indices"] for o in saved])
+    resumed = run_ranks(RESUME_CHILD, resume_world, tmp_path, [index_file, "resume", saved[0]["state"]], gpufeed_cli,
+                        share_env=resume_share)
+    assert all(o["share"] == (resume_share if resume_world > 1 else "none") for o in resumed)
+    assert len(set(o["batches"] for o in resumed)) == 1, "every rank the same number of batches"
+    rest = np.concatenate([o["indices"] for o in resumed])
+    left = N_SAMPLES - len(first)
+    padding = resume_world * -(-left // resume_world) - left
+    seen = np.bincount(np.concatenate([first, rest]), minlength=N_SAMPLES)
+    assert (seen >= 1).all(), "lost: %s" % np.flatnonzero(seen == 0)[:10]
+    assert seen.sum() - N_SAMPLES == padding, "repeated beyond the resumed run's padding: %s" % np.flatnonzero(
+        seen > 1)[:10]
+    wait_no_server(tmp_path)
