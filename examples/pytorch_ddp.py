@@ -29,16 +29,20 @@ import gpufeed
 
 
 class SmallCNN(nn.Module):
-    def __init__(self, classes=10):
+    """examples/pytorch_train.py's CNN for any channel count and image size
+    (Fashion-MNIST's 1 x 28 x 28, or CelebA-shaped 3 x 218 x 178)."""
+
+    def __init__(self, channels=1, classes=10):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, 8, 3, padding=1)
         self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(7)
         self.fc = nn.Linear(16 * 7 * 7, classes)
 
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc(x.flatten(1))
+        return self.fc(self.pool(x).flatten(1))
 
 
 def all_sum(values, device):
@@ -68,6 +72,7 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=128, help="per rank")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--classes", type=int, default=10)
     p.add_argument("--threads", type=int, default=0, help="loader threads per rank (0: the node's cores, shared)")
     p.add_argument("--share", default="auto", help="auto, node or none (gpufeed.Loader's share=)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -81,13 +86,14 @@ def main():
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(SmallCNN().to(device), device_ids=[local_rank] if cuda else None)
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr * world)
     feed = dict(device="cuda" if cuda else "cpu", dtype=torch.float32, threads=a.threads, share=a.share)
     # rank and world_size come from torch.distributed; each rank its shard.
     train = gpufeed.Loader(a.train, batch_size=a.batch_size, order="block", seed=0, **feed)
     test = gpufeed.Loader(a.test, batch_size=1000, order="sequential", **feed)
+    torch.manual_seed(0)
+    model = SmallCNN(train.sample_shape[0], a.classes).to(device)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+    opt = torch.optim.Adam(model.parameters(), lr=a.lr * world)
     if local_rank == 0:
         print("node %s: %d ranks in all, %s; train: %d samples, %d batches a rank, share=%r" % (
             os.environ.get("GROUP_RANK", "0"), world, device.type, train.num_samples, len(train), train.share),
@@ -122,6 +128,12 @@ def main():
                 epoch, seen_all, world, seconds, seen_all / max(seconds, 1e-9), acc), flush=True)
     train.close()
     test.close()
+    # Teardown in this order: the DDP module (its reducer holds the process
+    # group) while the group is still registered, then the group once no
+    # collective is in flight (torch 1.13's gloo group, freed last by the
+    # reducer at exit, could wait for the GIL its own destructor held).
+    dist.barrier()
+    del model, opt
     dist.destroy_process_group()
     if a.min_accuracy is not None and acc < a.min_accuracy:
         print("test accuracy %.4f < %.2f" % (acc, a.min_accuracy), file=sys.stderr)
