@@ -2,8 +2,10 @@
 // them (daemon/open_source.cc), and encoded datasets' per-options sources.
 #include "daemon/datasets.h"
 
+#include <algorithm>
 #include <cstdio>
 
+#include "common/sizes.h"
 #include "daemon/protocol.h"
 #include "gpufeed/fields.h"
 #include "hdf5io/probe.h"
@@ -32,6 +34,19 @@ struct DatasetRegistry::Entry {
   Mutex mu;
   std::vector<std::unique_ptr<Variant>> variants GUARDED_BY(mu);  // never shrinks: Loaders point into them
 };
+
+uint64_t DatasetRegistry::ShareCaches(uint64_t bytes) {
+  uint64_t total = 0;
+  for (const auto& e : entries_) {
+    if (e->encoded || e->source == nullptr) continue;
+    const ChunkSource& src = *e->source;
+    const uint64_t chunks = SaturatingMul(src.num_chunks(), src.max_chunk_buffer_bytes());
+    const uint64_t b = std::min(bytes, chunks);
+    e->shared->Retain(b);
+    total = SaturatingAdd(total, b);
+  }
+  return total;
+}
 
 DatasetRegistry::DatasetRegistry() = default;
 DatasetRegistry::~DatasetRegistry() = default;

@@ -69,6 +69,14 @@ class DatasetRegistry {
   // Thread-safe.
   Result<Stream> Find(const std::string& name, const DecodeOptions& decode);
 
+  // At Start, after every Add: each dataset's streams share one cache of up
+  // to `bytes` decoded chunks (loader::SharedChunks::Retain; no more than
+  // the dataset's chunks; 0: none), so the ranks of a job, whose shards move
+  // every epoch, do not decode again what another rank's stream had.
+  // Encoded datasets keep none (their chunks are the encoded files). Returns
+  // the bytes it may hold, for the memory budget.
+  uint64_t ShareCaches(uint64_t bytes);
+
   std::string Names() const;  // "a.h5,b.h5", for the log
   bool empty() const { return entries_.empty(); }
 

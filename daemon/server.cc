@@ -358,6 +358,16 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     GPUFEED_RETURN_IF_ERROR(core.datasets.Add(o.data[i], std::move(open)));
   }
   if (!o.lease_file.empty()) GPUFEED_RETURN_IF_ERROR(impl->OpenLease(o.lease_file));
+  // Each dataset's one cache, shared by its streams (loader::SharedChunks),
+  // is reserved once; a budget too small for it serves without it.
+  if (const uint64_t shared = core.datasets.ShareCaches(o.cache_bytes); shared > 0) {
+    uint64_t after = 0;
+    if (!core.Reserve(shared, &after)) {
+      core.datasets.ShareCaches(0);
+      core.Log("warn", "shared_cache_off",
+               daemon::Kv("wanted_bytes", shared) + " " + daemon::Kv("memory_bytes", o.memory_bytes));
+    }
+  }
   GPUFEED_RETURN_IF_ERROR(impl->Bind());
   Status st = o.metrics_listen.empty() ? Status::Ok() : impl->metrics.Bind(o.metrics_listen);
   if (!st.ok()) {

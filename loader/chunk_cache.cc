@@ -117,6 +117,7 @@ bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
 
 std::shared_ptr<ChunkEntry> SharedChunks::Find(uint32_t chunk) {
   MutexLock lock(&mu_);
+  if (auto r = retained_.find(chunk); r != retained_.end()) return r->second;
   auto it = entries_.find(chunk);
   if (it == entries_.end()) return nullptr;
   auto e = it->second.lock();
@@ -128,6 +129,21 @@ void SharedChunks::Publish(const std::shared_ptr<ChunkEntry>& e) {
   MutexLock lock(&mu_);
   std::weak_ptr<ChunkEntry>& slot = entries_[e->chunk];
   if (slot.expired()) slot = e;
+  const uint64_t bytes = e->pool->buffer_bytes();
+  if (retain_budget_ > 0 && retained_bytes_ + bytes <= retain_budget_ && !retained_.count(e->chunk)) {
+    retained_.emplace(e->chunk, slot.lock());
+    retained_bytes_ += bytes;
+  }
+}
+
+void SharedChunks::Retain(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  retain_budget_ = bytes;
+}
+
+uint64_t SharedChunks::retained_bytes() const {
+  MutexLock lock(&mu_);
+  return retained_bytes_;
 }
 
 std::shared_ptr<ChunkEntry> ChunkCache::NewOrShared(uint32_t c, bool* shared) {

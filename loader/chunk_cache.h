@@ -87,18 +87,33 @@ struct ChunkEntry {
 
 // Decoded chunks of one source that several caches (the daemon's streams of
 // one file) pick up from each other: a chunk another stream has decoded, or is
-// decoding, is used rather than read again. Only weak references are kept:
-// each entry lives as long as some cache or batch holds it, and counts in the
-// budget of every cache that holds it (so each cache's bound still holds).
+// decoding, is used rather than read again. Weak references: each entry lives
+// as long as some cache or batch holds it, and counts in the budget of every
+// cache that holds it (so each cache's bound still holds). And, up to
+// Retain()'s bytes of chunk buffers, strong ones: the node's one cache. A
+// stream's cache keeps only the chunks of its own shard's next uses (this
+// epoch and the next), and the ranks' shards move every epoch, so without
+// it each of a job's streams read again, every epoch, the chunks the others
+// had (0.80-0.82 of the model's ceiling for a loader per rank on two H100s,
+// docs/benchmarks.md). Retained entries are never dropped: the first
+// budget's worth published stay until the SharedChunks goes (a
+// retained entry still queued is decoded by whoever needs it, Ensure).
 // Thread-safe.
 class SharedChunks {
  public:
+  // Retains up to `bytes` of chunk buffers from now on (0: none, the
+  // default); call before the caches that share it start.
+  void Retain(uint64_t bytes);
   std::shared_ptr<ChunkEntry> Find(uint32_t chunk);
   void Publish(const std::shared_ptr<ChunkEntry>& e);  // keeps a live entry already there
+  uint64_t retained_bytes() const;
 
  private:
-  Mutex mu_;
+  mutable Mutex mu_;
+  uint64_t retain_budget_ GUARDED_BY(mu_) = 0;
   std::unordered_map<uint32_t, std::weak_ptr<ChunkEntry>> entries_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, std::shared_ptr<ChunkEntry>> retained_ GUARDED_BY(mu_);
+  uint64_t retained_bytes_ GUARDED_BY(mu_) = 0;
 };
 
 struct CacheCounters {

@@ -272,6 +272,54 @@ TEST(LoaderTest, BlockOrderReadsEachChunkOnceWithAWindowOfCache) {
   }
 }
 
+// The ranks of a job reading through one SharedChunks with a retained
+// budget (the daemon's node-level cache): their shards move every epoch, yet
+// from the second epoch on no stream reads a chunk, because whatever one
+// rank decoded stays for the others. Without retention each rank reads
+// again, every epoch, the chunks another rank had.
+TEST(LoaderTest, RanksSharingARetainedCacheReadNothingAfterTheFirstEpoch) {
+  InMemorySource src(960, 48, 16);  // 60 chunks
+  for (const bool retain : {false, true}) {
+    SCOPED_TRACE(retain ? "retained" : "weak only");
+    auto shared = std::make_shared<loader::SharedChunks>();
+    if (retain) shared->Retain(uint64_t{60} * 16 * 48);
+    std::vector<std::unique_ptr<Loader>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      LoaderOptions o = Opts(Order::kBlock, 2, 2);
+      o.batch_size = 16;
+      o.shuffle_window = 2;
+      o.rank = r;
+      o.world_size = 2;
+      o.cache_bytes = uint64_t{60} * 16 * 48;  // each could hold the whole file
+      ranks.push_back(std::make_unique<Loader>(src, o));
+      LoaderInternal::ShareChunks(*ranks.back(), shared);
+    }
+    for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+      uint64_t reads = 0;
+      std::vector<int> seen(960, 0);
+      for (auto& l : ranks) {
+        EpochStream s = l->Epoch(epoch);
+        for (const Batch& b : s) {
+          for (uint64_t i = 0; i < b.size(); ++i) {
+            ASSERT_EQ(testing::SampleIndexOf(b.images().subspan(i * 48, 48)), static_cast<int64_t>(b.indices()[i]));
+            seen[b.indices()[i]] += 1;
+          }
+        }
+        reads += s.stats().chunk_reads + s.stats().chunk_reads_ahead;
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 960);
+      if (epoch == 0) {
+        EXPECT_GE(reads, 60u);
+      } else if (retain) {
+        EXPECT_EQ(reads, 0u) << "epoch " << epoch;
+      } else {
+        EXPECT_GT(reads, 0u) << "epoch " << epoch << ": the shards moved, so some chunks are read again";
+      }
+    }
+    if (retain) EXPECT_EQ(shared->retained_bytes(), uint64_t{60} * 16 * 48);
+  }
+}
+
 // Two Loaders of one source sharing their decoded chunks (what the daemon
 // does for the streams of one file): consumed in lockstep, the second takes
 // its chunks from the first's cache instead of reading them, and both still
