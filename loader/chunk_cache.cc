@@ -248,13 +248,14 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
     if (it == resident_.end()) continue;
     counters_.hits += 1;
     handles[j] = it->second;
-    if (NextUse(c) == kNever) {
-      Erase(c);  // the handle keeps it alive for this batch
-    } else {
-      by_next_use_.erase({key_[c], c});
-      key_[c] = NextUse(c);
-      by_next_use_.insert({key_[c], c});
-    }
+    // A chunk with no use ahead in this epoch or the next stays while the
+    // budget has room: it is the first to go (Admit evicts the furthest
+    // next use first), and a later epoch may want it — a rank's share moves
+    // every epoch, so a loader per rank would otherwise decode again, every
+    // epoch, the part of its share that another rank had last time.
+    by_next_use_.erase({key_[c], c});
+    key_[c] = NextUse(c);
+    by_next_use_.insert({key_[c], c});
   }
   for (size_t j = 0; j < chunks.size(); ++j) {
     if (handles[j]) continue;
@@ -267,9 +268,13 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
       counters_.misses += 1;
     }
     const uint64_t next = NextUse(c);
-    if (next != kNever && Admit(ChunkBytes(c), next)) {
+    // Kept if needed ahead (making room), or in room that is free anyway.
+    const bool keep = next != kNever ? Admit(ChunkBytes(c), next) : resident_bytes_ + ChunkBytes(c) <= budget_;
+    if (keep) {
       Insert(e);
-      if (!shared) Spawn(e, tasks);  // a shared one is decoded (or queued) by its cache
+      // A shared one is decoded (or queued) by its cache; one kept only in
+      // free room is decoded by the assembling thread, as a transient is.
+      if (!shared && next != kNever) Spawn(e, tasks);
     }  // else transient: decoded by the assembling thread (or the other cache's), freed after
     if (!shared && shared_) shared_->Publish(e);
     handles[j] = std::move(e);

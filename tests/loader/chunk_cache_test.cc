@@ -41,11 +41,11 @@ TEST(ChunkCacheTest, EvictsTheChunkNeededFurthestInTheFuture) {
   run(2);
   EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1}));
   run(3);  // hit 0
-  run(4);  // hit 1, and 1 is never needed again: dropped
-  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0}));
-  run(5);  // 3: used once, transient
-  run(6);  // hit 0, dropped after
-  EXPECT_TRUE(cache.ResidentChunks().empty());
+  run(4);  // hit 1: never needed again in this plan, it stays while nothing needs its room
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1}));
+  run(5);  // 3: used once, and no free room: transient
+  run(6);  // hit 0
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1}));
   tasks.wait();
   EXPECT_EQ(cache.counters().hits.load(), 3u);
   EXPECT_EQ(cache.counters().misses.load(), 4u);
@@ -82,13 +82,31 @@ TEST(ChunkCacheTest, PrefetchesWhatTheNextBatchesNeed) {
   auto h = cache.Acquire(0, /*max_pending=*/3, tasks);
   tasks.wait();
   EXPECT_EQ(cache.counters().prefetched.load(), 3u);
-  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{1, 2, 3}));
+  // 0 (used once) stays in the room left, decoded by the caller, not queued.
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1, 2, 3}));
   for (uint64_t b = 1; b < 4; ++b) {
     for (auto& e : cache.Acquire(b, 0, tasks)) {
       EXPECT_EQ(e->state.load(), ChunkEntry::kDone) << "decoded ahead of its batch";
     }
   }
   tasks.wait();
+}
+
+// A chunk used by neither this plan nor the next stays only in free room:
+// the first chunk needed gets its place.
+TEST(ChunkCacheTest, ChunksNotNeededAheadGiveWayToChunksThatAre) {
+  testing::InMemorySource src(4, 100, 1);
+  ChunkCache cache(src, 200);
+  EpochPlan plan = PlanOf({{0}, {1}, {2}, {3}, {2}, {3}}, 4);
+  cache.BeginEpoch(&plan, 0);
+  tbb::task_group tasks;
+  for (uint64_t b = 0; b < plan.num_batches; ++b) {
+    for (auto& e : cache.Acquire(b, 0, tasks)) ASSERT_TRUE(cache.Ensure(*e).ok());
+    tasks.wait();
+    if (b == 1) EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1}));  // both in free room
+  }
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{2, 3}));  // 0 and 1 made room for them
+  EXPECT_EQ(src.reads(), 4u);
 }
 
 // The future spans the epoch boundary: trace 0 1 2 3 | 2 0 3 1 with room
@@ -131,7 +149,8 @@ TEST(ChunkCacheTest, PrefetchRunsIntoTheNextEpoch) {
     for (auto& e : cache.Acquire(b, /*max_pending=*/8, tasks)) ASSERT_TRUE(cache.Ensure(*e).ok());
   }
   tasks.wait();
-  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 4, 5}));  // 1: never used again
+  // 1 is not used again in either plan: it stays only because there is room.
+  EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1, 4, 5}));
 }
 
 }  // namespace
