@@ -64,6 +64,7 @@ struct gpufeed_options {
   gpufeed::FeedOptions feed_options;
   std::string dtype = "float32", layout = "NCHW", input_layout = "NCHW";
   std::string image_transform = "random_resized_crop";  // encoded image datasets (checked at open)
+  std::string share = "auto";                           // SourceOptions::share (checked at open)
 };
 
 namespace {
@@ -626,6 +627,7 @@ GPUFEED_STRING_SETTER(feed_layout, layout)
 GPUFEED_STRING_SETTER(feed_input_layout, input_layout)
 GPUFEED_STRING_SETTER(image_transform, image_transform)
 GPUFEED_STRING_SETTER(image_layout, source.decode.layout)
+GPUFEED_STRING_SETTER(share, share)
 #undef GPUFEED_STRING_SETTER
 
 void gpufeed_options_add_field(gpufeed_options* o, const char* field) {
@@ -660,6 +662,9 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
     auto transform = gpufeed::ImageTransformFromName(options->image_transform);
     if (!transform.ok()) return Fail(error, transform.status());
     so.decode.transform = *transform;
+    auto share = gpufeed::ShareFromName(options->share);
+    if (!share.ok()) return Fail(error, share.status());
+    so.share = *share;
     auto core = std::make_shared<Core>();
     core->feed = options->feed;
     core->feed_options = options->feed_options;
@@ -720,6 +725,10 @@ uint64_t gpufeed_loader_sample_dim(const gpufeed_loader* l, int i) {
 }
 const char* gpufeed_loader_dtype(const gpufeed_loader* l) { return l->core->dtype_name.c_str(); }
 int gpufeed_loader_has_labels(const gpufeed_loader* l) { return l->core->opened->source().info().has_labels ? 1 : 0; }
+const char* gpufeed_loader_share(const gpufeed_loader* l) { return l->core->opened->node_shared() ? "node" : "none"; }
+int gpufeed_loader_started_node_server(const gpufeed_loader* l) {
+  return l->core->opened->started_node_server() ? 1 : 0;
+}
 int gpufeed_loader_on_gpu(const gpufeed_loader* l) {
   const auto& fs = l->core->feed_state;
   return fs && fs->feeder->on_gpu() ? 1 : 0;

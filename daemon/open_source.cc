@@ -1,12 +1,33 @@
 // OpenBatchSource: a dataset spec or a daemon address to a BatchSource.
 #include "gpufeed/open_source.h"
 
+#include "daemon/node_share.h"
 #include "gpufeed/fields.h"
 #include "hdf5io/probe.h"
 
 namespace gpufeed {
 
 bool IsDaemonAddress(std::string_view data) { return data.starts_with("unix:") || data.starts_with("tcp://"); }
+
+Result<Share> ShareFromName(std::string_view name) {
+  if (name == "auto") return Share::kAuto;
+  if (name == "node") return Share::kNode;
+  if (name == "none") return Share::kNone;
+  return Status::InvalidArgument("share '" + std::string(name) +
+                                 "': auto (one decode per node under torchrun), node or none");
+}
+
+std::string_view ShareName(Share s) {
+  switch (s) {
+    case Share::kAuto:
+      return "auto";
+    case Share::kNode:
+      return "node";
+    case Share::kNone:
+      return "none";
+  }
+  return "?";
+}
 
 OpenedSource::OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader)
     : dataset_(std::move(dataset)), loader_(std::move(loader)), source_(loader_.get()) {}
@@ -19,16 +40,35 @@ OpenedSource::OpenedSource(std::unique_ptr<EncodedImageSource> encoded, std::uni
 
 OpenedSource::OpenedSource(std::unique_ptr<RemoteLoader> remote) : remote_(std::move(remote)), source_(remote_.get()) {}
 
-// The loader goes before the dataset it reads.
+// The loader goes before the dataset it reads; the node's lease after the
+// connection.
 OpenedSource::~OpenedSource() {
   loader_.reset();
   other_.reset();
   remote_.reset();
+  lease_.reset();
 }
+
+bool OpenedSource::started_node_server() const { return lease_ != nullptr && lease_->started_here(); }
+void OpenedSource::HoldLease(std::unique_ptr<NodeLease> lease) { lease_ = std::move(lease); }
 
 uint64_t OpenedSource::num_batches() const { return remote_ ? remote_->num_batches() : loader_->num_batches(); }
 
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
+  auto share = ResolveShare(o);
+  if (!share.ok()) return share.status();
+  if (*share == Share::kNode) {
+    auto lease = AttachNodeServer(o);
+    if (!lease.ok()) return lease.status();
+    SourceOptions r = o;
+    r.data = (*lease)->address();
+    r.dataset = (*lease)->dataset();
+    r.share = Share::kNone;
+    auto opened = OpenBatchSource(r);
+    if (!opened.ok()) return opened.status();
+    (*opened)->HoldLease(std::move(*lease));
+    return opened;
+  }
   if (IsDaemonAddress(o.data)) {
     RemoteLoaderOptions r = o.remote;
     r.address = o.data;

@@ -155,6 +155,13 @@ GPUFEED_C_EXPORT void gpufeed_options_set_max_open_files(gpufeed_options* o, int
  * reference files: /climate/data [768, 1152, 16]); OpenOptions::no_sample_axis.
  * Default 0. */
 GPUFEED_C_EXPORT void gpufeed_options_set_no_sample_axis(gpufeed_options* o, int v);
+/* Where a file's batches are made when a job runs several ranks on one host
+ * (C++ SourceOptions::share): "node" (one node-local `gpufeed serve` for the
+ * host's ranks, started by the first and ended after the last), "none" (a
+ * loader in this process) or "auto" (the default: "node" under torchrun
+ * with LOCAL_WORLD_SIZE > 1 unless labels_path, io or max_open_files is
+ * set). Another value: gpufeed_loader_open fails with INVALID_ARGUMENT. */
+GPUFEED_C_EXPORT void gpufeed_options_set_share(gpufeed_options* o, const char* v);
 
 /* Encoded image datasets (gpufeed/encoded.h DecodeOptions; ignored for
  * others): output size (default 224 x 224), transform
@@ -233,6 +240,10 @@ GPUFEED_C_EXPORT int gpufeed_loader_has_labels(const gpufeed_loader* l);
 /* 1 when batches are device memory (the feed on a GPU), else 0. Known after
  * the first gpufeed_loader_start_epoch; 0 before. */
 GPUFEED_C_EXPORT int gpufeed_loader_on_gpu(const gpufeed_loader* l);
+/* "node" when the loader reads through the node's server (share), else
+ * "none"; and 1 when this process started that server. */
+GPUFEED_C_EXPORT const char* gpufeed_loader_share(const gpufeed_loader* l);
+GPUFEED_C_EXPORT int gpufeed_loader_started_node_server(const gpufeed_loader* l);
 
 /* Starts epoch `epoch` at batch `start_batch` (resume; 0: the start), ending
  * the previous epoch's stream. Batches of the previous epoch still held stay

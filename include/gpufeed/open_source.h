@@ -24,6 +24,20 @@ namespace gpufeed {
 // True for "unix:..." and "tcp://..." (a daemon), false for a dataset spec.
 bool IsDaemonAddress(std::string_view data);
 
+// Where a file's batches are made when a job runs several ranks on one host.
+// kNode: the host's ranks read through one node-local `gpufeed serve` that
+// the first of them starts (one reader, one decoded-chunk cache, one set of
+// decode threads; each rank its own shard and stream) and that ends after
+// the last; kNone: a Loader in this process; kAuto: kNode under torchrun with
+// more than one local rank (LOCAL_WORLD_SIZE > 1) unless an option only a
+// local Loader takes is set (open.labels_path, open.io, open.max_open_files),
+// else kNone. docs/python.md, "Many GPUs".
+enum class Share { kAuto, kNode, kNone };
+Result<Share> ShareFromName(std::string_view name);  // "auto", "node", "none"
+std::string_view ShareName(Share s);
+
+class NodeLease;  // daemon/node_share.h
+
 struct SourceOptions {
   std::string data;     // "file.h5[:/path]", "unix:PATH" or "tcp://HOST:PORT"
   std::string dataset;  // daemon: the dataset to read there (empty: its first)
@@ -37,6 +51,8 @@ struct SourceOptions {
   // shared memory; its address, dataset and loader fields are ignored (the
   // ones above are used).
   RemoteLoaderOptions remote;
+  // Files only (a daemon address is read as it is): see Share.
+  Share share = Share::kAuto;
 };
 
 // Owns what OpenBatchSource opened: a Dataset and its Loader, or a
@@ -61,6 +77,11 @@ class OpenedSource {
   const EncodedImageSource* encoded() const { return encoded_; }
   bool remote() const { return remote_ != nullptr; }
   uint64_t num_batches() const;  // per epoch, for this rank
+  // Share::kNode: read through the node's server (remote() too), and
+  // whether this process started it.
+  bool node_shared() const { return lease_ != nullptr; }
+  bool started_node_server() const;
+  void HoldLease(std::unique_ptr<NodeLease> lease);  // released after the connection closes
 
  private:
   std::unique_ptr<Dataset> dataset_;
@@ -68,6 +89,7 @@ class OpenedSource {
   std::unique_ptr<ChunkSource> other_;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<RemoteLoader> remote_;
+  std::unique_ptr<NodeLease> lease_;
   BatchSource* source_ = nullptr;
 };
 
@@ -80,6 +102,9 @@ class OpenedSource {
 // as RemoteLoader::Connect, naming the address). A daemon's fields are its
 // own (gpufeed serve --field): with a daemon address, options.open.fields
 // (when given) must equal them, in order, or InvalidArgument names both.
+// options.share resolved to kNode: attaches to (or starts) the node's server
+// and reads it as a daemon (errors as ResolveShare / AttachNodeServer,
+// daemon/node_share.h).
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& options);
 
 }  // namespace gpufeed

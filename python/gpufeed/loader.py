@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from . import _dlpack, _lib, _node, errors
+from . import _dlpack, _lib, errors
 from ._lib import lib
 
 _STATE_FORMAT = "gpufeed.Loader/1"
@@ -189,15 +189,7 @@ class Loader:
                  transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False, no_sample_axis=False,
                  share="auto"):
         self._handle = None
-        self._node = None
         self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
-        self.share = _node.resolve(share, data, {"labels": labels, "io": io, "max_open_files": max_open_files})
-        if self.share == "node":
-            # The node's server opens the data (started by the first local
-            # rank to get here); this loader is its client.
-            self._node = _node.NodeServer(data, field_specs, no_sample_axis, trust_files, threads, cache_bytes,
-                                          prefetch)
-            data, dataset = self._node.address, self._node.dataset
         kind, index = _parse_device(device)
         feed = kind == "cuda" or dtype is not None or crop_padding or flip
         dist_rank, dist_world = _distributed_defaults()
@@ -219,7 +211,7 @@ class Loader:
             "image_height": image_size if isinstance(image_size, int) else image_size[0],
             "image_width": image_size if isinstance(image_size, int) else image_size[1],
             "image_transform": transform, "image_layout": image_layout, "skip_corrupt": skip_corrupt,
-            "no_sample_axis": no_sample_axis,
+            "no_sample_axis": no_sample_axis, "share": share,
         }
         if feed:
             values.update({
@@ -252,11 +244,6 @@ class Loader:
             handle = lib.gpufeed_loader_open(str(data).encode(), opts, ctypes.byref(err))
             if not handle:
                 _lib.take_error(err)
-        except BaseException:
-            if self._node is not None:
-                self._node.close()
-                self._node = None
-            raise
         finally:
             lib.gpufeed_options_destroy(opts)
         self._handle = handle
@@ -280,6 +267,16 @@ class Loader:
             self._from_dlpack = numpy.from_dlpack
 
     # -- what it reads --------------------------------------------------------
+    @property
+    def share(self):
+        """"node" when batches come through the node's server, else "none"."""
+        return lib.gpufeed_loader_share(self._h()).decode()
+
+    @property
+    def started_node_server(self):
+        """True when this process started the node's server (share="node")."""
+        return bool(lib.gpufeed_loader_started_node_server(self._h()))
+
     @property
     def name(self):
         return lib.gpufeed_loader_name(self._h()).decode()
@@ -471,10 +468,7 @@ class Loader:
         self._generation += 1
         handle, self._handle = self._handle, None
         if handle:
-            lib.gpufeed_loader_destroy(handle)
-        node, self._node = self._node, None
-        if node is not None:
-            node.close()  # after the connection: the node's server may stop now
+            lib.gpufeed_loader_destroy(handle)  # then the node's server may stop (share="node")
 
     def __enter__(self):
         return self

@@ -24,7 +24,7 @@ from conftest import index_of
 path, epochs, die_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 loader = gpufeed.Loader(path, batch_size=32, order="block", seed=3, threads=2, prefetch=2, shuffle_window=2,
                         output="numpy")
-out = {"share": loader.share, "started_here": loader._node is not None and loader._node.started_here,
+out = {"share": loader.share, "started_here": loader.started_node_server,
        "batches": len(loader), "epochs": []}
 for epoch in range(epochs):
     loader.set_epoch(epoch)
@@ -149,9 +149,9 @@ def test_uneven_shards_pad_to_equal_batches(tmp_path, gpufeed_cli):
 
 
 def test_share_options_are_checked(index_file, monkeypatch):
-    with pytest.raises(gpufeed.InvalidArgumentError, match="share='bogus'"):
+    with pytest.raises(gpufeed.InvalidArgumentError, match="share 'bogus'"):
         gpufeed.Loader(index_file, share="bogus")
-    with pytest.raises(gpufeed.InvalidArgumentError, match="labels="):
+    with pytest.raises(gpufeed.InvalidArgumentError, match="cannot pass labels"):
         gpufeed.Loader(index_file, share="node", labels="/labels")
     with pytest.raises(gpufeed.InvalidArgumentError, match="daemon already"):
         gpufeed.Loader("unix:/nonexistent.sock", share="node")
