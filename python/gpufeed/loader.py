@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from . import _dlpack, _lib, errors
+from . import _args, _dlpack, _lib, errors
 from ._lib import lib
 
 _STATE_FORMAT = "gpufeed.Loader/1"
@@ -193,23 +193,39 @@ class Loader:
         kind, index = _parse_device(device)
         feed = kind == "cuda" or dtype is not None or crop_padding or flip
         dist_rank, dist_world = _distributed_defaults()
+        # Checked here, in the caller's terms, not at the first iteration.
+        batch_size, seed, threads, prefetch, shuffle_window, echo, super_batch, crop_padding, slots, poll_ms = (
+            _args.integer(k, v) for k, v in (
+                ("batch_size", batch_size), ("seed", seed), ("threads", threads), ("prefetch", prefetch),
+                ("shuffle_window", shuffle_window), ("echo", echo), ("super_batch", super_batch),
+                ("crop_padding", crop_padding), ("slots", slots), ("poll_ms", poll_ms)))
+        connect_timeout_ms, io_timeout_ms, keepalive_ms = (
+            _args.integer(k, v) for k, v in (("connect_timeout_ms", connect_timeout_ms),
+                                             ("io_timeout_ms", io_timeout_ms), ("keepalive_ms", keepalive_ms)))
+        if augment_seed is not None:
+            augment_seed = _args.integer("augment_seed", augment_seed)
+        if max_open_files is not None:
+            max_open_files = _args.integer("max_open_files", max_open_files)
+        cache_bytes = _args.size_bytes("cache_bytes", cache_bytes)
+        image_size = _args.image_size(image_size)
+        rank, world_size = _args.shard(dist_rank if rank is None else rank,
+                                       dist_world if world_size is None else world_size)
         self._seed = int(seed)
         self._echo = int(echo) if feed else 1
         self._output = _pick_output(output)
         self._cuda_index = index if kind == "cuda" else None
         self._host_batches = not feed
-        self._poll_ms = int(poll_ms)
+        self._poll_ms = poll_ms
         values = {
             "batch_size": batch_size, "order": order, "seed": seed, "threads": threads, "prefetch": prefetch,
             "cache_bytes": cache_bytes, "shuffle_window": shuffle_window,
-            "rank": dist_rank if rank is None else rank, "world_size": dist_world if world_size is None else world_size,
+            "rank": rank, "world_size": world_size,
             "drop_last": drop_last, "pin_memory": pin_memory, "labels_path": labels, "trust_files": trust_files, "io": io,
             "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,
             "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
             "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),
             "max_open_files": max_open_files,
-            "image_height": image_size if isinstance(image_size, int) else image_size[0],
-            "image_width": image_size if isinstance(image_size, int) else image_size[1],
+            "image_height": image_size[0], "image_width": image_size[1],
             "image_transform": transform, "image_layout": image_layout, "skip_corrupt": skip_corrupt,
             "no_sample_axis": no_sample_axis, "share": share,
         }

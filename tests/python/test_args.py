@@ -1,0 +1,48 @@
+"""Loader(...) checks its arguments where they are given, naming the keyword
+as the caller wrote it: no wraparound through the C API's unsigned setters
+(batch_size=-1 became 60,000 samples, 2**64 + 3 became 3), no silent
+truncation (64.9 became 64, True became 1), no failure deferred to the
+first iteration (batch_size=0, threads=-1, prefetch=-1, rank=2 of 2)."""
+import pytest
+
+import gpufeed
+
+BAD = [
+    ("batch_size", -1), ("batch_size", 0), ("batch_size", 2**64 + 3), ("batch_size", 64.9), ("batch_size", True),
+    ("batch_size", "abc"), ("batch_size", "64"), ("threads", -1), ("threads", 1.5), ("prefetch", -1),
+    ("prefetch", 0), ("seed", -1), ("seed", 2**64), ("shuffle_window", 0), ("echo", -1), ("slots", 0),
+    ("poll_ms", 0), ("connect_timeout_ms", -5), ("max_open_files", 0), ("crop_padding", -2),
+    ("augment_seed", 1.0), ("cache_bytes", "1 parsec"), ("cache_bytes", -1), ("cache_bytes", 2.5),
+    ("image_size", 0), ("image_size", (224,)), ("image_size", (224, 40000)),
+]
+
+
+@pytest.mark.parametrize("name,value", BAD, ids=["%s=%r" % nv for nv in BAD])
+def test_bad_values_are_refused_by_the_constructor(index_file, name, value):
+    with pytest.raises(gpufeed.InvalidArgumentError) as e:
+        gpufeed.Loader(index_file, **{name: value})
+    assert str(e.value).startswith("%s=%r: " % (name, value)), str(e.value)
+
+
+def test_rank_outside_the_world_is_refused_at_once(index_file):
+    with pytest.raises(gpufeed.InvalidArgumentError, match=r"rank=2 with world_size=2: rank is from 0"):
+        gpufeed.Loader(index_file, rank=2, world_size=2)
+    with pytest.raises(gpufeed.InvalidArgumentError, match=r"^world_size=0: "):
+        gpufeed.Loader(index_file, rank=0, world_size=0)
+
+
+@pytest.mark.parametrize("text,want", [("512MiB", 512 << 20), ("1GiB", 1 << 30), ("4G", 4 << 30), ("1GB", 10**9),
+                                       ("1.5GiB", 3 << 29), (" 64 KiB ", 64 << 10), ("1000", 1000)])
+def test_sizes_take_units(index_file, text, want):
+    from gpufeed import _args
+    assert _args.size_bytes("cache_bytes", text) == want
+    loader = gpufeed.Loader(index_file, cache_bytes=text, threads=2)
+    assert loader.num_samples > 0
+    loader.close()
+
+
+def test_integers_of_other_types_are_taken(index_file):
+    np = pytest.importorskip("numpy")
+    loader = gpufeed.Loader(index_file, batch_size=np.int64(32), seed=np.uint64(2**63), threads=2)
+    assert loader.batch_size == 32
+    loader.close()
