@@ -40,6 +40,26 @@ CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::stri
       ->type_name("BYTES|auto");
 }
 
+// Counts, sizes and thread numbers are never negative: CLI11 converts "-5"
+// into an unsigned option as 2^64 - 5 ("batch size 18446744073709551611")
+// and takes it into an int one as it is ("--threads -3" ran), so every
+// integer option of every command refuses a negative value, naming the
+// option (none of gpufeed's takes one: even --level is 1..22 for zstd).
+void RefuseNegativeCounts(CLI::App* app) {
+  const CLI::Validator non_negative(
+      [](std::string& value) -> std::string {
+        const size_t at = value.find_first_not_of(" \t");
+        if (at != std::string::npos && value[at] == '-') return value + " is negative: give 0 or more";
+        return "";
+      },
+      "", "non-negative");
+  for (CLI::Option* opt : app->get_options()) {
+    const std::string type = opt->get_type_name();
+    if (type == "UINT" || type == "INT") opt->check(non_negative);
+  }
+  for (CLI::App* sub : app->get_subcommands({})) RefuseNegativeCounts(sub);
+}
+
 }  // namespace gpufeed::cli
 
 int main(int argc, char** argv) {
@@ -69,6 +89,7 @@ int main(int argc, char** argv) {
   gpufeed::cli::AddDevicesCommand(app, &exit_code);
   gpufeed::cli::AddTrainCommand(app, &exit_code);
   gpufeed::cli::AddServeCommand(app, &exit_code);
+  gpufeed::cli::RefuseNegativeCounts(&app);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }
