@@ -170,6 +170,9 @@ Result<EpochPlan> MakeEpochPlan(uint64_t num_samples, uint64_t chunk_samples, ui
 namespace gpufeed {
 
 uint64_t ReshardRemaining(uint64_t num_samples, const LoaderOptions::Reshard& r) {
+  // From a saved state or the wire: a share larger than the source is not
+  // this source's (MakeEpochPlan refuses it), and must not overflow here.
+  if (r.share > num_samples || r.world_size > (1u << 24)) return 0;
   uint64_t left = 0;
   for (uint64_t k = 0; k < r.world_size; ++k) {
     const uint64_t from = k * r.share + r.consumed, to = std::min((k + 1) * r.share, num_samples);

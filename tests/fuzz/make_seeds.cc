@@ -70,6 +70,9 @@ void Protocol() {
   Put(t, "hello", With(1, hello));
   Put(t, "hello-empty-strings", With(1, EncodeHello(Hello{.loader = {.batch_size = 1}})));
   Put(t, "hello-truncated", With(1, Bytes(hello.begin(), hello.begin() + hello.size() / 2)));
+  Hello resumed = h;  // a run resumed at another world size (version 4)
+  resumed.loader.reshard = {5, 3, 334, 96};
+  Put(t, "hello-reshard", With(1, EncodeHello(resumed)));
   HelloOk ok;
   ok.info.name = "train.h5:/images";
   ok.info.dtype = gpufeed::DType::kUInt8;
@@ -240,9 +243,15 @@ void LoaderStateCorpus() {
   s.seed = 42;
   s.epoch = 3;
   s.next_batch = 17;
+  s.world_size = 2;
+  s.share = 500;
+  s.consumed = 17 * 32;
   const std::string bytes = s.Serialize();
   Put("loader_state", "state", bytes.data(), bytes.size());
   Put("loader_state", "state-short", bytes.data(), 12);
+  s.base = {3, 4, 250, 64};  // mid-way through an epoch resumed from 4 ranks
+  const std::string resumed = s.Serialize();
+  Put("loader_state", "state-resumed", resumed.data(), resumed.size());
 }
 
 void CheckpointCorpus() {

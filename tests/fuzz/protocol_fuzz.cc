@@ -1,7 +1,7 @@
 // Fuzz target: the daemon's wire decoders (daemon/protocol.h), which read
 // bytes from any peer that can connect. The first input byte picks the
 // decoder, the rest is the frame header or payload (HELLO with its decode
-// options, HELLO_OK with its fields: protocol version 3). Besides the sanitizers,
+// options and reshard, HELLO_OK with its fields: protocol version 4). Besides the sanitizers,
 // every message that decodes must survive a re-encode: Encode(Decode(x))
 // decodes again, to the same bytes when encoded once more.
 #include <cstddef>
