@@ -96,6 +96,7 @@ Status Conn::SendAll(std::span<const std::byte> bytes, int timeout_ms) {
       continue;
     }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      if (errno == EPIPE || errno == ECONNRESET) return Gone("send: " + Errno(errno));
       return Status::IOError(peer_ + ": send: " + Errno(errno));
     }
     if (Clock::now() - last > std::chrono::milliseconds(timeout_ms)) {
@@ -105,6 +106,14 @@ Status Conn::SendAll(std::span<const std::byte> bytes, int timeout_ms) {
     ::poll(&p, 1, kSliceMs);
   }
   return Status::Ok();
+}
+
+// The daemon stopped without a SHUTDOWN frame (killed, crashed): the error
+// says what to do in the caller's terms, C++ and Python alike.
+Status Conn::Gone(const std::string& what) const {
+  return Status::IOError(peer_ + ": the daemon is gone (" + what +
+                         "); restart it and resume with Resume(state()) (Python: "
+                         "loader.load_state_dict(state) with a state_dict() you saved)");
 }
 
 Status Conn::RecvAll(std::span<std::byte> bytes, int timeout_ms) {
@@ -118,11 +127,9 @@ Status Conn::RecvAll(std::span<std::byte> bytes, int timeout_ms) {
       last = Clock::now();
       continue;
     }
-    if (n == 0) {
-      return Status::IOError(peer_ + ": connection closed by the daemon" +
-                             (done ? " in the middle of a frame" : std::string()));
-    }
+    if (n == 0) return Gone(done ? "the connection closed in the middle of a frame" : "the connection closed");
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      if (errno == ECONNRESET) return Gone("recv: " + Errno(errno));
       return Status::IOError(peer_ + ": recv: " + Errno(errno));
     }
     if (Clock::now() - last > std::chrono::milliseconds(timeout_ms)) {

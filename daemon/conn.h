@@ -29,8 +29,9 @@ class Conn {
   const std::string& peer() const { return peer_; }
   void set_cancel(const std::atomic<bool>* c) { cancel_ = c; }
 
-  // Fail with IOError naming the peer on a socket error, the peer closing,
-  // cancellation, or `timeout_ms` without progress.
+  // Fail with IOError naming the peer on a socket error, the peer closing
+  // (or resetting: "the daemon is gone ..., resume with ..."), cancellation,
+  // or `timeout_ms` without progress.
   Status SendAll(std::span<const std::byte> bytes, int timeout_ms);
   Status RecvAll(std::span<std::byte> bytes, int timeout_ms);
   // A control frame: header, payload, checksum (payload at most
@@ -49,6 +50,7 @@ class Conn {
   void Close();
 
  private:
+  Status Gone(const std::string& what) const;
   Status ForeignVersionError(const HeaderBytes& hb, uint16_t theirs, const Status& mismatch, int timeout_ms);
   int fd_ = -1;
   std::string peer_;

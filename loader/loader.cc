@@ -67,6 +67,13 @@ struct Loader::Impl {
       options.batch_size = share;
     }
     threads = o.threads > 0 ? o.threads : DefaultLoaderThreads();
+    if (const int cores = AvailableCores(); threads > cores) {
+      // TBB would run no more workers than the cores anyway, and say so on
+      // stderr ("TBB Warning: The number of workers is currently limited").
+      info.warnings.push_back("threads " + std::to_string(threads) + " is more than the " + std::to_string(cores) +
+                              " cores this process may use: using " + std::to_string(cores));
+      threads = cores;
+    }
     state.seed = o.seed;
     cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
     info.name = s.name();
@@ -417,7 +424,9 @@ void LoaderInternal::UsePool(Loader& loader, BatchPool* pool) {
   loader.impl_->pool = pool != nullptr ? pool : &loader.impl_->own_pool;
 }
 
-void LoaderInternal::SetThreads(Loader& loader, int threads) { loader.impl_->threads = std::max(1, threads); }
+void LoaderInternal::SetThreads(Loader& loader, int threads) {
+  loader.impl_->threads = std::clamp(threads, 1, AvailableCores());
+}
 
 void LoaderInternal::ShareChunks(Loader& loader, std::shared_ptr<loader::SharedChunks> shared) {
   loader.impl_->cache->SetShared(std::move(shared));

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "gpufeed/dataset.h"
+#include "common/cores.h"
 #include "loader/batch_pool.h"
 #include "loader/chunk_cache.h"
 #include "tests/testing/sources.h"
@@ -103,6 +104,21 @@ TEST(LoaderTest, DeterministicAcrossThreadAndPrefetchCounts) {
       EXPECT_EQ(s.batch_hashes, ref.batch_hashes) << threads << " threads";
     }
   }
+}
+
+// More threads than the cores: clamped with one line in info().warnings,
+// not TBB's warning on stderr; the batches are the same.
+TEST(LoaderTest, ThreadsBeyondTheCoresAreClampedWithAWarning) {
+  InMemorySource src(300, 40, 9);
+  LoaderOptions o = Opts(Order::kBlock, AvailableCores() + 5, 2);
+  Loader many(src, o);
+  ASSERT_EQ(many.info().warnings.size(), 1u);
+  EXPECT_NE(many.info().warnings[0].find("more than the " + std::to_string(AvailableCores()) + " cores"),
+            std::string::npos)
+      << many.info().warnings[0];
+  Loader one(src, Opts(Order::kBlock, 1, 2));
+  EXPECT_TRUE(one.info().warnings.empty());
+  EXPECT_EQ(RunEpoch(many, src, 2).batch_hashes, RunEpoch(one, src, 2).batch_hashes);
 }
 
 TEST(LoaderTest, ResumeGivesIdenticalBatches) {

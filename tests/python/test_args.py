@@ -46,3 +46,42 @@ def test_integers_of_other_types_are_taken(index_file):
     loader = gpufeed.Loader(index_file, batch_size=np.int64(32), seed=np.uint64(2**63), threads=2)
     assert loader.batch_size == 32
     loader.close()
+
+
+def test_a_daemon_killed_mid_epoch_is_an_error_in_the_callers_terms(index_file, gpufeed_cli, tmp_path):
+    """SIGKILL, not a graceful stop: no SHUTDOWN frame. The error says the
+    daemon is gone and how to resume, in Python's terms (it was a bare
+    "send: Broken pipe")."""
+    import signal
+    import socket
+    import subprocess
+    import time
+    sock = tmp_path / "d.sock"
+    proc = subprocess.Popen([gpufeed_cli, "serve", "--data", index_file, "--listen", "unix:%s" % sock, "--threads", "2",
+                             "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while True:
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(str(sock))
+                break
+            except OSError:
+                assert time.time() < deadline and proc.poll() is None, "gpufeed serve did not listen"
+                time.sleep(0.05)
+            finally:
+                s.close()
+        loader = gpufeed.Loader("unix:%s" % sock, dataset=index_file, batch_size=8, prefetch=2, output="numpy")
+        it = iter(loader)
+        next(it)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        with pytest.raises(gpufeed.IOFailureError) as e:
+            for _ in it:
+                pass
+        assert "the daemon is gone" in str(e.value) and "load_state_dict" in str(e.value), str(e.value)
+        loader.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
