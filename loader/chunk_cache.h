@@ -91,13 +91,14 @@ struct ChunkEntry {
 // as long as some cache or batch holds it, and counts in the budget of every
 // cache that holds it (so each cache's bound still holds). And, up to
 // Retain()'s bytes of chunk buffers, strong ones: the node's one cache. A
-// stream's cache keeps only the chunks of its own shard's next uses (this
-// epoch and the next), and the ranks' shards move every epoch, so without
-// it each of a job's streams read again, every epoch, the chunks the others
-// had (0.80-0.82 of the model's ceiling for a loader per rank on two H100s,
-// docs/benchmarks.md). Retained entries are never dropped: the first
-// budget's worth published stay until the SharedChunks goes (a
-// retained entry still queued is decoded by whoever needs it, Ensure).
+// stream's cache ranks chunks by its own shard's next uses (this epoch and
+// the next) and keeps others only in room nothing needs, while the ranks'
+// shards move every epoch: without the retained set a stream whose cache is
+// small reads again, every epoch, chunks another stream had (as a loader per
+// rank did, docs/benchmarks.md, "The whole node"). Retained entries are
+// never dropped: the first budget's worth published stay until the
+// SharedChunks goes (a retained entry still queued is decoded by whoever
+// needs it, Ensure).
 // Thread-safe.
 class SharedChunks {
  public:

@@ -15,7 +15,11 @@ for split in train t10k; do
                       -o "$out" >/dev/null
 done
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-export GPUFEED_CLI="$cli" GPUFEED_NODE_DIR="$work"
+# The node servers' sockets in a short directory of their own (a Unix
+# socket's path has at most 107 bytes; the build tree's may be long).
+node_dir=$(mktemp -d /tmp/gpufeed-ci-node.XXXXXX)
+trap 'rm -rf "$node_dir"' EXIT
+export GPUFEED_CLI="$cli" GPUFEED_NODE_DIR="$node_dir"
 # --redirects 1 --tee 1: Debian's torch 1.13 under Python 3.11 cannot parse
 # the default redirects ("0": IntFlag's zero member is not iterated there).
 /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 --redirects 1 --tee 1 \
@@ -23,10 +27,10 @@ export GPUFEED_CLI="$cli" GPUFEED_NODE_DIR="$work"
   --epochs 1 --device cpu --min-accuracy 0.80
 no_server_left() {  # the node servers end with the last rank
   for _ in $(seq 100); do
-    ls "$work"/gpufeed-*.sock >/dev/null 2>&1 || return 0
+    ls "$node_dir"/gpufeed-*.sock >/dev/null 2>&1 || return 0
     sleep 0.1
   done
-  echo "a node's server outlived the job: $(ls "$work"/gpufeed-*.sock)" >&2
+  echo "a node's server outlived the job: $(ls "$node_dir"/gpufeed-*.sock)" >&2
   exit 1
 }
 no_server_left
