@@ -837,7 +837,13 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   if (explicit_labels && (H5Lexists(d->file.get(), labels_path.c_str(), H5P_DEFAULT) <= 0 ||
                           H5Oexists_by_name(d->file.get(), labels_path.c_str(), H5P_DEFAULT) <= 0)) {
     H5Eclear2(H5E_DEFAULT);
-    return Status::NotFound(spec.file + ":" + labels_path + ": no such labels dataset");
+    const std::string what = spec.file + ":" + labels_path + ": no such labels dataset";
+    auto listed = ListDatasetsIsolated(spec.file, options.probe_timeout_ms);  // as for the images, above
+    if (!listed.ok()) return listed.status().WithContext(what);
+    std::string have;
+    for (const std::string& p : *listed) have += (have.empty() ? "" : ", ") + p;
+    return Status::NotFound(what + " (the file has: " + (have.empty() ? "no datasets" : have) +
+                            "; name one as the labels, or none)");
   }
   if (!labels_path.empty()) {
     const std::string lwhat = spec.file + ":" + labels_path;

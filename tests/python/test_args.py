@@ -85,3 +85,8 @@ def test_a_daemon_killed_mid_epoch_is_an_error_in_the_callers_terms(index_file, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_missing_labels_dataset_lists_the_files_datasets(index_file):
+    with pytest.raises(gpufeed.NotFoundError, match=r":/nope: no such labels dataset \(the file has: /images, /labels;"):
+        gpufeed.Loader(index_file, labels="/nope")
