@@ -278,9 +278,35 @@ class Loader:
             # torch.utils.dlpack.from_dlpack without its per-call protocol
             # checks: a capsule goes straight to the converter.
             self._from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
+            if self._host_batches:
+                self._check_torch_takes(lib.gpufeed_loader_dtype(handle).decode())
         elif self._output == "numpy":
             import numpy
             self._from_dlpack = numpy.from_dlpack
+
+    def _check_torch_takes(self, dtype):
+        """Host batches of `dtype` as torch tensors: said here, naming what to
+        do, when this torch cannot take them (torch before 2.3 has no
+        uint16/uint32/uint64 tensors; its DLPack converter raised
+        "Unsupported kUInt bits 32" at the first batch)."""
+        if dtype not in ("uint16", "uint32", "uint64"):
+            return
+        try:
+            import numpy
+        except ImportError:
+            if hasattr(self._torch, dtype):  # torch.uint32 and its kin exist from torch 2.3 on
+                return
+        else:
+            try:
+                self._torch.utils.dlpack.from_dlpack(numpy.zeros(1, dtype=dtype))
+                return
+            except Exception:  # torch's own error is the answer probed for
+                pass
+        name = self.name
+        self.close()
+        raise errors.UnsupportedError(
+            errors.UNSUPPORTED, "%s: %s samples, which torch %s cannot hold as tensors; use output='numpy' (NumPy "
+            "arrays, as stored), or a dataset of a signed or float type" % (name, dtype, self._torch.__version__))
 
     # -- what it reads --------------------------------------------------------
     @property

@@ -90,3 +90,28 @@ def test_a_daemon_killed_mid_epoch_is_an_error_in_the_callers_terms(index_file, 
 def test_a_missing_labels_dataset_lists_the_files_datasets(index_file):
     with pytest.raises(gpufeed.NotFoundError, match=r":/nope: no such labels dataset \(the file has: /images, /labels;"):
         gpufeed.Loader(index_file, labels="/nope")
+
+
+def test_a_dtype_torch_cannot_hold_is_said_at_the_constructor(tmp_path):
+    """A uint32 dataset with torch output: this torch either takes it, or
+    Loader(...) says so and what to do (it was torch's own RuntimeError at
+    the first batch); output="numpy" reads it either way."""
+    import h5py
+    import numpy as np
+    import torch
+    path = str(tmp_path / "u32.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=np.arange(40 * 3, dtype=np.uint32).reshape(40, 3), chunks=(8, 3))
+    try:
+        torch.utils.dlpack.from_dlpack(np.zeros(1, dtype=np.uint32))
+        torch_takes = True
+    except Exception:
+        torch_takes = False
+    if torch_takes:
+        images, _ = next(iter(gpufeed.Loader(path, batch_size=8, threads=2, order="sequential")))
+        assert images.numpy().ravel().tolist() == list(range(24))
+    else:
+        with pytest.raises(gpufeed.UnsupportedError, match=r"uint32 samples, which torch .* output='numpy'"):
+            gpufeed.Loader(path, batch_size=8, threads=2)
+    arrays, _ = next(iter(gpufeed.Loader(path, batch_size=8, threads=2, order="sequential", output="numpy")))
+    assert arrays.dtype == np.uint32 and arrays.ravel().tolist() == list(range(24))
