@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 
-import h5py
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from torch_e2e import H5Samples  # noqa: E402
-from torch_resnet import Nvml, resnet18  # noqa: E402
+from torch_resnet import Nvml, describe, on_gpu, resnet18  # noqa: E402
 
 import gpufeed  # noqa: E402
 
@@ -127,13 +126,7 @@ def main():
     dev = torch.device("cuda", local_rank)
     torch.backends.cudnn.benchmark = True
 
-    with h5py.File(a.data, "r") as f:
-        labels_all = f["labels"][...].astype(np.int64)
-        shape = f["images"].shape
-        mean = [float(v) for v in f["images"].attrs.get("mean", [0.0] * shape[1])]
-        std = [float(v) for v in f["images"].attrs.get("std", [255.0] * shape[1])]
-    if len(mean) == 1 and shape[1] != 1:
-        mean, std = mean * shape[1], std * shape[1]
+    labels_all, shape, mean, std = describe(a.data)
     n, channels = len(labels_all), shape[1]
     classes = int(labels_all.max()) + 1
     sample_bytes = int(np.prod(shape[1:]))
@@ -173,16 +166,7 @@ def main():
     loader = None
     t_open = time.perf_counter()
     if a.mode == "ceiling":
-        src = gpufeed.Loader(a.data, batch_size=1024, order="sequential", device="cuda", dtype=torch.bfloat16,
-                             layout="NHWC", mean=mean, std=std, share="none", rank=0, world_size=1)
-        parts, lparts = [], []
-        for images, lab in src:
-            parts.append(images.clone())
-            lparts.append(lab.long().clone())
-        src.close()
-        all_images = torch.cat(parts).permute(0, 3, 1, 2)
-        all_labels = torch.cat(lparts)
-        del parts, lparts
+        all_images, all_labels = on_gpu(a.data, mean, std)  # the whole file on each rank
 
         def batches(epoch):
             # The rank's shard of a permutation common to all ranks (as

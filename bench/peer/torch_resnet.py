@@ -226,6 +226,33 @@ def run(name, batches_for_epoch, in_channels, classes, epochs, want, prepare, sa
     return {"epochs": out, "model": kind}
 
 
+def describe(path):
+    """(labels int64, images shape, per-channel mean, per-channel std) of a
+    gpufeed file (mean/std from its attributes, else 0 and 255)."""
+    with h5py.File(path, "r") as f:
+        labels = f["labels"][...].astype(np.int64)
+        shape = f["images"].shape
+        mean = [float(v) for v in f["images"].attrs.get("mean", [0.0] * shape[1])]
+        std = [float(v) for v in f["images"].attrs.get("std", [255.0] * shape[1])]
+    if len(mean) == 1 and shape[1] != 1:
+        mean, std = mean * shape[1], std * shape[1]
+    return labels, shape, mean, std
+
+
+def on_gpu(path, mean, std, threads=0):
+    """The whole file on the current GPU, normalized bf16 (an NCHW view of
+    channels-last storage), and its int64 labels: the ceiling's batches."""
+    loader = gpufeed.Loader(path, batch_size=1024, order="sequential", threads=threads, device="cuda",
+                            dtype=torch.bfloat16, layout="NHWC", mean=mean, std=std, share="none", rank=0,
+                            world_size=1)
+    parts, lparts = [], []
+    for images, lab in loader:
+        parts.append(images.clone())
+        lparts.append(lab.long().clone())
+    loader.close()
+    return torch.cat(parts).permute(0, 3, 1, 2), torch.cat(lparts)
+
+
 def check_cuda_against_cpu_twins(data, mean, std, threads, batches=4):
     """gpufeed's CUDA batches equal its CPU twins' (bf16 rounding apart)."""
     common = dict(batch_size=256, order="block", seed=7, threads=threads, dtype=torch.float32, mean=mean, std=std)
@@ -263,13 +290,7 @@ def main():
     p.add_argument("--json")
     a = p.parse_args()
     torch.backends.cudnn.benchmark = True
-    with h5py.File(a.data, "r") as f:
-        labels = f["labels"][...].astype(np.int64)
-        shape = f["images"].shape
-        mean = [float(v) for v in f["images"].attrs.get("mean", [0.0] * shape[1])]
-        std = [float(v) for v in f["images"].attrs.get("std", [255.0] * shape[1])]
-    if len(mean) == 1 and shape[1] != 1:
-        mean, std = mean * shape[1], std * shape[1]
+    labels, shape, mean, std = describe(a.data)
     n, channels = len(labels), shape[1]
     classes = int(labels.max()) + 1
     want = (n, int(labels.sum()))
@@ -300,16 +321,7 @@ def main():
             sampler.close()
             continue
         if mode == "ceiling":
-            loader = gpufeed.Loader(a.data, batch_size=1024, order="sequential", threads=a.threads,
-                                    device="cuda", dtype=torch.bfloat16, layout="NHWC", mean=mean, std=std)
-            parts, lparts = [], []
-            for images, lab in loader:
-                parts.append(images.clone())
-                lparts.append(lab.long().clone())
-            loader.close()
-            all_images = torch.cat(parts).permute(0, 3, 1, 2)
-            all_labels = torch.cat(lparts)
-            del parts, lparts
+            all_images, all_labels = on_gpu(a.data, mean, std, a.threads)
 
             def batches(epoch):
                 g = torch.Generator(device="cuda")

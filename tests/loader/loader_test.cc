@@ -147,6 +147,15 @@ TEST(LoaderTest, ResumeGivesIdenticalBatches) {
   EXPECT_TRUE(std::equal(rest.indices.begin(), rest.indices.end(), whole.indices.begin() + 6 * 32));
 }
 
+// Rank `rank` of `world`, batches of 16: the ranks of the sharding tests.
+LoaderOptions RankOpts(Order order, int rank, int world) {
+  LoaderOptions o = Opts(order, 2, 2);
+  o.batch_size = 16;
+  o.rank = rank;
+  o.world_size = world;
+  return o;
+}
+
 // A run saved at W ranks after k batches resumes at W' ranks: in that epoch
 // every sample arrives exactly once (what the W ranks received, then what
 // the W' ranks receive, less the W' run's padding), every W' rank gets the
@@ -164,11 +173,7 @@ TEST(LoaderTest, ResumeAtAnotherWorldSizeLosesAndRepeatsNothing) {
           std::vector<int> seen(n, 0);
           LoaderState saved;
           for (int r = 0; r < from; ++r) {
-            LoaderOptions o = Opts(order, 2, 2);
-            o.batch_size = 16;
-            o.rank = r;
-            o.world_size = from;
-            Loader l(src, o);
+            Loader l(src, RankOpts(order, r, from));
             EpochStream stream = l.Epoch(3);
             for (uint64_t b = 0; b < k; ++b) {
               auto batch = stream.Next();
@@ -192,11 +197,7 @@ TEST(LoaderTest, ResumeAtAnotherWorldSizeLosesAndRepeatsNothing) {
           std::vector<int> resumed(n, 0);
           std::vector<uint64_t> batches;
           for (int r = 0; r < to; ++r) {
-            LoaderOptions o = Opts(order, 2, 2);
-            o.batch_size = 16;
-            o.rank = r;
-            o.world_size = to;
-            Loader l(src, o);
+            Loader l(src, RankOpts(order, r, to));
             uint64_t count = 0, nb = 0;
             EpochStream stream = l.Resume(*restored);
             for (const Batch& b : stream) {
@@ -227,9 +228,7 @@ TEST(LoaderTest, ResumeAtAnotherWorldSizeLosesAndRepeatsNothing) {
 
 TEST(LoaderTest, ResumeAtAnotherWorldSizeIsRefusedMidWayThroughAResumedEpoch) {
   InMemorySource src(480, 24, 7);
-  LoaderOptions o = Opts(Order::kBlock, 2, 2);
-  o.batch_size = 16;
-  o.world_size = 2;
+  LoaderOptions o = RankOpts(Order::kBlock, 0, 2);
   LoaderState at2;
   {
     Loader l(src, o);
@@ -303,11 +302,8 @@ TEST(LoaderTest, RanksWhoseSharesMoveDoNotDecodeAgain) {
     shared->Retain(kChunks * kChunkBytes);
     std::vector<std::unique_ptr<Loader>> ranks;
     for (int r = 0; r < 2; ++r) {
-      LoaderOptions o = Opts(Order::kBlock, 2, 2);
-      o.batch_size = 16;
+      LoaderOptions o = RankOpts(Order::kBlock, r, 2);
       o.shuffle_window = 2;
-      o.rank = r;
-      o.world_size = 2;
       o.cache_bytes = node ? 4 * kChunkBytes : kChunks * kChunkBytes;
       ranks.push_back(std::make_unique<Loader>(src, o));
       if (node) LoaderInternal::ShareChunks(*ranks.back(), shared);

@@ -7,14 +7,9 @@
 # Usage: pytorch_ddp_example.sh GPUFEED_CLI WORK_DIR   (GPUFEED_LIBRARY, PYTHONPATH set by CTest)
 set -euo pipefail
 cli="$1" work="$2"
-src=/usr/share/datasets/fashion-mnist
-mkdir -p "$work"
-for split in train t10k; do
-  out="$work/fashion-mnist-$split.h5"
-  [ -f "$out" ] || "$cli" convert "$src/$split-images-idx3-ubyte.gz" --labels "$src/$split-labels-idx1-ubyte.gz" \
-                      -o "$out" >/dev/null
-done
 root="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=tests/python/fashion_mnist.sh
+. "$root/tests/python/fashion_mnist.sh"
 # The node servers' sockets in a short directory of their own (a Unix
 # socket's path has at most 107 bytes; the build tree's may be long).
 node_dir=$(mktemp -d /tmp/gpufeed-ci-node.XXXXXX)

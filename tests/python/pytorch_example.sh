@@ -5,13 +5,8 @@
 # Usage: pytorch_example.sh GPUFEED_CLI WORK_DIR   (GPUFEED_LIBRARY, PYTHONPATH set by CTest)
 set -euo pipefail
 cli="$1" work="$2"
-src=/usr/share/datasets/fashion-mnist
-mkdir -p "$work"
-for split in train t10k; do
-  out="$work/fashion-mnist-$split.h5"
-  [ -f "$out" ] || "$cli" convert "$src/$split-images-idx3-ubyte.gz" --labels "$src/$split-labels-idx1-ubyte.gz" \
-                      -o "$out" >/dev/null
-done
 root="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=tests/python/fashion_mnist.sh
+. "$root/tests/python/fashion_mnist.sh"
 exec /usr/bin/python3 "$root/examples/pytorch_train.py" --train "$work/fashion-mnist-train.h5" \
   --test "$work/fashion-mnist-t10k.h5" --epochs 2 --threads 2 --device cpu --min-accuracy 0.85

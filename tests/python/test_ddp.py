@@ -41,20 +41,28 @@ print(json.dumps(out))
 """
 
 
-def start_ranks(path, world, node_dir, epochs=2, die_after=None, extra_env=None):
+def spawn_ranks(world, node_dir, argv_of_rank, local_world=None, extra_env=None):
+    """`world` processes with torchrun's environment for one job on one host
+    (`local_world` local ranks, default all), each running
+    `argv_of_rank(rank)` with this interpreter."""
     run_id = uuid.uuid4().hex
     procs = []
     for r in range(world):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), str(ROOT / "tests" / "python"),
                                                           os.environ.get("PYTHONPATH")]))
-        env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world),
+        env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                    "LOCAL_WORLD_SIZE": str(world if local_world is None else local_world),
                     "TORCHELASTIC_RUN_ID": run_id, "GPUFEED_NODE_DIR": str(node_dir)})
         env.update(extra_env or {})
-        die = (die_after or {}).get(r, 0)
-        procs.append(subprocess.Popen([sys.executable, "-c", CHILD, path, str(epochs), str(die)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable] + argv_of_rank(r), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
     return procs
+
+
+def start_ranks(path, world, node_dir, epochs=2, die_after=None, extra_env=None):
+    return spawn_ranks(world, node_dir, lambda r: ["-c", CHILD, path, str(epochs), str((die_after or {}).get(r, 0))],
+                       extra_env=extra_env)
 
 
 def finish(procs, timeout=180):
@@ -202,17 +210,8 @@ print(json.dumps(out))
 
 
 def run_ranks(script, world, node_dir, args, gpufeed_cli, share_env="node"):
-    run_id = uuid.uuid4().hex
-    procs = []
-    for r in range(world):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), str(ROOT / "tests" / "python"),
-                                                          os.environ.get("PYTHONPATH")]))
-        env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                    "LOCAL_WORLD_SIZE": str(world if share_env == "node" else 1), "TORCHELASTIC_RUN_ID": run_id,
-                    "GPUFEED_NODE_DIR": str(node_dir), "GPUFEED_CLI": gpufeed_cli})
-        procs.append(subprocess.Popen([sys.executable, "-c", script] + list(args), env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+    procs = spawn_ranks(world, node_dir, lambda r: ["-c", script] + list(args),
+                        local_world=world if share_env == "node" else 1, extra_env={"GPUFEED_CLI": gpufeed_cli})
     outs = []
     for code, out, err in finish(procs):
         assert code == 0, err
