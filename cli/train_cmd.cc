@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "common/job.h"
+#include "common/launch_ranks.h"
+#include "gpufeed/device.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/encoded.h"
 #include "gpufeed/open_source.h"
@@ -24,6 +27,9 @@ struct TrainArgs {
   std::string dataset, token_file;  // with a daemon --data
   DecodeArgs decode;                // encoded image datasets
   TrainOptions o;
+  int gpus = 0;  // 0: the job's environment (torchrun), else 1
+  bool no_graphs = false;
+  bool gpu_given = false;
   int threads = 0;
   uint64_t cache_bytes = 1ull << 30;
 };
@@ -91,17 +97,36 @@ nlohmann::json ToJson(const TrainReport& r) {
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(r.weights_hash));
   j["weights_hash"] = hash;
+  j["graphs"] = r.graphs;
+  if (!r.parallel.empty()) {
+    j["parallel"] = r.parallel;
+    for (const RankReport& k : r.ranks) {
+      j["ranks"].push_back({{"rank", k.rank},
+                            {"samples_per_s", k.samples_per_s},
+                            {"gpu_util", k.gpu_util},
+                            {"data_wait_fraction", k.data_wait_fraction},
+                            {"verdict", k.verdict}});
+    }
+    j["allreduce_ms"] = r.allreduce_ms;
+    j["allreduce_exposed_ms"] = r.allreduce_exposed_ms;
+  }
   return j;
 }
 
 // Runs the training and prints its report (train and test already open).
 int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "gpufeed train: %s\n", s.ToString().c_str());
+  auto fail = [&a](const Status& s) {
+    if (a.o.parallel.world_size > 1) {
+      std::fprintf(stderr, "gpufeed train (rank %d of %d): %s\n", a.o.parallel.rank, a.o.parallel.world_size,
+                   s.ToString().c_str());
+    } else {
+      std::fprintf(stderr, "gpufeed train: %s\n", s.ToString().c_str());
+    }
     return 1;
   };
   TrainOptions& o = a.o;
-  const bool quiet = !a.json.empty() && a.json == "-";
+  // One report for a job: rank 0's (it holds every rank's figures).
+  const bool quiet = (!a.json.empty() && a.json == "-") || o.parallel.rank != 0;
   const bool tty = isatty(fileno(stderr));
   o.on_start = [quiet](const std::string& backend, const std::string& model, const MemoryBreakdown& m) {
     if (quiet) return;
@@ -144,10 +169,25 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
     std::printf("total %.2f s (data loading included); steady state %.0f samples/s", r->wall_seconds,
                 r->steady_samples_per_s);
     if (r->steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r->steady_gpu_util);
-    std::printf("\nverdict: %s\n", r->verdict.c_str());
+    std::printf("\nsteps: CUDA graphs %s\n", r->graphs.c_str());
+    if (!r->parallel.empty()) {
+      std::printf("data parallel: %s", r->parallel.c_str());
+      if (r->allreduce_ms >= 0) {
+        std::printf("; all-reduce %.3f ms a step, %.3f ms of it not overlapped (%.0f%% overlapped)", r->allreduce_ms,
+                    r->allreduce_exposed_ms,
+                    r->allreduce_ms > 0 ? 100.0 * std::max(0.0, 1.0 - r->allreduce_exposed_ms / r->allreduce_ms) : 0);
+      }
+      std::printf("\n");
+      for (const RankReport& k : r->ranks) {
+        std::printf("  rank %d: %.0f samples/s", k.rank, k.samples_per_s);
+        if (k.gpu_util >= 0) std::printf(", GPU %.1f%%", k.gpu_util);
+        std::printf(", data wait %.1f%%\n", 100 * k.data_wait_fraction);
+      }
+    }
+    std::printf("verdict: %s\n", r->verdict.c_str());
     if (!r->telemetry.empty()) std::printf("telemetry: %s\n", r->telemetry.c_str());
   }
-  if (!a.json.empty()) {
+  if (!a.json.empty() && o.parallel.rank == 0) {
     const std::string text = ToJson(*r).dump(2) + "\n";
     if (a.json == "-") {
       std::fputs(text.c_str(), stdout);
@@ -166,6 +206,50 @@ int RunTrain(TrainArgs& a) {
     return 1;
   };
   TrainOptions& o = a.o;
+  o.cuda_graphs = !a.no_graphs;
+  // Ranks: torchrun's environment (or ours: --gpus starts this program once
+  // a rank with the same variables set).
+  auto job = JobRanksFromEnv();
+  if (!job.ok()) return fail(job.status());
+  if (job->world_size > 1) {
+    if (a.gpus > 0 && a.gpus != job->world_size) {
+      return fail(Status::InvalidArgument("--gpus " + std::to_string(a.gpus) + ", but the job's WORLD_SIZE is " +
+                                          std::to_string(job->world_size) + " (leave --gpus out under torchrun)"));
+    }
+    o.parallel.rank = job->rank;
+    o.parallel.world_size = job->world_size;
+    o.parallel.local_world_size = job->local_world_size;
+    if (a.gpu_given) {
+      return fail(Status::InvalidArgument("--gpu: each rank trains on GPU LOCAL_RANK; to choose the GPUs, set "
+                                          "CUDA_VISIBLE_DEVICES"));
+    }
+    o.cuda_device = job->local_rank;
+    auto fail_rank = [&](const Status& s) {
+      std::fprintf(stderr, "gpufeed train (rank %d of %d): %s\n", job->rank, job->world_size, s.ToString().c_str());
+      return 1;
+    };
+    if (a.device != "cpu") {
+      const size_t visible = QueryGpus().devices.size();
+      if (visible > 0 && size_t(job->local_rank) >= visible) {
+        return fail_rank(Status::InvalidArgument("LOCAL_RANK " + std::to_string(job->local_rank) + ", but " +
+                                                 std::to_string(visible) + " GPU(s) are visible here"));
+      }
+    }
+  } else if (a.gpus > 1) {
+    if (a.device != "cpu") {
+      const GpuReport gpus = QueryGpus();
+      if (gpus.devices.size() < size_t(a.gpus)) {
+        return fail(Status::InvalidArgument(
+            "--gpus " + std::to_string(a.gpus) + ", but " + std::to_string(gpus.devices.size()) +
+            " GPU(s) are visible" + (gpus.devices.empty() ? " (" + gpus.reason + ")" : std::string()) +
+            (a.device == "auto" ? "; add --device cpu to train " + std::to_string(a.gpus) + " CPU ranks" : "")));
+      }
+      if (a.gpu_given) return fail(Status::InvalidArgument("--gpu: with --gpus, rank k trains on GPU k"));
+    }
+    Status st = LaunchLocalRanks(a.gpus);
+    if (!st.ok()) return fail(st);
+    return 0;
+  }
   auto model = ModelKindFromName(a.model);
   if (!model.ok()) return fail(model.status());
   o.model = *model;
@@ -317,6 +401,11 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", o.seed, "seed of initialisation, order and augmentation")->capture_default_str();
   cmd->add_option("--device", a->device, "auto, cpu or cuda")->capture_default_str();
   cmd->add_option("--gpu", o.cuda_device, "CUDA device index")->capture_default_str();
+  cmd->add_option("--gpus", a->gpus,
+                  "data parallel over this many GPUs of this host, one process each (with --device cpu: CPU "
+                  "ranks); under torchrun the ranks come from its environment")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_flag("--no-graphs", a->no_graphs, "launch every kernel from the host (no CUDA graphs)");
   cmd->add_option("--order", a->order, "sequential, random or block")->capture_default_str();
   cmd->add_option("--threads", a->threads, "loader threads (0: all cores)")->capture_default_str();
   AddCacheBytesOption(cmd, &a->cache_bytes, "loader chunk cache (default 1 GiB)");
@@ -327,7 +416,10 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "compute ceiling: cycle the first N batches kept on the device (0: off)");
   cmd->add_option("--json", a->json, "write the report as JSON to this file ('-': stdout only)");
   AddDecodeOptions(cmd, &a->decode, "random_resized_crop");
-  cmd->callback([a, exit_code] { *exit_code = RunTrain(*a); });
+  cmd->callback([a, exit_code, cmd] {
+    a->gpu_given = cmd->get_option("--gpu")->count() > 0;
+    *exit_code = RunTrain(*a);
+  });
 }
 
 }  // namespace gpufeed::cli

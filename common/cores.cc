@@ -1,6 +1,8 @@
 // AvailableCores / DefaultLoaderThreads (common/cores.h).
 #include "common/cores.h"
 
+#include "common/job.h"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -21,12 +23,9 @@ int AvailableCores() {
 
 int DefaultLoaderThreads() {
   const int cores = AvailableCores();
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  if (local == nullptr || *local == '\0') return cores;
-  char* end = nullptr;
-  const long ranks = std::strtol(local, &end, 10);
-  if (*end != '\0' || ranks <= 1 || ranks > 4096) return cores;  // not torchrun's value: ignore it
-  return std::max(2, cores / static_cast<int>(ranks));
+  const int ranks = LocalWorldSize();  // 1 when not torchrun's value
+  if (ranks <= 1) return cores;
+  return std::max(2, cores / ranks);
 }
 
 }  // namespace gpufeed

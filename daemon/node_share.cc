@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/job.h"
 #include "common/sizes.h"
 #include "gpufeed/fields.h"
 
@@ -37,41 +38,6 @@ namespace gpufeed {
 namespace {
 
 constexpr int kStartTimeoutMs = 180000;  // opening a large many-file dataset (and its probe) can take a while
-
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::string(v) : std::string();
-}
-
-int LocalWorldSize() {
-  const std::string v = Env("LOCAL_WORLD_SIZE");
-  if (v.empty()) return 1;
-  char* end = nullptr;
-  const long n = std::strtol(v.c_str(), &end, 10);
-  return *end == '\0' && n >= 1 && n <= 4096 ? static_cast<int>(n) : 1;
-}
-
-std::string JobId() {
-  if (std::string run = Env("TORCHELASTIC_RUN_ID"); !run.empty()) {
-    // GROUP_RANK: the node's rank, so two agents of one job on one host
-    // (simulated nodes) keep a server each, as real nodes would.
-    return "run=" + run + "/node=" + Env("GROUP_RANK") + "/restart=" + Env("TORCHELASTIC_RESTART_COUNT");
-  }
-  if (std::string addr = Env("MASTER_ADDR"), port = Env("MASTER_PORT"); !addr.empty() && !port.empty()) {
-    return "master=" + addr + ":" + port;
-  }
-  // Ranks started by hand with LOCAL_WORLD_SIZE and nothing else: the
-  // processes of one launcher share its process group.
-  return "pgid=" + std::to_string(::getpgrp());
-}
-
-Result<std::string> NodeDir() {
-  for (const std::string& d : {Env("GPUFEED_NODE_DIR"), Env("XDG_RUNTIME_DIR"), Env("TMPDIR"), std::string("/tmp")}) {
-    struct stat st {};
-    if (!d.empty() && ::stat(d.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::access(d.c_str(), W_OK) == 0) return d;
-  }
-  return Status::IOError("share=node: no writable directory for the node's socket (set GPUFEED_NODE_DIR)");
-}
 
 // The data as every rank names it: a file spec made absolute (ranks may
 // start in different directories); globs, lists and directories as given.
@@ -216,11 +182,11 @@ Result<Share> ResolveShare(const SourceOptions& o) {
 Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
   Reap();
   auto dir = NodeDir();
-  if (!dir.ok()) return dir.status();
+  if (!dir.ok()) return dir.status().WithContext("share=node");
   const std::string spec = CanonicalSpec(o.data);
   const int local = LocalWorldSize();
   const int node_threads = o.loader.threads > 0 ? o.loader.threads * local : 0;  // 0: every core
-  std::string key = JobId() + "|" + spec + "|" + (o.open.no_sample_axis ? "1" : "0") + "|" +
+  std::string key = JobId(true) + "|" + spec + "|" + (o.open.no_sample_axis ? "1" : "0") + "|" +
                     (o.open.trust_files ? "1" : "0") + "|" + std::to_string(node_threads) + "|" +
                     std::to_string(o.loader.cache_bytes) + "|" + std::to_string(o.loader.prefetch);
   for (const std::string& f : o.open.fields) key += "|" + f;

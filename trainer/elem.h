@@ -55,20 +55,40 @@ GPUFEED_HD void StoreAs(void* p, size_t i, DType dt, float v) {
 // coefficient). Returns the new weight; updates s1 (momentum / Adam's m) and
 // s2 (Adam's v). The CPU and GPU both call this with the same operands, and
 // nvcc is built with --fmad=false for the trainer, so fp32 results agree.
-GPUFEED_HD float OptimizerUpdate(const OptimizerStep& o, bool decay, float w, float g, float* s1, float* s2, float bc1,
-                                 float bc2) {
+GPUFEED_HD float OptimizerUpdate(const OptimizerStep& o, bool decay, float w, float g, float* s1, float* s2, float lr,
+                                 float bc1, float bc2) {
   if (o.kind == OptimizerKind::kSgd) {
     if (decay) g += o.weight_decay * w;
     const float m = o.momentum * *s1 + g;
     *s1 = m;
-    return w - o.lr * m;
+    return w - lr * m;
   }
   const float m = o.beta1 * *s1 + (1.0f - o.beta1) * g;
   const float v = o.beta2 * *s2 + (1.0f - o.beta2) * g * g;
   *s1 = m;
   *s2 = v;
-  if (decay) w -= o.lr * o.weight_decay * w;
-  return w - o.lr * (m / bc1) / (sqrtf(v / bc2) + o.eps);
+  if (decay) w -= lr * o.weight_decay * w;
+  return w - lr * (m / bc1) / (sqrtf(v / bc2) + o.eps);
+}
+
+// One step of the schedule (Schedule): the rate and bias corrections of step
+// number st->step (0-based), then counts it. The CPU backend calls this on
+// the host, the CUDA one in a one-thread kernel; both in fp32 after a double
+// cosine, so they agree to the last bit but for cos's last ulp in double.
+GPUFEED_HD void ScheduleAdvance(const Schedule& s, StepState* st) {
+  const int64_t t = st->step;
+  float lr;
+  if (t < s.warmup) {
+    lr = s.peak_lr * float(t + 1) / float(s.warmup);
+  } else {
+    const double span = double(s.total - s.warmup > 1 ? s.total - s.warmup : 1);
+    const double x = double(t - s.warmup) / span;
+    lr = static_cast<float>(double(s.peak_lr) * 0.5 * (1 + cos(3.141592653589793 * (x < 1 ? x : 1.0))));
+  }
+  st->lr = lr;
+  st->bc1 = 1.0f - powf(s.beta1, static_cast<float>(t + 1));
+  st->bc2 = 1.0f - powf(s.beta2, static_cast<float>(t + 1));
+  st->step = t + 1;
 }
 
 // From the sum of squares of the scaled gradients: the step's coefficient,

@@ -309,15 +309,18 @@ __global__ void FinishGradientsKernel(const double* partial, int n, float clip_n
 }
 
 __global__ void OptimizerKernel(OptimizerStep o, bool decay, size_t n, float* master, const float* grad, float* s1,
-                                float* s2, void* copy, DType dt, const ScalerState* scaler, float bc1, float bc2) {
+                                float* s2, void* copy, DType dt, const ScalerState* scaler, const StepState* st) {
   if (scaler->step_skip) return;
   const float coef = scaler->step_coef;
+  const float lr = st->lr, bc1 = st->bc1, bc2 = st->bc2;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float w = OptimizerUpdate(o, decay, master[i], grad[i] * coef, &s1[i], s2 ? &s2[i] : &s1[i], bc1, bc2);
+    const float w = OptimizerUpdate(o, decay, master[i], grad[i] * coef, &s1[i], s2 ? &s2[i] : &s1[i], lr, bc1, bc2);
     master[i] = w;
     if (copy) StoreAs(copy, i, dt, w);
   }
 }
+
+__global__ void ScheduleKernel(Schedule s, StepState* st) { ScheduleAdvance(s, st); }
 
 }  // namespace gpufeed::trainer::kernels
 

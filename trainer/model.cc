@@ -180,7 +180,7 @@ Status Model::Forward(const void* x, int batch, bool training) {
   return Status::Ok();
 }
 
-Status Model::Backward(const void* x, int batch, bool accumulate) {
+Status Model::Backward(const void* x, int batch, bool accumulate, const GradsReady& on_grads) {
   const DType dt = spec_.dtype;
   const float beta = accumulate ? 1.0f : 0.0f;
   void* dy = dlogits_;
@@ -229,6 +229,7 @@ Status Model::Backward(const void* x, int batch, bool accumulate) {
         GPUFEED_RETURN_IF_ERROR(ops_->MaxPoolBackward(batch, l.h, l.w, l.c, dt, dy, l.argmax, dx));
         break;
     }
+    if (on_grads && l.p >= 0) GPUFEED_RETURN_IF_ERROR(on_grads(l.p, (l.p2 >= 0 ? l.p2 : l.p) + 1));
     dy = dx;
   }
   return Status::Ok();

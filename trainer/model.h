@@ -5,6 +5,7 @@
 #define GPUFEED_TRAINER_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,12 @@ class Model {
   // x: batch x in_h x in_w x in_c in spec.dtype. Leaves the logits in logits().
   Status Forward(const void* x, int batch, bool training);
   // From dlogits() (already filled by the loss): parameter gradients, added
-  // to the existing ones when `accumulate`.
-  Status Backward(const void* x, int batch, bool accumulate);
+  // to the existing ones when `accumulate`. `on_grads`, when set, is called
+  // as soon as a layer's parameter gradients are queued, with their range
+  // [first, end) in params() (backward order: the last layer's first), so
+  // data parallel can start reducing them while earlier layers still run.
+  using GradsReady = std::function<Status(int first, int end)>;
+  Status Backward(const void* x, int batch, bool accumulate, const GradsReady& on_grads = {});
 
   const void* logits() const { return acts_.back(); }
   void* dlogits() { return dlogits_; }

@@ -75,11 +75,26 @@ struct ScalerState {
 
 enum class OptimizerKind { kSgd, kAdamW };
 
+// The optimizer's hyperparameters that stay fixed for a run.
 struct OptimizerStep {
   OptimizerKind kind = OptimizerKind::kSgd;
-  float lr = 0, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float momentum = 0.9f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0;  // SGD: added to the gradient; AdamW: decoupled
-  int64_t step = 1;        // 1-based, for Adam's bias correction
+};
+
+// The learning-rate schedule: linear warmup over `warmup` steps to `peak_lr`,
+// then cosine to 0 at `total` steps.
+struct Schedule {
+  float peak_lr = 0;
+  int64_t warmup = 0, total = 1;
+  float beta1 = 0.9f, beta2 = 0.999f;  // for Adam's bias corrections
+};
+// What changes from one optimizer step to the next, kept where the weights
+// are and advanced there (AdvanceSchedule), so a step replayed from a CUDA
+// graph reads this step's values without the host writing them.
+struct StepState {
+  int64_t step = 0;             // optimizer steps taken (skipped ones too)
+  float lr = 0, bc1 = 1, bc2 = 1;  // this step's rate, 1 - beta^step (Adam)
 };
 
 class Ops {
@@ -157,7 +172,28 @@ class Ops {
   // the compute copy (`copy`, may be null) in `dtype`. `decay` false for
   // biases and batchnorm parameters.
   virtual Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad,
-                                float* state1, float* state2, void* copy, DType dtype, const ScalerState* scaler) = 0;
+                                float* state1, float* state2, void* copy, DType dtype, const ScalerState* scaler,
+                                const StepState* step) = 0;
+  // Before a step's ApplyOptimizer calls: this step's learning rate and bias
+  // corrections from `step->step`, which then counts this step.
+  virtual Status AdvanceSchedule(const Schedule& s, StepState* step) = 0;
+
+  // CUDA Graphs. Between BeginCapture and EndCapture the calls above are
+  // recorded, not run; Replay runs the recording (the same kernels on the
+  // same buffers) with one launch. Unsupported on the CPU, and EndCapture
+  // fails when a recorded call could not be captured (the caller then runs
+  // the calls directly). A recording reads the buffers it was made with:
+  // buffer_generation() changes whenever the backend reallocates its own
+  // scratch, and a recording older than that must not be replayed.
+  virtual Status BeginCapture() = 0;
+  virtual Result<void*> EndCapture() = 0;
+  virtual Status Replay(void* graph) = 0;
+  virtual void DestroyGraph(void* graph) = 0;
+  virtual uint64_t buffer_generation() const = 0;
+  // Timing marks 0..3 on the stream (a timed cudaEvent; the host clock on the
+  // CPU) and the milliseconds between two of them once both have passed.
+  virtual Status Mark(int i) = 0;
+  virtual double MarkElapsedMs(int from, int to) = 0;
 };
 
 std::unique_ptr<Ops> MakeCpuOps();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/clock.h"
 #include "trainer/elem.h"
 #include "trainer/ops.h"
 
@@ -322,17 +323,32 @@ class CpuOps final : public Ops {
   }
 
   Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad, float* state1,
-                        float* state2, void* copy, DType dt, const ScalerState* scaler) override {
+                        float* state2, void* copy, DType dt, const ScalerState* scaler, const StepState* st) override {
     if (scaler->step_skip) return Status::Ok();
-    const float bc1 = 1.0f - std::pow(o.beta1, static_cast<float>(o.step));
-    const float bc2 = 1.0f - std::pow(o.beta2, static_cast<float>(o.step));
     for (size_t i = 0; i < n; ++i) {
       master[i] = OptimizerUpdate(o, decay, master[i], grad[i] * scaler->step_coef, &state1[i],
-                                  state2 ? &state2[i] : &state1[i], bc1, bc2);
+                                  state2 ? &state2[i] : &state1[i], st->lr, st->bc1, st->bc2);
       if (copy) StoreAs(copy, i, dt, master[i]);
     }
     return Status::Ok();
   }
+  Status AdvanceSchedule(const Schedule& s, StepState* st) override {
+    ScheduleAdvance(s, st);
+    return Status::Ok();
+  }
+  Status BeginCapture() override {
+    return Status::Unsupported("the CPU backend runs each operation as it is called (no graphs)");
+  }
+  Result<void*> EndCapture() override { return Status::Unsupported("no graphs on the CPU backend"); }
+  Status Replay(void*) override { return Status::Unsupported("no graphs on the CPU backend"); }
+  void DestroyGraph(void*) override {}
+  uint64_t buffer_generation() const override { return 0; }
+  Status Mark(int i) override {
+    marks_[i & 3] = NowSeconds();
+    return Status::Ok();
+  }
+  double MarkElapsedMs(int from, int to) override { return 1e3 * (marks_[to & 3] - marks_[from & 3]); }
+  double marks_[4] = {};
 };
 
 }  // namespace

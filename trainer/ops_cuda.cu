@@ -57,6 +57,10 @@ using namespace kernels;  // NOLINT(build/namespaces): one file's launch sites
 
 // --- the backend ----------------------------------------------------------------------
 
+// cuBLAS's own workspace: 32 MiB, what NVIDIA's documentation recommends
+// for Hopper.
+constexpr size_t kCublasWorkspace = 32u << 20;
+
 class CudaOps final : public Ops {
  public:
   explicit CudaOps(int device) : device_(device) {}
@@ -65,6 +69,9 @@ class CudaOps final : public Ops {
     if (stream_) cudaStreamSynchronize(stream_);
     for (void* p : scratch_) cudaFree(p);
     if (workspace_) cudaFree(workspace_);
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
+    for (cudaEvent_t e : marks_)
+      if (e) cudaEventDestroy(e);
     if (cudnn_) cudnnDestroy(cudnn_);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -82,6 +89,8 @@ class CudaOps final : public Ops {
     GPUFEED_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_RETURN(cublasCreate(&cublas_));
     CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
+    GPUFEED_CUDA_RETURN(cudaMalloc(&cublas_workspace_, kCublasWorkspace));
+    CUBLAS_RETURN(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
     CUDNN_RETURN(cudnnCreate(&cudnn_));
     CUDNN_RETURN(cudnnSetStream(cudnn_, stream_));
     return Status::Ok();
@@ -128,7 +137,7 @@ class CudaOps final : public Ops {
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
     return total - free;
   }
-  size_t WorkspaceBytes() const override { return workspace_bytes_ + scratch_bytes_; }
+  size_t WorkspaceBytes() const override { return workspace_bytes_ + scratch_bytes_ + kCublasWorkspace; }
 
   Status Gemm(const GemmArgs& g) override {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
@@ -166,6 +175,8 @@ class CudaOps final : public Ops {
   // The one cuDNN workspace, grown (after the queued work) when a plan needs more.
   Status Workspace(size_t bytes) {
     if (bytes <= workspace_bytes_) return Status::Ok();
+    if (capturing_) return Status::Unsupported("the cuDNN workspace would grow while a graph is captured");
+    ++generation_;
     GPUFEED_CUDA_RETURN(cudaStreamSynchronize(stream_));
     if (workspace_) GPUFEED_CUDA_RETURN(cudaFree(workspace_));
     workspace_ = nullptr;
@@ -178,6 +189,8 @@ class CudaOps final : public Ops {
   Result<void*> Scratch(int id, size_t bytes) {
     if (scratch_.size() <= size_t(id)) scratch_.resize(id + 1, nullptr), scratch_size_.resize(id + 1, 0);
     if (scratch_size_[id] < bytes) {
+      if (capturing_) return Status::Unsupported("a scratch buffer would grow while a graph is captured");
+      ++generation_;
       GPUFEED_CUDA_RETURN(cudaStreamSynchronize(stream_));
       if (scratch_[id]) cudaFree(scratch_[id]);
       scratch_bytes_ -= scratch_size_[id];
@@ -347,13 +360,62 @@ class CudaOps final : public Ops {
   }
 
   Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad, float* state1,
-                        float* state2, void* copy, DType dt, const ScalerState* scaler) override {
-    const float bc1 = 1.0f - std::pow(o.beta1, static_cast<float>(o.step));
-    const float bc2 = 1.0f - std::pow(o.beta2, static_cast<float>(o.step));
-    OptimizerKernel<<<Blocks(n), 256, 0, stream_>>>(o, decay, n, master, grad, state1, state2, copy, dt, scaler, bc1,
-                                                    bc2);
+                        float* state2, void* copy, DType dt, const ScalerState* scaler, const StepState* st) override {
+    OptimizerKernel<<<Blocks(n), 256, 0, stream_>>>(o, decay, n, master, grad, state1, state2, copy, dt, scaler, st);
     LAUNCH_CHECK();
     return Status::Ok();
+  }
+  Status AdvanceSchedule(const Schedule& s, StepState* st) override {
+    ScheduleKernel<<<1, 1, 0, stream_>>>(s, st);
+    LAUNCH_CHECK();
+    return Status::Ok();
+  }
+
+  // Thread-local capture: the feed's threads keep using their own streams
+  // (and cudaMalloc) while this one records.
+  Status BeginCapture() override {
+    GPUFEED_CUDA_RETURN(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    return Status::Ok();
+  }
+  Result<void*> EndCapture() override {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    capturing_ = false;
+    if (e != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();  // capture errors are not sticky; clear the last one
+      return Status::Unsupported(std::string("a CUDA graph could not be captured: ") + cudaGetErrorName(e) + " (" +
+                                 cudaGetErrorString(e) + ")");
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) {
+      cudaGetLastError();
+      return Status::Unsupported(std::string("a CUDA graph could not be instantiated: ") + cudaGetErrorName(ie));
+    }
+    return static_cast<void*>(exec);
+  }
+  Status Replay(void* graph) override {
+    GPUFEED_CUDA_RETURN(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream_));
+    return Status::Ok();
+  }
+  void DestroyGraph(void* graph) override {
+    if (graph) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+  }
+  uint64_t buffer_generation() const override { return generation_; }
+  Status Mark(int i) override {
+    if (!marks_[i & 3]) GPUFEED_CUDA_RETURN(cudaEventCreate(&marks_[i & 3]));
+    GPUFEED_CUDA_RETURN(cudaEventRecord(marks_[i & 3], stream_));
+    return Status::Ok();
+  }
+  double MarkElapsedMs(int from, int to) override {
+    float ms = 0;
+    if (cudaEventSynchronize(marks_[to & 3]) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, marks_[from & 3], marks_[to & 3]) != cudaSuccess)
+      return -1;
+    return ms;
   }
 
  private:
@@ -368,6 +430,11 @@ class CudaOps final : public Ops {
   std::vector<void*> scratch_;
   std::vector<size_t> scratch_size_;
   size_t scratch_bytes_ = 0;
+  // cuBLAS's workspace, set once so a captured GEMM never allocates.
+  void* cublas_workspace_ = nullptr;
+  bool capturing_ = false;
+  cudaEvent_t marks_[4] = {};
+  uint64_t generation_ = 0;  // bumped by every reallocation of workspace_ or scratch_
 };
 
 }  // namespace

@@ -15,7 +15,8 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <numbers>
+#include <map>
+#include <tuple>
 
 #include "common/atomic_file.h"
 #include "gpufeed/dataset.h"
@@ -24,6 +25,7 @@
 #include "loader/batch_pool.h"
 #include "loader/chunk_cache.h"
 #include "trainer/checkpoint.h"
+#include "trainer/comm.h"
 #include "trainer/model.h"
 #include "trainer/nvml.h"
 #include "trainer/ops.h"
@@ -62,15 +64,15 @@ Status Validate(const TrainOptions& o) {
     return Status::InvalidArgument("train: a cnn needs at least one block (--channels)");
   if (o.resume && o.checkpoint_path.empty()) return Status::InvalidArgument("train: --resume needs --checkpoint PATH");
   if (o.growth_interval < 1 || !(o.init_scale >= 1)) return Status::InvalidArgument("train: bad loss scaler options");
+  const auto& p = o.parallel;
+  if (p.world_size < 1 || p.rank < 0 || p.rank >= p.world_size)
+    return Status::InvalidArgument("train: rank " + std::to_string(p.rank) + " is not in [0, world size " +
+                                   std::to_string(p.world_size) + ")");
+  if (p.local_world_size < 1 || p.local_world_size > p.world_size)
+    return Status::InvalidArgument("train: the ranks on this host (" + std::to_string(p.local_world_size) +
+                                   ") must be in [1, world size " + std::to_string(p.world_size) + "]");
+  if (!(p.timeout_s > 0)) return Status::InvalidArgument("train: the ranks' timeout must be > 0 s");
   return Status::Ok();
-}
-
-// Linear warmup over `warmup` steps, then cosine from the peak to 0 at `total`.
-float LearningRate(float peak, int64_t step, int64_t warmup, int64_t total) {
-  if (step < warmup) return peak * float(step + 1) / float(warmup);
-  const double span = std::max<int64_t>(1, total - warmup);
-  const double t = std::min(1.0, double(step - warmup) / span);
-  return static_cast<float>(peak * 0.5 * (1 + std::cos(std::numbers::pi * t)));
 }
 
 // Device-side scalars the loop accumulates into; read once per epoch.
@@ -131,17 +133,30 @@ std::string ConfigString(const TrainOptions& o) {
 class Run {
  public:
   Run(const ChunkSource& train, const ChunkSource* test, const TrainOptions& o) : train_(train), test_(test), o_(o) {}
+  ~Run();
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
   Result<TrainReport> Go();
 
  private:
   Status Setup();
   Status TrainEpoch(int epoch, EpochReport* r);
-  Status Step(const void* images, const void* labels, int n, int micro);
+  // One micro-batch (and the optimizer step when it ends an accumulation),
+  // replayed from a CUDA graph when graphs are on.
+  Status Micro(const void* images, const void* labels, int n);
+  // What a graph records: forward, loss and backward of a micro-batch
+  // (gradients added to when `accumulate`), then the optimizer when `step`.
+  Status MicroOps(const void* images, const void* labels, int n, bool accumulate, bool step);
   Status OptimizerStep();
+  void DisableGraphs(const std::string& why);
   Status Evaluate(EpochReport* r);
+  // Data parallel, at an epoch's end: rank 0's batchnorm statistics to every
+  // rank, and the epoch's figures made the node's (own ones kept).
+  Status NodeEpoch(EpochReport* r);
+  Status NodeReport();
+  Result<TrainReport> GoRanks();
   Status ReadCounters(Counters* c);
   Status ZeroCounters();
-  void Verdict();
 
   const ChunkSource& train_;
   const ChunkSource* test_;
@@ -160,7 +175,36 @@ class Run {
   int next_feeder_epoch_ = -1;
   int last_epoch_ = 0;  // the last epoch this call trains
   std::unique_ptr<trainer::NvmlSampler> nvml_;
-  Buffer counters_, scaler_, norm_ptrs_;
+  Buffer counters_, scaler_, norm_ptrs_, step_state_;
+  trainer::Schedule schedule_;
+  trainer::OptimizerStep opt_;
+  // CUDA graphs of MicroOps by (batch, accumulate, step), made on a key's
+  // second use (the first makes every plan and scratch buffer), with the
+  // backend's buffer generation they were recorded at. Inputs are copied into
+  // graph_images_/graph_labels_ first: a graph reads fixed addresses.
+  struct Graph {
+    void* exec = nullptr;
+    uint64_t generation = 0;
+    int uses = 0;
+  };
+  std::map<std::tuple<int, bool, bool>, Graph> graphs_;
+  bool graphs_on_ = false;
+  // Data parallel (o_.parallel.world_size > 1): the collectives, the bucket
+  // of gradients being filled during the backward pass, and the all-reduce
+  // probes (the first 16 steps from the 8th of the first epoch, run without
+  // graphs so their marks can be read).
+  std::unique_ptr<trainer::Comm> comm_;
+  std::vector<float*> bucket_;
+  std::vector<size_t> bucket_sizes_;
+  uint64_t bucket_bytes_ = 0;
+  int probes_left_ = 16, probes_ = 0;
+  double probe_busy_ms_ = 0, probe_exposed_ms_ = 0;
+  bool probing_ = false;
+  Status FlushBucket();
+  int world() const { return o_.parallel.world_size; }
+  int rank() const { return o_.parallel.rank; }
+  Buffer graph_images_, graph_labels_;
+  uint64_t replays_ = 0;
   ScalerState scaler_host_;
   int64_t step_ = 0, total_steps_ = 0, warmup_steps_ = 0;
   uint64_t steps_per_epoch_ = 0;
@@ -172,7 +216,64 @@ class Run {
   std::vector<std::unique_ptr<Buffer>> resident_images_, resident_labels_;
   std::vector<int> resident_sizes_;
   double run_start_ = 0;
+  std::vector<EpochReport> own_epochs_;  // this rank's (the report's are the node's)
 };
+
+// Steady state: every epoch after the first when there are several (the
+// first pays for cuDNN's plans, the page cache and the pools), else the one.
+struct Steady {
+  double samples_per_s = 0, gpu_util = -1, wait = 0;
+};
+Steady SteadyOf(const std::vector<EpochReport>& e) {
+  Steady st;
+  if (e.empty()) return st;
+  size_t first = e.size() > 1 ? 1 : 0;
+  double secs = 0, samples = 0, wait = 0, util = 0;
+  int util_n = 0;
+  for (size_t i = first; i < e.size(); ++i) {
+    secs += e[i].seconds, samples += e[i].samples, wait += e[i].data_wait_seconds;
+    if (e[i].gpu_util >= 0) util += e[i].gpu_util, ++util_n;
+  }
+  st.samples_per_s = secs > 0 ? samples / secs : 0;
+  st.wait = secs > 0 ? wait / secs : 0;
+  st.gpu_util = util_n ? util / util_n : -1;
+  return st;
+}
+
+std::string VerdictText(double u, double w, const std::string& telemetry) {
+  char buf[512];
+  if (u >= 0) {
+    if (u >= 95 && w < 0.05) {
+      std::snprintf(buf, sizeof buf,
+                    "compute-bound: the GPU was busy %.1f%% of the time and the trainer waited for data %.1f%% of it; "
+                    "a faster model or GPU would go faster, a faster input would not",
+                    u, 100 * w);
+    } else if (w < 0.05) {
+      // Idle GPU, yet the data was always there: the host loop (kernel
+      // launches of a small model) is the limit, not the input.
+      std::snprintf(buf, sizeof buf,
+                    "host-bound: the GPU was busy only %.1f%% of the time but the trainer waited for data just %.1f%% "
+                    "of it: the host's kernel launches limit this small model (a larger batch would help); the "
+                    "input is not the limit",
+                    u, 100 * w);
+    } else {
+      std::snprintf(buf, sizeof buf,
+                    "input-bound: the GPU was busy only %.1f%% of the time; the trainer waited for data %.1f%% of "
+                    "it, so the input must deliver about %.2fx faster to keep the GPU busy",
+                    u, 100 * w, w < 0.999 ? 1.0 / (1.0 - w) : 1000.0);
+    }
+  } else if (w < 0.05) {
+    std::snprintf(buf, sizeof buf,
+                  "compute-bound: the trainer waited for data %.1f%% of the time (no GPU utilization: %s)", 100 * w,
+                  telemetry.c_str());
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "input-bound: the trainer waited for data %.1f%% of the time; the input must deliver about "
+                  "%.2fx faster (no GPU utilization: %s)",
+                  100 * w, w < 0.999 ? 1.0 / (1.0 - w) : 1000.0, telemetry.c_str());
+  }
+  return buf;
+}
 
 Status Run::Setup() {
   GPUFEED_RETURN_IF_ERROR(Validate(o_));
@@ -224,7 +325,7 @@ Status Run::Setup() {
     return Status::InvalidArgument(train_.name() + ": a classifier needs at least 2 classes (every label is " +
                                    std::to_string(max_label) + ")");
   }
-  if (!o_.checkpoint_path.empty() && !o_.resume) {
+  if (!o_.checkpoint_path.empty() && !o_.resume && rank() == 0) {
     // Found now, not after the first epoch's work: the path must be writable.
     AtomicFile probe(o_.checkpoint_path);
     if (Status st = probe.Write("", 0); !st.ok()) return st.WithContext("train: --checkpoint");
@@ -243,6 +344,20 @@ Status Run::Setup() {
     ops_ = std::move(*ops);
   }
   report_.backend = ops_->Describe();
+  if (world() > 1) {
+    trainer::CommOptions co;
+    co.rank = rank(), co.world_size = world(), co.timeout_s = o_.parallel.timeout_s;
+    co.prefix = o_.parallel.rendezvous;
+    if (co.prefix.empty()) {
+      auto prefix = trainer::RendezvousPrefix(world(), o_.parallel.local_world_size);
+      if (!prefix.ok()) return prefix.status();
+      co.prefix = *prefix;
+    }
+    auto comm = ops_->on_gpu() ? trainer::MakeNcclComm(co, o_.cuda_device, ops_->stream()) : trainer::MakeShmComm(co);
+    if (!comm.ok()) return comm.status();
+    comm_ = std::move(*comm);
+    report_.parallel = std::to_string(world()) + " ranks, " + comm_->Describe();
+  }
 
   trainer::ModelSpec spec;
   spec.kind = o_.model;
@@ -266,6 +381,7 @@ Status Run::Setup() {
   lo.batch_size = o_.batch_size;
   lo.seed = o_.seed;
   lo.drop_last = true;  // every micro-batch full: the same step shapes and loss weights
+  lo.rank = rank(), lo.world_size = world();
   lo.pin_memory = ops_->on_gpu();
   lo.cache_bytes = std::max<uint64_t>(1, lo.cache_bytes / 2);
   if (o_.train_source) {
@@ -330,12 +446,33 @@ Status Run::Setup() {
   GPUFEED_RETURN_IF_ERROR(ops_->Upload(static_cast<char*>(norm_ptrs_.p) + grads_.size() * sizeof(float*),
                                        grad_sizes_.data(), grads_.size() * sizeof(size_t)));
 
+  GPUFEED_RETURN_IF_ERROR(step_state_.Alloc(ops_.get(), sizeof(trainer::StepState)));
+  schedule_.peak_lr = o_.lr;
+  schedule_.warmup = warmup_steps_;
+  schedule_.total = total_steps_;
+  schedule_.beta1 = o_.beta1, schedule_.beta2 = o_.beta2;
+  opt_.kind = o_.optimizer == Optimizer::kSgd ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
+  opt_.momentum = o_.momentum, opt_.beta1 = o_.beta1, opt_.beta2 = o_.beta2, opt_.eps = o_.eps;
+  opt_.weight_decay = o_.weight_decay;
+  if (o_.cuda_graphs && ops_->on_gpu()) {
+    graphs_on_ = true;
+    const size_t img_bytes = size_t(geo_.c) * geo_.h * geo_.w * DTypeSize(o_.precision);
+    GPUFEED_RETURN_IF_ERROR(graph_images_.Alloc(ops_.get(), img_bytes * o_.batch_size));
+    GPUFEED_RETURN_IF_ERROR(graph_labels_.Alloc(ops_.get(), 4 * o_.batch_size));
+    report_.graphs = "on";
+  } else {
+    report_.graphs = ops_->on_gpu() ? "off (--no-graphs)" : "off (the CPU backend)";
+  }
+
   if (o_.resume) {
     trainer::CheckpointMeta expect, meta;
     expect.model = report_.model;
     expect.config = ConfigString(o_);
     GPUFEED_RETURN_IF_ERROR(trainer::LoadCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), expect, &meta));
     step_ = meta.step;
+    trainer::StepState st;
+    st.step = step_;
+    GPUFEED_RETURN_IF_ERROR(ops_->Upload(step_state_.p, &st, sizeof st));
     report_.start_epoch = meta.next_epoch;
     scaler_host_ = meta.scaler;
     GPUFEED_RETURN_IF_ERROR(ops_->Upload(scaler_.p, &scaler_host_, sizeof scaler_host_));
@@ -351,34 +488,110 @@ Status Run::Setup() {
 }
 
 // One micro-batch: forward, loss (gradient scaled by loss_scale / (n x
-// accum)), backward into the fp32 gradients (added to after the first
-// micro-batch of a step).
-Status Run::Step(const void* images, const void* labels, int n, int micro) {
+// accum)), backward into the fp32 gradients (added to when `accumulate`),
+// then the optimizer step when `step`.
+Status Run::MicroOps(const void* images, const void* labels, int n, bool accumulate, bool step) {
   GPUFEED_RETURN_IF_ERROR(model_->Forward(images, n, true));
   auto* c = static_cast<Counters*>(counters_.p);
   GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(
       n, classes_, o_.precision, model_->logits(), static_cast<const int32_t*>(labels), &c->loss, &c->correct,
-      model_->dlogits(), static_cast<const ScalerState*>(scaler_.p), float(n) * float(o_.accum)));
-  return model_->Backward(images, n, micro > 0);
+      model_->dlogits(), static_cast<const ScalerState*>(scaler_.p), float(n) * float(o_.accum) * float(world())));
+  if (!comm_ || !step) {
+    GPUFEED_RETURN_IF_ERROR(model_->Backward(images, n, accumulate));
+    return step ? OptimizerStep() : Status::Ok();
+  }
+  // The step's last micro-batch: each layer's gradients join the bucket as
+  // the backward pass produces them (last layer first); a full bucket is
+  // summed across the ranks on the collectives' stream while the backward
+  // pass goes on. Then the optimizer waits for the sums.
+  if (probing_) GPUFEED_RETURN_IF_ERROR(ops_->Mark(0));
+  GPUFEED_RETURN_IF_ERROR(model_->Backward(images, n, accumulate, [this](int first, int end) -> Status {
+    for (int i = first; i < end; ++i) {
+      bucket_.push_back(grads_[size_t(i)]);
+      bucket_sizes_.push_back(grad_sizes_[size_t(i)]);
+      bucket_bytes_ += 4 * grad_sizes_[size_t(i)];
+    }
+    return bucket_bytes_ >= o_.parallel.bucket_bytes ? FlushBucket() : Status::Ok();
+  }));
+  GPUFEED_RETURN_IF_ERROR(FlushBucket());
+  if (probing_) GPUFEED_RETURN_IF_ERROR(ops_->Mark(1));
+  GPUFEED_RETURN_IF_ERROR(comm_->Join());
+  if (probing_) GPUFEED_RETURN_IF_ERROR(ops_->Mark(2));
+  return OptimizerStep();
+}
+
+Status Run::FlushBucket() {
+  if (bucket_.empty()) return Status::Ok();
+  Status st = comm_->AllReduce(bucket_.data(), bucket_sizes_.data(), static_cast<int>(bucket_.size()));
+  bucket_.clear();
+  bucket_sizes_.clear();
+  bucket_bytes_ = 0;
+  return st;
 }
 
 Status Run::OptimizerStep() {
   auto* sc = static_cast<ScalerState*>(scaler_.p);
+  auto* st = static_cast<trainer::StepState*>(step_state_.p);
   auto* ptrs = static_cast<float* const*>(norm_ptrs_.p);
   auto* sizes = reinterpret_cast<const size_t*>(static_cast<char*>(norm_ptrs_.p) + grads_.size() * sizeof(float*));
   GPUFEED_RETURN_IF_ERROR(ops_->FinishGradients(ptrs, sizes, static_cast<int>(grads_.size()), o_.clip_norm, sc));
-  trainer::OptimizerStep os;
-  os.kind = o_.optimizer == Optimizer::kSgd ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
-  os.lr = LearningRate(o_.lr, step_, warmup_steps_, total_steps_);
-  os.momentum = o_.momentum, os.beta1 = o_.beta1, os.beta2 = o_.beta2, os.eps = o_.eps;
-  os.weight_decay = o_.weight_decay;
-  os.step = step_ + 1;
+  GPUFEED_RETURN_IF_ERROR(ops_->AdvanceSchedule(schedule_, st));
   for (auto& p : model_->params()) {
-    GPUFEED_RETURN_IF_ERROR(ops_->ApplyOptimizer(os, p.decay, p.n, p.master, p.grad, p.s1, p.s2,
-                                                 p.copy != p.master ? p.copy : nullptr, o_.precision, sc));
+    GPUFEED_RETURN_IF_ERROR(ops_->ApplyOptimizer(opt_, p.decay, p.n, p.master, p.grad, p.s1, p.s2,
+                                                 p.copy != p.master ? p.copy : nullptr, o_.precision, sc, st));
   }
-  ++step_;
   return Status::Ok();
+}
+
+void Run::DisableGraphs(const std::string& why) {
+  for (auto& [key, g] : graphs_) ops_->DestroyGraph(g.exec);
+  graphs_.clear();
+  graphs_on_ = false;
+  report_.graphs = "off: " + why + "; every kernel was launched from the host";
+}
+
+Status Run::Micro(const void* images, const void* labels, int n) {
+  const bool accumulate = micro_ > 0, step = micro_ + 1 == o_.accum;
+  micro_ = step ? 0 : micro_ + 1;
+  if (step) ++step_;
+  if (comm_ && step && ops_->on_gpu() && probes_left_ > 0 && step_ > 8) {
+    // An all-reduce probe: this step runs without a graph, timed.
+    --probes_left_;
+    probing_ = true;
+    comm_->SetTiming(true);
+    Status st = MicroOps(images, labels, n, accumulate, step);
+    probing_ = false;
+    comm_->SetTiming(false);
+    GPUFEED_RETURN_IF_ERROR(st);
+    const double busy = comm_->BusyMs(), exposed = ops_->MarkElapsedMs(1, 2);
+    if (busy >= 0 && exposed >= 0) probe_busy_ms_ += busy, probe_exposed_ms_ += exposed, ++probes_;
+    return Status::Ok();
+  }
+  if (!graphs_on_) return MicroOps(images, labels, n, accumulate, step);
+  const size_t img_bytes = size_t(geo_.c) * geo_.h * geo_.w * DTypeSize(o_.precision);
+  GPUFEED_RETURN_IF_ERROR(ops_->Copy(graph_images_.p, images, img_bytes * size_t(n)));
+  GPUFEED_RETURN_IF_ERROR(ops_->Copy(graph_labels_.p, labels, 4 * size_t(n)));
+  Graph& g = graphs_[{n, accumulate, step}];
+  if (g.exec && g.generation != ops_->buffer_generation()) {  // the backend reallocated what it reads
+    ops_->DestroyGraph(g.exec);
+    g.exec = nullptr;
+  }
+  if (!g.exec && g.uses++ > 0) {
+    GPUFEED_RETURN_IF_ERROR(ops_->BeginCapture());
+    const uint64_t generation = ops_->buffer_generation();
+    Status recorded = MicroOps(graph_images_.p, graph_labels_.p, n, accumulate, step);
+    auto exec = ops_->EndCapture();
+    if (!recorded.ok() || !exec.ok()) {
+      if (exec.ok()) ops_->DestroyGraph(*exec);
+      DisableGraphs(!recorded.ok() ? recorded.message() : exec.status().message());
+      return MicroOps(images, labels, n, accumulate, step);  // nothing of the recording ran
+    }
+    g.exec = *exec;
+    g.generation = generation;
+  }
+  if (!g.exec) return MicroOps(graph_images_.p, graph_labels_.p, n, accumulate, step);
+  ++replays_;
+  return ops_->Replay(g.exec);
 }
 
 Status Run::ZeroCounters() {
@@ -412,11 +625,7 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
   auto after_micro = [&](int n) -> Status {
     samples += n;
     ++micro_batches;
-    if (++micro_ == o_.accum) {
-      GPUFEED_RETURN_IF_ERROR(OptimizerStep());
-      micro_ = 0;
-      progress(false);
-    }
+    if (micro_ == 0) progress(false);
     return Status::Ok();
   };
 
@@ -424,7 +633,7 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
   if (cycle_resident) {
     for (uint64_t i = 0; i < micro_total; ++i) {
       const size_t k = i % resident_images_.size();
-      GPUFEED_RETURN_IF_ERROR(Step(resident_images_[k]->p, resident_labels_[k]->p, resident_sizes_[k], micro_));
+      GPUFEED_RETURN_IF_ERROR(Micro(resident_images_[k]->p, resident_labels_[k]->p, resident_sizes_[k]));
       GPUFEED_RETURN_IF_ERROR(after_micro(resident_sizes_[k]));
     }
   } else {
@@ -454,7 +663,7 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
         resident_labels_.push_back(std::move(lb));
         resident_sizes_.push_back(b.size());
       }
-      GPUFEED_RETURN_IF_ERROR(Step(b.images(), b.labels(), b.size(), micro_));
+      GPUFEED_RETURN_IF_ERROR(Micro(b.images(), b.labels(), b.size()));
       b.Release(ops_->stream());
       GPUFEED_RETURN_IF_ERROR(after_micro(b.size()));
       if (prefetch_next && !next_feeder_ && 2 * micro_batches >= micro_total) {
@@ -466,6 +675,7 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
   }
   if (micro_ > 0) {  // a trailing partial accumulation: step with what there is
     GPUFEED_RETURN_IF_ERROR(OptimizerStep());
+    ++step_;
     micro_ = 0;
   }
   Counters c;
@@ -519,58 +729,88 @@ Status Run::Evaluate(EpochReport* r) {
   return Status::Ok();
 }
 
-void Run::Verdict() {
-  const auto& e = report_.epochs;
-  if (e.empty()) return;
-  // Steady state: every epoch after the first when there are several (the
-  // first pays for cuDNN's plans, the page cache and the pools), else the one.
-  size_t first = e.size() > 1 ? 1 : 0;
-  double secs = 0, samples = 0, wait = 0, util = 0;
+Status Run::NodeEpoch(EpochReport* r) {
+  own_epochs_.push_back(*r);
+  if (!comm_) return Status::Ok();
+  for (auto& [p, n] : model_->buffers()) GPUFEED_RETURN_IF_ERROR(comm_->Broadcast(p, n, 0));
+  GPUFEED_RETURN_IF_ERROR(comm_->Join());
+  struct Figures {
+    double samples, loss, correct, seconds, wait, util, mem;
+  };
+  const Figures mine{double(r->samples), r->train_loss * double(r->samples), r->train_accuracy * double(r->samples),
+                     r->seconds,         r->data_wait_seconds,              r->gpu_util,
+                     r->gpu_mem_used_mb};
+  std::vector<Figures> all(static_cast<size_t>(world()));
+  GPUFEED_RETURN_IF_ERROR(comm_->AllGather(&mine, sizeof mine, all.data()));
+  Figures node{};
   int util_n = 0;
-  for (size_t i = first; i < e.size(); ++i) {
-    secs += e[i].seconds, samples += e[i].samples, wait += e[i].data_wait_seconds;
-    if (e[i].gpu_util >= 0) util += e[i].gpu_util, ++util_n;
+  for (const Figures& f : all) {
+    node.samples += f.samples, node.loss += f.loss, node.correct += f.correct;
+    node.seconds = std::max(node.seconds, f.seconds);
+    node.wait = std::max(node.wait, f.wait);
+    if (f.util >= 0) node.util += f.util, ++util_n;
   }
-  report_.steady_samples_per_s = secs > 0 ? samples / secs : 0;
-  report_.data_wait_fraction = secs > 0 ? wait / secs : 0;
-  report_.steady_gpu_util = util_n ? util / util_n : -1;
-  char buf[512];
-  const double w = report_.data_wait_fraction;
-  if (report_.steady_gpu_util >= 0) {
-    const double u = report_.steady_gpu_util;
-    if (u >= 95 && w < 0.05) {
-      std::snprintf(buf, sizeof buf,
-                    "compute-bound: the GPU was busy %.1f%% of the time and the trainer waited for data %.1f%% of it; "
-                    "a faster model or GPU would go faster, a faster input would not",
-                    u, 100 * w);
-    } else if (w < 0.05) {
-      // Idle GPU, yet the data was always there: the host loop (kernel
-      // launches of a small model) is the limit, not the input.
-      std::snprintf(buf, sizeof buf,
-                    "host-bound: the GPU was busy only %.1f%% of the time but the trainer waited for data just %.1f%% "
-                    "of it: the host's kernel launches limit this small model (a larger batch would help); the "
-                    "input is not the limit",
-                    u, 100 * w);
-    } else {
-      std::snprintf(buf, sizeof buf,
-                    "input-bound: the GPU was busy only %.1f%% of the time; the trainer waited for data %.1f%% of "
-                    "it, so the input must deliver about %.2fx faster to keep the GPU busy",
-                    u, 100 * w, w < 0.999 ? 1.0 / (1.0 - w) : 1000.0);
+  r->samples = uint64_t(node.samples);
+  r->train_loss = node.samples ? node.loss / node.samples : 0;
+  r->train_accuracy = node.samples ? std::round(node.correct) / node.samples : 0;
+  r->seconds = node.seconds;
+  r->samples_per_s = node.seconds > 0 ? node.samples / node.seconds : 0;
+  r->step_ms = r->steps ? 1000.0 * node.seconds / r->steps : 0;
+  r->data_wait_seconds = node.wait;
+  r->gpu_util = util_n ? node.util / util_n : -1;
+  return Status::Ok();
+}
+
+// The node's verdict and every rank's figures (data parallel), and the check
+// that every rank ended with the same weights.
+Status Run::NodeReport() {
+  const Steady own = SteadyOf(own_epochs_);
+  if (!comm_) return Status::Ok();
+  struct Figures {
+    double samples_per_s, util, wait;
+    uint64_t hash;
+  };
+  const Figures mine{own.samples_per_s, own.gpu_util, own.wait, report_.weights_hash};
+  std::vector<Figures> all(static_cast<size_t>(world()));
+  GPUFEED_RETURN_IF_ERROR(comm_->AllGather(&mine, sizeof mine, all.data()));
+  int limit = 0;
+  for (int k = 0; k < world(); ++k) {
+    const Figures& f = all[size_t(k)];
+    if (f.hash != report_.weights_hash) {
+      return Status::Internal("train: rank " + std::to_string(k) + " ended with other weights than rank " +
+                              std::to_string(rank()) + " (data parallel ranks must agree bit for bit)");
     }
-  } else if (w < 0.05) {
-    std::snprintf(buf, sizeof buf,
-                  "compute-bound: the trainer waited for data %.1f%% of the time (no GPU utilization: %s)", 100 * w,
-                  report_.telemetry.c_str());
-  } else {
-    std::snprintf(buf, sizeof buf,
-                  "input-bound: the trainer waited for data %.1f%% of the time; the input must deliver about "
-                  "%.2fx faster (no GPU utilization: %s)",
-                  100 * w, w < 0.999 ? 1.0 / (1.0 - w) : 1000.0, report_.telemetry.c_str());
+    RankReport rr;
+    rr.rank = k;
+    rr.samples_per_s = f.samples_per_s, rr.gpu_util = f.util, rr.data_wait_fraction = f.wait;
+    rr.verdict = VerdictText(f.util, f.wait, report_.telemetry);
+    report_.ranks.push_back(rr);
   }
-  report_.verdict = buf;
+  // The limit: the rank that waited for data longest when one waited 5% of
+  // the time, else the least busy GPU.
+  bool waited = false;
+  for (const Figures& f : all) waited = waited || f.wait >= 0.05;
+  for (int k = 1; k < world(); ++k) {
+    const Figures &f = all[size_t(k)], &l = all[size_t(limit)];
+    if (waited ? f.wait > l.wait : f.util < l.util) limit = k;
+  }
+  report_.verdict = "rank " + std::to_string(limit) + " of " + std::to_string(world()) +
+                    " sets the node's pace: " + report_.ranks[size_t(limit)].verdict;
+  if (probes_ > 0) {
+    report_.allreduce_ms = probe_busy_ms_ / probes_;
+    report_.allreduce_exposed_ms = probe_exposed_ms_ / probes_;
+  }
+  return Status::Ok();
 }
 
 Result<TrainReport> Run::Go() {
+  auto r = GoRanks();
+  // Another rank waiting on this one hears that it failed.
+  if (!r.ok() && comm_) comm_->Abort();
+  return r;
+}
+
+Result<TrainReport> Run::GoRanks() {
   run_start_ = NowSeconds();
   GPUFEED_RETURN_IF_ERROR(Setup());
   MemoryBreakdown& m = report_.memory;
@@ -595,10 +835,11 @@ Result<TrainReport> Run::Go() {
       m.device_used = ops_->DeviceBytesUsed();
       if (o_.on_start) o_.on_start(report_.backend, report_.model, m);
     }
+    GPUFEED_RETURN_IF_ERROR(NodeEpoch(&r));
     GPUFEED_RETURN_IF_ERROR(Evaluate(&r));
     report_.epochs.push_back(r);
     ++ran;
-    if (!o_.checkpoint_path.empty()) {
+    if (!o_.checkpoint_path.empty() && rank() == 0) {
       trainer::CheckpointMeta meta{report_.model, ConfigString(o_), epoch + 1,
                                    step_,         scaler_host_,     LoaderState{o_.seed, uint64_t(epoch + 1), 0}};
       GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), meta));
@@ -625,11 +866,24 @@ Result<TrainReport> Run::Go() {
   report_.weights_hash = XXH64_digest(h);
   XXH64_freeState(h);
   report_.wall_seconds = NowSeconds() - run_start_;
-  Verdict();
+  const Steady node = SteadyOf(report_.epochs);
+  report_.steady_samples_per_s = node.samples_per_s;
+  report_.steady_gpu_util = node.gpu_util;
+  report_.data_wait_fraction = node.wait;
+  report_.verdict = VerdictText(node.gpu_util, node.wait, report_.telemetry);
+  if (graphs_on_) {
+    report_.graphs = "on: " + std::to_string(graphs_.size()) + " step graph(s), " + std::to_string(replays_) +
+                     " replays";
+  }
+  GPUFEED_RETURN_IF_ERROR(NodeReport());
   return report_;
 }
 
 }  // namespace
+
+Run::~Run() {
+  for (auto& [key, g] : graphs_) ops_->DestroyGraph(g.exec);
+}
 
 Result<TrainReport> Train(const ChunkSource& train, const ChunkSource* test, const TrainOptions& options) {
   Run run(train, test, options);

@@ -102,6 +102,30 @@ struct TrainOptions {
   // Called about every `progress_every` steps and at each epoch's end.
   std::function<void(const struct TrainProgress&)> on_progress;
   int progress_every = 20;
+  // CUDA backend: record each training step (forward, loss, backward,
+  // all-reduce, optimizer) once as a CUDA graph and replay it, one launch a
+  // step instead of one per kernel. The weights are the same bits as without
+  // graphs. Where a step cannot be captured, TrainReport::graphs says why and
+  // the kernels are launched one by one.
+  bool cuda_graphs = true;
+  // Data parallel: this process is rank `rank` of `world_size` (one GPU or
+  // CPU backend each, cuda_device its GPU), fed its shard of the training
+  // split (LoaderOptions::rank/world_size; every batch full), its gradients
+  // summed with the other ranks' (NCCL on GPUs, shared memory for CPU
+  // ranks) in buckets of about bucket_bytes while the backward pass goes on.
+  // Every rank ends with the same weights; rank 0 writes the checkpoints
+  // (resumable at another world size: they are taken at epoch ends); every
+  // rank evaluates the whole test split with rank 0's batchnorm statistics.
+  // Batchnorm normalizes over each rank's own batch (as PyTorch's DDP without
+  // SyncBatchNorm). `gpufeed train --gpus N` and torchrun set these from
+  // RANK, WORLD_SIZE and LOCAL_WORLD_SIZE.
+  struct Parallel {
+    int rank = 0, world_size = 1;
+    int local_world_size = 1;  // ranks on this host (rendezvous through its node directory when all are)
+    std::string rendezvous;    // path prefix the ranks meet at; empty: derived from the job (trainer/comm.h)
+    double timeout_s = 300;    // rendezvous and every wait on another rank (CPU ranks)
+    uint64_t bucket_bytes = 1u << 20;
+  } parallel;
 };
 
 struct TrainProgress {
@@ -129,6 +153,13 @@ struct EpochReport {
   double eval_seconds = 0;
 };
 
+// One rank's steady-state figures and verdict (TrainReport::ranks).
+struct RankReport {
+  int rank = 0;
+  double samples_per_s = 0, gpu_util = -1, data_wait_fraction = 0;
+  std::string verdict;
+};
+
 struct TrainReport {
   std::string backend;  // "cuda (NVIDIA H200)" or "cpu"
   std::string model;    // e.g. "mlp 784-256-128-10"
@@ -143,6 +174,16 @@ struct TrainReport {
   std::string telemetry;          // why NVML is off, if it is
   std::string verdict;            // "compute-bound ...", "input-bound ..." or "host-bound ..."
   uint64_t weights_hash = 0;      // XXH64 of the fp32 master weights at the end
+  std::string graphs;             // "on: ..." or "off: why"
+  // Data parallel (world_size > 1): "2 ranks, nccl 2.28.9"; the epochs'
+  // samples, losses and rates are the node's (all ranks), the verdict the
+  // limiting rank's; every rank's own figures in `ranks`.
+  std::string parallel;
+  std::vector<RankReport> ranks;
+  // All-reduce per optimizer step, measured on 16 steps of the first epoch
+  // (GPU ranks; -1 otherwise): time on the collectives' stream, and the part
+  // of it the compute stream waited for after its backward pass.
+  double allreduce_ms = -1, allreduce_exposed_ms = -1;
 };
 
 // Trains on `train` (evaluating on `test` after every epoch when not null;

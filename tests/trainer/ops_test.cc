@@ -203,9 +203,10 @@ TEST(LossScalerTest, SkippedStepLeavesWeightsAndStateAlone) {
   ASSERT_TRUE(ops->FinishGradients(&ptr, &n, 1, 0, &s).ok());
   OptimizerStep o;
   o.kind = OptimizerKind::kAdamW;
-  o.lr = 0.1f;
+  StepState st;
+  st.lr = 0.1f;
   ASSERT_TRUE(
-      ops->ApplyOptimizer(o, true, 3, w.data(), g.data(), m.data(), v.data(), nullptr, DType::kFloat32, &s).ok());
+      ops->ApplyOptimizer(o, true, 3, w.data(), g.data(), m.data(), v.data(), nullptr, DType::kFloat32, &s, &st).ok());
   EXPECT_EQ(w, (std::vector<float>{1, 2, 3}));
   EXPECT_EQ(m, (std::vector<float>(3, 0.5f)));
   EXPECT_EQ(s.scale, 4);
@@ -214,18 +215,41 @@ TEST(LossScalerTest, SkippedStepLeavesWeightsAndStateAlone) {
 TEST(OptimizerTest, SgdMomentumAndAdamWFollowTheirDefinitions) {
   OptimizerStep o;
   o.kind = OptimizerKind::kSgd;
-  o.lr = 0.1f, o.momentum = 0.9f, o.weight_decay = 0.01f;
+  o.momentum = 0.9f, o.weight_decay = 0.01f;
+  const float lr = 0.1f;
   float m = 1.0f, unused = 0;
   // g' = 0.5 + 0.01 * 2 = 0.52; m = 0.9 + 0.52 = 1.42; w = 2 - 0.142.
-  EXPECT_FLOAT_EQ(OptimizerUpdate(o, true, 2.0f, 0.5f, &m, &unused, 1, 1), 2.0f - 0.1f * 1.42f);
+  EXPECT_FLOAT_EQ(OptimizerUpdate(o, true, 2.0f, 0.5f, &m, &unused, lr, 1, 1), 2.0f - 0.1f * 1.42f);
   EXPECT_FLOAT_EQ(m, 1.42f);
   o.kind = OptimizerKind::kAdamW;
   float m1 = 0, v1 = 0;
   const float bc1 = 1 - 0.9f, bc2 = 1 - 0.999f;
   // First step: m/bc1 = g, v/bc2 = g^2, update = lr * g/(|g| + eps) ~ lr;
   // decoupled decay multiplies w by (1 - lr * wd) first.
-  const float w = OptimizerUpdate(o, true, 2.0f, 0.5f, &m1, &v1, bc1, bc2);
+  const float w = OptimizerUpdate(o, true, 2.0f, 0.5f, &m1, &v1, lr, bc1, bc2);
   EXPECT_NEAR(w, 2.0f * (1 - 0.1f * 0.01f) - 0.1f, 1e-5);
+}
+
+// The schedule the optimizer reads from the device: warmup, then cosine to
+// 0, Adam's bias corrections of the step, and the step counted.
+TEST(OptimizerTest, ScheduleWarmsUpThenFollowsTheCosine) {
+  Schedule s;
+  s.peak_lr = 0.5f, s.warmup = 4, s.total = 104, s.beta1 = 0.9f, s.beta2 = 0.99f;
+  StepState st;
+  std::vector<float> lr;
+  for (int i = 0; i < 105; ++i) {
+    ScheduleAdvance(s, &st);
+    lr.push_back(st.lr);
+    EXPECT_EQ(st.step, i + 1);
+    EXPECT_FLOAT_EQ(st.bc1, 1.0f - std::pow(0.9f, float(i + 1)));
+    EXPECT_FLOAT_EQ(st.bc2, 1.0f - std::pow(0.99f, float(i + 1)));
+  }
+  EXPECT_FLOAT_EQ(lr[0], 0.125f);  // (0 + 1) / 4 of the peak
+  EXPECT_FLOAT_EQ(lr[3], 0.5f);
+  EXPECT_FLOAT_EQ(lr[4], 0.5f);    // the cosine's start
+  EXPECT_NEAR(lr[54], 0.25f, 1e-6);  // halfway
+  EXPECT_FLOAT_EQ(lr[104], 0.0f);  // its end, and it stays there
+  for (int i = 5; i < 105; ++i) EXPECT_LE(lr[i], lr[i - 1]);
 }
 
 // --- CUDA against the CPU reference -----------------------------------------------
@@ -462,7 +486,23 @@ TEST_P(CudaVsCpu, SoftmaxCrossEntropyNormAndOptimizer) {
   EXPECT_NEAR(gs.step_coef, hs.step_coef, 1e-6 * hs.step_coef);
   for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
     OptimizerStep o;
-    o.kind = kind, o.lr = 0.01f, o.weight_decay = 0.1f, o.step = 3;
+    o.kind = kind, o.weight_decay = 0.1f;
+    // The schedule advanced on each side from step 2: the same rate and
+    // corrections (up to cos's last ulp in double, then rounded to fp32).
+    Schedule sched;
+    sched.peak_lr = 0.01f, sched.warmup = 1, sched.total = 10;
+    StepState hst;
+    hst.step = 2;
+    auto* dst = static_cast<StepState*>(Dev(&hst, sizeof hst));
+    ASSERT_TRUE(cpu->AdvanceSchedule(sched, &hst).ok());
+    ASSERT_TRUE(gpu->AdvanceSchedule(sched, dst).ok());
+    StepState gst;
+    ASSERT_TRUE(gpu->Download(&gst, dst, sizeof gst).ok());
+    EXPECT_EQ(gst.step, hst.step);
+    EXPECT_NEAR(gst.lr, hst.lr, 1e-6 * hst.lr);  // powf and cos: CUDA's are within 2 ulp
+    EXPECT_NEAR(gst.bc1, hst.bc1, 1e-6 * hst.bc1);
+    EXPECT_NEAR(gst.bc2, hst.bc2, 1e-6 * hst.bc2);
+    ASSERT_TRUE(gpu->Upload(dst, &hst, sizeof hst).ok());
     std::vector<float> w = Randn(1000, 18), m = Randn(1000, 19), v(1000, 0.5f);
     std::vector<uint8_t> copy(1000 * DTypeSize(dt));
     float* dw = static_cast<float*>(Dev(w.data(), 4000));
@@ -471,8 +511,9 @@ TEST_P(CudaVsCpu, SoftmaxCrossEntropyNormAndOptimizer) {
     void* dcopy = Dev(nullptr, copy.size());
     // Same coefficient on both sides, so the update itself must be exact.
     ASSERT_TRUE(gpu->Upload(ds, &hs, sizeof hs).ok());
-    ASSERT_TRUE(cpu->ApplyOptimizer(o, true, 1000, w.data(), g1.data(), m.data(), v.data(), copy.data(), dt, &hs).ok());
-    ASSERT_TRUE(gpu->ApplyOptimizer(o, true, 1000, dw, dp[0], dm, dv, dcopy, dt, ds).ok());
+    ASSERT_TRUE(
+        cpu->ApplyOptimizer(o, true, 1000, w.data(), g1.data(), m.data(), v.data(), copy.data(), dt, &hs, &hst).ok());
+    ASSERT_TRUE(gpu->ApplyOptimizer(o, true, 1000, dw, dp[0], dm, dv, dcopy, dt, ds, dst).ok());
     EXPECT_EQ(Decode(Host(dw, 4000).data(), 1000, DType::kFloat32), w) << "optimizer weights";
     EXPECT_EQ(Decode(Host(dm, 4000).data(), 1000, DType::kFloat32), m) << "optimizer state";
     EXPECT_EQ(Host(dcopy, copy.size()), copy) << "compute copy";
