@@ -202,6 +202,33 @@ TEST(TrainerTest, GpuTrainingMatchesTheCpuReference) {
   }
 }
 
+// A step replayed from a CUDA graph runs the same kernels on the same
+// values as the one launched from the host: the same weights, bit for bit,
+// for every model, precision (fp16's loss scaler included) and with
+// accumulation (its own graphs per micro-batch kind).
+TEST(TrainerTest, GpuGraphsTrainTheSameWeightsAsLaunches) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the graph test runs on the GPU host";
+  BarsSource train(1024, 4), test(128, 4);
+  for (ModelKind m : {ModelKind::kMlp, ModelKind::kCnn}) {
+    for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      for (int accum : {1, 3}) {
+        TrainOptions o = Small(TrainDevice::kCuda);
+        o.model = m, o.precision = dt, o.accum = accum, o.epochs = 2, o.flip = true, o.crop_padding = 1;
+        auto graphs = Train(train, &test, o);
+        o.cuda_graphs = false;
+        auto launches = Train(train, &test, o);
+        ASSERT_TRUE(graphs.ok()) << graphs.status().ToString();
+        ASSERT_TRUE(launches.ok()) << launches.status().ToString();
+        const std::string what = ModelKindName(m) + " " + std::string(DTypeName(dt)) + " accum " + std::to_string(accum);
+        EXPECT_EQ(graphs->graphs.rfind("on: ", 0), 0u) << what << ": " << graphs->graphs;
+        EXPECT_EQ(launches->graphs.rfind("off", 0), 0u) << what;
+        EXPECT_EQ(graphs->weights_hash, launches->weights_hash) << what;
+        EXPECT_EQ(graphs->epochs.back().train_loss, launches->epochs.back().train_loss) << what;
+      }
+    }
+  }
+}
+
 // fp16 with an absurd initial scale: the first steps overflow, are skipped
 // and halve the scale until the gradients fit; then training proceeds.
 TEST(TrainerTest, Fp16LossScalerSkipsOverflowsAndRecovers) {

@@ -1,0 +1,181 @@
+// Data parallel on the CPU backend, ranks as threads meeting through the
+// shared-memory collectives (the CPU form of the NCCL path: the same Train()
+// code): 2 ranks of batch B train the same weights as 1 rank of batch 2B fed
+// the same samples per step; a checkpoint taken at 2 ranks resumes at 1 and
+// the other way; a rank that never comes ends the others' wait with an error.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "gpufeed/trainer.h"
+#include "tests/testing/test_data.h"
+
+namespace gpufeed {
+namespace {
+
+// Sample p holds original sample perm[p] of a learnable set (class k % 4, a
+// bright bar at the class's row over noise that encodes k).
+class BarsSource : public ChunkSource {
+ public:
+  BarsSource(uint64_t n, std::vector<uint64_t> perm = {}) : n_(n), shape_{1, 8, 8} {
+    if (perm.empty())
+      for (uint64_t i = 0; i < n; ++i) perm.push_back(i);
+    data_.resize(n * 64);
+    for (uint64_t p = 0; p < n; ++p) {
+      const uint64_t k = perm[p];
+      labels_.push_back(int64_t(k % 4));
+      const int bar = int(k % 4) * 2;
+      for (int i = 0; i < 64; ++i)
+        data_[p * 64 + i] = uint8_t((i / 8 == bar ? 160 : 40) + testing::IndexByte(k, i) % 64);
+    }
+  }
+  uint64_t num_samples() const override { return n_; }
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  uint64_t sample_bytes() const override { return 64; }
+  DType dtype() const override { return DType::kUInt8; }
+  uint64_t chunk_samples() const override { return 32; }
+  uint64_t num_chunks() const override { return (n_ + 31) / 32; }
+  uint64_t samples_in_chunk(uint64_t i) const override { return std::min<uint64_t>(32, n_ - i * 32); }
+  uint64_t stored_chunk_bytes(uint64_t i) const override { return samples_in_chunk(i) * 64; }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    std::memcpy(dst.data(), data_.data() + i * 32 * 64, samples_in_chunk(i) * 64);
+    return Status::Ok();
+  }
+  const std::vector<int64_t>& labels() const override { return labels_; }
+  std::string name() const override { return "bars"; }
+
+ private:
+  uint64_t n_;
+  std::vector<uint64_t> shape_;
+  std::vector<uint8_t> data_;
+  std::vector<int64_t> labels_;
+};
+
+TrainOptions Options(int batch) {
+  TrainOptions o;
+  o.device = TrainDevice::kCpu;
+  o.model = ModelKind::kMlp;
+  o.widths = {32};
+  o.epochs = 3;
+  o.batch_size = uint64_t(batch);
+  o.lr = 3e-3f;
+  o.loader.threads = 1;
+  o.loader.order = Order::kSequential;
+  o.telemetry = false;
+  return o;
+}
+
+// Runs `world` ranks of Train() on threads; returns their reports.
+std::vector<Result<TrainReport>> RunRanks(const ChunkSource& train, const ChunkSource* test, TrainOptions o,
+                                          int world, const std::string& prefix, int ranks_started = -1) {
+  if (ranks_started < 0) ranks_started = world;
+  std::vector<Result<TrainReport>> out(size_t(ranks_started), Status::Internal("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks_started; ++r) {
+    threads.emplace_back([&, r] {
+      TrainOptions mine = o;
+      mine.parallel.rank = r;
+      mine.parallel.world_size = world;
+      mine.parallel.local_world_size = world;
+      mine.parallel.rendezvous = prefix;
+      out[size_t(r)] = Train(train, test, mine);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+TEST(DataParallelTest, TwoRanksTrainTheWeightsOfOneRankWithTwiceTheBatch) {
+  constexpr uint64_t kN = 1024, kB = 16;
+  // Sequential order, every batch full: rank r's step k is samples
+  // r*512 + [16k, 16k+16). One rank with batch 32 sees both halves per step
+  // when its samples are laid out as [rank 0's 16, rank 1's 16] per step.
+  std::vector<uint64_t> perm;
+  for (uint64_t p = 0; p < kN; ++p) {
+    const uint64_t step = p / (2 * kB), j = p % (2 * kB);
+    perm.push_back(j < kB ? step * kB + j : kN / 2 + step * kB + (j - kB));
+  }
+  BarsSource data(kN), interleaved(kN, perm), test(256);
+  const std::string dir = testing::MakeTempDir("dp");
+  auto ranks = RunRanks(data, &test, Options(int(kB)), 2, dir + "/job");
+  for (auto& r : ranks) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto one = Train(interleaved, &test, Options(int(2 * kB)));
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+
+  const TrainReport& r0 = *ranks[0];
+  EXPECT_EQ(r0.parallel, "2 ranks, shared memory");
+  ASSERT_EQ(r0.ranks.size(), 2u);
+  EXPECT_EQ(ranks[1]->weights_hash, r0.weights_hash);  // every rank the same bits
+  ASSERT_EQ(r0.epochs.size(), one->epochs.size());
+  for (size_t e = 0; e < one->epochs.size(); ++e) {
+    const EpochReport &a = r0.epochs[e], &b = one->epochs[e];
+    EXPECT_EQ(a.samples, b.samples) << "epoch " << e;  // the node's samples: both ranks'
+    EXPECT_EQ(a.steps, b.steps);
+    // fp32: one GEMM over 32 rows against two over 16 summed across ranks.
+    EXPECT_NEAR(a.train_loss, b.train_loss, 1e-4 * b.train_loss) << "epoch " << e;
+    EXPECT_NEAR(a.test_loss, b.test_loss, 1e-4 * b.test_loss) << "epoch " << e;
+    EXPECT_EQ(a.test_accuracy, b.test_accuracy) << "epoch " << e;
+  }
+  EXPECT_GT(r0.epochs.back().test_accuracy, 0.9);
+  // The same ranks without the all-reduce would have trained on half the
+  // data each: the equality above is the reduction's doing. One rank with
+  // batch 16 (half the gradient's samples) differs measurably.
+  auto half = Train(data, &test, Options(int(kB)));
+  ASSERT_TRUE(half.ok());
+  EXPECT_GT(std::abs(half->epochs[0].test_loss - one->epochs[0].test_loss), 1e-3);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DataParallelTest, ACheckpointAtTwoRanksResumesAtOneAndBack) {
+  BarsSource data(1024), test(256);
+  const std::string dir = testing::MakeTempDir("dp-resume");
+  TrainOptions o = Options(16);
+  o.model = ModelKind::kCnn;  // batchnorm statistics: rank 0's are saved
+  o.channels = {8};
+  o.epochs = 4;
+  o.checkpoint_path = dir + "/ckpt";
+  o.stop_after_epochs = 1;
+  auto first = RunRanks(data, &test, o, 2, dir + "/a");
+  for (auto& r : first) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  o.resume = true;
+  auto second = Train(data, &test, o);  // one rank: epoch 2
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->start_epoch, 1);
+  ASSERT_EQ(second->epochs.size(), 1u);
+  EXPECT_EQ(second->epochs[0].samples, 1024u);
+  o.stop_after_epochs = 0;
+  auto third = RunRanks(data, &test, o, 2, dir + "/b");  // two ranks again: epochs 3 and 4
+  for (auto& r : third) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(third[0]->start_epoch, 2);
+  ASSERT_EQ(third[0]->epochs.size(), 2u);
+  EXPECT_EQ(third[0]->epochs[1].samples, 1024u);
+  EXPECT_GT(third[0]->epochs.back().test_accuracy, 0.9);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DataParallelTest, ARankThatNeverComesEndsTheWaitWithAnError) {
+  BarsSource data(256), test(64);
+  const std::string dir = testing::MakeTempDir("dp-missing");
+  TrainOptions o = Options(16);
+  o.parallel.timeout_s = 1;
+  auto ranks = RunRanks(data, &test, o, 2, dir + "/job", 1);  // rank 1 never starts
+  ASSERT_FALSE(ranks[0].ok());
+  EXPECT_NE(ranks[0].status().message().find("waited 1 s for the other ranks (1 of 2 attached)"), std::string::npos)
+      << ranks[0].status().ToString();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DataParallelTest, BadRanksAreRefused) {
+  BarsSource data(256);
+  TrainOptions o = Options(16);
+  o.parallel.rank = 2, o.parallel.world_size = 2;
+  auto r = Train(data, nullptr, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("rank 2 is not in [0, world size 2)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpufeed
