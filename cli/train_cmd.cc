@@ -29,6 +29,7 @@ struct TrainArgs {
   TrainOptions o;
   int gpus = 0;  // 0: the job's environment (torchrun), else 1
   bool no_graphs = false;
+  int bucket_kb = 1024;
   bool gpu_given = false;
   int threads = 0;
   uint64_t cache_bytes = 1ull << 30;
@@ -207,6 +208,7 @@ int RunTrain(TrainArgs& a) {
   };
   TrainOptions& o = a.o;
   o.cuda_graphs = !a.no_graphs;
+  o.parallel.bucket_bytes = uint64_t(a.bucket_kb) << 10;
   // Ranks: torchrun's environment (or ours: --gpus starts this program once
   // a rank with the same variables set).
   auto job = JobRanksFromEnv();
@@ -398,6 +400,7 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--echo", o.echo, "reuse each upload this many times (0: auto)")->capture_default_str();
   cmd->add_option("--crop-padding", o.crop_padding, "random crop with this zero padding")->capture_default_str();
   cmd->add_flag("--flip", o.flip, "random horizontal flips");
+  cmd->add_option("--feed-slots", o.feed_slots, "batches the feed may have ready on the GPU")->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of initialisation, order and augmentation")->capture_default_str();
   cmd->add_option("--device", a->device, "auto, cpu or cuda")->capture_default_str();
   cmd->add_option("--gpu", o.cuda_device, "CUDA device index")->capture_default_str();
@@ -406,6 +409,9 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "ranks); under torchrun the ranks come from its environment")
       ->check(CLI::Range(1, 4096));
   cmd->add_flag("--no-graphs", a->no_graphs, "launch every kernel from the host (no CUDA graphs)");
+  cmd->add_option("--bucket-kb", a->bucket_kb, "data parallel: gradients all-reduced in buckets of about this size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--order", a->order, "sequential, random or block")->capture_default_str();
   cmd->add_option("--threads", a->threads, "loader threads (0: all cores)")->capture_default_str();
   AddCacheBytesOption(cmd, &a->cache_bytes, "loader chunk cache (default 1 GiB)");

@@ -72,6 +72,7 @@ Status Validate(const TrainOptions& o) {
     return Status::InvalidArgument("train: the ranks on this host (" + std::to_string(p.local_world_size) +
                                    ") must be in [1, world size " + std::to_string(p.world_size) + "]");
   if (!(p.timeout_s > 0)) return Status::InvalidArgument("train: the ranks' timeout must be > 0 s");
+  if (o.feed_slots < 2 || o.feed_slots > 64) return Status::InvalidArgument("train: --feed-slots in 2..64");
   return Status::Ok();
 }
 
@@ -147,6 +148,9 @@ class Run {
   // What a graph records: forward, loss and backward of a micro-batch
   // (gradients added to when `accumulate`), then the optimizer when `step`.
   Status MicroOps(const void* images, const void* labels, int n, bool accumulate, bool step);
+  // Graphs on: copies a batch into graph_images_/graph_labels_ (where the
+  // graphs read it) and points the arguments there; else leaves them.
+  Status StageInputs(const void** images, const void** labels, int n);
   Status OptimizerStep();
   void DisableGraphs(const std::string& why);
   Status Evaluate(EpochReport* r);
@@ -426,6 +430,7 @@ Status Run::Setup() {
   feed_.crop_padding = o_.crop_padding;
   feed_.flip = o_.flip;
   feed_.seed = o_.seed;
+  feed_.slots = o_.feed_slots;
   feed_.labels_int32 = true;
   feed_.force_cpu = !ops_->on_gpu();
   feed_.device = o_.cuda_device;
@@ -550,6 +555,16 @@ void Run::DisableGraphs(const std::string& why) {
   report_.graphs = "off: " + why + "; every kernel was launched from the host";
 }
 
+Status Run::StageInputs(const void** images, const void** labels, int n) {
+  if (!graphs_on_ || *images == graph_images_.p) return Status::Ok();
+  const size_t img_bytes = size_t(geo_.c) * geo_.h * geo_.w * DTypeSize(o_.precision);
+  GPUFEED_RETURN_IF_ERROR(ops_->Copy(graph_images_.p, *images, img_bytes * size_t(n)));
+  GPUFEED_RETURN_IF_ERROR(ops_->Copy(graph_labels_.p, *labels, 4 * size_t(n)));
+  *images = graph_images_.p;
+  *labels = graph_labels_.p;
+  return Status::Ok();
+}
+
 Status Run::Micro(const void* images, const void* labels, int n) {
   const bool accumulate = micro_ > 0, step = micro_ + 1 == o_.accum;
   micro_ = step ? 0 : micro_ + 1;
@@ -568,9 +583,7 @@ Status Run::Micro(const void* images, const void* labels, int n) {
     return Status::Ok();
   }
   if (!graphs_on_) return MicroOps(images, labels, n, accumulate, step);
-  const size_t img_bytes = size_t(geo_.c) * geo_.h * geo_.w * DTypeSize(o_.precision);
-  GPUFEED_RETURN_IF_ERROR(ops_->Copy(graph_images_.p, images, img_bytes * size_t(n)));
-  GPUFEED_RETURN_IF_ERROR(ops_->Copy(graph_labels_.p, labels, 4 * size_t(n)));
+  GPUFEED_RETURN_IF_ERROR(StageInputs(&images, &labels, n));
   Graph& g = graphs_[{n, accumulate, step}];
   if (g.exec && g.generation != ops_->buffer_generation()) {  // the backend reallocated what it reads
     ops_->DestroyGraph(g.exec);
@@ -663,9 +676,15 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
         resident_labels_.push_back(std::move(lb));
         resident_sizes_.push_back(b.size());
       }
-      GPUFEED_RETURN_IF_ERROR(Micro(b.images(), b.labels(), b.size()));
+      // With graphs the batch is copied to the graphs' inputs first, and its
+      // slot goes back to the feed at once (the feed transforms the next
+      // batches while this step runs).
+      const void *images = b.images(), *labels = b.labels();
+      const int n = b.size();
+      GPUFEED_RETURN_IF_ERROR(StageInputs(&images, &labels, n));
       b.Release(ops_->stream());
-      GPUFEED_RETURN_IF_ERROR(after_micro(b.size()));
+      GPUFEED_RETURN_IF_ERROR(Micro(images, labels, n));
+      GPUFEED_RETURN_IF_ERROR(after_micro(n));
       if (prefetch_next && !next_feeder_ && 2 * micro_batches >= micro_total) {
         next_feeder_ = std::make_unique<GpuFeeder>(*loaders_[(epoch + 1) % 2], feed_, uint64_t(epoch + 1));
         next_feeder_epoch_ = epoch + 1;
@@ -818,11 +837,12 @@ Result<TrainReport> Run::GoRanks() {
   m.gradients = model_->grad_bytes();
   m.optimizer = model_->optimizer_bytes();
   // Activations: the model's buffers plus the device slots of the two feeds
-  // alive at an epoch boundary (each: 3 output slots of a batch in the
-  // compute dtype, 2 input slots of uint8).
+  // alive at an epoch boundary (each: feed_slots output slots of a batch in
+  // the compute dtype, 2 input slots of uint8), and the graphs' input copy.
   const uint64_t sample = uint64_t(geo_.c) * geo_.h * geo_.w;
   m.activations = model_->activation_bytes() +
-                  (ops_->on_gpu() ? 2 * o_.batch_size * sample * (3 * DTypeSize(o_.precision) + 2) : 0);
+                  (ops_->on_gpu() ? 2 * o_.batch_size * sample * (uint64_t(o_.feed_slots) * DTypeSize(o_.precision) + 2) : 0) +
+                  (graphs_on_ ? o_.batch_size * (sample * DTypeSize(o_.precision) + 4) : 0);
   last_epoch_ = o_.epochs - 1;
   if (o_.stop_after_epochs > 0) last_epoch_ = std::min(last_epoch_, report_.start_epoch + o_.stop_after_epochs - 1);
   int ran = 0;
