@@ -222,8 +222,9 @@ int RunTrain(TrainArgs& a) {
     o.parallel.world_size = job->world_size;
     o.parallel.local_world_size = job->local_world_size;
     if (a.gpu_given) {
-      return fail(Status::InvalidArgument("--gpu: each rank trains on GPU LOCAL_RANK; to choose the GPUs, set "
-                                          "CUDA_VISIBLE_DEVICES"));
+      return fail(
+          Status::InvalidArgument("--gpu: each rank trains on GPU LOCAL_RANK; to choose the GPUs, set "
+                                  "CUDA_VISIBLE_DEVICES"));
     }
     o.cuda_device = job->local_rank;
     auto fail_rank = [&](const Status& s) {

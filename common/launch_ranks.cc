@@ -47,8 +47,8 @@ Status LaunchLocalRanks(int n) {
   if (args.empty()) return Status::Internal("launch ranks: cannot read /proc/self/cmdline");
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
-  const std::string job = std::to_string(::getpid()) + "-" + std::to_string(now.tv_sec) + "." +
-                          std::to_string(now.tv_nsec);
+  const std::string job =
+      std::to_string(::getpid()) + "-" + std::to_string(now.tv_sec) + "." + std::to_string(now.tv_nsec);
   std::vector<pid_t> pids(size_t(n), -1);
   auto stop_all = [&](int sig) {
     for (pid_t p : pids)

@@ -77,9 +77,9 @@ Result<std::string> Rendezvous(const CommOptions& o, const std::string& payload)
       }
     }
     if (NowSeconds() > deadline) {
-      return Status::IOError("train: rank " + std::to_string(o.rank) + " waited " +
-                                      std::to_string(int(o.timeout_s)) + " s for rank 0's rendezvous file " + path +
-                                      "; is rank 0 running (same job, same WORLD_SIZE)?");
+      return Status::IOError("train: rank " + std::to_string(o.rank) + " waited " + std::to_string(int(o.timeout_s)) +
+                             " s for rank 0's rendezvous file " + path +
+                             "; is rank 0 running (same job, same WORLD_SIZE)?");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(i < 100 ? 5 : 50));
   }

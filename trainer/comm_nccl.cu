@@ -87,7 +87,8 @@ class NcclComm final : public Comm {
     GPUFEED_RETURN_IF_ERROR(api_.Load());
     int v = 0;
     api_.get_version(&v);
-    describe_ = "nccl " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+    describe_ =
+        "nccl " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
     GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
     ncclUniqueId id{};
     std::string payload;

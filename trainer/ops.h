@@ -93,7 +93,7 @@ struct Schedule {
 // are and advanced there (AdvanceSchedule), so a step replayed from a CUDA
 // graph reads this step's values without the host writing them.
 struct StepState {
-  int64_t step = 0;             // optimizer steps taken (skipped ones too)
+  int64_t step = 0;                // optimizer steps taken (skipped ones too)
   float lr = 0, bc1 = 1, bc2 = 1;  // this step's rate, 1 - beta^step (Adam)
 };
 

@@ -756,8 +756,12 @@ Status Run::NodeEpoch(EpochReport* r) {
   struct Figures {
     double samples, loss, correct, seconds, wait, util, mem;
   };
-  const Figures mine{double(r->samples), r->train_loss * double(r->samples), r->train_accuracy * double(r->samples),
-                     r->seconds,         r->data_wait_seconds,              r->gpu_util,
+  const Figures mine{double(r->samples),
+                     r->train_loss * double(r->samples),
+                     r->train_accuracy * double(r->samples),
+                     r->seconds,
+                     r->data_wait_seconds,
+                     r->gpu_util,
                      r->gpu_mem_used_mb};
   std::vector<Figures> all(static_cast<size_t>(world()));
   GPUFEED_RETURN_IF_ERROR(comm_->AllGather(&mine, sizeof mine, all.data()));
@@ -840,9 +844,10 @@ Result<TrainReport> Run::GoRanks() {
   // alive at an epoch boundary (each: feed_slots output slots of a batch in
   // the compute dtype, 2 input slots of uint8), and the graphs' input copy.
   const uint64_t sample = uint64_t(geo_.c) * geo_.h * geo_.w;
-  m.activations = model_->activation_bytes() +
-                  (ops_->on_gpu() ? 2 * o_.batch_size * sample * (uint64_t(o_.feed_slots) * DTypeSize(o_.precision) + 2) : 0) +
-                  (graphs_on_ ? o_.batch_size * (sample * DTypeSize(o_.precision) + 4) : 0);
+  m.activations =
+      model_->activation_bytes() +
+      (ops_->on_gpu() ? 2 * o_.batch_size * sample * (uint64_t(o_.feed_slots) * DTypeSize(o_.precision) + 2) : 0) +
+      (graphs_on_ ? o_.batch_size * (sample * DTypeSize(o_.precision) + 4) : 0);
   last_epoch_ = o_.epochs - 1;
   if (o_.stop_after_epochs > 0) last_epoch_ = std::min(last_epoch_, report_.start_epoch + o_.stop_after_epochs - 1);
   int ran = 0;
@@ -892,8 +897,8 @@ Result<TrainReport> Run::GoRanks() {
   report_.data_wait_fraction = node.wait;
   report_.verdict = VerdictText(node.gpu_util, node.wait, report_.telemetry);
   if (graphs_on_) {
-    report_.graphs = "on: " + std::to_string(graphs_.size()) + " step graph(s), " + std::to_string(replays_) +
-                     " replays";
+    report_.graphs =
+        "on: " + std::to_string(graphs_.size()) + " step graph(s), " + std::to_string(replays_) + " replays";
   }
   GPUFEED_RETURN_IF_ERROR(NodeReport());
   return report_;

@@ -77,7 +77,7 @@ struct TrainOptions {
   // took the mlp from 50% to 58% busy and two ranks' cnn from 1.80x to 1.86x
   // one GPU, H100, 2026-11-25).
   int feed_slots = 6;
-  bool flip = false;          // random horizontal flip
+  bool flip = false;  // random horizontal flip
   uint64_t seed = 0;
   int growth_interval = 2000;  // fp16 loss scaler
   float init_scale = 65536;    // fp16 loss scaler

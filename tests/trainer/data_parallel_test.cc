@@ -69,8 +69,8 @@ TrainOptions Options(int batch) {
 }
 
 // Runs `world` ranks of Train() on threads; returns their reports.
-std::vector<Result<TrainReport>> RunRanks(const ChunkSource& train, const ChunkSource* test, TrainOptions o,
-                                          int world, const std::string& prefix, int ranks_started = -1) {
+std::vector<Result<TrainReport>> RunRanks(const ChunkSource& train, const ChunkSource* test, TrainOptions o, int world,
+                                          const std::string& prefix, int ranks_started = -1) {
   if (ranks_started < 0) ranks_started = world;
   std::vector<Result<TrainReport>> out(size_t(ranks_started), Status::Internal("not run"));
   std::vector<std::thread> threads;

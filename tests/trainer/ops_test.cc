@@ -246,9 +246,9 @@ TEST(OptimizerTest, ScheduleWarmsUpThenFollowsTheCosine) {
   }
   EXPECT_FLOAT_EQ(lr[0], 0.125f);  // (0 + 1) / 4 of the peak
   EXPECT_FLOAT_EQ(lr[3], 0.5f);
-  EXPECT_FLOAT_EQ(lr[4], 0.5f);    // the cosine's start
+  EXPECT_FLOAT_EQ(lr[4], 0.5f);      // the cosine's start
   EXPECT_NEAR(lr[54], 0.25f, 1e-6);  // halfway
-  EXPECT_FLOAT_EQ(lr[104], 0.0f);  // its end, and it stays there
+  EXPECT_FLOAT_EQ(lr[104], 0.0f);    // its end, and it stays there
   for (int i = 5; i < 105; ++i) EXPECT_LE(lr[i], lr[i - 1]);
 }
 

@@ -219,7 +219,8 @@ TEST(TrainerTest, GpuGraphsTrainTheSameWeightsAsLaunches) {
         auto launches = Train(train, &test, o);
         ASSERT_TRUE(graphs.ok()) << graphs.status().ToString();
         ASSERT_TRUE(launches.ok()) << launches.status().ToString();
-        const std::string what = ModelKindName(m) + " " + std::string(DTypeName(dt)) + " accum " + std::to_string(accum);
+        const std::string what =
+            ModelKindName(m) + " " + std::string(DTypeName(dt)) + " accum " + std::to_string(accum);
         EXPECT_EQ(graphs->graphs.rfind("on: ", 0), 0u) << what << ": " << graphs->graphs;
         EXPECT_EQ(launches->graphs.rfind("off", 0), 0u) << what;
         EXPECT_EQ(graphs->weights_hash, launches->weights_hash) << what;
