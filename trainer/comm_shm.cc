@@ -29,15 +29,18 @@ constexpr uint64_t kShmMagic = 0x67706673686d3031ull;  // "gpfshm01"
 constexpr int kMaxRanks = 256;
 constexpr size_t kSlotFloats = size_t(1) << 20;  // 4 MiB a rank; larger tensors go in pieces
 
+// Every field another rank reads is atomic: the ranks may be threads of one
+// process (the tests), and what orders them is these atomics, not the
+// rendezvous file. magic is stored last (release); the rest is read after it.
 struct Header {
-  uint64_t magic;
+  std::atomic<uint64_t> magic;
   uint64_t nonce;  // rank 0's, in the rendezvous payload: a stale segment is refused
   int32_t world;
   std::atomic<int32_t> attached;
   std::atomic<uint32_t> arrived;
   std::atomic<uint32_t> generation;
   std::atomic<int32_t> failed;  // a rank that called Abort, else -1
-  int32_t pids[kMaxRanks];
+  std::atomic<int32_t> pids[kMaxRanks];
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "process-shared atomics");
 
@@ -73,8 +76,8 @@ class ShmComm final : public Comm {
       h->arrived.store(0);
       h->generation.store(0);
       h->failed.store(-1);
-      std::atomic_thread_fence(std::memory_order_release);
-      h->magic = kShmMagic;
+      for (auto& p : h->pids) p.store(0);
+      h->magic.store(kShmMagic, std::memory_order_release);
       payload = path + "\n" + std::to_string(nonce);
     }
     auto got = Rendezvous(o_, payload);
@@ -93,10 +96,10 @@ class ShmComm final : public Comm {
                                        " ranks");
       }
       GPUFEED_RETURN_IF_ERROR(Map(fd, shm));
-      if (header()->magic != kShmMagic || header()->nonce != nonce)
+      if (header()->magic.load(std::memory_order_acquire) != kShmMagic || header()->nonce != nonce)
         return Status::InvalidArgument("train: " + shm + " is not rank 0's segment of this job (stale?)");
     }
-    header()->pids[rank()] = int32_t(::getpid());
+    header()->pids[rank()].store(int32_t(::getpid()));
     header()->attached.fetch_add(1);
     GPUFEED_RETURN_IF_ERROR(Barrier());  // everyone has the segment: the files can go
     if (rank() == 0) ::unlink(path.c_str());
@@ -209,7 +212,7 @@ class ShmComm final : public Comm {
       if (now < next_check) continue;
       next_check = now + 0.1;
       for (int r = 0; r < world_size(); ++r) {
-        const pid_t pid = h->pids[r];
+        const pid_t pid = h->pids[r].load();
         if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
           return Status::IOError("train: rank " + std::to_string(r) + " (pid " + std::to_string(pid) +
                                  ") exited; rank " + std::to_string(rank()) + " stops too");

@@ -253,11 +253,13 @@ std::string VerdictText(double u, double w, const std::string& telemetry) {
                     "a faster model or GPU would go faster, a faster input would not",
                     u, 100 * w);
     } else if (w < 0.05) {
-      // Idle GPU, yet the data was always there: the host loop (kernel
-      // launches of a small model) is the limit, not the input.
+      // Idle GPU, yet the data was always there: the host's work per step
+      // (kernel launches without graphs; the feed's hand-offs and the
+      // step's launch with them) is the limit, not the input.
       std::snprintf(buf, sizeof buf,
                     "host-bound: the GPU was busy only %.1f%% of the time but the trainer waited for data just %.1f%% "
-                    "of it: the host's kernel launches limit this small model (a larger batch would help); the "
+                    "of it: the host's work per step (launches, the feed's hand-offs) limits this small model (a "
+                    "larger batch would help); the "
                     "input is not the limit",
                     u, 100 * w);
     } else {
