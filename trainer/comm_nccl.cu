@@ -74,8 +74,11 @@ class NcclComm final : public Comm {
       : Comm(o.rank, o.world_size), o_(o), device_(device), compute_(compute) {}
   ~NcclComm() override {
     cudaSetDevice(device_);
+    // After a failure a collective may wait for a peer that will never come:
+    // abort the communicator (it ends its kernels) before anything waits.
+    if (comm_ && aborted_) api_.abort(comm_);
     if (stream_) cudaStreamSynchronize(stream_);
-    if (comm_) (aborted_ ? api_.abort : api_.destroy)(comm_);
+    if (comm_ && !aborted_) api_.destroy(comm_);
     for (auto& [a, b] : timing_) cudaEventDestroy(a), cudaEventDestroy(b);
     if (ready_) cudaEventDestroy(ready_);
     if (done_) cudaEventDestroy(done_);

@@ -119,7 +119,9 @@ struct TrainOptions {
   // summed with the other ranks' (NCCL on GPUs, shared memory for CPU
   // ranks) in buckets of about bucket_bytes while the backward pass goes on.
   // Every rank ends with the same weights; rank 0 writes the checkpoints
-  // (resumable at another world size: they are taken at epoch ends); every
+  // (resumable at another world size: they are taken at epoch ends; the
+  // learning-rate schedule goes on from the saved step count over the steps
+  // an epoch has at the new size); every
   // rank evaluates the whole test split with rank 0's batchnorm statistics.
   // Batchnorm normalizes over each rank's own batch (as PyTorch's DDP without
   // SyncBatchNorm). `gpufeed train --gpus N` and torchrun set these from
