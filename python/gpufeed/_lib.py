@@ -19,6 +19,7 @@ def _candidates():
     if env:
         yield pathlib.Path(env)
         return
+    yield _HERE / "_native" / "lib" / "libgpufeed.so"  # the wheel (scripts/wheel)
     yield _HERE / "libgpufeed.so"                      # installed beside the package
     yield _HERE.parent.parent / "lib" / "libgpufeed.so"  # the bundle: dist/gpufeed/{python,lib}
     yield _HERE.parents[2] / "libgpufeed.so"             # cmake --install: PREFIX/lib/python3/dist-packages/gpufeed

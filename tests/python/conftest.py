@@ -4,6 +4,7 @@ that must run in a fresh process (resume, ranks, torch absent)."""
 import contextlib
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,25 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# GPUFEED_TEST_INSTALLED=1 tests the gpufeed this interpreter finds on its own
+# (the wheel installed in its environment: tests/python/wheel_test.sh), not
+# the checkout's python/: no PYTHONPATH for it here or in child processes.
+INSTALLED = os.environ.get("GPUFEED_TEST_INSTALLED") == "1"
+
+
+def python_path(*extra):
+    """PYTHONPATH for a child interpreter: the checkout's package (unless
+    testing the installed one), `extra`, and what was already set."""
+    own = [] if INSTALLED else [str(ROOT / "python")]
+    return os.pathsep.join(filter(None, own + [str(e) for e in extra] + [os.environ.get("PYTHONPATH")]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _the_package_under_test():
+    import gpufeed
+    where = pathlib.Path(gpufeed.__file__).resolve()
+    if INSTALLED and ROOT in where.parents:
+        pytest.exit("GPUFEED_TEST_INSTALLED=1 but gpufeed comes from the checkout (%s)" % where, returncode=1)
 N_SAMPLES = 250      # not a multiple of the batch or chunk size: short last batch and chunk
 SAMPLE_SHAPE = (3, 6, 5)
 CHUNK = 16
@@ -51,6 +71,8 @@ def _binary(env, name):
     path = os.environ.get(env)
     if path:
         return path
+    if INSTALLED and name == "gpufeed" and shutil.which("gpufeed"):
+        return shutil.which("gpufeed")  # the wheel's console command
     for build in ("build", "build-cpu"):
         p = ROOT / build / name
         if p.exists():
@@ -72,7 +94,7 @@ def run_python(code, env=None, timeout=120):
     """Runs `code` in a new interpreter (this one) with this test's
     environment plus `env`; returns stdout; fails the test on an error."""
     full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), os.environ.get("PYTHONPATH")]))
+    full_env["PYTHONPATH"] = python_path()
     full_env.update(env or {})
     p = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, "child failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)

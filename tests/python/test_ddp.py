@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import gpufeed
-from conftest import N_SAMPLES, ROOT, index_of
+from conftest import N_SAMPLES, ROOT, index_of, python_path
 
 CHILD = r"""
 import json, os, signal, sys
@@ -49,8 +49,7 @@ def spawn_ranks(world, node_dir, argv_of_rank, local_world=None, extra_env=None)
     procs = []
     for r in range(world):
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), str(ROOT / "tests" / "python"),
-                                                          os.environ.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = python_path(ROOT / "tests" / "python")
         env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
                     "LOCAL_WORLD_SIZE": str(world if local_world is None else local_world),
                     "TORCHELASTIC_RUN_ID": run_id, "GPUFEED_NODE_DIR": str(node_dir)})
