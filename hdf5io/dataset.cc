@@ -575,6 +575,36 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
   return std::string();
 }
 
+// Why `spec.images` in `file` is no dataset: a group (with its first members,
+// so the user can name one), a named datatype, or what HDF5 said.
+static std::string NotADatasetReason(hid_t file, const DatasetSpec& spec) {
+  H5O_info_t oi{};
+  if (H5Oget_info_by_name(file, spec.images.c_str(), &oi, H5P_DEFAULT) < 0) {
+    const std::string hdf5 = h5::LastErrorText();
+    H5Eclear2(H5E_DEFAULT);
+    return hdf5.empty() ? "HDF5 cannot open it as one" : hdf5;
+  }
+  if (oi.type == H5O_TYPE_NAMED_DATATYPE) return "it is a named datatype";
+  if (oi.type != H5O_TYPE_GROUP) return "HDF5 cannot open it as one";
+  std::vector<std::string> members;
+  H5Literate_by_name(
+      file, spec.images.c_str(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
+      [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+        auto* m = static_cast<std::vector<std::string>*>(data);
+        m->push_back(name);
+        return m->size() >= 8 ? 1 : 0;
+      },
+      &members, H5P_DEFAULT);
+  H5Eclear2(H5E_DEFAULT);
+  std::string base = spec.images == "/" ? "" : spec.images;
+  std::string text = "it is a group";
+  if (members.empty()) return text + " with nothing in it";
+  text += " holding ";
+  for (size_t i = 0; i < members.size(); ++i) text += (i ? ", " : "") + members[i];
+  return text + (members.size() >= 8 ? ", ..." : "") + "; name a dataset in it, e.g. " + spec.file + ":" + base + "/" +
+         members[0];
+}
+
 Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& options) {
   auto spec_or = DatasetSpec::Parse(spec_text);
   if (!spec_or.ok()) return spec_or.status();
@@ -629,7 +659,16 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
                                  "`gpufeed bench loader`, `gpufeed train`, the C API or Python (gpufeed/encoded.h); "
                                  "this command reads decoded datasets only");
     }
-    return Status::InvalidArgument(d->what + ": not a dataset: " + h5::LastErrorText());
+    return Status::InvalidArgument(d->what + ": not a dataset: " + NotADatasetReason(d->file.get(), spec));
+  }
+  // Behind an external link the dataset lives in another file: its chunk
+  // addresses are offsets in that file, not in spec.file.
+  std::string linked_file;
+  if (ssize_t n = H5Fget_name(d->dset.get(), nullptr, 0); n > 0) {
+    std::string holder(size_t(n), '\0');
+    H5Fget_name(d->dset.get(), holder.data(), size_t(n) + 1);
+    struct stat hs {};
+    if (::stat(holder.c_str(), &hs) != 0 || hs.st_dev != st.st_dev || hs.st_ino != st.st_ino) linked_file = holder;
   }
   h5::Id ftype(H5Dget_type(d->dset.get()));
   auto dtype = DTypeOf(ftype.get());
@@ -733,7 +772,9 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   H5Pget_userblock(fcpl.get(), &userblock);
 
   std::string hdf5_reason = "forced by option";
-  if (!options.force_hdf5_path) {
+  if (!linked_file.empty()) {
+    hdf5_reason = "the dataset is in " + linked_file + ", reached through an external link; HDF5 follows it";
+  } else if (!options.force_hdf5_path) {
     auto reason = d->PlanDirectPath(dcpl.get(), userblock, file_size);
     if (!reason.ok()) return reason.status();
     hdf5_reason = *reason;
@@ -756,7 +797,7 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
                              ") is not available: gpufeed's direct path does not decode it and HDF5 found no plugin "
                              "for it (HDF5_PLUGIN_PATH=" +
                              (plugin_path ? plugin_path : "unset, default directory") +
-                             "); install the filter's HDF5 plugin (Debian: hdf5-plugin-lzf, hdf5-filter-plugin*) or "
+                             "); install the filter's HDF5 plugin (Debian: bitshuffle for LZF, hdf5-filter-plugin*) or "
                              "recompress the file where the filter is available (h5repack, h5py)";
         break;
       }

@@ -93,3 +93,37 @@ def shard(rank, world_size):
         raise errors.InvalidArgumentError(
             errors.INVALID_ARGUMENT, "rank=%d with world_size=%d: rank is from 0 to world_size - 1" % (rank, world_size))
     return rank, world_size
+
+
+# The library's messages name an option as C++ does (LoaderOptions::prefetch,
+# FeedOptions::super_batch) or as the command line does (--prefetch,
+# --crop-padding 0); from Python the caller wrote a keyword (prefetch=,
+# crop_padding=0). One table: Loader's own signature.
+_CXX_OR_CLI = re.compile(r"\b[A-Z][A-Za-z]*Options(?:(?:::|\.)[a-z_]+)*(?:::|\.)([a-z_]+)"
+                         r"|(?<![\w-])--([a-z][a-z0-9-]*)(?: ([A-Za-z0-9][\w.-]*))?")
+
+
+def caller_terms(message):
+    """`message` with each option the Loader takes as a keyword named as one."""
+    import inspect
+
+    from .loader import Loader
+    params = inspect.signature(Loader.__init__).parameters
+    keywords = {n: p.default for n, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY}
+
+    def keyword(m):
+        name = (m.group(1) or m.group(2)).replace("-", "_")
+        if name not in keywords:
+            return m.group(0)
+        value = m.group(3)
+        if value is None:
+            return name + "="
+        if value.isdigit():
+            return "%s=%s" % (name, value)
+        if isinstance(keywords[name], str) or keywords[name] is None:
+            return "%s=%r" % (name, value)
+        return name + "= " + value
+
+    out = _CXX_OR_CLI.sub(keyword, message)
+    # "raise prefetch (prefetch=, prefetch=; ...)": one spelling is enough.
+    return re.sub(r"\b([a-z_]+=)(?:, \1)+", r"\1", out)

@@ -168,7 +168,8 @@ def check(code, err):
         lib.gpufeed_error_destroy(err)
     if not message:
         message = lib.gpufeed_code_name(code).decode()
-    raise errors.from_code(code, message)
+    from ._args import caller_terms
+    raise errors.from_code(code, caller_terms(message))
 
 
 def take_error(err_ref):

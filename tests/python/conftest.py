@@ -33,7 +33,7 @@ def python_path(*extra):
 def _the_package_under_test():
     import gpufeed
     where = pathlib.Path(gpufeed.__file__).resolve()
-    if INSTALLED and ROOT in where.parents:
+    if INSTALLED and (ROOT / "python") in where.parents:
         pytest.exit("GPUFEED_TEST_INSTALLED=1 but gpufeed comes from the checkout (%s)" % where, returncode=1)
 N_SAMPLES = 250      # not a multiple of the batch or chunk size: short last batch and chunk
 SAMPLE_SHAPE = (3, 6, 5)

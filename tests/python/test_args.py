@@ -115,3 +115,28 @@ def test_a_dtype_torch_cannot_hold_is_said_at_the_constructor(tmp_path):
             gpufeed.Loader(path, batch_size=8, threads=2)
     arrays, _ = next(iter(gpufeed.Loader(path, batch_size=8, threads=2, order="sequential", output="numpy")))
     assert arrays.dtype == np.uint32 and arrays.ravel().tolist() == list(range(24))
+
+
+def test_library_errors_name_the_keyword_not_the_cpp_or_cli_option(index_file):
+    # A consumer that keeps every batch: the library names the option to
+    # raise, as C++ (LoaderOptions::prefetch) and the CLI (--prefetch) spell
+    # it; Python says prefetch=.
+    loader = gpufeed.Loader(index_file, batch_size=10, prefetch=2, output="numpy")
+    held = []
+    with pytest.raises(gpufeed.InvalidArgumentError) as e:
+        for batch in loader:
+            held.append(batch)
+    message = str(e.value)
+    assert "prefetch=" in message, message
+    assert "LoaderOptions" not in message and "--prefetch" not in message, message
+
+
+def test_caller_terms_rewrites_cpp_and_cli_spellings_of_keywords_only():
+    from gpufeed._args import caller_terms
+    assert caller_terms("raise prefetch (LoaderOptions::prefetch, --prefetch; 9 buffers)") == \
+        "raise prefetch (prefetch=; 9 buffers)"
+    assert caller_terms("at least 1 (--batch-size)") == "at least 1 (batch_size=)"
+    assert caller_terms("or lower (RemoteLoaderOptions::loader.prefetch)") == "or lower (prefetch=)"
+    assert caller_terms("with --crop-padding 0, or --device cpu") == "with crop_padding=0, or device='cpu'"
+    # Not Loader keywords: left as written.
+    assert caller_terms("--stats makes, --data FILE, OpenOptions::bogus") == "--stats makes, --data FILE, OpenOptions::bogus"
