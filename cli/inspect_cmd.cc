@@ -421,6 +421,7 @@ int RunInspect(const InspectArgs& a) {
         {"labels", info.labels_path},
         {"shape", info.shape},
         {"dtype", DTypeName(ds->dtype())},
+        {"enum", info.enum_members},
         {"layout", info.layout},
         {"storage", info.storage},
         {"virtual_sources", info.virtual_sources.size()},
@@ -451,6 +452,11 @@ int RunInspect(const InspectArgs& a) {
   std::printf("%s:%s\n", info.file.c_str(), info.images_path.c_str());
   std::printf("  shape        %s %s%s\n", ShapeText(info.shape).c_str(), std::string(DTypeName(ds->dtype())).c_str(),
               info.big_endian ? " (big-endian)" : "");
+  if (!info.enum_members.empty()) {
+    std::string members;
+    for (const std::string& m : info.enum_members) members += (members.empty() ? "" : ", ") + m;
+    std::printf("  enum         %s (read as the integers)\n", members.c_str());
+  }
   std::printf("  layout       %s\n", info.layout.empty() ? "(not recorded)" : info.layout.c_str());
   std::printf("  storage      %s", info.storage.c_str());
   if (!info.hdf5_chunk_shape.empty()) {

@@ -77,6 +77,51 @@ std::string FilterName(int id, const char* hdf5_name) {
   }
 }
 
+// h5py's bool: a one-byte enum of exactly FALSE=0 and TRUE=1.
+bool IsH5pyBool(hid_t type) {
+  if (H5Tget_class(type) != H5T_ENUM || H5Tget_size(type) != 1 || H5Tget_nmembers(type) != 2) return false;
+  for (unsigned i = 0; i < 2; ++i) {
+    char* name = H5Tget_member_name(type, i);
+    int8_t value = -1;
+    const bool ok = name != nullptr && H5Tget_member_value(type, i, &value) >= 0 &&
+                    std::string(name) == (value == 0 ? "FALSE" : "TRUE") && (value == 0 || value == 1);
+    if (name) H5free_memory(name);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// An enum's members as "NAME=value" (in the type's order); empty otherwise.
+std::vector<std::string> EnumMembers(hid_t type) {
+  std::vector<std::string> out;
+  if (H5Tget_class(type) != H5T_ENUM) return out;
+  const int n = H5Tget_nmembers(type);
+  h5::Id base(H5Tget_super(type));
+  const bool is_signed = base.valid() && H5Tget_sign(base.get()) == H5T_SGN_2;
+  const size_t size = H5Tget_size(type);
+  for (int i = 0; i < n && size <= 8; ++i) {
+    char* name = H5Tget_member_name(type, unsigned(i));
+    unsigned char raw[8] = {};
+    if (name != nullptr && H5Tget_member_value(type, unsigned(i), raw) >= 0) {
+      // The value in the type's own (native) byte order and size.
+      int64_t v = 0;
+      if (is_signed) {
+        if (size == 1) v = *reinterpret_cast<int8_t*>(raw);
+        if (size == 2) v = *reinterpret_cast<int16_t*>(raw);
+        if (size == 4) v = *reinterpret_cast<int32_t*>(raw);
+        if (size == 8) v = *reinterpret_cast<int64_t*>(raw);
+        out.push_back(std::string(name) + "=" + std::to_string(v));
+      } else {
+        uint64_t u = 0;
+        std::memcpy(&u, raw, size);
+        out.push_back(std::string(name) + "=" + std::to_string(u));
+      }
+    }
+    if (name) H5free_memory(name);
+  }
+  return out;
+}
+
 // Maps an HDF5 numeric type to a DType; nullopt for anything else.
 std::optional<DType> DTypeOf(hid_t type) {
   const H5T_class_t cls = H5Tget_class(type);
@@ -96,9 +141,28 @@ std::optional<DType> DTypeOf(hid_t type) {
         return std::nullopt;
     }
   }
-  if (cls == H5T_ENUM && size == 1) {
-    // h5py's bool: an enum FALSE=0 / TRUE=1 over int8, read as its bytes.
-    return DType::kUInt8;
+  if (cls == H5T_ENUM) {
+    // h5py's bool (an enum FALSE=0 / TRUE=1 over int8) is read as its bytes,
+    // uint8; any other enum as its integer base type, as h5py reads it.
+    if (IsH5pyBool(type)) return DType::kUInt8;
+    h5::Id base(H5Tget_super(type));
+    return base.valid() ? DTypeOf(base.get()) : std::nullopt;
+  }
+  if (cls == H5T_BITFIELD) {
+    // PyTables' bool (H5T_STD_B8LE) and other bit fields: their unsigned
+    // integer of the same size.
+    switch (size) {
+      case 1:
+        return DType::kUInt8;
+      case 2:
+        return DType::kUInt16;
+      case 4:
+        return DType::kUInt32;
+      case 8:
+        return DType::kUInt64;
+      default:
+        return std::nullopt;
+    }
   }
   if (cls == H5T_FLOAT) {
     switch (size) {
@@ -682,7 +746,8 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
                                     : ""));
   }
   d->dtype = *dtype;
-  d->is_bool = H5Tget_class(ftype.get()) == H5T_ENUM;
+  d->is_bool = IsH5pyBool(ftype.get());
+  d->info.enum_members = EnumMembers(ftype.get());
   d->info.big_endian = H5Tget_order(ftype.get()) == H5T_ORDER_BE;
   h5::Id space(H5Dget_space(d->dset.get()));
   // no_sample_axis: the whole dataset is one sample, behind an axis 0 of

@@ -169,6 +169,10 @@ struct DatasetInfo {
   // thread (4 to 32), so every decoding thread finds its next chunk read.
   uint32_t read_ahead_chunks = 0;
   bool big_endian = false;
+  // An HDF5 enum's members, "NAME=value" (the samples are its integer base
+  // type, as h5py reads them); empty for other types. h5py's bool (an enum
+  // FALSE/TRUE) reads as uint8 with Dataset::is_bool().
+  std::vector<std::string> enum_members;
   // Optional attributes of the images dataset (empty when absent).
   std::string layout;  // "NCHW", "NHWC", ...
   std::vector<std::string> class_names;
