@@ -111,6 +111,13 @@ def _parse_fields(fields):
     return names, specs, as_dict
 
 
+# Arrays of at most this many bytes a sample (labels, indices, a few
+# per-sample scalars) are handed out as copies of their own: a user keeping
+# them (for metrics, say) keeps no batch slot of the pool, which holds
+# prefetch + 1 batches and otherwise stops the loader when all are held.
+_SMALL_ROW = 64
+
+
 class Loader:
     """Batches of a dataset ("file.h5", "file.h5:/path") or of a `gpufeed
     serve` daemon ("unix:PATH", "tcp://HOST:PORT" with `dataset=`), as
@@ -484,7 +491,10 @@ class Loader:
                     managed = export(handle, i, ctypes.byref(err))
                     if not managed:
                         _lib.take_error(err)
-                    out[name] = self._from_dlpack(_dlpack.capsule(managed))
+                    t = self._from_dlpack(_dlpack.capsule(managed))
+                    if t.dim() > 0 and t.shape[0] > 0 and t.element_size() * t.numel() // t.shape[0] <= _SMALL_ROW:
+                        t = t.clone()  # labels and scalars: kept freely, they do not hold the batch's slot
+                    out[name] = t
             finally:
                 lib.gpufeed_batch_destroy(handle)  # the tensors hold the slot now
             return out
@@ -494,7 +504,13 @@ class Loader:
             if not managed:
                 _lib.take_error(err)
             array = _dlpack.Array(managed, ref)
-            out[name] = self._from_dlpack(array) if self._output == "numpy" else array
+            if self._output == "numpy":
+                a = self._from_dlpack(array)
+                if a.ndim > 0 and a.shape[0] > 0 and a.nbytes // a.shape[0] <= _SMALL_ROW:
+                    a = a.copy()  # as above: a small field of its own
+                out[name] = a
+            else:
+                out[name] = array
         return out
 
     # -- lifetime ---------------------------------------------------------------

@@ -485,3 +485,18 @@ def test_hdf5_cve_corpus_gives_gpufeed_errors_not_crashes():
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert len(lines) == len(files), proc.stderr[-2000:]
     assert all(l.startswith(("ERR", "OK")) for l in lines)
+
+
+@pytest.mark.parametrize("output", ["torch", "numpy"])
+def test_keeping_the_labels_keeps_no_batch(index_file, output):
+    # The pool holds prefetch + 1 = 3 batches; keeping every batch's labels
+    # (a metric's habit) must not hold their slots: labels are copies of
+    # their own, the images views of the slot.
+    if output == "torch":
+        pytest.importorskip("torch")
+    loader = gpufeed.Loader(index_file, batch_size=10, prefetch=2, order="sequential", output=output)
+    kept = []
+    for images, labels in loader:
+        kept.append(labels)
+    assert len(kept) == 25
+    assert [int(x) for batch in kept for x in batch] == [k % 10 for k in range(250)]
