@@ -204,8 +204,11 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     return refuse("--shuffle-filter only helps a compressor; choose --codec deflate or zstd");
   }
   if (a.keep_encoded) {
-    for (const char* opt : {"--codec", "--level", "--shuffle-filter", "--chunk-samples", "--skip-corrupt"}) {
+    for (const char* opt : {"--codec", "--level", "--shuffle-filter", "--chunk-samples"}) {
       if (cmd.count(opt) > 0) return refuse(std::string(opt) + " does not apply with --keep-encoded");
+    }
+    if (!is_dir && cmd.count("--skip-corrupt") > 0) {
+      return refuse("--skip-corrupt with --keep-encoded applies to image folders; " + a.input + " is a file");
     }
   }
   ConvertOptions opts;
@@ -245,8 +248,13 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     summary = ConvertEncodedHdf5(a.input, a.output, opts);
     what = "encoded images of " + a.input;
   } else if (a.keep_encoded) {
-    summary = ConvertEncodedImageFolder(a.input, a.output, opts);
+    summary = ConvertEncodedImageFolder(a.input, a.output, opts, a.skip_corrupt, &skipped);
     what = "encoded images";
+    for (const std::string& why : skipped) std::fprintf(stderr, "gpufeed convert: skipped %s\n", why.c_str());
+    if (!skipped.empty()) {
+      std::fprintf(stderr, "gpufeed convert: skipped %zu images that do not decode (--skip-corrupt)\n",
+                   skipped.size());
+    }
   } else {
     auto source = OpenSource(a.input, a.labels, image);
     if (!source.ok()) {
@@ -281,10 +289,12 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
                         {"mb_per_s", mbps},
                         {"codec", a.keep_encoded ? "encoded" : a.codec},
                         {"mean", s.mean},
-                        {"std", s.stddev}};
+                        {"std", s.stddev},
+                        {"skipped", skipped.size()}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("converted %s -> %s\n", what.c_str(), a.output.c_str());
+    if (!skipped.empty()) std::printf("  skipped %zu files that do not decode (named above)\n", skipped.size());
     if (a.keep_encoded) {
       std::printf(
           "  samples %llu, stored as they are (/images/bytes + offsets; the loader decodes them: "

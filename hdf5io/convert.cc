@@ -2,6 +2,7 @@
 // that turns any SampleSource into a gpufeed dataset, and OpenSource's choice
 // of reader.
 #include "gpufeed/convert.h"
+#include "hdf5io/image_folder_listing.h"
 
 #include <sys/stat.h>
 #include <tbb/global_control.h>
@@ -232,11 +233,23 @@ Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const
   }
   if (S_ISDIR(st.st_mode)) {
     if (image_options.height == 0 || image_options.width == 0) {
-      return Status::InvalidArgument(input + ": converting an image folder needs --size HxW");
+      // An empty folder is said as such, before the missing size.
+      auto listed = image_folder::ListImageFolder(input);
+      if (!listed.ok()) return listed.status();
+      return Status::InvalidArgument(input +
+                                     ": converting an image folder needs --size HxW (the images are decoded and "
+                                     "resized to it), or --keep-encoded (the files stored as they are, decoded by "
+                                     "the loader)");
     }
     return OpenImageFolderSource(input, image_options);
   }
   if (spec->file != input || HasHdf5Signature(input)) return OpenHdf5Source(input, labels_path);
+  for (const char* ext : {".h5", ".hdf5", ".hdf", ".he5"}) {
+    if (EndsWith(input, ext)) {
+      return Status::Corrupt(input + ": named like an HDF5 file but it has no HDF5 signature (" +
+                             std::to_string(st.st_size) + " bytes): not HDF5, or damaged");
+    }
+  }
   if (EndsWith(input, ".npy")) return OpenNpySource(input, labels_path);
   return OpenIdxSource(input, labels_path);
 }

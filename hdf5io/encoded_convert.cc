@@ -51,17 +51,22 @@ namespace {
 
 // Writes the encoded-images format (docs/format.md) from n files that `get`
 // yields in order (bytes, and a name for messages), with labels and class
-// names. Atomic.
+// names. Atomic. A file whose header is not an image is Corrupt; with
+// `skip_corrupt`, every file is decoded too (at its smallest DCT scale, which
+// still reads all of it) and one that fails is left out and named in
+// *skipped.
 using GetEncoded = std::function<Status(uint64_t k, std::vector<unsigned char>* bytes, std::string* name)>;
-Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t n, const GetEncoded& get,
+Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t n_in, const GetEncoded& get,
                                           const std::vector<int64_t>& label_values,
-                                          const std::vector<std::string>& class_names, const ConvertOptions& options) {
+                                          const std::vector<std::string>& class_names, const ConvertOptions& options,
+                                          bool skip_corrupt = false, std::vector<std::string>* skipped = nullptr) {
   const auto start = std::chrono::steady_clock::now();
   h5::QuietErrors();
+  std::vector<int64_t> kept_labels;  // of the files written, in order
   struct {
     const std::vector<int64_t>& labels;
     const std::vector<std::string>& class_names;
-  } listing{label_values, class_names};
+  } listing{kept_labels, class_names};
   AtomicFile out(out_path);  // before `file`: the file closes first
   const std::string& tmp_path = out.tmp_path();
   auto h5_error = [&](const std::string& what) {
@@ -91,28 +96,45 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
       H5Dcreate2(group.get(), "bytes", H5T_STD_U8LE, bytes_space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   if (!bytes_ds.valid()) return h5_error("cannot create /images/bytes");
 
-  std::vector<uint64_t> offsets(n + 1, 0);
-  std::vector<uint32_t> sizes(2 * n, 0);
+  std::vector<uint64_t> offsets(n_in + 1, 0);
+  std::vector<uint32_t> sizes(2 * n_in, 0);
   std::vector<unsigned char> batch;
   uint64_t written = 0;
-  for (uint64_t first = 0; first < n;) {
+  uint64_t n = 0;  // files written
+  std::vector<uint8_t> rgb;
+  for (uint64_t first = 0; first < n_in;) {
     // Fill a batch of whole files up to the byte cap (at least one file).
     batch.clear();
     uint64_t k = first;
+    const uint64_t n_first = n;
     thread_local std::vector<unsigned char> bytes;
-    while (k < n && (k == first || batch.size() < kEncodedBatchBytes)) {
+    while (k < n_in && (k == first || batch.size() < kEncodedBatchBytes)) {
       std::string path;
       GPUFEED_RETURN_IF_ERROR(get(k, &bytes, &path));
-      // Headers only: cheap, and catches files the loader could never decode.
+      // Headers: cheap, and catches files the loader could never decode.
       int w = 0, h = 0;
       Status hs = image::ImageSize(bytes, &h, &w);
-      if (!hs.ok()) return Status::Corrupt(path + ": " + hs.message());
-      sizes[2 * k] = static_cast<uint32_t>(h);
-      sizes[2 * k + 1] = static_cast<uint32_t>(w);
+      if (hs.ok() && skip_corrupt) {
+        int dh = 0, dw = 0;
+        hs = image::DecodeCovering(bytes, 1, 1, &rgb, &dh, &dw);
+      }
+      if (!hs.ok()) {
+        if (!skip_corrupt) {
+          return Status::Corrupt(path + ": " + hs.message() +
+                                 " (--skip-corrupt leaves such files out; the count and their names are printed)");
+        }
+        if (skipped) skipped->push_back(path + ": " + hs.message());
+        ++k;
+        continue;
+      }
+      sizes[2 * n] = static_cast<uint32_t>(h);
+      sizes[2 * n + 1] = static_cast<uint32_t>(w);
       batch.insert(batch.end(), bytes.begin(), bytes.end());
-      offsets[k + 1] = offsets[k] + bytes.size();
-      ++k;
+      offsets[n + 1] = offsets[n] + bytes.size();
+      if (!label_values.empty()) kept_labels.push_back(label_values[k]);
+      ++n, ++k;
     }
+    (void)n_first;
     const hsize_t at = written, count = batch.size(), new_size = written + batch.size();
     if (count > 0) {
       if (H5Dset_extent(bytes_ds.get(), &new_size) < 0) return h5_error("growing /images/bytes");
@@ -122,14 +144,21 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
           H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &at, nullptr, &count, nullptr) < 0 ||
           H5Dwrite(bytes_ds.get(), H5T_NATIVE_UINT8, mem_space.get(), file_space.get(), H5P_DEFAULT, batch.data()) <
               0) {
-        return h5_error("writing /images/bytes for samples " + std::to_string(first) + ".." + std::to_string(k - 1));
+        return h5_error("writing /images/bytes for samples " + std::to_string(n_first) + ".." +
+                        std::to_string(n - 1));
       }
     }
     written += count;
     first = k;
-    if (options.progress) options.progress(first, n);
+    if (options.progress) options.progress(first, n_in);
   }
   batch = {};
+  if (n == 0) {
+    return Status::InvalidArgument(out_path + ": no image left to write: all " + std::to_string(n_in) +
+                                   " files failed to decode");
+  }
+  offsets.resize(n + 1);
+  sizes.resize(2 * n);
 
   const hsize_t off_dims = n + 1, size_dims[2] = {n, 2};
   h5::Id off_space(H5Screate_simple(1, &off_dims, nullptr));
@@ -177,7 +206,8 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
 }  // namespace
 
 Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
-                                                 const ConvertOptions& options) {
+                                                 const ConvertOptions& options, bool skip_corrupt,
+                                                 std::vector<std::string>* skipped) {
   h5::QuietErrors();
   Result<FolderListing> listed = ListImageFolder(dir);
   if (!listed.ok()) return listed.status();
@@ -188,7 +218,7 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
         *name = listing.files[k];
         return ReadWholeFile(*name, bytes);
       },
-      listing.labels, listing.class_names, options);
+      listing.labels, listing.class_names, options, skip_corrupt, skipped);
 }
 
 Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const std::string& out_path,

@@ -95,10 +95,14 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
 // /images (docs/format.md "Encoded images": a flat chunked uint8 `bytes`
 // dataset, `offsets` [N + 1], `sizes` [N, 2] and the class names), with
 // /labels; EncodedImageSource (gpufeed/encoded.h) reads it and the loader
-// decodes it. Every file's header is checked (Corrupt names the file).
+// decodes it. Every file's header is checked (Corrupt names the file);
+// with `skip_corrupt` every file is also decoded (at its smallest DCT scale,
+// which still reads all of its data: a truncated file fails) and the files
+// that fail are left out, each named with why in *skipped (when given).
 // Atomic like Convert().
 Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const std::string& out_path,
-                                                 const ConvertOptions& options);
+                                                 const ConvertOptions& options, bool skip_corrupt = false,
+                                                 std::vector<std::string>* skipped = nullptr);
 // The same format from an encoded field already in HDF5 (an h5py vlen uint8
 // dataset, which only HDF5's locked path reads, or another gpufeed file):
 // "file.h5" or "file.h5:/path", its /labels and class names kept.

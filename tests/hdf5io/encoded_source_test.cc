@@ -391,6 +391,42 @@ TEST(EncodedSourceTest, CorruptSamplesNameTheSampleOrAreReplaced) {
   EXPECT_EQ((*src)->skipped(), 2u);
 }
 
+// convert --keep-encoded --skip-corrupt: files that do not decode (bytes
+// that are no image; a truncated JPEG, whose header is fine) are left out and
+// named, the others keep their bytes and labels; without it the first one
+// that is no image fails the conversion naming it.
+TEST(EncodedSourceTest, ConvertSkipCorruptLeavesOutFilesThatDoNotDecode) {
+  Folder f = MakeFolder("enc_skip", 10);
+  Bytes truncated = Encode(3, 64, 80, Kind::kProgressive);
+  truncated.resize(truncated.size() / 2);
+  WriteFile(f.dir / "c0/0003.jpg", truncated);
+  WriteFile(f.dir / "c1/0007.jpg", Bytes(300, 0x42));
+  const std::string out = (f.dir.parent_path() / "skip.h5").string();
+  auto strict = ConvertEncodedImageFolder(f.dir.string(), out, {});
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.status().message().find("0007.jpg"), std::string::npos) << strict.status().ToString();
+  EXPECT_NE(strict.status().message().find("--skip-corrupt"), std::string::npos) << strict.status().ToString();
+  EXPECT_FALSE(fs::exists(out));
+
+  std::vector<std::string> skipped;
+  auto lenient = ConvertEncodedImageFolder(f.dir.string(), out, {}, true, &skipped);
+  ASSERT_TRUE(lenient.ok()) << lenient.status().ToString();
+  EXPECT_EQ(lenient->samples, 8u);
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[0].find("0003.jpg"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find("0007.jpg"), std::string::npos) << skipped[1];
+  auto src = OpenEncodedImages(out, {}, {});
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ASSERT_EQ((*src)->num_samples(), 8u);
+  EXPECT_EQ((*src)->labels(), (std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1, 1}));
+  const uint64_t kept[] = {0, 1, 2, 4, 5, 6, 8, 9};
+  std::vector<uint8_t> stored;
+  for (uint64_t j = 0; j < 8; ++j) {
+    ASSERT_TRUE((*src)->ReadEncoded(j, &stored).ok());
+    EXPECT_EQ(Bytes(stored.begin(), stored.end()), f.files[kept[j]]) << "sample " << j;
+  }
+}
+
 TEST(EncodedSourceTest, BadOffsetsAreCorruptNotACrash) {
   Folder f = MakeFolder("enc_off", 6);
   const std::string path = Convert(f, "x.h5");
