@@ -644,11 +644,53 @@ void gpufeed_options_set_feed_std(gpufeed_options* o, const double* v, size_t n)
 
 // ---- loader ------------------------------------------------------------------
 
+namespace {
+
+// The integer options a C caller sets, checked when the loader opens (the
+// setters cannot fail), each error naming the setter and the value it was
+// given: -1 through an unsigned setter is 2^64 - 1, and would otherwise be
+// taken as a batch of every sample.
+Status CheckIntegerOptions(const gpufeed_options& o) {
+  struct Range {
+    const char* setter;
+    int64_t value;  // unsigned options: as signed, so a negative one shows
+    int64_t least, most;
+    const char* what;
+  };
+  const auto& l = o.source.loader;
+  const auto& f = o.feed_options;
+  const int64_t kMax63 = INT64_MAX;
+  const Range ranges[] = {
+      {"gpufeed_options_set_batch_size", static_cast<int64_t>(l.batch_size), 1, kMax63, "samples per batch"},
+      {"gpufeed_options_set_threads", l.threads, 0, 4096, "loader threads (0: this rank's share of the cores)"},
+      {"gpufeed_options_set_prefetch", l.prefetch, 1, 4096, "batches in flight"},
+      {"gpufeed_options_set_cache_bytes", static_cast<int64_t>(l.cache_bytes), 0, kMax63, "bytes"},
+      {"gpufeed_options_set_shuffle_window", static_cast<int64_t>(l.shuffle_window), 1, kMax63, "chunks"},
+      {"gpufeed_options_set_world_size", l.world_size, 1, INT32_MAX, "ranks"},
+      {"gpufeed_options_set_rank", l.rank, 0, std::max(0, l.world_size - 1), "this rank: 0 to world_size - 1"},
+      {"gpufeed_options_set_max_open_files", o.source.open.max_open_files, 1, INT32_MAX, "open files"},
+      {"gpufeed_options_set_feed_echo", f.echo, 0, 4096, "passes over each upload (0: auto)"},
+      {"gpufeed_options_set_feed_super_batch", f.super_batch, 1, 4096, "batches per upload"},
+      {"gpufeed_options_set_feed_slots", f.slots, 1, 4096, "device batches"},
+      {"gpufeed_options_set_feed_crop_padding", f.crop_padding, 0, 4096, "pixels"},
+  };
+  for (const Range& r : ranges) {
+    if (r.value >= r.least && r.value <= r.most) continue;
+    return Status::InvalidArgument(std::string(r.setter) + "(" + std::to_string(r.value) + "): " + r.what + ", " +
+                                   std::to_string(r.least) + " to " + std::to_string(r.most) +
+                                   (r.value < 0 ? " (a negative value, through an unsigned setter?)" : ""));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* options, gpufeed_error** error) {
   gpufeed_loader* out = nullptr;
   Guard(error, [&]() -> gpufeed_code {
     if (data == nullptr || options == nullptr)
       return Fail(error, GPUFEED_INVALID_ARGUMENT, "gpufeed_loader_open: NULL argument");
+    if (Status st = CheckIntegerOptions(*options); !st.ok()) return Fail(error, st);
     gpufeed::SourceOptions so = options->source;
     so.data = data;
     auto order = gpufeed::OrderFromName(options->order);

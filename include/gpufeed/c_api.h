@@ -106,8 +106,11 @@ GPUFEED_C_EXPORT void gpufeed_free(void* p);
  * FeedOptions. Defaults are the C++ structs' defaults (loader.h,
  * remote_loader.h, gpu_feed.h document each field). The loader copies the
  * options when it is opened; the object may then be destroyed. An options
- * object is not thread-safe; setters never fail (values are checked when the
- * loader opens or the epoch starts, with a message naming the option). */
+ * object is not thread-safe; setters never fail: gpufeed_loader_open checks
+ * every integer option's range and fails naming the setter and the value
+ * (a -1 given to an unsigned setter shows as -1, not as 2^64 - 1); other
+ * values are checked when the loader opens or the epoch starts, with a
+ * message naming the option. */
 typedef struct gpufeed_options gpufeed_options;
 GPUFEED_C_EXPORT gpufeed_options* gpufeed_options_create(void);
 GPUFEED_C_EXPORT void gpufeed_options_destroy(gpufeed_options* o); /* NULL is a no-op */

@@ -153,6 +153,33 @@ static void TestErrors(const char* path) {
   CHECK(strstr(gpufeed_error_message(err), "sideways") != NULL);
   gpufeed_error_destroy(err);
   gpufeed_options_destroy(o);
+  /* Integer options out of range: refused by open, naming the setter and the
+   * value as the caller passed it (-1 through an unsigned setter is -1). */
+  struct {
+    void (*set_u64)(gpufeed_options*, uint64_t);
+    void (*set_int)(gpufeed_options*, int);
+    int64_t value;
+    const char* text;
+  } bad[] = {
+      {gpufeed_options_set_batch_size, NULL, -1, "gpufeed_options_set_batch_size(-1)"},
+      {gpufeed_options_set_batch_size, NULL, 0, "gpufeed_options_set_batch_size(0)"},
+      {NULL, gpufeed_options_set_threads, -1, "gpufeed_options_set_threads(-1)"},
+      {NULL, gpufeed_options_set_prefetch, 0, "gpufeed_options_set_prefetch(0)"},
+      {NULL, gpufeed_options_set_rank, 2, "gpufeed_options_set_rank(2)"},
+      {gpufeed_options_set_shuffle_window, NULL, -5, "gpufeed_options_set_shuffle_window(-5)"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+    o = gpufeed_options_create();
+    gpufeed_options_set_world_size(o, 2);
+    if (bad[i].set_u64) bad[i].set_u64(o, (uint64_t)bad[i].value);
+    if (bad[i].set_int) bad[i].set_int(o, (int)bad[i].value);
+    err = NULL;
+    CHECK(gpufeed_loader_open(path, o, &err) == NULL);
+    CHECK(gpufeed_error_code(err) == GPUFEED_INVALID_ARGUMENT);
+    CHECK(strstr(gpufeed_error_message(err), bad[i].text) != NULL);
+    gpufeed_error_destroy(err);
+    gpufeed_options_destroy(o);
+  }
   /* NULL error pointers are allowed: the code alone. */
   o = gpufeed_options_create();
   CHECK(gpufeed_loader_open("/nonexistent/x.h5", o, NULL) == NULL);
