@@ -144,8 +144,7 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
           H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &at, nullptr, &count, nullptr) < 0 ||
           H5Dwrite(bytes_ds.get(), H5T_NATIVE_UINT8, mem_space.get(), file_space.get(), H5P_DEFAULT, batch.data()) <
               0) {
-        return h5_error("writing /images/bytes for samples " + std::to_string(n_first) + ".." +
-                        std::to_string(n - 1));
+        return h5_error("writing /images/bytes for samples " + std::to_string(n_first) + ".." + std::to_string(n - 1));
       }
     }
     written += count;
