@@ -19,6 +19,17 @@ for f in include/gpufeed/c_api.h include/gpufeed/loader.h include/gpufeed/versio
   [ -e "$prefix/$f" ] || { echo "install_test: $f was not installed"; exit 1; }
 done
 
+# A system install (prefix /usr, staged with DESTDIR) also puts the zstd
+# plugin where HDF5 looks by default, so h5py needs no HDF5_PLUGIN_PATH.
+h5dir=$(sed -n 's/^GPUFEED_HDF5_PLUGIN_DIR:PATH=//p' "$build/CMakeCache.txt")
+if [ -n "$h5dir" ]; then
+  DESTDIR="$tmp/stage" cmake --install "$build" --prefix /usr > "$tmp/stage.log"
+  [ -f "$tmp/stage$h5dir/libgpufeed_h5zstd.so" ] ||
+    { echo "install_test: a /usr install left no plugin in $h5dir"; cat "$tmp/stage.log"; exit 1; }
+  grep -q "gpufeed: not a system prefix" "$tmp/install.log" ||
+    { echo "install_test: the prefix install did not say where the plugin is"; exit 1; }
+fi
+
 # find_package from an outside tree (no path into the source or build tree).
 cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$prefix" > "$tmp/configure.log" || { cat "$tmp/configure.log"; exit 1; }
