@@ -389,7 +389,9 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--channels", a->channels, "cnn block channels (conv-bn-relu-pool each)")->capture_default_str();
   cmd->add_option("--precision", a->precision, "fp32, bf16 or fp16 (mixed, fp32 master weights)")
       ->capture_default_str();
-  cmd->add_option("--optimizer", a->optimizer, "sgd (momentum) or adamw")->capture_default_str();
+  cmd->add_option("--optimizer", a->optimizer,
+                  "sgd (momentum), adamw, or adamw8bit / sgd8bit (8-bit states, blockwise quantized)")
+      ->capture_default_str();
   cmd->add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
   cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   cmd->add_option("--weight-decay", o.weight_decay, "weight decay (not on biases/batchnorm)")->capture_default_str();

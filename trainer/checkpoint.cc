@@ -59,15 +59,22 @@ class Reader {
   std::string path_;
 };
 
-// The tensors a checkpoint holds, in a fixed order.
-std::vector<std::pair<float*, size_t>> Tensors(Model* model) {
-  std::vector<std::pair<float*, size_t>> t;
+// The tensors a checkpoint holds, in a fixed order, as (address, bytes).
+std::vector<std::pair<void*, size_t>> Tensors(Model* model) {
+  std::vector<std::pair<void*, size_t>> t;
   for (Param& p : model->params()) {
-    t.emplace_back(p.master, p.n);
-    t.emplace_back(p.s1, p.n);
-    if (p.s2) t.emplace_back(p.s2, p.n);
+    t.emplace_back(p.master, p.n * 4);
+    if (p.quantized()) {
+      const size_t blocks = (p.n + kQuantBlock - 1) / kQuantBlock;
+      t.emplace_back(p.q1, p.n);
+      t.emplace_back(p.a1, blocks * 4);
+      if (p.q2) t.emplace_back(p.q2, p.n), t.emplace_back(p.a2, blocks * 4);
+      continue;
+    }
+    t.emplace_back(p.s1, p.n * 4);
+    if (p.s2) t.emplace_back(p.s2, p.n * 4);
   }
-  for (auto& b : model->buffers()) t.push_back(b);
+  for (auto& [b, n] : model->buffers()) t.emplace_back(b, n * 4);
   return t;
 }
 
@@ -83,12 +90,12 @@ Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   w.Str(meta.loader.Serialize());
   const auto tensors = Tensors(model);
   w.Pod<uint32_t>(static_cast<uint32_t>(tensors.size()));
-  std::vector<float> host;
-  for (auto& [p, n] : tensors) {
-    host.resize(n);
-    GPUFEED_RETURN_IF_ERROR(ops->Download(host.data(), p, n * 4));
-    w.Pod<uint64_t>(n);
-    w.Raw(host.data(), n * 4);
+  std::vector<uint8_t> host;
+  for (auto& [p, bytes] : tensors) {
+    host.resize(bytes);
+    GPUFEED_RETURN_IF_ERROR(ops->Download(host.data(), p, bytes));
+    w.Pod<uint64_t>(bytes);
+    w.Raw(host.data(), bytes);
   }
   Writer head;
   head.Raw(kMagic, 8);
@@ -116,7 +123,7 @@ Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   std::memcpy(&version, data.data() + 8, 4);
   std::memcpy(&size, data.data() + 16, 8);
   std::memcpy(&hash, data.data() + 24, 8);
-  if (version != kCheckpointVersion)
+  if (version != kCheckpointVersion && version != 1)
     return Status::Unsupported("checkpoint " + path + ": version " + std::to_string(version) + ", this build reads " +
                                std::to_string(kCheckpointVersion));
   if (size != data.size() - 32)
@@ -149,14 +156,15 @@ Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   if (count != tensors.size())
     return Status::Corrupt("checkpoint " + path + ": " + std::to_string(count) + " tensors, the model has " +
                            std::to_string(tensors.size()));
-  std::vector<float> host;
-  for (auto& [p, n] : tensors) {
+  std::vector<uint8_t> host;
+  for (auto& [p, bytes] : tensors) {
     uint64_t len;
     GPUFEED_RETURN_IF_ERROR(r.Pod(&len));
-    if (len != n) return Status::Corrupt("checkpoint " + path + ": tensor size mismatch");
-    host.resize(n);
-    GPUFEED_RETURN_IF_ERROR(r.Raw(host.data(), n * 4));
-    GPUFEED_RETURN_IF_ERROR(ops->Upload(p, host.data(), n * 4));
+    if (version == 1) len *= 4;  // version 1 counted fp32 values
+    if (len != bytes) return Status::Corrupt("checkpoint " + path + ": tensor size mismatch");
+    host.resize(bytes);
+    GPUFEED_RETURN_IF_ERROR(r.Raw(host.data(), bytes));
+    GPUFEED_RETURN_IF_ERROR(ops->Upload(p, host.data(), bytes));
   }
   if (!r.done()) return Status::Corrupt("checkpoint " + path + ": trailing bytes");
   // Compute copies follow the restored masters.

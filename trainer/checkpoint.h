@@ -21,7 +21,9 @@
 
 namespace gpufeed::trainer {
 
-constexpr uint32_t kCheckpointVersion = 1;
+// 2: each tensor's length in bytes (8-bit optimizer states); 1 (fp32 values
+// only, lengths in values) is still read.
+constexpr uint32_t kCheckpointVersion = 2;
 
 struct CheckpointMeta {
   std::string model;   // Model::Describe(): must match on load

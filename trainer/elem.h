@@ -91,6 +91,67 @@ GPUFEED_HD void ScheduleAdvance(const Schedule& s, StepState* st) {
   st->step = t + 1;
 }
 
+// The 256 values of a dynamic 8-bit code, ascending (Dettmers et al.'s
+// dynamic tree code in spirit): for each decade e = 0..6 of magnitude
+// 10^(e-6), 2^e (signed) or 2^(e+1) (unsigned) linearly spaced fractions in
+// (0.1, 1), so small values keep relative precision; plus 0 and 1. Signed:
+// those values and their negatives. Built on the host, in double, rounded
+// once to fp32; the CPU and CUDA backends use the same table.
+inline void Quant8Code(bool is_signed, float* table) {
+  double v[256];
+  int n = 0;
+  for (int e = 0; e < 7; ++e) {
+    const int items = is_signed ? (1 << e) : (2 << e);
+    const double scale = std::pow(10.0, e - 6);
+    for (int k = 0; k < items; ++k) {
+      const double lo = 0.1 + 0.9 * k / items, hi = 0.1 + 0.9 * (k + 1) / items;
+      v[n++] = scale * (lo + hi) / 2;
+      if (is_signed) v[n++] = -scale * (lo + hi) / 2;
+    }
+  }
+  v[n++] = 0;
+  v[n++] = 1;
+  for (int i = 1; i < n; ++i)  // insertion sort: 256 values, once
+    for (int j = i; j > 0 && v[j - 1] > v[j]; --j) {
+      const double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  for (int i = 0; i < 256; ++i) table[i] = static_cast<float>(v[i]);
+}
+
+// The index of the code value nearest x (ties: the lower index).
+GPUFEED_HD uint8_t Quant8Nearest(const float* code, float x) {
+  int lo = 0, hi = 255;  // code[lo] <= x <= code[hi] after clamping
+  if (x <= code[0]) return 0;
+  if (x >= code[255]) return 255;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (code[mid] <= x) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return static_cast<uint8_t>(x - code[lo] <= code[hi] - x ? lo : hi);
+}
+
+// One element of an 8-bit step: dequantizes m (and v), updates as
+// OptimizerUpdate, returns the new weight; *m, *v receive the new states
+// (fp32, to be requantized with the block's new absmax).
+GPUFEED_HD float Quant8Update(const OptimizerStep& o, bool decay, float w, float g, const float* scode,
+                              const float* ucode, uint8_t q1, float a1, uint8_t q2, float a2, float* m, float* v,
+                              float lr, float bc1, float bc2) {
+  *m = scode[q1] * a1;
+  *v = o.kind == OptimizerKind::kAdamW ? ucode[q2] * a2 : 0.0f;
+  return OptimizerUpdate(o, decay, w, g, m, v, lr, bc1, bc2);
+}
+
+// A state value's byte given its block's absmax (0: every value is 0).
+GPUFEED_HD uint8_t Quant8Store(const float* code, float x, float absmax) {
+  return Quant8Nearest(code, absmax > 0 ? x / absmax : 0.0f);
+}
+
 // From the sum of squares of the scaled gradients: the step's coefficient,
 // skip flag and norm, then the scale update for the next step.
 GPUFEED_HD void ScalerFinish(double sum_squares, float clip_norm, ScalerState* s) {

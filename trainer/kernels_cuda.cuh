@@ -322,6 +322,49 @@ __global__ void OptimizerKernel(OptimizerStep o, bool decay, size_t n, float* ma
 
 __global__ void ScheduleKernel(Schedule s, StepState* st) { ScheduleAdvance(s, st); }
 
+// One quantization block per thread block of kQuantBlock threads: every
+// thread updates its value, the block's new absmax comes from a max
+// reduction (order-free, so the CPU twin's loop gives the same bits), then
+// each thread requantizes its value.
+__global__ void __launch_bounds__(kQuantBlock)
+    Optimizer8bitKernel(OptimizerStep o, const Quant8Tensor* tensors, const Quant8Block* blocks, const float* scode_g,
+                        const float* ucode_g, DType dt, const ScalerState* scaler, const StepState* st) {
+  if (scaler->step_skip) return;
+  __shared__ float scode[256], ucode[256], max1[kQuantBlock / 32], max2[kQuantBlock / 32];
+  scode[threadIdx.x] = scode_g[threadIdx.x];
+  ucode[threadIdx.x] = ucode_g[threadIdx.x];
+  __syncthreads();
+  const Quant8Block blk = blocks[blockIdx.x];
+  const Quant8Tensor& t = tensors[blk.tensor];
+  const uint64_t e = uint64_t(blk.index) * kQuantBlock + threadIdx.x;
+  const bool live = e < t.n;
+  float m = 0, v = 0;
+  if (live) {
+    const float a1 = t.a1[blk.index], a2 = t.a2 ? t.a2[blk.index] : 0.0f;
+    const float w = Quant8Update(o, t.decay != 0, t.master[e], t.grad[e] * scaler->step_coef, scode, ucode, t.q1[e], a1,
+                                 t.q2 ? t.q2[e] : 0, a2, &m, &v, st->lr, st->bc1, st->bc2);
+    t.master[e] = w;
+    if (t.copy) StoreAs(t.copy, e, dt, w);
+  }
+  float r1 = fabsf(m), r2 = v;
+  for (int off = 16; off > 0; off /= 2) {
+    r1 = fmaxf(r1, __shfl_xor_sync(0xffffffffu, r1, off));
+    r2 = fmaxf(r2, __shfl_xor_sync(0xffffffffu, r2, off));
+  }
+  if (threadIdx.x % 32 == 0) max1[threadIdx.x / 32] = r1, max2[threadIdx.x / 32] = r2;
+  __syncthreads();
+  float a1 = 0, a2 = 0;
+  for (int i = 0; i < kQuantBlock / 32; ++i) a1 = fmaxf(a1, max1[i]), a2 = fmaxf(a2, max2[i]);
+  if (threadIdx.x == 0) {
+    t.a1[blk.index] = a1;
+    if (t.a2) t.a2[blk.index] = a2;
+  }
+  if (live) {
+    t.q1[e] = Quant8Store(scode, m, a1);
+    if (t.q2) t.q2[e] = Quant8Store(ucode, v, a2);
+  }
+}
+
 }  // namespace gpufeed::trainer::kernels
 
 #endif  // GPUFEED_TRAINER_KERNELS_CUDA_CUH_

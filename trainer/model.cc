@@ -31,11 +31,27 @@ Status Model::AddParam(const std::string& name, size_t n, bool decay, float boun
   p.master = static_cast<float*>(v);
   GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &grads_));
   p.grad = static_cast<float*>(v);
-  GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &opt_));
-  p.s1 = static_cast<float*>(v);
-  if (spec_.optimizer == OptimizerKind::kAdamW) {
+  const bool adam = spec_.optimizer == OptimizerKind::kAdamW;
+  if (spec_.quantized_states && n >= kQuantMinElems) {
+    // 8-bit states: a byte a value and an absmax a block (zero: every state 0).
+    const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+    GPUFEED_RETURN_IF_ERROR(Allocate(n, &v, &opt_));
+    p.q1 = static_cast<uint8_t*>(v);
+    GPUFEED_RETURN_IF_ERROR(Allocate(blocks * 4, &v, &opt_));
+    p.a1 = static_cast<float*>(v);
+    if (adam) {
+      GPUFEED_RETURN_IF_ERROR(Allocate(n, &v, &opt_));
+      p.q2 = static_cast<uint8_t*>(v);
+      GPUFEED_RETURN_IF_ERROR(Allocate(blocks * 4, &v, &opt_));
+      p.a2 = static_cast<float*>(v);
+    }
+  } else {
     GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &opt_));
-    p.s2 = static_cast<float*>(v);
+    p.s1 = static_cast<float*>(v);
+    if (adam) {
+      GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &opt_));
+      p.s2 = static_cast<float*>(v);
+    }
   }
   std::vector<float> init(n, fill);
   if (bound > 0) {

@@ -23,6 +23,9 @@ struct ModelSpec {
   int max_batch = 0;
   DType dtype = DType::kFloat32;  // activations and weight copies
   OptimizerKind optimizer = OptimizerKind::kAdamW;
+  // 8-bit optimizer states (Quant8Tensor) for tensors of at least
+  // kQuantMinElems values; fp32 states for the others.
+  bool quantized_states = false;
   uint64_t seed = 0;
 };
 
@@ -34,8 +37,13 @@ struct Param {
   bool decay = true;  // weight decay applies (not to biases and batchnorm)
   float* master = nullptr;
   float* grad = nullptr;
-  float* s1 = nullptr;   // SGD momentum / Adam m
-  float* s2 = nullptr;   // Adam v (null for SGD)
+  float* s1 = nullptr;    // SGD momentum / Adam m (null with 8-bit states)
+  float* s2 = nullptr;    // Adam v (null for SGD)
+  uint8_t* q1 = nullptr;  // 8-bit states (ModelSpec::quantized_states): m, v
+  uint8_t* q2 = nullptr;  // and each block's absmax
+  float* a1 = nullptr;
+  float* a2 = nullptr;
+  bool quantized() const { return q1 != nullptr; }
   void* copy = nullptr;  // compute dtype
 };
 

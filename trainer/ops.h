@@ -82,6 +82,31 @@ struct OptimizerStep {
   float weight_decay = 0;  // SGD: added to the gradient; AdamW: decoupled
 };
 
+// 8-bit optimizer states ("8-bit Optimizers via Block-wise Quantization"):
+// each state tensor in blocks of kQuantBlock values, a block stored as one
+// byte a value (an index into a 256-entry dynamic code, Quant8Code) and its
+// absmax (fp32); a value is code[q] * absmax. Tensors of fewer than
+// kQuantMinElems values keep fp32 states.
+constexpr int kQuantBlock = 256;
+constexpr size_t kQuantMinElems = 4096;
+// One parameter tensor with 8-bit states; s2/a2 null for SGD's momentum.
+struct Quant8Tensor {
+  float* master = nullptr;
+  const float* grad = nullptr;
+  uint8_t* q1 = nullptr;  // m (signed code)
+  uint8_t* q2 = nullptr;  // v (unsigned code)
+  float* a1 = nullptr;    // absmax of each block of q1
+  float* a2 = nullptr;
+  void* copy = nullptr;  // compute copy (null: the master is used directly)
+  uint64_t n = 0;
+  int32_t decay = 1;
+};
+// A block of kQuantBlock values of tensor `tensor` from value `first`.
+struct Quant8Block {
+  int32_t tensor = 0;
+  uint32_t index = 0;  // the block's number in its tensor (first = index * kQuantBlock)
+};
+
 // The learning-rate schedule: linear warmup over `warmup` steps to `peak_lr`,
 // then cosine to 0 at `total` steps.
 struct Schedule {
@@ -174,6 +199,14 @@ class Ops {
   virtual Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad,
                                 float* state1, float* state2, void* copy, DType dtype, const ScalerState* scaler,
                                 const StepState* step) = 0;
+  // One optimizer step over every 8-bit tensor at once (one launch): each
+  // block's states dequantized, updated as ApplyOptimizer would (the same
+  // per-element math), requantized with the block's new absmax. `tensors`
+  // and `blocks` (count of each) and the two codes (Quant8Code: signed for m,
+  // unsigned for v) are backend memory. Skipped when scaler->step_skip.
+  virtual Status ApplyOptimizer8bit(const OptimizerStep& o, const Quant8Tensor* tensors, const Quant8Block* blocks,
+                                    int num_blocks, const float* signed_code, const float* unsigned_code, DType dtype,
+                                    const ScalerState* scaler, const StepState* step) = 0;
   // Before a step's ApplyOptimizer calls: this step's learning rate and bias
   // corrections from `step->step`, which then counts this step.
   virtual Status AdvanceSchedule(const Schedule& s, StepState* step) = 0;

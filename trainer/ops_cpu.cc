@@ -332,6 +332,35 @@ class CpuOps final : public Ops {
     }
     return Status::Ok();
   }
+  Status ApplyOptimizer8bit(const OptimizerStep& o, const Quant8Tensor* tensors, const Quant8Block* blocks,
+                            int num_blocks, const float* scode, const float* ucode, DType dt, const ScalerState* scaler,
+                            const StepState* st) override {
+    if (scaler->step_skip) return Status::Ok();
+    float m[kQuantBlock], v[kQuantBlock];
+    for (int b = 0; b < num_blocks; ++b) {
+      const Quant8Tensor& t = tensors[blocks[b].tensor];
+      const uint64_t first = uint64_t(blocks[b].index) * kQuantBlock;
+      const int count = static_cast<int>(std::min<uint64_t>(kQuantBlock, t.n - first));
+      const float a1 = t.a1[blocks[b].index], a2 = t.a2 ? t.a2[blocks[b].index] : 0.0f;
+      float max1 = 0, max2 = 0;
+      for (int i = 0; i < count; ++i) {
+        const uint64_t e = first + i;
+        const float w = Quant8Update(o, t.decay != 0, t.master[e], t.grad[e] * scaler->step_coef, scode, ucode, t.q1[e],
+                                     a1, t.q2 ? t.q2[e] : 0, a2, &m[i], &v[i], st->lr, st->bc1, st->bc2);
+        t.master[e] = w;
+        if (t.copy) StoreAs(t.copy, e, dt, w);
+        max1 = std::max(max1, std::fabs(m[i]));
+        max2 = std::max(max2, v[i]);
+      }
+      t.a1[blocks[b].index] = max1;
+      for (int i = 0; i < count; ++i) t.q1[first + i] = Quant8Store(scode, m[i], max1);
+      if (t.q2) {
+        t.a2[blocks[b].index] = max2;
+        for (int i = 0; i < count; ++i) t.q2[first + i] = Quant8Store(ucode, v[i], max2);
+      }
+    }
+    return Status::Ok();
+  }
   Status AdvanceSchedule(const Schedule& s, StepState* st) override {
     ScheduleAdvance(s, st);
     return Status::Ok();

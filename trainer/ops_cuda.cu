@@ -365,6 +365,15 @@ class CudaOps final : public Ops {
     LAUNCH_CHECK();
     return Status::Ok();
   }
+  Status ApplyOptimizer8bit(const OptimizerStep& o, const Quant8Tensor* tensors, const Quant8Block* blocks,
+                            int num_blocks, const float* scode, const float* ucode, DType dt, const ScalerState* scaler,
+                            const StepState* st) override {
+    if (num_blocks <= 0) return Status::Ok();
+    Optimizer8bitKernel<<<unsigned(num_blocks), kQuantBlock, 0, stream_>>>(o, tensors, blocks, scode, ucode, dt, scaler,
+                                                                           st);
+    LAUNCH_CHECK();
+    return Status::Ok();
+  }
   Status AdvanceSchedule(const Schedule& s, StepState* st) override {
     ScheduleKernel<<<1, 1, 0, stream_>>>(s, st);
     LAUNCH_CHECK();

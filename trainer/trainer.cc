@@ -26,6 +26,7 @@
 #include "loader/chunk_cache.h"
 #include "trainer/checkpoint.h"
 #include "trainer/comm.h"
+#include "trainer/elem.h"
 #include "trainer/model.h"
 #include "trainer/nvml.h"
 #include "trainer/ops.h"
@@ -39,9 +40,22 @@ Result<ModelKind> ModelKindFromName(std::string_view n) {
   return Status::InvalidArgument("unknown model '" + std::string(n) + "' (mlp or cnn)");
 }
 Result<Optimizer> OptimizerFromName(std::string_view n) {
-  if (n == "sgd") return Optimizer::kSgd;
-  if (n == "adamw") return Optimizer::kAdamW;
-  return Status::InvalidArgument("unknown optimizer '" + std::string(n) + "' (sgd or adamw)");
+  for (Optimizer o : {Optimizer::kSgd, Optimizer::kAdamW, Optimizer::kAdamW8bit, Optimizer::kSgd8bit})
+    if (n == OptimizerName(o)) return o;
+  return Status::InvalidArgument("unknown optimizer '" + std::string(n) + "' (sgd, adamw, adamw8bit or sgd8bit)");
+}
+std::string OptimizerName(Optimizer o) {
+  switch (o) {
+    case Optimizer::kSgd:
+      return "sgd";
+    case Optimizer::kAdamW:
+      return "adamw";
+    case Optimizer::kAdamW8bit:
+      return "adamw8bit";
+    case Optimizer::kSgd8bit:
+      return "sgd8bit";
+  }
+  return "?";
 }
 
 namespace {
@@ -49,6 +63,8 @@ namespace {
 using trainer::Model;
 using trainer::Ops;
 using trainer::ScalerState;
+
+bool IsSgd(Optimizer o) { return o == Optimizer::kSgd || o == Optimizer::kSgd8bit; }
 
 Status Validate(const TrainOptions& o) {
   if (o.epochs < 1) return Status::InvalidArgument("train: --epochs must be >= 1");
@@ -126,7 +142,7 @@ Result<Geometry> SampleGeometry(const ChunkSource& src) {
 std::string ConfigString(const TrainOptions& o) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "precision=%s optimizer=%s batch=%llu accum=%d seed=%llu",
-                std::string(DTypeName(o.precision)).c_str(), o.optimizer == Optimizer::kSgd ? "sgd" : "adamw",
+                std::string(DTypeName(o.precision)).c_str(), OptimizerName(o.optimizer).c_str(),
                 (unsigned long long)o.batch_size, o.accum, (unsigned long long)o.seed);
   return buf;
 }
@@ -153,6 +169,10 @@ class Run {
   Status StageInputs(const void** images, const void** labels, int n);
   Status OptimizerStep();
   void DisableGraphs(const std::string& why);
+  // 8-bit optimizer states: the tables ApplyOptimizer8bit walks (one entry
+  // per quantized tensor, one per block of kQuantBlock values) and the two
+  // codes, in backend memory.
+  Status SetupQuantizedStates();
   Status Evaluate(EpochReport* r);
   // Data parallel, at an epoch's end: rank 0's batchnorm statistics to every
   // rank, and the epoch's figures made the node's (own ones kept).
@@ -180,6 +200,8 @@ class Run {
   int last_epoch_ = 0;  // the last epoch this call trains
   std::unique_ptr<trainer::NvmlSampler> nvml_;
   Buffer counters_, scaler_, norm_ptrs_, step_state_;
+  Buffer quant_tensors_, quant_blocks_, quant_codes_;  // SetupQuantizedStates (after ops_: freed before it)
+  int quant_num_blocks_ = 0;
   trainer::Schedule schedule_;
   trainer::OptimizerStep opt_;
   // CUDA graphs of MicroOps by (batch, accumulate, step), made on a key's
@@ -372,7 +394,8 @@ Status Run::Setup() {
   spec.classes = classes_;
   spec.max_batch = static_cast<int>(o_.batch_size);
   spec.dtype = o_.precision;
-  spec.optimizer = o_.optimizer == Optimizer::kSgd ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
+  spec.optimizer = IsSgd(o_.optimizer) ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
+  spec.quantized_states = o_.optimizer == Optimizer::kAdamW8bit || o_.optimizer == Optimizer::kSgd8bit;
   spec.seed = o_.seed;
   model_ = std::make_unique<Model>(ops_.get(), spec);
   GPUFEED_RETURN_IF_ERROR(model_->Init());
@@ -458,7 +481,8 @@ Status Run::Setup() {
   schedule_.warmup = warmup_steps_;
   schedule_.total = total_steps_;
   schedule_.beta1 = o_.beta1, schedule_.beta2 = o_.beta2;
-  opt_.kind = o_.optimizer == Optimizer::kSgd ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
+  opt_.kind = IsSgd(o_.optimizer) ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
+  GPUFEED_RETURN_IF_ERROR(SetupQuantizedStates());
   opt_.momentum = o_.momentum, opt_.beta1 = o_.beta1, opt_.beta2 = o_.beta2, opt_.eps = o_.eps;
   opt_.weight_decay = o_.weight_decay;
   if (o_.cuda_graphs && ops_->on_gpu()) {
@@ -544,9 +568,44 @@ Status Run::OptimizerStep() {
   GPUFEED_RETURN_IF_ERROR(ops_->FinishGradients(ptrs, sizes, static_cast<int>(grads_.size()), o_.clip_norm, sc));
   GPUFEED_RETURN_IF_ERROR(ops_->AdvanceSchedule(schedule_, st));
   for (auto& p : model_->params()) {
+    if (p.quantized()) continue;
     GPUFEED_RETURN_IF_ERROR(ops_->ApplyOptimizer(opt_, p.decay, p.n, p.master, p.grad, p.s1, p.s2,
                                                  p.copy != p.master ? p.copy : nullptr, o_.precision, sc, st));
   }
+  if (quant_num_blocks_ > 0) {
+    const auto* codes = static_cast<const float*>(quant_codes_.p);
+    GPUFEED_RETURN_IF_ERROR(ops_->ApplyOptimizer8bit(opt_, static_cast<const trainer::Quant8Tensor*>(quant_tensors_.p),
+                                                     static_cast<const trainer::Quant8Block*>(quant_blocks_.p),
+                                                     quant_num_blocks_, codes, codes + 256, o_.precision, sc, st));
+  }
+  return Status::Ok();
+}
+
+Status Run::SetupQuantizedStates() {
+  std::vector<trainer::Quant8Tensor> tensors;
+  std::vector<trainer::Quant8Block> blocks;
+  for (auto& p : model_->params()) {
+    if (!p.quantized()) continue;
+    trainer::Quant8Tensor t;
+    t.master = p.master, t.grad = p.grad, t.q1 = p.q1, t.q2 = p.q2, t.a1 = p.a1, t.a2 = p.a2;
+    t.copy = p.copy != p.master ? p.copy : nullptr;
+    t.n = p.n;
+    t.decay = p.decay ? 1 : 0;
+    const uint32_t count = static_cast<uint32_t>((p.n + trainer::kQuantBlock - 1) / trainer::kQuantBlock);
+    for (uint32_t b = 0; b < count; ++b) blocks.push_back({static_cast<int32_t>(tensors.size()), b});
+    tensors.push_back(t);
+  }
+  if (tensors.empty()) return Status::Ok();
+  float codes[512];
+  trainer::Quant8Code(true, codes);
+  trainer::Quant8Code(false, codes + 256);
+  GPUFEED_RETURN_IF_ERROR(quant_tensors_.Alloc(ops_.get(), tensors.size() * sizeof tensors[0]));
+  GPUFEED_RETURN_IF_ERROR(quant_blocks_.Alloc(ops_.get(), blocks.size() * sizeof blocks[0]));
+  GPUFEED_RETURN_IF_ERROR(quant_codes_.Alloc(ops_.get(), sizeof codes));
+  GPUFEED_RETURN_IF_ERROR(ops_->Upload(quant_tensors_.p, tensors.data(), tensors.size() * sizeof tensors[0]));
+  GPUFEED_RETURN_IF_ERROR(ops_->Upload(quant_blocks_.p, blocks.data(), blocks.size() * sizeof blocks[0]));
+  GPUFEED_RETURN_IF_ERROR(ops_->Upload(quant_codes_.p, codes, sizeof codes));
+  quant_num_blocks_ = static_cast<int>(blocks.size());
   return Status::Ok();
 }
 

@@ -230,6 +230,68 @@ TEST(OptimizerTest, SgdMomentumAndAdamWFollowTheirDefinitions) {
   EXPECT_NEAR(w, 2.0f * (1 - 0.1f * 0.01f) - 0.1f, 1e-5);
 }
 
+// The 8-bit codes: 256 ascending values in [-1, 1] holding 0 and 1, the
+// signed one symmetric but for its 1 (no -1); nearest-value rounding.
+TEST(Quant8Test, CodesAreAscendingAndRoundToTheNearest) {
+  float s[256], u[256];
+  Quant8Code(true, s);
+  Quant8Code(false, u);
+  for (int i = 1; i < 256; ++i) {
+    EXPECT_LT(s[i - 1], s[i]);
+    EXPECT_LT(u[i - 1], u[i]);
+  }
+  EXPECT_EQ(u[0], 0.0f);
+  EXPECT_EQ(u[255], 1.0f);
+  EXPECT_EQ(s[255], 1.0f);
+  EXPECT_EQ(s[127], 0.0f);  // 127 negatives below it
+  for (int i = 0; i < 127; ++i) EXPECT_EQ(s[i], -s[254 - i]) << i;
+  for (int i = 0; i < 256; ++i) {
+    EXPECT_EQ(Quant8Nearest(s, s[i]), i);
+    EXPECT_EQ(Quant8Nearest(u, u[i]), i);
+  }
+  // Relative precision where it matters for Adam's v: small values too.
+  for (float x : {0.5f, 0.05f, 0.005f, 5e-4f, 5e-5f}) {
+    const float q = u[Quant8Nearest(u, x)];
+    EXPECT_NEAR(q, x, 0.06 * x) << x;
+  }
+  EXPECT_EQ(Quant8Nearest(s, -2.0f), 0);
+  EXPECT_EQ(Quant8Nearest(s, 2.0f), 255);
+}
+
+// One 8-bit AdamW step from zero states: the weights move as fp32 AdamW's
+// (up to the quantization of m and v, which a first step does not read),
+// and the states come back within the code's resolution of fp32's.
+TEST(Quant8Test, An8bitStepFollowsTheFp32Step) {
+  auto ops = MakeCpuOps();
+  const size_t n = 1000;
+  std::vector<float> w = Randn(n, 21), w8 = w, g = Randn(n, 22), m(n), v(n);
+  std::vector<uint8_t> q1(n), q2(n);
+  std::vector<float> a1(4), a2(4);
+  OptimizerStep o;
+  o.kind = OptimizerKind::kAdamW, o.weight_decay = 0.01f;
+  StepState st;
+  st.lr = 1e-2f, st.bc1 = 0.1f, st.bc2 = 0.001f;
+  ScalerState sc;
+  ASSERT_TRUE(
+      ops->ApplyOptimizer(o, true, n, w.data(), g.data(), m.data(), v.data(), nullptr, DType::kFloat32, &sc, &st).ok());
+  Quant8Tensor t;
+  t.master = w8.data(), t.grad = g.data(), t.q1 = q1.data(), t.q2 = q2.data(), t.a1 = a1.data(), t.a2 = a2.data();
+  t.n = n;
+  std::vector<Quant8Block> blocks = {{0, 0}, {0, 1}, {0, 2}, {0, 3}};
+  float codes[512];
+  Quant8Code(true, codes);
+  Quant8Code(false, codes + 256);
+  ASSERT_TRUE(ops->ApplyOptimizer8bit(o, &t, blocks.data(), 4, codes, codes + 256, DType::kFloat32, &sc, &st).ok());
+  EXPECT_EQ(w8, w);  // zero states read back as zero: the same update
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = i / kQuantBlock;
+    EXPECT_NEAR(codes[q1[i]] * a1[b], m[i], 0.07 * std::fabs(m[i]) + 1e-3f * a1[b]) << i;
+    EXPECT_NEAR(codes[256 + q2[i]] * a2[b], v[i], 0.07 * v[i] + 1e-3f * a2[b]) << i;
+  }
+  // The last block holds 1000 - 768 = 232 values: nothing past the tensor.
+  EXPECT_GT(a1[3], 0.0f);
+}
+
 // The schedule the optimizer reads from the device: warmup, then cosine to
 // 0, Adam's bias corrections of the step, and the step counted.
 TEST(OptimizerTest, ScheduleWarmsUpThenFollowsTheCosine) {
@@ -517,6 +579,60 @@ TEST_P(CudaVsCpu, SoftmaxCrossEntropyNormAndOptimizer) {
     EXPECT_EQ(Decode(Host(dw, 4000).data(), 1000, DType::kFloat32), w) << "optimizer weights";
     EXPECT_EQ(Decode(Host(dm, 4000).data(), 1000, DType::kFloat32), m) << "optimizer state";
     EXPECT_EQ(Host(dcopy, copy.size()), copy) << "compute copy";
+  }
+  // 8-bit states: one launch over two tensors (one with a partial last
+  // block), bit for bit the CPU's, over three steps (the states requantized
+  // each time).
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    OptimizerStep o;
+    o.kind = kind, o.weight_decay = 0.1f;
+    StepState hst;
+    hst.lr = 0.01f, hst.bc1 = 0.3f, hst.bc2 = 0.01f;
+    auto* dst = static_cast<StepState*>(Dev(&hst, sizeof hst));
+    const size_t sizes[2] = {1000, 4096};
+    std::vector<float> hw[2], hg[2], ha1[2], ha2[2];
+    std::vector<uint8_t> hq1[2], hq2[2], hcopy[2];
+    Quant8Tensor ht[2], dt8[2];
+    std::vector<Quant8Block> blocks;
+    for (int k = 0; k < 2; ++k) {
+      const size_t n = sizes[k], nb = (n + kQuantBlock - 1) / kQuantBlock;
+      hw[k] = Randn(n, 30 + k), hg[k] = Randn(n, 40 + k), ha1[k].assign(nb, 0), ha2[k].assign(nb, 0);
+      hq1[k].assign(n, 0), hq2[k].assign(n, 0), hcopy[k].assign(n * DTypeSize(dt), 0);
+      ht[k].master = hw[k].data(), ht[k].grad = hg[k].data(), ht[k].q1 = hq1[k].data(), ht[k].a1 = ha1[k].data();
+      ht[k].q2 = kind == OptimizerKind::kAdamW ? hq2[k].data() : nullptr;
+      ht[k].a2 = kind == OptimizerKind::kAdamW ? ha2[k].data() : nullptr;
+      ht[k].copy = hcopy[k].data(), ht[k].n = n, ht[k].decay = k;
+      dt8[k] = ht[k];
+      dt8[k].master = static_cast<float*>(Dev(hw[k].data(), n * 4));
+      dt8[k].grad = static_cast<float*>(Dev(hg[k].data(), n * 4));
+      dt8[k].q1 = static_cast<uint8_t*>(Dev(hq1[k].data(), n));
+      dt8[k].a1 = static_cast<float*>(Dev(ha1[k].data(), nb * 4));
+      dt8[k].q2 = ht[k].q2 ? static_cast<uint8_t*>(Dev(hq2[k].data(), n)) : nullptr;
+      dt8[k].a2 = ht[k].a2 ? static_cast<float*>(Dev(ha2[k].data(), nb * 4)) : nullptr;
+      dt8[k].copy = Dev(nullptr, hcopy[k].size());
+      for (uint32_t b = 0; b < nb; ++b) blocks.push_back({k, b});
+    }
+    float codes[512];
+    Quant8Code(true, codes);
+    Quant8Code(false, codes + 256);
+    auto* dcodes = static_cast<const float*>(Dev(codes, sizeof codes));
+    auto* dtensors = static_cast<const Quant8Tensor*>(Dev(dt8, sizeof dt8));
+    auto* dblocks = static_cast<const Quant8Block*>(Dev(blocks.data(), blocks.size() * sizeof blocks[0]));
+    ScalerState one;
+    auto* dscaler = static_cast<const ScalerState*>(Dev(&one, sizeof one));
+    const int nblocks = static_cast<int>(blocks.size());
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_TRUE(cpu->ApplyOptimizer8bit(o, ht, blocks.data(), nblocks, codes, codes + 256, dt, &one, &hst).ok());
+      ASSERT_TRUE(gpu->ApplyOptimizer8bit(o, dtensors, dblocks, nblocks, dcodes, dcodes + 256, dt, dscaler, dst).ok());
+    }
+    for (int k = 0; k < 2; ++k) {
+      const size_t n = sizes[k], nb = ha1[k].size();
+      EXPECT_EQ(Decode(Host(dt8[k].master, n * 4).data(), n, DType::kFloat32), hw[k]) << "8-bit weights " << k;
+      EXPECT_EQ(Host(dt8[k].q1, n), hq1[k]) << "8-bit m " << k;
+      EXPECT_EQ(Decode(Host(dt8[k].a1, nb * 4).data(), nb, DType::kFloat32), ha1[k]) << "absmax m " << k;
+      if (ht[k].q2) EXPECT_EQ(Host(dt8[k].q2, n), hq2[k]) << "8-bit v " << k;
+      EXPECT_EQ(Host(dt8[k].copy, hcopy[k].size()), hcopy[k]) << "compute copy " << k;
+    }
   }
 }
 

@@ -170,6 +170,37 @@ TEST(TrainerTest, ResumeIsBitIdenticalCnnSgdEcho) {
   ExpectResumeIsBitIdentical(o, "cnn");
 }
 
+// 8-bit states: a resumed run restores the bytes and absmaxes (checkpoint
+// version 2) and reproduces the uninterrupted run bit for bit.
+TEST(TrainerTest, ResumeIsBitIdenticalWith8bitStates) {
+  for (Optimizer opt : {Optimizer::kAdamW8bit, Optimizer::kSgd8bit}) {
+    TrainOptions o = Small();
+    o.widths = {128};  // 64 x 128 weights: quantized (>= 4,096 values)
+    o.optimizer = opt;
+    if (opt == Optimizer::kSgd8bit) o.lr = 0.05f;
+    ExpectResumeIsBitIdentical(o, OptimizerName(opt));
+  }
+}
+
+// adamw8bit learns what adamw learns, with about a quarter of the state.
+TEST(TrainerTest, AdamW8bitLearnsTheBarsWithAQuarterOfTheState) {
+  BarsSource train(1024, 4), test(256, 4);
+  TrainOptions o = Small();
+  o.widths = {128, 64};  // 8,192 and 8,192 weights quantized; biases and the head in fp32
+  auto full = Train(train, &test, o);
+  o.optimizer = Optimizer::kAdamW8bit;
+  auto eight = Train(train, &test, o);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  ASSERT_TRUE(eight.ok()) << eight.status().ToString();
+  EXPECT_GT(eight->epochs.back().test_accuracy, 0.95);
+  EXPECT_NEAR(eight->epochs.back().test_accuracy, full->epochs.back().test_accuracy, 0.02);
+  EXPECT_NE(eight->weights_hash, full->weights_hash);  // the states were quantized
+  const double ratio = double(eight->memory.optimizer) / double(full->memory.optimizer);
+  std::printf("optimizer state: adamw %llu bytes, adamw8bit %llu (%.3fx)\n", (unsigned long long)full->memory.optimizer,
+              (unsigned long long)eight->memory.optimizer, ratio);
+  EXPECT_LT(ratio, 0.3);
+}
+
 TEST(TrainerTest, ResumeIsBitIdenticalOnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU resume test runs on the GPU host";
   for (DType p : {DType::kBFloat16, DType::kFloat16}) {
