@@ -252,8 +252,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     what = "encoded images";
     for (const std::string& why : skipped) std::fprintf(stderr, "gpufeed convert: skipped %s\n", why.c_str());
     if (!skipped.empty()) {
-      std::fprintf(stderr, "gpufeed convert: skipped %zu images that do not decode (--skip-corrupt)\n",
-                   skipped.size());
+      std::fprintf(stderr, "gpufeed convert: skipped %zu images that do not decode (--skip-corrupt)\n", skipped.size());
     }
   } else {
     auto source = OpenSource(a.input, a.labels, image);
