@@ -743,8 +743,12 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
       const void *images = b.images(), *labels = b.labels();
       const int n = b.size();
       GPUFEED_RETURN_IF_ERROR(StageInputs(&images, &labels, n));
-      b.Release(ops_->stream());
+      // Staged: the step reads the copy, the slot can go. Else the slot goes
+      // after the step's work (Release's event must follow every read of it).
+      const bool staged = images != b.images();
+      if (staged) b.Release(ops_->stream());
       GPUFEED_RETURN_IF_ERROR(Micro(images, labels, n));
+      if (!staged) b.Release(ops_->stream());
       GPUFEED_RETURN_IF_ERROR(after_micro(n));
       if (prefetch_next && !next_feeder_ && 2 * micro_batches >= micro_total) {
         next_feeder_ = std::make_unique<GpuFeeder>(*loaders_[(epoch + 1) % 2], feed_, uint64_t(epoch + 1));
