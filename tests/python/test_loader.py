@@ -174,10 +174,11 @@ def test_freed_tensors_return_their_slots(index_file):
             n += 1
     assert n == 3 * len(loader)
     del images, labels  # the loop's last batch
-    # Tensors kept past their batch (views into the slot) keep it: two held
-    # labels tensors are the whole pool, so the next batch must be refused...
+    # Images kept past their batch (views into the slot) keep it: two held
+    # images tensors are the whole pool, so the next batch must be refused
+    # (labels are copies of their own: test_keeping_the_labels_keeps_no_batch)...
     it = iter(loader)
-    held = [next(it)[1], next(it)[1]]
+    held = [next(it)[0], next(it)[0]]
     with pytest.raises(gpufeed.InvalidArgumentError, match="prefetch"):
         next(it)
     # ...and freeing one gives its slot back.
