@@ -779,7 +779,10 @@ int gpufeed_loader_on_gpu(const gpufeed_loader* l) {
 gpufeed_code gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch,
                                         gpufeed_error** error) {
   return Guard(error, [&] {
-    l->core->opened->source().SetReshard({});  // an epoch of its own, not a resumed one
+    // An epoch of its own, not a resumed one; set once the fetch thread has
+    // no request open (SetReshard may stop the running stream).
+    l->core->Drain();
+    l->core->opened->source().SetReshard({});
     return StartEpoch(*l->core, epoch, start_batch, error);
   });
 }

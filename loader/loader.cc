@@ -466,6 +466,14 @@ EpochStream BatchSource::Resume(const LoaderState& state) {
 LoaderOptions Loader::sharding() const { return impl_->options; }
 
 void Loader::SetReshard(const LoaderOptions::Reshard& r) {
+  const LoaderOptions::Reshard& now = impl_->options.reshard;
+  if (r.epoch == now.epoch && r.world_size == now.world_size && r.share == now.share && r.consumed == now.consumed) {
+    return;  // nothing changes: the next epoch's plan stays good
+  }
+  // The running stream's cache reads the next epoch's plan (its look-ahead
+  // crosses into that epoch): it ends before the plan goes. A new Epoch()
+  // follows anyway.
+  if (impl_->active != nullptr) impl_->active->Stop();
   impl_->options.reshard = r;
   impl_->next_plan.reset();  // made under the old options
 }

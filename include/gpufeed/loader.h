@@ -332,7 +332,10 @@ class BatchSource {
   // delivered, a pending reshard) the epochs are cut with.
   virtual LoaderOptions sharding() const = 0;
   // Epoch r.epoch continues a run saved at r.world_size ranks (Resume sets
-  // it; world_size 0 clears it). Takes effect at the next Epoch().
+  // it; world_size 0 clears it). Takes effect at the next Epoch(); a change
+  // ends a running local stream (its look-ahead reads the next epoch's plan,
+  // which the change remakes), setting what is already set changes nothing.
+  // Not concurrent with the stream's Next().
   virtual void SetReshard(const LoaderOptions::Reshard& r) = 0;
   virtual const BatchSourceInfo& info() const = 0;
   virtual uint64_t num_batches() const = 0;  // per epoch, for this rank
