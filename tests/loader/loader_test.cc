@@ -104,7 +104,7 @@ TEST(LoaderTest, SetReshardWhileAStreamRunsIsSafe) {
     {
       EpochStream stream = loader.Epoch(0);
       for (int b = 0; b < 16; ++b) ASSERT_TRUE(stream.Next().ok());  // 16 of 19 batches: look-ahead crosses
-      loader.SetReshard({});                                          // the same: nothing happens
+      loader.SetReshard({});                                         // the same: nothing happens
       LoaderOptions::Reshard r;
       r.epoch = 7, r.world_size = 2, r.share = 300, r.consumed = 0;
       loader.SetReshard(r);  // a change: the stream ends first
