@@ -536,6 +536,11 @@ Status Run::MicroOps(const void* images, const void* labels, int n, bool accumul
   // summed across the ranks on the collectives' stream while the backward
   // pass goes on. Then the optimizer waits for the sums.
   if (probing_) GPUFEED_RETURN_IF_ERROR(ops_->Mark(0));
+  // Empty at the start even after a capture that failed halfway (its
+  // recording is discarded and the step runs again without it).
+  bucket_.clear();
+  bucket_sizes_.clear();
+  bucket_bytes_ = 0;
   GPUFEED_RETURN_IF_ERROR(model_->Backward(images, n, accumulate, [this](int first, int end) -> Status {
     for (int i = first; i < end; ++i) {
       bucket_.push_back(grads_[size_t(i)]);
