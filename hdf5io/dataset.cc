@@ -103,19 +103,13 @@ std::vector<std::string> EnumMembers(hid_t type) {
     char* name = H5Tget_member_name(type, unsigned(i));
     unsigned char raw[8] = {};
     if (name != nullptr && H5Tget_member_value(type, unsigned(i), raw) >= 0) {
-      // The value in the type's own (native) byte order and size.
-      int64_t v = 0;
-      if (is_signed) {
-        if (size == 1) v = *reinterpret_cast<int8_t*>(raw);
-        if (size == 2) v = *reinterpret_cast<int16_t*>(raw);
-        if (size == 4) v = *reinterpret_cast<int32_t*>(raw);
-        if (size == 8) v = *reinterpret_cast<int64_t*>(raw);
-        out.push_back(std::string(name) + "=" + std::to_string(v));
-      } else {
-        uint64_t u = 0;
-        std::memcpy(&u, raw, size);
-        out.push_back(std::string(name) + "=" + std::to_string(u));
-      }
+      // The value in the type's own (native) byte order and size,
+      // sign-extended when the base type is signed.
+      uint64_t u = 0;
+      std::memcpy(&u, raw, size);
+      const int shift = 64 - 8 * static_cast<int>(size);
+      out.push_back(std::string(name) + "=" +
+                    (is_signed ? std::to_string(static_cast<int64_t>(u << shift) >> shift) : std::to_string(u)));
     }
     if (name) H5free_memory(name);
   }
@@ -126,8 +120,10 @@ std::vector<std::string> EnumMembers(hid_t type) {
 std::optional<DType> DTypeOf(hid_t type) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
-  if (cls == H5T_INTEGER) {
-    const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+  // Bit fields (PyTables' bool is H5T_STD_B8LE): the unsigned integer of
+  // their size, as h5py reads them.
+  if (cls == H5T_INTEGER || cls == H5T_BITFIELD) {
+    const bool is_signed = cls == H5T_INTEGER && H5Tget_sign(type) == H5T_SGN_2;
     switch (size) {
       case 1:
         return is_signed ? DType::kInt8 : DType::kUInt8;
@@ -147,22 +143,6 @@ std::optional<DType> DTypeOf(hid_t type) {
     if (IsH5pyBool(type)) return DType::kUInt8;
     h5::Id base(H5Tget_super(type));
     return base.valid() ? DTypeOf(base.get()) : std::nullopt;
-  }
-  if (cls == H5T_BITFIELD) {
-    // PyTables' bool (H5T_STD_B8LE) and other bit fields: their unsigned
-    // integer of the same size.
-    switch (size) {
-      case 1:
-        return DType::kUInt8;
-      case 2:
-        return DType::kUInt16;
-      case 4:
-        return DType::kUInt32;
-      case 8:
-        return DType::kUInt64;
-      default:
-        return std::nullopt;
-    }
   }
   if (cls == H5T_FLOAT) {
     switch (size) {
