@@ -65,6 +65,7 @@ struct gpufeed_options {
   std::string dtype = "float32", layout = "NCHW", input_layout = "NCHW";
   std::string image_transform = "random_resized_crop";  // encoded image datasets (checked at open)
   std::string share = "auto";                           // SourceOptions::share (checked at open)
+  std::string decode = "auto";                          // DecodeDevice (checked at open)
 };
 
 namespace {
@@ -173,6 +174,7 @@ struct Core {
   std::vector<uint64_t> sample_shape;
   bool feed = false;
   gpufeed::FeedOptions feed_options;
+  std::string decode;  // where JPEGs are decoded, and why: gpufeed_loader_decode
   uint64_t seed = 0;
   uint64_t pool_slots = 0;  // the loader's pool: prefetch + 1 host batches
   // Host batches the consumer holds (handles or tensors), of any epoch: all
@@ -628,6 +630,7 @@ GPUFEED_STRING_SETTER(feed_input_layout, input_layout)
 GPUFEED_STRING_SETTER(image_transform, image_transform)
 GPUFEED_STRING_SETTER(image_layout, source.decode.layout)
 GPUFEED_STRING_SETTER(share, share)
+GPUFEED_STRING_SETTER(decode, decode)
 #undef GPUFEED_STRING_SETTER
 
 void gpufeed_options_add_field(gpufeed_options* o, const char* field) {
@@ -729,9 +732,36 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
         }
       }
     }
+    // Where JPEGs are decoded (encoded image datasets): the GPU's decoder
+    // when asked or (auto) when the feed is on a GPU that has one.
+    auto where = gpufeed::DecodeDeviceFromName(options->decode);
+    if (!where.ok()) return Fail(error, where.status());
+    std::string gpu_backend, cpu_reason = "decode=\"cpu\"";
+    if (*where != gpufeed::DecodeDevice::kCpu) {
+      if (!core->feed || core->feed_options.force_cpu) {
+        cpu_reason = "the feed is not on a GPU";
+      } else if (Status av = gpufeed::GpuImageDecoder(core->feed_options.device, &gpu_backend); !av.ok()) {
+        cpu_reason = av.message();
+      } else {
+        so.loader.defer_decode = true;
+      }
+      if (*where == gpufeed::DecodeDevice::kGpu && !so.loader.defer_decode) {
+        return Fail(error, GPUFEED_UNSUPPORTED,
+                    "decode=\"gpu\": " + cpu_reason +
+                        " (it needs device=\"cuda\" and libnvjpeg; decode=\"auto\" falls back to the CPU)");
+      }
+    }
+    core->feed_options.skip_corrupt = so.decode.skip_corrupt;
     auto opened = gpufeed::OpenBatchSource(so);
     if (!opened.ok()) return Fail(error, opened.status());
     core->opened = std::move(*opened);
+    if (core->opened->encoded() == nullptr) {
+      core->decode = core->opened->remote() ? "server" : "none";
+    } else if (so.loader.defer_decode) {
+      core->decode = "gpu (nvjpeg " + gpu_backend + ")";
+    } else {
+      core->decode = "cpu (" + cpu_reason + ")";
+    }
     const auto& info = core->opened->source().info();
     core->name = info.name;
     core->dtype_name = std::string(gpufeed::DTypeName(info.dtype));
@@ -768,6 +798,7 @@ uint64_t gpufeed_loader_sample_dim(const gpufeed_loader* l, int i) {
 const char* gpufeed_loader_dtype(const gpufeed_loader* l) { return l->core->dtype_name.c_str(); }
 int gpufeed_loader_has_labels(const gpufeed_loader* l) { return l->core->opened->source().info().has_labels ? 1 : 0; }
 const char* gpufeed_loader_share(const gpufeed_loader* l) { return l->core->opened->node_shared() ? "node" : "none"; }
+const char* gpufeed_loader_decode(const gpufeed_loader* l) { return l->core->decode.c_str(); }
 int gpufeed_loader_started_node_server(const gpufeed_loader* l) {
   return l->core->opened->started_node_server() ? 1 : 0;
 }
@@ -915,6 +946,11 @@ gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_e
       add("feed_wall_seconds", f.wall_seconds);
       add("feed_echo", f.echo);
       add("feed_on_gpu", f.on_gpu ? 1 : 0);
+      add("feed_decoded_on_device", double(f.decoded_on_device));
+      add("feed_decoded_by_loader", double(f.decoded_by_loader));
+      add("feed_decode_fallbacks", double(f.decode_fallbacks));
+      add("feed_decode_skipped", double(f.decode_skipped));
+      add("feed_decode_seconds", f.decode_seconds);
     } else if (c.stream) {
       s = c.stream->stats();
     }
@@ -932,6 +968,8 @@ gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_e
     add("plan_seconds", s.plan_seconds);
     add("fetch_seconds", s.fetch_seconds);
     add("assemble_seconds", s.assemble_seconds);
+    add("deferred_samples", double(s.deferred_samples));
+    add("host_decoded_samples", double(s.host_decoded_samples));
     add("consumer_wait_seconds", s.consumer_wait_seconds);
     add("wall_seconds", s.wall_seconds);
     add("hit_rate", s.hit_rate());

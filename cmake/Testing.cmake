@@ -18,7 +18,7 @@ find_package(GTest REQUIRED)
 include(GoogleTest)
 set(GPUFEED_TEST_SOURCES "" CACHE INTERNAL "")
 # GoogleTest filters (':'-separated patterns) over suite.case names.
-set(GPUFEED_GPU_TESTS "TransformGpuTest.*:MaskTransformGpuTest.*:*/Gpu:*CudaVsCpu.*:*OnTheGpu:*.GpuTraining*")
+set(GPUFEED_GPU_TESTS "TransformGpuTest.*:MaskTransformGpuTest.*:ImageDecoderGpuTest.*:*/Gpu:*CudaVsCpu.*:*OnTheGpu:*.GpuTraining*")
 set(GPUFEED_SLOW_TESTS "DaemonTest.*:TrainerTest.*:LoaderHoldTest.*:FashionMnistTest.*:HostileFilesTest.*:PluginFiltersTest.*:\
 LoaderTest.ConsumerHoldingPrefetchBatchesGetsEverySampleOnce:ChunkCacheTest.PrefetchesWhatTheNextBatchesNeed")
 macro(gpufeed_test name)

@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "gpu/device_ops.h"
+#include "gpu/image_decoder.h"
 #include "gpufeed/gpu_feed.h"
 
 namespace gpufeed {
@@ -145,6 +146,9 @@ struct GpuFeeder::Impl {
   uint64_t steps = 0;
 
   uint64_t start_batch = 0;
+  // The decode stage for batches the loader left encoded; made at the first.
+  std::unique_ptr<gpu::ImageBatchDecoder> decoder;
+  Status EnsureDecoder();
 
   Impl(BatchSource& l, const FeedOptions& opt, uint64_t e, uint64_t start)
       : loader(l), o(opt), epoch(e), stream(l.Epoch(e, start)), start_batch(start) {}
@@ -389,6 +393,32 @@ Status GpuFeeder::Impl::ClassifyFields(const BatchSourceInfo& src) {
   return Status::Ok();
 }
 
+Status GpuFeeder::Impl::EnsureDecoder() {
+  if (decoder) return Status::Ok();
+  if (volume || C != 3 || image_dtype != DType::kUInt8) {
+    return Status::Internal("feed: encoded batches of a source that is no 3-channel uint8 image");
+  }
+  gpu::ImageDecodeShape shape;
+  shape.height = H;
+  shape.width = W;
+  shape.nchw = o.input_layout == Layout::kNCHW;
+  shape.skip_corrupt = o.skip_corrupt;
+  shape.source = loader.info().name;
+  if (!ops->is_gpu()) {
+    decoder = gpu::MakeCpuImageDecoder(shape);
+  } else {
+    auto d = gpu::MakeNvjpegDecoder(shape, o.device, ops.get());
+    if (!d.ok()) {
+      return d.status().WithContext(
+          "feed: the loader left JPEGs encoded for the GPU's decoder, which is not available (decode=\"cpu\" "
+          "decodes them in the loader's threads)");
+    }
+    decoder = std::move(*d);
+  }
+  st.decoder = decoder->name();
+  return Status::Ok();
+}
+
 // Fills input slot k with the next super-batch: waits (on the device) until
 // its last reader is done, pulls loader batches (the host may wait here: that
 // is the data wait), queues their copies and records `uploaded`.
@@ -415,6 +445,22 @@ Status GpuFeeder::Impl::Fill(int k) {
     }
     Batch b = std::move(**r);
     const uint64_t n = b.size();
+    auto* staging = static_cast<int64_t*>(s.labels_staging) + s.samples;
+    if (!b.encoded().empty()) {
+      // Left encoded by the loader: the decode stage writes the samples.
+      if (b.labels().empty()) {
+        std::fill(staging, staging + n, int64_t{-1});
+      } else {
+        std::memcpy(staging, b.labels().data(), n * sizeof(int64_t));
+      }
+      GPUFEED_RETURN_IF_ERROR(EnsureDecoder());
+      GPUFEED_RETURN_IF_ERROR(decoder->Decode(b, static_cast<uint8_t*>(s.images) + s.samples * sample_bytes,
+                                              staging, copy_stream));
+      for (const EncodedSample& e : b.encoded()) st.bytes_uploaded += e.bytes ? e.bytes : sample_bytes;
+      s.samples += n;
+      s.host.push_back(std::move(b));
+      continue;
+    }
     // Named fields are planar in the batch: each field is copied whole.
     const std::byte* image = named ? b.field(0).data() : b.images().data();
     GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.images) + s.samples * sample_bytes, image,
@@ -426,7 +472,6 @@ Status GpuFeeder::Impl::Fill(int k) {
                                                 b.field(x.field).data(), n * x.in_bytes, copy_stream));
       st.bytes_uploaded += n * x.in_bytes;
     }
-    auto* staging = static_cast<int64_t*>(s.labels_staging) + s.samples;
     if (class_extra >= 0) {
       const Extra& x = extras[static_cast<size_t>(class_extra)];
       GPUFEED_RETURN_IF_ERROR(ClassesToInt64(b.field(x.field), x.dtype, n, staging));
@@ -615,6 +660,14 @@ LoaderStats GpuFeeder::loader_stats() const { return impl_->stream.stats(); }
 FeedStats GpuFeeder::stats() const {
   FeedStats s = impl_->st;
   s.echo = impl_->echo;
+  if (impl_->decoder) {
+    const gpu::ImageDecodeCounters& c = impl_->decoder->counters();
+    s.decoded_on_device = c.device_samples;
+    s.decoded_by_loader = c.host_samples;
+    s.decode_fallbacks = c.fallback_samples;
+    s.decode_skipped = c.skipped;
+    s.decode_seconds = c.decode_seconds;
+  }
   s.wall_seconds = impl_->started ? NowSeconds() - impl_->start_time : 0;
   return s;
 }

@@ -192,6 +192,35 @@ class EncodedSourceImpl final : public EncodedImageSource {
                            "its chunk " + std::to_string(chunk) + " decodes to replace it");
   }
 
+  Status PlanEncodedSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample,
+                           const SampleContext& ctx, EncodedSamplePlan* plan) const override {
+    const uint64_t first = chunk * group_, count = samples_in_chunk(chunk);
+    if (sample < first || sample >= first + count || chunk_bytes.size() < chunk_buffer_bytes(chunk)) {
+      return Status::Internal(name_ + ": PlanEncodedSample(" + std::to_string(sample) + ") outside chunk " +
+                              std::to_string(chunk));
+    }
+    *plan = EncodedSamplePlan{};
+    plan->bytes = chunk_bytes.subspan(offsets_[sample] - offsets_[first], sample_stored_bytes(sample));
+    const std::span<const uint8_t> b(reinterpret_cast<const uint8_t*>(plan->bytes.data()), plan->bytes.size());
+    image::JpegInfo info;
+    if (!image::ReadJpegInfo(b, &info).ok()) {
+      plan->why_not = "not a JPEG the header reader takes";  // a PNG, or corrupt: DecodeSample says which
+      return Status::Ok();
+    }
+    const char* why = image::DeviceUndecodableReason(info);
+    plan->device_decodable = why == nullptr;
+    if (why != nullptr) plan->why_not = why;
+    plan->height = info.height;
+    plan->width = info.width;
+    const image::CropBox box =
+        image::PlanCrop(info.height, info.width, decode_, image::RandomKey(ctx.seed, ctx.epoch, sample));
+    plan->crop_top = box.top;
+    plan->crop_left = box.left;
+    plan->crop_height = box.height;
+    plan->crop_width = box.width;
+    return Status::Ok();
+  }
+
   // Opens file:path for `storage`. `file_handle` is open on the file.
   Status Init(const SpecParts& spec, hid_t file, EncodedStorage storage, const OpenOptions& open,
               const DecodeOptions& decode) {

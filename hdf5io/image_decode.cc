@@ -553,6 +553,68 @@ Status ImageSize(std::span<const uint8_t> bytes, int* h, int* w) {
   return Status::Ok();
 }
 
+namespace {
+// The stream's last marker is EOI (trailing zero padding allowed: some
+// writers add it).
+bool EndsWithEoi(std::span<const uint8_t> bytes) {
+  size_t end = bytes.size();
+  while (end > 2 && bytes[end - 1] == 0) --end;
+  return end >= 2 && bytes[end - 2] == 0xFF && bytes[end - 1] == 0xD9;
+}
+}  // namespace
+
+Status ReadJpegInfo(std::span<const uint8_t> bytes, JpegInfo* info) {
+  if (!LooksLikeJpeg(bytes)) return Status::Corrupt("not a JPEG (unknown signature)");
+  const bool eoi = EndsWithEoi(bytes);
+  Decompressor& dc = ThreadDecompressor();
+  if (setjmp(dc.err.jump)) {
+    jpeg_abort_decompress(&dc.cinfo);
+    return Status::Corrupt(std::string("not a decodable JPEG: ") + dc.err.message);
+  }
+  jpeg_mem_src(&dc.cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  const int r = jpeg_read_header(&dc.cinfo, TRUE);
+  const jpeg_decompress_struct& c = dc.cinfo;
+  *info = JpegInfo{};
+  info->height = static_cast<int>(c.image_height);
+  info->width = static_cast<int>(c.image_width);
+  info->components = c.num_components;
+  info->precision = c.data_precision;
+  info->progressive = c.progressive_mode != 0;
+  info->arithmetic = c.arith_code != 0;
+  info->adobe_cmyk = c.jpeg_color_space == JCS_CMYK || c.jpeg_color_space == JCS_YCCK;
+  for (int i = 0; i < std::min(c.num_components, 4); ++i) {
+    info->h_samp[i] = c.comp_info[i].h_samp_factor;
+    info->v_samp[i] = c.comp_info[i].v_samp_factor;
+  }
+  info->restart_interval = c.restart_interval;
+  jpeg_abort_decompress(&dc.cinfo);
+  if (r != JPEG_HEADER_OK || info->height <= 0 || info->width <= 0) {
+    return Status::Corrupt("JPEG header holds no image size (damaged header or tables-only stream)");
+  }
+  info->ends_with_eoi = eoi;
+  return Status::Ok();
+}
+
+const char* DeviceUndecodableReason(const JpegInfo& i) {
+  auto no = [](const char* reason) { return reason; };
+  if (i.progressive) return no("progressive");
+  if (i.arithmetic) return no("arithmetic coding");
+  if (i.precision != 8) return no("not 8-bit");
+  if (i.adobe_cmyk || (i.components != 1 && i.components != 3)) return no("CMYK or an unusual component count");
+  if (i.height > kMaxDeviceDecodeSide || i.width > kMaxDeviceDecodeSide) return no("too large");
+  if (!i.ends_with_eoi) return no("truncated (no EOI marker)");
+  if (i.components == 3) {
+    if (i.h_samp[1] != 1 || i.v_samp[1] != 1 || i.h_samp[2] != 1 || i.v_samp[2] != 1) {
+      return no("unusual chroma sampling");
+    }
+    const int h = i.h_samp[0], v = i.v_samp[0];
+    if (!((h == 1 && v == 1) || (h == 2 && v == 1) || (h == 2 && v == 2) || (h == 1 && v == 2))) {
+      return no("chroma subsampling other than 4:4:4, 4:2:2, 4:2:0, 4:4:0");
+    }
+  }
+  return nullptr;
+}
+
 Status DecodeCovering(std::span<const uint8_t> bytes, int min_h, int min_w, std::vector<uint8_t>* rgb, int* h, int* w) {
   if (LooksLikePng(bytes)) return PngRgb(bytes, rgb, h, w);
   if (!LooksLikeJpeg(bytes)) {

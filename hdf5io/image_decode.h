@@ -74,6 +74,30 @@ Status DecodeFull(std::span<const uint8_t> bytes, std::vector<uint8_t>* rgb, int
 // Reads a JPEG's or PNG's size without decoding it.
 Status ImageSize(std::span<const uint8_t> bytes, int* h, int* w);
 
+// A JPEG's header, as a device decoder needs it before it is handed the
+// stream (read with libjpeg up to the first scan; nothing decoded).
+struct JpegInfo {
+  int height = 0, width = 0;
+  int components = 0;                     // 1 (grey), 3 (YCbCr/RGB), 4 (CMYK/YCCK)
+  int precision = 8;                      // bits per sample
+  bool progressive = false, arithmetic = false;
+  bool adobe_cmyk = false;                // CMYK or YCCK colour space
+  int h_samp[4] = {}, v_samp[4] = {};     // sampling factors per component
+  unsigned restart_interval = 0;          // MCUs between restart markers (0: none)
+  bool ends_with_eoi = false;             // the stream's last marker is EOI (FF D9): not truncated
+};
+// Corrupt for a stream that is no JPEG or whose header libjpeg rejects.
+Status ReadJpegInfo(std::span<const uint8_t> bytes, JpegInfo* info);
+
+// Whether a stream of this header goes to the GPU's JPEG decoder (nvJPEG's
+// hardware engine takes baseline and extended sequential Huffman JPEGs of 8
+// bits with 1 or 3 components in 4:4:4, 4:2:2, 4:2:0 or 4:4:0; the rest —
+// progressive, arithmetic, CMYK, 4:1:1, 12-bit, truncated — is decoded on the
+// CPU). Returns nullptr when it does, else why not (a static string, for
+// the stats). Side limit: kMaxDeviceDecodeSide.
+constexpr int kMaxDeviceDecodeSide = 16384;
+const char* DeviceUndecodableReason(const JpegInfo& info);
+
 }  // namespace gpufeed::image
 
 #endif  // GPUFEED_HDF5IO_IMAGE_DECODE_H_

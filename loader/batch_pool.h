@@ -29,6 +29,10 @@ struct Batch::Slot {
   HostBuffer images;              // batch_size x sample_bytes
   std::vector<int64_t> labels;    // batch_size
   std::vector<uint64_t> indices;  // batch_size
+  // Deferred decoding (LoaderOptions::defer_decode): per sample, where its
+  // bytes lie in `images`; `deferred` says whether this batch's are so.
+  std::vector<EncodedSample> encoded;
+  bool deferred = false;
   BatchPool* pool = nullptr;
   uint32_t id = 0;             // position in its pool
   bool with_consumer = false;  // held by a Batch; read and written under its pool's mutex

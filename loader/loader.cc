@@ -96,7 +96,19 @@ struct Loader::Impl {
     const int slots = std::max(1, options.prefetch) + 1;
     own_pool.SetHoldHint("raise prefetch (LoaderOptions::prefetch, --prefetch; the pool has prefetch + 1 = " +
                          std::to_string(slots) + " buffers)");
-    return own_pool.Allocate(slots, options.batch_size, source.sample_bytes(), options.pin_memory);
+    return own_pool.Allocate(slots, options.batch_size, slot_sample_bytes(), options.pin_memory);
+  }
+  bool defers() const { return options.defer_decode && source.decodes_samples(); }
+  // Bytes of a pool slot per sample: the decoded sample, or with deferred
+  // decoding room for encoded samples up to twice the dataset's mean (a
+  // sample that does not fit is decoded here, into its sample_bytes()).
+  uint64_t slot_sample_bytes() const {
+    const uint64_t sb = source.sample_bytes();
+    if (!defers() || source.num_samples() == 0) return sb;
+    uint64_t stored = 0;
+    for (uint64_t c = 0; c < source.num_chunks(); ++c) stored += source.stored_chunk_bytes(c);
+    const uint64_t mean = stored / source.num_samples();
+    return std::max(sb, (2 * mean + 63) / 64 * 64);
   }
 };
 
@@ -122,6 +134,13 @@ struct LocalStream final : EpochStream::Impl {
   std::chrono::steady_clock::time_point start_time;
 
   void Run();
+  // The decode stage of an encoded batch: every sample decoded into its
+  // place in the slot, or (deferred decoding) the device-decodable ones
+  // packed encoded for the feed's decoder and the rest decoded here.
+  Status DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chunks, const std::vector<uint32_t>& chunk_of,
+                       uint64_t count, const ChunkSource::SampleContext& context, Batch::Slot& slot);
+  std::atomic<uint64_t> deferred_samples{0}, host_decoded_samples{0};
+  std::atomic<const char*> host_decode_reason{""};
   void Stop() override;
   Result<std::optional<Batch>> Next() override;
   uint64_t num_batches() const override { return plan.num_batches; }
@@ -234,27 +253,12 @@ void LocalStream::Run() {
                           w->chunks[j].reset();  // a transient chunk is freed here
                         });
                         if (decodes && w->status.ok()) {
-                          // Encoded samples: decoded (and augmented) one by one
-                          // into the slot, in parallel over the batch's samples
-                          // (a batch may draw on a single chunk).
                           std::vector<uint32_t> chunk_of(count);
                           for (size_t j = 0; j < by_chunk.size(); ++j) {
                             for (uint32_t i : by_chunk[j]) chunk_of[i] = static_cast<uint32_t>(j);
                           }
-                          tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
-                            const loader::ChunkEntry& e = *w->chunks[chunk_of[i]];
-                            const std::span<const std::byte> bytes(e.data.get(), src.chunk_buffer_bytes(e.chunk));
-                            uint64_t delivered = slot.indices[i];
-                            Status ds = src.DecodeSample(bytes, e.chunk, slot.indices[i], context,
-                                                         std::span(slot.images.data() + i * sb, sb), &delivered);
-                            if (!ds.ok()) {
-                              std::lock_guard<std::mutex> lock(status_mu);
-                              if (w->status.ok()) w->status = ds;
-                              return;
-                            }
-                            slot.indices[i] = delivered;
-                            slot.labels[i] = labels.empty() ? -1 : labels[delivered];
-                          });
+                          Status ds = DecodeOrDefer(w->chunks.data(), chunk_of, count, context, slot);
+                          if (!ds.ok()) w->status = ds;
                         }
                       });
                       w->chunks.clear();
@@ -282,6 +286,91 @@ void LocalStream::Run() {
     core.Fail(Status::Internal(src.name() + ": loader pipeline: unknown exception"));
   }
   core.Finish();
+}
+
+Status LocalStream::DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chunks,
+                                  const std::vector<uint32_t>& chunk_of, uint64_t count,
+                                  const ChunkSource::SampleContext& context, Batch::Slot& slot) {
+  Loader::Impl& L = *loader;
+  const ChunkSource& src = L.source;
+  const uint64_t sb = src.sample_bytes();
+  const std::vector<int64_t>& labels = src.labels();
+  const bool defer = L.defers();
+  std::mutex status_mu;
+  Status status;
+  auto fail = [&](Status st) {
+    std::lock_guard<std::mutex> lock(status_mu);
+    if (status.ok()) status = std::move(st);
+  };
+  auto bytes_of = [&](uint64_t i) {
+    const loader::ChunkEntry& e = *chunks[chunk_of[i]];
+    return std::pair(std::span<const std::byte>(e.data.get(), src.chunk_buffer_bytes(e.chunk)), e.chunk);
+  };
+  // Decodes sample i here into `at` (its replacement's index and label
+  // when the source skips a corrupt one).
+  auto decode_here = [&](uint64_t i, std::byte* at) {
+    auto [bytes, chunk] = bytes_of(i);
+    uint64_t delivered = slot.indices[i];
+    Status ds = src.DecodeSample(bytes, chunk, slot.indices[i], context, std::span(at, sb), &delivered);
+    if (!ds.ok()) return fail(std::move(ds));
+    slot.indices[i] = delivered;
+    slot.labels[i] = labels.empty() ? -1 : labels[delivered];
+  };
+  slot.deferred = defer;
+  if (!defer) {
+    // Decoded (and augmented) one by one into the slot, in parallel over
+    // the batch's samples (a batch may draw on a single chunk).
+    tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) { decode_here(i, slot.images.data() + i * sb); });
+    return status;
+  }
+  // 1. Headers and crops, in parallel.
+  std::vector<ChunkSource::EncodedSamplePlan> plans(count);
+  tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
+    auto [bytes, chunk] = bytes_of(i);
+    Status st = src.PlanEncodedSample(bytes, chunk, slot.indices[i], context, &plans[i]);
+    if (!st.ok()) fail(std::move(st));
+  });
+  GPUFEED_RETURN_IF_ERROR(status);
+  // 2. Places in the slot, in order: a sample goes encoded when its bytes fit
+  // with room left for every later sample decoded (sample_bytes() each), so
+  // the slot never overflows whatever the sizes.
+  if (slot.encoded.size() < count) slot.encoded.resize(count);
+  const uint64_t room = slot.images.bytes();
+  uint64_t used = 0, deferred = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    const ChunkSource::EncodedSamplePlan& p = plans[i];
+    EncodedSample& e = slot.encoded[i];
+    e = EncodedSample{};
+    e.offset = used;
+    const uint64_t later = (count - i - 1) * sb;
+    if (p.device_decodable && !p.bytes.empty() && used + p.bytes.size() + later <= room) {
+      e.bytes = p.bytes.size();
+      e.height = p.height;
+      e.width = p.width;
+      e.crop_top = p.crop_top;
+      e.crop_left = p.crop_left;
+      e.crop_height = p.crop_height;
+      e.crop_width = p.crop_width;
+      used += e.bytes;
+      ++deferred;
+    } else {
+      used += sb;
+      host_decode_reason.store(p.device_decodable ? "larger than the slot's room" : p.why_not);
+    }
+  }
+  deferred_samples += deferred;
+  host_decoded_samples += count - deferred;
+  // 3. Copies and host decodes, in parallel.
+  tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
+    const EncodedSample& e = slot.encoded[i];
+    std::byte* at = slot.images.data() + e.offset;
+    if (e.bytes > 0) {
+      std::memcpy(at, plans[i].bytes.data(), e.bytes);
+    } else {
+      decode_here(i, at);
+    }
+  });
+  return status;
 }
 
 void LocalStream::Stop() {
@@ -325,6 +414,8 @@ Batch EpochStream::MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, 
   b.data_ = slot->images.data();
   b.labels_ = std::span<const int64_t>(slot->labels.data(), has_labels ? count : 0);
   b.indices_ = std::span<const uint64_t>(slot->indices.data(), count);
+  if (slot->deferred) b.encoded_ = std::span<const EncodedSample>(slot->encoded.data(), count);
+  b.buffer_bytes_ = slot->images.bytes();
   b.sample_shape_ = sample_shape;
   b.epoch_ = epoch;
   b.index_ = index;
@@ -366,6 +457,9 @@ LoaderStats LocalStream::stats() const {
   st.fetch_seconds = c.fetch_ns * 1e-9;
   st.plan_seconds = s.plan_ns * 1e-9;
   st.assemble_seconds = s.assemble_ns * 1e-9;
+  st.deferred_samples = s.deferred_samples.load();
+  st.host_decoded_samples = s.host_decoded_samples.load();
+  st.host_decode_reason = s.host_decode_reason.load();
   st.consumer_wait_seconds = s.core.wait_seconds();
   st.queue_depth_sum = s.core.depth_sum();
   st.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start_time).count();

@@ -176,6 +176,14 @@ GPUFEED_C_EXPORT void gpufeed_options_set_image_width(gpufeed_options* o, uint32
 GPUFEED_C_EXPORT void gpufeed_options_set_image_transform(gpufeed_options* o, const char* transform);
 GPUFEED_C_EXPORT void gpufeed_options_set_image_layout(gpufeed_options* o, const char* layout);
 GPUFEED_C_EXPORT void gpufeed_options_set_skip_corrupt(gpufeed_options* o, int v);
+/* Where an encoded image dataset's JPEGs are decoded when the feed is on
+ * (C++ DecodeDevice): "gpu" (the GPU's JPEG decoder through nvJPEG, loaded at
+ * run time; images it does not take are decoded by the loader), "cpu" (the
+ * loader's threads) or "auto" (the default: "gpu" where the feed is on a GPU
+ * and libnvjpeg makes a handle, else "cpu"). "gpu" where that is not so, or
+ * another value: gpufeed_loader_open fails (UNSUPPORTED, INVALID_ARGUMENT)
+ * naming why. gpufeed_loader_decode says what was chosen. */
+GPUFEED_C_EXPORT void gpufeed_options_set_decode(gpufeed_options* o, const char* v);
 
 /* RemoteLoaderOptions, used when the data argument is a daemon address. */
 GPUFEED_C_EXPORT void gpufeed_options_set_dataset(gpufeed_options* o, const char* dataset);
@@ -246,6 +254,10 @@ GPUFEED_C_EXPORT int gpufeed_loader_on_gpu(const gpufeed_loader* l);
 /* "node" when the loader reads through the node's server (share), else
  * "none"; and 1 when this process started that server. */
 GPUFEED_C_EXPORT const char* gpufeed_loader_share(const gpufeed_loader* l);
+/* Where the loader's images are decoded: "gpu (nvjpeg hardware)",
+ * "gpu (nvjpeg gpu-hybrid)", "cpu (<why not the GPU>)", "server" (a daemon
+ * decodes) or "none" (not an encoded image dataset). */
+GPUFEED_C_EXPORT const char* gpufeed_loader_decode(const gpufeed_loader* l);
 GPUFEED_C_EXPORT int gpufeed_loader_started_node_server(const gpufeed_loader* l);
 
 /* Starts epoch `epoch` at batch `start_batch` (resume; 0: the start), ending

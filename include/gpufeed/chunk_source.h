@@ -111,6 +111,26 @@ class ChunkSource {
     (void)chunk_bytes, (void)chunk, (void)sample, (void)context, (void)dst, (void)delivered;
     return Status::Internal(name() + ": DecodeSample on a source that does not decode samples");
   }
+
+  // For a decoder on a device (LoaderOptions::defer_decode): where sample
+  // `sample`'s encoded bytes lie in chunk_bytes, the image's size and the
+  // box DecodeSample would crop from it for `context`, and whether a device
+  // decoder takes the stream (device_decodable false, with why_not: the
+  // loader decodes it with DecodeSample instead, so a corrupt or unusual
+  // stream meets the same checks and errors as on the CPU). Thread-safe.
+  // Default: Unsupported (the source decodes only in DecodeSample).
+  struct EncodedSamplePlan {
+    std::span<const std::byte> bytes;  // within chunk_bytes
+    int32_t height = 0, width = 0;     // the decoded image's size
+    int32_t crop_top = 0, crop_left = 0, crop_height = 0, crop_width = 0;
+    bool device_decodable = false;
+    const char* why_not = "";  // a static string
+  };
+  virtual Status PlanEncodedSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample,
+                                   const SampleContext& context, EncodedSamplePlan* plan) const {
+    (void)chunk_bytes, (void)chunk, (void)sample, (void)context, (void)plan;
+    return Status::Unsupported(name() + ": no device decoding");
+  }
 };
 
 }  // namespace gpufeed

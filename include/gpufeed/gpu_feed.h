@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpufeed/dtype.h"
@@ -87,7 +88,26 @@ struct FeedOptions {
   // dataset sample.
   int64_t mask_fill = 0;
   bool force_cpu = false;  // use the CPU twins even where a GPU exists
+  // Encoded images: batches the loader left encoded
+  // (LoaderOptions::defer_decode) are decoded here, by nvJPEG on the GPU
+  // (its hardware engine where the device has one; GpuImageDecoder says
+  // whether it is there) or by the CPU twin on the CPU path. A sample that
+  // does not decode fails Next() naming it, or with skip_corrupt is
+  // replaced by its batch's next sample (index and label with it).
+  bool skip_corrupt = false;
 };
+
+// Where JPEGs are decoded for a feed: kCpu in the loader's threads, kGpu by
+// the GPU's decoder (LoaderOptions::defer_decode + the feed), kAuto: kGpu
+// where GpuImageDecoder(device) is ok, the feed is on a GPU and the source
+// holds encoded images, else kCpu.
+enum class DecodeDevice { kAuto, kCpu, kGpu };
+Result<DecodeDevice> DecodeDeviceFromName(std::string_view name);  // "auto", "cpu", "gpu"
+std::string_view DecodeDeviceName(DecodeDevice d);
+// Ok when nvJPEG loads and makes a handle on `device`; *backend "hardware"
+// (the JPEG engine) or "gpu-hybrid". Else Unsupported with the reason (no
+// libnvjpeg, no device, a build without CUDA). Cached per device.
+Status GpuImageDecoder(int device, std::string* backend = nullptr);
 
 struct FeedStats {
   uint64_t fresh_batches = 0, echoed_batches = 0;
@@ -97,6 +117,13 @@ struct FeedStats {
   double wall_seconds = 0;       // since the feeder started
   int echo = 1;                  // the factor in use (chosen, with echo = 0)
   bool on_gpu = false;
+  // Encoded images decoded by the feed (FeedOptions::skip_corrupt): its
+  // decoder ("nvjpeg hardware", "nvjpeg gpu-hybrid", "cpu"; "" for none),
+  // samples decoded by it, decoded by the loader and copied up, rejected by
+  // the device and decoded on the host, replaced as corrupt; host time.
+  std::string decoder;
+  uint64_t decoded_on_device = 0, decoded_by_loader = 0, decode_fallbacks = 0, decode_skipped = 0;
+  double decode_seconds = 0;
   double fresh_samples_per_s() const { return wall_seconds > 0 ? fresh_samples / wall_seconds : 0; }
   double echoed_samples_per_s() const { return wall_seconds > 0 ? echoed_samples / wall_seconds : 0; }
 };

@@ -82,6 +82,13 @@ struct LoaderOptions {
   bool drop_last = false;
   // Allocate batch buffers with cudaHostAlloc when a CUDA device is present.
   bool pin_memory = true;
+  // Sources of encoded images only (ChunkSource::decodes_samples): leave the
+  // JPEGs a device decoder takes encoded in the batch (Batch::encoded()) for
+  // the GpuFeeder to decode on the GPU; the others (PNG, progressive, CMYK,
+  // truncated, ...) are decoded here as without it. Set by whoever pairs the
+  // Loader with a feed that decodes (FeedOptions::decode); ignored for other
+  // sources.
+  bool defer_decode = false;
   // Epoch reshard.epoch continues a run saved at another world size
   // (Reshard, below); world_size 0: none. Set by a resume, not by hand.
   struct Reshard {
@@ -144,6 +151,19 @@ Result<LoaderOptions::Reshard> ReshardFor(const LoaderState& state, const Loader
 // One delivered batch. Move-only; its buffer returns to the loader's pool when
 // the Batch is destroyed (the range-for iterator does that when it advances).
 // Valid only while its Loader lives.
+// A sample of a batch whose decoding the loader left to a device decoder
+// (LoaderOptions::defer_decode).
+struct EncodedSample {
+  uint64_t offset = 0;  // in Batch::buffer()
+  // Encoded bytes at offset; 0: the loader decoded the sample itself, and
+  // its sample_bytes() of pixels lie at offset.
+  uint64_t bytes = 0;
+  int32_t height = 0, width = 0;  // the encoded image's size
+  // The box to resample to the output size, in the image's pixels: the crop
+  // the CPU decoder would take for this (seed, epoch, sample).
+  int32_t crop_top = 0, crop_left = 0, crop_height = 0, crop_width = 0;
+};
+
 class Batch {
  public:
   Batch() = default;
@@ -178,6 +198,12 @@ class Batch {
     return {data_ + capacity_ * fi.offset, size() * fi.sample_bytes};
   }
 
+  // Deferred decoding (LoaderOptions::defer_decode): one entry per sample,
+  // and the buffer they point into; images() is then not pixels. Empty for
+  // a batch of decoded samples.
+  std::span<const EncodedSample> encoded() const { return encoded_; }
+  std::span<const std::byte> buffer() const { return {data_, buffer_bytes_}; }
+
   struct Slot;  // a pool buffer; defined in loader.cc
 
  private:
@@ -186,6 +212,8 @@ class Batch {
   const std::byte* data_ = nullptr;
   std::span<const int64_t> labels_;
   std::span<const uint64_t> indices_;
+  std::span<const EncodedSample> encoded_;
+  uint64_t buffer_bytes_ = 0;
   const std::vector<uint64_t>* sample_shape_ = nullptr;
   const std::vector<FieldInfo>* fields_ = nullptr;
   uint64_t capacity_ = 0;  // samples the buffer is laid out for (planar fields)
@@ -206,6 +234,10 @@ struct LoaderStats {
   // Chunks read near this epoch's end for the next epoch's first batches
   // (not in chunk_reads: they are the next epoch's, served there as hits).
   uint64_t chunk_reads_ahead = 0;
+  // Deferred decoding: samples left encoded for the device, and those the
+  // loader decoded itself (the reason of the last such, e.g. "progressive").
+  uint64_t deferred_samples = 0, host_decoded_samples = 0;
+  std::string host_decode_reason;
   double plan_seconds = 0;           // busy time per stage, summed over threads
   double fetch_seconds = 0;          // read + decode
   double assemble_seconds = 0;       // copying samples into batches

@@ -92,6 +92,7 @@ _SIGS = {
     "gpufeed_loader_has_labels": (ctypes.c_int, [_P]),
     "gpufeed_loader_on_gpu": (ctypes.c_int, [_P]),
     "gpufeed_loader_share": (ctypes.c_char_p, [_P]),
+    "gpufeed_loader_decode": (ctypes.c_char_p, [_P]),
     "gpufeed_loader_started_node_server": (ctypes.c_int, [_P]),
     "gpufeed_loader_start_epoch": (ctypes.c_int, [_P, ctypes.c_uint64, ctypes.c_uint64, _ERR]),
     "gpufeed_loader_next": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), _ERR]),
@@ -142,7 +143,7 @@ SETTERS = {
     "image_height": ("u32", "image_height"), "image_width": ("u32", "image_width"),
     "image_transform": ("str", "image_transform"), "image_layout": ("str", "image_layout"),
     "skip_corrupt": ("bool", "skip_corrupt"), "no_sample_axis": ("bool", "no_sample_axis"),
-    "share": ("str", "share"),
+    "share": ("str", "share"), "decode": ("str", "decode"),
 }
 _CTYPE = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "int": ctypes.c_int, "bool": ctypes.c_int, "str": ctypes.c_char_p}
 for _key, (_kind, _suffix) in SETTERS.items():

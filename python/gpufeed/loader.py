@@ -138,7 +138,12 @@ class Loader:
     image_size (S or (H, W), default 224), transform ("random_resized_crop"
     for training, "center_crop" for evaluation), image_layout ("NCHW" /
     "NHWC"), skip_corrupt. A daemon serving an encoded dataset decodes with
-    these options.
+    these options. decode: where the JPEGs are decoded when the feed runs:
+    "gpu" (the GPU's hardware JPEG decoder through nvJPEG; images it does
+    not take, such as progressive ones or PNGs, are decoded by the loader's
+    threads), "cpu" (the loader's threads) or "auto" (the default: "gpu" on
+    a CUDA device where libnvjpeg loads, else "cpu"); `Loader.decode` says
+    what was chosen and why.
 
     Daemon options (RemoteLoaderOptions): dataset, token, token_file,
     client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,
@@ -194,7 +199,7 @@ class Loader:
                  compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
                  keepalive_ms=30000, output="auto", poll_ms=100, fields=None, max_open_files=None, image_size=224,
                  transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False, no_sample_axis=False,
-                 share="auto"):
+                 share="auto", decode="auto"):
         self._handle = None
         self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
         kind, index = _parse_device(device)
@@ -234,7 +239,7 @@ class Loader:
             "max_open_files": max_open_files,
             "image_height": image_size[0], "image_width": image_size[1],
             "image_transform": transform, "image_layout": image_layout, "skip_corrupt": skip_corrupt,
-            "no_sample_axis": no_sample_axis, "share": share,
+            "no_sample_axis": no_sample_axis, "share": share, "decode": decode,
         }
         if feed:
             values.update({
@@ -320,6 +325,12 @@ class Loader:
     def share(self):
         """"node" when batches come through the node's server, else "none"."""
         return lib.gpufeed_loader_share(self._h()).decode()
+
+    @property
+    def decode(self):
+        """Where images are decoded: "gpu (nvjpeg hardware)", "cpu (<why not
+        the GPU>)", "server" (a daemon decodes) or "none" (no encoded images)."""
+        return lib.gpufeed_loader_decode(self._h()).decode()
 
     @property
     def started_node_server(self):

@@ -1,0 +1,295 @@
+// (A .cc in the module's CUDA sources: host code that calls the CUDA
+// runtime, built by the C++ compiler, as the loader's headers need C++20.)
+// The image decode stage on the GPU: nvJPEG's batched decoder (hardware
+// engine, else GPU hybrid) to full-size interleaved RGB in a scratch buffer,
+// then ResizeCropGpu from each crop box into the batch. libnvjpeg is loaded
+// at run time (nvjpeg_api.h).
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/trace.h"
+#include "gpu/cuda_check.h"
+#include "gpu/image_decoder.h"
+#include "gpu/nvjpeg_api.h"
+#include "gpu/resize_crop.h"
+
+namespace gpufeed::gpu {
+namespace {
+
+struct NvjpegLib {
+  void* so = nullptr;
+  std::string error;  // why it is not usable
+  nvj::CreateExFn create_ex = nullptr;
+  nvj::DestroyFn destroy = nullptr;
+  nvj::StateCreateFn state_create = nullptr;
+  nvj::StateDestroyFn state_destroy = nullptr;
+  nvj::BatchedInitializeFn batched_initialize = nullptr;
+  nvj::DecodeBatchedFn decode_batched = nullptr;
+};
+
+const NvjpegLib& Lib() {
+  static const NvjpegLib lib = [] {
+    NvjpegLib l;
+    std::string tried;
+    for (const char* name : {"libnvjpeg.so.13", "libnvjpeg.so.12", "libnvjpeg.so"}) {
+      l.so = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (l.so) break;
+      tried += std::string(tried.empty() ? "" : ", ") + name;
+    }
+    if (!l.so) {
+      l.error = "libnvjpeg not found (tried " + tried + "; it comes with the CUDA toolkit's libraries)";
+      return l;
+    }
+    auto sym = [&](const char* n) { return dlsym(l.so, n); };
+    l.create_ex = reinterpret_cast<nvj::CreateExFn>(sym("nvjpegCreateEx"));
+    l.destroy = reinterpret_cast<nvj::DestroyFn>(sym("nvjpegDestroy"));
+    l.state_create = reinterpret_cast<nvj::StateCreateFn>(sym("nvjpegJpegStateCreate"));
+    l.state_destroy = reinterpret_cast<nvj::StateDestroyFn>(sym("nvjpegJpegStateDestroy"));
+    l.batched_initialize = reinterpret_cast<nvj::BatchedInitializeFn>(sym("nvjpegDecodeBatchedInitialize"));
+    l.decode_batched = reinterpret_cast<nvj::DecodeBatchedFn>(sym("nvjpegDecodeBatched"));
+    if (!l.create_ex || !l.destroy || !l.state_create || !l.state_destroy || !l.batched_initialize ||
+        !l.decode_batched) {
+      l.error = "libnvjpeg lacks the batched decode entry points";
+    }
+    return l;
+  }();
+  return lib;
+}
+
+std::string NvjpegError(const std::string& what, nvj::Status s) {
+  return std::string("nvJPEG: ") + what + " failed (nvjpegStatus_t " + std::to_string(s) + ")";
+}
+
+// A handle on the current device: the hardware backend where the device has
+// the engine, else GPU hybrid. *backend names it.
+Status CreateHandle(nvj::Handle* h, std::string* backend) {
+  const NvjpegLib& l = Lib();
+  if (!l.error.empty()) return Status::Unsupported(l.error);
+  nvj::Status s = l.create_ex(nvj::kBackendHardware, nullptr, nullptr, 0, h);
+  if (s == nvj::kSuccess) {
+    *backend = "hardware";
+    return Status::Ok();
+  }
+  const nvj::Status hw = s;
+  s = l.create_ex(nvj::kBackendGpuHybrid, nullptr, nullptr, 0, h);
+  if (s == nvj::kSuccess) {
+    *backend = "gpu-hybrid";
+    return Status::Ok();
+  }
+  return Status::Unsupported(NvjpegError("nvjpegCreateEx (hardware: " + std::to_string(hw) + ", gpu hybrid)", s));
+}
+
+class NvjpegDecoder final : public ImageBatchDecoder {
+ public:
+  NvjpegDecoder(const ImageDecodeShape& shape, int device, DeviceOps* ops)
+      : shape_(shape), device_(device), ops_(ops) {}
+  ~NvjpegDecoder() override {
+    const NvjpegLib& l = Lib();
+    cudaSetDevice(device_);
+    if (scratch_) {
+      cudaDeviceSynchronize();
+      ops_->Free(scratch_);
+    }
+    if (jobs_dev_) ops_->Free(jobs_dev_);
+    if (fallback_) ops_->FreePinned(fallback_);
+    if (state_) l.state_destroy(state_);
+    if (handle_) l.destroy(handle_);
+  }
+
+  Status Init() {
+    if (device_ < 0) GPUFEED_CUDA_RETURN(cudaGetDevice(&device_));  // kCurrentDevice
+    GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
+    GPUFEED_RETURN_IF_ERROR(CreateHandle(&handle_, &backend_));
+    const nvj::Status s = Lib().state_create(handle_, &state_);
+    if (s != nvj::kSuccess) return Status::Unsupported(NvjpegError("nvjpegJpegStateCreate", s));
+    return Status::Ok();
+  }
+
+  Status Decode(const Batch& b, uint8_t* dst, int64_t* labels, void* stream) override {
+    TraceRange trace("gpufeed nvjpeg decode");
+    const double t0 = NowSeconds();
+    GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
+    const auto cs = static_cast<cudaStream_t>(stream);
+    const uint64_t sb = uint64_t(3) * shape_.height * shape_.width;
+    const size_t n = b.size();
+    if (b.encoded().size() != n) return Status::Internal("image decode: a batch without its encoded entries");
+    const auto* buf = reinterpret_cast<const unsigned char*>(b.buffer().data());
+    // The samples the loader decoded: copied up as they are.
+    std::vector<size_t> on_device;
+    uint64_t scratch_bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const EncodedSample& e = b.encoded()[i];
+      if (e.bytes == 0) {
+        GPUFEED_RETURN_IF_ERROR(ops_->CopyToDevice(dst + i * sb, buf + e.offset, sb, stream));
+        ++c_.host_samples;
+      } else {
+        on_device.push_back(i);
+        scratch_bytes += uint64_t(3) * e.height * e.width;
+      }
+    }
+    std::vector<Status> failed(n);
+    if (!on_device.empty()) {
+      const int m = static_cast<int>(on_device.size());
+      if (scratch_bytes > scratch_capacity_) {
+        // The previous batch's resample may still read the old buffer.
+        GPUFEED_CUDA_RETURN(cudaStreamSynchronize(cs));
+        if (scratch_) ops_->Free(scratch_);
+        scratch_ = nullptr;
+        scratch_capacity_ = scratch_bytes + scratch_bytes / 4;
+        GPUFEED_RETURN_IF_ERROR(ops_->Alloc(scratch_capacity_, &scratch_));
+      }
+      data_.resize(m);
+      lengths_.resize(m);
+      images_.assign(m, nvj::Image{});
+      jobs_.resize(m);
+      uint64_t at = 0;
+      for (int k = 0; k < m; ++k) {
+        const size_t i = on_device[k];
+        const EncodedSample& e = b.encoded()[i];
+        data_[k] = buf + e.offset;
+        lengths_[k] = e.bytes;
+        auto* out = static_cast<unsigned char*>(scratch_) + at;
+        images_[k].channel[0] = out;
+        images_[k].pitch[0] = size_t(3) * e.width;
+        ResizeJob& j = jobs_[k];
+        j.src = out;
+        j.pitch = uint64_t(3) * e.width;
+        j.src_h = e.height;
+        j.src_w = e.width;
+        j.top = e.crop_top;
+        j.left = e.crop_left;
+        j.height = e.crop_height;
+        j.width = e.crop_width;
+        j.dst_index = static_cast<uint32_t>(i);
+        GPUFEED_RETURN_IF_ERROR(ValidateResizeJob(j).WithContext(shape_.source + " sample " +
+                                                                 std::to_string(b.indices()[i])));
+        at += uint64_t(3) * e.height * e.width;
+      }
+      const NvjpegLib& l = Lib();
+      nvj::Status s = nvj::kSuccess;
+      if (initialized_batch_ != m) {
+        s = l.batched_initialize(handle_, state_, m, 1, nvj::kOutputRgbi);
+        initialized_batch_ = s == nvj::kSuccess ? m : -1;
+      }
+      if (s == nvj::kSuccess) s = l.decode_batched(handle_, state_, data_.data(), lengths_.data(), images_.data(), cs);
+      if (s == nvj::kSuccess) {
+        c_.device_samples += m;
+        if (jobs_dev_capacity_ < jobs_.size()) {
+          GPUFEED_CUDA_RETURN(cudaStreamSynchronize(cs));
+          if (jobs_dev_) ops_->Free(jobs_dev_);
+          jobs_dev_ = nullptr;
+          jobs_dev_capacity_ = std::max<size_t>(jobs_.size(), 256);
+          GPUFEED_RETURN_IF_ERROR(ops_->Alloc(jobs_dev_capacity_ * sizeof(ResizeJob), &jobs_dev_));
+        }
+        // From pageable memory: the call returns once the jobs are staged.
+        GPUFEED_CUDA_RETURN(cudaMemcpyAsync(jobs_dev_, jobs_.data(), jobs_.size() * sizeof(ResizeJob),
+                                            cudaMemcpyHostToDevice, cs));
+        GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(jobs_dev_), m, shape_.height,
+                                              shape_.width, shape_.nchw, dst, stream));
+      } else {
+        // The engine rejected the batch: decode its samples here (which
+        // also tells a corrupt stream from one the engine does not take)
+        // and start the next batch on a fresh initialization.
+        initialized_batch_ = -1;
+        last_error_ = NvjpegError("nvjpegDecodeBatched", s);
+        GPUFEED_RETURN_IF_ERROR(DecodeOnHostAndUpload(b, on_device, dst, failed, stream));
+      }
+    }
+    Status st = ReplaceCorrupt(b, shape_, failed, labels, &c_.skipped, [&](size_t from, size_t to) -> Status {
+      GPUFEED_CUDA_RETURN(cudaMemcpyAsync(dst + to * sb, dst + from * sb, sb, cudaMemcpyDeviceToDevice, cs));
+      return Status::Ok();
+    });
+    c_.decode_seconds += NowSeconds() - t0;
+    return st;
+  }
+
+  const ImageDecodeCounters& counters() const override { return c_; }
+  std::string name() const override { return "nvjpeg " + backend_; }
+
+ private:
+  Status DecodeOnHostAndUpload(const Batch& b, const std::vector<size_t>& which, uint8_t* dst,
+                               std::vector<Status>& failed, void* stream) {
+    const uint64_t sb = uint64_t(3) * shape_.height * shape_.width;
+    const auto cs = static_cast<cudaStream_t>(stream);
+    // The staging buffer may still feed an earlier fallback's copies.
+    GPUFEED_CUDA_RETURN(cudaStreamSynchronize(cs));
+    if (fallback_capacity_ < b.size() * sb) {
+      if (fallback_) ops_->FreePinned(fallback_);
+      fallback_ = nullptr;
+      fallback_capacity_ = b.size() * sb;
+      GPUFEED_RETURN_IF_ERROR(ops_->AllocPinned(fallback_capacity_, &fallback_));
+    }
+    auto* staging = static_cast<uint8_t*>(fallback_);
+    for (size_t i : which) {
+      failed[i] = DecodeOnHost(b, i, shape_, staging + i * sb);
+      if (!failed[i].ok()) continue;
+      ++c_.fallback_samples;
+      GPUFEED_RETURN_IF_ERROR(ops_->CopyToDevice(dst + i * sb, staging + i * sb, sb, stream));
+    }
+    return Status::Ok();
+  }
+
+  ImageDecodeShape shape_;
+  int device_;
+  DeviceOps* ops_;
+  nvj::Handle handle_ = nullptr;
+  nvj::State state_ = nullptr;
+  std::string backend_;
+  int initialized_batch_ = -1;
+  void* scratch_ = nullptr;
+  uint64_t scratch_capacity_ = 0;
+  void* jobs_dev_ = nullptr;
+  size_t jobs_dev_capacity_ = 0;
+  void* fallback_ = nullptr;
+  uint64_t fallback_capacity_ = 0;
+  std::vector<const unsigned char*> data_;
+  std::vector<size_t> lengths_;
+  std::vector<nvj::Image> images_;
+  std::vector<ResizeJob> jobs_;
+  std::string last_error_;
+  ImageDecodeCounters c_;
+};
+
+}  // namespace
+
+Status NvjpegAvailable(int device, std::string* backend) {
+  static std::mutex mu;
+  static std::map<int, std::pair<Status, std::string>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+  auto it = cache.find(device);
+  if (it == cache.end()) {
+    std::pair<Status, std::string> r;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      cudaGetLastError();
+      r.first = Status::Unsupported(std::string("nvJPEG: no CUDA device ") + std::to_string(device) + " (" +
+                                    cudaGetErrorString(e) + ")");
+    } else {
+      nvj::Handle h = nullptr;
+      r.first = CreateHandle(&h, &r.second);
+      if (h) Lib().destroy(h);
+      cudaSetDevice(previous);
+    }
+    it = cache.emplace(device, r).first;
+  }
+  if (backend) *backend = it->second.second;
+  return it->second.first;
+}
+
+Result<std::unique_ptr<ImageBatchDecoder>> MakeNvjpegDecoder(const ImageDecodeShape& shape, int device,
+                                                              DeviceOps* ops) {
+  if (ops == nullptr || !ops->is_gpu()) return Status::InvalidArgument("nvJPEG: needs the CUDA device ops");
+  auto d = std::make_unique<NvjpegDecoder>(shape, device, ops);
+  GPUFEED_RETURN_IF_ERROR(d->Init());
+  return std::unique_ptr<ImageBatchDecoder>(std::move(d));
+}
+
+}  // namespace gpufeed::gpu
