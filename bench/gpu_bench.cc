@@ -112,4 +112,70 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
   return r;
 }
 
+Result<JpegFeedBenchResult> RunJpegFeedBench(const JpegFeedBenchOptions& o) {
+  JpegFeedBenchResult r;
+  std::string backend, cpu_reason = "decode=cpu";
+  bool defer = false;
+  if (o.where != DecodeDevice::kCpu) {
+    Status av = GpuImageDecoder(o.device, &backend);
+    defer = av.ok();
+    if (!defer) cpu_reason = av.message();
+    if (o.where == DecodeDevice::kGpu && !defer) return av.WithContext("--decode gpu");
+  }
+  // Runs `epochs` epochs with the JPEGs decoded on the GPU (defer) or in
+  // the loader; verifies each.
+  auto run = [&](bool gpu_decode, std::vector<JpegFeedEpoch>* out) -> Status {
+    LoaderOptions lo = o.loader;
+    lo.defer_decode = gpu_decode;
+    lo.pin_memory = true;
+    auto opened = OpenBenchSource(o.data, "", lo, "", "bench-loader", {}, o.decode);
+    if (!opened.ok()) return opened.status();
+    const EncodedImageSource* enc = (*opened)->encoded();
+    if (enc == nullptr) return Status::InvalidArgument(o.data + ": --decode needs an encoded image dataset");
+    int64_t want_sum = 0;
+    for (int64_t l : enc->labels()) want_sum += l;
+    const uint64_t n = enc->num_samples();
+    BatchSource& loader = (*opened)->source();
+    FeedOptions fo;
+    fo.device = o.device;
+    fo.dtype = DType::kBFloat16;
+    fo.layout = Layout::kNHWC;
+    fo.input_layout = o.decode.layout == "NHWC" ? Layout::kNHWC : Layout::kNCHW;
+    fo.skip_corrupt = o.decode.skip_corrupt;
+    std::vector<int64_t> labels(loader.info().batch_size);
+    for (int ep = 0; ep < std::max(1, o.epochs); ++ep) {
+      GpuFeeder feeder(loader, fo, static_cast<uint64_t>(ep));
+      const auto t0 = std::chrono::steady_clock::now();
+      uint64_t samples = 0;
+      int64_t sum = 0;
+      for (;;) {
+        auto b = feeder.Next();
+        if (!b.ok()) return b.status();
+        if (!*b) break;
+        // Waits for the batch (a consumer that uses it), and checks it.
+        GPUFEED_RETURN_IF_ERROR(feeder.CopyToHost(**b, nullptr, labels.data()));
+        for (int i = 0; i < (*b)->size(); ++i) sum += labels[static_cast<size_t>(i)];
+        samples += static_cast<uint64_t>((*b)->size());
+      }
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (samples != n || sum != want_sum) {
+        return Status::Internal(o.data + ": epoch " + std::to_string(ep) + " delivered " + std::to_string(samples) +
+                                " samples with labels summing to " + std::to_string(sum) + "; the file has " +
+                                std::to_string(n) + " summing to " + std::to_string(want_sum));
+      }
+      r.verified_samples += samples;
+      out->push_back({sec, samples});
+      if (gpu_decode || !defer) {
+        r.stats = feeder.stats();
+        r.loader_stats = feeder.loader_stats();
+      }
+    }
+    return Status::Ok();
+  };
+  r.decode = defer ? "gpu (nvjpeg " + backend + ")" : "cpu (" + cpu_reason + ")";
+  GPUFEED_RETURN_IF_ERROR(run(defer, &r.epochs));
+  if (defer) GPUFEED_RETURN_IF_ERROR(run(false, &r.cpu_epochs));
+  return r;
+}
+
 }  // namespace gpufeed::bench

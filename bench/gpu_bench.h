@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpufeed/encoded.h"
 #include "gpufeed/gpu_feed.h"
 #include "gpufeed/hw_timing.h"
 #include "gpufeed/loader.h"
@@ -41,6 +42,35 @@ struct FeedBenchResult {
   double fresh_share() const { return stats.fresh_samples / seconds / loader_samples_per_s; }
 };
 Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& options);
+
+// `bench loader --decode gpu|auto|cpu` on an encoded image dataset: epochs
+// through Loader + GpuFeeder (bf16, the feed's device) with the JPEGs
+// decoded where `where` says, then the same number of epochs with the
+// loader's CPU decode (the peer in the same run, same threads). Every epoch
+// is verified: the samples delivered and the sum of their labels equal the
+// file's.
+struct JpegFeedBenchOptions {
+  std::string data;
+  LoaderOptions loader;
+  DecodeOptions decode;
+  DecodeDevice where = DecodeDevice::kAuto;
+  int device = 0;
+  int epochs = 2;
+};
+struct JpegFeedEpoch {
+  double seconds = 0;
+  uint64_t samples = 0;
+  double samples_per_s() const { return seconds > 0 ? samples / seconds : 0; }
+};
+struct JpegFeedBenchResult {
+  std::string decode;                    // "gpu (nvjpeg hardware)" or "cpu (why)"
+  std::vector<JpegFeedEpoch> epochs;     // as asked
+  std::vector<JpegFeedEpoch> cpu_epochs; // the loader's own decode, same run (empty when `decode` is it)
+  FeedStats stats;                       // the last epoch's
+  LoaderStats loader_stats;              // the last epoch's loader
+  uint64_t verified_samples = 0;
+};
+Result<JpegFeedBenchResult> RunJpegFeedBench(const JpegFeedBenchOptions& options);
 
 }  // namespace gpufeed::bench
 

@@ -57,9 +57,78 @@ int RunReadBenchCmd(const bench::ReadBenchOptions& o, bool json) {
 struct LoaderArgs {
   bench::LoaderBenchOptions bench;
   DecodeArgs decode;
+  std::string where;  // --decode: "" (the loader alone), auto, cpu, gpu
   std::string order = "block";
   bool json = false;
 };
+
+// bench loader --decode: the loader and the feed, JPEGs decoded where asked,
+// against the loader's CPU decode in the same run.
+int RunJpegFeedBenchCmd(LoaderArgs& a) {
+  auto where = DecodeDeviceFromName(a.where);
+  if (!where.ok()) {
+    std::fprintf(stderr, "gpufeed bench loader: --decode %s\n", where.status().message().c_str());
+    return 2;
+  }
+  bench::JpegFeedBenchOptions o;
+  o.data = a.bench.data;
+  o.loader = a.bench.loader;
+  o.decode = a.bench.decode;
+  o.where = *where;
+  o.epochs = a.bench.epochs;
+  auto r = bench::RunJpegFeedBench(o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "gpufeed bench loader: FAILED: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  auto rates = [](const std::vector<bench::JpegFeedEpoch>& es) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& e : es) j.push_back(e.samples_per_s());
+    return j;
+  };
+  const FeedStats& s = r->stats;
+  const LoaderStats& ls = r->loader_stats;
+  if (a.json) {
+    std::printf("%s\n", nlohmann::json({{"data", o.data},
+                                        {"decode", r->decode},
+                                        {"threads", o.loader.threads},
+                                        {"samples_per_s", rates(r->epochs)},
+                                        {"cpu_decode_samples_per_s", rates(r->cpu_epochs)},
+                                        {"decoder", s.decoder},
+                                        {"decoded_on_device", s.decoded_on_device},
+                                        {"decoded_by_loader", s.decoded_by_loader},
+                                        {"decode_fallbacks", s.decode_fallbacks},
+                                        {"decode_host_seconds", s.decode_seconds},
+                                        {"loader_host_decode_reason", ls.host_decode_reason},
+                                        {"data_wait_s", s.data_wait_seconds},
+                                        {"verified_samples", r->verified_samples}})
+                            .dump(2)
+                            .c_str());
+    return 0;
+  }
+  std::printf("bench loader --decode %s: %s, %d loader threads, bf16 NHWC %s\n", a.where.c_str(), r->decode.c_str(),
+              o.loader.threads, s.on_gpu ? "on the GPU" : "on the feed's CPU twins (no GPU here)");
+  for (size_t e = 0; e < r->epochs.size(); ++e) {
+    std::printf("  epoch %zu: %.0f samples/s", e + 1, r->epochs[e].samples_per_s());
+    if (e < r->cpu_epochs.size()) {
+      std::printf("   (the loader's CPU decode, same threads, same run: %.0f samples/s; %.2fx)",
+                  r->cpu_epochs[e].samples_per_s(), r->epochs[e].samples_per_s() / r->cpu_epochs[e].samples_per_s());
+    }
+    std::printf("\n");
+  }
+  if (!s.decoder.empty()) {
+    const double total = double(s.decoded_on_device + s.decoded_by_loader + s.decode_fallbacks);
+    std::printf("  split (last epoch): %s %llu (%.1f%%), the loader's threads %llu (%.1f%%%s%s), host fallback %llu; "
+                "decode stage host time %.2f s; feed waited on the loader %.2f s\n",
+                s.decoder.c_str(), (unsigned long long)s.decoded_on_device, 100 * s.decoded_on_device / total,
+                (unsigned long long)s.decoded_by_loader, 100 * s.decoded_by_loader / total,
+                ls.host_decode_reason.empty() ? "" : ": last because ", ls.host_decode_reason.c_str(),
+                (unsigned long long)s.decode_fallbacks, s.decode_seconds, s.data_wait_seconds);
+  }
+  std::printf("  %llu samples verified (every epoch: count and label sum equal the file's)\n",
+              (unsigned long long)r->verified_samples);
+  return 0;
+}
 
 int RunLoaderBenchCmd(LoaderArgs& a) {
   auto order = OrderFromName(a.order);
@@ -74,6 +143,7 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
     return 2;
   }
   a.bench.decode = *decode;
+  if (!a.where.empty()) return RunJpegFeedBenchCmd(a);
   auto r = bench::RunLoaderBench(a.bench);
   if (!r.ok()) {
     std::fprintf(stderr, "gpufeed bench loader: FAILED: %s\n", r.status().ToString().c_str());
@@ -331,6 +401,10 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   lcmd->add_option("--order", la->order, "sequential, random or block")
       ->check(CLI::IsMember({"sequential", "random", "block"}));
   lcmd->add_option("--threads", la->bench.loader.threads, "TBB threads (default: all cores)");
+  lcmd->add_option("--decode", la->where,
+                   "encoded images: run the GPU feed too, JPEGs decoded by the GPU's decoder (gpu), the loader (cpu) "
+                   "or the GPU where it has one (auto), against the loader's CPU decode in the same run")
+      ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
   lcmd->add_option("--batch-size", la->bench.loader.batch_size, "samples per batch");
   lcmd->add_option("--prefetch", la->bench.loader.prefetch, "batches in flight");
   AddCacheBytesOption(lcmd, &la->bench.loader.cache_bytes, "decoded-chunk cache budget");

@@ -77,3 +77,16 @@ def test_daemon_decodes_as_the_local_loader(vlen_file, gpufeed_cli, tmp_path, tr
             remote = batches(address, image_size=size, transform=transform)
             assert [k for k, _, _ in remote] == [k for k, _, _ in local]
             assert all(np.array_equal(a, b) for (_, _, a), (_, _, b) in zip(local, remote))
+
+
+def test_decode_says_where_and_gpu_needs_a_gpu_feed(vlen_file):
+    # Without a GPU feed, "auto" decodes in the loader and says why;
+    # "gpu" is refused naming what it needs; an unknown value names the choices.
+    with gpufeed.Loader(vlen_file, batch_size=5, threads=2, pin_memory=False, output="numpy") as loader:
+        assert loader.decode.startswith("cpu (") and "not on a GPU" in loader.decode, loader.decode
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader(vlen_file, batch_size=5, threads=2, decode="gpu", device="cpu", dtype="float32")
+    assert 'decode="gpu"' in str(e.value) and "cuda" in str(e.value)
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader(vlen_file, batch_size=5, decode="nvjpeg")
+    assert "auto, cpu or gpu" in str(e.value)
