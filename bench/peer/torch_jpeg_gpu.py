@@ -129,12 +129,14 @@ def main():
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--models", default="resnet18,resnet50")
+    ap.add_argument("--order", default="block", help="gpufeed's order (block: its default, chunk-aware)")
     ap.add_argument("--json")
     a = ap.parse_args()
     import numpy as np
     import torch
     import gpufeed
     modes = a.modes.split(",")
+    order = a.order
     blobs, labels = read_encoded(a.data)
     n = len(blobs)
     want_sum = int(labels.sum())
@@ -148,7 +150,7 @@ def main():
 
     def gpufeed_epochs(decode, threads, epochs, consume=None, **kw):
         loader = gpufeed.Loader(a.data, batch_size=a.batch_size, device="cuda", dtype=torch.bfloat16,
-                                layout="NHWC", threads=threads, decode=decode, order="random", seed=1,
+                                layout="NHWC", threads=threads, decode=decode, order=order, seed=1,
                                 mean=mean, std=std, **kw)
         rates = []
         for e in range(epochs):

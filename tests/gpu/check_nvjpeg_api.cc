@@ -12,11 +12,11 @@
 namespace nvj = gpufeed::gpu::nvj;
 
 static_assert(NVJPEG_STATUS_SUCCESS == nvj::kSuccess);
-static_assert(NVJPEG_BACKEND_DEFAULT == nvj::kBackendDefault);
-static_assert(NVJPEG_BACKEND_HYBRID == nvj::kBackendHybrid);
-static_assert(NVJPEG_BACKEND_GPU_HYBRID == nvj::kBackendGpuHybrid);
-static_assert(NVJPEG_BACKEND_HARDWARE == nvj::kBackendHardware);
-static_assert(NVJPEG_OUTPUT_RGBI == nvj::kOutputRgbi);
+static_assert(int(NVJPEG_BACKEND_DEFAULT) == int(nvj::kBackendDefault));
+static_assert(int(NVJPEG_BACKEND_HYBRID) == int(nvj::kBackendHybrid));
+static_assert(int(NVJPEG_BACKEND_GPU_HYBRID) == int(nvj::kBackendGpuHybrid));
+static_assert(int(NVJPEG_BACKEND_HARDWARE) == int(nvj::kBackendHardware));
+static_assert(int(NVJPEG_OUTPUT_RGBI) == int(nvj::kOutputRgbi));
 static_assert(NVJPEG_MAX_COMPONENT == nvj::kMaxComponent);
 static_assert(sizeof(nvjpegImage_t) == sizeof(nvj::Image));
 static_assert(offsetof(nvjpegImage_t, channel) == offsetof(nvj::Image, channel));
