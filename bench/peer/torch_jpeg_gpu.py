@@ -223,13 +223,13 @@ def main():
         cpu_blobs = [torch.from_numpy(np.asarray(b)) for b in blobs]
         rates = []
         for e in range(2):
-            order = list(range(n))
-            rng.shuffle(order)
+            perm = list(range(n))
+            rng.shuffle(perm)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             count, lsum = 0, 0
             for s in range(0, n, a.batch_size):
-                idx = order[s:s + a.batch_size]
+                idx = perm[s:s + a.batch_size]
                 imgs = decode_jpeg([cpu_blobs[i] for i in idx], device="cuda")
                 outb = torch.empty(len(idx), 3, 224, 224, device="cuda", dtype=torch.bfloat16)
                 for j, img in enumerate(imgs):
