@@ -85,6 +85,13 @@ Status CreateHandle(nvj::Handle* h, std::string* backend) {
   return Status::Unsupported(NvjpegError("nvjpegCreateEx (hardware: " + std::to_string(hw) + ", gpu hybrid)", s));
 }
 
+// Streams. nvJPEG decodes on the decoder's own stream into a scratch
+// buffer of a ring of kRing; the resample into the feed's input slot runs on
+// the caller's stream after the decode's event. The decode stream waits only
+// on the resample that last read its ring buffer (kRing batches back), never
+// on the feed's input slot, whose reuse follows the consumer's training
+// steps: so nvJPEG's host-side waits (its call blocks while the engine
+// works) never wait for a model's step.
 class NvjpegDecoder final : public ImageBatchDecoder {
  public:
   NvjpegDecoder(const ImageDecodeShape& shape, int device, DeviceOps* ops)
@@ -92,12 +99,17 @@ class NvjpegDecoder final : public ImageBatchDecoder {
   ~NvjpegDecoder() override {
     const NvjpegLib& l = Lib();
     cudaSetDevice(device_);
-    if (scratch_) {
-      cudaDeviceSynchronize();
-      ops_->Free(scratch_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (Ring& r : ring_) {
+      if (r.consumed) cudaEventSynchronize(r.consumed);
+      if (r.scratch) ops_->Free(r.scratch);
+      if (r.jobs_dev) ops_->Free(r.jobs_dev);
+      if (r.jobs_host) ops_->FreePinned(r.jobs_host);
+      if (r.decoded) cudaEventDestroy(r.decoded);
+      if (r.consumed) cudaEventDestroy(r.consumed);
     }
-    if (jobs_dev_) ops_->Free(jobs_dev_);
     if (fallback_) ops_->FreePinned(fallback_);
+    if (stream_) cudaStreamDestroy(stream_);
     if (state_) l.state_destroy(state_);
     if (handle_) l.destroy(handle_);
   }
@@ -108,6 +120,11 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     GPUFEED_RETURN_IF_ERROR(CreateHandle(&handle_, &backend_));
     const nvj::Status s = Lib().state_create(handle_, &state_);
     if (s != nvj::kSuccess) return Status::Unsupported(NvjpegError("nvjpegJpegStateCreate", s));
+    GPUFEED_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (Ring& r : ring_) {
+      GPUFEED_CUDA_RETURN(cudaEventCreateWithFlags(&r.decoded, cudaEventDisableTiming));
+      GPUFEED_CUDA_RETURN(cudaEventCreateWithFlags(&r.consumed, cudaEventDisableTiming));
+    }
     return Status::Ok();
   }
 
@@ -136,28 +153,45 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     std::vector<Status> failed(n);
     if (!on_device.empty()) {
       const int m = static_cast<int>(on_device.size());
-      if (scratch_bytes > scratch_capacity_) {
-        // The previous batch's resample may still read the old buffer.
-        GPUFEED_CUDA_RETURN(cudaStreamSynchronize(cs));
-        if (scratch_) ops_->Free(scratch_);
-        scratch_ = nullptr;
-        scratch_capacity_ = scratch_bytes + scratch_bytes / 4;
-        GPUFEED_RETURN_IF_ERROR(ops_->Alloc(scratch_capacity_, &scratch_));
+      Ring& r = ring_[turn_];
+      turn_ = (turn_ + 1) % kRing;
+      // The resample that last read this ring buffer (kRing batches back).
+      if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(stream_, r.consumed, 0));
+      if (scratch_bytes > r.scratch_capacity || size_t(m) > r.jobs_capacity) {
+        if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.consumed));
+        if (scratch_bytes > r.scratch_capacity) {
+          if (r.scratch) ops_->Free(r.scratch);
+          r.scratch = nullptr;
+          r.scratch_capacity = scratch_bytes + scratch_bytes / 4;
+          GPUFEED_RETURN_IF_ERROR(ops_->Alloc(r.scratch_capacity, &r.scratch));
+        }
+        if (size_t(m) > r.jobs_capacity) {
+          if (r.jobs_dev) ops_->Free(r.jobs_dev);
+          if (r.jobs_host) ops_->FreePinned(r.jobs_host);
+          r.jobs_dev = r.jobs_host = nullptr;
+          r.jobs_capacity = std::max<size_t>(m, 256);
+          GPUFEED_RETURN_IF_ERROR(ops_->Alloc(r.jobs_capacity * sizeof(ResizeJob), &r.jobs_dev));
+          GPUFEED_RETURN_IF_ERROR(ops_->AllocPinned(r.jobs_capacity * sizeof(ResizeJob), &r.jobs_host));
+        }
+      } else if (r.decoded_recorded) {
+        // jobs_host fed the copy recorded by `decoded` kRing batches back.
+        GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.decoded));
       }
       data_.resize(m);
       lengths_.resize(m);
       images_.assign(m, nvj::Image{});
-      jobs_.resize(m);
+      auto* jobs = static_cast<ResizeJob*>(r.jobs_host);
       uint64_t at = 0;
       for (int k = 0; k < m; ++k) {
         const size_t i = on_device[k];
         const EncodedSample& e = b.encoded()[i];
         data_[k] = buf + e.offset;
         lengths_[k] = e.bytes;
-        auto* out = static_cast<unsigned char*>(scratch_) + at;
+        auto* out = static_cast<unsigned char*>(r.scratch) + at;
         images_[k].channel[0] = out;
         images_[k].pitch[0] = size_t(3) * e.width;
-        ResizeJob& j = jobs_[k];
+        ResizeJob& j = jobs[k];
+        j = ResizeJob{};
         j.src = out;
         j.pitch = uint64_t(3) * e.width;
         j.src_h = e.height;
@@ -177,27 +211,25 @@ class NvjpegDecoder final : public ImageBatchDecoder {
         s = l.batched_initialize(handle_, state_, m, 1, nvj::kOutputRgbi);
         initialized_batch_ = s == nvj::kSuccess ? m : -1;
       }
-      if (s == nvj::kSuccess) s = l.decode_batched(handle_, state_, data_.data(), lengths_.data(), images_.data(), cs);
+      if (s == nvj::kSuccess) {
+        s = l.decode_batched(handle_, state_, data_.data(), lengths_.data(), images_.data(), stream_);
+      }
       if (s == nvj::kSuccess) {
         c_.device_samples += m;
-        if (jobs_dev_capacity_ < jobs_.size()) {
-          GPUFEED_CUDA_RETURN(cudaStreamSynchronize(cs));
-          if (jobs_dev_) ops_->Free(jobs_dev_);
-          jobs_dev_ = nullptr;
-          jobs_dev_capacity_ = std::max<size_t>(jobs_.size(), 256);
-          GPUFEED_RETURN_IF_ERROR(ops_->Alloc(jobs_dev_capacity_ * sizeof(ResizeJob), &jobs_dev_));
-        }
-        // From pageable memory: the call returns once the jobs are staged.
-        GPUFEED_CUDA_RETURN(cudaMemcpyAsync(jobs_dev_, jobs_.data(), jobs_.size() * sizeof(ResizeJob),
-                                            cudaMemcpyHostToDevice, cs));
-        GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(jobs_dev_), m, shape_.height,
+        GPUFEED_CUDA_RETURN(
+            cudaMemcpyAsync(r.jobs_dev, r.jobs_host, m * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream_));
+        GPUFEED_CUDA_RETURN(cudaEventRecord(r.decoded, stream_));
+        r.decoded_recorded = true;
+        GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(cs, r.decoded, 0));
+        GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(r.jobs_dev), m, shape_.height,
                                               shape_.width, shape_.nchw, dst, stream));
+        GPUFEED_CUDA_RETURN(cudaEventRecord(r.consumed, cs));
+        r.consumed_recorded = true;
       } else {
         // The engine rejected the batch: decode its samples here (which
         // also tells a corrupt stream from one the engine does not take)
         // and start the next batch on a fresh initialization.
         initialized_batch_ = -1;
-        last_error_ = NvjpegError("nvjpegDecodeBatched", s);
         GPUFEED_RETURN_IF_ERROR(DecodeOnHostAndUpload(b, on_device, dst, failed, stream));
       }
     }
@@ -235,24 +267,33 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     return Status::Ok();
   }
 
+  static constexpr int kRing = 3;
+  struct Ring {
+    void* scratch = nullptr;  // device: the batch's full-size decoded images
+    uint64_t scratch_capacity = 0;
+    void* jobs_dev = nullptr;   // device: the resample's jobs
+    void* jobs_host = nullptr;  // pinned: their staging
+    size_t jobs_capacity = 0;
+    cudaEvent_t decoded = nullptr;   // on the decode stream: images and jobs are there
+    cudaEvent_t consumed = nullptr;  // on the caller's stream: the resample read them
+    bool decoded_recorded = false, consumed_recorded = false;
+  };
+
   ImageDecodeShape shape_;
   int device_;
   DeviceOps* ops_;
   nvj::Handle handle_ = nullptr;
   nvj::State state_ = nullptr;
+  cudaStream_t stream_ = nullptr;
   std::string backend_;
   int initialized_batch_ = -1;
-  void* scratch_ = nullptr;
-  uint64_t scratch_capacity_ = 0;
-  void* jobs_dev_ = nullptr;
-  size_t jobs_dev_capacity_ = 0;
+  Ring ring_[kRing];
+  int turn_ = 0;
   void* fallback_ = nullptr;
   uint64_t fallback_capacity_ = 0;
   std::vector<const unsigned char*> data_;
   std::vector<size_t> lengths_;
   std::vector<nvj::Image> images_;
-  std::vector<ResizeJob> jobs_;
-  std::string last_error_;
   ImageDecodeCounters c_;
 };
 
