@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -155,8 +156,13 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       const int m = static_cast<int>(on_device.size());
       Ring& r = ring_[turn_];
       turn_ = (turn_ + 1) % kRing;
+      static const bool own = [] {
+        const char* v = std::getenv("GPUFEED_NVJPEG_OWN_STREAM");
+        return v == nullptr || std::string(v) != "0";
+      }();
+      const cudaStream_t ds = own ? stream_ : cs;
       // The resample that last read this ring buffer (kRing batches back).
-      if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(stream_, r.consumed, 0));
+      if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(ds, r.consumed, 0));
       if (scratch_bytes > r.scratch_capacity || size_t(m) > r.jobs_capacity) {
         if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.consumed));
         if (scratch_bytes > r.scratch_capacity) {
@@ -212,13 +218,13 @@ class NvjpegDecoder final : public ImageBatchDecoder {
         initialized_batch_ = s == nvj::kSuccess ? m : -1;
       }
       if (s == nvj::kSuccess) {
-        s = l.decode_batched(handle_, state_, data_.data(), lengths_.data(), images_.data(), stream_);
+        s = l.decode_batched(handle_, state_, data_.data(), lengths_.data(), images_.data(), ds);
       }
       if (s == nvj::kSuccess) {
         c_.device_samples += m;
         GPUFEED_CUDA_RETURN(
-            cudaMemcpyAsync(r.jobs_dev, r.jobs_host, m * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream_));
-        GPUFEED_CUDA_RETURN(cudaEventRecord(r.decoded, stream_));
+            cudaMemcpyAsync(r.jobs_dev, r.jobs_host, m * sizeof(ResizeJob), cudaMemcpyHostToDevice, ds));
+        GPUFEED_CUDA_RETURN(cudaEventRecord(r.decoded, ds));
         r.decoded_recorded = true;
         GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(cs, r.decoded, 0));
         GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(r.jobs_dev), m, shape_.height,

@@ -334,8 +334,10 @@ def main():
             torch.cuda.synchronize()
             ceiling = steps * a.batch_size / (time.perf_counter() - t0)
             rates, where, st = gpufeed_epochs("gpu", a.threads, a.epochs, consume=step)
+            split = {k: st.get(k) for k in ("feed_decode_seconds", "feed_data_wait_seconds", "feed_wall_seconds")}
             res[arch] = {"ceiling": ceiling, "gpufeed_gpu": rates, "ratios": [r / ceiling for r in rates],
-                         "decode": where}
+                         "decode": where, "last_epoch_feed": split}
+            print("  last epoch's feed: %s" % split, flush=True)
             print("train %s: ceiling %.0f images/s; gpufeed decode=gpu threads=%d epochs %s images/s = %s of the "
                   "ceiling" % (arch, ceiling, a.threads, " ".join("%.0f" % r for r in rates),
                                " ".join("%.3f" % (r / ceiling) for r in rates)), flush=True)
