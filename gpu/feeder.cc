@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <future>
 
 #include "common/clock.h"
 #include "gpu/device_ops.h"
@@ -150,17 +149,6 @@ struct GpuFeeder::Impl {
   // The decode stage for batches the loader left encoded; made at the first.
   std::unique_ptr<gpu::ImageBatchDecoder> decoder;
   Status EnsureDecoder();
-  // With a decoder, the next input slot is filled on a helper thread while
-  // the consumer works between Next() calls (decoding a batch costs the
-  // host milliseconds inside nvJPEG): started at the end of Produce, joined
-  // at the start of the next Produce, stats() or teardown, so Fill never
-  // runs beside anything else of the feeder.
-  std::future<Status> pending_fill;
-  Status JoinFill() {
-    if (!pending_fill.valid()) return Status::Ok();
-    return pending_fill.get();
-  }
-
   Impl(BatchSource& l, const FeedOptions& opt, uint64_t e, uint64_t start)
       : loader(l), o(opt), epoch(e), stream(l.Epoch(e, start)), start_batch(start) {}
 
@@ -521,7 +509,6 @@ Status GpuFeeder::Impl::Fill(int k) {
 }
 
 Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
-  GPUFEED_RETURN_IF_ERROR(JoinFill());
   if (!started) {
     started = true;
     start_time = NowSeconds();
@@ -625,18 +612,10 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
       cur = other;
     }
   }
-  if (decoder && !in[1 - cur].filled && !loader_done && in[cur].filled) {
-    const int next = 1 - cur;
-    pending_fill = std::async(std::launch::async, [this, next] {
-      GPUFEED_RETURN_IF_ERROR(ops->BindThread());
-      return Fill(next);
-    });
-  }
   return std::optional<DeviceBatch>(std::move(b));
 }
 
 void GpuFeeder::Impl::Teardown() {
-  (void)JoinFill();
   if (!ops) return;
   if (compute_stream) (void)ops->StreamSync(compute_stream);
   if (copy_stream) (void)ops->StreamSync(copy_stream);
@@ -677,12 +656,10 @@ GpuFeeder::~GpuFeeder() { impl_->Teardown(); }
 bool GpuFeeder::on_gpu() const { return impl_->st.on_gpu; }
 
 LoaderStats GpuFeeder::loader_stats() const {
-  if (impl_->pending_fill.valid()) impl_->pending_fill.wait();  // it pulls from the stream
   return impl_->stream.stats();
 }
 
 FeedStats GpuFeeder::stats() const {
-  if (impl_->pending_fill.valid()) impl_->pending_fill.wait();  // its error comes from the next Next()
   FeedStats s = impl_->st;
   s.echo = impl_->echo;
   if (impl_->decoder) {

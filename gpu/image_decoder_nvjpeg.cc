@@ -8,7 +8,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -88,7 +87,9 @@ Status CreateHandle(nvj::Handle* h, std::string* backend) {
 
 // Streams. nvJPEG decodes on the decoder's own stream into a scratch
 // buffer of a ring of kRing; the resample into the feed's input slot runs on
-// the caller's stream after the decode's event. The decode stream waits only
+// a second one after the decode's event and what the caller's stream held
+// (both at the device's highest priority), and the caller's stream waits for
+// it. The decode stream waits only
 // on the resample that last read its ring buffer (kRing batches back), never
 // on the feed's input slot, whose reuse follows the consumer's training
 // steps: so nvJPEG's host-side waits (its call blocks while the engine
@@ -101,6 +102,7 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     const NvjpegLib& l = Lib();
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
+    if (resample_) cudaStreamSynchronize(resample_);
     for (Ring& r : ring_) {
       if (r.consumed) cudaEventSynchronize(r.consumed);
       if (r.scratch) ops_->Free(r.scratch);
@@ -111,6 +113,8 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     }
     if (fallback_) ops_->FreePinned(fallback_);
     if (stream_) cudaStreamDestroy(stream_);
+    if (resample_) cudaStreamDestroy(resample_);
+    if (slot_free_) cudaEventDestroy(slot_free_);
     if (state_) l.state_destroy(state_);
     if (handle_) l.destroy(handle_);
   }
@@ -121,7 +125,15 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     GPUFEED_RETURN_IF_ERROR(CreateHandle(&handle_, &backend_));
     const nvj::Status s = Lib().state_create(handle_, &state_);
     if (s != nvj::kSuccess) return Status::Unsupported(NvjpegError("nvjpegJpegStateCreate", s));
-    GPUFEED_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The highest priority the device has: the decode's kernels (nvJPEG's
+    // colour conversion, the resample) are short and on the feed's critical
+    // path; beside a model's kernels at the default priority they would
+    // queue behind a whole training step, and nvJPEG's call waits for them.
+    int least = 0, greatest = 0;
+    GPUFEED_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    GPUFEED_CUDA_RETURN(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    GPUFEED_CUDA_RETURN(cudaStreamCreateWithPriority(&resample_, cudaStreamNonBlocking, greatest));
+    GPUFEED_CUDA_RETURN(cudaEventCreateWithFlags(&slot_free_, cudaEventDisableTiming));
     for (Ring& r : ring_) {
       GPUFEED_CUDA_RETURN(cudaEventCreateWithFlags(&r.decoded, cudaEventDisableTiming));
       GPUFEED_CUDA_RETURN(cudaEventCreateWithFlags(&r.consumed, cudaEventDisableTiming));
@@ -156,11 +168,7 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       const int m = static_cast<int>(on_device.size());
       Ring& r = ring_[turn_];
       turn_ = (turn_ + 1) % kRing;
-      static const bool own = [] {
-        const char* v = std::getenv("GPUFEED_NVJPEG_OWN_STREAM");
-        return v == nullptr || std::string(v) != "0";
-      }();
-      const cudaStream_t ds = own ? stream_ : cs;
+      const cudaStream_t ds = stream_;
       // The resample that last read this ring buffer (kRing batches back).
       if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(ds, r.consumed, 0));
       if (scratch_bytes > r.scratch_capacity || size_t(m) > r.jobs_capacity) {
@@ -226,11 +234,17 @@ class NvjpegDecoder final : public ImageBatchDecoder {
             cudaMemcpyAsync(r.jobs_dev, r.jobs_host, m * sizeof(ResizeJob), cudaMemcpyHostToDevice, ds));
         GPUFEED_CUDA_RETURN(cudaEventRecord(r.decoded, ds));
         r.decoded_recorded = true;
-        GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(cs, r.decoded, 0));
+        // The resample writes the feed's input slot: after what the caller
+        // queued on its stream (the slot's last reader) and the decode; the
+        // caller's stream then waits for it.
+        GPUFEED_CUDA_RETURN(cudaEventRecord(slot_free_, cs));
+        GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(resample_, slot_free_, 0));
+        GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(resample_, r.decoded, 0));
         GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(r.jobs_dev), m, shape_.height,
-                                              shape_.width, shape_.nchw, dst, stream));
-        GPUFEED_CUDA_RETURN(cudaEventRecord(r.consumed, cs));
+                                              shape_.width, shape_.nchw, dst, resample_));
+        GPUFEED_CUDA_RETURN(cudaEventRecord(r.consumed, resample_));
         r.consumed_recorded = true;
+        GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(cs, r.consumed, 0));
       } else {
         // The engine rejected the batch: decode its samples here (which
         // also tells a corrupt stream from one the engine does not take)
@@ -290,7 +304,9 @@ class NvjpegDecoder final : public ImageBatchDecoder {
   DeviceOps* ops_;
   nvj::Handle handle_ = nullptr;
   nvj::State state_ = nullptr;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;    // nvJPEG's decodes and the jobs' uploads
+  cudaStream_t resample_ = nullptr;  // the resample into the feed's slot
+  cudaEvent_t slot_free_ = nullptr;  // on the caller's stream: what it queued before this batch
   std::string backend_;
   int initialized_batch_ = -1;
   Ring ring_[kRing];
