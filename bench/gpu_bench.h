@@ -63,11 +63,11 @@ struct JpegFeedEpoch {
   double samples_per_s() const { return seconds > 0 ? samples / seconds : 0; }
 };
 struct JpegFeedBenchResult {
-  std::string decode;                    // "gpu (nvjpeg hardware)" or "cpu (why)"
-  std::vector<JpegFeedEpoch> epochs;     // as asked
-  std::vector<JpegFeedEpoch> cpu_epochs; // the loader's own decode, same run (empty when `decode` is it)
-  FeedStats stats;                       // the last epoch's
-  LoaderStats loader_stats;              // the last epoch's loader
+  std::string decode;                     // "gpu (nvjpeg hardware)" or "cpu (why)"
+  std::vector<JpegFeedEpoch> epochs;      // as asked
+  std::vector<JpegFeedEpoch> cpu_epochs;  // the loader's own decode, same run (empty when `decode` is it)
+  FeedStats stats;                        // the last epoch's
+  LoaderStats loader_stats;               // the last epoch's loader
   uint64_t verified_samples = 0;
 };
 Result<JpegFeedBenchResult> RunJpegFeedBench(const JpegFeedBenchOptions& options);

@@ -118,12 +118,13 @@ int RunJpegFeedBenchCmd(LoaderArgs& a) {
   }
   if (!s.decoder.empty()) {
     const double total = double(s.decoded_on_device + s.decoded_by_loader + s.decode_fallbacks);
-    std::printf("  split (last epoch): %s %llu (%.1f%%), the loader's threads %llu (%.1f%%%s%s), host fallback %llu; "
-                "decode stage host time %.2f s; feed waited on the loader %.2f s\n",
-                s.decoder.c_str(), (unsigned long long)s.decoded_on_device, 100 * s.decoded_on_device / total,
-                (unsigned long long)s.decoded_by_loader, 100 * s.decoded_by_loader / total,
-                ls.host_decode_reason.empty() ? "" : ": last because ", ls.host_decode_reason.c_str(),
-                (unsigned long long)s.decode_fallbacks, s.decode_seconds, s.data_wait_seconds);
+    std::printf(
+        "  split (last epoch): %s %llu (%.1f%%), the loader's threads %llu (%.1f%%%s%s), host fallback %llu; "
+        "decode stage host time %.2f s; feed waited on the loader %.2f s\n",
+        s.decoder.c_str(), (unsigned long long)s.decoded_on_device, 100 * s.decoded_on_device / total,
+        (unsigned long long)s.decoded_by_loader, 100 * s.decoded_by_loader / total,
+        ls.host_decode_reason.empty() ? "" : ": last because ", ls.host_decode_reason.c_str(),
+        (unsigned long long)s.decode_fallbacks, s.decode_seconds, s.data_wait_seconds);
   }
   std::printf("  %llu samples verified (every epoch: count and label sum equal the file's)\n",
               (unsigned long long)r->verified_samples);

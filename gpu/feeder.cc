@@ -453,8 +453,8 @@ Status GpuFeeder::Impl::Fill(int k) {
         std::memcpy(staging, b.labels().data(), n * sizeof(int64_t));
       }
       GPUFEED_RETURN_IF_ERROR(EnsureDecoder());
-      GPUFEED_RETURN_IF_ERROR(decoder->Decode(b, static_cast<uint8_t*>(s.images) + s.samples * sample_bytes,
-                                              staging, copy_stream));
+      GPUFEED_RETURN_IF_ERROR(
+          decoder->Decode(b, static_cast<uint8_t*>(s.images) + s.samples * sample_bytes, staging, copy_stream));
       for (const EncodedSample& e : b.encoded()) st.bytes_uploaded += e.bytes ? e.bytes : sample_bytes;
       s.samples += n;
       s.host.push_back(std::move(b));
@@ -655,9 +655,7 @@ GpuFeeder::~GpuFeeder() { impl_->Teardown(); }
 
 bool GpuFeeder::on_gpu() const { return impl_->st.on_gpu; }
 
-LoaderStats GpuFeeder::loader_stats() const {
-  return impl_->stream.stats();
-}
+LoaderStats GpuFeeder::loader_stats() const { return impl_->stream.stats(); }
 
 FeedStats GpuFeeder::stats() const {
   FeedStats s = impl_->st;

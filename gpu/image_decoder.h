@@ -60,8 +60,7 @@ std::unique_ptr<ImageBatchDecoder> MakeCpuImageDecoder(const ImageDecodeShape& s
 // The nvJPEG decoder on `device` through `ops` (CUDA ops). Unsupported, with
 // the reason, where libnvjpeg cannot be loaded or makes no handle, or in a
 // build without CUDA.
-Result<std::unique_ptr<ImageBatchDecoder>> MakeNvjpegDecoder(const ImageDecodeShape& shape, int device,
-                                                              DeviceOps* ops);
+Result<std::unique_ptr<ImageBatchDecoder>> MakeNvjpegDecoder(const ImageDecodeShape& shape, int device, DeviceOps* ops);
 // Whether MakeNvjpegDecoder would succeed on `device` (and which backend:
 // *backend "hardware" or "gpu-hybrid"); the reason when not. Cached.
 Status NvjpegAvailable(int device, std::string* backend = nullptr);

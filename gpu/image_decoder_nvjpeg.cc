@@ -215,8 +215,8 @@ class NvjpegDecoder final : public ImageBatchDecoder {
         j.height = e.crop_height;
         j.width = e.crop_width;
         j.dst_index = static_cast<uint32_t>(i);
-        GPUFEED_RETURN_IF_ERROR(ValidateResizeJob(j).WithContext(shape_.source + " sample " +
-                                                                 std::to_string(b.indices()[i])));
+        GPUFEED_RETURN_IF_ERROR(
+            ValidateResizeJob(j).WithContext(shape_.source + " sample " + std::to_string(b.indices()[i])));
         at += uint64_t(3) * e.height * e.width;
       }
       const NvjpegLib& l = Lib();
@@ -240,8 +240,8 @@ class NvjpegDecoder final : public ImageBatchDecoder {
         GPUFEED_CUDA_RETURN(cudaEventRecord(slot_free_, cs));
         GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(resample_, slot_free_, 0));
         GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(resample_, r.decoded, 0));
-        GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(r.jobs_dev), m, shape_.height,
-                                              shape_.width, shape_.nchw, dst, resample_));
+        GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(r.jobs_dev), m, shape_.height, shape_.width,
+                                              shape_.nchw, dst, resample_));
         GPUFEED_CUDA_RETURN(cudaEventRecord(r.consumed, resample_));
         r.consumed_recorded = true;
         GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(cs, r.consumed, 0));
@@ -352,7 +352,7 @@ Status NvjpegAvailable(int device, std::string* backend) {
 }
 
 Result<std::unique_ptr<ImageBatchDecoder>> MakeNvjpegDecoder(const ImageDecodeShape& shape, int device,
-                                                              DeviceOps* ops) {
+                                                             DeviceOps* ops) {
   if (ops == nullptr || !ops->is_gpu()) return Status::InvalidArgument("nvJPEG: needs the CUDA device ops");
   auto d = std::make_unique<NvjpegDecoder>(shape, device, ops);
   GPUFEED_RETURN_IF_ERROR(d->Init());

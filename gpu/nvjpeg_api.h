@@ -37,8 +37,7 @@ struct JpegStreamRec;
 using JpegStream = JpegStreamRec*;  // nvjpegJpegStream_t
 
 // Entry points (the allocator arguments are always null here).
-using CreateExFn = Status (*)(int backend, void* dev_allocator, void* pinned_allocator, unsigned flags,
-                              Handle* handle);
+using CreateExFn = Status (*)(int backend, void* dev_allocator, void* pinned_allocator, unsigned flags, Handle* handle);
 using DestroyFn = Status (*)(Handle);
 using StateCreateFn = Status (*)(Handle, State*);
 using StateDestroyFn = Status (*)(State);

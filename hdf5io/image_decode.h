@@ -78,13 +78,13 @@ Status ImageSize(std::span<const uint8_t> bytes, int* h, int* w);
 // stream (read with libjpeg up to the first scan; nothing decoded).
 struct JpegInfo {
   int height = 0, width = 0;
-  int components = 0;                     // 1 (grey), 3 (YCbCr/RGB), 4 (CMYK/YCCK)
-  int precision = 8;                      // bits per sample
+  int components = 0;  // 1 (grey), 3 (YCbCr/RGB), 4 (CMYK/YCCK)
+  int precision = 8;   // bits per sample
   bool progressive = false, arithmetic = false;
-  bool adobe_cmyk = false;                // CMYK or YCCK colour space
-  int h_samp[4] = {}, v_samp[4] = {};     // sampling factors per component
-  unsigned restart_interval = 0;          // MCUs between restart markers (0: none)
-  bool ends_with_eoi = false;             // the stream's last marker is EOI (FF D9): not truncated
+  bool adobe_cmyk = false;             // CMYK or YCCK colour space
+  int h_samp[4] = {}, v_samp[4] = {};  // sampling factors per component
+  unsigned restart_interval = 0;       // MCUs between restart markers (0: none)
+  bool ends_with_eoi = false;          // the stream's last marker is EOI (FF D9): not truncated
 };
 // Corrupt for a stream that is no JPEG or whose header libjpeg rejects.
 Status ReadJpegInfo(std::span<const uint8_t> bytes, JpegInfo* info);

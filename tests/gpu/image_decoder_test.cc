@@ -115,7 +115,10 @@ TEST(ResizeCropTest, TwinTracksTheCpuDecodersResample) {
   for (auto& v : img) v = uint8_t(rng() % 256);
   struct Case {
     int top, left, height, width, out_h, out_w;
-  } cases[] = {{0, 0, 97, 131, 32, 32}, {10, 20, 50, 60, 24, 40}, {5, 7, 9, 11, 33, 29}, {0, 0, 97, 131, 97, 131},
+  } cases[] = {{0, 0, 97, 131, 32, 32},
+               {10, 20, 50, 60, 24, 40},
+               {5, 7, 9, 11, 33, 29},
+               {0, 0, 97, 131, 97, 131},
                {90, 120, 7, 11, 16, 16}};
   for (const Case& c : cases) {
     for (bool nchw : {true, false}) {
@@ -251,8 +254,7 @@ TEST(ImageDecoderTest, DeferredBatchesMatchTheLoadersDecode) {
       if (device) {
         ++on_device;
         // The crop the CPU decoder takes for (seed, epoch, sample).
-        const image::CropBox box =
-            image::PlanCrop(e.height, e.width, Decode32(), image::RandomKey(11, 1, k));
+        const image::CropBox box = image::PlanCrop(e.height, e.width, Decode32(), image::RandomKey(11, 1, k));
         EXPECT_EQ(e.crop_top, box.top);
         EXPECT_EQ(e.crop_left, box.left);
         EXPECT_EQ(e.crop_height, box.height);
@@ -378,8 +380,8 @@ TEST(ImageDecoderGpuTest, NvjpegBatchesTrackTheTwin) {
     count += double(twin.images[b].size());
   }
   EXPECT_LT(diff / count, 2.0);
-  std::printf("nvjpeg %s vs the CPU twin: mean |diff| %.3f levels over %.0f values\n", backend.c_str(),
-              diff / count, count);
+  std::printf("nvjpeg %s vs the CPU twin: mean |diff| %.3f levels over %.0f values\n", backend.c_str(), diff / count,
+              count);
 }
 
 }  // namespace
