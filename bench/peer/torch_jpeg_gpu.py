@@ -24,6 +24,7 @@ sum equal the file's).
   python3 bench/peer/torch_jpeg_gpu.py --data inet.h5 --modes ceiling,gpufeed,torchvision,pil,quality,train
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -129,6 +130,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--models", default="resnet18,resnet50")
+    ap.add_argument("--train-stream", default="default", choices=["default", "side"],
+                    help="train on the legacy default stream (PyTorch's default) or a side stream")
     ap.add_argument("--order", default="block", help="gpufeed's order (block: its default, chunk-aware)")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -333,13 +336,15 @@ def main():
                 step(xs[i % 8], ys[i % 8])
             torch.cuda.synchronize()
             ceiling = steps * a.batch_size / (time.perf_counter() - t0)
-            rates, where, st = gpufeed_epochs("gpu", a.threads, a.epochs, consume=step)
+            side = torch.cuda.Stream() if a.train_stream == "side" else None
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                rates, where, st = gpufeed_epochs("gpu", a.threads, a.epochs, consume=step)
             split = {k: st.get(k) for k in ("feed_decode_seconds", "feed_data_wait_seconds", "feed_wall_seconds")}
             res[arch] = {"ceiling": ceiling, "gpufeed_gpu": rates, "ratios": [r / ceiling for r in rates],
                          "decode": where, "last_epoch_feed": split}
             print("  last epoch's feed: %s" % split, flush=True)
-            print("train %s: ceiling %.0f images/s; gpufeed decode=gpu threads=%d epochs %s images/s = %s of the "
-                  "ceiling" % (arch, ceiling, a.threads, " ".join("%.0f" % r for r in rates),
+            print("train %s (%s stream): ceiling %.0f images/s; gpufeed decode=gpu threads=%d epochs %s images/s = "
+                  "%s of the ceiling" % (arch, a.train_stream, ceiling, a.threads, " ".join("%.0f" % r for r in rates),
                                " ".join("%.3f" % (r / ceiling) for r in rates)), flush=True)
             del model, opt, xs, ys
             torch.cuda.empty_cache()
