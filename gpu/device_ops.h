@@ -49,10 +49,6 @@ class DeviceOps {
   // Runs fn(data) on a runtime thread once the work queued on `stream` so far
   // has run (cudaLaunchHostFunc; on the CPU: now). fn must not call CUDA.
   virtual Status LaunchHostFunc(void* stream, void (*fn)(void*), void* data) = 0;
-  // Makes the calling thread's current device this ops' device (CUDA: the
-  // runtime's current device is per thread), for work queued from a thread
-  // other than the one that made the ops. The CPU twins: nothing.
-  virtual Status BindThread() { return Status::Ok(); }
 };
 
 std::unique_ptr<DeviceOps> MakeCpuOps();

@@ -11,10 +11,6 @@ class CudaOps final : public DeviceOps {
  public:
   explicit CudaOps(int device) : device_(device) {}
   bool is_gpu() const override { return true; }
-  Status BindThread() override {
-    GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
-    return Status::Ok();
-  }
   Status Alloc(size_t bytes, void** p) override {
     GPUFEED_CUDA_RETURN(cudaMalloc(p, std::max<size_t>(bytes, 1)));
     return Status::Ok();

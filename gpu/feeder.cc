@@ -9,11 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
-#include <thread>
-#include <utility>
 
 #include "common/clock.h"
 #include "gpu/device_ops.h"
@@ -153,26 +149,6 @@ struct GpuFeeder::Impl {
   // The decode stage for batches the loader left encoded; made at the first.
   std::unique_ptr<gpu::ImageBatchDecoder> decoder;
   Status EnsureDecoder();
-  // With a decoder, the next input slot is filled by one worker thread,
-  // for the feeder's life, while the consumer works between Next() calls:
-  // nvJPEG's call blocks its thread until its kernels ran, which beside a
-  // model's kernels takes about a training step. Started at the end of
-  // Produce, joined at the start of the next Produce, in stats() and at
-  // teardown, so Fill never runs beside anything else of the feeder. (One
-  // thread, not one per fill: nvJPEG's hardware backend hung when each
-  // batch came from a new thread.)
-  struct FillWorker {
-    std::thread thread;
-    std::mutex mu;
-    std::condition_variable cv;
-    int slot = -1;  // to fill; -1: none asked
-    bool busy = false, stop = false;
-    Status status;
-  } fw;
-  void FillLoop();
-  void StartFill(int k);
-  Status JoinFill();
-  void StopFillWorker();
   Impl(BatchSource& l, const FeedOptions& opt, uint64_t e, uint64_t start)
       : loader(l), o(opt), epoch(e), stream(l.Epoch(e, start)), start_batch(start) {}
 
@@ -442,46 +418,6 @@ Status GpuFeeder::Impl::EnsureDecoder() {
   return Status::Ok();
 }
 
-void GpuFeeder::Impl::FillLoop() {
-  Status bound = ops->BindThread();
-  std::unique_lock<std::mutex> lock(fw.mu);
-  for (;;) {
-    fw.cv.wait(lock, [&] { return fw.stop || fw.slot >= 0; });
-    if (fw.slot < 0) return;  // stopped, nothing asked
-    const int k = std::exchange(fw.slot, -1);
-    lock.unlock();
-    Status st = bound.ok() ? Fill(k) : bound;
-    lock.lock();
-    fw.status = std::move(st);
-    fw.busy = false;
-    fw.cv.notify_all();
-  }
-}
-
-void GpuFeeder::Impl::StartFill(int k) {
-  std::lock_guard<std::mutex> lock(fw.mu);
-  if (!fw.thread.joinable()) fw.thread = std::thread([this] { FillLoop(); });
-  fw.slot = k;
-  fw.busy = true;
-  fw.cv.notify_all();
-}
-
-Status GpuFeeder::Impl::JoinFill() {
-  std::unique_lock<std::mutex> lock(fw.mu);
-  fw.cv.wait(lock, [&] { return !fw.busy; });
-  return std::exchange(fw.status, Status::Ok());
-}
-
-void GpuFeeder::Impl::StopFillWorker() {
-  (void)JoinFill();
-  {
-    std::lock_guard<std::mutex> lock(fw.mu);
-    fw.stop = true;
-    fw.cv.notify_all();
-  }
-  if (fw.thread.joinable()) fw.thread.join();
-}
-
 // Fills input slot k with the next super-batch: waits (on the device) until
 // its last reader is done, pulls loader batches (the host may wait here: that
 // is the data wait), queues their copies and records `uploaded`.
@@ -573,7 +509,6 @@ Status GpuFeeder::Impl::Fill(int k) {
 }
 
 Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
-  GPUFEED_RETURN_IF_ERROR(JoinFill());
   if (!started) {
     started = true;
     start_time = NowSeconds();
@@ -677,12 +612,10 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
       cur = other;
     }
   }
-  if (decoder && !in[1 - cur].filled && !loader_done && in[cur].filled) StartFill(1 - cur);
   return std::optional<DeviceBatch>(std::move(b));
 }
 
 void GpuFeeder::Impl::Teardown() {
-  StopFillWorker();
   if (!ops) return;
   if (compute_stream) (void)ops->StreamSync(compute_stream);
   if (copy_stream) (void)ops->StreamSync(copy_stream);
@@ -722,16 +655,9 @@ GpuFeeder::~GpuFeeder() { impl_->Teardown(); }
 
 bool GpuFeeder::on_gpu() const { return impl_->st.on_gpu; }
 
-LoaderStats GpuFeeder::loader_stats() const {
-  // A fill pulls from the stream; its error, if any, stays for the next Next().
-  std::unique_lock<std::mutex> lock(impl_->fw.mu);
-  impl_->fw.cv.wait(lock, [&] { return !impl_->fw.busy; });
-  return impl_->stream.stats();
-}
+LoaderStats GpuFeeder::loader_stats() const { return impl_->stream.stats(); }
 
 FeedStats GpuFeeder::stats() const {
-  std::unique_lock<std::mutex> lock(impl_->fw.mu);
-  impl_->fw.cv.wait(lock, [&] { return !impl_->fw.busy; });  // a fill updates the figures
   FeedStats s = impl_->st;
   s.echo = impl_->echo;
   if (impl_->decoder) {
