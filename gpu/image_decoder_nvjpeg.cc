@@ -290,7 +290,7 @@ class NvjpegDecoder final : public ImageBatchDecoder {
   // Eight: each ring buffer holds a batch's full-size images (about 144 MB
   // for 256 ImageNet-sized JPEGs), and a deeper ring lets the decode run
   // further ahead of the consumer's steps (ResNet-18 fed at 0.63 of its
-  // ceiling with 8 against 0.56 with 3, docs/benchmarks.md).
+  // ceiling with 8 against 0.56-0.61 with 3, docs/benchmarks.md).
   static constexpr int kRing = 8;
   struct Ring {
     void* scratch = nullptr;  // device: the batch's full-size decoded images
