@@ -386,10 +386,20 @@ int RunInspect(const InspectArgs& a) {
   OpenOptions o;
   o.labels_path = a.labels;
   o.no_sample_axis = a.no_sample_axis;
-  if (auto kind = DetectEncoded(a.spec, o); kind.ok() && *kind != EncodedStorage::kNone) {
-    o.trust_files = true;  // probed just now
-    return InspectEncoded(a, o);
+  // DetectEncoded probes the file (in a forked process) unless it is no HDF5
+  // file at all: its verdict on a file that crashes or hangs HDF5 is the
+  // answer, given once (not a second probe in Dataset::Open, which doubled
+  // the wait for a file that hangs).
+  auto kind = DetectEncoded(a.spec, o);
+  if (!kind.ok()) {
+    std::fprintf(stderr, "gpufeed inspect: %s\n", kind.status().ToString().c_str());
+    return 1;
   }
+  // Probed just now (the probe's child opens the spec as Dataset::Open does,
+  // with these options), or no HDF5 file, which HDF5 refuses by its
+  // signature before parsing anything.
+  o.trust_files = true;
+  if (*kind != EncodedStorage::kNone) return InspectEncoded(a, o);
   auto ds = Dataset::Open(a.spec, o);
   if (!ds.ok()) {
     std::fprintf(stderr, "gpufeed inspect: %s\n", ds.status().ToString().c_str());
