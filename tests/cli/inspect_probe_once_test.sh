@@ -16,7 +16,8 @@ start=$(date +%s%N)
 out=$("$cli" inspect "$hang" 2>&1)
 rc=$?
 ms=$(( ($(date +%s%N) - start) / 1000000 ))
-if [ $rc -eq 0 ] || ! grep -q "did not finish reading this file's metadata" <<<"$out" || ! grep -q "cve-2018-15671" <<<"$out"; then
+# (Under a sanitizer's allocator HDF5 may crash on it instead: contained too.)
+if [ $rc -eq 0 ] || ! grep -Eq "did not finish reading|crashed reading" <<<"$out" || ! grep -q "cve-2018-15671" <<<"$out"; then
   echo "FAIL: inspect of a file that hangs HDF5 exited $rc: $out"
   fail=1
 fi
