@@ -325,17 +325,23 @@ int RunTrain(TrainArgs& a) {
     };
   }
   std::unique_ptr<EncodedImageSource> train_enc, test_enc;
+  // DetectEncoded probes each file once (a forked process); its verdict on
+  // a file that crashes or hangs HDF5 is the answer, and the opens below
+  // trust what it probed rather than probing again.
   OpenOptions probed;
-  probed.trust_files = true;  // DetectEncoded ran the probe
+  probed.trust_files = true;
+  auto train_kind = DetectEncoded(train_spec);
+  if (!train_kind.ok()) return fail(train_kind.status());
+  auto test_kind = a.test.empty() ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(a.test);
+  if (!test_kind.ok()) return fail(test_kind.status());
   // With a daemon, its file (readable here) gives the shape and labels; the
   // batches come from the daemon, decoded there with the same options.
-  if (auto k = DetectEncoded(train_spec); k.ok() && *k != EncodedStorage::kNone) {
+  if (*train_kind != EncodedStorage::kNone) {
     auto e = OpenEncodedImages(train_spec, probed, *decode);
     if (!e.ok()) return fail(e.status());
     train_enc = std::move(*e);
   }
-  if (auto k = a.test.empty() ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(a.test);
-      k.ok() && *k != EncodedStorage::kNone) {
+  if (*test_kind != EncodedStorage::kNone) {
     DecodeOptions eval = *decode;
     eval.transform = ImageTransform::kCenterCrop;
     auto e = OpenEncodedImages(a.test, probed, eval);
@@ -346,14 +352,14 @@ int RunTrain(TrainArgs& a) {
     const ChunkSource* test_src = test_enc.get();
     std::optional<Dataset> test_ds;
     if (!test_src && !a.test.empty()) {
-      auto t = Dataset::Open(a.test);
+      auto t = Dataset::Open(a.test, probed);
       if (!t.ok()) return fail(t.status());
       test_ds.emplace(std::move(*t));
       test_src = &*test_ds;
     }
     return Finish(a, *train_enc, test_src);
   }
-  auto train = Dataset::Open(train_spec);
+  auto train = Dataset::Open(train_spec, probed);
   if (!train.ok()) {
     if (o.train_source) {
       return fail(
@@ -364,7 +370,7 @@ int RunTrain(TrainArgs& a) {
   }
   std::optional<Dataset> test;
   if (!a.test.empty()) {
-    auto t = Dataset::Open(a.test);
+    auto t = Dataset::Open(a.test, probed);
     if (!t.ok()) return fail(t.status());
     test.emplace(std::move(*t));
   }

@@ -113,7 +113,7 @@ struct FeedStats {
   uint64_t fresh_batches = 0, echoed_batches = 0;
   uint64_t fresh_samples = 0, echoed_samples = 0;
   uint64_t uploads = 0, bytes_uploaded = 0;
-  double data_wait_seconds = 0;  // Next() blocked on the loader
+  double data_wait_seconds = 0;  // Next() blocked on the loader (the decode stage's time is decode_seconds)
   double wall_seconds = 0;       // since the feeder started
   int echo = 1;                  // the factor in use (chosen, with echo = 0)
   bool on_gpu = false;

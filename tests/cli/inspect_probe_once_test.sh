@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `gpufeed inspect` probes a file once: a file that hangs HDF5's metadata
+# `gpufeed inspect` and `gpufeed train` probe a file once: a file that hangs HDF5's metadata
 # parser (cve-2018-15671) is answered within one probe's 10 s, naming it, not
 # after a second probe (it took 20.1 s when Dataset::Open probed again after
 # DetectEncoded). A good file still inspects.
@@ -23,6 +23,15 @@ if [ $rc -eq 0 ] || ! grep -Eq "did not finish reading|crashed reading" <<<"$out
 fi
 if [ "$ms" -ge 15000 ]; then
   echo "FAIL: inspect took $ms ms: probed more than once (one probe waits 10 s)"
+  fail=1
+fi
+# The same for train (DetectEncoded, then Dataset::Open, probed twice too).
+start=$(date +%s%N)
+out=$("$cli" train --data "$hang" --device cpu --epochs 1 2>&1)
+rc=$?
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+if [ $rc -eq 0 ] || ! grep -Eq "did not finish reading|crashed reading" <<<"$out" || [ "$ms" -ge 15000 ]; then
+  echo "FAIL: train on a file that hangs HDF5 exited $rc after $ms ms (one probe waits 10 s): $out"
   fail=1
 fi
 "$cli" bench gen --workload celeba-raw --samples 50 -o "$tmp/d.h5" > /dev/null 2>&1 || { echo "gen failed"; exit 1; }
