@@ -32,4 +32,10 @@ Status ResizeCropCpu(const ResizeJob* jobs, int n, int out_h, int out_w, bool nc
   return Status::Ok();
 }
 
+#ifndef GPUFEED_WITH_CUDA
+Status ResizeCropGpu(const ResizeJob*, int, int, int, bool, uint8_t*, void*) {
+  return Status::Unsupported("resize: this build has no CUDA");
+}
+#endif
+
 }  // namespace gpufeed::gpu
