@@ -7,6 +7,7 @@
 
 #include "common/sizes.h"
 #include "daemon/protocol.h"
+#include "gpufeed/open_source.h"
 #include "gpufeed/fields.h"
 #include "hdf5io/probe.h"
 #include "loader/chunk_cache.h"
@@ -55,31 +56,23 @@ Status DatasetRegistry::Add(const std::string& spec, OpenOptions open) {
   auto e = std::make_unique<Entry>();
   e->name = spec;
   e->shared = std::make_shared<loader::SharedChunks>();
-  if (!open.fields.empty() || IsMultiFileSpec(spec)) {
-    auto fs = FieldSource::Open(spec, open);
-    if (!fs.ok()) return fs.status();
-    e->source = std::move(*fs);
+  // As a local Loader opens it (OpenLocalSource): a virtual dataset's
+  // sources are read directly here too.
+  const DecodeOptions defaults;
+  auto local = OpenLocalSource(spec, open, defaults);
+  if (!local.ok()) return local.status();
+  if (local->encoded) {
+    e->encoded = true;
+    auto v = std::make_unique<Entry::Variant>();
+    v->key = DecodeKey(defaults);
+    v->source = std::move(local->encoded);
+    v->shared = e->shared;
+    MutexLock lock(&e->mu);
+    e->variants.push_back(std::move(v));
+  } else if (local->fields) {
+    e->source = std::move(local->fields);
   } else {
-    // HDF5's parser meets the file in the forked probe first, as
-    // OpenBatchSource does; then the file is trusted.
-    GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(spec, open));
-    open.trust_files = true;
-    if (auto kind = DetectEncoded(spec, open); kind.ok() && *kind != EncodedStorage::kNone) {
-      e->encoded = true;
-      const DecodeOptions defaults;
-      auto enc = OpenEncodedImages(spec, open, defaults);
-      if (!enc.ok()) return enc.status();
-      auto v = std::make_unique<Entry::Variant>();
-      v->key = DecodeKey(defaults);
-      v->source = std::move(*enc);
-      v->shared = e->shared;
-      MutexLock lock(&e->mu);
-      e->variants.push_back(std::move(v));
-    } else {
-      auto ds = Dataset::Open(spec, open);
-      if (!ds.ok()) return ds.status();
-      e->source = std::make_unique<Dataset>(std::move(*ds));
-    }
+    e->source = std::move(local->dataset);
   }
   entries_.push_back(std::move(e));
   return Status::Ok();

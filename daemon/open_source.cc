@@ -102,42 +102,51 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
     return Status::InvalidArgument("--dataset '" + o.dataset + "' names a dataset on a daemon; '" + o.data +
                                    "' is a file (use file.h5:/path to pick a dataset in it)");
   }
-  if (!o.open.fields.empty() || IsMultiFileSpec(o.data)) {
-    auto fs = FieldSource::Open(o.data, o.open);
+  auto local = OpenLocalSource(o.data, o.open, o.decode);
+  if (!local.ok()) return local.status();
+  auto loader = std::make_unique<Loader>(*local->source(), o.loader);
+  if (local->encoded) return std::make_unique<OpenedSource>(std::move(local->encoded), std::move(loader));
+  if (local->fields) return std::make_unique<OpenedSource>(std::move(local->fields), std::move(loader));
+  return std::make_unique<OpenedSource>(std::move(local->dataset), std::move(loader));
+}
+
+Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& options, const DecodeOptions& decode) {
+  LocalSource out;
+  if (!options.fields.empty() || IsMultiFileSpec(spec)) {
+    auto fs = FieldSource::Open(spec, options);
     if (!fs.ok()) return fs.status();
-    std::unique_ptr<ChunkSource> owned = std::move(*fs);
-    auto loader = std::make_unique<Loader>(*owned, o.loader);
-    return std::make_unique<OpenedSource>(std::move(owned), std::move(loader));
+    out.fields = std::move(*fs);
+    return out;
   }
   // HDF5's parser meets the file in the forked probe first (as Dataset::Open
   // would), then here to see whether the field is encoded images.
-  OpenOptions open = o.open;
-  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(o.data, open));
+  OpenOptions open = options;
+  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(spec, open));
   open.trust_files = true;
-  if (auto kind = DetectEncoded(o.data, open); kind.ok() && *kind != EncodedStorage::kNone) {
-    auto enc = OpenEncodedImages(o.data, open, o.decode);
+  auto kind = DetectEncoded(spec, open);
+  if (!kind.ok()) return kind.status();
+  if (*kind != EncodedStorage::kNone) {
+    auto enc = OpenEncodedImages(spec, open, decode);
     if (!enc.ok()) return enc.status();
-    auto loader = std::make_unique<Loader>(**enc, o.loader);
-    return std::make_unique<OpenedSource>(std::move(*enc), std::move(loader));
+    out.encoded = std::move(*enc);
+    return out;
   }
-  auto ds = Dataset::Open(o.data, open);
+  auto ds = Dataset::Open(spec, open);
   if (!ds.ok()) return ds.status();
   if (!ds->info().virtual_sources.empty()) {
     // A virtual dataset (its mapping checked by Open): read its sources
     // directly, as fields named as a many-file input's (images, labels).
     OpenOptions fo = open;
-    fo.trust_files = o.open.trust_files;  // the sources have not been through the probe yet
+    fo.trust_files = options.trust_files;  // the sources have not been through the probe yet
     fo.fields = {"images=" + ds->info().images_path};
     if (ds->has_labels()) fo.fields.push_back("labels=" + ds->info().labels_path);
     auto fs = FieldSource::Open(ds->info().file, fo);
     if (!fs.ok()) return fs.status();
-    std::unique_ptr<ChunkSource> owned = std::move(*fs);
-    auto loader = std::make_unique<Loader>(*owned, o.loader);
-    return std::make_unique<OpenedSource>(std::move(owned), std::move(loader));
+    out.fields = std::move(*fs);
+    return out;
   }
-  auto owned = std::make_unique<Dataset>(std::move(*ds));
-  auto loader = std::make_unique<Loader>(*owned, o.loader);
-  return std::make_unique<OpenedSource>(std::move(owned), std::move(loader));
+  out.dataset = std::make_unique<Dataset>(std::move(*ds));
+  return out;
 }
 
 }  // namespace gpufeed

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "daemon/datasets.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/fields.h"
 #include "gpufeed/loader.h"
@@ -263,6 +264,33 @@ TEST(VdsTest, ConcatenatedSourcesOfEveryCodecReadDirectly) {
   ASSERT_EQ(src.fields().size(), 2u);
   EXPECT_EQ(src.fields()[1].name, "labels");
   ExpectEverySampleOnce(src, {images, labels});
+}
+
+// `gpufeed serve` opens its datasets as the local loader does
+// (OpenLocalSource): a virtual dataset's sources are read directly (a
+// FieldSource), not through H5Dread under HDF5's lock, and deliver the same
+// samples.
+TEST(VdsTest, TheDaemonReadsAVirtualDatasetsSourcesDirectly) {
+  const std::string dir = MakeTempDir("vds_daemon");
+  const std::vector<uint64_t> sizes = {24, 16, 13};
+  const std::string vds = MakeConcatenated(dir, sizes, {Codec::kNone, Codec::kDeflate, Codec::kZstd});
+  const uint64_t n = 53;
+  const auto images = H5ReadAll(vds, "/images", H5T_NATIVE_UINT8, n * kSampleBytes);
+  const auto labels = H5ReadAll(vds, "/labels", H5T_NATIVE_INT64, n * 8);
+  daemon::DatasetRegistry registry;
+  ASSERT_TRUE(registry.Add(vds, {}).ok());
+  auto stream = registry.Find("", {});
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  const auto* fields = dynamic_cast<const FieldSource*>(stream->source);
+  ASSERT_NE(fields, nullptr) << "the daemon reads a virtual dataset through HDF5";
+  EXPECT_EQ(fields->num_samples(), n);
+  ExpectEverySampleOnce(*fields, {images, labels});
+  // The one door both use.
+  auto local = OpenLocalSource(vds, {}, {});
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  EXPECT_NE(local->fields, nullptr);
+  EXPECT_EQ(local->dataset, nullptr);
+  EXPECT_EQ(local->encoded, nullptr);
 }
 
 TEST(VdsTest, NamedFieldsWithOtherBoundariesAndTheSameFile) {
