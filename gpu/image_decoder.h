@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gpu/device_ops.h"
+#include "gpu/resize_crop.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/status.h"
 
@@ -68,6 +69,9 @@ Status NvjpegAvailable(int device, std::string* backend = nullptr);
 // Shared by both: decodes sample i of b on the host (libjpeg, full size) and
 // resamples its box with ResizeCropCpu into out (3 x height x width).
 Status DecodeOnHost(const Batch& b, size_t i, const ImageDecodeShape& shape, uint8_t* out);
+// The resample of sample `e`, decoded to interleaved RGB at `src` (3 x width
+// bytes a row), into batch position `dst_index`.
+ResizeJob ResizeJobFor(const EncodedSample& e, const uint8_t* src, uint32_t dst_index);
 // failed[i] not ok: sample i did not decode. Without skip_corrupt, Corrupt
 // naming the first; with it, each is replaced by the batch's next sample
 // that decoded (copy_sample(from, to); labels[to] = labels[from]), counted

@@ -23,16 +23,22 @@ Status DecodeOnHost(const Batch& b, size_t i, const ImageDecodeShape& shape, uin
     return Status::Corrupt("decodes to " + std::to_string(h) + "x" + std::to_string(w) + ", its header says " +
                            std::to_string(e.height) + "x" + std::to_string(e.width));
   }
+  const ResizeJob j = ResizeJobFor(e, rgb.data(), 0);
+  return ResizeCropCpu(&j, 1, shape.height, shape.width, shape.nchw, out);
+}
+
+ResizeJob ResizeJobFor(const EncodedSample& e, const uint8_t* src, uint32_t dst_index) {
   ResizeJob j;
-  j.src = rgb.data();
-  j.pitch = uint64_t(3) * w;
-  j.src_h = h;
-  j.src_w = w;
+  j.src = src;
+  j.pitch = uint64_t(3) * e.width;
+  j.src_h = e.height;
+  j.src_w = e.width;
   j.top = e.crop_top;
   j.left = e.crop_left;
   j.height = e.crop_height;
   j.width = e.crop_width;
-  return ResizeCropCpu(&j, 1, shape.height, shape.width, shape.nchw, out);
+  j.dst_index = dst_index;
+  return j;
 }
 
 Status ReplaceCorrupt(const Batch& b, const ImageDecodeShape& shape, std::vector<Status>& failed, int64_t* labels,

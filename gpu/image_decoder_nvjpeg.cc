@@ -205,16 +205,7 @@ class NvjpegDecoder final : public ImageBatchDecoder {
         images_[k].channel[0] = out;
         images_[k].pitch[0] = size_t(3) * e.width;
         ResizeJob& j = jobs[k];
-        j = ResizeJob{};
-        j.src = out;
-        j.pitch = uint64_t(3) * e.width;
-        j.src_h = e.height;
-        j.src_w = e.width;
-        j.top = e.crop_top;
-        j.left = e.crop_left;
-        j.height = e.crop_height;
-        j.width = e.crop_width;
-        j.dst_index = static_cast<uint32_t>(i);
+        j = ResizeJobFor(e, out, static_cast<uint32_t>(i));
         GPUFEED_RETURN_IF_ERROR(
             ValidateResizeJob(j).WithContext(shape_.source + " sample " + std::to_string(b.indices()[i])));
         at += uint64_t(3) * e.height * e.width;

@@ -34,19 +34,7 @@ import sys
 import threading
 import time
 
-
-def rrc_params(w, h, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
-    """torchvision.transforms.RandomResizedCrop.get_params, with Python's random."""
-    area = w * h
-    log_r = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target = area * rng.uniform(*scale)
-        aspect = math.exp(rng.uniform(*log_r))
-        cw = int(round(math.sqrt(target * aspect)))
-        ch = int(round(math.sqrt(target / aspect)))
-        if 0 < cw <= w and 0 < ch <= h:
-            return rng.randint(0, h - ch), rng.randint(0, w - cw), ch, cw
-    return 0, 0, h, w
+from torch_jpeg import rrc_params  # torchvision's RandomResizedCrop.get_params, as the PIL peer draws it
 
 
 def read_encoded(path):
