@@ -2,7 +2,7 @@
 // (LoaderOptions::defer_decode, Batch::encoded()) becomes uint8 samples of
 // the batch's size and layout in the feed's input slot. Two implementations
 // of one seam:
-//   - nvJPEG (image_decoder_nvjpeg.cu): the batch's JPEGs decoded by the
+//   - nvJPEG (image_decoder_nvjpeg.cc): the batch's JPEGs decoded by the
 //     GPU's hardware engine (NVJPEG_BACKEND_HARDWARE; the GPU hybrid backend
 //     where the device has no engine), each crop box resampled by
 //     ResizeCropGpu, the samples the loader decoded copied up;
