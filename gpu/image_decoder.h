@@ -11,7 +11,7 @@
 // A stream the device decoder rejects is decoded on the host instead
 // (counted as fallback_samples); one that does not decode at all is a
 // Corrupt error naming the sample, or with skip_corrupt is replaced by the
-// batch's next sample that decoded (its index and label with it).
+// batch's next sample that decoded (its label with it).
 #ifndef GPUFEED_GPU_IMAGE_DECODER_H_
 #define GPUFEED_GPU_IMAGE_DECODER_H_
 

@@ -93,7 +93,7 @@ struct FeedOptions {
   // (its hardware engine where the device has one; GpuImageDecoder says
   // whether it is there) or by the CPU twin on the CPU path. A sample that
   // does not decode fails Next() naming it, or with skip_corrupt is
-  // replaced by its batch's next sample (index and label with it).
+  // replaced by its batch's next sample (its label with it).
   bool skip_corrupt = false;
 };
 
