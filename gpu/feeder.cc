@@ -445,14 +445,18 @@ Status GpuFeeder::Impl::Fill(int k) {
     }
     Batch b = std::move(**r);
     const uint64_t n = b.size();
+    // Labels first: a decode stage may rewrite a replaced sample's.
     auto* staging = static_cast<int64_t*>(s.labels_staging) + s.samples;
+    if (class_extra >= 0) {
+      const Extra& x = extras[static_cast<size_t>(class_extra)];
+      GPUFEED_RETURN_IF_ERROR(ClassesToInt64(b.field(x.field), x.dtype, n, staging));
+    } else if (b.labels().empty()) {
+      std::fill(staging, staging + n, int64_t{-1});
+    } else {
+      std::memcpy(staging, b.labels().data(), n * sizeof(int64_t));
+    }
     if (!b.encoded().empty()) {
       // Left encoded by the loader: the decode stage writes the samples.
-      if (b.labels().empty()) {
-        std::fill(staging, staging + n, int64_t{-1});
-      } else {
-        std::memcpy(staging, b.labels().data(), n * sizeof(int64_t));
-      }
       GPUFEED_RETURN_IF_ERROR(EnsureDecoder());
       const double d0 = NowSeconds();
       GPUFEED_RETURN_IF_ERROR(
@@ -469,18 +473,10 @@ Status GpuFeeder::Impl::Fill(int k) {
                                               n * sample_bytes, copy_stream));
     for (size_t e = 0; e < extras.size(); ++e) {
       const Extra& x = extras[e];
-      if (x.out_bytes == 0) continue;  // the class: below
+      if (x.out_bytes == 0) continue;  // the class: staged with the labels
       GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.extra[e]) + s.samples * x.in_bytes,
                                                 b.field(x.field).data(), n * x.in_bytes, copy_stream));
       st.bytes_uploaded += n * x.in_bytes;
-    }
-    if (class_extra >= 0) {
-      const Extra& x = extras[static_cast<size_t>(class_extra)];
-      GPUFEED_RETURN_IF_ERROR(ClassesToInt64(b.field(x.field), x.dtype, n, staging));
-    } else if (b.labels().empty()) {
-      std::fill(staging, staging + n, int64_t{-1});
-    } else {
-      std::memcpy(staging, b.labels().data(), n * sizeof(int64_t));
     }
     st.bytes_uploaded += n * sample_bytes;
     s.samples += n;

@@ -168,9 +168,8 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       const int m = static_cast<int>(on_device.size());
       Ring& r = ring_[turn_];
       turn_ = (turn_ + 1) % kRing;
-      const cudaStream_t ds = stream_;
       // The resample that last read this ring buffer (kRing batches back).
-      if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(ds, r.consumed, 0));
+      if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(stream_, r.consumed, 0));
       if (scratch_bytes > r.scratch_capacity || size_t(m) > r.jobs_capacity) {
         if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.consumed));
         if (scratch_bytes > r.scratch_capacity) {
@@ -217,13 +216,13 @@ class NvjpegDecoder final : public ImageBatchDecoder {
         initialized_batch_ = s == nvj::kSuccess ? m : -1;
       }
       if (s == nvj::kSuccess) {
-        s = l.decode_batched(handle_, state_, data_.data(), lengths_.data(), images_.data(), ds);
+        s = l.decode_batched(handle_, state_, data_.data(), lengths_.data(), images_.data(), stream_);
       }
       if (s == nvj::kSuccess) {
         c_.device_samples += m;
         GPUFEED_CUDA_RETURN(
-            cudaMemcpyAsync(r.jobs_dev, r.jobs_host, m * sizeof(ResizeJob), cudaMemcpyHostToDevice, ds));
-        GPUFEED_CUDA_RETURN(cudaEventRecord(r.decoded, ds));
+            cudaMemcpyAsync(r.jobs_dev, r.jobs_host, m * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream_));
+        GPUFEED_CUDA_RETURN(cudaEventRecord(r.decoded, stream_));
         r.decoded_recorded = true;
         // The resample writes the feed's input slot: after what the caller
         // queued on its stream (the slot's last reader) and the decode; the

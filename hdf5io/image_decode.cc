@@ -586,7 +586,6 @@ Status ReadJpegInfo(std::span<const uint8_t> bytes, JpegInfo* info) {
     info->h_samp[i] = c.comp_info[i].h_samp_factor;
     info->v_samp[i] = c.comp_info[i].v_samp_factor;
   }
-  info->restart_interval = c.restart_interval;
   jpeg_abort_decompress(&dc.cinfo);
   if (r != JPEG_HEADER_OK || info->height <= 0 || info->width <= 0) {
     return Status::Corrupt("JPEG header holds no image size (damaged header or tables-only stream)");

@@ -83,7 +83,6 @@ struct JpegInfo {
   bool progressive = false, arithmetic = false;
   bool adobe_cmyk = false;             // CMYK or YCCK colour space
   int h_samp[4] = {}, v_samp[4] = {};  // sampling factors per component
-  unsigned restart_interval = 0;       // MCUs between restart markers (0: none)
   bool ends_with_eoi = false;          // the stream's last marker is EOI (FF D9): not truncated
 };
 // Corrupt for a stream that is no JPEG or whose header libjpeg rejects.

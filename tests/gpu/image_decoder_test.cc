@@ -171,15 +171,19 @@ struct Fed {
   LoaderStats loader;
   Status error;
 };
-Fed Feed(const ChunkSource& src, bool defer, bool skip_corrupt = false, bool gpu = false) {
+// The loader options every run here uses (so runs agree batch for batch).
+LoaderOptions TestLoaderOptions(bool defer, bool pinned) {
   LoaderOptions lo;
   lo.batch_size = 7;
   lo.threads = 2;
   lo.seed = 11;
-  lo.pin_memory = gpu;
+  lo.pin_memory = pinned;
   lo.order = Order::kRandom;
   lo.defer_decode = defer;
-  Loader loader(src, lo);
+  return lo;
+}
+Fed Feed(const ChunkSource& src, bool defer, bool skip_corrupt = false, bool gpu = false) {
+  Loader loader(src, TestLoaderOptions(defer, gpu));
   FeedOptions fo;
   fo.force_cpu = !gpu;
   fo.mean = {0, 0, 0};
@@ -228,14 +232,7 @@ TEST(ImageDecoderTest, DeferredBatchesMatchTheLoadersDecode) {
   // The loader's batches say which sample went which way; the feed's output
   // follows the loader's order, so the k-th sample of the epoch is the same
   // dataset sample in both runs.
-  LoaderOptions lo;
-  lo.batch_size = 7;
-  lo.threads = 2;
-  lo.seed = 11;
-  lo.pin_memory = false;
-  lo.order = Order::kRandom;
-  lo.defer_decode = true;
-  Loader loader(**src, lo);
+  Loader loader(**src, TestLoaderOptions(/*defer=*/true, /*pinned=*/false));
   const uint64_t sb = (*src)->sample_bytes();
   size_t batch = 0;
   uint64_t on_device = 0, by_loader = 0;
