@@ -89,11 +89,9 @@ Status CreateHandle(nvj::Handle* h, std::string* backend) {
 // buffer of a ring of kRing; the resample into the feed's input slot runs on
 // a second one after the decode's event and what the caller's stream held
 // (both at the device's highest priority), and the caller's stream waits for
-// it. The decode stream waits only
-// on the resample that last read its ring buffer (kRing batches back), never
-// on the feed's input slot, whose reuse follows the consumer's training
-// steps: so nvJPEG's host-side waits (its call blocks while the engine
-// works) never wait for a model's step.
+// it. Before a decode, the host waits only for the resample that last read
+// its ring buffer (kRing batches back, long done), never for the feed's input
+// slot, whose reuse follows the consumer's training steps.
 class NvjpegDecoder final : public ImageBatchDecoder {
  public:
   NvjpegDecoder(const ImageDecodeShape& shape, int device, DeviceOps* ops)
@@ -168,10 +166,14 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       const int m = static_cast<int>(on_device.size());
       Ring& r = ring_[turn_];
       turn_ = (turn_ + 1) % kRing;
-      // The resample that last read this ring buffer (kRing batches back).
-      if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(stream_, r.consumed, 0));
+      // The resample that last read this ring buffer (kRing batches back),
+      // waited for on the host: the hardware backend writes its output when
+      // nvjpegDecodeBatched is called, not when the work queued before it
+      // on its stream has run, so a stream wait would not keep it off a
+      // buffer still being read (seen by torchvision and TorchCodec on H100,
+      // pytorch/vision#9606, meta-pytorch/torchcodec#1634).
+      if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.consumed));
       if (scratch_bytes > r.scratch_capacity || size_t(m) > r.jobs_capacity) {
-        if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.consumed));
         if (scratch_bytes > r.scratch_capacity) {
           if (r.scratch) ops_->Free(r.scratch);
           r.scratch = nullptr;
