@@ -23,7 +23,7 @@ namespace {
 
 struct TrainArgs {
   std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
-  std::string widths = "256,128", channels = "32,64", checkpoint, json;
+  std::string widths = "256,128", channels = "32,64", checkpoint, json, freeze;
   std::string dataset, token_file;  // with a daemon --data
   DecodeArgs decode;                // encoded image datasets
   TrainOptions o;
@@ -66,6 +66,8 @@ nlohmann::json ToJson(const TrainReport& r) {
   j["backend"] = r.backend;
   j["model"] = r.model;
   j["parameters"] = r.parameters;
+  j["trainable_parameters"] = r.trainable_parameters;
+  j["init"] = r.init;
   j["memory_bytes"] = {{"weights", r.memory.weights},        {"gradients", r.memory.gradients},
                        {"optimizer", r.memory.optimizer},    {"activations", r.memory.activations},
                        {"workspace", r.memory.workspace},    {"total", r.memory.total()},
@@ -171,6 +173,13 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
                 r->steady_samples_per_s);
     if (r->steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r->steady_gpu_util);
     std::printf("\nsteps: CUDA graphs %s\n", r->graphs.c_str());
+    if (r->trainable_parameters != r->parameters) {
+      std::printf("parameters: %llu, %llu of them trained (%.1f%%; --freeze %s)\n", (unsigned long long)r->parameters,
+                  (unsigned long long)r->trainable_parameters,
+                  100.0 * double(r->trainable_parameters) / double(std::max<uint64_t>(1, r->parameters)),
+                  a.freeze.c_str());
+    }
+    if (!r->init.empty()) std::printf("init: %s\n", r->init.c_str());
     if (!r->parallel.empty()) {
       std::printf("data parallel: %s", r->parallel.c_str());
       if (r->allreduce_ms >= 0) {
@@ -287,6 +296,14 @@ int RunTrain(TrainArgs& a) {
   o.loader.threads = a.threads;
   o.loader.cache_bytes = a.cache_bytes;
   o.checkpoint_path = a.checkpoint;
+  for (size_t at = 0; !a.freeze.empty() && at <= a.freeze.size();) {
+    size_t comma = a.freeze.find(',', at);
+    if (comma == std::string::npos) comma = a.freeze.size();
+    const std::string name = a.freeze.substr(at, comma - at);
+    if (name.empty()) return fail(Status::InvalidArgument("--freeze '" + a.freeze + "': an empty name"));
+    o.freeze.push_back(name);
+    at = comma + 1;
+  }
 
   if (IsDaemonAddress(a.test)) {
     return fail(Status::Unsupported("train: --test " + a.test + ": the test split is read from a file"));
@@ -426,6 +443,11 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   AddCacheBytesOption(cmd, &a->cache_bytes, "loader chunk cache (default 1 GiB)");
   cmd->add_option("--checkpoint", a->checkpoint, "checkpoint file, written after every epoch");
   cmd->add_flag("--resume", o.resume, "continue from --checkpoint");
+  cmd->add_option("--init", o.init_path,
+                  "start from the weights of this checkpoint (any optimizer; a head of other classes starts fresh)");
+  cmd->add_option("--freeze", a->freeze,
+                  "parameters to freeze, by name prefix, comma-separated (conv0,conv3 or linear0.weight): no gradient, "
+                  "no optimizer state");
   cmd->add_option("--stop-after", o.stop_after_epochs, "stop after this many epochs (as if interrupted)");
   cmd->add_option("--device-resident", o.device_resident_batches,
                   "compute ceiling: cycle the first N batches kept on the device (0: off)");

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -64,6 +65,7 @@ std::vector<std::pair<void*, size_t>> Tensors(Model* model) {
   std::vector<std::pair<void*, size_t>> t;
   for (Param& p : model->params()) {
     t.emplace_back(p.master, p.n * 4);
+    if (p.frozen()) continue;  // no optimizer state
     if (p.quantized()) {
       const size_t blocks = (p.n + kQuantBlock - 1) / kQuantBlock;
       t.emplace_back(p.q1, p.n);
@@ -77,6 +79,43 @@ std::vector<std::pair<void*, size_t>> Tensors(Model* model) {
   for (auto& [b, n] : model->buffers()) t.emplace_back(b, n * 4);
   return t;
 }
+
+// The file's payload (after the checked header) and its format version.
+Status ReadPayload(const std::string& path, std::string* data, uint32_t* version) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::NotFound("checkpoint " + path + ": cannot open (no such file?)");
+  data->assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (data->size() < 32 || std::memcmp(data->data(), kMagic, 8) != 0)
+    return Status::Corrupt("checkpoint " + path + ": not a gpufeed checkpoint (bad magic)");
+  uint64_t size, hash;
+  std::memcpy(version, data->data() + 8, 4);
+  std::memcpy(&size, data->data() + 16, 8);
+  std::memcpy(&hash, data->data() + 24, 8);
+  if (*version != kCheckpointVersion && *version != 1)
+    return Status::Unsupported("checkpoint " + path + ": version " + std::to_string(*version) + ", this build reads " +
+                               std::to_string(kCheckpointVersion));
+  if (size != data->size() - 32)
+    return Status::Corrupt("checkpoint " + path + ": payload is " + std::to_string(data->size() - 32) +
+                           " bytes, header says " + std::to_string(size) + " (truncated file?)");
+  if (XXH64(data->data() + 32, size, 0) != hash)
+    return Status::Corrupt("checkpoint " + path + ": checksum mismatch (the file is damaged)");
+  return Status::Ok();
+}
+
+// A "key=value" of a config string ("precision=bf16 optimizer=adamw ..."); empty if absent.
+std::string ConfigValue(const std::string& config, const std::string& key) {
+  const std::string k = key + "=";
+  for (size_t at = 0; at < config.size();) {
+    size_t end = config.find(' ', at);
+    if (end == std::string::npos) end = config.size();
+    if (config.compare(at, k.size(), k) == 0) return config.substr(at + k.size(), end - at - k.size());
+    at = end + 1;
+  }
+  return "";
+}
+
+// "cnn 1x28x28-c64-c128-10" without its classes: "cnn 1x28x28-c64-c128".
+std::string WithoutHead(const std::string& model) { return model.substr(0, model.rfind('-')); }
 
 }  // namespace
 
@@ -113,24 +152,9 @@ Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
 
 Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& expect,
                       CheckpointMeta* meta) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::NotFound("checkpoint " + path + ": cannot open (no such file?)");
-  std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (data.size() < 32 || std::memcmp(data.data(), kMagic, 8) != 0)
-    return Status::Corrupt("checkpoint " + path + ": not a gpufeed checkpoint (bad magic)");
-  uint32_t version;
-  uint64_t size, hash;
-  std::memcpy(&version, data.data() + 8, 4);
-  std::memcpy(&size, data.data() + 16, 8);
-  std::memcpy(&hash, data.data() + 24, 8);
-  if (version != kCheckpointVersion && version != 1)
-    return Status::Unsupported("checkpoint " + path + ": version " + std::to_string(version) + ", this build reads " +
-                               std::to_string(kCheckpointVersion));
-  if (size != data.size() - 32)
-    return Status::Corrupt("checkpoint " + path + ": payload is " + std::to_string(data.size() - 32) +
-                           " bytes, header says " + std::to_string(size) + " (truncated file?)");
-  if (XXH64(data.data() + 32, size, 0) != hash)
-    return Status::Corrupt("checkpoint " + path + ": checksum mismatch (the file is damaged)");
+  std::string data;
+  uint32_t version = 0;
+  GPUFEED_RETURN_IF_ERROR(ReadPayload(path, &data, &version));
   Reader r(std::string_view(data).substr(32), path);
   GPUFEED_RETURN_IF_ERROR(r.Str(&meta->model));
   GPUFEED_RETURN_IF_ERROR(r.Str(&meta->config));
@@ -170,6 +194,92 @@ Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   // Compute copies follow the restored masters.
   for (Param& p : model->params())
     if (p.copy && p.copy != p.master) GPUFEED_RETURN_IF_ERROR(ops->Cast(p.master, p.copy, model->spec().dtype, p.n));
+  return Status::Ok();
+}
+
+Status LoadWeights(const std::string& path, Ops* ops, Model* model, std::string* note) {
+  std::string data;
+  uint32_t version = 0;
+  GPUFEED_RETURN_IF_ERROR(ReadPayload(path, &data, &version));
+  Reader r(std::string_view(data).substr(32), path);
+  std::string their_model, config;
+  GPUFEED_RETURN_IF_ERROR(r.Str(&their_model));
+  GPUFEED_RETURN_IF_ERROR(r.Str(&config));
+  const std::string ours = model->Describe();
+  if (WithoutHead(their_model) != WithoutHead(ours))
+    return Status::InvalidArgument("--init " + path + " holds model '" + their_model + "', this run builds '" + ours +
+                                   "' (the same layers are needed; only the classes may differ)");
+  int32_t next_epoch;
+  int64_t step;
+  ScalerState scaler;
+  std::string loader;
+  GPUFEED_RETURN_IF_ERROR(r.Pod(&next_epoch));
+  GPUFEED_RETURN_IF_ERROR(r.Pod(&step));
+  GPUFEED_RETURN_IF_ERROR(r.Pod(&scaler));
+  GPUFEED_RETURN_IF_ERROR(r.Str(&loader));
+  // The checkpoint's layout of optimizer state, from the config it was
+  // trained with: which tensors follow each master.
+  const std::string opt = ConfigValue(config, "optimizer");
+  const bool adam = opt == "adamw" || opt == "adamw8bit";
+  const bool quantized = opt == "adamw8bit" || opt == "sgd8bit";
+  if (!adam && opt != "sgd" && opt != "sgd8bit")
+    return Status::Corrupt("checkpoint " + path + ": unknown optimizer in '" + config + "'");
+  std::vector<std::string> their_frozen;
+  for (std::string f = ConfigValue(config, "freeze"); !f.empty();) {
+    const size_t comma = f.find(',');
+    their_frozen.push_back(f.substr(0, comma));
+    f = comma == std::string::npos ? "" : f.substr(comma + 1);
+  }
+  uint32_t count;
+  GPUFEED_RETURN_IF_ERROR(r.Pod(&count));
+  auto next = [&](uint64_t* len) -> Status {
+    if (count == 0) return Status::Corrupt("checkpoint " + path + ": fewer tensors than its model has");
+    --count;
+    GPUFEED_RETURN_IF_ERROR(r.Pod(len));
+    if (version == 1) *len *= 4;
+    return Status::Ok();
+  };
+  std::vector<uint8_t> host, skip;
+  auto& params = model->params();
+  int head_kept = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    const bool head = i + Model::kHeadParams >= params.size();
+    uint64_t len;
+    GPUFEED_RETURN_IF_ERROR(next(&len));
+    host.resize(len);
+    GPUFEED_RETURN_IF_ERROR(r.Raw(host.data(), len));
+    if (len == p.n * 4) {
+      GPUFEED_RETURN_IF_ERROR(ops->Upload(p.master, host.data(), len));
+      if (head) ++head_kept;
+    } else if (!head) {
+      return Status::Corrupt("checkpoint " + path + ": " + p.name + " holds " + std::to_string(len / 4) +
+                             " values, the model has " + std::to_string(p.n));
+    }
+    // Skip the optimizer state the checkpoint keeps after this master.
+    const uint64_t n = len / 4;
+    const bool was_frozen = std::any_of(their_frozen.begin(), their_frozen.end(),
+                                        [&](const std::string& f) { return p.name.compare(0, f.size(), f) == 0; });
+    const int states = was_frozen ? 0 : (quantized && n >= kQuantMinElems ? (adam ? 4 : 2) : (adam ? 2 : 1));
+    for (int k = 0; k < states; ++k) {
+      GPUFEED_RETURN_IF_ERROR(next(&len));
+      skip.resize(len);
+      GPUFEED_RETURN_IF_ERROR(r.Raw(skip.data(), len));
+    }
+  }
+  for (auto& [b, n] : model->buffers()) {
+    uint64_t len;
+    GPUFEED_RETURN_IF_ERROR(next(&len));
+    if (len != n * 4) return Status::Corrupt("checkpoint " + path + ": batchnorm statistics of another size");
+    host.resize(len);
+    GPUFEED_RETURN_IF_ERROR(r.Raw(host.data(), len));
+    GPUFEED_RETURN_IF_ERROR(ops->Upload(b, host.data(), len));
+  }
+  if (count != 0 || !r.done()) return Status::Corrupt("checkpoint " + path + ": more tensors than its model has");
+  for (Param& p : params)
+    if (p.copy && p.copy != p.master) GPUFEED_RETURN_IF_ERROR(ops->Cast(p.master, p.copy, model->spec().dtype, p.n));
+  *note = "weights of " + path + " ('" + their_model + "', epoch " + std::to_string(next_epoch) + ")";
+  if (head_kept < Model::kHeadParams) *note += "; its head has other classes: the head starts fresh";
   return Status::Ok();
 }
 

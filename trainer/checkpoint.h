@@ -39,6 +39,12 @@ Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
 // `expect` gives the model and config that must match.
 Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& expect,
                       CheckpointMeta* meta);
+// Starts `model` from the weights of a checkpoint (TrainOptions::init_path):
+// fp32 masters and batchnorm statistics, whatever optimizer, precision or
+// freezing it was trained with; not its optimizer state, step or position.
+// The layers must be the same; a head of another size (other classes) keeps
+// its fresh initialisation. *note says what was taken.
+Status LoadWeights(const std::string& path, Ops* ops, Model* model, std::string* note);
 
 }  // namespace gpufeed::trainer
 

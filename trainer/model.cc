@@ -29,10 +29,16 @@ Status Model::AddParam(const std::string& name, size_t n, bool decay, float boun
   void* v;
   GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &weights_));
   p.master = static_cast<float*>(v);
-  GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &grads_));
-  p.grad = static_cast<float*>(v);
+  const bool frozen = std::any_of(spec_.freeze.begin(), spec_.freeze.end(),
+                                  [&](const std::string& f) { return name.compare(0, f.size(), f) == 0; });
   const bool adam = spec_.optimizer == OptimizerKind::kAdamW;
-  if (spec_.quantized_states && n >= kQuantMinElems) {
+  if (!frozen) {
+    GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &grads_));
+    p.grad = static_cast<float*>(v);
+  }
+  if (frozen) {
+    // Neither gradient nor optimizer state.
+  } else if (spec_.quantized_states && n >= kQuantMinElems) {
     // 8-bit states: a byte a value and an absmax a block (zero: every state 0).
     const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
     GPUFEED_RETURN_IF_ERROR(Allocate(n, &v, &opt_));
@@ -79,6 +85,9 @@ Status Model::Init() {
   const ModelSpec& s = spec_;
   if (s.in_h <= 0 || s.in_w <= 0 || s.in_c <= 0 || s.classes < 2 || s.max_batch <= 0)
     return Status::InvalidArgument("model: bad input geometry or classes");
+  for (const std::string& f : s.freeze)
+    if (f.empty())
+      return Status::InvalidArgument("model: an empty name to freeze (--freeze takes names such as conv0)");
   for (int w : s.widths)
     if (w <= 0) return Status::InvalidArgument("model: layer widths must be positive");
   int h = s.in_h, w = s.in_w, c = s.in_c;
@@ -149,6 +158,33 @@ Status Model::Init() {
     acts_.push_back(v);
     widest = std::max(widest, l.out_elems);
   }
+  // Freezing: every name must match a parameter, and something must train.
+  for (const std::string& f : s.freeze) {
+    if (std::none_of(params_.begin(), params_.end(),
+                     [&](const Param& p) { return p.name.compare(0, f.size(), f) == 0; })) {
+      std::string names;
+      for (const Param& p : params_) names += (names.empty() ? "" : ", ") + p.name;
+      return Status::InvalidArgument("model: --freeze " + f + " names no parameter of " + Describe() + " (" + names +
+                                     ")");
+    }
+  }
+  first_trainable_ = layers_.size();
+  size_t widest_bn = 0;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const Layer& l = layers_[i];
+    const bool trainable = (l.p >= 0 && !params_[l.p].frozen()) || (l.p2 >= 0 && !params_[l.p2].frozen());
+    if (trainable) first_trainable_ = i;
+    if (l.kind == Kind::kBnRelu && l.p >= 0 && (params_[l.p].frozen() || params_[l.p2].frozen()))
+      widest_bn = std::max(widest_bn, size_t(l.c));
+  }
+  if (first_trainable_ == layers_.size())
+    return Status::InvalidArgument("model: --freeze leaves nothing of " + Describe() + " to train");
+  if (widest_bn > 0) {
+    void* v;
+    GPUFEED_RETURN_IF_ERROR(Allocate(2 * widest_bn * 4, &v, &grads_));
+    frozen_grad_ = static_cast<float*>(v);
+    frozen_grad_beta_ = frozen_grad_ + widest_bn;
+  }
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * s.classes * es, &dlogits_, &acts_bytes_));
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_a_, &acts_bytes_));
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_b_, &acts_bytes_));
@@ -200,24 +236,30 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
   const DType dt = spec_.dtype;
   const float beta = accumulate ? 1.0f : 0.0f;
   void* dy = dlogits_;
-  for (size_t i = layers_.size(); i-- > 0;) {
+  // Down to the first layer with a trainable parameter: below it no
+  // gradient is needed (frozen layers, ModelSpec::freeze).
+  for (size_t i = layers_.size(); i-- > first_trainable_;) {
     Layer& l = layers_[i];
     const void* in = i == 0 ? x : acts_[i - 1];
     void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
+    const bool need_dx = i > first_trainable_;
     switch (l.kind) {
       case Kind::kLinear: {
         if (l.relu) GPUFEED_RETURN_IF_ERROR(ops_->ReluBackward(dy, acts_[i], size_t(batch) * l.out_features, dt));
-        GemmArgs gw;  // dW[out, in] = dY^T X
-        gw.trans_a = true;
-        gw.m = l.out_features, gw.n = l.in_features, gw.k = batch;
-        gw.a = dy, gw.lda = l.out_features;
-        gw.b = in, gw.ldb = l.in_features;
-        gw.c = params_[l.p].grad, gw.ldc = l.in_features;
-        gw.beta = beta;
-        gw.ab = dt, gw.c_dtype = DType::kFloat32;
-        GPUFEED_RETURN_IF_ERROR(ops_->Gemm(gw));
-        GPUFEED_RETURN_IF_ERROR(ops_->ColumnSum(dy, batch, l.out_features, dt, params_[l.p2].grad, beta));
-        if (i > 0) {
+        if (!params_[l.p].frozen()) {
+          GemmArgs gw;  // dW[out, in] = dY^T X
+          gw.trans_a = true;
+          gw.m = l.out_features, gw.n = l.in_features, gw.k = batch;
+          gw.a = dy, gw.lda = l.out_features;
+          gw.b = in, gw.ldb = l.in_features;
+          gw.c = params_[l.p].grad, gw.ldc = l.in_features;
+          gw.beta = beta;
+          gw.ab = dt, gw.c_dtype = DType::kFloat32;
+          GPUFEED_RETURN_IF_ERROR(ops_->Gemm(gw));
+        }
+        if (!params_[l.p2].frozen())
+          GPUFEED_RETURN_IF_ERROR(ops_->ColumnSum(dy, batch, l.out_features, dt, params_[l.p2].grad, beta));
+        if (need_dx) {
           GemmArgs gx;  // dX[B, in] = dY W
           gx.m = batch, gx.n = l.in_features, gx.k = l.out_features;
           gx.a = dy, gx.lda = l.out_features;
@@ -231,14 +273,18 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
       case Kind::kConv: {
         ConvShape s = l.conv;
         s.n = batch;
-        GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardFilter(s, in, dy, params_[l.p].grad, beta));
-        if (i > 0) GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardData(s, dy, params_[l.p].copy, dx));
+        if (!params_[l.p].frozen())
+          GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardFilter(s, in, dy, params_[l.p].grad, beta));
+        if (need_dx) GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardData(s, dy, params_[l.p].copy, dx));
         break;
       }
       case Kind::kBnRelu: {
         BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
+        // A frozen gamma or beta: its gradient goes to scratch, unused.
+        float* dgamma = params_[l.p].frozen() ? frozen_grad_ : params_[l.p].grad;
+        float* dbeta = params_[l.p2].frozen() ? frozen_grad_beta_ : params_[l.p2].grad;
         GPUFEED_RETURN_IF_ERROR(ops_->BnReluBackward(a, in, acts_[i], dy, params_[l.p].master, l.save_mean,
-                                                     l.save_invstd, dx, params_[l.p].grad, params_[l.p2].grad, beta));
+                                                     l.save_invstd, dx, dgamma, dbeta, beta));
         break;
       }
       case Kind::kPool:

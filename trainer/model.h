@@ -27,6 +27,9 @@ struct ModelSpec {
   // kQuantMinElems values; fp32 states for the others.
   bool quantized_states = false;
   uint64_t seed = 0;
+  // Parameters whose names start with one of these ("conv0", "linear9.bias")
+  // are frozen: no gradient, no optimizer state, never updated.
+  std::vector<std::string> freeze;
 };
 
 // One trainable tensor: fp32 master, fp32 gradient, optimizer state, and the
@@ -45,6 +48,8 @@ struct Param {
   float* a2 = nullptr;
   bool quantized() const { return q1 != nullptr; }
   void* copy = nullptr;  // compute dtype
+  // Frozen (ModelSpec::freeze): grad and the states are null.
+  bool frozen() const { return grad == nullptr; }
 };
 
 class Model {
@@ -77,6 +82,9 @@ class Model {
 
   // Batchnorm running statistics (part of the checkpoint), fp32, in order.
   std::vector<std::pair<float*, size_t>> buffers();
+  // The number of trailing params() that form the classifier head (the last
+  // linear layer's weight and bias).
+  static constexpr int kHeadParams = 2;
 
  private:
   enum class Kind { kLinear, kConv, kBnRelu, kPool };
@@ -106,6 +114,11 @@ class Model {
   void* grad_a_ = nullptr;  // ping-pong activation gradients
   void* grad_b_ = nullptr;
   std::vector<void*> owned_;
+  // Layers below this index have no trainable parameter: the backward pass
+  // stops there (their input gradients are never needed).
+  size_t first_trainable_ = 0;
+  float* frozen_grad_ = nullptr;  // scratch for a frozen batchnorm's parameter gradients
+  float* frozen_grad_beta_ = nullptr;
   uint64_t weights_ = 0, grads_ = 0, opt_ = 0, acts_bytes_ = 0;
   uint64_t rng_ = 0;
 };

@@ -144,7 +144,11 @@ std::string ConfigString(const TrainOptions& o) {
   std::snprintf(buf, sizeof buf, "precision=%s optimizer=%s batch=%llu accum=%d seed=%llu",
                 std::string(DTypeName(o.precision)).c_str(), OptimizerName(o.optimizer).c_str(),
                 (unsigned long long)o.batch_size, o.accum, (unsigned long long)o.seed);
-  return buf;
+  // Freezing changes which tensors a checkpoint holds (frozen ones keep no
+  // optimizer state); absent when nothing is frozen, as before.
+  std::string s = buf;
+  for (size_t i = 0; i < o.freeze.size(); ++i) s += (i == 0 ? " freeze=" : ",") + o.freeze[i];
+  return s;
 }
 
 class Run {
@@ -397,14 +401,20 @@ Status Run::Setup() {
   spec.optimizer = IsSgd(o_.optimizer) ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
   spec.quantized_states = o_.optimizer == Optimizer::kAdamW8bit || o_.optimizer == Optimizer::kSgd8bit;
   spec.seed = o_.seed;
+  spec.freeze = o_.freeze;
   model_ = std::make_unique<Model>(ops_.get(), spec);
   GPUFEED_RETURN_IF_ERROR(model_->Init());
   report_.model = model_->Describe();
   report_.parameters = model_->num_parameters();
   for (auto& p : model_->params()) {
+    report_.parameter_names.push_back(p.name);
+    if (p.frozen()) continue;  // no gradient to reduce, clip or apply
+    report_.trainable_parameters += p.n;
     grads_.push_back(p.grad);
     grad_sizes_.push_back(p.n);
   }
+  if (!o_.init_path.empty() && !o_.resume)
+    GPUFEED_RETURN_IF_ERROR(trainer::LoadWeights(o_.init_path, ops_.get(), model_.get(), &report_.init));
 
   LoaderOptions lo = o_.loader;
   lo.batch_size = o_.batch_size;
@@ -543,9 +553,11 @@ Status Run::MicroOps(const void* images, const void* labels, int n, bool accumul
   bucket_bytes_ = 0;
   GPUFEED_RETURN_IF_ERROR(model_->Backward(images, n, accumulate, [this](int first, int end) -> Status {
     for (int i = first; i < end; ++i) {
-      bucket_.push_back(grads_[size_t(i)]);
-      bucket_sizes_.push_back(grad_sizes_[size_t(i)]);
-      bucket_bytes_ += 4 * grad_sizes_[size_t(i)];
+      const trainer::Param& p = model_->params()[size_t(i)];
+      if (p.frozen()) continue;
+      bucket_.push_back(p.grad);
+      bucket_sizes_.push_back(p.n);
+      bucket_bytes_ += 4 * p.n;
     }
     return bucket_bytes_ >= o_.parallel.bucket_bytes ? FlushBucket() : Status::Ok();
   }));
@@ -573,7 +585,7 @@ Status Run::OptimizerStep() {
   GPUFEED_RETURN_IF_ERROR(ops_->FinishGradients(ptrs, sizes, static_cast<int>(grads_.size()), o_.clip_norm, sc));
   GPUFEED_RETURN_IF_ERROR(ops_->AdvanceSchedule(schedule_, st));
   for (auto& p : model_->params()) {
-    if (p.quantized()) continue;
+    if (p.quantized() || p.frozen()) continue;
     GPUFEED_RETURN_IF_ERROR(ops_->ApplyOptimizer(opt_, p.decay, p.n, p.master, p.grad, p.s1, p.s2,
                                                  p.copy != p.master ? p.copy : nullptr, o_.precision, sc, st));
   }

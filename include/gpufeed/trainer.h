@@ -95,7 +95,20 @@ struct TrainOptions {
   // Checkpoint file written after every epoch (atomically: tmp + rename).
   // Empty: none.
   std::string checkpoint_path;
-  bool resume = false;        // continue from checkpoint_path
+  bool resume = false;  // continue from checkpoint_path
+  // Start from the weights of this checkpoint (fp32 masters and batchnorm
+  // statistics; not its optimizer state, step or loader position), trained
+  // with any optimizer, precision or freezing. The layers must be the same;
+  // a head of another size (other classes) starts fresh. Ignored when
+  // resuming (the checkpoint being resumed holds the weights).
+  std::string init_path;
+  // Parameters to freeze, by name prefix ("conv0" freezes conv0.weight,
+  // conv0.bn.gamma and conv0.bn.beta; "linear9.bias" only that): no
+  // gradient, no optimizer state (no memory for either), never updated; the
+  // backward pass stops below the first layer that trains. Batchnorm layers
+  // still update their running statistics, as PyTorch's do in train mode.
+  // Names are those of TrainReport::parameter_names.
+  std::vector<std::string> freeze;
   int stop_after_epochs = 0;  // stop (as if interrupted) after this many epochs (0: run all)
   // Compute ceiling: train on the first `device_resident_batches` batches
   // kept on the device, cycled, for as many steps as a real epoch (0: off).
@@ -180,11 +193,14 @@ struct TrainReport {
   double wall_seconds = 0;          // the whole call, data loading included
   double steady_gpu_util = -1;      // NVML mean after the first epoch (or its first 10%)
   double steady_samples_per_s = 0;
-  double data_wait_fraction = 0;  // of the training time
-  std::string telemetry;          // why NVML is off, if it is
-  std::string verdict;            // "compute-bound ...", "input-bound ..." or "host-bound ..."
-  uint64_t weights_hash = 0;      // XXH64 of the fp32 master weights at the end
-  std::string graphs;             // "on: ..." or "off: why"
+  double data_wait_fraction = 0;             // of the training time
+  std::string telemetry;                     // why NVML is off, if it is
+  std::string verdict;                       // "compute-bound ...", "input-bound ..." or "host-bound ..."
+  uint64_t weights_hash = 0;                 // XXH64 of the fp32 master weights at the end
+  std::string graphs;                        // "on: ..." or "off: why"
+  std::string init;                          // where the weights started (TrainOptions::init_path), empty: fresh
+  std::vector<std::string> parameter_names;  // every parameter, in order ("conv0.weight", ...)
+  uint64_t trainable_parameters = 0;         // those not frozen
   // Data parallel (world_size > 1): "2 ranks, nccl 2.28.9"; the epochs'
   // samples, losses and rates are the node's (all ranks), the verdict the
   // limiting rank's; every rank's own figures in `ranks`.

@@ -100,6 +100,20 @@ TEST(DataParallelTest, TwoRanksTrainTheWeightsOfOneRankWithTwiceTheBatch) {
   }
   BarsSource data(kN), interleaved(kN, perm), test(256);
   const std::string dir = testing::MakeTempDir("dp");
+  // With a frozen first layer too: only the trainable gradients travel.
+  {
+    TrainOptions o = Options(int(kB));
+    o.freeze = {"linear0.weight"};
+    auto frozen = RunRanks(data, &test, o, 2, dir + "/frozen");
+    for (auto& r : frozen) ASSERT_TRUE(r.ok()) << r.status().ToString();
+    o.batch_size = 2 * kB;
+    auto one = Train(interleaved, &test, o);
+    ASSERT_TRUE(one.ok()) << one.status().ToString();
+    EXPECT_EQ(frozen[1]->weights_hash, frozen[0]->weights_hash);
+    EXPECT_LT(frozen[0]->trainable_parameters, frozen[0]->parameters);
+    for (size_t e = 0; e < one->epochs.size(); ++e)
+      EXPECT_NEAR(frozen[0]->epochs[e].train_loss, one->epochs[e].train_loss, 1e-4 * one->epochs[e].train_loss);
+  }
   auto ranks = RunRanks(data, &test, Options(int(kB)), 2, dir + "/job");
   for (auto& r : ranks) ASSERT_TRUE(r.ok()) << r.status().ToString();
   auto one = Train(interleaved, &test, Options(int(2 * kB)));

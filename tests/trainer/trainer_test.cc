@@ -9,12 +9,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "gpufeed/convert.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/device.h"
 #include "gpufeed/trainer.h"
 #include "tests/testing/test_data.h"
+#include "trainer/checkpoint.h"
 #include "trainer/model.h"
 #include "trainer/ops.h"
 
@@ -199,6 +201,141 @@ TEST(TrainerTest, AdamW8bitLearnsTheBarsWithAQuarterOfTheState) {
   std::printf("optimizer state: adamw %llu bytes, adamw8bit %llu (%.3fx)\n", (unsigned long long)full->memory.optimizer,
               (unsigned long long)eight->memory.optimizer, ratio);
   EXPECT_LT(ratio, 0.3);
+}
+
+// The masters of a checkpoint, by parameter name (read through a model of
+// `spec`, optimizer state skipped).
+std::map<std::string, std::vector<float>> Masters(const std::string& path, trainer::ModelSpec spec) {
+  auto ops = trainer::MakeCpuOps();
+  spec.freeze.clear();
+  trainer::Model m(ops.get(), spec);
+  std::map<std::string, std::vector<float>> out;
+  EXPECT_TRUE(m.Init().ok());
+  std::string note;
+  const Status st = trainer::LoadWeights(path, ops.get(), &m, &note);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  for (const trainer::Param& p : m.params()) out[p.name].assign(p.master, p.master + p.n);
+  return out;
+}
+
+trainer::ModelSpec SmallCnnSpec(const TrainOptions& o, int classes) {
+  trainer::ModelSpec s;
+  s.kind = ModelKind::kCnn;
+  s.widths = o.channels;
+  s.in_h = 8, s.in_w = 8, s.in_c = 1, s.classes = classes, s.max_batch = int(o.batch_size);
+  return s;
+}
+
+// A frozen parameter: no gradient and no optimizer state (the memory
+// breakdown says so), never updated; the others get the gradients they get
+// without freezing, bit for bit (the backward pass just stops lower).
+TEST(TrainerTest, FreezingStopsGradientsAndStateForTheNamedLayers) {
+  auto ops = trainer::MakeCpuOps();
+  trainer::ModelSpec s;
+  s.kind = ModelKind::kCnn;
+  s.widths = {4, 6};
+  s.in_h = 8, s.in_w = 8, s.in_c = 1, s.classes = 3, s.max_batch = 16, s.seed = 5;
+  trainer::Model all(ops.get(), s);
+  s.freeze = {"conv0", "linear"};  // conv0.weight, conv0.bn.gamma/.beta and linear6.weight/.bias
+  trainer::Model part(ops.get(), s);
+  ASSERT_TRUE(all.Init().ok());
+  ASSERT_TRUE(part.Init().ok());
+  std::vector<float> x(16 * 64);
+  std::vector<int32_t> y(16);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.29f * float(i));
+  for (int i = 0; i < 16; ++i) y[i] = i % 3;
+  trainer::ScalerState sc;
+  double loss = 0;
+  int64_t correct = 0;
+  for (trainer::Model* m : {&all, &part}) {
+    ASSERT_TRUE(m->Forward(x.data(), 16, true).ok());
+    ASSERT_TRUE(
+        ops->SoftmaxXent(16, 3, DType::kFloat32, m->logits(), y.data(), &loss, &correct, m->dlogits(), &sc, 16).ok());
+    ASSERT_TRUE(m->Backward(x.data(), 16, false).ok());
+  }
+  ASSERT_EQ(all.params().size(), part.params().size());
+  uint64_t frozen = 0;
+  for (size_t i = 0; i < all.params().size(); ++i) {
+    const trainer::Param& a = all.params()[i];
+    const trainer::Param& b = part.params()[i];
+    const bool should = a.name.rfind("conv0", 0) == 0 || a.name.rfind("linear", 0) == 0;
+    EXPECT_EQ(b.frozen(), should) << a.name;
+    if (b.frozen()) {
+      frozen += b.n;
+      EXPECT_EQ(b.s1, nullptr);
+      EXPECT_EQ(b.s2, nullptr);
+      continue;
+    }
+    for (size_t k = 0; k < a.n; ++k) ASSERT_EQ(a.grad[k], b.grad[k]) << a.name << "[" << k << "]";
+  }
+  EXPECT_GT(frozen, 0u);
+  EXPECT_EQ(all.optimizer_bytes() - part.optimizer_bytes(), 8 * frozen);  // AdamW: m and v in fp32
+  EXPECT_LT(part.grad_bytes(), all.grad_bytes());
+
+  s.freeze = {"conv9"};
+  trainer::Model none(ops.get(), s);
+  Status st = none.Init();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("conv0.weight"), std::string::npos) << st.ToString();  // names what there is
+  s.freeze = {"conv", "linear"};
+  trainer::Model everything(ops.get(), s);
+  st = everything.Init();
+  EXPECT_NE(st.message().find("nothing"), std::string::npos) << st.ToString();
+}
+
+// Fine-tuning: --init starts from another run's weights (trained with
+// another optimizer, its head of other classes starting fresh), --freeze
+// keeps the named layers exactly as they came; a frozen run resumes bit for
+// bit (its checkpoint holds no state for frozen tensors).
+TEST(TrainerTest, InitAndFreezeFineTuneFromACheckpoint) {
+  const std::string dir = testing::MakeTempDir("init-freeze");
+  BarsSource four(512, 4), test4(128, 4), six(512, 6), test6(120, 6);
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.epochs = 2;
+  o.optimizer = Optimizer::kAdamW8bit;
+  o.channels = {8, 80};  // conv3's 5,760 weights keep 8-bit states
+  o.checkpoint_path = dir + "/base.ckpt";
+  auto base = Train(four, &test4, o);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+
+  TrainOptions f = o;
+  f.optimizer = Optimizer::kAdamW;
+  f.init_path = dir + "/base.ckpt";
+  f.freeze = {"conv0", "conv3"};
+  f.checkpoint_path = dir + "/tuned.ckpt";
+  auto tuned = Train(six, &test6, f);
+  ASSERT_TRUE(tuned.ok()) << tuned.status().ToString();
+  EXPECT_NE(tuned->init.find("base.ckpt"), std::string::npos) << tuned->init;
+  EXPECT_NE(tuned->init.find("head starts fresh"), std::string::npos) << tuned->init;
+  EXPECT_EQ(tuned->trainable_parameters, 2u * 2 * 80 * 6 + 6);  // the head alone: 2x2x80 features, 6 classes
+  EXPECT_EQ(tuned->memory.optimizer, 8 * tuned->trainable_parameters);
+  EXPECT_GT(tuned->epochs.back().test_accuracy, 0.9);  // the frozen features serve the new classes
+
+  const auto before = Masters(dir + "/base.ckpt", SmallCnnSpec(o, 4));
+  const auto after = Masters(dir + "/tuned.ckpt", SmallCnnSpec(o, 6));
+  for (const auto& [name, values] : after) {
+    const bool frozen = name.rfind("conv0", 0) == 0 || name.rfind("conv3", 0) == 0;
+    if (name.rfind("linear", 0) == 0) {
+      EXPECT_NE(values.size(), before.at(name).size()) << name;  // 4 classes, then 6
+    } else if (frozen) {
+      EXPECT_EQ(values, before.at(name)) << name << " is frozen";
+    }
+  }
+
+  // --init of another model is named; resuming a frozen run is bit-identical.
+  TrainOptions wrong = f;
+  wrong.channels = {8, 40};
+  wrong.checkpoint_path.clear();
+  auto w = Train(six, &test6, wrong);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("the same layers"), std::string::npos) << w.status().ToString();
+  TrainOptions r = f;
+  r.epochs = 3;
+  r.init_path = dir + "/base.ckpt";
+  std::filesystem::remove_all(dir + "/tuned.ckpt");
+  ExpectResumeIsBitIdentical(r, "frozen");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainerTest, ResumeIsBitIdenticalOnTheGpu) {
