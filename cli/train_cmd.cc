@@ -68,6 +68,7 @@ nlohmann::json ToJson(const TrainReport& r) {
   j["parameters"] = r.parameters;
   j["trainable_parameters"] = r.trainable_parameters;
   j["init"] = r.init;
+  j["lora"] = r.lora;
   j["memory_bytes"] = {{"weights", r.memory.weights},        {"gradients", r.memory.gradients},
                        {"optimizer", r.memory.optimizer},    {"activations", r.memory.activations},
                        {"workspace", r.memory.workspace},    {"total", r.memory.total()},
@@ -174,12 +175,13 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
     if (r->steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r->steady_gpu_util);
     std::printf("\nsteps: CUDA graphs %s\n", r->graphs.c_str());
     if (r->trainable_parameters != r->parameters) {
-      std::printf("parameters: %llu, %llu of them trained (%.1f%%; --freeze %s)\n", (unsigned long long)r->parameters,
+      std::printf("parameters: %llu, %llu of them trained (%.1f%%%s%s)\n", (unsigned long long)r->parameters,
                   (unsigned long long)r->trainable_parameters,
                   100.0 * double(r->trainable_parameters) / double(std::max<uint64_t>(1, r->parameters)),
-                  a.freeze.c_str());
+                  a.freeze.empty() ? "" : "; --freeze ", a.freeze.c_str());
     }
     if (!r->init.empty()) std::printf("init: %s\n", r->init.c_str());
+    if (!r->lora.empty()) std::printf("lora: %s\n", r->lora.c_str());
     if (!r->parallel.empty()) {
       std::printf("data parallel: %s", r->parallel.c_str());
       if (r->allreduce_ms >= 0) {
@@ -445,6 +447,12 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--resume", o.resume, "continue from --checkpoint");
   cmd->add_option("--init", o.init_path,
                   "start from the weights of this checkpoint (any optimizer; a head of other classes starts fresh)");
+  cmd->add_option("--lora-rank", o.lora_rank,
+                  "LoRA: adapters of this rank on every linear and conv layer but the head; they and the head train, "
+                  "the rest is frozen (0: off)");
+  cmd->add_option("--lora-alpha", o.lora_alpha, "LoRA: the adapters' scale is alpha / rank (default: alpha = rank)");
+  cmd->add_option("--merge-lora", o.merge_lora_path,
+                  "LoRA: after training, write a checkpoint of the model without adapters (weights merged) here");
   cmd->add_option("--freeze", a->freeze,
                   "parameters to freeze, by name prefix, comma-separated (conv0,conv3 or linear0.weight): no gradient, "
                   "no optimizer state");

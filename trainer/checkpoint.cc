@@ -219,6 +219,9 @@ Status LoadWeights(const std::string& path, Ops* ops, Model* model, std::string*
   GPUFEED_RETURN_IF_ERROR(r.Str(&loader));
   // The checkpoint's layout of optimizer state, from the config it was
   // trained with: which tensors follow each master.
+  if (!ConfigValue(config, "lora").empty())
+    return Status::InvalidArgument("--init " + path +
+                                   " holds LoRA adapters; start from the checkpoint --merge-lora wrote for that run");
   const std::string opt = ConfigValue(config, "optimizer");
   const bool adam = opt == "adamw" || opt == "adamw8bit";
   const bool quantized = opt == "adamw8bit" || opt == "sgd8bit";
@@ -244,6 +247,8 @@ Status LoadWeights(const std::string& path, Ops* ops, Model* model, std::string*
   int head_kept = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
+    // This run's adapters are not in a checkpoint without LoRA: they start fresh.
+    if (p.name.find(".lora_") != std::string::npos) continue;
     const bool head = i + Model::kHeadParams >= params.size();
     uint64_t len;
     GPUFEED_RETURN_IF_ERROR(next(&len));

@@ -21,7 +21,7 @@ Status Model::Allocate(size_t bytes, void** p, uint64_t* counter) {
 
 // Uniform in [-bound, bound] (fill when bound == 0), from (seed, tensor):
 // the same weights on every backend and run.
-Status Model::AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index) {
+Status Model::AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index, Role role) {
   Param p;
   p.name = name;
   p.n = n;
@@ -29,7 +29,8 @@ Status Model::AddParam(const std::string& name, size_t n, bool decay, float boun
   void* v;
   GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &weights_));
   p.master = static_cast<float*>(v);
-  const bool frozen = std::any_of(spec_.freeze.begin(), spec_.freeze.end(),
+  const bool frozen = (lora() && role == Role::kBase) ||
+                      std::any_of(spec_.freeze.begin(), spec_.freeze.end(),
                                   [&](const std::string& f) { return name.compare(0, f.size(), f) == 0; });
   const bool adam = spec_.optimizer == OptimizerKind::kAdamW;
   if (!frozen) {
@@ -68,12 +69,13 @@ Status Model::AddParam(const std::string& name, size_t n, bool decay, float boun
     }
   }
   GPUFEED_RETURN_IF_ERROR(ops_->Upload(p.master, init.data(), n * 4));
-  // Weights of GEMMs/convolutions get a compute copy in the compute dtype;
-  // biases and batchnorm parameters are used in fp32 directly.
-  if (spec_.dtype != DType::kFloat32 && decay) {
+  // Weights of GEMMs/convolutions get a compute copy in the compute dtype
+  // (with LoRA also in fp32: W + scale B A); biases, batchnorm parameters
+  // and adapters are used in fp32 directly.
+  if (decay && role != Role::kLora && (spec_.dtype != DType::kFloat32 || (lora() && role == Role::kBase))) {
     GPUFEED_RETURN_IF_ERROR(Allocate(n * DTypeSize(spec_.dtype), &p.copy, &weights_));
     GPUFEED_RETURN_IF_ERROR(ops_->Cast(p.master, p.copy, spec_.dtype, n));
-  } else if (decay) {
+  } else if (decay && role != Role::kLora) {
     p.copy = p.master;
   }
   *index = static_cast<int>(params_.size());
@@ -81,8 +83,19 @@ Status Model::AddParam(const std::string& name, size_t n, bool decay, float boun
   return Status::Ok();
 }
 
+Status Model::AddLora(Layer& l, const std::string& name) {
+  const int r = spec_.lora_rank;
+  // A like a layer's weights (uniform in +-1/sqrt(fan_in)), B zero: the
+  // adapters add nothing until B has trained.
+  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".lora_a", size_t(r) * l.fan_in, false, 1.0f / std::sqrt(float(l.fan_in)), 0,
+                                   &l.pa, Role::kLora));
+  return AddParam(name + ".lora_b", size_t(l.fan_out) * r, false, 0, 0, &l.pb, Role::kLora);
+}
+
 Status Model::Init() {
   const ModelSpec& s = spec_;
+  if (s.lora_rank < 0 || s.lora_alpha < 0) return Status::InvalidArgument("model: LoRA rank and alpha must be >= 0");
+  lora_scale_ = s.lora_rank > 0 ? (s.lora_alpha > 0 ? s.lora_alpha : float(s.lora_rank)) / float(s.lora_rank) : 0;
   if (s.in_h <= 0 || s.in_w <= 0 || s.in_c <= 0 || s.classes < 2 || s.max_batch <= 0)
     return Status::InvalidArgument("model: bad input geometry or classes");
   for (const std::string& f : s.freeze)
@@ -91,16 +104,22 @@ Status Model::Init() {
   for (int w : s.widths)
     if (w <= 0) return Status::InvalidArgument("model: layer widths must be positive");
   int h = s.in_h, w = s.in_w, c = s.in_c;
-  auto linear = [&](int in, int out, bool relu) -> Status {
+  // The last linear layer is the head: it trains whole under LoRA.
+  auto linear = [&](int in, int out, bool relu, bool head) -> Status {
     Layer l;
     l.kind = Kind::kLinear;
     l.in_features = in;
     l.out_features = out;
     l.relu = relu;
+    l.fan_in = in, l.fan_out = out;
+    l.pbegin = static_cast<int>(params_.size());
     const std::string name = "linear" + std::to_string(layers_.size());
+    const Role role = head ? Role::kHead : Role::kBase;
     GPUFEED_RETURN_IF_ERROR(AddParam(name + ".weight", size_t(in) * out, true,
-                                     relu ? std::sqrt(6.0f / in) : 1.0f / std::sqrt(float(in)), 0, &l.p));
-    GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bias", out, false, 0, 0, &l.p2));
+                                     relu ? std::sqrt(6.0f / in) : 1.0f / std::sqrt(float(in)), 0, &l.p, role));
+    if (lora() && !head) GPUFEED_RETURN_IF_ERROR(AddLora(l, name));
+    GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bias", out, false, 0, 0, &l.p2, role));
+    l.pend = static_cast<int>(params_.size());
     l.out_elems = out;
     layers_.push_back(l);
     return Status::Ok();
@@ -108,10 +127,10 @@ Status Model::Init() {
   if (s.kind == ModelKind::kMlp) {
     int in = h * w * c;
     for (int width : s.widths) {
-      GPUFEED_RETURN_IF_ERROR(linear(in, width, true));
+      GPUFEED_RETURN_IF_ERROR(linear(in, width, true, false));
       in = width;
     }
-    GPUFEED_RETURN_IF_ERROR(linear(in, s.classes, false));
+    GPUFEED_RETURN_IF_ERROR(linear(in, s.classes, false, true));
   } else {
     for (int k : s.widths) {
       if (h < 2 || w < 2)
@@ -120,16 +139,22 @@ Status Model::Init() {
       Layer conv;
       conv.kind = Kind::kConv;
       conv.conv = ConvShape{s.max_batch, h, w, c, k, s.dtype};
+      conv.fan_in = 9 * c, conv.fan_out = k;  // KRSC filters as a [k, 9c] matrix
+      conv.pbegin = static_cast<int>(params_.size());
       const std::string name = "conv" + std::to_string(layers_.size());
       GPUFEED_RETURN_IF_ERROR(
           AddParam(name + ".weight", conv.conv.w_elems(), true, std::sqrt(6.0f / (9 * c)), 0, &conv.p));
+      if (lora()) GPUFEED_RETURN_IF_ERROR(AddLora(conv, name));
+      conv.pend = static_cast<int>(params_.size());
       conv.out_elems = size_t(h) * w * k;
       layers_.push_back(conv);
       Layer bn;
       bn.kind = Kind::kBnRelu;
       bn.h = h, bn.w = w, bn.c = k;
+      bn.pbegin = static_cast<int>(params_.size());
       GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
       GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
+      bn.pend = static_cast<int>(params_.size());
       void* v;
       for (float** f : {&bn.run_mean, &bn.run_var, &bn.save_mean, &bn.save_invstd}) {
         GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
@@ -142,13 +167,14 @@ Status Model::Init() {
       Layer pool;
       pool.kind = Kind::kPool;
       pool.h = h, pool.w = w, pool.c = k;
+      pool.pbegin = pool.pend = static_cast<int>(params_.size());
       h /= 2, w /= 2, c = k;
       pool.out_elems = size_t(h) * w * c;
       GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * pool.out_elems, &v, &acts_bytes_));
       pool.argmax = static_cast<uint8_t*>(v);
       layers_.push_back(pool);
     }
-    GPUFEED_RETURN_IF_ERROR(linear(h * w * c, s.classes, false));
+    GPUFEED_RETURN_IF_ERROR(linear(h * w * c, s.classes, false, true));
   }
   const size_t es = DTypeSize(s.dtype);
   size_t widest = size_t(s.in_h) * s.in_w * s.in_c;
@@ -170,10 +196,13 @@ Status Model::Init() {
   }
   first_trainable_ = layers_.size();
   size_t widest_bn = 0;
+  size_t widest_lora = 0;
   for (size_t i = layers_.size(); i-- > 0;) {
     const Layer& l = layers_[i];
-    const bool trainable = (l.p >= 0 && !params_[l.p].frozen()) || (l.p2 >= 0 && !params_[l.p2].frozen());
+    bool trainable = false;
+    for (int q = l.pbegin; q < l.pend; ++q) trainable = trainable || !params_[q].frozen();
     if (trainable) first_trainable_ = i;
+    if (l.pa >= 0) widest_lora = std::max(widest_lora, size_t(l.fan_in) * l.fan_out);
     if (l.kind == Kind::kBnRelu && l.p >= 0 && (params_[l.p].frozen() || params_[l.p2].frozen()))
       widest_bn = std::max(widest_bn, size_t(l.c));
   }
@@ -184,6 +213,12 @@ Status Model::Init() {
     GPUFEED_RETURN_IF_ERROR(Allocate(2 * widest_bn * 4, &v, &grads_));
     frozen_grad_ = static_cast<float*>(v);
     frozen_grad_beta_ = frozen_grad_ + widest_bn;
+  }
+  if (widest_lora > 0) {
+    void* v;
+    GPUFEED_RETURN_IF_ERROR(Allocate(widest_lora * 4, &v, &grads_));
+    lora_scratch_ = static_cast<float*>(v);
+    GPUFEED_RETURN_IF_ERROR(RefreshLoraWeights());
   }
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * s.classes * es, &dlogits_, &acts_bytes_));
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_a_, &acts_bytes_));
@@ -246,16 +281,17 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
     switch (l.kind) {
       case Kind::kLinear: {
         if (l.relu) GPUFEED_RETURN_IF_ERROR(ops_->ReluBackward(dy, acts_[i], size_t(batch) * l.out_features, dt));
-        if (!params_[l.p].frozen()) {
-          GemmArgs gw;  // dW[out, in] = dY^T X
+        if (!params_[l.p].frozen() || l.pa >= 0) {
+          GemmArgs gw;  // dW[out, in] = dY^T X (LoRA: into the scratch, for the adapters')
           gw.trans_a = true;
           gw.m = l.out_features, gw.n = l.in_features, gw.k = batch;
           gw.a = dy, gw.lda = l.out_features;
           gw.b = in, gw.ldb = l.in_features;
-          gw.c = params_[l.p].grad, gw.ldc = l.in_features;
-          gw.beta = beta;
+          gw.c = l.pa >= 0 ? lora_scratch_ : params_[l.p].grad, gw.ldc = l.in_features;
+          gw.beta = l.pa >= 0 ? 0.0f : beta;
           gw.ab = dt, gw.c_dtype = DType::kFloat32;
           GPUFEED_RETURN_IF_ERROR(ops_->Gemm(gw));
+          if (l.pa >= 0) GPUFEED_RETURN_IF_ERROR(LoraGrads(l, beta));
         }
         if (!params_[l.p2].frozen())
           GPUFEED_RETURN_IF_ERROR(ops_->ColumnSum(dy, batch, l.out_features, dt, params_[l.p2].grad, beta));
@@ -273,8 +309,12 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
       case Kind::kConv: {
         ConvShape s = l.conv;
         s.n = batch;
-        if (!params_[l.p].frozen())
+        if (l.pa >= 0) {
+          GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardFilter(s, in, dy, lora_scratch_, 0.0f));
+          GPUFEED_RETURN_IF_ERROR(LoraGrads(l, beta));
+        } else if (!params_[l.p].frozen()) {
           GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardFilter(s, in, dy, params_[l.p].grad, beta));
+        }
         if (need_dx) GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardData(s, dy, params_[l.p].copy, dx));
         break;
       }
@@ -291,10 +331,85 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
         GPUFEED_RETURN_IF_ERROR(ops_->MaxPoolBackward(batch, l.h, l.w, l.c, dt, dy, l.argmax, dx));
         break;
     }
-    if (on_grads && l.p >= 0) GPUFEED_RETURN_IF_ERROR(on_grads(l.p, (l.p2 >= 0 ? l.p2 : l.p) + 1));
+    if (on_grads && l.pend > l.pbegin) GPUFEED_RETURN_IF_ERROR(on_grads(l.pbegin, l.pend));
     dy = dx;
   }
   return Status::Ok();
+}
+
+Status Model::LoraGrads(const Layer& l, float beta) {
+  const Param& a = params_[l.pa];
+  const Param& b = params_[l.pb];
+  const int r = spec_.lora_rank;
+  if (!b.frozen()) {
+    GemmArgs g;  // dB[out, r] = scale dW[out, in] A^T
+    g.trans_b = true;
+    g.m = l.fan_out, g.n = r, g.k = l.fan_in;
+    g.alpha = lora_scale_, g.beta = beta;
+    g.a = lora_scratch_, g.lda = l.fan_in;
+    g.b = a.master, g.ldb = l.fan_in;
+    g.c = b.grad, g.ldc = r;
+    GPUFEED_RETURN_IF_ERROR(ops_->Gemm(g));
+  }
+  if (!a.frozen()) {
+    GemmArgs g;  // dA[r, in] = scale B^T dW[out, in]
+    g.trans_a = true;
+    g.m = r, g.n = l.fan_in, g.k = l.fan_out;
+    g.alpha = lora_scale_, g.beta = beta;
+    g.a = b.master, g.lda = r;
+    g.b = lora_scratch_, g.ldb = l.fan_in;
+    g.c = a.grad, g.ldc = l.fan_in;
+    GPUFEED_RETURN_IF_ERROR(ops_->Gemm(g));
+  }
+  return Status::Ok();
+}
+
+Status Model::RefreshLoraWeights() {
+  for (const Layer& l : layers_) {
+    if (l.pa < 0) continue;
+    const Param& w = params_[l.p];
+    GPUFEED_RETURN_IF_ERROR(ops_->Copy(lora_scratch_, w.master, w.n * 4));
+    GemmArgs g;  // W + scale B[out, r] A[r, in], in fp32, then to the compute copy
+    g.m = l.fan_out, g.n = l.fan_in, g.k = spec_.lora_rank;
+    g.alpha = lora_scale_, g.beta = 1;
+    g.a = params_[l.pb].master, g.lda = spec_.lora_rank;
+    g.b = params_[l.pa].master, g.ldb = l.fan_in;
+    g.c = lora_scratch_, g.ldc = l.fan_in;
+    GPUFEED_RETURN_IF_ERROR(ops_->Gemm(g));
+    GPUFEED_RETURN_IF_ERROR(ops_->Cast(lora_scratch_, w.copy, spec_.dtype, w.n));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::vector<float>>> Model::MergedMasters() {
+  std::vector<std::vector<float>> out;
+  auto fetch = [&](const Param& p) -> Result<std::vector<float>> {
+    std::vector<float> v(p.n);
+    GPUFEED_RETURN_IF_ERROR(ops_->Download(v.data(), p.master, p.n * 4));
+    return v;
+  };
+  for (const Layer& l : layers_) {
+    for (int q = l.pbegin; q < l.pend; ++q) {
+      if (q == l.pa || q == l.pb) continue;
+      auto v = fetch(params_[q]);
+      if (!v.ok()) return v.status();
+      if (q == l.p && l.pa >= 0) {
+        auto a = fetch(params_[l.pa]);
+        if (!a.ok()) return a.status();
+        auto b = fetch(params_[l.pb]);
+        if (!b.ok()) return b.status();
+        const int r = spec_.lora_rank;
+        for (int o = 0; o < l.fan_out; ++o)
+          for (int i = 0; i < l.fan_in; ++i) {
+            double s = 0;
+            for (int k = 0; k < r; ++k) s += double((*b)[size_t(o) * r + k]) * (*a)[size_t(k) * l.fan_in + i];
+            (*v)[size_t(o) * l.fan_in + i] += static_cast<float>(lora_scale_ * s);
+          }
+      }
+      out.push_back(std::move(*v));
+    }
+  }
+  return out;
 }
 
 std::string Model::Describe() const {

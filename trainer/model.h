@@ -30,6 +30,13 @@ struct ModelSpec {
   // Parameters whose names start with one of these ("conv0", "linear9.bias")
   // are frozen: no gradient, no optimizer state, never updated.
   std::vector<std::string> freeze;
+  // LoRA (rank > 0): every linear and conv layer but the head gets adapters
+  // A [rank, fan_in] and B [out, rank] ("conv0.lora_a", "conv0.lora_b"),
+  // its weight used as W + (alpha / rank) B A; W and the batchnorm
+  // parameters are frozen, the adapters and the head train. B starts at 0,
+  // so the model starts as the base. alpha 0: alpha = rank.
+  int lora_rank = 0;
+  float lora_alpha = 0;
 };
 
 // One trainable tensor: fp32 master, fp32 gradient, optimizer state, and the
@@ -85,6 +92,15 @@ class Model {
   // The number of trailing params() that form the classifier head (the last
   // linear layer's weight and bias).
   static constexpr int kHeadParams = 2;
+  // LoRA: the weights' compute copies from their masters and adapters
+  // (W + scale B A); queued after every optimizer step and after weights
+  // are loaded. Nothing without LoRA.
+  Status RefreshLoraWeights();
+  // LoRA: the masters of the model without adapters, by parameter (the
+  // weights merged: W + scale B A, in fp32 on the host), in the order of a
+  // model built from the same spec without lora_rank.
+  Result<std::vector<std::vector<float>>> MergedMasters();
+  bool lora() const { return spec_.lora_rank > 0; }
 
  private:
   enum class Kind { kLinear, kConv, kBnRelu, kPool };
@@ -95,6 +111,9 @@ class Model {
     ConvShape conv;                         // conv (n = max batch)
     int h = 0, w = 0, c = 0;                // bn/pool input geometry
     int p = -1, p2 = -1;                    // indices into params_ (weight/gamma, bias/beta)
+    int pa = -1, pb = -1;                   // LoRA adapters A, B (linear/conv but the head)
+    int pbegin = 0, pend = 0;               // the layer's params: [pbegin, pend)
+    int fan_in = 0, fan_out = 0;            // linear/conv weight as a matrix [fan_out, fan_in]
     float* run_mean = nullptr;              // bn
     float* run_var = nullptr;
     float* save_mean = nullptr;
@@ -103,7 +122,16 @@ class Model {
     size_t out_elems = 0;       // per sample
   };
   Status Allocate(size_t bytes, void** p, uint64_t* counter);
-  Status AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index);
+  // A LoRA adapter trains and has no compute copy; a base parameter with
+  // LoRA on is frozen unless it belongs to the head.
+  enum class Role { kBase, kHead, kLora };
+  Status AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index,
+                  Role role = Role::kBase);
+  Status AddLora(Layer& l, const std::string& name);
+  // The adapters' gradients from the layer's full weight gradient in
+  // lora_scratch_ (fp32 [fan_out, fan_in]): dB = scale dW A^T, dA = scale
+  // B^T dW, added to the existing ones when beta is 1.
+  Status LoraGrads(const Layer& l, float beta);
 
   Ops* ops_;
   ModelSpec spec_;
@@ -119,6 +147,11 @@ class Model {
   size_t first_trainable_ = 0;
   float* frozen_grad_ = nullptr;  // scratch for a frozen batchnorm's parameter gradients
   float* frozen_grad_beta_ = nullptr;
+  // LoRA: a layer's full weight gradient (fp32, the largest weight), from
+  // which its adapters' gradients are taken; the merged weight in fp32 when
+  // the compute copy is refreshed.
+  float* lora_scratch_ = nullptr;
+  float lora_scale_ = 0;
   uint64_t weights_ = 0, grads_ = 0, opt_ = 0, acts_bytes_ = 0;
   uint64_t rng_ = 0;
 };

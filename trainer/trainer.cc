@@ -148,6 +148,7 @@ std::string ConfigString(const TrainOptions& o) {
   // optimizer state); absent when nothing is frozen, as before.
   std::string s = buf;
   for (size_t i = 0; i < o.freeze.size(); ++i) s += (i == 0 ? " freeze=" : ",") + o.freeze[i];
+  if (o.lora_rank > 0) s += " lora=" + std::to_string(o.lora_rank) + "/" + std::to_string(o.lora_alpha);
   return s;
 }
 
@@ -172,6 +173,8 @@ class Run {
   // graphs read it) and points the arguments there; else leaves them.
   Status StageInputs(const void** images, const void** labels, int n);
   Status OptimizerStep();
+  // --merge-lora: the model without adapters, weights merged, as a checkpoint.
+  Status WriteMergedLora();
   void DisableGraphs(const std::string& why);
   // 8-bit optimizer states: the tables ApplyOptimizer8bit walks (one entry
   // per quantized tensor, one per block of kQuantBlock values) and the two
@@ -402,10 +405,24 @@ Status Run::Setup() {
   spec.quantized_states = o_.optimizer == Optimizer::kAdamW8bit || o_.optimizer == Optimizer::kSgd8bit;
   spec.seed = o_.seed;
   spec.freeze = o_.freeze;
+  spec.lora_rank = o_.lora_rank;
+  spec.lora_alpha = o_.lora_alpha;
+  if (o_.lora_rank < 0 || o_.lora_alpha < 0)
+    return Status::InvalidArgument("--lora-rank and --lora-alpha must be >= 0 (rank 0: no LoRA)");
+  if (!o_.merge_lora_path.empty() && o_.lora_rank == 0)
+    return Status::InvalidArgument("--merge-lora needs --lora-rank (there are no adapters to merge)");
   model_ = std::make_unique<Model>(ops_.get(), spec);
   GPUFEED_RETURN_IF_ERROR(model_->Init());
   report_.model = model_->Describe();
   report_.parameters = model_->num_parameters();
+  if (o_.lora_rank > 0) {
+    int layers = 0;
+    for (const auto& p : model_->params()) layers += p.name.find(".lora_a") != std::string::npos;
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "rank %d, alpha %g, adapters on %d layers", o_.lora_rank,
+                  o_.lora_alpha > 0 ? double(o_.lora_alpha) : double(o_.lora_rank), layers);
+    report_.lora = buf;
+  }
   for (auto& p : model_->params()) {
     report_.parameter_names.push_back(p.name);
     if (p.frozen()) continue;  // no gradient to reduce, clip or apply
@@ -413,8 +430,10 @@ Status Run::Setup() {
     grads_.push_back(p.grad);
     grad_sizes_.push_back(p.n);
   }
-  if (!o_.init_path.empty() && !o_.resume)
+  if (!o_.init_path.empty() && !o_.resume) {
     GPUFEED_RETURN_IF_ERROR(trainer::LoadWeights(o_.init_path, ops_.get(), model_.get(), &report_.init));
+    GPUFEED_RETURN_IF_ERROR(model_->RefreshLoraWeights());
+  }
 
   LoaderOptions lo = o_.loader;
   lo.batch_size = o_.batch_size;
@@ -510,6 +529,7 @@ Status Run::Setup() {
     expect.model = report_.model;
     expect.config = ConfigString(o_);
     GPUFEED_RETURN_IF_ERROR(trainer::LoadCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), expect, &meta));
+    GPUFEED_RETURN_IF_ERROR(model_->RefreshLoraWeights());
     step_ = meta.step;
     trainer::StepState st;
     st.step = step_;
@@ -595,6 +615,37 @@ Status Run::OptimizerStep() {
                                                      static_cast<const trainer::Quant8Block*>(quant_blocks_.p),
                                                      quant_num_blocks_, codes, codes + 256, o_.precision, sc, st));
   }
+  // LoRA: the weights the next step uses, W + scale B A, from the new adapters.
+  return model_->RefreshLoraWeights();
+}
+
+Status Run::WriteMergedLora() {
+  auto merged = model_->MergedMasters();
+  if (!merged.ok()) return merged.status();
+  // The same model without adapters, freezing or 8-bit states: what --init
+  // and a plain run of these layers read.
+  TrainOptions po = o_;
+  po.lora_rank = 0, po.lora_alpha = 0, po.freeze.clear(), po.optimizer = Optimizer::kAdamW;
+  trainer::ModelSpec spec = model_->spec();
+  spec.lora_rank = 0, spec.lora_alpha = 0, spec.freeze.clear();
+  spec.optimizer = trainer::OptimizerKind::kAdamW, spec.quantized_states = false;
+  Model plain(ops_.get(), spec);
+  GPUFEED_RETURN_IF_ERROR(plain.Init());
+  if (plain.params().size() != merged->size()) return Status::Internal("--merge-lora: the merged model's parameters");
+  for (size_t i = 0; i < merged->size(); ++i) {
+    trainer::Param& p = plain.params()[i];
+    if ((*merged)[i].size() != p.n) return Status::Internal("--merge-lora: " + p.name + "'s size");
+    GPUFEED_RETURN_IF_ERROR(ops_->Upload(p.master, (*merged)[i].data(), p.n * 4));
+  }
+  auto from = model_->buffers();
+  auto to = plain.buffers();
+  for (size_t i = 0; i < from.size() && i < to.size(); ++i)
+    GPUFEED_RETURN_IF_ERROR(ops_->Copy(to[i].first, from[i].first, from[i].second * 4));
+  const int epochs = report_.epochs.empty() ? report_.start_epoch : report_.epochs.back().epoch + 1;
+  trainer::CheckpointMeta meta{
+      plain.Describe(), ConfigString(po), epochs, step_, scaler_host_, LoaderState{o_.seed, uint64_t(epochs), 0}};
+  GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.merge_lora_path, ops_.get(), &plain, meta));
+  report_.lora += "; merged into " + o_.merge_lora_path;
   return Status::Ok();
 }
 
@@ -972,6 +1023,7 @@ Result<TrainReport> Run::GoRanks() {
   }
   report_.weights_hash = XXH64_digest(h);
   XXH64_freeState(h);
+  if (!o_.merge_lora_path.empty() && rank() == 0) GPUFEED_RETURN_IF_ERROR(WriteMergedLora());
   report_.wall_seconds = NowSeconds() - run_start_;
   const Steady node = SteadyOf(report_.epochs);
   report_.steady_samples_per_s = node.samples_per_s;

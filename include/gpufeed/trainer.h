@@ -109,6 +109,18 @@ struct TrainOptions {
   // still update their running statistics, as PyTorch's do in train mode.
   // Names are those of TrainReport::parameter_names.
   std::vector<std::string> freeze;
+  // LoRA (rank > 0): low-rank adapters A [rank, fan_in], B [out, rank] on
+  // every linear and conv layer but the head (a conv's filters taken as a
+  // [out, 9 x in] matrix: A a 3x3 conv to `rank` channels, B a 1x1 conv),
+  // each weight used as W + (lora_alpha / rank) B A. The adapters and the
+  // head train; every other parameter is frozen (no gradient, no optimizer
+  // state). alpha 0: alpha = rank.
+  int lora_rank = 0;
+  float lora_alpha = 0;
+  // After training (rank 0): a checkpoint of the model without adapters,
+  // each weight W + (alpha / rank) B A, for --init or evaluation. Needs
+  // lora_rank > 0.
+  std::string merge_lora_path;
   int stop_after_epochs = 0;  // stop (as if interrupted) after this many epochs (0: run all)
   // Compute ceiling: train on the first `device_resident_batches` batches
   // kept on the device, cycled, for as many steps as a real epoch (0: off).
@@ -201,6 +213,7 @@ struct TrainReport {
   std::string init;                          // where the weights started (TrainOptions::init_path), empty: fresh
   std::vector<std::string> parameter_names;  // every parameter, in order ("conv0.weight", ...)
   uint64_t trainable_parameters = 0;         // those not frozen
+  std::string lora;                          // "rank 4, alpha 4, adapters on 3 layers[; merged into PATH]"
   // Data parallel (world_size > 1): "2 ranks, nccl 2.28.9"; the epochs'
   // samples, losses and rates are the node's (all ranks), the verdict the
   // limiting rank's; every rank's own figures in `ranks`.

@@ -338,6 +338,163 @@ TEST(TrainerTest, InitAndFreezeFineTuneFromACheckpoint) {
   std::filesystem::remove_all(dir);
 }
 
+// LoRA on a model: everything but the adapters and the head is frozen; the
+// merged model (W + scale B A, no adapters) gives the LoRA model's logits,
+// and the adapters' gradients are what the chain rule makes of that model's
+// weight gradients.
+TEST(TrainerTest, LoraGradientsFollowTheMergedWeightsAndTheMergeKeepsTheLogits) {
+  auto ops = trainer::MakeCpuOps();
+  for (ModelKind kind : {ModelKind::kCnn, ModelKind::kMlp}) {
+    SCOPED_TRACE(kind == ModelKind::kCnn ? "cnn" : "mlp");
+    trainer::ModelSpec s;
+    s.kind = kind;
+    s.widths = kind == ModelKind::kCnn ? std::vector<int>{4, 6} : std::vector<int>{12};
+    s.in_h = 8, s.in_w = 8, s.in_c = 1, s.classes = 3, s.max_batch = 8, s.seed = 9;
+    s.lora_rank = 2;
+    s.lora_alpha = 3;  // scale 1.5
+    trainer::Model m(ops.get(), s);
+    ASSERT_TRUE(m.Init().ok());
+    // B is zero at the start; give it values so both adapters matter.
+    int adapters = 0;
+    for (trainer::Param& p : m.params()) {
+      const bool lora = p.name.find(".lora_") != std::string::npos;
+      const bool head = p.name.rfind("linear", 0) == 0 && &p >= &m.params()[m.params().size() - 2];
+      EXPECT_EQ(p.frozen(), !lora && !head) << p.name;
+      if (p.name.find(".lora_b") == std::string::npos) continue;
+      ++adapters;
+      for (size_t i = 0; i < p.n; ++i) p.master[i] = 0.05f * std::sin(1.3f * float(i) + 0.2f);
+    }
+    EXPECT_EQ(adapters, kind == ModelKind::kCnn ? 2 : 1);  // every layer but the head
+    ASSERT_TRUE(m.RefreshLoraWeights().ok());
+    std::vector<float> x(8 * 64);
+    std::vector<int32_t> y(8);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.41f * float(i));
+    for (int i = 0; i < 8; ++i) y[i] = i % 3;
+    trainer::ScalerState sc;
+    auto backward = [&](trainer::Model& model) {
+      double loss = 0;
+      int64_t correct = 0;
+      ASSERT_TRUE(model.Forward(x.data(), 8, true).ok());
+      ASSERT_TRUE(
+          ops->SoftmaxXent(8, 3, DType::kFloat32, model.logits(), y.data(), &loss, &correct, model.dlogits(), &sc, 8)
+              .ok());
+      ASSERT_TRUE(model.Backward(x.data(), 8, false).ok());
+    };
+    backward(m);
+    // The same model without adapters, its weights W + scale B A, trained
+    // whole: its weight gradients dW give the adapters' by the chain rule,
+    // dB = scale dW A^T and dA = scale B^T dW.
+    auto merged = m.MergedMasters();
+    ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+    trainer::ModelSpec ps = s;
+    ps.lora_rank = 0;
+    trainer::Model plain(ops.get(), ps);
+    ASSERT_TRUE(plain.Init().ok());
+    ASSERT_EQ(plain.params().size(), merged->size());
+    for (size_t i = 0; i < merged->size(); ++i) {
+      trainer::Param& p = plain.params()[i];
+      ASSERT_EQ(p.n, (*merged)[i].size()) << p.name;
+      std::copy((*merged)[i].begin(), (*merged)[i].end(), p.master);
+      if (p.copy) ASSERT_TRUE(ops->Cast(p.master, p.copy, DType::kFloat32, p.n).ok());
+    }
+    auto from = m.buffers(), to = plain.buffers();
+    for (size_t i = 0; i < from.size(); ++i) std::copy(from[i].first, from[i].first + from[i].second, to[i].first);
+    // The logits first (forward, eval mode): the merged model's are the LoRA model's.
+    ASSERT_TRUE(m.Forward(x.data(), 8, false).ok());
+    std::vector<float> lora_logits(static_cast<const float*>(m.logits()), static_cast<const float*>(m.logits()) + 24);
+    ASSERT_TRUE(plain.Forward(x.data(), 8, false).ok());
+    const auto* q = static_cast<const float*>(plain.logits());
+    for (int i = 0; i < 24; ++i) EXPECT_NEAR(q[i], lora_logits[i], 1e-4 + 1e-4 * std::fabs(lora_logits[i])) << i;
+    backward(m);
+    backward(plain);
+    auto find = [](trainer::Model& model, const std::string& name) -> trainer::Param& {
+      for (trainer::Param& p : model.params())
+        if (p.name == name) return p;
+      ADD_FAILURE() << "no " << name;
+      return model.params()[0];
+    };
+    int checked = 0;
+    for (trainer::Param& pa : m.params()) {
+      const size_t at = pa.name.find(".lora_a");
+      if (at == std::string::npos) continue;
+      const std::string layer = pa.name.substr(0, at);
+      const trainer::Param& pb = find(m, layer + ".lora_b");
+      const trainer::Param& w = find(plain, layer + ".weight");
+      const size_t r = 2, in = pa.n / r, out = pb.n / r;
+      ASSERT_EQ(w.n, in * out);
+      for (size_t o = 0; o < out; ++o)
+        for (size_t k = 0; k < r; ++k) {
+          double e = 0;
+          for (size_t i = 0; i < in; ++i) e += double(w.grad[o * in + i]) * pa.master[k * in + i];
+          EXPECT_NEAR(pb.grad[o * r + k], 1.5 * e, 1e-5 + 1e-4 * std::fabs(e)) << layer << " dB";
+          ++checked;
+        }
+      for (size_t k = 0; k < r; ++k)
+        for (size_t i = 0; i < in; ++i) {
+          double e = 0;
+          for (size_t o = 0; o < out; ++o) e += double(pb.master[o * r + k]) * w.grad[o * in + i];
+          EXPECT_NEAR(pa.grad[k * in + i], 1.5 * e, 1e-5 + 1e-4 * std::fabs(e)) << layer << " dA";
+          ++checked;
+        }
+    }
+    EXPECT_GT(checked, 0);
+  }
+}
+
+// --lora-rank from a checkpoint: the base layers end as they came, the run
+// resumes bit for bit, --merge-lora writes what --init reads (a plain run
+// from it starts where the LoRA run ended); misuse is named.
+TEST(TrainerTest, LoraFineTunesFromACheckpointAndMerges) {
+  const std::string dir = testing::MakeTempDir("lora");
+  BarsSource four(512, 4), test4(128, 4);
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.epochs = 2;
+  o.checkpoint_path = dir + "/base.ckpt";
+  ASSERT_TRUE(Train(four, &test4, o).ok());
+  TrainOptions l = o;
+  l.init_path = dir + "/base.ckpt";
+  l.lora_rank = 2;
+  l.checkpoint_path.clear();
+  l.merge_lora_path = dir + "/merged.ckpt";
+  auto lora = Train(four, &test4, l);
+  ASSERT_TRUE(lora.ok()) << lora.status().ToString();
+  EXPECT_NE(lora->lora.find("adapters on 2 layers"), std::string::npos) << lora->lora;
+  EXPECT_NE(lora->lora.find("merged into"), std::string::npos) << lora->lora;
+  EXPECT_LT(lora->trainable_parameters, lora->parameters);
+  EXPECT_GT(lora->epochs.back().test_accuracy, 0.9);
+  // The merged checkpoint is a plain model's: its convolutions moved
+  // (adapters merged), its batchnorm parameters did not (frozen).
+  trainer::ModelSpec spec = SmallCnnSpec(o, 4);
+  const auto base = Masters(dir + "/base.ckpt", spec), merged = Masters(dir + "/merged.ckpt", spec);
+  EXPECT_NE(merged.at("conv0.weight"), base.at("conv0.weight"));
+  EXPECT_EQ(merged.at("conv0.bn.gamma"), base.at("conv0.bn.gamma"));
+  EXPECT_EQ(merged.at("conv3.bn.beta"), base.at("conv3.bn.beta"));
+  // Misuse.
+  TrainOptions bad = l;
+  bad.lora_rank = 0;
+  auto b = Train(four, &test4, bad);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("--merge-lora needs --lora-rank"), std::string::npos) << b.status().ToString();
+  TrainOptions from_lora = l;
+  from_lora.merge_lora_path.clear();
+  from_lora.checkpoint_path = dir + "/lora.ckpt";
+  from_lora.epochs = 1;
+  ASSERT_TRUE(Train(four, &test4, from_lora).ok());
+  TrainOptions again = o;
+  again.checkpoint_path.clear();
+  again.init_path = dir + "/lora.ckpt";
+  auto c = Train(four, &test4, again);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("--merge-lora"), std::string::npos) << c.status().ToString();
+  // A LoRA run resumes bit for bit.
+  TrainOptions r = l;
+  r.merge_lora_path.clear();
+  r.epochs = 3;
+  ExpectResumeIsBitIdentical(r, "lora");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainerTest, ResumeIsBitIdenticalOnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU resume test runs on the GPU host";
   for (DType p : {DType::kBFloat16, DType::kFloat16}) {
