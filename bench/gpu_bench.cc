@@ -127,6 +127,7 @@ Result<JpegFeedBenchResult> RunJpegFeedBench(const JpegFeedBenchOptions& o) {
   auto run = [&](bool gpu_decode, std::vector<JpegFeedEpoch>* out) -> Status {
     LoaderOptions lo = o.loader;
     lo.defer_decode = gpu_decode;
+    lo.balance_decode = gpu_decode && o.where == DecodeDevice::kAuto;
     lo.pin_memory = true;
     auto opened = OpenBenchSource(o.data, "", lo, "", "bench-loader", {}, o.decode);
     if (!opened.ok()) return opened.status();

@@ -744,6 +744,8 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
         cpu_reason = av.message();
       } else {
         so.loader.defer_decode = true;
+        // auto: the loader's threads take a share measured to keep pace.
+        so.loader.balance_decode = *where == gpufeed::DecodeDevice::kAuto;
       }
       if (*where == gpufeed::DecodeDevice::kGpu && !so.loader.defer_decode) {
         return Fail(error, GPUFEED_UNSUPPORTED,
@@ -970,6 +972,8 @@ gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_e
     add("assemble_seconds", s.assemble_seconds);
     add("deferred_samples", double(s.deferred_samples));
     add("host_decoded_samples", double(s.host_decoded_samples));
+    add("balanced_samples", double(s.balanced_samples));
+    add("host_decode_share", s.host_decode_share);
     add("consumer_wait_seconds", s.consumer_wait_seconds);
     add("wall_seconds", s.wall_seconds);
     add("hit_rate", s.hit_rate());

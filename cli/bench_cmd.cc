@@ -100,6 +100,8 @@ int RunJpegFeedBenchCmd(LoaderArgs& a) {
                                         {"decode_fallbacks", s.decode_fallbacks},
                                         {"decode_host_seconds", s.decode_seconds},
                                         {"loader_host_decode_reason", ls.host_decode_reason},
+                                        {"loader_balanced_samples", ls.balanced_samples},
+                                        {"loader_host_decode_share", ls.host_decode_share},
                                         {"data_wait_s", s.data_wait_seconds},
                                         {"verified_samples", r->verified_samples}})
                             .dump(2)
@@ -125,6 +127,10 @@ int RunJpegFeedBenchCmd(LoaderArgs& a) {
         (unsigned long long)s.decoded_by_loader, 100 * s.decoded_by_loader / total,
         ls.host_decode_reason.empty() ? "" : ": last because ", ls.host_decode_reason.c_str(),
         (unsigned long long)s.decode_fallbacks, s.decode_seconds, s.data_wait_seconds);
+    if (ls.balanced_samples > 0) {
+      std::printf("  of the loader's, %llu by the measured share (last batch's share %.3f of what the engine takes)\n",
+                  (unsigned long long)ls.balanced_samples, ls.host_decode_share);
+    }
   }
   std::printf("  %llu samples verified (every epoch: count and label sum equal the file's)\n",
               (unsigned long long)r->verified_samples);

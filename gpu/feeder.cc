@@ -149,6 +149,7 @@ struct GpuFeeder::Impl {
   // The decode stage for batches the loader left encoded; made at the first.
   std::unique_ptr<gpu::ImageBatchDecoder> decoder;
   Status EnsureDecoder();
+  double decode_rate = 0;  // device samples a second in Decode(), smoothed
   Impl(BatchSource& l, const FeedOptions& opt, uint64_t e, uint64_t start)
       : loader(l), o(opt), epoch(e), stream(l.Epoch(e, start)), start_batch(start) {}
 
@@ -459,9 +460,18 @@ Status GpuFeeder::Impl::Fill(int k) {
       // Left encoded by the loader: the decode stage writes the samples.
       GPUFEED_RETURN_IF_ERROR(EnsureDecoder());
       const double d0 = NowSeconds();
+      const uint64_t on_device = decoder->counters().device_samples;
       GPUFEED_RETURN_IF_ERROR(
           decoder->Decode(b, static_cast<uint8_t*>(s.images) + s.samples * sample_bytes, staging, copy_stream));
-      decoding += NowSeconds() - d0;  // not a wait for the loader
+      const double took = NowSeconds() - d0;
+      decoding += took;  // not a wait for the loader
+      // The device decoder's rate, for the loader's share
+      // (LoaderOptions::balance_decode): smoothed over batches.
+      if (const uint64_t m = decoder->counters().device_samples - on_device; m > 0 && took > 0) {
+        const double rate = double(m) / took;
+        decode_rate = decode_rate > 0 ? 0.7 * decode_rate + 0.3 * rate : rate;
+        loader.ReportDeviceDecodeRate(decode_rate);
+      }
       for (const EncodedSample& e : b.encoded()) st.bytes_uploaded += e.bytes ? e.bytes : sample_bytes;
       s.samples += n;
       s.host.push_back(std::move(b));

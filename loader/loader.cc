@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -53,6 +54,26 @@ struct Loader::Impl {
   // and the next Epoch() takes it rather than computing it again.
   std::optional<loader::EpochPlan> next_plan;
   uint64_t next_plan_epoch = 0;
+
+  // LoaderOptions::balance_decode: the rate the feed's device decoder
+  // reports, and this loader's decode time per sample, measured.
+  std::atomic<double> device_decode_rate{0};
+  std::atomic<uint64_t> host_decode_ns{0}, host_decodes{0};
+  // Until this many host decodes are measured, a probe share measures them.
+  static constexpr uint64_t kShareProbeSamples = 64;
+  static constexpr double kProbeShare = 1.0 / 16;
+  // Of a thread's time, what decoding may take: the threads also read,
+  // parse headers and copy the encoded samples.
+  static constexpr double kHostDecodeBusy = 0.8;
+  double HostDecodeShare() const {
+    const double device = device_decode_rate.load(std::memory_order_relaxed);
+    if (!options.balance_decode || device <= 0) return 0;
+    const uint64_t n = host_decodes.load(std::memory_order_relaxed);
+    if (n < kShareProbeSamples) return kProbeShare;
+    const double per_sample = double(host_decode_ns.load(std::memory_order_relaxed)) * 1e-9 / double(n);
+    const double host = kHostDecodeBusy * threads / std::max(per_sample, 1e-9);
+    return host / (host + device);
+  }
 
   Impl(const ChunkSource& s, const LoaderOptions& o) : source(s), options(o) {
     // A batch larger than the rank's share only costs memory (its pool is
@@ -139,7 +160,8 @@ struct LocalStream final : EpochStream::Impl {
   // packed encoded for the feed's decoder and the rest decoded here.
   Status DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chunks, const std::vector<uint32_t>& chunk_of,
                        uint64_t count, const ChunkSource::SampleContext& context, Batch::Slot& slot);
-  std::atomic<uint64_t> deferred_samples{0}, host_decoded_samples{0};
+  std::atomic<uint64_t> deferred_samples{0}, host_decoded_samples{0}, balanced_samples{0};
+  std::atomic<double> host_decode_share{0};
   std::atomic<const char*> host_decode_reason{""};
   void Stop() override;
   Result<std::optional<Batch>> Next() override;
@@ -311,7 +333,13 @@ Status LocalStream::DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chu
   auto decode_here = [&](uint64_t i, std::byte* at) {
     auto [bytes, chunk] = bytes_of(i);
     uint64_t delivered = slot.indices[i];
+    const auto t0 = std::chrono::steady_clock::now();
     Status ds = src.DecodeSample(bytes, chunk, slot.indices[i], context, std::span(at, sb), &delivered);
+    if (defer) {  // the share's measure: this loader's decode time per sample
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+      L.host_decode_ns.fetch_add(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
+      L.host_decodes.fetch_add(1, std::memory_order_relaxed);
+    }
     if (!ds.ok()) return fail(std::move(ds));
     slot.indices[i] = delivered;
     slot.labels[i] = labels.empty() ? -1 : labels[delivered];
@@ -336,14 +364,27 @@ Status LocalStream::DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chu
   // the slot never overflows whatever the sizes.
   if (slot.encoded.size() < count) slot.encoded.resize(count);
   const uint64_t room = slot.images.bytes();
-  uint64_t used = 0, deferred = 0;
+  uint64_t used = 0, deferred = 0, balanced = 0;
+  // LoaderOptions::balance_decode: this share of what the device takes is
+  // decoded here, the samples picked by a hash of (seed, epoch, sample).
+  const double share = L.HostDecodeShare();
+  host_decode_share.store(share, std::memory_order_relaxed);
+  auto by_share = [&](uint64_t index) {
+    if (share <= 0) return false;
+    loader::Rng r(context.seed ^ (context.epoch * 0x9E3779B97F4A7C15ull) ^ (index * 0xD1B54A32D192ED03ull));
+    return double(r.Next() >> 11) * (1.0 / 9007199254740992.0) < share;
+  };
   for (uint64_t i = 0; i < count; ++i) {
     const ChunkSource::EncodedSamplePlan& p = plans[i];
     EncodedSample& e = slot.encoded[i];
     e = EncodedSample{};
     e.offset = used;
     const uint64_t later = (count - i - 1) * sb;
-    if (p.device_decodable && !p.bytes.empty() && used + p.bytes.size() + later <= room) {
+    const bool takes = p.device_decodable && !p.bytes.empty();
+    if (takes && by_share(slot.indices[i])) {
+      used += sb;
+      ++balanced;
+    } else if (takes && used + p.bytes.size() + later <= room) {
       e.bytes = p.bytes.size();
       e.height = p.height;
       e.width = p.width;
@@ -360,6 +401,7 @@ Status LocalStream::DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chu
   }
   deferred_samples += deferred;
   host_decoded_samples += count - deferred;
+  balanced_samples += balanced;
   // 3. Copies and host decodes, in parallel.
   tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
     const EncodedSample& e = slot.encoded[i];
@@ -460,6 +502,8 @@ LoaderStats LocalStream::stats() const {
   st.deferred_samples = s.deferred_samples.load();
   st.host_decoded_samples = s.host_decoded_samples.load();
   st.host_decode_reason = s.host_decode_reason.load();
+  st.balanced_samples = s.balanced_samples.load();
+  st.host_decode_share = s.host_decode_share.load();
   st.consumer_wait_seconds = s.core.wait_seconds();
   st.queue_depth_sum = s.core.depth_sum();
   st.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start_time).count();
@@ -506,6 +550,11 @@ LoaderState Loader::state() const {
   LoaderState s = impl_->state;
   DescribeShard(impl_->source.num_samples(), impl_->options, &s);
   return s;
+}
+
+void Loader::ReportDeviceDecodeRate(double samples_per_second) {
+  if (samples_per_second > 0 && std::isfinite(samples_per_second))
+    impl_->device_decode_rate.store(samples_per_second, std::memory_order_relaxed);
 }
 
 uint64_t Loader::num_batches() const {

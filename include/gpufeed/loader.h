@@ -89,6 +89,15 @@ struct LoaderOptions {
   // Loader with a feed that decodes (FeedOptions::decode); ignored for other
   // sources.
   bool defer_decode = false;
+  // With defer_decode: decode a share of the samples the device decoder
+  // takes here as well, chosen from this loader's measured decode time per
+  // sample and the rate the feed's decoder reports
+  // (BatchSource::ReportDeviceDecodeRate), so that neither the device
+  // decoder nor these threads wait for the other: share = host rate / (host
+  // rate + device rate). Which samples: a hash of (seed, epoch, sample)
+  // against the share. decode="auto" sets it; decode="gpu" leaves every
+  // sample the device takes to it.
+  bool balance_decode = false;
   // Epoch reshard.epoch continues a run saved at another world size
   // (Reshard, below); world_size 0: none. Set by a resume, not by hand.
   struct Reshard {
@@ -238,6 +247,10 @@ struct LoaderStats {
   // loader decoded itself (the reason of the last such, e.g. "progressive").
   uint64_t deferred_samples = 0, host_decoded_samples = 0;
   std::string host_decode_reason;
+  // LoaderOptions::balance_decode: the device-decodable samples decoded here
+  // by the share, and the share the last batch used (0..1).
+  uint64_t balanced_samples = 0;
+  double host_decode_share = 0;
   double plan_seconds = 0;           // busy time per stage, summed over threads
   double fetch_seconds = 0;          // read + decode
   double assemble_seconds = 0;       // copying samples into batches
@@ -371,6 +384,11 @@ class BatchSource {
   virtual void SetReshard(const LoaderOptions::Reshard& r) = 0;
   virtual const BatchSourceInfo& info() const = 0;
   virtual uint64_t num_batches() const = 0;  // per epoch, for this rank
+  // The feed's decode stage reports how many samples a second its device
+  // decoder takes (its time in the decode call, per sample), for
+  // LoaderOptions::balance_decode. Any thread. Sources that decode nothing
+  // for a device ignore it.
+  virtual void ReportDeviceDecodeRate(double samples_per_second) { (void)samples_per_second; }
 };
 
 class Loader : public BatchSource {
@@ -395,6 +413,7 @@ class Loader : public BatchSource {
   // batch size; fixed at construction.
   const BatchSourceInfo& info() const override;
   uint64_t num_batches() const override;  // per epoch, for this rank
+  void ReportDeviceDecodeRate(double samples_per_second) override;
   const LoaderOptions& options() const;
   const ChunkSource& source() const;
   uint64_t batch_bytes() const;

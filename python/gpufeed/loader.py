@@ -142,8 +142,9 @@ class Loader:
     "gpu" (the GPU's hardware JPEG decoder through nvJPEG; images it does
     not take, such as progressive ones or PNGs, are decoded by the loader's
     threads), "cpu" (the loader's threads) or "auto" (the default: "gpu" on
-    a CUDA device where libnvjpeg loads, else "cpu"); `Loader.decode` says
-    what was chosen and why.
+    a CUDA device where libnvjpeg loads, the loader's threads decoding a
+    share of the engine's images measured so that neither waits, else
+    "cpu"); `Loader.decode` says what was chosen and why.
 
     Daemon options (RemoteLoaderOptions): dataset, token, token_file,
     client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms,

@@ -301,6 +301,81 @@ TEST(ImageDecoderTest, CorruptDeferredSampleIsNamedOrReplaced) {
   EXPECT_EQ(delivered, n);  // batch sizes kept
 }
 
+// LoaderOptions::balance_decode: the loader decodes the share of the
+// device's samples that the reported device rate leaves to it (none without
+// a report, nearly all beside a very slow device, next to none beside a
+// very fast one), every sample still once with its label; through a feed
+// (its CPU twin reports its own rate) the output's labels are the plain
+// loader's, batch for batch.
+TEST(ImageDecoderTest, TheLoadersShareFollowsTheDeviceDecodersRate) {
+  const uint64_t n = 140;
+  Dataset ds = Make("dec_share", n);
+  auto src = OpenEncodedImages(ds.path, {}, Decode32());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  uint64_t device_kinds = 0;
+  for (Kind k : ds.kinds) device_kinds += k == Kind::kBaseline || k == Kind::kGrey || k == Kind::k444;
+  // Three epochs at a reported rate; the last epoch's balanced samples.
+  auto run = [&](double rate, uint64_t* label_sum) {
+    LoaderOptions lo = TestLoaderOptions(/*defer=*/true, /*pinned=*/false);
+    lo.balance_decode = true;
+    Loader loader(**src, lo);
+    if (rate > 0) loader.ReportDeviceDecodeRate(rate);
+    LoaderStats last;
+    for (uint64_t e = 0; e < 3; ++e) {
+      EpochStream stream = loader.Epoch(e);
+      uint64_t seen = 0, sum = 0;
+      for (const Batch& b : stream) {
+        for (uint64_t i = 0; i < b.size(); ++i) sum += uint64_t(b.labels()[i]);
+        seen += b.size();
+      }
+      EXPECT_EQ(seen, n);
+      *label_sum = sum;
+      last = stream.stats();
+    }
+    return last;
+  };
+  uint64_t want = 0, sum = 0;
+  for (uint64_t k = 0; k < n; ++k) want += k < n / 2 ? 0 : 1;  // Make(): the first half in c0
+  LoaderStats none = run(0, &sum);
+  EXPECT_EQ(sum, want);
+  EXPECT_EQ(none.balanced_samples, 0u);
+  EXPECT_EQ(none.deferred_samples, device_kinds);
+  LoaderStats slow = run(1.0, &sum);  // a device that takes a second a sample
+  EXPECT_EQ(sum, want);
+  EXPECT_GT(slow.host_decode_share, 0.99);
+  EXPECT_GT(slow.balanced_samples, device_kinds * 9 / 10);
+  LoaderStats fast = run(1e12, &sum);
+  EXPECT_EQ(sum, want);
+  EXPECT_LT(fast.host_decode_share, 1e-3);
+  EXPECT_LE(fast.balanced_samples, 1u);
+
+  // Through a feed: the CPU twin reports its rate; labels as the plain loader's.
+  Fed plain = Feed(**src, false);
+  LoaderOptions lo = TestLoaderOptions(true, false);
+  lo.balance_decode = true;
+  Loader loader(**src, lo);
+  FeedOptions fo;
+  fo.force_cpu = true;
+  std::vector<std::vector<int64_t>> labels;
+  LoaderStats ls;
+  for (uint64_t e = 0; e < 2; ++e) {  // the second epoch starts with a measured share
+    GpuFeeder feeder(loader, fo, 1);
+    labels.clear();
+    for (;;) {
+      auto b = feeder.Next();
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      if (!*b) break;
+      std::vector<int64_t> l((*b)->size());
+      ASSERT_TRUE(feeder.CopyToHost(**b, nullptr, l.data()).ok());
+      labels.push_back(std::move(l));
+    }
+    ls = feeder.loader_stats();
+  }
+  EXPECT_EQ(labels, plain.labels);
+  EXPECT_GT(ls.host_decode_share, 0.0);
+  EXPECT_LT(ls.host_decode_share, 1.0);
+}
+
 TEST(ImageDecoderTest, DecodeDeviceNames) {
   EXPECT_EQ(*DecodeDeviceFromName("gpu"), DecodeDevice::kGpu);
   EXPECT_EQ(*DecodeDeviceFromName("cpu"), DecodeDevice::kCpu);
