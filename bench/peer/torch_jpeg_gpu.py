@@ -121,6 +121,9 @@ def main():
     ap.add_argument("--train-stream", default="default", choices=["default", "side"],
                     help="train on the legacy default stream (PyTorch's default) or a side stream")
     ap.add_argument("--order", default="block", help="gpufeed's order (block: its default, chunk-aware)")
+    ap.add_argument("--train-decode", default="gpu,auto",
+                    help="train: gpufeed's decode= values to train with, each (gpu: the engine alone; auto: the "
+                         "loader's threads take a measured share)")
     ap.add_argument("--json")
     a = ap.parse_args()
     import numpy as np
@@ -325,15 +328,20 @@ def main():
             torch.cuda.synchronize()
             ceiling = steps * a.batch_size / (time.perf_counter() - t0)
             side = torch.cuda.Stream() if a.train_stream == "side" else None
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                rates, where, st = gpufeed_epochs("gpu", a.threads, a.epochs, consume=step)
-            split = {k: st.get(k) for k in ("feed_decode_seconds", "feed_data_wait_seconds", "feed_wall_seconds")}
-            res[arch] = {"ceiling": ceiling, "gpufeed_gpu": rates, "ratios": [r / ceiling for r in rates],
-                         "decode": where, "last_epoch_feed": split}
-            print("  last epoch's feed: %s" % split, flush=True)
-            print("train %s (%s stream): ceiling %.0f images/s; gpufeed decode=gpu threads=%d epochs %s images/s = "
-                  "%s of the ceiling" % (arch, a.train_stream, ceiling, a.threads, " ".join("%.0f" % r for r in rates),
-                               " ".join("%.3f" % (r / ceiling) for r in rates)), flush=True)
+            res[arch] = {"ceiling": ceiling}
+            for dec in a.train_decode.split(","):
+                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                    rates, where, st = gpufeed_epochs(dec, a.threads, a.epochs, consume=step)
+                split = {k: st.get(k) for k in ("feed_decode_seconds", "feed_data_wait_seconds", "feed_wall_seconds",
+                                                 "feed_decoded_on_device", "feed_decoded_by_loader",
+                                                 "balanced_samples", "host_decode_share")}
+                res[arch]["gpufeed_" + dec] = {"rates": rates, "ratios": [r / ceiling for r in rates],
+                                               "decode": where, "last_epoch_feed": split}
+                print("  last epoch's feed: %s" % split, flush=True)
+                print("train %s (%s stream): ceiling %.0f images/s; gpufeed decode=%s [%s] threads=%d epochs %s "
+                      "images/s = %s of the ceiling" % (arch, a.train_stream, ceiling, dec, where, a.threads,
+                                                        " ".join("%.0f" % r for r in rates),
+                                                        " ".join("%.3f" % (r / ceiling) for r in rates)), flush=True)
             del model, opt, xs, ys
             torch.cuda.empty_cache()
         out["train"] = res
