@@ -54,9 +54,26 @@ void OpenedSource::HoldLease(std::unique_ptr<NodeLease> lease) { lease_ = std::m
 
 uint64_t OpenedSource::num_batches() const { return remote_ ? remote_->num_batches() : loader_->num_batches(); }
 
-Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& o) {
+Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& given) {
+  SourceOptions o = given;
   auto share = ResolveShare(o);
   if (!share.ok()) return share.status();
+  if (*share == Share::kNode && o.share == Share::kAuto && o.loader.defer_decode && o.open.fields.empty() &&
+      !IsMultiFileSpec(o.data)) {
+    // JPEGs this rank's GPU decoder takes (defer_decode): the node's server
+    // would decode them on its CPU, so auto reads them here and each rank
+    // decodes on its own GPU's engine. The probe runs once: the open below
+    // trusts it.
+    OpenOptions probed = o.open;
+    GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(o.data, probed));
+    probed.trust_files = true;
+    auto kind = DetectEncoded(o.data, probed);
+    if (!kind.ok()) return kind.status();
+    if (*kind != EncodedStorage::kNone) {
+      share = Share::kNone;
+      o.open = probed;
+    }
+  }
   if (*share == Share::kNode) {
     auto lease = AttachNodeServer(o);
     if (!lease.ok()) return lease.status();

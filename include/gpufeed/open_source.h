@@ -30,8 +30,11 @@ bool IsDaemonAddress(std::string_view data);
 // decode threads; each rank its own shard and stream) and that ends after
 // the last; kNone: a Loader in this process; kAuto: kNode under torchrun with
 // more than one local rank (LOCAL_WORLD_SIZE > 1) unless an option only a
-// local Loader takes is set (open.labels_path, open.io, open.max_open_files),
-// else kNone. docs/python.md, "Many GPUs".
+// local Loader takes is set (open.labels_path, open.io, open.max_open_files)
+// or the file holds encoded images for this process's GPU decoder
+// (loader.defer_decode: the node's server would decode them on its CPU; each
+// rank decodes on its own GPU's engine instead), else kNone. docs/python.md,
+// "Many GPUs".
 enum class Share { kAuto, kNode, kNone };
 Result<Share> ShareFromName(std::string_view name);  // "auto", "node", "none"
 std::string_view ShareName(Share s);

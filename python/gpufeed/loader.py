@@ -187,7 +187,9 @@ class Loader:
     takes this rank's share of the host's cores). "auto" (default): "node"
     when torchrun started more than one local rank (LOCAL_WORLD_SIZE > 1)
     and no option only a local loader takes (labels, io, max_open_files) is
-    given, else "none". The chosen mode is `loader.share`; docs/python.md
+    given and the file is not one of encoded images this rank's GPU decodes
+    (decode on a GPU with the engine: the server would decode them on its
+    CPU), else "none". The chosen mode is `loader.share`; docs/python.md
     has the details.
     """
 

@@ -345,6 +345,33 @@ TEST(EncodedSourceTest, VlenFallbackEqualsDirectPath) {
   EXPECT_EQ((*opened)->source().info().sample_shape, (std::vector<uint64_t>{16, 20, 3}));
 }
 
+// share="auto" under torchrun (LOCAL_WORLD_SIZE > 1) takes the node's
+// server, which decodes on its CPU; for encoded images this rank's GPU
+// decoder takes (loader.defer_decode) it reads the file here instead, so
+// each rank decodes on its own GPU.
+TEST(EncodedSourceTest, AutoShareReadsImagesHereForThisRanksGpuDecoder) {
+  Folder f = MakeFolder("enc_share", 12);
+  const std::string path = Convert(f, "x.h5");
+  const char* old = getenv("LOCAL_WORLD_SIZE");
+  const std::string saved = old ? old : "";
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  SourceOptions so;
+  so.data = path;
+  so.decode.height = 24;
+  so.decode.width = 32;
+  so.loader = Opts(2);
+  so.loader.defer_decode = true;
+  auto opened = OpenBatchSource(so);
+  if (old) {
+    setenv("LOCAL_WORLD_SIZE", saved.c_str(), 1);
+  } else {
+    unsetenv("LOCAL_WORLD_SIZE");
+  }
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_FALSE((*opened)->node_shared());
+  ASSERT_NE((*opened)->encoded(), nullptr);
+}
+
 TEST(EncodedSourceTest, CorruptSamplesNameTheSampleOrAreReplaced) {
   Folder f = MakeFolder("enc_bad", 10);
   // A truncated JPEG passes convert's header check; the loader finds it.
