@@ -180,9 +180,6 @@ struct Core {
   // Host batches the consumer holds (handles or tensors), of any epoch: all
   // of them from one pool.
   std::atomic<uint64_t> held_host{0};
-  // Device batches the consumer holds: the feed's next batch is prefetched
-  // only while an output slot stays free for it (FeedOptions::slots).
-  std::atomic<int> held_device{0};
 
   // The current epoch (consumer thread only, and never while a fetch runs).
   bool started = false;
@@ -393,12 +390,9 @@ struct gpufeed_batch {
     if (refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     // The slot goes back first, then the references that keep its pool alive.
     if (device) {
-      {
-        std::lock_guard<std::mutex> lock(feed->mu);
-        device->Release(release_stream.load());
-        device.reset();
-      }
-      core->held_device.fetch_sub(1, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> lock(feed->mu);
+      device->Release(release_stream.load());
+      device.reset();
     }
     if (host) {
       try {
@@ -495,7 +489,6 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
     if (d.ready_event() != nullptr) b->dl_device = {kDLCUDA, core->feed_options.device};
     b->feed = std::move(f.feed);
     b->device = std::move(f.device);
-    core->held_device.fetch_add(1, std::memory_order_relaxed);
   }
   return b;
 }
@@ -867,14 +860,6 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
       f = std::move(c.result);
       c.result = Fetched();
       c.has_result = false;
-      // A device feed: the next batch is fetched while the consumer works on
-      // this one (the feed's decode stage blocks its thread while the GPU
-      // decodes), when a slot stays free for it: the consumer's batches, this
-      // one, and the next. Host batches are prefetched by the loader itself.
-      if (c.feed && f.device && c.held_device.load(std::memory_order_relaxed) + 2 <= c.feed_options.slots) {
-        c.request = true;
-        c.work_cv.Signal();
-      }
     }
     if (!f.status.ok()) return Fail(error, f.status);  // the consumer holding every slot can continue
     if (!f.host && !f.device) {
