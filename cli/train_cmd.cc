@@ -23,7 +23,7 @@ namespace {
 
 struct TrainArgs {
   std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
-  std::string widths = "256,128", channels = "32,64", checkpoint, json, freeze;
+  std::string widths = "256,128", channels = "32,64", checkpoint, json, freeze, recompute = "none";
   std::string dataset, token_file;  // with a daemon --data
   DecodeArgs decode;                // encoded image datasets
   TrainOptions o;
@@ -298,6 +298,9 @@ int RunTrain(TrainArgs& a) {
   o.loader.threads = a.threads;
   o.loader.cache_bytes = a.cache_bytes;
   o.checkpoint_path = a.checkpoint;
+  if (a.recompute != "none" && a.recompute != "blocks")
+    return fail(Status::InvalidArgument("--recompute '" + a.recompute + "': none or blocks"));
+  o.recompute_blocks = a.recompute == "blocks";
   for (size_t at = 0; !a.freeze.empty() && at <= a.freeze.size();) {
     size_t comma = a.freeze.find(',', at);
     if (comma == std::string::npos) comma = a.freeze.size();
@@ -447,6 +450,10 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--resume", o.resume, "continue from --checkpoint");
   cmd->add_option("--init", o.init_path,
                   "start from the weights of this checkpoint (any optimizer; a head of other classes starts fresh)");
+  cmd->add_option("--recompute", a->recompute,
+                  "none, or blocks: the cnn's backward pass recomputes each block's conv and batchnorm outputs "
+                  "instead of keeping them (the same weights, less activation memory)")
+      ->capture_default_str();
   cmd->add_option("--lora-rank", o.lora_rank,
                   "LoRA: adapters of this rank on every linear and conv layer but the head; they and the head train, "
                   "the rest is frozen (0: off)");

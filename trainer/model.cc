@@ -178,11 +178,44 @@ Status Model::Init() {
   }
   const size_t es = DTypeSize(s.dtype);
   size_t widest = size_t(s.in_h) * s.in_w * s.in_c;
+  if (s.recompute_blocks && s.kind != ModelKind::kCnn)
+    return Status::InvalidArgument(
+        "model: --recompute blocks recomputes the cnn's conv-bn-relu-pool blocks; an mlp "
+        "has none (--recompute none)");
+  // recompute_blocks: every block's conv and batchnorm outputs share one
+  // block's buffers (the widest), filled again by the backward pass.
+  void* rc_conv = nullptr;
+  void* rc_bn = nullptr;
+  if (s.recompute_blocks) {
+    size_t block = 0, channels = 0;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (layers_[i].kind == Kind::kConv) {
+        block = std::max(block, layers_[i].out_elems);
+        last_conv_ = i;
+      }
+      if (layers_[i].kind == Kind::kBnRelu) channels = std::max(channels, size_t(layers_[i].c));
+    }
+    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * block * es, &rc_conv, &acts_bytes_));
+    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * block * es, &rc_bn, &acts_bytes_));
+    void* v;
+    GPUFEED_RETURN_IF_ERROR(Allocate(channels * 4, &v, &acts_bytes_));
+    rc_run_mean_ = static_cast<float*>(v);
+    GPUFEED_RETURN_IF_ERROR(Allocate(channels * 4, &v, &acts_bytes_));
+    rc_run_var_ = static_cast<float*>(v);
+  }
   for (Layer& l : layers_) {
+    widest = std::max(widest, l.out_elems);
+    if (rc_conv && l.kind == Kind::kConv) {
+      acts_.push_back(rc_conv);
+      continue;
+    }
+    if (rc_bn && l.kind == Kind::kBnRelu) {
+      acts_.push_back(rc_bn);
+      continue;
+    }
     void* v;
     GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * l.out_elems * es, &v, &acts_bytes_));
     acts_.push_back(v);
-    widest = std::max(widest, l.out_elems);
   }
   // Freezing: every name must match a parameter, and something must train.
   for (const std::string& f : s.freeze) {
@@ -320,6 +353,18 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
       }
       case Kind::kBnRelu: {
         BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
+        if (spec_.recompute_blocks && i - 1 != last_conv_) {
+          // This block's conv and batchnorm outputs again, from its kept
+          // input: the same kernels on the same values as the forward pass,
+          // the running statistics left as that pass made them.
+          const Layer& c = layers_[i - 1];
+          ConvShape cs = c.conv;
+          cs.n = batch;
+          GPUFEED_RETURN_IF_ERROR(
+              ops_->ConvForward(cs, i - 1 == 0 ? x : acts_[i - 2], params_[c.p].copy, acts_[i - 1]));
+          GPUFEED_RETURN_IF_ERROR(ops_->BnReluForward(a, true, in, params_[l.p].master, params_[l.p2].master,
+                                                      rc_run_mean_, rc_run_var_, l.save_mean, l.save_invstd, acts_[i]));
+        }
         // A frozen gamma or beta: its gradient goes to scratch, unused.
         float* dgamma = params_[l.p].frozen() ? frozen_grad_ : params_[l.p].grad;
         float* dbeta = params_[l.p2].frozen() ? frozen_grad_beta_ : params_[l.p2].grad;

@@ -37,6 +37,11 @@ struct ModelSpec {
   // so the model starts as the base. alpha 0: alpha = rank.
   int lora_rank = 0;
   float lora_alpha = 0;
+  // cnn: keep each block's input (the pools' outputs) but not its conv and
+  // batchnorm outputs, which the backward pass recomputes block by block
+  // into one block's buffers (the same kernels on the same values: the same
+  // weights as without). The mlp has no blocks.
+  bool recompute_blocks = false;
 };
 
 // One trainable tensor: fp32 master, fp32 gradient, optimizer state, and the
@@ -152,6 +157,11 @@ class Model {
   // the compute copy is refreshed.
   float* lora_scratch_ = nullptr;
   float lora_scale_ = 0;
+  // recompute_blocks: running statistics the recomputed batchnorm writes
+  // (the real ones were updated by the forward pass), widest channels.
+  float* rc_run_mean_ = nullptr;
+  float* rc_run_var_ = nullptr;
+  size_t last_conv_ = 0;  // the top block's conv: its outputs are still in the buffers at backward
   uint64_t weights_ = 0, grads_ = 0, opt_ = 0, acts_bytes_ = 0;
   uint64_t rng_ = 0;
 };

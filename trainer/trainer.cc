@@ -405,6 +405,7 @@ Status Run::Setup() {
   spec.quantized_states = o_.optimizer == Optimizer::kAdamW8bit || o_.optimizer == Optimizer::kSgd8bit;
   spec.seed = o_.seed;
   spec.freeze = o_.freeze;
+  spec.recompute_blocks = o_.recompute_blocks;
   spec.lora_rank = o_.lora_rank;
   spec.lora_alpha = o_.lora_alpha;
   if (o_.lora_rank < 0 || o_.lora_alpha < 0)

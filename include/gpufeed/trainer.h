@@ -121,6 +121,11 @@ struct TrainOptions {
   // each weight W + (alpha / rank) B A, for --init or evaluation. Needs
   // lora_rank > 0.
   std::string merge_lora_path;
+  // cnn: the backward pass recomputes each block's conv and batchnorm
+  // outputs from the block's input instead of keeping them (activation
+  // memory: one block's instead of every block's), with the same kernels on
+  // the same values, so the weights are the same bits as without.
+  bool recompute_blocks = false;
   int stop_after_epochs = 0;  // stop (as if interrupted) after this many epochs (0: run all)
   // Compute ceiling: train on the first `device_resident_batches` batches
   // kept on the device, cycled, for as many steps as a real epoch (0: off).

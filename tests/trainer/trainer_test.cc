@@ -495,6 +495,55 @@ TEST(TrainerTest, LoraFineTunesFromACheckpointAndMerges) {
   std::filesystem::remove_all(dir);
 }
 
+// --recompute blocks: the same losses and weights, bit for bit, as keeping
+// every activation (with accumulation, augmentation and a frozen first
+// block too), and less activation memory; the mlp has no blocks.
+void ExpectRecomputeIsBitIdentical(TrainOptions o) {
+  BarsSource train(512, 4), test(128, 4);
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 12, 16};
+  o.epochs = 2;
+  auto kept = Train(train, &test, o);
+  o.recompute_blocks = true;
+  auto again = Train(train, &test, o);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->weights_hash, kept->weights_hash);
+  for (size_t e = 0; e < kept->epochs.size(); ++e) {
+    EXPECT_EQ(again->epochs[e].train_loss, kept->epochs[e].train_loss) << "epoch " << e;
+    EXPECT_EQ(again->epochs[e].test_loss, kept->epochs[e].test_loss) << "epoch " << e;
+  }
+  EXPECT_LT(again->memory.activations, kept->memory.activations);
+  std::printf("activations: kept %llu bytes, recomputed %llu (%.2fx)\n",
+              (unsigned long long)kept->memory.activations, (unsigned long long)again->memory.activations,
+              double(again->memory.activations) / double(kept->memory.activations));
+}
+
+TEST(TrainerTest, RecomputedBlocksTrainTheSameWeights) {
+  TrainOptions o = Small();
+  ExpectRecomputeIsBitIdentical(o);
+  o.accum = 2;
+  o.flip = true;
+  o.crop_padding = 1;
+  o.freeze = {"conv0"};
+  ExpectRecomputeIsBitIdentical(o);
+  TrainOptions mlp = Small();
+  mlp.recompute_blocks = true;
+  BarsSource train(64, 4);
+  auto r = Train(train, nullptr, mlp);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("mlp has none"), std::string::npos) << r.status().ToString();
+}
+
+TEST(TrainerTest, RecomputedBlocksTrainTheSameWeightsOnTheGpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU recompute test runs on the GPU host";
+  for (DType p : {DType::kBFloat16, DType::kFloat32}) {
+    TrainOptions o = Small(TrainDevice::kCuda);
+    o.precision = p;
+    ExpectRecomputeIsBitIdentical(o);
+  }
+}
+
 TEST(TrainerTest, ResumeIsBitIdenticalOnTheGpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU resume test runs on the GPU host";
   for (DType p : {DType::kBFloat16, DType::kFloat16}) {
