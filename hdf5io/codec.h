@@ -63,7 +63,10 @@ Status BitshuffleDecompress(std::span<const std::byte> src, std::span<std::byte>
                             const std::string& what);
 // Bitshuffle's transform of one block of n elements (n a multiple of 8).
 void BitshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
+// BitunshuffleBlock is SSE2 (where the target has it); the scalar loop is
+// its twin, compared in the tests.
 void BitunshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
+void BitunshuffleBlockScalar(const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
 
 // One filter of a dataset's pipeline, as the direct path runs it.
 struct FilterStep {

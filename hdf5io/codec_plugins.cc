@@ -20,8 +20,11 @@
 #include <liblzf/lzf.h>
 #include <lz4.h>
 
+#include <emmintrin.h>  // SSE2: every x86-64 CPU has it
+
 #include <climits>
 #include <cstring>
+#include <vector>
 
 #include "common/sizes.h"
 #include "hdf5io/codec.h"
@@ -58,9 +61,103 @@ inline uint64_t Transpose8x8(uint64_t x) {
   return x;
 }
 
+#if defined(__SSE2__)
+// Transpose8x8 on both 64-bit lanes.
+inline __m128i Transpose8x8x2(__m128i x) {
+  __m128i t = _mm_and_si128(_mm_xor_si128(x, _mm_srli_epi64(x, 7)), _mm_set1_epi64x(0x00AA00AA00AA00AALL));
+  x = _mm_xor_si128(_mm_xor_si128(x, t), _mm_slli_epi64(t, 7));
+  t = _mm_and_si128(_mm_xor_si128(x, _mm_srli_epi64(x, 14)), _mm_set1_epi64x(0x0000CCCC0000CCCCLL));
+  x = _mm_xor_si128(_mm_xor_si128(x, t), _mm_slli_epi64(t, 14));
+  t = _mm_and_si128(_mm_xor_si128(x, _mm_srli_epi64(x, 28)), _mm_set1_epi64x(0x00000000F0F0F0F0LL));
+  return _mm_xor_si128(_mm_xor_si128(x, t), _mm_slli_epi64(t, 28));
+}
+
+// Byte j of elements [16g0 .. 16g0 + 128): the 8 bit planes of byte j at
+// columns g0..g0+15, gathered into 16 64-bit words (word g: plane k's byte
+// in byte k, as the scalar loop builds it), each transposed, stored to
+// out[0..128) in element order.
+inline void UnshuffleColumns16(const std::byte* planes, size_t row, size_t g0, std::byte* out) {
+  __m128i r[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + k * row + g0));
+  const __m128i a0 = _mm_unpacklo_epi8(r[0], r[1]), a1 = _mm_unpackhi_epi8(r[0], r[1]);
+  const __m128i a2 = _mm_unpacklo_epi8(r[2], r[3]), a3 = _mm_unpackhi_epi8(r[2], r[3]);
+  const __m128i a4 = _mm_unpacklo_epi8(r[4], r[5]), a5 = _mm_unpackhi_epi8(r[4], r[5]);
+  const __m128i a6 = _mm_unpacklo_epi8(r[6], r[7]), a7 = _mm_unpackhi_epi8(r[6], r[7]);
+  const __m128i b0 = _mm_unpacklo_epi16(a0, a2), b1 = _mm_unpackhi_epi16(a0, a2);
+  const __m128i b2 = _mm_unpacklo_epi16(a1, a3), b3 = _mm_unpackhi_epi16(a1, a3);
+  const __m128i b4 = _mm_unpacklo_epi16(a4, a6), b5 = _mm_unpackhi_epi16(a4, a6);
+  const __m128i b6 = _mm_unpacklo_epi16(a5, a7), b7 = _mm_unpackhi_epi16(a5, a7);
+  const __m128i c[8] = {_mm_unpacklo_epi32(b0, b4), _mm_unpackhi_epi32(b0, b4), _mm_unpacklo_epi32(b1, b5),
+                        _mm_unpackhi_epi32(b1, b5), _mm_unpacklo_epi32(b2, b6), _mm_unpackhi_epi32(b2, b6),
+                        _mm_unpacklo_epi32(b3, b7), _mm_unpackhi_epi32(b3, b7)};
+  for (int m = 0; m < 8; ++m) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * m), Transpose8x8x2(c[m]));
+  }
+}
+
+// Byte j of every element of the block, in element order, to out[0..n).
+void UnshufflePlaneRow(const std::byte* planes, size_t row, std::byte* out) {
+  size_t g = 0;
+  for (; g + 16 <= row; g += 16) UnshuffleColumns16(planes, row, g, out + 8 * g);
+  for (; g < row; ++g) {
+    uint64_t x = 0;
+    for (size_t k = 0; k < 8; ++k) x |= static_cast<uint64_t>(static_cast<uint8_t>(planes[k * row + g])) << (8 * k);
+    x = Transpose8x8(x);
+    std::memcpy(out + 8 * g, &x, 8);  // little-endian: byte i is element 8g + i
+  }
+}
+
+#endif  // __SSE2__
+
 }  // namespace
 
+// SSE2: each byte of the element size is unshuffled 128 elements at a time
+// (UnshuffleColumns16), into its own plane, and the planes are then
+// interleaved into elements; BitunshuffleBlockScalar is its twin.
 void BitunshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size) {
+#if !defined(__SSE2__)
+  BitunshuffleBlockScalar(src, dst, n, elem_size);
+#else
+  const size_t row = n / 8;
+  if (elem_size == 1) {
+    UnshufflePlaneRow(src, row, dst);
+    return;
+  }
+  thread_local std::vector<std::byte> planes;
+  if (planes.size() < n * elem_size) planes.resize(n * elem_size);
+  for (size_t j = 0; j < elem_size; ++j) UnshufflePlaneRow(src + j * 8 * row, row, planes.data() + j * n);
+  // Interleave: element e's byte j is planes[j * n + e].
+  const std::byte* p = planes.data();
+  size_t e = 0;
+  if (elem_size == 2) {
+    for (; e + 16 <= n; e += 16) {
+      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + e));
+      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + n + e));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * e), _mm_unpacklo_epi8(lo, hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * e + 16), _mm_unpackhi_epi8(lo, hi));
+    }
+  } else if (elem_size == 4) {
+    for (; e + 16 <= n; e += 16) {
+      const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + e));
+      const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + n + e));
+      const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * n + e));
+      const __m128i v3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * n + e));
+      const __m128i l01 = _mm_unpacklo_epi8(v0, v1), h01 = _mm_unpackhi_epi8(v0, v1);
+      const __m128i l23 = _mm_unpacklo_epi8(v2, v3), h23 = _mm_unpackhi_epi8(v2, v3);
+      auto* o = reinterpret_cast<__m128i*>(dst + 4 * e);
+      _mm_storeu_si128(o, _mm_unpacklo_epi16(l01, l23));
+      _mm_storeu_si128(o + 1, _mm_unpackhi_epi16(l01, l23));
+      _mm_storeu_si128(o + 2, _mm_unpacklo_epi16(h01, h23));
+      _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(h01, h23));
+    }
+  }
+  for (; e < n; ++e) {
+    for (size_t j = 0; j < elem_size; ++j) dst[e * elem_size + j] = p[j * n + e];
+  }
+#endif
+}
+
+void BitunshuffleBlockScalar(const std::byte* src, std::byte* dst, size_t n, size_t elem_size) {
   // src holds 8 * elem_size bit planes of n / 8 bytes: plane (8j + k) bit e is
   // bit k of byte j of element e.
   const size_t row = n / 8;

@@ -154,6 +154,23 @@ TEST(CodecTest, BitshuffleTransformLayoutAndInverse) {
   }
 }
 
+// The SSE2 unshuffle against its scalar twin: every element size the direct
+// path meets and block lengths with and without a remainder of columns (128
+// elements a vector step), values that encode their own index.
+TEST(CodecTest, BitunshuffleSimdEqualsItsScalarTwin) {
+  for (size_t elem : {1, 2, 3, 4, 8, 16}) {
+    for (size_t n : {8, 120, 128, 136, 1024, 8192, 8200}) {
+      std::vector<std::byte> raw(n * elem), sh(n * elem), simd(n * elem), scalar(n * elem);
+      for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<std::byte>(gpufeed::testing::IndexByte(i / elem, i % elem));
+      codec::BitshuffleBlock(raw.data(), sh.data(), n, elem);
+      codec::BitunshuffleBlock(sh.data(), simd.data(), n, elem);
+      codec::BitunshuffleBlockScalar(sh.data(), scalar.data(), n, elem);
+      EXPECT_EQ(simd, scalar) << "elem_size " << elem << ", " << n << " elements";
+      EXPECT_EQ(simd, raw) << "elem_size " << elem << ", " << n << " elements";
+    }
+  }
+}
+
 // Hostile framing: sizes in the LZ4 and bitshuffle headers are not trusted.
 TEST(CodecTest, PluginFramesWithLyingSizesAreCorrupt) {
   std::vector<std::byte> dst(64);
