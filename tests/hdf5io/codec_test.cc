@@ -161,7 +161,8 @@ TEST(CodecTest, BitunshuffleSimdEqualsItsScalarTwin) {
   for (size_t elem : {1, 2, 3, 4, 8, 16}) {
     for (size_t n : {8, 120, 128, 136, 1024, 8192, 8200}) {
       std::vector<std::byte> raw(n * elem), sh(n * elem), simd(n * elem), scalar(n * elem);
-      for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<std::byte>(gpufeed::testing::IndexByte(i / elem, i % elem));
+      for (size_t i = 0; i < raw.size(); ++i)
+        raw[i] = static_cast<std::byte>(gpufeed::testing::IndexByte(i / elem, i % elem));
       codec::BitshuffleBlock(raw.data(), sh.data(), n, elem);
       codec::BitunshuffleBlock(sh.data(), simd.data(), n, elem);
       codec::BitunshuffleBlockScalar(sh.data(), scalar.data(), n, elem);

@@ -514,8 +514,8 @@ void ExpectRecomputeIsBitIdentical(TrainOptions o) {
     EXPECT_EQ(again->epochs[e].test_loss, kept->epochs[e].test_loss) << "epoch " << e;
   }
   EXPECT_LT(again->memory.activations, kept->memory.activations);
-  std::printf("activations: kept %llu bytes, recomputed %llu (%.2fx)\n",
-              (unsigned long long)kept->memory.activations, (unsigned long long)again->memory.activations,
+  std::printf("activations: kept %llu bytes, recomputed %llu (%.2fx)\n", (unsigned long long)kept->memory.activations,
+              (unsigned long long)again->memory.activations,
               double(again->memory.activations) / double(kept->memory.activations));
 }
 
