@@ -18,5 +18,5 @@ for rep in range(3):
         total += out.nbytes
     dt = time.perf_counter() - t0
     best = max(best, total / dt)
-print("bitshuffle library (python3-bitshuffle %s), 1 thread: %.2f GB/s decoded (%d chunks, %.1f MB)" % (
+print("bitshuffle library%s, 1 thread: %.2f GB/s decoded (%d chunks, %.1f MB)" % (
     "", best / 1e9, len(chunks), total / 1e6))
