@@ -21,6 +21,9 @@
 #include <lz4.h>
 
 #include <emmintrin.h>  // SSE2: every x86-64 CPU has it
+#if defined(__x86_64__)
+#include <immintrin.h>  // AVX2, for the path chosen at run time
+#endif
 
 #include <climits>
 #include <cstring>
@@ -95,9 +98,58 @@ inline void UnshuffleColumns16(const std::byte* planes, size_t row, size_t g0, s
   }
 }
 
+#if defined(__x86_64__)
+// UnshuffleColumns16 on 32 columns: the same unpacks within each 128-bit
+// lane (lane 0: columns g0..g0+15, lane 1: g0+16..g0+31).
+__attribute__((target("avx2"))) inline __m256i Transpose8x8x4(__m256i x) {
+  __m256i t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 7)), _mm256_set1_epi64x(0x00AA00AA00AA00AALL));
+  x = _mm256_xor_si256(_mm256_xor_si256(x, t), _mm256_slli_epi64(t, 7));
+  t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 14)), _mm256_set1_epi64x(0x0000CCCC0000CCCCLL));
+  x = _mm256_xor_si256(_mm256_xor_si256(x, t), _mm256_slli_epi64(t, 14));
+  t = _mm256_and_si256(_mm256_xor_si256(x, _mm256_srli_epi64(x, 28)), _mm256_set1_epi64x(0x00000000F0F0F0F0LL));
+  return _mm256_xor_si256(_mm256_xor_si256(x, t), _mm256_slli_epi64(t, 28));
+}
+
+__attribute__((target("avx2"))) void UnshuffleColumns32(const std::byte* planes, size_t row, size_t g0,
+                                                        std::byte* out) {
+  __m256i r[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(planes + k * row + g0));
+  const __m256i a0 = _mm256_unpacklo_epi8(r[0], r[1]), a1 = _mm256_unpackhi_epi8(r[0], r[1]);
+  const __m256i a2 = _mm256_unpacklo_epi8(r[2], r[3]), a3 = _mm256_unpackhi_epi8(r[2], r[3]);
+  const __m256i a4 = _mm256_unpacklo_epi8(r[4], r[5]), a5 = _mm256_unpackhi_epi8(r[4], r[5]);
+  const __m256i a6 = _mm256_unpacklo_epi8(r[6], r[7]), a7 = _mm256_unpackhi_epi8(r[6], r[7]);
+  const __m256i b0 = _mm256_unpacklo_epi16(a0, a2), b1 = _mm256_unpackhi_epi16(a0, a2);
+  const __m256i b2 = _mm256_unpacklo_epi16(a1, a3), b3 = _mm256_unpackhi_epi16(a1, a3);
+  const __m256i b4 = _mm256_unpacklo_epi16(a4, a6), b5 = _mm256_unpackhi_epi16(a4, a6);
+  const __m256i b6 = _mm256_unpacklo_epi16(a5, a7), b7 = _mm256_unpackhi_epi16(a5, a7);
+  const __m256i c[8] = {_mm256_unpacklo_epi32(b0, b4), _mm256_unpackhi_epi32(b0, b4), _mm256_unpacklo_epi32(b1, b5),
+                        _mm256_unpackhi_epi32(b1, b5), _mm256_unpacklo_epi32(b2, b6), _mm256_unpackhi_epi32(b2, b6),
+                        _mm256_unpacklo_epi32(b3, b7), _mm256_unpackhi_epi32(b3, b7)};
+  for (int m = 0; m < 8; ++m) {
+    const __m256i x = Transpose8x8x4(c[m]);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * m), _mm256_castsi256_si128(x));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 128 + 16 * m), _mm256_extracti128_si256(x, 1));
+  }
+}
+
+// AVX2 where the CPU has it (checked once), else SSE2 only.
+bool HaveAvx2() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return have;
+}
+#endif
+
 // Byte j of every element of the block, in element order, to out[0..n).
 void UnshufflePlaneRow(const std::byte* planes, size_t row, std::byte* out) {
   size_t g = 0;
+#if defined(__x86_64__)
+  if (HaveAvx2()) {
+    for (; g + 32 <= row; g += 32) UnshuffleColumns32(planes, row, g, out + 8 * g);
+  }
+#endif
   for (; g + 16 <= row; g += 16) UnshuffleColumns16(planes, row, g, out + 8 * g);
   for (; g < row; ++g) {
     uint64_t x = 0;
@@ -111,9 +163,10 @@ void UnshufflePlaneRow(const std::byte* planes, size_t row, std::byte* out) {
 
 }  // namespace
 
-// SSE2: each byte of the element size is unshuffled 128 elements at a time
-// (UnshuffleColumns16), into its own plane, and the planes are then
-// interleaved into elements; BitunshuffleBlockScalar is its twin.
+// SSE2 (AVX2 where the CPU has it, checked at run time): each byte of the
+// element size is unshuffled 128 (256) elements at a time, into its own
+// plane, and the planes are then interleaved into elements;
+// BitunshuffleBlockScalar is its twin.
 void BitunshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size) {
 #if !defined(__SSE2__)
   BitunshuffleBlockScalar(src, dst, n, elem_size);
