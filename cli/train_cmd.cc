@@ -67,6 +67,7 @@ nlohmann::json ToJson(const TrainReport& r) {
   j["model"] = r.model;
   j["parameters"] = r.parameters;
   j["trainable_parameters"] = r.trainable_parameters;
+  j["parameter_names"] = r.parameter_names;  // what --freeze takes
   j["init"] = r.init;
   j["lora"] = r.lora;
   j["memory_bytes"] = {{"weights", r.memory.weights},        {"gradients", r.memory.gradients},

@@ -333,9 +333,11 @@ Status LocalStream::DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chu
   auto decode_here = [&](uint64_t i, std::byte* at) {
     auto [bytes, chunk] = bytes_of(i);
     uint64_t delivered = slot.indices[i];
-    const auto t0 = std::chrono::steady_clock::now();
+    // The share's measure (LoaderOptions::balance_decode): this loader's decode time a sample.
+    const bool timed = defer && L.options.balance_decode;
+    const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     Status ds = src.DecodeSample(bytes, chunk, slot.indices[i], context, std::span(at, sb), &delivered);
-    if (defer) {  // the share's measure: this loader's decode time per sample
+    if (timed) {
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
       L.host_decode_ns.fetch_add(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
       L.host_decodes.fetch_add(1, std::memory_order_relaxed);
