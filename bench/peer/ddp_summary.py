@@ -29,9 +29,9 @@ def main(paths):
             r.get("feed_host_bytes", float("nan")) / 2**30, r["peak_gpu_mem_per_rank"] / 2**30, "  partial" if any(x["partial"] for x in e) else ""))
     by = {}
     for r in runs:
-        if not r.get("threads") or r["mode"] == "tuned":
-            by.setdefault(r["mode"], {})[r["gpus"]] = r["later_samples_per_s"]
-    for mode, rates in sorted(by.items(), key=lambda kv: order.get(kv[0], 9)):
+        name = r["mode"] + ("/t%d" % r["threads"] if r.get("threads") and r["mode"] != "tuned" else "")
+        by.setdefault(name, {})[r["gpus"]] = r["later_samples_per_s"]
+    for mode, rates in sorted(by.items(), key=lambda kv: (order.get(kv[0].split("/")[0], 9), kv[0])):
         gs = sorted(rates)
         if len(gs) > 1:
             print("scaling %-8s %s" % (mode, ", ".join("%d->%d GPUs %.2fx" % (gs[0], g, rates[g] / rates[gs[0]])
