@@ -2,7 +2,9 @@
 #include "trainer/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "gpu/transform.h"  // Mix64
 
@@ -13,6 +15,11 @@ Model::~Model() {
 }
 
 Status Model::Allocate(size_t bytes, void** p, uint64_t* counter) {
+  if (spec_.plan_only) {  // counted, not allocated
+    *p = nullptr;
+    *counter += bytes;
+    return Status::Ok();
+  }
   GPUFEED_RETURN_IF_ERROR(ops_->Alloc(bytes, p));
   owned_.push_back(*p);
   *counter += bytes;
@@ -22,6 +29,11 @@ Status Model::Allocate(size_t bytes, void** p, uint64_t* counter) {
 // Uniform in [-bound, bound] (fill when bound == 0), from (seed, tensor):
 // the same weights on every backend and run.
 Status Model::AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index, Role role) {
+  const uint64_t serial = uint64_t(serial_++);  // the whole model's index: its init key
+  if (!building_in_stage_) {                     // another stage's
+    *index = -1;
+    return Status::Ok();
+  }
   Param p;
   p.name = name;
   p.n = n;
@@ -60,21 +72,21 @@ Status Model::AddParam(const std::string& name, size_t n, bool decay, float boun
       p.s2 = static_cast<float*>(v);
     }
   }
-  std::vector<float> init(n, fill);
-  if (bound > 0) {
-    const uint64_t key = gpu::Mix64(spec_.seed ^ gpu::Mix64(0x5EED0000ull + params_.size()));
+  std::vector<float> init(spec_.plan_only ? 0 : n, fill);
+  if (bound > 0 && !spec_.plan_only) {
+    const uint64_t key = gpu::Mix64(spec_.seed ^ gpu::Mix64(0x5EED0000ull + serial));
     for (size_t i = 0; i < n; ++i) {
       const double u = double(gpu::Mix64(key + i) >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
       init[i] = static_cast<float>((2 * u - 1) * bound);
     }
   }
-  GPUFEED_RETURN_IF_ERROR(ops_->Upload(p.master, init.data(), n * 4));
+  if (!spec_.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(p.master, init.data(), n * 4));
   // Weights of GEMMs/convolutions get a compute copy in the compute dtype
   // (with LoRA also in fp32: W + scale B A); biases, batchnorm parameters
   // and adapters are used in fp32 directly.
   if (decay && role != Role::kLora && (spec_.dtype != DType::kFloat32 || (lora() && role == Role::kBase))) {
     GPUFEED_RETURN_IF_ERROR(Allocate(n * DTypeSize(spec_.dtype), &p.copy, &weights_));
-    GPUFEED_RETURN_IF_ERROR(ops_->Cast(p.master, p.copy, spec_.dtype, n));
+    if (!spec_.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Cast(p.master, p.copy, spec_.dtype, n));
   } else if (decay && role != Role::kLora) {
     p.copy = p.master;
   }
@@ -103,6 +115,31 @@ Status Model::Init() {
       return Status::InvalidArgument("model: an empty name to freeze (--freeze takes names such as conv0)");
   for (int w : s.widths)
     if (w <= 0) return Status::InvalidArgument("model: layer widths must be positive");
+  if (s.layer_begin < 0 || (s.layer_end >= 0 && s.layer_end <= s.layer_begin) || s.slots < 1)
+    return Status::InvalidArgument("model: a stage needs layers [begin, end) with begin < end, and >= 1 slot");
+  if (s.recompute_blocks && (s.slots > 1 || s.layer_begin > 0 || s.layer_end >= 0))
+    return Status::InvalidArgument("model: --recompute blocks runs on a whole model, not on pipeline stages");
+  if (s.memory_limit > 0 && !s.plan_only) {
+    // Found before anything is allocated, with what the model needs.
+    ModelSpec plan = s;
+    plan.plan_only = true;
+    Model counted(ops_, plan);
+    GPUFEED_RETURN_IF_ERROR(counted.Init());
+    const uint64_t need = counted.weight_bytes() + counted.grad_bytes() + counted.optimizer_bytes() +
+                          counted.activation_bytes();
+    if (need > s.memory_limit) {
+      char buf[400];
+      std::snprintf(buf, sizeof buf,
+                    "model: %s needs %.1f MiB (weights %.1f, gradients %.1f, optimizer %.1f, activations %.1f) but "
+                    "the memory limit is %.1f MiB: raise --memory-limit, or split the model over more "
+                    "--pipeline-stages",
+                    counted.Describe().c_str(), need / 1048576.0, counted.weight_bytes() / 1048576.0,
+                    counted.grad_bytes() / 1048576.0, counted.optimizer_bytes() / 1048576.0,
+                    counted.activation_bytes() / 1048576.0, s.memory_limit / 1048576.0);
+      return Status::InvalidArgument(buf);
+    }
+  }
+  begin_ = s.layer_begin, end_ = s.layer_end;
   int h = s.in_h, w = s.in_w, c = s.in_c;
   // The last linear layer is the head: it trains whole under LoRA.
   auto linear = [&](int in, int out, bool relu, bool head) -> Status {
@@ -112,6 +149,7 @@ Status Model::Init() {
     l.out_features = out;
     l.relu = relu;
     l.fan_in = in, l.fan_out = out;
+    building_in_stage_ = InStage(layers_.size());
     l.pbegin = static_cast<int>(params_.size());
     const std::string name = "linear" + std::to_string(layers_.size());
     const Role role = head ? Role::kHead : Role::kBase;
@@ -140,6 +178,7 @@ Status Model::Init() {
       conv.kind = Kind::kConv;
       conv.conv = ConvShape{s.max_batch, h, w, c, k, s.dtype};
       conv.fan_in = 9 * c, conv.fan_out = k;  // KRSC filters as a [k, 9c] matrix
+      building_in_stage_ = InStage(layers_.size());
       conv.pbegin = static_cast<int>(params_.size());
       const std::string name = "conv" + std::to_string(layers_.size());
       GPUFEED_RETURN_IF_ERROR(
@@ -151,17 +190,20 @@ Status Model::Init() {
       Layer bn;
       bn.kind = Kind::kBnRelu;
       bn.h = h, bn.w = w, bn.c = k;
+      building_in_stage_ = InStage(layers_.size());
       bn.pbegin = static_cast<int>(params_.size());
       GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
       GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
       bn.pend = static_cast<int>(params_.size());
-      void* v;
-      for (float** f : {&bn.run_mean, &bn.run_var, &bn.save_mean, &bn.save_invstd}) {
-        GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
-        *f = static_cast<float*>(v);
+      if (building_in_stage_) {
+        void* v;
+        for (float** f : {&bn.run_mean, &bn.run_var}) {
+          GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
+          *f = static_cast<float*>(v);
+        }
+        std::vector<float> ones(k, 1.0f);
+        if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
       }
-      std::vector<float> ones(k, 1.0f);
-      GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
       bn.out_elems = conv.out_elems;
       layers_.push_back(bn);
       Layer pool;
@@ -170,14 +212,17 @@ Status Model::Init() {
       pool.pbegin = pool.pend = static_cast<int>(params_.size());
       h /= 2, w /= 2, c = k;
       pool.out_elems = size_t(h) * w * c;
-      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * pool.out_elems, &v, &acts_bytes_));
-      pool.argmax = static_cast<uint8_t*>(v);
       layers_.push_back(pool);
     }
     GPUFEED_RETURN_IF_ERROR(linear(h * w * c, s.classes, false, true));
   }
+  building_in_stage_ = true;
+  if (end_ < 0) end_ = static_cast<int>(layers_.size());
+  if (end_ > static_cast<int>(layers_.size()))
+    return Status::InvalidArgument("model: a stage ends at layer " + std::to_string(end_) + " of " + Describe() +
+                                   ", which has " + std::to_string(layers_.size()));
   const size_t es = DTypeSize(s.dtype);
-  size_t widest = size_t(s.in_h) * s.in_w * s.in_c;
+  size_t widest = input_elems();
   if (s.recompute_blocks && s.kind != ModelKind::kCnn)
     return Status::InvalidArgument(
         "model: --recompute blocks recomputes the cnn's conv-bn-relu-pool blocks; an mlp "
@@ -203,19 +248,37 @@ Status Model::Init() {
     GPUFEED_RETURN_IF_ERROR(Allocate(channels * 4, &v, &acts_bytes_));
     rc_run_var_ = static_cast<float*>(v);
   }
-  for (Layer& l : layers_) {
-    widest = std::max(widest, l.out_elems);
-    if (rc_conv && l.kind == Kind::kConv) {
-      acts_.push_back(rc_conv);
-      continue;
+  slots_.resize(size_t(s.slots));
+  for (Slot& slot : slots_) {
+    slot.acts.assign(layers_.size(), nullptr);
+    slot.save_mean.assign(layers_.size(), nullptr);
+    slot.save_invstd.assign(layers_.size(), nullptr);
+    slot.argmax.assign(layers_.size(), nullptr);
+    for (size_t i = size_t(begin_); i < size_t(end_); ++i) {
+      const Layer& l = layers_[i];
+      widest = std::max(widest, l.out_elems);
+      void* v;
+      if (l.kind == Kind::kBnRelu) {
+        GPUFEED_RETURN_IF_ERROR(Allocate(size_t(l.c) * 4, &v, &weights_));
+        slot.save_mean[i] = static_cast<float*>(v);
+        GPUFEED_RETURN_IF_ERROR(Allocate(size_t(l.c) * 4, &v, &weights_));
+        slot.save_invstd[i] = static_cast<float*>(v);
+      }
+      if (l.kind == Kind::kPool) {
+        GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * l.out_elems, &v, &acts_bytes_));
+        slot.argmax[i] = static_cast<uint8_t*>(v);
+      }
+      if (rc_conv && l.kind == Kind::kConv) {
+        slot.acts[i] = rc_conv;
+        continue;
+      }
+      if (rc_bn && l.kind == Kind::kBnRelu) {
+        slot.acts[i] = rc_bn;
+        continue;
+      }
+      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * l.out_elems * es, &v, &acts_bytes_));
+      slot.acts[i] = v;
     }
-    if (rc_bn && l.kind == Kind::kBnRelu) {
-      acts_.push_back(rc_bn);
-      continue;
-    }
-    void* v;
-    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * l.out_elems * es, &v, &acts_bytes_));
-    acts_.push_back(v);
   }
   // Freezing: every name must match a parameter, and something must train.
   for (const std::string& f : s.freeze) {
@@ -227,10 +290,10 @@ Status Model::Init() {
                                      ")");
     }
   }
-  first_trainable_ = layers_.size();
+  first_trainable_ = size_t(end_);
   size_t widest_bn = 0;
   size_t widest_lora = 0;
-  for (size_t i = layers_.size(); i-- > 0;) {
+  for (size_t i = size_t(end_); i-- > size_t(begin_);) {
     const Layer& l = layers_[i];
     bool trainable = false;
     for (int q = l.pbegin; q < l.pend; ++q) trainable = trainable || !params_[q].frozen();
@@ -239,147 +302,222 @@ Status Model::Init() {
     if (l.kind == Kind::kBnRelu && l.p >= 0 && (params_[l.p].frozen() || params_[l.p2].frozen()))
       widest_bn = std::max(widest_bn, size_t(l.c));
   }
-  if (first_trainable_ == layers_.size())
+  // A stage past the first passes its input's gradient back, trainable or not.
+  if (begin_ > 0) first_trainable_ = size_t(begin_);
+  if (first_trainable_ == size_t(end_))
     return Status::InvalidArgument("model: --freeze leaves nothing of " + Describe() + " to train");
   if (widest_bn > 0) {
     void* v;
     GPUFEED_RETURN_IF_ERROR(Allocate(2 * widest_bn * 4, &v, &grads_));
     frozen_grad_ = static_cast<float*>(v);
-    frozen_grad_beta_ = frozen_grad_ + widest_bn;
+    frozen_grad_beta_ = frozen_grad_ ? frozen_grad_ + widest_bn : nullptr;
   }
   if (widest_lora > 0) {
     void* v;
     GPUFEED_RETURN_IF_ERROR(Allocate(widest_lora * 4, &v, &grads_));
     lora_scratch_ = static_cast<float*>(v);
-    GPUFEED_RETURN_IF_ERROR(RefreshLoraWeights());
+    if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(RefreshLoraWeights());
   }
-  GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * s.classes * es, &dlogits_, &acts_bytes_));
+  if (end_ == static_cast<int>(layers_.size()))
+    for (Slot& slot : slots_)
+      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * s.classes * es, &slot.dlogits, &acts_bytes_));
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_a_, &acts_bytes_));
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_b_, &acts_bytes_));
   return Status::Ok();
 }
 
-Status Model::Forward(const void* x, int batch, bool training) {
-  if (batch <= 0 || batch > spec_.max_batch) return Status::InvalidArgument("model: batch size out of range");
+Status Model::ForwardLayer(size_t i, const void* in, int batch, bool training, Slot& sl) {
   const DType dt = spec_.dtype;
-  const void* in = x;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    Layer& l = layers_[i];
-    void* out = acts_[i];
-    switch (l.kind) {
-      case Kind::kLinear: {
-        GemmArgs g;
-        g.trans_b = true;
-        g.m = batch, g.n = l.out_features, g.k = l.in_features;
-        g.a = in, g.lda = l.in_features;
-        g.b = params_[l.p].copy, g.ldb = l.in_features;
-        g.c = out, g.ldc = l.out_features;
-        g.ab = g.c_dtype = dt;
-        GPUFEED_RETURN_IF_ERROR(ops_->Gemm(g));
-        GPUFEED_RETURN_IF_ERROR(ops_->BiasAct(out, params_[l.p2].master, batch, l.out_features, l.relu, dt));
-        break;
-      }
-      case Kind::kConv: {
-        ConvShape s = l.conv;
-        s.n = batch;
-        GPUFEED_RETURN_IF_ERROR(ops_->ConvForward(s, in, params_[l.p].copy, out));
-        break;
-      }
-      case Kind::kBnRelu: {
-        BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
-        GPUFEED_RETURN_IF_ERROR(ops_->BnReluForward(a, training, in, params_[l.p].master, params_[l.p2].master,
-                                                    l.run_mean, l.run_var, l.save_mean, l.save_invstd, out));
-        break;
-      }
-      case Kind::kPool:
-        GPUFEED_RETURN_IF_ERROR(ops_->MaxPoolForward(batch, l.h, l.w, l.c, dt, in, out, l.argmax));
-        break;
+  Layer& l = layers_[i];
+  void* out = sl.acts[i];
+  switch (l.kind) {
+    case Kind::kLinear: {
+      GemmArgs g;
+      g.trans_b = true;
+      g.m = batch, g.n = l.out_features, g.k = l.in_features;
+      g.a = in, g.lda = l.in_features;
+      g.b = params_[l.p].copy, g.ldb = l.in_features;
+      g.c = out, g.ldc = l.out_features;
+      g.ab = g.c_dtype = dt;
+      GPUFEED_RETURN_IF_ERROR(ops_->Gemm(g));
+      return ops_->BiasAct(out, params_[l.p2].master, batch, l.out_features, l.relu, dt);
     }
-    in = out;
+    case Kind::kConv: {
+      ConvShape s = l.conv;
+      s.n = batch;
+      return ops_->ConvForward(s, in, params_[l.p].copy, out);
+    }
+    case Kind::kBnRelu: {
+      BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
+      return ops_->BnReluForward(a, training, in, params_[l.p].master, params_[l.p2].master, l.run_mean, l.run_var,
+                                 sl.save_mean[i], sl.save_invstd[i], out);
+    }
+    case Kind::kPool:
+      return ops_->MaxPoolForward(batch, l.h, l.w, l.c, dt, in, out, sl.argmax[i]);
   }
   return Status::Ok();
 }
 
-Status Model::Backward(const void* x, int batch, bool accumulate, const GradsReady& on_grads) {
+Status Model::Forward(const void* x, int batch, bool training, int slot) {
+  if (batch <= 0 || batch > spec_.max_batch) return Status::InvalidArgument("model: batch size out of range");
+  if (spec_.plan_only) return Status::Internal("model: a plan-only model runs nothing");
+  Slot& sl = slots_[size_t(slot)];
+  const void* in = x;
+  for (size_t i = size_t(begin_); i < size_t(end_); ++i) {
+    GPUFEED_RETURN_IF_ERROR(ForwardLayer(i, in, batch, training, sl));
+    in = sl.acts[i];
+  }
+  return Status::Ok();
+}
+
+Status Model::BackwardLayer(size_t i, const void* x, const void* dy_in, void* dx, bool need_dx, int batch, float beta,
+                            Slot& sl) {
   const DType dt = spec_.dtype;
-  const float beta = accumulate ? 1.0f : 0.0f;
-  void* dy = dlogits_;
-  // Down to the first layer with a trainable parameter: below it no
-  // gradient is needed (frozen layers, ModelSpec::freeze).
-  for (size_t i = layers_.size(); i-- > first_trainable_;) {
-    Layer& l = layers_[i];
-    const void* in = i == 0 ? x : acts_[i - 1];
-    void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
-    const bool need_dx = i > first_trainable_;
-    switch (l.kind) {
-      case Kind::kLinear: {
-        if (l.relu) GPUFEED_RETURN_IF_ERROR(ops_->ReluBackward(dy, acts_[i], size_t(batch) * l.out_features, dt));
-        if (!params_[l.p].frozen() || l.pa >= 0) {
-          GemmArgs gw;  // dW[out, in] = dY^T X (LoRA: into the scratch, for the adapters')
-          gw.trans_a = true;
-          gw.m = l.out_features, gw.n = l.in_features, gw.k = batch;
-          gw.a = dy, gw.lda = l.out_features;
-          gw.b = in, gw.ldb = l.in_features;
-          gw.c = l.pa >= 0 ? lora_scratch_ : params_[l.p].grad, gw.ldc = l.in_features;
-          gw.beta = l.pa >= 0 ? 0.0f : beta;
-          gw.ab = dt, gw.c_dtype = DType::kFloat32;
-          GPUFEED_RETURN_IF_ERROR(ops_->Gemm(gw));
-          if (l.pa >= 0) GPUFEED_RETURN_IF_ERROR(LoraGrads(l, beta));
-        }
-        if (!params_[l.p2].frozen())
-          GPUFEED_RETURN_IF_ERROR(ops_->ColumnSum(dy, batch, l.out_features, dt, params_[l.p2].grad, beta));
-        if (need_dx) {
-          GemmArgs gx;  // dX[B, in] = dY W
-          gx.m = batch, gx.n = l.in_features, gx.k = l.out_features;
-          gx.a = dy, gx.lda = l.out_features;
-          gx.b = params_[l.p].copy, gx.ldb = l.in_features;
-          gx.c = dx, gx.ldc = l.in_features;
-          gx.ab = gx.c_dtype = dt;
-          GPUFEED_RETURN_IF_ERROR(ops_->Gemm(gx));
-        }
-        break;
+  Layer& l = layers_[i];
+  void* dy = const_cast<void*>(dy_in);  // ReluBackward masks it in place
+  const void* in = i == size_t(begin_) ? x : sl.acts[i - 1];
+  switch (l.kind) {
+    case Kind::kLinear: {
+      if (l.relu) GPUFEED_RETURN_IF_ERROR(ops_->ReluBackward(dy, sl.acts[i], size_t(batch) * l.out_features, dt));
+      if (!params_[l.p].frozen() || l.pa >= 0) {
+        GemmArgs gw;  // dW[out, in] = dY^T X (LoRA: into the scratch, for the adapters')
+        gw.trans_a = true;
+        gw.m = l.out_features, gw.n = l.in_features, gw.k = batch;
+        gw.a = dy, gw.lda = l.out_features;
+        gw.b = in, gw.ldb = l.in_features;
+        gw.c = l.pa >= 0 ? lora_scratch_ : params_[l.p].grad, gw.ldc = l.in_features;
+        gw.beta = l.pa >= 0 ? 0.0f : beta;
+        gw.ab = dt, gw.c_dtype = DType::kFloat32;
+        GPUFEED_RETURN_IF_ERROR(ops_->Gemm(gw));
+        if (l.pa >= 0) GPUFEED_RETURN_IF_ERROR(LoraGrads(l, beta));
       }
-      case Kind::kConv: {
-        ConvShape s = l.conv;
-        s.n = batch;
-        if (l.pa >= 0) {
-          GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardFilter(s, in, dy, lora_scratch_, 0.0f));
-          GPUFEED_RETURN_IF_ERROR(LoraGrads(l, beta));
-        } else if (!params_[l.p].frozen()) {
-          GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardFilter(s, in, dy, params_[l.p].grad, beta));
-        }
-        if (need_dx) GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardData(s, dy, params_[l.p].copy, dx));
-        break;
+      if (!params_[l.p2].frozen())
+        GPUFEED_RETURN_IF_ERROR(ops_->ColumnSum(dy, batch, l.out_features, dt, params_[l.p2].grad, beta));
+      if (need_dx) {
+        GemmArgs gx;  // dX[B, in] = dY W
+        gx.m = batch, gx.n = l.in_features, gx.k = l.out_features;
+        gx.a = dy, gx.lda = l.out_features;
+        gx.b = params_[l.p].copy, gx.ldb = l.in_features;
+        gx.c = dx, gx.ldc = l.in_features;
+        gx.ab = gx.c_dtype = dt;
+        GPUFEED_RETURN_IF_ERROR(ops_->Gemm(gx));
       }
-      case Kind::kBnRelu: {
-        BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
-        if (spec_.recompute_blocks && i - 1 != last_conv_) {
-          // This block's conv and batchnorm outputs again, from its kept
-          // input: the same kernels on the same values as the forward pass,
-          // the running statistics left as that pass made them.
-          const Layer& c = layers_[i - 1];
-          ConvShape cs = c.conv;
-          cs.n = batch;
-          GPUFEED_RETURN_IF_ERROR(
-              ops_->ConvForward(cs, i - 1 == 0 ? x : acts_[i - 2], params_[c.p].copy, acts_[i - 1]));
-          GPUFEED_RETURN_IF_ERROR(ops_->BnReluForward(a, true, in, params_[l.p].master, params_[l.p2].master,
-                                                      rc_run_mean_, rc_run_var_, l.save_mean, l.save_invstd, acts_[i]));
-        }
-        // A frozen gamma or beta: its gradient goes to scratch, unused.
-        float* dgamma = params_[l.p].frozen() ? frozen_grad_ : params_[l.p].grad;
-        float* dbeta = params_[l.p2].frozen() ? frozen_grad_beta_ : params_[l.p2].grad;
-        GPUFEED_RETURN_IF_ERROR(ops_->BnReluBackward(a, in, acts_[i], dy, params_[l.p].master, l.save_mean,
-                                                     l.save_invstd, dx, dgamma, dbeta, beta));
-        break;
-      }
-      case Kind::kPool:
-        GPUFEED_RETURN_IF_ERROR(ops_->MaxPoolBackward(batch, l.h, l.w, l.c, dt, dy, l.argmax, dx));
-        break;
+      return Status::Ok();
     }
+    case Kind::kConv: {
+      ConvShape s = l.conv;
+      s.n = batch;
+      if (l.pa >= 0) {
+        GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardFilter(s, in, dy, lora_scratch_, 0.0f));
+        GPUFEED_RETURN_IF_ERROR(LoraGrads(l, beta));
+      } else if (!params_[l.p].frozen()) {
+        GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardFilter(s, in, dy, params_[l.p].grad, beta));
+      }
+      if (need_dx) GPUFEED_RETURN_IF_ERROR(ops_->ConvBackwardData(s, dy, params_[l.p].copy, dx));
+      return Status::Ok();
+    }
+    case Kind::kBnRelu: {
+      BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
+      if (spec_.recompute_blocks && i - 1 != last_conv_) {
+        // This block's conv and batchnorm outputs again, from its kept
+        // input: the same kernels on the same values as the forward pass,
+        // the running statistics left as that pass made them.
+        const Layer& c = layers_[i - 1];
+        ConvShape cs = c.conv;
+        cs.n = batch;
+        GPUFEED_RETURN_IF_ERROR(
+            ops_->ConvForward(cs, i - 1 == 0 ? x : sl.acts[i - 2], params_[c.p].copy, sl.acts[i - 1]));
+        GPUFEED_RETURN_IF_ERROR(ops_->BnReluForward(a, true, in, params_[l.p].master, params_[l.p2].master,
+                                                    rc_run_mean_, rc_run_var_, sl.save_mean[i], sl.save_invstd[i],
+                                                    sl.acts[i]));
+      }
+      // A frozen gamma or beta: its gradient goes to scratch, unused.
+      float* dgamma = params_[l.p].frozen() ? frozen_grad_ : params_[l.p].grad;
+      float* dbeta = params_[l.p2].frozen() ? frozen_grad_beta_ : params_[l.p2].grad;
+      return ops_->BnReluBackward(a, in, sl.acts[i], dy, params_[l.p].master, sl.save_mean[i], sl.save_invstd[i], dx,
+                                  dgamma, dbeta, beta);
+    }
+    case Kind::kPool:
+      return ops_->MaxPoolBackward(batch, l.h, l.w, l.c, dt, dy, sl.argmax[i], dx);
+  }
+  return Status::Ok();
+}
+
+Status Model::Backward(const void* x, int batch, bool accumulate, const GradsReady& on_grads, int slot,
+                       const void* dy_in) {
+  if (spec_.plan_only) return Status::Internal("model: a plan-only model runs nothing");
+  Slot& sl = slots_[size_t(slot)];
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const void* dy = dy_in ? dy_in : sl.dlogits;
+  // Down to the first layer with a trainable parameter: below it no
+  // gradient is needed (frozen layers, ModelSpec::freeze). A stage past the
+  // first goes down to its input, whose gradient the previous stage takes.
+  for (size_t i = size_t(end_); i-- > first_trainable_;) {
+    void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
+    const bool need_dx = i > first_trainable_ || begin_ > 0;
+    GPUFEED_RETURN_IF_ERROR(BackwardLayer(i, x, dy, dx, need_dx, batch, beta, sl));
+    const Layer& l = layers_[i];
     if (on_grads && l.pend > l.pbegin) GPUFEED_RETURN_IF_ERROR(on_grads(l.pbegin, l.pend));
     dy = dx;
   }
+  input_grad_ = begin_ > 0 ? dy : nullptr;
   return Status::Ok();
+}
+
+size_t Model::input_elems() const {
+  return begin_ == 0 ? size_t(spec_.in_h) * spec_.in_w * spec_.in_c : layers_[size_t(begin_ - 1)].out_elems;
+}
+
+std::string Model::LayerName(int i) const {
+  const Layer& l = layers_[size_t(i)];
+  switch (l.kind) {
+    case Kind::kLinear:
+      return "linear" + std::to_string(i);
+    case Kind::kConv:
+      return "conv" + std::to_string(i);
+    case Kind::kBnRelu:
+      return "conv" + std::to_string(i - 1) + ".bn";
+    case Kind::kPool:
+      return "pool" + std::to_string(i);
+  }
+  return "?";
+}
+
+Result<std::vector<double>> Model::ProfileLayers(const void* x, int batch, int reps) {
+  if (spec_.plan_only) return Status::Internal("model: a plan-only model runs nothing");
+  const size_t n = size_t(end_ - begin_);
+  std::vector<std::vector<double>> ms(n);
+  Slot& sl = slots_[0];
+  auto timed = [&](size_t k, const std::function<Status()>& f) -> Status {
+    GPUFEED_RETURN_IF_ERROR(ops_->Sync());
+    const auto t0 = std::chrono::steady_clock::now();
+    GPUFEED_RETURN_IF_ERROR(f());
+    GPUFEED_RETURN_IF_ERROR(ops_->Sync());
+    ms[k].back() += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return Status::Ok();
+  };
+  for (int r = 0; r < reps; ++r) {
+    for (auto& m : ms) m.push_back(0);
+    const void* in = x;
+    for (size_t i = size_t(begin_); i < size_t(end_); ++i) {
+      GPUFEED_RETURN_IF_ERROR(timed(i - begin_, [&] { return ForwardLayer(i, in, batch, true, sl); }));
+      in = sl.acts[i];
+    }
+    const void* dy = sl.dlogits ? sl.dlogits : grad_b_;
+    for (size_t i = size_t(end_); i-- > size_t(begin_);) {
+      void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
+      GPUFEED_RETURN_IF_ERROR(timed(i - begin_, [&] {
+        return BackwardLayer(i, x, dy, dx, i > size_t(begin_) || begin_ > 0, batch, 0.0f, sl);
+      }));
+      dy = dx;
+    }
+  }
+  std::vector<double> out(n);
+  for (size_t k = 0; k < n; ++k) {
+    std::sort(ms[k].begin(), ms[k].end());
+    out[k] = ms[k][ms[k].size() / 2];
+  }
+  return out;
 }
 
 Status Model::LoraGrads(const Layer& l, float beta) {
@@ -482,7 +620,7 @@ uint64_t Model::activation_bytes() const { return acts_bytes_; }
 std::vector<std::pair<float*, size_t>> Model::buffers() {
   std::vector<std::pair<float*, size_t>> b;
   for (Layer& l : layers_)
-    if (l.kind == Kind::kBnRelu) {
+    if (l.kind == Kind::kBnRelu && l.run_mean) {
       b.emplace_back(l.run_mean, size_t(l.c));
       b.emplace_back(l.run_var, size_t(l.c));
     }

@@ -42,6 +42,21 @@ struct ModelSpec {
   // into one block's buffers (the same kernels on the same values: the same
   // weights as without). The mlp has no blocks.
   bool recompute_blocks = false;
+  // Pipeline stages: this model holds and runs only the whole model's layers
+  // [layer_begin, layer_end) (-1: to the last). Parameters are initialised
+  // by their index in the whole model, so the stages together start as the
+  // one model does. A stage past the first takes the previous stage's output
+  // as its input, and Backward leaves that input's gradient in input_grad().
+  int layer_begin = 0, layer_end = -1;
+  // Activation sets: micro-batches whose forward pass ran and whose backward
+  // has not yet (a pipeline's in flight), each with buffers of its own.
+  int slots = 1;
+  // Counts every byte a model of this spec would hold and allocates none
+  // (the partitioner's view of a stage); such a model runs nothing.
+  bool plan_only = false;
+  // The device bytes the model may hold (weights, gradients, optimizer
+  // state, activations); 0: no limit. Init fails past it, naming it.
+  uint64_t memory_limit = 0;
 };
 
 // One trainable tensor: fp32 master, fp32 gradient, optimizer state, and the
@@ -73,18 +88,38 @@ class Model {
 
   Status Init();  // allocates, initialises the weights from spec.seed
 
-  // x: batch x in_h x in_w x in_c in spec.dtype. Leaves the logits in logits().
-  Status Forward(const void* x, int batch, bool training);
+  // x: batch x in_h x in_w x in_c in spec.dtype (a later stage: the previous
+  // stage's output). Leaves the output (the last stage's: logits) in
+  // output(slot).
+  Status Forward(const void* x, int batch, bool training, int slot = 0);
   // From dlogits() (already filled by the loss): parameter gradients, added
   // to the existing ones when `accumulate`. `on_grads`, when set, is called
   // as soon as a layer's parameter gradients are queued, with their range
   // [first, end) in params() (backward order: the last layer's first), so
   // data parallel can start reducing them while earlier layers still run.
+  // `dy`: the output's gradient (a stage before the last: from the next
+  // stage); null: dlogits(slot).
   using GradsReady = std::function<Status(int first, int end)>;
-  Status Backward(const void* x, int batch, bool accumulate, const GradsReady& on_grads = {});
+  Status Backward(const void* x, int batch, bool accumulate, const GradsReady& on_grads = {}, int slot = 0,
+                  const void* dy = nullptr);
 
-  const void* logits() const { return acts_.back(); }
-  void* dlogits() { return dlogits_; }
+  const void* output(int slot = 0) const { return slots_[size_t(slot)].acts[size_t(end_ - 1)]; }
+  const void* logits() const { return output(0); }
+  void* dlogits(int slot = 0) { return slots_[size_t(slot)].dlogits; }
+  // After Backward of a stage past the first: the gradient of its input.
+  const void* input_grad() const { return input_grad_; }
+  // This stage's layers [layer_begin(), layer_end()) of the whole model's
+  // num_layers(); a sample's values at its input and output.
+  int layer_begin() const { return begin_; }
+  int layer_end() const { return end_; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  size_t input_elems() const;
+  size_t output_elems() const { return layers_[size_t(end_ - 1)].out_elems; }
+  std::string LayerName(int i) const;  // "conv0", "conv0.bn", "pool2", "linear9"
+  // Milliseconds of each of this stage's layers, forward and backward, on a
+  // batch of `batch` (x as Forward's), the median of `reps` runs, each layer
+  // waited for alone. Trains nothing: the gradients are overwritten.
+  Result<std::vector<double>> ProfileLayers(const void* x, int batch, int reps);
   std::vector<Param>& params() { return params_; }
   const ModelSpec& spec() const { return spec_; }
   std::string Describe() const;  // "mlp 784-256-128-10"
@@ -121,11 +156,20 @@ class Model {
     int fan_in = 0, fan_out = 0;            // linear/conv weight as a matrix [fan_out, fan_in]
     float* run_mean = nullptr;              // bn
     float* run_var = nullptr;
-    float* save_mean = nullptr;
-    float* save_invstd = nullptr;
-    uint8_t* argmax = nullptr;  // pool
-    size_t out_elems = 0;       // per sample
+    size_t out_elems = 0;  // per sample
   };
+  // One micro-batch's buffers, by layer (null outside the stage).
+  struct Slot {
+    std::vector<void*> acts;  // acts[i]: output of layer i (max batch)
+    std::vector<float*> save_mean, save_invstd;  // bn
+    std::vector<uint8_t*> argmax;                // pool
+    void* dlogits = nullptr;                     // the last stage
+  };
+  bool InStage(size_t i) const { return int(i) >= begin_ && (end_ < 0 || int(i) < end_); }
+  Status ForwardLayer(size_t i, const void* in, int batch, bool training, Slot& s);
+  // dy -> dx (when need_dx) and the layer's parameter gradients.
+  Status BackwardLayer(size_t i, const void* x, const void* dy, void* dx, bool need_dx, int batch, float beta,
+                       Slot& s);
   Status Allocate(size_t bytes, void** p, uint64_t* counter);
   // A LoRA adapter trains and has no compute copy; a base parameter with
   // LoRA on is frozen unless it belongs to the head.
@@ -142,8 +186,11 @@ class Model {
   ModelSpec spec_;
   std::vector<Layer> layers_;
   std::vector<Param> params_;
-  std::vector<void*> acts_;  // acts_[i]: output of layer i (max batch)
-  void* dlogits_ = nullptr;
+  std::vector<Slot> slots_;
+  int begin_ = 0, end_ = -1;  // the stage's layers
+  int serial_ = 0;            // parameters of the whole model so far (their init key)
+  bool building_in_stage_ = true;
+  const void* input_grad_ = nullptr;
   void* grad_a_ = nullptr;  // ping-pong activation gradients
   void* grad_b_ = nullptr;
   std::vector<void*> owned_;
