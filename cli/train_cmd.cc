@@ -24,6 +24,7 @@ namespace {
 struct TrainArgs {
   std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
   std::string widths = "256,128", channels = "32,64", checkpoint, json, freeze, recompute = "none";
+  std::string schedule = "1f1b", partition_by = "time";  // --pipeline-stages
   std::string dataset, token_file;  // with a daemon --data
   DecodeArgs decode;                // encoded image datasets
   TrainOptions o;
@@ -115,6 +116,23 @@ nlohmann::json ToJson(const TrainReport& r) {
     j["allreduce_ms"] = r.allreduce_ms;
     j["allreduce_exposed_ms"] = r.allreduce_exposed_ms;
   }
+  if (!r.pipeline.empty()) {
+    j["pipeline"] = r.pipeline;
+    for (const TrainReport::Stage& s : r.stages) {
+      j["stages"].push_back({{"layers", s.layers},
+                             {"backend", s.backend},
+                             {"busy", s.busy},
+                             {"memory_bytes",
+                              {{"weights", s.memory.weights},
+                               {"gradients", s.memory.gradients},
+                               {"optimizer", s.memory.optimizer},
+                               {"activations", s.memory.activations},
+                               {"workspace", s.memory.workspace},
+                               {"total", s.memory.total()}}}});
+    }
+    j["bubble"] = r.bubble;
+    j["bubble_bound"] = r.bubble_bound;
+  }
   return j;
 }
 
@@ -183,6 +201,21 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
     }
     if (!r->init.empty()) std::printf("init: %s\n", r->init.c_str());
     if (!r->lora.empty()) std::printf("lora: %s\n", r->lora.c_str());
+    if (!r->pipeline.empty()) {
+      std::printf("pipeline: %s\n", r->pipeline.c_str());
+      for (size_t s = 0; s < r->stages.size(); ++s) {
+        const TrainReport::Stage& st = r->stages[s];
+        std::printf("  stage %zu: layers %s on %s; weights%s gradients%s optimizer%s activations%s", s,
+                    st.layers.c_str(), st.backend.c_str(), Mb(st.memory.weights).c_str(),
+                    Mb(st.memory.gradients).c_str(), Mb(st.memory.optimizer).c_str(),
+                    Mb(st.memory.activations).c_str());
+        if (st.busy >= 0) std::printf("; busy %.1f%% of a step", 100 * st.busy);
+        std::printf("\n");
+      }
+      if (r->bubble >= 0)
+        std::printf("  bubble: %.3f of a step idle, measured (its bound (stages-1)/(micro-batches+stages-1): %.3f)\n",
+                    r->bubble, r->bubble_bound);
+    }
     if (!r->parallel.empty()) {
       std::printf("data parallel: %s", r->parallel.c_str());
       if (r->allreduce_ms >= 0) {
@@ -302,6 +335,12 @@ int RunTrain(TrainArgs& a) {
   if (a.recompute != "none" && a.recompute != "blocks")
     return fail(Status::InvalidArgument("--recompute '" + a.recompute + "': none or blocks"));
   o.recompute_blocks = a.recompute == "blocks";
+  if (a.schedule != "gpipe" && a.schedule != "1f1b")
+    return fail(Status::InvalidArgument("--schedule '" + a.schedule + "': gpipe or 1f1b"));
+  o.pipeline.one_f_one_b = a.schedule == "1f1b";
+  if (a.partition_by != "time" && a.partition_by != "memory")
+    return fail(Status::InvalidArgument("--partition-by '" + a.partition_by + "': time or memory"));
+  o.pipeline.by_memory = a.partition_by == "memory";
   for (size_t at = 0; !a.freeze.empty() && at <= a.freeze.size();) {
     size_t comma = a.freeze.find(',', at);
     if (comma == std::string::npos) comma = a.freeze.size();
@@ -464,6 +503,24 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--freeze", a->freeze,
                   "parameters to freeze, by name prefix, comma-separated (conv0,conv3 or linear0.weight): no gradient, "
                   "no optimizer state");
+  cmd->add_option("--pipeline-stages", o.pipeline.stages,
+                  "split the model's layers into this many stages, one a GPU from --gpu on (the CPU: a thread "
+                  "each), trained with micro-batches")
+      ->capture_default_str();
+  cmd->add_option("--micro-batches", o.pipeline.micro_batches,
+                  "pipeline: loader batches (each --batch-size) an optimizer step")
+      ->capture_default_str();
+  cmd->add_option("--schedule", a->schedule,
+                  "pipeline: gpipe (all forwards, then all backwards) or 1f1b (at most --pipeline-stages "
+                  "micro-batches in flight)")
+      ->capture_default_str();
+  cmd->add_option("--partition-by", a->partition_by,
+                  "pipeline: balance the stages' measured layer time, or their memory")
+      ->capture_default_str();
+  cmd->add_option("--memory-limit", o.memory_limit,
+                  "bytes a GPU (each pipeline stage) may hold for weights, gradients, optimizer state and "
+                  "activations (0: no limit)")
+      ->capture_default_str();
   cmd->add_option("--stop-after", o.stop_after_epochs, "stop after this many epochs (as if interrupted)");
   cmd->add_option("--device-resident", o.device_resident_batches,
                   "compute ceiling: cycle the first N batches kept on the device (0: off)");

@@ -45,6 +45,7 @@ Status Model::AddParam(const std::string& name, size_t n, bool decay, float boun
                       std::any_of(spec_.freeze.begin(), spec_.freeze.end(),
                                   [&](const std::string& f) { return name.compare(0, f.size(), f) == 0; });
   const bool adam = spec_.optimizer == OptimizerKind::kAdamW;
+  p.is_frozen = frozen;
   if (!frozen) {
     GPUFEED_RETURN_IF_ERROR(Allocate(n * 4, &v, &grads_));
     p.grad = static_cast<float*>(v);

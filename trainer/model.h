@@ -76,7 +76,8 @@ struct Param {
   bool quantized() const { return q1 != nullptr; }
   void* copy = nullptr;  // compute dtype
   // Frozen (ModelSpec::freeze): grad and the states are null.
-  bool frozen() const { return grad == nullptr; }
+  bool is_frozen = false;
+  bool frozen() const { return is_frozen; }
 };
 
 class Model {

@@ -227,6 +227,24 @@ class Ops {
   // CPU) and the milliseconds between two of them once both have passed.
   virtual Status Mark(int i) = 0;
   virtual double MarkElapsedMs(int from, int to) = 0;
+
+  // Pipeline stages: several backends, one a thread, ordered by events.
+  // An event is recorded on this backend's stream; any backend's stream can
+  // wait for it (WaitEvent). On the CPU, where a call is done when it
+  // returns, an event holds the time it was recorded.
+  virtual Result<void*> NewEvent() = 0;
+  virtual Status RecordEvent(void* event) = 0;
+  virtual void DestroyEvent(void* event) = 0;
+  // Milliseconds between two events of this backend once both have passed.
+  virtual double EventMs(void* from, void* to) = 0;
+  // A copy from another backend's memory (another GPU's), queued here.
+  virtual Status CopyPeer(void* dst, const void* src, size_t bytes) = 0;
+  // The calling thread drives this backend from now on (its GPU current).
+  virtual Status BindThread() = 0;
+  // This backend's GPU reads and writes `other`'s memory directly where the
+  // hardware allows (else the driver stages peer copies); nothing on the CPU.
+  virtual Status EnablePeer(const Ops& other) = 0;
+  virtual int device() const = 0;  // the GPU's index, -1 on the CPU
 };
 
 std::unique_ptr<Ops> MakeCpuOps();

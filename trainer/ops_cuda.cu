@@ -426,6 +426,49 @@ class CudaOps final : public Ops {
       return -1;
     return ms;
   }
+  Result<void*> NewEvent() override {
+    cudaEvent_t e = nullptr;
+    GPUFEED_CUDA_RETURN(cudaEventCreate(&e));
+    return static_cast<void*>(e);
+  }
+  Status RecordEvent(void* e) override {
+    GPUFEED_CUDA_RETURN(cudaEventRecord(static_cast<cudaEvent_t>(e), stream_));
+    return Status::Ok();
+  }
+  void DestroyEvent(void* e) override {
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+  double EventMs(void* from, void* to) override {
+    float ms = 0;
+    if (cudaEventSynchronize(static_cast<cudaEvent_t>(to)) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)) != cudaSuccess)
+      return -1;
+    return ms;
+  }
+  Status CopyPeer(void* dst, const void* src, size_t bytes) override {
+    // Unified addressing: the driver finds both devices from the pointers.
+    GPUFEED_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+    return Status::Ok();
+  }
+  Status BindThread() override {
+    GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
+    return Status::Ok();
+  }
+  Status EnablePeer(const Ops& other) override {
+    int can = 0;
+    GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
+    if (other.device() < 0 || other.device() == device_ ||
+        cudaDeviceCanAccessPeer(&can, device_, other.device()) != cudaSuccess || !can)
+      return Status::Ok();
+    const cudaError_t e = cudaDeviceEnablePeerAccess(other.device(), 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();  // clears it
+      return Status::Ok();
+    }
+    GPUFEED_CUDA_RETURN(e);
+    return Status::Ok();
+  }
+  int device() const override { return device_; }
 
  private:
   int device_;

@@ -30,6 +30,7 @@
 #include "trainer/model.h"
 #include "trainer/nvml.h"
 #include "trainer/ops.h"
+#include "trainer/pipeline.h"
 
 namespace gpufeed {
 
@@ -89,6 +90,34 @@ Status Validate(const TrainOptions& o) {
                                    ") must be in [1, world size " + std::to_string(p.world_size) + "]");
   if (!(p.timeout_s > 0)) return Status::InvalidArgument("train: the ranks' timeout must be > 0 s");
   if (o.feed_slots < 2 || o.feed_slots > 64) return Status::InvalidArgument("train: --feed-slots in 2..64");
+  const auto& pl = o.pipeline;
+  if (pl.stages < 1 || pl.stages > 64) return Status::InvalidArgument("train: --pipeline-stages in 1..64");
+  if (pl.stages > 1) {
+    if (pl.micro_batches < 1 || pl.micro_batches > 1024)
+      return Status::InvalidArgument("train: --micro-batches in 1..1024");
+    if (o.accum != 1)
+      return Status::InvalidArgument(
+          "train: --accum with --pipeline-stages: a pipelined step's micro-batches are --micro-batches");
+    if (p.world_size > 1)
+      return Status::Unsupported(
+          "train: --pipeline-stages under data parallel (--gpus N, torchrun): one process drives every stage; "
+          "run one process");
+    // Not (yet) with stages: each would need a rule of its own across them.
+    const std::pair<bool, const char*> unsupported[] = {
+        {!o.checkpoint_path.empty() || o.resume, "--checkpoint/--resume"},
+        {!o.init_path.empty(), "--init"},
+        {!o.freeze.empty(), "--freeze"},
+        {o.lora_rank > 0, "--lora-rank"},
+        {o.recompute_blocks, "--recompute blocks"},
+        {o.optimizer == Optimizer::kAdamW8bit || o.optimizer == Optimizer::kSgd8bit, "8-bit optimizer states"},
+        {o.precision == DType::kFloat16, "--precision fp16 (its loss scaler would need every stage's overflow)"},
+        {o.clip_norm > 0, "--clip (the global norm spans the stages)"},
+        {o.device_resident_batches > 0, "device-resident batches"},
+        {bool(o.train_source), "a batch source other than the file"},
+    };
+    for (const auto& [on, what] : unsupported)
+      if (on) return Status::Unsupported(std::string("train: --pipeline-stages does not take ") + what + " yet");
+  }
   return Status::Ok();
 }
 
@@ -196,7 +225,10 @@ class Run {
   Geometry geo_;
   int classes_ = 0;
   std::unique_ptr<Ops> ops_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> model_;  // null with pipeline stages: pipeline_ holds them
+  std::unique_ptr<trainer::Pipeline> pipeline_;
+  int pipeline_probes_ = 8;  // steps timed for the bubble, from the third
+  Status SetupPipeline(const trainer::ModelSpec& spec);
   // Two loaders over the training split, even and odd epochs, so the next
   // epoch's stream (and its GpuFeeder) starts while this one finishes: no
   // pipeline refill at epoch boundaries. They split the cache budget.
@@ -412,11 +444,17 @@ Status Run::Setup() {
     return Status::InvalidArgument("--lora-rank and --lora-alpha must be >= 0 (rank 0: no LoRA)");
   if (!o_.merge_lora_path.empty() && o_.lora_rank == 0)
     return Status::InvalidArgument("--merge-lora needs --lora-rank (there are no adapters to merge)");
-  model_ = std::make_unique<Model>(ops_.get(), spec);
-  GPUFEED_RETURN_IF_ERROR(model_->Init());
-  report_.model = model_->Describe();
-  report_.parameters = model_->num_parameters();
-  if (o_.lora_rank > 0) {
+  spec.memory_limit = o_.memory_limit;
+  const bool piped = o_.pipeline.stages > 1;
+  if (piped) {
+    o_.accum = o_.pipeline.micro_batches;  // a step: that many loader batches
+  } else {
+    model_ = std::make_unique<Model>(ops_.get(), spec);
+    GPUFEED_RETURN_IF_ERROR(model_->Init());
+    report_.model = model_->Describe();
+    report_.parameters = model_->num_parameters();
+  }
+  if (o_.lora_rank > 0 && !piped) {
     int layers = 0;
     for (const auto& p : model_->params()) layers += p.name.find(".lora_a") != std::string::npos;
     char buf[128];
@@ -424,14 +462,16 @@ Status Run::Setup() {
                   o_.lora_alpha > 0 ? double(o_.lora_alpha) : double(o_.lora_rank), layers);
     report_.lora = buf;
   }
-  for (auto& p : model_->params()) {
-    report_.parameter_names.push_back(p.name);
-    if (p.frozen()) continue;  // no gradient to reduce, clip or apply
-    report_.trainable_parameters += p.n;
-    grads_.push_back(p.grad);
-    grad_sizes_.push_back(p.n);
+  if (!piped) {
+    for (auto& p : model_->params()) {
+      report_.parameter_names.push_back(p.name);
+      if (p.frozen()) continue;  // no gradient to reduce, clip or apply
+      report_.trainable_parameters += p.n;
+      grads_.push_back(p.grad);
+      grad_sizes_.push_back(p.n);
+    }
   }
-  if (!o_.init_path.empty() && !o_.resume) {
+  if (!o_.init_path.empty() && !o_.resume && !piped) {
     GPUFEED_RETURN_IF_ERROR(trainer::LoadWeights(o_.init_path, ops_.get(), model_.get(), &report_.init));
     GPUFEED_RETURN_IF_ERROR(model_->RefreshLoraWeights());
   }
@@ -512,10 +552,13 @@ Status Run::Setup() {
   schedule_.total = total_steps_;
   schedule_.beta1 = o_.beta1, schedule_.beta2 = o_.beta2;
   opt_.kind = IsSgd(o_.optimizer) ? trainer::OptimizerKind::kSgd : trainer::OptimizerKind::kAdamW;
-  GPUFEED_RETURN_IF_ERROR(SetupQuantizedStates());
+  if (!piped) GPUFEED_RETURN_IF_ERROR(SetupQuantizedStates());
   opt_.momentum = o_.momentum, opt_.beta1 = o_.beta1, opt_.beta2 = o_.beta2, opt_.eps = o_.eps;
   opt_.weight_decay = o_.weight_decay;
-  if (o_.cuda_graphs && ops_->on_gpu()) {
+  if (piped) {
+    GPUFEED_RETURN_IF_ERROR(SetupPipeline(spec));
+    report_.graphs = "off (pipeline stages: each stage's kernels launched per micro-batch)";
+  } else if (o_.cuda_graphs && ops_->on_gpu()) {
     graphs_on_ = true;
     const size_t img_bytes = size_t(geo_.c) * geo_.h * geo_.w * DTypeSize(o_.precision);
     GPUFEED_RETURN_IF_ERROR(graph_images_.Alloc(ops_.get(), img_bytes * o_.batch_size));
@@ -552,6 +595,41 @@ Status Run::Setup() {
 // One micro-batch: forward, loss (gradient scaled by loss_scale / (n x
 // accum)), backward into the fp32 gradients (added to when `accumulate`),
 // then the optimizer step when `step`.
+Status Run::SetupPipeline(const trainer::ModelSpec& spec) {
+  const int stages = o_.pipeline.stages;
+  if (ops_->on_gpu() && int(QueryGpus().devices.size()) < o_.cuda_device + stages) {
+    return Status::InvalidArgument("train: --pipeline-stages " + std::to_string(stages) + " from GPU " +
+                                   std::to_string(o_.cuda_device) + " needs " +
+                                   std::to_string(o_.cuda_device + stages) + " GPUs; this machine shows " +
+                                   std::to_string(QueryGpus().devices.size()));
+  }
+  trainer::PipelineSetup ps;
+  ps.whole = spec;
+  ps.stages = stages;
+  ps.micro = o_.pipeline.micro_batches;
+  ps.one_f_one_b = o_.pipeline.one_f_one_b;
+  ps.by_memory = o_.pipeline.by_memory;
+  ps.memory_limit = o_.memory_limit;
+  const bool gpu = ops_->on_gpu();
+  const int first = o_.cuda_device;
+  ps.make_ops = [gpu, first](int s) -> Result<std::unique_ptr<Ops>> {
+    if (!gpu) return trainer::MakeCpuOps();
+    return trainer::MakeCudaOps(first + s);
+  };
+  ps.opt = opt_;
+  ps.schedule = schedule_;
+  ps.scaler = scaler_host_;
+  ps.timeout_s = o_.parallel.timeout_s;
+  auto p = trainer::Pipeline::Create(ops_.get(), ps);
+  if (!p.ok()) return p.status();
+  pipeline_ = std::move(*p);
+  report_.model = pipeline_->model();
+  report_.parameters = pipeline_->parameters();
+  report_.parameter_names = pipeline_->parameter_names();
+  report_.trainable_parameters = report_.parameters;
+  return Status::Ok();
+}
+
 Status Run::MicroOps(const void* images, const void* labels, int n, bool accumulate, bool step) {
   GPUFEED_RETURN_IF_ERROR(model_->Forward(images, n, true));
   auto* c = static_cast<Counters*>(counters_.p);
@@ -696,6 +774,16 @@ Status Run::StageInputs(const void** images, const void** labels, int n) {
 }
 
 Status Run::Micro(const void* images, const void* labels, int n) {
+  if (pipeline_) {  // the step runs once its micro-batches are in
+    const bool step = micro_ + 1 == o_.accum;
+    micro_ = step ? 0 : micro_ + 1;
+    GPUFEED_RETURN_IF_ERROR(pipeline_->Add(images, labels, n));
+    if (!step) return Status::Ok();
+    ++step_;
+    const bool probe = pipeline_probes_ > 0 && step_ > 2;
+    pipeline_probes_ -= probe;
+    return pipeline_->Step(probe);
+  }
   const bool accumulate = micro_ > 0, step = micro_ + 1 == o_.accum;
   micro_ = step ? 0 : micro_ + 1;
   if (step) ++step_;
@@ -738,10 +826,14 @@ Status Run::Micro(const void* images, const void* labels, int n) {
 }
 
 Status Run::ZeroCounters() {
+  if (pipeline_) return pipeline_->ZeroCounters();
   Counters z;
   return ops_->Upload(counters_.p, &z, sizeof z);
 }
-Status Run::ReadCounters(Counters* c) { return ops_->Download(c, counters_.p, sizeof *c); }
+Status Run::ReadCounters(Counters* c) {
+  if (pipeline_) return pipeline_->ReadCounters(&c->loss, &c->correct);
+  return ops_->Download(c, counters_.p, sizeof *c);
+}
 
 Status Run::TrainEpoch(int epoch, EpochReport* r) {
   const double t0 = NowSeconds();
@@ -827,13 +919,14 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
     wait = feeder.stats().data_wait_seconds;
   }
   if (micro_ > 0) {  // a trailing partial accumulation: step with what there is
-    GPUFEED_RETURN_IF_ERROR(OptimizerStep());
+    GPUFEED_RETURN_IF_ERROR(pipeline_ ? pipeline_->Step(false) : OptimizerStep());
     ++step_;
     micro_ = 0;
   }
   Counters c;
   GPUFEED_RETURN_IF_ERROR(ReadCounters(&c));  // waits for the epoch's work
-  GPUFEED_RETURN_IF_ERROR(ops_->Download(&scaler_host_, scaler_.p, sizeof scaler_host_));
+  GPUFEED_RETURN_IF_ERROR(pipeline_ ? pipeline_->ReadScaler(&scaler_host_)
+                                    : ops_->Download(&scaler_host_, scaler_.p, sizeof scaler_host_));
   const double t1 = NowSeconds();
   progress(true);
   r->epoch = epoch;
@@ -867,10 +960,14 @@ Status Run::Evaluate(EpochReport* r) {
     if (!*next) break;
     DeviceBatch& b = **next;
     GPUFEED_RETURN_IF_ERROR(ops_->WaitEvent(b.ready_event()));
-    GPUFEED_RETURN_IF_ERROR(model_->Forward(b.images(), b.size(), false));
-    GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(b.size(), classes_, o_.precision, model_->logits(),
-                                              static_cast<const int32_t*>(b.labels()), &c->loss, &c->correct, nullptr,
-                                              nullptr, 1.0f));
+    if (pipeline_) {
+      GPUFEED_RETURN_IF_ERROR(pipeline_->Evaluate(b.images(), b.labels(), b.size()));
+    } else {
+      GPUFEED_RETURN_IF_ERROR(model_->Forward(b.images(), b.size(), false));
+      GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(b.size(), classes_, o_.precision, model_->logits(),
+                                                static_cast<const int32_t*>(b.labels()), &c->loss, &c->correct,
+                                                nullptr, nullptr, 1.0f));
+    }
     b.Release(ops_->stream());
     samples += b.size();
   }
@@ -971,15 +1068,16 @@ Result<TrainReport> Run::GoRanks() {
   run_start_ = NowSeconds();
   GPUFEED_RETURN_IF_ERROR(Setup());
   MemoryBreakdown& m = report_.memory;
-  m.weights = model_->weight_bytes();
-  m.gradients = model_->grad_bytes();
-  m.optimizer = model_->optimizer_bytes();
+  const MemoryBreakdown stages = pipeline_ ? pipeline_->memory() : MemoryBreakdown{};
+  m.weights = pipeline_ ? stages.weights : model_->weight_bytes();
+  m.gradients = pipeline_ ? stages.gradients : model_->grad_bytes();
+  m.optimizer = pipeline_ ? stages.optimizer : model_->optimizer_bytes();
   // Activations: the model's buffers plus the device slots of the two feeds
   // alive at an epoch boundary (each: feed_slots output slots of a batch in
   // the compute dtype, 2 input slots of uint8), and the graphs' input copy.
   const uint64_t sample = uint64_t(geo_.c) * geo_.h * geo_.w;
   m.activations =
-      model_->activation_bytes() +
+      (pipeline_ ? stages.activations : model_->activation_bytes()) +
       (ops_->on_gpu() ? 2 * o_.batch_size * sample * (uint64_t(o_.feed_slots) * DTypeSize(o_.precision) + 2) : 0) +
       (graphs_on_ ? o_.batch_size * (sample * DTypeSize(o_.precision) + 4) : 0);
   last_epoch_ = o_.epochs - 1;
@@ -990,7 +1088,7 @@ Result<TrainReport> Run::GoRanks() {
     EpochReport r;
     GPUFEED_RETURN_IF_ERROR(TrainEpoch(epoch, &r));
     if (ran == 0) {  // after the first epoch every workspace exists
-      m.workspace = ops_->WorkspaceBytes();
+      m.workspace = pipeline_ ? pipeline_->memory().workspace : ops_->WorkspaceBytes();
       m.device_used = ops_->DeviceBytesUsed();
       if (o_.on_start) o_.on_start(report_.backend, report_.model, m);
     }
@@ -1014,16 +1112,23 @@ Result<TrainReport> Run::GoRanks() {
     }
   }
   // Final weights' hash: resumed and uninterrupted runs must agree on it.
-  XXH64_state_t* h = XXH64_createState();
-  XXH64_reset(h, 0);
-  std::vector<float> host;
-  for (auto& p : model_->params()) {
-    host.resize(p.n);
-    GPUFEED_RETURN_IF_ERROR(ops_->Download(host.data(), p.master, p.n * 4));
-    XXH64_update(h, host.data(), p.n * 4);
+  if (pipeline_) {
+    auto hash = pipeline_->WeightsHash();
+    if (!hash.ok()) return hash.status();
+    report_.weights_hash = *hash;
+    pipeline_->Report(&report_);
+  } else {
+    XXH64_state_t* h = XXH64_createState();
+    XXH64_reset(h, 0);
+    std::vector<float> host;
+    for (auto& p : model_->params()) {
+      host.resize(p.n);
+      GPUFEED_RETURN_IF_ERROR(ops_->Download(host.data(), p.master, p.n * 4));
+      XXH64_update(h, host.data(), p.n * 4);
+    }
+    report_.weights_hash = XXH64_digest(h);
+    XXH64_freeState(h);
   }
-  report_.weights_hash = XXH64_digest(h);
-  XXH64_freeState(h);
   if (!o_.merge_lora_path.empty() && rank() == 0) GPUFEED_RETURN_IF_ERROR(WriteMergedLora());
   report_.wall_seconds = NowSeconds() - run_start_;
   const Steady node = SteadyOf(report_.epochs);

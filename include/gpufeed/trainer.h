@@ -166,6 +166,25 @@ struct TrainOptions {
     double timeout_s = 300;    // rendezvous and every wait on another rank (CPU ranks)
     uint64_t bucket_bytes = 1u << 20;
   } parallel;
+  // Pipeline stages (stages > 1): the model's layers split into `stages`
+  // consecutive stages, stage s on GPU cuda_device + s (the CPU backend: a
+  // thread each), activations passed forward and their gradients back by
+  // peer copies ordered by events. An optimizer step takes micro_batches
+  // loader batches (each --batch-size; as accum = micro_batches without
+  // stages, whose weights a pipelined run reproduces), scheduled GPipe (all
+  // forwards, then all backwards: micro_batches activation sets a stage) or
+  // 1F1B (at most `stages` in flight). The cut balances each stage's
+  // measured layer time (by_memory: its bytes), within memory_limit.
+  struct Pipeline {
+    int stages = 1;
+    int micro_batches = 4;
+    bool one_f_one_b = true;
+    bool by_memory = false;
+  } pipeline;
+  // Device bytes one GPU (pipeline: each stage) may hold for the model's
+  // weights, gradients, optimizer state and activations; 0: no limit. A
+  // model that needs more is an error naming what it needs.
+  uint64_t memory_limit = 0;
 };
 
 struct TrainProgress {
@@ -228,6 +247,19 @@ struct TrainReport {
   // (GPU ranks; -1 otherwise): time on the collectives' stream, and the part
   // of it the compute stream waited for after its backward pass.
   double allreduce_ms = -1, allreduce_exposed_ms = -1;
+  // Pipeline stages: "2 stages, 1f1b, 8 micro-batches a step, cut by
+  // measured time"; each stage's layers, backend, memory and share of a
+  // step busy; the bubble (the idle share of a step, measured on 8 steps of
+  // the first epoch) and its bound (stages - 1) / (micro-batches + stages - 1).
+  struct Stage {
+    std::string layers;   // "0-5: conv0 .. pool2"
+    std::string backend;  // "cuda:1 ..."
+    MemoryBreakdown memory;
+    double busy = -1;  // share of the measured steps this stage computed
+  };
+  std::string pipeline;
+  std::vector<Stage> stages;
+  double bubble = -1, bubble_bound = -1;
 };
 
 // Trains on `train` (evaluating on `test` after every epoch when not null;

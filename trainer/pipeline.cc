@@ -1,0 +1,675 @@
+// Pipeline stages: the cut, the stages' threads, the schedules and the
+// hand-offs between stages (see pipeline.h).
+#include "trainer/pipeline.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include "common/clock.h"
+
+namespace gpufeed::trainer {
+
+std::vector<int> PartitionLayers(int layers, int stages, const std::function<double(int, int, int)>& cost,
+                                 const std::function<bool(int, int, int)>& fits) {
+  // best[s][i]: the smallest largest cost of stages 0..s over layers [0, i).
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(size_t(stages), std::vector<double>(size_t(layers) + 1, inf));
+  std::vector<std::vector<int>> from(size_t(stages), std::vector<int>(size_t(layers) + 1, -1));
+  for (int i = 1; i <= layers; ++i)
+    if (fits(0, i, 0)) best[0][size_t(i)] = cost(0, i, 0);
+  for (int s = 1; s < stages; ++s)
+    for (int i = s + 1; i <= layers; ++i)
+      for (int j = s; j < i; ++j) {
+        if (best[size_t(s - 1)][size_t(j)] == inf || !fits(j, i, s)) continue;
+        const double c = std::max(best[size_t(s - 1)][size_t(j)], cost(j, i, s));
+        if (c < best[size_t(s)][size_t(i)]) best[size_t(s)][size_t(i)] = c, from[size_t(s)][size_t(i)] = j;
+      }
+  if (best[size_t(stages - 1)][size_t(layers)] == inf) return {};
+  std::vector<int> cuts(size_t(stages) + 1, 0);
+  cuts[size_t(stages)] = layers;
+  for (int s = stages - 1, i = layers; s > 0; --s) i = cuts[size_t(s)] = from[size_t(s)][size_t(i)];
+  return cuts;
+}
+
+namespace {
+
+struct Counters {  // as the trainer's: summed on the last stage
+  double loss = 0;
+  int64_t correct = 0;
+};
+
+}  // namespace
+
+// A slot's hand-off from a sending stage to a receiving one.
+struct Pipeline::Mailbox {
+  bool full = false;
+  int n = 0;
+  void* ready = nullptr;  // the sender's event, recorded after its copy
+  void* freed = nullptr;  // the receiver's, recorded after its last read
+  Ops* sender = nullptr;
+  Ops* receiver = nullptr;
+};
+
+struct Pipeline::Stage {
+  int index = 0;
+  Ops* ops = nullptr;
+  std::unique_ptr<Ops> owned_ops;
+  std::unique_ptr<Model> model;
+  std::vector<void*> buffers;  // freed with the stage
+  uint64_t pipeline_bytes = 0;  // input, gradient and label slots
+  // Inputs: stage 0 a micro-batch a slot (from Add), later stages the
+  // previous stage's outputs; the gradients from the next stage; the labels
+  // (the last stage).
+  std::vector<void*> x, dy, labels;
+  std::vector<int> n;  // each micro-batch's size, as it arrived
+  // Optimizer: scaler, step state, the gradients' pointer table; the loss
+  // counters on the last stage.
+  void *scaler = nullptr, *step = nullptr, *ptrs = nullptr, *counters = nullptr;
+  int grads = 0;
+  // Timing of probe steps: an event pair a forward or backward, the step's
+  // start and the end of its last backward.
+  std::vector<void*> marks;
+  void *start = nullptr, *end = nullptr;
+  bool probing = false;
+  int op = 0;                       // the probe step's computations so far
+  double busy_ms = 0, span_ms = 0;  // the last probe step's
+  double busy_ms_sum = 0;            // every probe step's
+  std::vector<float> host;           // kHash: this stage's masters
+  Counters read;                     // kRead: the last stage's counters
+  std::thread thread;
+  ~Stage() {
+    if (!ops) return;
+    for (void* p : buffers) ops->Free(p);
+    for (void* e : marks) ops->DestroyEvent(e);
+    ops->DestroyEvent(start);
+    ops->DestroyEvent(end);
+  }
+  Status Alloc(size_t bytes, void** p, uint64_t* counter) {
+    GPUFEED_RETURN_IF_ERROR(ops->Alloc(bytes, p));
+    buffers.push_back(*p);
+    if (counter) *counter += bytes;
+    return Status::Ok();
+  }
+};
+
+// What the threads share: the hand-offs, the work posted to the stages and
+// their answers, the barrier of probe steps, and the first failure.
+struct Pipeline::Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Mailbox> fwd, bwd, lab;  // [link * slots + k]; lab: [k]
+  Work work = Work::kStop;
+  bool probe = false;
+  uint64_t generation = 0;  // of `work`
+  int done = 0;
+  std::vector<Status> results;
+  int arrived = 0;
+  uint64_t barrier_round = 0;
+  bool failed = false;
+  Status failure;
+};
+
+Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSetup& setup) {
+  std::unique_ptr<Pipeline> p(new Pipeline());
+  p->setup_ = setup;
+  p->sh_ = std::make_unique<Shared>();
+  const int P = setup.stages, M = setup.micro;
+  if (P < 2) return Status::InvalidArgument("pipeline: --pipeline-stages must be >= 2");
+  if (M < 1) return Status::InvalidArgument("pipeline: --micro-batches must be >= 1");
+  p->slots_ = setup.one_f_one_b ? std::min(M, P) : M;
+
+  // The whole model's layers, counted (nothing allocated).
+  ModelSpec plan = setup.whole;
+  plan.plan_only = true;
+  plan.memory_limit = 0;
+  Model whole(first, plan);
+  GPUFEED_RETURN_IF_ERROR(whole.Init());
+  const int L = whole.num_layers();
+  if (L < P)
+    return Status::InvalidArgument("pipeline: " + whole.Describe() + " has " + std::to_string(L) +
+                                   " layers, fewer than --pipeline-stages " + std::to_string(P));
+  p->describe_ = whole.Describe();
+  p->parameters_ = whole.num_parameters();
+  for (const Param& q : whole.params()) p->names_.push_back(q.name);
+
+  const size_t es = DTypeSize(setup.whole.dtype);
+  const uint64_t batch = uint64_t(setup.whole.max_batch);
+  auto stage_bytes = [&](int a, int b, int s, uint64_t* model_bytes) -> Result<uint64_t> {
+    ModelSpec sp = plan;
+    sp.layer_begin = a, sp.layer_end = b, sp.slots = p->slots_;
+    Model m(first, sp);
+    GPUFEED_RETURN_IF_ERROR(m.Init());
+    const uint64_t mb = m.weight_bytes() + m.grad_bytes() + m.optimizer_bytes() + m.activation_bytes();
+    uint64_t extra = 0;
+    if (s == 0) extra += uint64_t(M) * batch * (m.input_elems() * es + 4);
+    if (s > 0) extra += uint64_t(p->slots_) * batch * m.input_elems() * es;
+    if (s + 1 < P) extra += uint64_t(p->slots_) * batch * m.output_elems() * es;
+    if (s + 1 == P) extra += uint64_t(p->slots_) * batch * 4;
+    if (model_bytes) *model_bytes = mb;
+    return mb + extra;
+  };
+  auto bytes_of = [&](int a, int b, int s) {
+    auto r = stage_bytes(a, b, s, nullptr);
+    return r.ok() ? double(*r) : std::numeric_limits<double>::infinity();
+  };
+  auto fits = [&](int a, int b, int s) {
+    return setup.memory_limit == 0 || bytes_of(a, b, s) <= double(setup.memory_limit);
+  };
+  std::vector<double> layer_ms;
+  bool by_memory = setup.by_memory;
+  std::string why;
+  if (!by_memory && setup.memory_limit > 0 && bytes_of(0, L, 0) > double(setup.memory_limit)) {
+    by_memory = true;
+    why = " (the whole model exceeds --memory-limit, so its layers were not timed on one device)";
+  }
+  if (!by_memory) {
+    // Each layer's forward and backward, timed on a model of its own.
+    ModelSpec prof = setup.whole;
+    prof.memory_limit = 0, prof.slots = 1;
+    Model m(first, prof);
+    GPUFEED_RETURN_IF_ERROR(m.Init());
+    void* x = nullptr;
+    GPUFEED_RETURN_IF_ERROR(first->Alloc(batch * m.input_elems() * es, &x));
+    auto ms = m.ProfileLayers(x, int(batch), 7);
+    first->Free(x);
+    if (!ms.ok()) return ms.status();
+    layer_ms = std::move(*ms);
+  }
+  auto cost = [&](int a, int b, int s) {
+    if (by_memory) return bytes_of(a, b, s);
+    double t = 0;
+    for (int i = a; i < b; ++i) t += layer_ms[size_t(i)];
+    return t;
+  };
+  p->cuts_ = PartitionLayers(L, P, cost, fits);
+  if (p->cuts_.empty()) {
+    double smallest = bytes_of(0, L, 0);
+    for (int i = 1; i < L; ++i) smallest = std::min(smallest, std::max(bytes_of(0, i, 0), bytes_of(i, L, P - 1)));
+    char buf[300];
+    std::snprintf(buf, sizeof buf,
+                  "pipeline: %s does not fit %d stages of --memory-limit %.1f MiB (each stage holds its layers' "
+                  "weights, gradients, optimizer state and %d activation sets); raise the limit or add stages",
+                  p->describe_.c_str(), P, setup.memory_limit / 1048576.0, p->slots_);
+    return Status::InvalidArgument(buf);
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%d stages, %s, %d micro-batches a step, cut by %s%s", P,
+                setup.one_f_one_b ? "1f1b" : "gpipe", M, by_memory ? "memory" : "measured time", why.c_str());
+  p->partition_ = buf;
+
+  // The hand-offs, and the stages: stage 0 here, the others in their threads.
+  Shared& sh = *p->sh_;
+  sh.fwd.resize(size_t(P - 1) * p->slots_);
+  sh.bwd.resize(size_t(P - 1) * p->slots_);
+  sh.lab.resize(size_t(p->slots_));
+  sh.results.assign(size_t(P), Status::Ok());
+  for (int s = 0; s < P; ++s) {
+    auto st = std::make_unique<Stage>();
+    st->index = s;
+    p->stages_.push_back(std::move(st));
+  }
+  p->stages_[0]->ops = first;
+  for (int s = 1; s < P; ++s) p->stages_[size_t(s)]->thread = std::thread(&Pipeline::WorkerLoop, p.get(), p->stages_[size_t(s)].get());
+  GPUFEED_RETURN_IF_ERROR(p->Everyone(Work::kSetup));
+  GPUFEED_RETURN_IF_ERROR(p->Everyone(Work::kPeers));
+  // Mailboxes know both ends' backends once every stage has one.
+  for (int s = 0; s + 1 < P; ++s)
+    for (int k = 0; k < p->slots_; ++k) {
+      Mailbox& f = sh.fwd[size_t(s) * p->slots_ + k];
+      f.sender = p->stages_[size_t(s)]->ops, f.receiver = p->stages_[size_t(s) + 1]->ops;
+      Mailbox& b = sh.bwd[size_t(s) * p->slots_ + k];
+      b.sender = p->stages_[size_t(s) + 1]->ops, b.receiver = p->stages_[size_t(s)]->ops;
+    }
+  for (Mailbox& l : sh.lab) l.sender = p->stages_[0]->ops, l.receiver = p->stages_.back()->ops;
+  return p;
+}
+
+Pipeline::~Pipeline() {
+  if (sh_) {
+    {
+      std::lock_guard<std::mutex> lock(sh_->mu);
+      sh_->work = Work::kStop;
+      ++sh_->generation;
+      sh_->failed = true;  // ends any wait
+    }
+    sh_->cv.notify_all();
+  }
+  for (auto& st : stages_)
+    if (st->thread.joinable()) st->thread.join();
+  // Events of the mailboxes belong to the stages' backends, freed below.
+  if (sh_) {
+    for (auto* v : {&sh_->fwd, &sh_->bwd, &sh_->lab})
+      for (Mailbox& m : *v) {
+        if (m.sender && m.ready) m.sender->DestroyEvent(m.ready);
+        if (m.receiver && m.freed) m.receiver->DestroyEvent(m.freed);
+      }
+  }
+  // Each stage's memory freed with its device current; stage 0's backend is
+  // the caller's, the others' go with their stages.
+  for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) {
+    if ((*it)->ops) (*it)->ops->BindThread();
+    (*it)->model.reset();
+    it->reset();
+  }
+  stages_.clear();
+}
+
+void Pipeline::Fail(const Status& st) {
+  std::lock_guard<std::mutex> lock(sh_->mu);
+  if (!sh_->failed) sh_->failed = true, sh_->failure = st;
+  sh_->cv.notify_all();
+}
+
+void Pipeline::WorkerLoop(Stage* st) {
+  uint64_t seen = 0;
+  for (;;) {
+    Work w;
+    bool probe;
+    {
+      std::unique_lock<std::mutex> lock(sh_->mu);
+      sh_->cv.wait(lock, [&] { return sh_->generation != seen; });
+      seen = sh_->generation;
+      w = sh_->work, probe = sh_->probe;
+    }
+    if (w == Work::kStop) return;
+    Status s = RunStage(*st, w, probe);
+    if (!s.ok()) Fail(s);
+    std::lock_guard<std::mutex> lock(sh_->mu);
+    sh_->results[size_t(st->index)] = s;
+    ++sh_->done;
+    sh_->cv.notify_all();
+  }
+}
+
+Status Pipeline::Everyone(Work w, bool probe) {
+  Shared& sh = *sh_;
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    if (sh.failed) return sh.failure.ok() ? Status::Internal("pipeline: stopped") : sh.failure;
+    sh.work = w, sh.probe = probe, sh.done = 0;
+    ++sh.generation;
+  }
+  sh.cv.notify_all();
+  Status mine = RunStage(*stages_[0], w, probe);
+  if (!mine.ok()) Fail(mine);
+  std::unique_lock<std::mutex> lock(sh.mu);
+  sh.cv.wait(lock, [&] { return sh.done == int(stages_.size()) - 1; });
+  if (sh.failed) return sh.failure;
+  return Status::Ok();
+}
+
+Status Pipeline::Barrier() {
+  Shared& sh = *sh_;
+  std::unique_lock<std::mutex> lock(sh.mu);
+  const uint64_t round = sh.barrier_round;
+  if (++sh.arrived == int(stages_.size())) {
+    sh.arrived = 0;
+    ++sh.barrier_round;
+    sh.cv.notify_all();
+    return Status::Ok();
+  }
+  sh.cv.wait(lock, [&] { return sh.barrier_round != round || sh.failed; });
+  return sh.failed ? Status::Internal("pipeline: another stage failed") : Status::Ok();
+}
+
+Status Pipeline::SetupStage(Stage& st) {
+  const int P = int(stages_.size()), s = st.index;
+  if (s > 0) {
+    auto ops = setup_.make_ops(s);
+    if (!ops.ok()) return ops.status().WithContext("pipeline stage " + std::to_string(s));
+    st.owned_ops = std::move(*ops);
+    st.ops = st.owned_ops.get();
+  }
+  GPUFEED_RETURN_IF_ERROR(st.ops->BindThread());
+  ModelSpec sp = setup_.whole;
+  sp.layer_begin = cuts_[size_t(s)], sp.layer_end = cuts_[size_t(s) + 1], sp.slots = slots_;
+  sp.memory_limit = 0;  // checked for the whole stage by the cut
+  st.model = std::make_unique<Model>(st.ops, sp);
+  GPUFEED_RETURN_IF_ERROR(st.model->Init().WithContext("pipeline stage " + std::to_string(s)));
+  const size_t es = DTypeSize(sp.dtype);
+  const size_t batch = size_t(sp.max_batch);
+  const int inputs = s == 0 ? setup_.micro : slots_;
+  st.x.resize(size_t(inputs));
+  for (void*& b : st.x) GPUFEED_RETURN_IF_ERROR(st.Alloc(batch * st.model->input_elems() * es, &b, &st.pipeline_bytes));
+  if (s + 1 < P) {
+    st.dy.resize(size_t(slots_));
+    for (void*& b : st.dy)
+      GPUFEED_RETURN_IF_ERROR(st.Alloc(batch * st.model->output_elems() * es, &b, &st.pipeline_bytes));
+  }
+  if (s == 0 || s + 1 == P) {
+    st.labels.resize(size_t(s == 0 ? setup_.micro : slots_));
+    for (void*& b : st.labels) GPUFEED_RETURN_IF_ERROR(st.Alloc(batch * 4, &b, &st.pipeline_bytes));
+  }
+  st.n.assign(size_t(setup_.micro), 0);
+  GPUFEED_RETURN_IF_ERROR(st.Alloc(sizeof(ScalerState), &st.scaler, nullptr));
+  GPUFEED_RETURN_IF_ERROR(st.ops->Upload(st.scaler, &setup_.scaler, sizeof(ScalerState)));
+  GPUFEED_RETURN_IF_ERROR(st.Alloc(sizeof(StepState), &st.step, nullptr));
+  std::vector<float*> grads;
+  std::vector<size_t> sizes;
+  for (Param& q : st.model->params())
+    if (!q.frozen()) grads.push_back(q.grad), sizes.push_back(q.n);
+  st.grads = int(grads.size());
+  GPUFEED_RETURN_IF_ERROR(st.Alloc(grads.size() * (sizeof(float*) + sizeof(size_t)) + 1, &st.ptrs, nullptr));
+  GPUFEED_RETURN_IF_ERROR(st.ops->Upload(st.ptrs, grads.data(), grads.size() * sizeof(float*)));
+  GPUFEED_RETURN_IF_ERROR(st.ops->Upload(static_cast<char*>(st.ptrs) + grads.size() * sizeof(float*), sizes.data(),
+                                         sizes.size() * sizeof(size_t)));
+  if (s + 1 == P) GPUFEED_RETURN_IF_ERROR(st.Alloc(sizeof(Counters), &st.counters, nullptr));
+  // This stage's events: what it sends (ready) and receives (freed).
+  Shared& sh = *sh_;
+  auto event = [&](void** e) -> Status {
+    auto r = st.ops->NewEvent();
+    if (!r.ok()) return r.status();
+    *e = *r;
+    return Status::Ok();
+  };
+  for (int k = 0; k < slots_; ++k) {
+    if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(event(&sh.fwd[size_t(s) * slots_ + k].ready));
+    if (s > 0) GPUFEED_RETURN_IF_ERROR(event(&sh.fwd[size_t(s - 1) * slots_ + k].freed));
+    if (s > 0) GPUFEED_RETURN_IF_ERROR(event(&sh.bwd[size_t(s - 1) * slots_ + k].ready));
+    if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(event(&sh.bwd[size_t(s) * slots_ + k].freed));
+    if (s == 0) GPUFEED_RETURN_IF_ERROR(event(&sh.lab[size_t(k)].ready));
+    if (s + 1 == P) GPUFEED_RETURN_IF_ERROR(event(&sh.lab[size_t(k)].freed));
+  }
+  st.marks.resize(size_t(4 * setup_.micro));
+  for (void*& e : st.marks) GPUFEED_RETURN_IF_ERROR(event(&e));
+  GPUFEED_RETURN_IF_ERROR(event(&st.start));
+  GPUFEED_RETURN_IF_ERROR(event(&st.end));
+  return st.ops->Sync();
+}
+
+Status Pipeline::Send(Stage& st, Mailbox& m, void* dst, const void* src, size_t bytes, int n) {
+  Shared& sh = *sh_;
+  {
+    std::unique_lock<std::mutex> lock(sh.mu);
+    if (!sh.cv.wait_for(lock, std::chrono::duration<double>(setup_.timeout_s), [&] { return !m.full || sh.failed; }))
+      return Status::Internal("pipeline stage " + std::to_string(st.index) + ": the next stage freed no slot in " +
+                              std::to_string(setup_.timeout_s) + " s");
+    if (sh.failed) return Status::Internal("pipeline: another stage failed");
+  }
+  GPUFEED_RETURN_IF_ERROR(st.ops->WaitEvent(m.freed));  // its last read of the slot
+  GPUFEED_RETURN_IF_ERROR(st.ops->CopyPeer(dst, src, bytes));
+  GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(m.ready));
+  std::lock_guard<std::mutex> lock(sh.mu);
+  m.full = true, m.n = n;
+  sh.cv.notify_all();
+  return Status::Ok();
+}
+
+Status Pipeline::Receive(Stage& st, Mailbox& m) {
+  Shared& sh = *sh_;
+  {
+    std::unique_lock<std::mutex> lock(sh.mu);
+    if (!sh.cv.wait_for(lock, std::chrono::duration<double>(setup_.timeout_s), [&] { return m.full || sh.failed; }))
+      return Status::Internal("pipeline stage " + std::to_string(st.index) + ": nothing arrived from the other stage in " +
+                              std::to_string(setup_.timeout_s) + " s");
+    if (sh.failed) return Status::Internal("pipeline: another stage failed");
+  }
+  return st.ops->WaitEvent(m.ready);
+}
+
+void Pipeline::Free(Stage& st, Mailbox& m) {
+  st.ops->RecordEvent(m.freed);  // after every read queued so far
+  std::lock_guard<std::mutex> lock(sh_->mu);
+  m.full = false;
+  sh_->cv.notify_all();
+}
+
+Status Pipeline::Forward(Stage& st, int j, bool training) {
+  const int P = int(stages_.size()), s = st.index, k = j % slots_;
+  Shared& sh = *sh_;
+  Model& m = *st.model;
+  const size_t es = DTypeSize(setup_.whole.dtype);
+  const void* x = st.x[size_t(s == 0 ? j : k)];
+  if (s > 0) {
+    Mailbox& in = sh.fwd[size_t(s - 1) * slots_ + k];
+    GPUFEED_RETURN_IF_ERROR(Receive(st, in));
+    st.n[size_t(j)] = in.n;
+  }
+  const int n = st.n[size_t(j)];
+  GPUFEED_RETURN_IF_ERROR(Mark(st, true));
+  GPUFEED_RETURN_IF_ERROR(m.Forward(x, n, training, k));
+  if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(Mark(st, false));
+  if (s > 0 && !training) Free(st, sh.fwd[size_t(s - 1) * slots_ + k]);  // no backward reads it
+  if (s + 1 < P) {
+    Stage& next = *stages_[size_t(s) + 1];
+    GPUFEED_RETURN_IF_ERROR(Send(st, sh.fwd[size_t(s) * slots_ + k], next.x[size_t(k)], m.output(k),
+                                 size_t(n) * m.output_elems() * es, n));
+  }
+  if (s == 0)
+    GPUFEED_RETURN_IF_ERROR(Send(st, sh.lab[size_t(k)], stages_.back()->labels[size_t(k)], st.labels[size_t(j)],
+                                 size_t(n) * 4, n));
+  if (s + 1 == P) {
+    const void* labels = st.labels[size_t(k)];
+    GPUFEED_RETURN_IF_ERROR(Receive(st, sh.lab[size_t(k)]));
+    auto* c = static_cast<Counters*>(st.counters);
+    GPUFEED_RETURN_IF_ERROR(st.ops->SoftmaxXent(
+        n, setup_.whole.classes, setup_.whole.dtype, m.output(k), static_cast<const int32_t*>(labels), &c->loss,
+        &c->correct, training ? m.dlogits(k) : nullptr, training ? static_cast<const ScalerState*>(st.scaler) : nullptr,
+        training ? float(n) * float(setup_.micro) : 1.0f));
+    GPUFEED_RETURN_IF_ERROR(Mark(st, false));
+    Free(st, sh.lab[size_t(k)]);
+  }
+  return Status::Ok();
+}
+
+Status Pipeline::Backward(Stage& st, int j) {
+  const int P = int(stages_.size()), s = st.index, k = j % slots_;
+  Shared& sh = *sh_;
+  Model& m = *st.model;
+  const size_t es = DTypeSize(setup_.whole.dtype);
+  const int n = st.n[size_t(j)];
+  const void* dy = nullptr;
+  if (s + 1 < P) {
+    GPUFEED_RETURN_IF_ERROR(Receive(st, sh.bwd[size_t(s) * slots_ + k]));
+    dy = st.dy[size_t(k)];
+  }
+  GPUFEED_RETURN_IF_ERROR(Mark(st, true));
+  GPUFEED_RETURN_IF_ERROR(m.Backward(st.x[size_t(s == 0 ? j : k)], n, j > 0, {}, k, dy));
+  GPUFEED_RETURN_IF_ERROR(Mark(st, false));
+  if (s + 1 < P) Free(st, sh.bwd[size_t(s) * slots_ + k]);
+  if (s > 0) {
+    Stage& prev = *stages_[size_t(s) - 1];
+    GPUFEED_RETURN_IF_ERROR(Send(st, sh.bwd[size_t(s - 1) * slots_ + k], prev.dy[size_t(k)], m.input_grad(),
+                                 size_t(n) * m.input_elems() * es, n));
+    Free(st, sh.fwd[size_t(s - 1) * slots_ + k]);  // its input is read no more
+  }
+  return Status::Ok();
+}
+
+Status Pipeline::Mark(Stage& st, bool begin) {
+  // Probe steps: the stage's computations (not its waits and copies) timed.
+  if (!st.probing) return Status::Ok();
+  GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(st.marks[size_t(2 * st.op + (begin ? 0 : 1))]));
+  if (!begin) ++st.op;
+  return Status::Ok();
+}
+
+Status Pipeline::StepStage(Stage& st, bool probe) {
+  const int P = int(stages_.size()), s = st.index;
+  const int M = int(sizes_.size());
+  if (s == 0)
+    for (int j = 0; j < M; ++j) st.n[size_t(j)] = sizes_[size_t(j)];
+  if (probe) {
+    GPUFEED_RETURN_IF_ERROR(st.ops->Sync());
+    GPUFEED_RETURN_IF_ERROR(Barrier());  // every stage idle: one start
+    GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(st.start));
+  }
+  st.probing = probe, st.op = 0;
+  auto F = [&](int j) { return Forward(st, j, true); };
+  auto B = [&](int j) { return Backward(st, j); };
+  if (setup_.one_f_one_b) {
+    // Warm-up forwards, then one forward and one backward in turn, then the
+    // remaining backwards: at most P - s micro-batches in flight here.
+    const int warm = std::min(P - s - 1, M);
+    for (int j = 0; j < warm; ++j) GPUFEED_RETURN_IF_ERROR(F(j));
+    for (int i = 0; i + warm < M; ++i) {
+      GPUFEED_RETURN_IF_ERROR(F(i + warm));
+      GPUFEED_RETURN_IF_ERROR(B(i));
+    }
+    for (int j = M - warm; j < M; ++j) GPUFEED_RETURN_IF_ERROR(B(j));
+  } else {
+    for (int j = 0; j < M; ++j) GPUFEED_RETURN_IF_ERROR(F(j));
+    for (int j = 0; j < M; ++j) GPUFEED_RETURN_IF_ERROR(B(j));
+  }
+  st.probing = false;
+  if (probe) GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(st.end));
+  // This stage's optimizer step (no clipping: each stage sees its own norm).
+  auto* sc = static_cast<ScalerState*>(st.scaler);
+  auto* ss = static_cast<StepState*>(st.step);
+  auto* ptrs = static_cast<float* const*>(st.ptrs);
+  auto* sizes = reinterpret_cast<const size_t*>(static_cast<char*>(st.ptrs) + size_t(st.grads) * sizeof(float*));
+  GPUFEED_RETURN_IF_ERROR(st.ops->FinishGradients(ptrs, sizes, st.grads, 0.0f, sc));
+  GPUFEED_RETURN_IF_ERROR(st.ops->AdvanceSchedule(setup_.schedule, ss));
+  for (Param& q : st.model->params()) {
+    if (q.frozen()) continue;
+    GPUFEED_RETURN_IF_ERROR(st.ops->ApplyOptimizer(setup_.opt, q.decay, q.n, q.master, q.grad, q.s1, q.s2,
+                                                   q.copy != q.master ? q.copy : nullptr, setup_.whole.dtype, sc, ss));
+  }
+  if (probe) {
+    GPUFEED_RETURN_IF_ERROR(st.ops->Sync());
+    st.busy_ms = 0;
+    for (int i = 0; i < st.op; ++i) st.busy_ms += st.ops->EventMs(st.marks[size_t(2 * i)], st.marks[size_t(2 * i + 1)]);
+    st.span_ms = st.ops->EventMs(st.start, st.end);
+  }
+  return Status::Ok();
+}
+
+Status Pipeline::RunStage(Stage& st, Work w, bool probe) {
+  if (w != Work::kSetup) GPUFEED_RETURN_IF_ERROR(st.ops->BindThread());
+  const bool last = st.index + 1 == int(stages_.size());
+  switch (w) {
+    case Work::kSetup:
+      return SetupStage(st);
+    case Work::kPeers:  // every stage has its backend now
+      for (auto& other : stages_)
+        if (other.get() != &st) GPUFEED_RETURN_IF_ERROR(st.ops->EnablePeer(*other->ops));
+      return Status::Ok();
+    case Work::kStep:
+      return StepStage(st, probe);
+    case Work::kEval:
+      if (st.index == 0) st.n[0] = sizes_[0];
+      return Forward(st, 0, false);
+    case Work::kZero: {
+      if (!last) return Status::Ok();
+      Counters z;
+      return st.ops->Upload(st.counters, &z, sizeof z);
+    }
+    case Work::kRead:
+      return last ? st.ops->Download(&st.read, st.counters, sizeof st.read) : Status::Ok();
+    case Work::kHash: {
+      size_t total = 0;
+      for (Param& q : st.model->params()) total += q.n;
+      st.host.resize(total);
+      size_t at = 0;
+      for (Param& q : st.model->params()) {
+        GPUFEED_RETURN_IF_ERROR(st.ops->Download(st.host.data() + at, q.master, q.n * 4));
+        at += q.n;
+      }
+      return Status::Ok();
+    }
+    case Work::kStop:
+      return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+Status Pipeline::Add(const void* images, const void* labels, int n) {
+  Stage& st = *stages_[0];
+  const int j = pending();
+  if (j >= setup_.micro) return Status::Internal("pipeline: more micro-batches than a step takes");
+  if (n <= 0 || n > setup_.whole.max_batch) return Status::InvalidArgument("pipeline: micro-batch size out of range");
+  const size_t es = DTypeSize(setup_.whole.dtype);
+  GPUFEED_RETURN_IF_ERROR(st.ops->Copy(st.x[size_t(j)], images, size_t(n) * st.model->input_elems() * es));
+  GPUFEED_RETURN_IF_ERROR(st.ops->Copy(st.labels[size_t(j)], labels, size_t(n) * 4));
+  sizes_.push_back(n);
+  return Status::Ok();
+}
+
+Status Pipeline::Step(bool probe) {
+  if (sizes_.empty()) return Status::Ok();
+  Status s = Everyone(Work::kStep, probe);
+  sizes_.clear();
+  GPUFEED_RETURN_IF_ERROR(s);
+  if (probe) {
+    double busy = 0, span = 0;
+    for (auto& st : stages_) busy += st->busy_ms, span = std::max(span, st->span_ms);
+    busy_ms_total_ += busy, span_ms_total_ += span;
+    for (auto& st : stages_) st->busy_ms_sum += st->busy_ms;
+    ++probes_;
+  }
+  return Status::Ok();
+}
+
+Status Pipeline::Evaluate(const void* images, const void* labels, int n) {
+  GPUFEED_RETURN_IF_ERROR(Add(images, labels, n));
+  Status s = Everyone(Work::kEval);
+  sizes_.clear();
+  return s;
+}
+
+Status Pipeline::ZeroCounters() { return Everyone(Work::kZero); }
+
+Status Pipeline::ReadCounters(double* loss, int64_t* correct) {
+  GPUFEED_RETURN_IF_ERROR(Everyone(Work::kRead));  // waits for the last stage's work
+  *loss = stages_.back()->read.loss, *correct = stages_.back()->read.correct;
+  return Status::Ok();
+}
+
+Status Pipeline::ReadScaler(ScalerState* s) {
+  Stage& st = *stages_[0];
+  return st.ops->Download(s, st.scaler, sizeof *s);
+}
+
+Result<uint64_t> Pipeline::WeightsHash() {
+  for (auto& st : stages_) st->host.clear();
+  GPUFEED_RETURN_IF_ERROR(Everyone(Work::kHash));
+  XXH64_state_t* h = XXH64_createState();
+  XXH64_reset(h, 0);
+  for (auto& st : stages_) XXH64_update(h, st->host.data(), st->host.size() * 4);
+  const uint64_t d = XXH64_digest(h);
+  XXH64_freeState(h);
+  return d;
+}
+
+MemoryBreakdown Pipeline::memory() const {
+  MemoryBreakdown m;
+  for (const auto& st : stages_) {
+    m.weights += st->model->weight_bytes();
+    m.gradients += st->model->grad_bytes();
+    m.optimizer += st->model->optimizer_bytes();
+    m.activations += st->model->activation_bytes() + st->pipeline_bytes;
+    m.workspace += st->ops->WorkspaceBytes();
+  }
+  return m;
+}
+
+void Pipeline::Report(TrainReport* r) const {
+  r->pipeline = partition_;
+  r->stages.clear();
+  for (const auto& st : stages_) {
+    TrainReport::Stage s;
+    const Model& m = *st->model;
+    s.layers = std::to_string(m.layer_begin()) + "-" + std::to_string(m.layer_end() - 1) + ": " +
+               m.LayerName(m.layer_begin()) + " .. " + m.LayerName(m.layer_end() - 1);
+    s.backend = st->ops->Describe();
+    s.memory.weights = m.weight_bytes();
+    s.memory.gradients = m.grad_bytes();
+    s.memory.optimizer = m.optimizer_bytes();
+    s.memory.activations = m.activation_bytes() + st->pipeline_bytes;
+    s.memory.workspace = st->ops->WorkspaceBytes();
+    if (span_ms_total_ > 0) s.busy = st->busy_ms_sum / span_ms_total_;
+    r->stages.push_back(s);
+  }
+  const int P = int(stages_.size()), M = setup_.micro;
+  r->bubble_bound = double(P - 1) / double(M + P - 1);
+  if (span_ms_total_ > 0) r->bubble = 1.0 - busy_ms_total_ / (double(P) * span_ms_total_);
+}
+
+}  // namespace gpufeed::trainer

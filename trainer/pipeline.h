@@ -1,0 +1,119 @@
+// Pipeline stages: one model's layers split into consecutive stages, each on
+// a backend of its own (a GPU, or a CPU thread), trained with micro-batches
+// on a GPipe or 1F1B schedule. Stage 0 runs in the caller's thread on the
+// caller's backend; every later stage in a thread of its own. A stage hands
+// its output forward, the last stage the gradient back, by a copy into the
+// receiver's buffer for that micro-batch's slot, ordered by events: the
+// sender waits until the receiver has freed the slot (its event), copies on
+// its own stream, records its event and posts the slot full; the receiver
+// waits for that, and frees the slot once its last read is queued. So no
+// stage waits on the device for another; host threads only wait for the
+// other's calls to be queued. The labels go from stage 0 to the last stage
+// the same way. Each stage steps its own parameters after its last backward.
+#ifndef GPUFEED_TRAINER_PIPELINE_H_
+#define GPUFEED_TRAINER_PIPELINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpufeed/status.h"
+#include "gpufeed/trainer.h"
+#include "trainer/model.h"
+#include "trainer/ops.h"
+
+namespace gpufeed::trainer {
+
+struct PipelineSetup {
+  ModelSpec whole;  // the whole model; max_batch is the micro-batch
+  int stages = 2;
+  int micro = 4;  // micro-batches a step
+  bool one_f_one_b = true;
+  bool by_memory = false;
+  uint64_t memory_limit = 0;  // a stage's bytes (model and pipeline buffers); 0: none
+  // Makes stage s's backend (s >= 1), called in that stage's thread.
+  std::function<Result<std::unique_ptr<Ops>>(int stage)> make_ops;
+  OptimizerStep opt;
+  Schedule schedule;
+  ScalerState scaler;
+  double timeout_s = 300;  // any wait for another stage
+};
+
+// Where the layers are cut: stage s holds [cuts[s], cuts[s + 1]). Minimizes
+// the largest stage's cost, cost(first, end, stage); fits(first, end, stage)
+// false rules a stage out. Empty when no cut fits.
+std::vector<int> PartitionLayers(int layers, int stages, const std::function<double(int, int, int)>& cost,
+                                 const std::function<bool(int, int, int)>& fits);
+
+class Pipeline {
+ public:
+  // Cuts the model (measuring each layer's time on `first` unless
+  // by_memory), starts the stages' threads and builds each stage there.
+  static Result<std::unique_ptr<Pipeline>> Create(Ops* first, const PipelineSetup& setup);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Copies a micro-batch (stage 0's memory, its images in the model's dtype,
+  // int32 labels, ready for stage 0's stream) into input slot pending().
+  Status Add(const void* images, const void* labels, int n);
+  int pending() const { return static_cast<int>(sizes_.size()); }
+  // One optimizer step of every stage over the added micro-batches (their
+  // gradients summed as accumulation over `micro` would). `probe`: the step
+  // runs alone and each stage's compute is timed (TrainReport::bubble).
+  Status Step(bool probe);
+  // A forward pass of one batch in evaluation mode; its loss and correct
+  // predictions are counted on the last stage.
+  Status Evaluate(const void* images, const void* labels, int n);
+  Status ZeroCounters();
+  Status ReadCounters(double* loss, int64_t* correct);
+  Status ReadScaler(ScalerState* s);  // stage 0's
+  // XXH64 of every stage's fp32 masters, in the whole model's order (the
+  // unpipelined model's weights_hash).
+  Result<uint64_t> WeightsHash();
+
+  const std::string& model() const { return describe_; }
+  uint64_t parameters() const { return parameters_; }
+  const std::vector<std::string>& parameter_names() const { return names_; }
+  MemoryBreakdown memory() const;  // every stage's
+  void Report(TrainReport* r) const;
+
+ private:
+  struct Stage;
+  struct Mailbox;
+  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kStop };
+  Pipeline() = default;
+  Status Everyone(Work w, bool probe = false);  // runs w on every stage, stage 0 here
+  Status RunStage(Stage& st, Work w, bool probe);
+  Status SetupStage(Stage& st);
+  Status StepStage(Stage& st, bool probe);
+  Status Forward(Stage& st, int j, bool training);
+  Status Backward(Stage& st, int j);
+  Status Mark(Stage& st, bool begin);
+  Status Send(Stage& st, Mailbox& m, void* dst, const void* src, size_t bytes, int n);
+  Status Receive(Stage& st, Mailbox& m);
+  void Free(Stage& st, Mailbox& m);
+  Status Barrier();
+  void Fail(const Status& st);
+  void WorkerLoop(Stage* st);
+
+  PipelineSetup setup_;
+  std::vector<int> cuts_;
+  std::string partition_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  int slots_ = 1;
+  std::vector<int> sizes_;  // the pending micro-batches' sizes
+  std::string describe_;
+  uint64_t parameters_ = 0;
+  std::vector<std::string> names_;
+  double busy_ms_total_ = 0, span_ms_total_ = 0;
+  int probes_ = 0;
+  struct Shared;
+  std::unique_ptr<Shared> sh_;
+};
+
+}  // namespace gpufeed::trainer
+
+#endif  // GPUFEED_TRAINER_PIPELINE_H_
