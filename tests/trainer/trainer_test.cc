@@ -19,6 +19,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/model.h"
 #include "trainer/ops.h"
+#include "trainer/pipeline.h"
 
 namespace gpufeed {
 namespace {
@@ -730,6 +731,166 @@ TEST(TrainerTest, BadOptionsAndDataAreNamed) {
 
 // The real-data check CI runs: Fashion-MNIST from Debian's package,
 // converted by gpufeed, an mlp on the CPU reaches >= 0.85 test accuracy.
+// Pipeline stages reproduce accumulation over as many micro-batches: each
+// stage runs its layers' forwards in micro-batch order and their backwards
+// in the same order, with the same kernels, so the gradients sum in the same
+// order and the weights, losses and accuracies are the same bits.
+void ExpectPipelineEqualsAccumulation(TrainOptions o, int stages, int micro, bool one_f_one_b, bool by_memory) {
+  SCOPED_TRACE("stages " + std::to_string(stages) + " micro " + std::to_string(micro) +
+               (one_f_one_b ? " 1f1b" : " gpipe") + (by_memory ? " by memory" : " by time"));
+  BarsSource train(520, 4), test(128, 4);  // 16 full batches: with 3 a step, a trailing step of 1
+  TrainOptions plain = o;
+  plain.accum = micro;
+  auto a = Train(train, &test, plain);
+  o.pipeline.stages = stages;
+  o.pipeline.micro_batches = micro;
+  o.pipeline.one_f_one_b = one_f_one_b;
+  o.pipeline.by_memory = by_memory;
+  auto b = Train(train, &test, o);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->weights_hash, a->weights_hash);
+  ASSERT_EQ(b->epochs.size(), a->epochs.size());
+  for (size_t e = 0; e < a->epochs.size(); ++e) {
+    EXPECT_EQ(b->epochs[e].steps, a->epochs[e].steps) << "epoch " << e;
+    EXPECT_EQ(b->epochs[e].samples, a->epochs[e].samples) << "epoch " << e;
+    EXPECT_EQ(b->epochs[e].train_loss, a->epochs[e].train_loss) << "epoch " << e;
+    EXPECT_EQ(b->epochs[e].test_loss, a->epochs[e].test_loss) << "epoch " << e;
+    EXPECT_EQ(b->epochs[e].test_accuracy, a->epochs[e].test_accuracy) << "epoch " << e;
+  }
+  EXPECT_EQ(b->model, a->model);
+  EXPECT_EQ(b->parameters, a->parameters);
+  ASSERT_EQ(b->stages.size(), size_t(stages));
+  uint64_t weights = 0;
+  for (const auto& s : b->stages) {
+    weights += s.memory.weights;
+    EXPECT_GT(s.busy, 0);
+    EXPECT_LE(s.busy, 1.0);
+  }
+  EXPECT_EQ(weights, b->memory.weights);
+  EXPECT_NEAR(b->bubble_bound, double(stages - 1) / double(micro + stages - 1), 1e-12);
+  EXPECT_GE(b->bubble, 0);
+  EXPECT_LT(b->bubble, 1);
+  std::printf("%s: %s; bubble %.3f (bound %.3f)\n", b->model.c_str(), b->pipeline.c_str(), b->bubble,
+              b->bubble_bound);
+}
+
+TEST(TrainerTest, PipelineStagesTrainTheSameWeightsAsAccumulation) {
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 12, 16};  // 10 layers
+  o.epochs = 2;
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  ExpectPipelineEqualsAccumulation(o, 2, 3, false, true);
+  ExpectPipelineEqualsAccumulation(o, 3, 4, true, false);
+  o.precision = DType::kBFloat16;
+  o.flip = true;
+  o.crop_padding = 1;
+  ExpectPipelineEqualsAccumulation(o, 4, 2, false, false);
+  TrainOptions mlp = Small();
+  mlp.widths = {32, 24};
+  mlp.epochs = 2;
+  ExpectPipelineEqualsAccumulation(mlp, 2, 2, true, true);
+}
+
+TEST(TrainerTest, PipelineOnTwoGpusTrainsTheSameWeightsAsAccumulation) {
+  if (QueryGpus().devices.size() < 2) GTEST_SKIP() << "fewer than 2 GPUs here; this test runs on a two-GPU host";
+  for (DType p : {DType::kFloat32, DType::kBFloat16}) {
+    TrainOptions o = Small(TrainDevice::kCuda);
+    o.model = ModelKind::kCnn;
+    o.channels = {8, 12, 16};
+    o.epochs = 2;
+    o.precision = p;
+    ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+    ExpectPipelineEqualsAccumulation(o, 2, 4, false, true);
+  }
+}
+
+// A model over the memory limit is refused, naming what it needs; split in
+// two stages under the same limit it trains, each stage within the limit,
+// to the weights of the unlimited model with accumulation.
+TEST(TrainerTest, MemoryLimitIsEnforcedAndTwoStagesFitUnderIt) {
+  BarsSource train(256, 4);
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {32, 64, 128};  // weights more than activations: a stage holds half
+  o.epochs = 1;
+  o.accum = 2;
+  auto whole = Train(train, nullptr, o);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  const MemoryBreakdown& m = whole->memory;
+  const uint64_t need = m.weights + m.gradients + m.optimizer + m.activations;
+  o.memory_limit = need * 9 / 10;
+  auto refused = Train(train, nullptr, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("memory limit"), std::string::npos) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("--pipeline-stages"), std::string::npos) << refused.status().ToString();
+  o.accum = 1;
+  o.pipeline.stages = 2;
+  o.pipeline.micro_batches = 2;
+  auto split = Train(train, nullptr, o);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  EXPECT_EQ(split->weights_hash, whole->weights_hash);
+  for (const auto& s : split->stages) {
+    const uint64_t held = s.memory.weights + s.memory.gradients + s.memory.optimizer + s.memory.activations;
+    EXPECT_LE(held, o.memory_limit) << s.layers;
+  }
+  o.memory_limit = need / 20;  // no two stages fit
+  auto none = Train(train, nullptr, o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("does not fit 2 stages"), std::string::npos) << none.status().ToString();
+}
+
+TEST(TrainerTest, PartitionMinimizesTheLargestStage) {
+  auto sum = [](std::vector<double> c) {
+    return [c](int a, int b, int) {
+      double t = 0;
+      for (int i = a; i < b; ++i) t += c[size_t(i)];
+      return t;
+    };
+  };
+  auto any = [](int, int, int) { return true; };
+  EXPECT_EQ(trainer::PartitionLayers(5, 2, sum({1, 1, 1, 1, 4}), any), (std::vector<int>{0, 4, 5}));
+  EXPECT_EQ(trainer::PartitionLayers(5, 3, sum({3, 1, 1, 1, 3}), any), (std::vector<int>{0, 1, 4, 5}));
+  EXPECT_EQ(trainer::PartitionLayers(4, 2, sum({1, 1, 1, 1}), any), (std::vector<int>{0, 2, 4}));
+  // Stage 1 may hold at most 1 layer: the cut moves up to where it fits.
+  auto one_last = [](int a, int b, int s) { return s == 0 || b - a <= 1; };
+  EXPECT_EQ(trainer::PartitionLayers(4, 2, sum({1, 1, 1, 1}), one_last), (std::vector<int>{0, 3, 4}));
+  auto never = [](int, int, int) { return false; };
+  EXPECT_TRUE(trainer::PartitionLayers(4, 2, sum({1, 1, 1, 1}), never).empty());
+}
+
+TEST(TrainerTest, PipelineOptionsItDoesNotTakeAreNamed) {
+  BarsSource train(128, 4);
+  auto expect = [&](TrainOptions o, const std::string& word) {
+    o.model = ModelKind::kCnn;
+    o.pipeline.stages = 2;
+    auto r = Train(train, nullptr, o);
+    ASSERT_FALSE(r.ok()) << word;
+    EXPECT_NE(r.status().message().find(word), std::string::npos) << r.status().ToString();
+  };
+  TrainOptions o = Small();
+  o.accum = 2;
+  expect(o, "--micro-batches");
+  o = Small();
+  o.precision = DType::kFloat16;
+  expect(o, "fp16");
+  o = Small();
+  o.clip_norm = 1;
+  expect(o, "--clip");
+  o = Small();
+  o.parallel.world_size = 2;
+  expect(o, "one process");
+  o = Small();
+  o.pipeline.micro_batches = 0;
+  expect(o, "--micro-batches");
+  o = Small();
+  o.channels = {8};  // 4 layers
+  o.pipeline.stages = 5;
+  auto r = Train(train, nullptr, o);
+  ASSERT_FALSE(r.ok());
+}
+
 TEST(TrainerTest, CpuMlpLearnsFashionMnist) {
   const std::string root = "/usr/share/datasets/fashion-mnist";
   if (!std::filesystem::exists(root + "/train-images-idx3-ubyte.gz"))
