@@ -25,8 +25,8 @@ struct TrainArgs {
   std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
   std::string widths = "256,128", channels = "32,64", checkpoint, json, freeze, recompute = "none";
   std::string schedule = "1f1b", partition_by = "time";  // --pipeline-stages
-  std::string dataset, token_file;  // with a daemon --data
-  DecodeArgs decode;                // encoded image datasets
+  std::string dataset, token_file;                       // with a daemon --data
+  DecodeArgs decode;                                     // encoded image datasets
   TrainOptions o;
   int gpus = 0;  // 0: the job's environment (torchrun), else 1
   bool no_graphs = false;

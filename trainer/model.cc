@@ -30,7 +30,7 @@ Status Model::Allocate(size_t bytes, void** p, uint64_t* counter) {
 // the same weights on every backend and run.
 Status Model::AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index, Role role) {
   const uint64_t serial = uint64_t(serial_++);  // the whole model's index: its init key
-  if (!building_in_stage_) {                     // another stage's
+  if (!building_in_stage_) {                    // another stage's
     *index = -1;
     return Status::Ok();
   }
@@ -126,8 +126,8 @@ Status Model::Init() {
     plan.plan_only = true;
     Model counted(ops_, plan);
     GPUFEED_RETURN_IF_ERROR(counted.Init());
-    const uint64_t need = counted.weight_bytes() + counted.grad_bytes() + counted.optimizer_bytes() +
-                          counted.activation_bytes();
+    const uint64_t need =
+        counted.weight_bytes() + counted.grad_bytes() + counted.optimizer_bytes() + counted.activation_bytes();
     if (need > s.memory_limit) {
       char buf[400];
       std::snprintf(buf, sizeof buf,
@@ -507,9 +507,8 @@ Result<std::vector<double>> Model::ProfileLayers(const void* x, int batch, int r
     const void* dy = sl.dlogits ? sl.dlogits : grad_b_;
     for (size_t i = size_t(end_); i-- > size_t(begin_);) {
       void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
-      GPUFEED_RETURN_IF_ERROR(timed(i - begin_, [&] {
-        return BackwardLayer(i, x, dy, dx, i > size_t(begin_) || begin_ > 0, batch, 0.0f, sl);
-      }));
+      GPUFEED_RETURN_IF_ERROR(timed(
+          i - begin_, [&] { return BackwardLayer(i, x, dy, dx, i > size_t(begin_) || begin_ > 0, batch, 0.0f, sl); }));
       dy = dx;
     }
   }

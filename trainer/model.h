@@ -161,7 +161,7 @@ class Model {
   };
   // One micro-batch's buffers, by layer (null outside the stage).
   struct Slot {
-    std::vector<void*> acts;  // acts[i]: output of layer i (max batch)
+    std::vector<void*> acts;                     // acts[i]: output of layer i (max batch)
     std::vector<float*> save_mean, save_invstd;  // bn
     std::vector<uint8_t*> argmax;                // pool
     void* dlogits = nullptr;                     // the last stage
@@ -169,8 +169,7 @@ class Model {
   bool InStage(size_t i) const { return int(i) >= begin_ && (end_ < 0 || int(i) < end_); }
   Status ForwardLayer(size_t i, const void* in, int batch, bool training, Slot& s);
   // dy -> dx (when need_dx) and the layer's parameter gradients.
-  Status BackwardLayer(size_t i, const void* x, const void* dy, void* dx, bool need_dx, int batch, float beta,
-                       Slot& s);
+  Status BackwardLayer(size_t i, const void* x, const void* dy, void* dx, bool need_dx, int batch, float beta, Slot& s);
   Status Allocate(size_t bytes, void** p, uint64_t* counter);
   // A LoRA adapter trains and has no compute copy; a base parameter with
   // LoRA on is frozen unless it belongs to the head.

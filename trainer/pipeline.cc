@@ -62,7 +62,7 @@ struct Pipeline::Stage {
   Ops* ops = nullptr;
   std::unique_ptr<Ops> owned_ops;
   std::unique_ptr<Model> model;
-  std::vector<void*> buffers;  // freed with the stage
+  std::vector<void*> buffers;   // freed with the stage
   uint64_t pipeline_bytes = 0;  // input, gradient and label slots
   // Inputs: stage 0 a micro-batch a slot (from Add), later stages the
   // previous stage's outputs; the gradients from the next stage; the labels
@@ -80,9 +80,9 @@ struct Pipeline::Stage {
   bool probing = false;
   int op = 0;                       // the probe step's computations so far
   double busy_ms = 0, span_ms = 0;  // the last probe step's
-  double busy_ms_sum = 0;            // every probe step's
-  std::vector<float> host;           // kHash: this stage's masters
-  Counters read;                     // kRead: the last stage's counters
+  double busy_ms_sum = 0;           // every probe step's
+  std::vector<float> host;          // kHash: this stage's masters
+  Counters read;                    // kRead: the last stage's counters
   std::thread thread;
   ~Stage() {
     if (!ops) return;
@@ -104,7 +104,10 @@ struct Pipeline::Stage {
 struct Pipeline::Shared {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<Mailbox> fwd, bwd, lab;  // [link * slots + k]; lab: [k]
+  // fwd[s][k]: stage s to s + 1 into its slot k; bwd[s][k]: stage s + 1 to
+  // s into s's slot k; lab[k]: the labels, stage 0 to the last.
+  std::vector<std::vector<Mailbox>> fwd, bwd;
+  std::vector<Mailbox> lab;
   Work work = Work::kStop;
   bool probe = false;
   uint64_t generation = 0;  // of `work`
@@ -123,7 +126,6 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
   const int P = setup.stages, M = setup.micro;
   if (P < 2) return Status::InvalidArgument("pipeline: --pipeline-stages must be >= 2");
   if (M < 1) return Status::InvalidArgument("pipeline: --micro-batches must be >= 1");
-  p->slots_ = setup.one_f_one_b ? std::min(M, P) : M;
 
   // The whole model's layers, counted (nothing allocated).
   ModelSpec plan = setup.whole;
@@ -143,15 +145,15 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
   const uint64_t batch = uint64_t(setup.whole.max_batch);
   auto stage_bytes = [&](int a, int b, int s, uint64_t* model_bytes) -> Result<uint64_t> {
     ModelSpec sp = plan;
-    sp.layer_begin = a, sp.layer_end = b, sp.slots = p->slots_;
+    sp.layer_begin = a, sp.layer_end = b, sp.slots = p->Slots(s);
     Model m(first, sp);
     GPUFEED_RETURN_IF_ERROR(m.Init());
     const uint64_t mb = m.weight_bytes() + m.grad_bytes() + m.optimizer_bytes() + m.activation_bytes();
     uint64_t extra = 0;
     if (s == 0) extra += uint64_t(M) * batch * (m.input_elems() * es + 4);
-    if (s > 0) extra += uint64_t(p->slots_) * batch * m.input_elems() * es;
-    if (s + 1 < P) extra += uint64_t(p->slots_) * batch * m.output_elems() * es;
-    if (s + 1 == P) extra += uint64_t(p->slots_) * batch * 4;
+    if (s > 0) extra += uint64_t(p->Slots(s)) * batch * m.input_elems() * es;
+    if (s + 1 < P) extra += uint64_t(p->Slots(s)) * batch * m.output_elems() * es;
+    if (s + 1 == P) extra += uint64_t(p->Slots(s)) * batch * 4;
     if (model_bytes) *model_bytes = mb;
     return mb + extra;
   };
@@ -195,8 +197,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     char buf[300];
     std::snprintf(buf, sizeof buf,
                   "pipeline: %s does not fit %d stages of --memory-limit %.1f MiB (each stage holds its layers' "
-                  "weights, gradients, optimizer state and %d activation sets); raise the limit or add stages",
-                  p->describe_.c_str(), P, setup.memory_limit / 1048576.0, p->slots_);
+                  "weights, gradients, optimizer state and up to %d activation sets); raise the limit or add stages",
+                  p->describe_.c_str(), P, setup.memory_limit / 1048576.0, p->Slots(0));
     return Status::InvalidArgument(buf);
   }
   char buf[200];
@@ -206,9 +208,13 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
 
   // The hand-offs, and the stages: stage 0 here, the others in their threads.
   Shared& sh = *p->sh_;
-  sh.fwd.resize(size_t(P - 1) * p->slots_);
-  sh.bwd.resize(size_t(P - 1) * p->slots_);
-  sh.lab.resize(size_t(p->slots_));
+  sh.fwd.resize(size_t(P - 1));
+  sh.bwd.resize(size_t(P - 1));
+  for (int s = 0; s + 1 < P; ++s) {
+    sh.fwd[size_t(s)].resize(size_t(p->Slots(s + 1)));
+    sh.bwd[size_t(s)].resize(size_t(p->Slots(s)));
+  }
+  sh.lab.resize(size_t(p->Slots(P - 1)));
   sh.results.assign(size_t(P), Status::Ok());
   for (int s = 0; s < P; ++s) {
     auto st = std::make_unique<Stage>();
@@ -216,17 +222,17 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     p->stages_.push_back(std::move(st));
   }
   p->stages_[0]->ops = first;
-  for (int s = 1; s < P; ++s) p->stages_[size_t(s)]->thread = std::thread(&Pipeline::WorkerLoop, p.get(), p->stages_[size_t(s)].get());
+  for (int s = 1; s < P; ++s)
+    p->stages_[size_t(s)]->thread = std::thread(&Pipeline::WorkerLoop, p.get(), p->stages_[size_t(s)].get());
   GPUFEED_RETURN_IF_ERROR(p->Everyone(Work::kSetup));
   GPUFEED_RETURN_IF_ERROR(p->Everyone(Work::kPeers));
   // Mailboxes know both ends' backends once every stage has one.
-  for (int s = 0; s + 1 < P; ++s)
-    for (int k = 0; k < p->slots_; ++k) {
-      Mailbox& f = sh.fwd[size_t(s) * p->slots_ + k];
+  for (int s = 0; s + 1 < P; ++s) {
+    for (Mailbox& f : sh.fwd[size_t(s)])
       f.sender = p->stages_[size_t(s)]->ops, f.receiver = p->stages_[size_t(s) + 1]->ops;
-      Mailbox& b = sh.bwd[size_t(s) * p->slots_ + k];
+    for (Mailbox& b : sh.bwd[size_t(s)])
       b.sender = p->stages_[size_t(s) + 1]->ops, b.receiver = p->stages_[size_t(s)]->ops;
-    }
+  }
   for (Mailbox& l : sh.lab) l.sender = p->stages_[0]->ops, l.receiver = p->stages_.back()->ops;
   return p;
 }
@@ -245,11 +251,14 @@ Pipeline::~Pipeline() {
     if (st->thread.joinable()) st->thread.join();
   // Events of the mailboxes belong to the stages' backends, freed below.
   if (sh_) {
-    for (auto* v : {&sh_->fwd, &sh_->bwd, &sh_->lab})
-      for (Mailbox& m : *v) {
-        if (m.sender && m.ready) m.sender->DestroyEvent(m.ready);
-        if (m.receiver && m.freed) m.receiver->DestroyEvent(m.freed);
-      }
+    auto destroy = [](Mailbox& m) {
+      if (m.sender && m.ready) m.sender->DestroyEvent(m.ready);
+      if (m.receiver && m.freed) m.receiver->DestroyEvent(m.freed);
+    };
+    for (auto* v : {&sh_->fwd, &sh_->bwd})
+      for (auto& link : *v)
+        for (Mailbox& m : link) destroy(m);
+    for (Mailbox& m : sh_->lab) destroy(m);
   }
   // Each stage's memory freed with its device current; stage 0's backend is
   // the caller's, the others' go with their stages.
@@ -329,22 +338,22 @@ Status Pipeline::SetupStage(Stage& st) {
   }
   GPUFEED_RETURN_IF_ERROR(st.ops->BindThread());
   ModelSpec sp = setup_.whole;
-  sp.layer_begin = cuts_[size_t(s)], sp.layer_end = cuts_[size_t(s) + 1], sp.slots = slots_;
+  sp.layer_begin = cuts_[size_t(s)], sp.layer_end = cuts_[size_t(s) + 1], sp.slots = Slots(s);
   sp.memory_limit = 0;  // checked for the whole stage by the cut
   st.model = std::make_unique<Model>(st.ops, sp);
   GPUFEED_RETURN_IF_ERROR(st.model->Init().WithContext("pipeline stage " + std::to_string(s)));
   const size_t es = DTypeSize(sp.dtype);
   const size_t batch = size_t(sp.max_batch);
-  const int inputs = s == 0 ? setup_.micro : slots_;
+  const int inputs = s == 0 ? setup_.micro : Slots(s);
   st.x.resize(size_t(inputs));
   for (void*& b : st.x) GPUFEED_RETURN_IF_ERROR(st.Alloc(batch * st.model->input_elems() * es, &b, &st.pipeline_bytes));
   if (s + 1 < P) {
-    st.dy.resize(size_t(slots_));
+    st.dy.resize(size_t(Slots(s)));
     for (void*& b : st.dy)
       GPUFEED_RETURN_IF_ERROR(st.Alloc(batch * st.model->output_elems() * es, &b, &st.pipeline_bytes));
   }
   if (s == 0 || s + 1 == P) {
-    st.labels.resize(size_t(s == 0 ? setup_.micro : slots_));
+    st.labels.resize(size_t(s == 0 ? setup_.micro : Slots(s)));
     for (void*& b : st.labels) GPUFEED_RETURN_IF_ERROR(st.Alloc(batch * 4, &b, &st.pipeline_bytes));
   }
   st.n.assign(size_t(setup_.micro), 0);
@@ -369,13 +378,17 @@ Status Pipeline::SetupStage(Stage& st) {
     *e = *r;
     return Status::Ok();
   };
-  for (int k = 0; k < slots_; ++k) {
-    if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(event(&sh.fwd[size_t(s) * slots_ + k].ready));
-    if (s > 0) GPUFEED_RETURN_IF_ERROR(event(&sh.fwd[size_t(s - 1) * slots_ + k].freed));
-    if (s > 0) GPUFEED_RETURN_IF_ERROR(event(&sh.bwd[size_t(s - 1) * slots_ + k].ready));
-    if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(event(&sh.bwd[size_t(s) * slots_ + k].freed));
-    if (s == 0) GPUFEED_RETURN_IF_ERROR(event(&sh.lab[size_t(k)].ready));
-    if (s + 1 == P) GPUFEED_RETURN_IF_ERROR(event(&sh.lab[size_t(k)].freed));
+  if (s + 1 < P) {
+    for (Mailbox& m : sh.fwd[size_t(s)]) GPUFEED_RETURN_IF_ERROR(event(&m.ready));
+    for (Mailbox& m : sh.bwd[size_t(s)]) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
+  }
+  if (s > 0) {
+    for (Mailbox& m : sh.fwd[size_t(s - 1)]) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
+    for (Mailbox& m : sh.bwd[size_t(s - 1)]) GPUFEED_RETURN_IF_ERROR(event(&m.ready));
+  }
+  for (Mailbox& m : sh.lab) {
+    if (s == 0) GPUFEED_RETURN_IF_ERROR(event(&m.ready));
+    if (s + 1 == P) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
   }
   st.marks.resize(size_t(4 * setup_.micro));
   for (void*& e : st.marks) GPUFEED_RETURN_IF_ERROR(event(&e));
@@ -407,8 +420,8 @@ Status Pipeline::Receive(Stage& st, Mailbox& m) {
   {
     std::unique_lock<std::mutex> lock(sh.mu);
     if (!sh.cv.wait_for(lock, std::chrono::duration<double>(setup_.timeout_s), [&] { return m.full || sh.failed; }))
-      return Status::Internal("pipeline stage " + std::to_string(st.index) + ": nothing arrived from the other stage in " +
-                              std::to_string(setup_.timeout_s) + " s");
+      return Status::Internal("pipeline stage " + std::to_string(st.index) +
+                              ": nothing arrived from the other stage in " + std::to_string(setup_.timeout_s) + " s");
     if (sh.failed) return Status::Internal("pipeline: another stage failed");
   }
   return st.ops->WaitEvent(m.ready);
@@ -422,13 +435,14 @@ void Pipeline::Free(Stage& st, Mailbox& m) {
 }
 
 Status Pipeline::Forward(Stage& st, int j, bool training) {
-  const int P = int(stages_.size()), s = st.index, k = j % slots_;
+  // Slot k here; the next stage's and the last's slots for what goes there.
+  const int P = int(stages_.size()), s = st.index, k = j % Slots(s);
   Shared& sh = *sh_;
   Model& m = *st.model;
   const size_t es = DTypeSize(setup_.whole.dtype);
   const void* x = st.x[size_t(s == 0 ? j : k)];
   if (s > 0) {
-    Mailbox& in = sh.fwd[size_t(s - 1) * slots_ + k];
+    Mailbox& in = sh.fwd[size_t(s - 1)][size_t(k)];
     GPUFEED_RETURN_IF_ERROR(Receive(st, in));
     st.n[size_t(j)] = in.n;
   }
@@ -436,15 +450,17 @@ Status Pipeline::Forward(Stage& st, int j, bool training) {
   GPUFEED_RETURN_IF_ERROR(Mark(st, true));
   GPUFEED_RETURN_IF_ERROR(m.Forward(x, n, training, k));
   if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(Mark(st, false));
-  if (s > 0 && !training) Free(st, sh.fwd[size_t(s - 1) * slots_ + k]);  // no backward reads it
+  if (s > 0 && !training) Free(st, sh.fwd[size_t(s - 1)][size_t(k)]);  // no backward reads it
   if (s + 1 < P) {
     Stage& next = *stages_[size_t(s) + 1];
-    GPUFEED_RETURN_IF_ERROR(Send(st, sh.fwd[size_t(s) * slots_ + k], next.x[size_t(k)], m.output(k),
-                                 size_t(n) * m.output_elems() * es, n));
+    const size_t kn = size_t(j % Slots(s + 1));
+    GPUFEED_RETURN_IF_ERROR(
+        Send(st, sh.fwd[size_t(s)][kn], next.x[kn], m.output(k), size_t(n) * m.output_elems() * es, n));
   }
-  if (s == 0)
-    GPUFEED_RETURN_IF_ERROR(Send(st, sh.lab[size_t(k)], stages_.back()->labels[size_t(k)], st.labels[size_t(j)],
-                                 size_t(n) * 4, n));
+  if (s == 0) {
+    const size_t kl = size_t(j % Slots(P - 1));
+    GPUFEED_RETURN_IF_ERROR(Send(st, sh.lab[kl], stages_.back()->labels[kl], st.labels[size_t(j)], size_t(n) * 4, n));
+  }
   if (s + 1 == P) {
     const void* labels = st.labels[size_t(k)];
     GPUFEED_RETURN_IF_ERROR(Receive(st, sh.lab[size_t(k)]));
@@ -460,25 +476,26 @@ Status Pipeline::Forward(Stage& st, int j, bool training) {
 }
 
 Status Pipeline::Backward(Stage& st, int j) {
-  const int P = int(stages_.size()), s = st.index, k = j % slots_;
+  const int P = int(stages_.size()), s = st.index, k = j % Slots(s);
   Shared& sh = *sh_;
   Model& m = *st.model;
   const size_t es = DTypeSize(setup_.whole.dtype);
   const int n = st.n[size_t(j)];
   const void* dy = nullptr;
   if (s + 1 < P) {
-    GPUFEED_RETURN_IF_ERROR(Receive(st, sh.bwd[size_t(s) * slots_ + k]));
+    GPUFEED_RETURN_IF_ERROR(Receive(st, sh.bwd[size_t(s)][size_t(k)]));
     dy = st.dy[size_t(k)];
   }
   GPUFEED_RETURN_IF_ERROR(Mark(st, true));
   GPUFEED_RETURN_IF_ERROR(m.Backward(st.x[size_t(s == 0 ? j : k)], n, j > 0, {}, k, dy));
   GPUFEED_RETURN_IF_ERROR(Mark(st, false));
-  if (s + 1 < P) Free(st, sh.bwd[size_t(s) * slots_ + k]);
+  if (s + 1 < P) Free(st, sh.bwd[size_t(s)][size_t(k)]);
   if (s > 0) {
     Stage& prev = *stages_[size_t(s) - 1];
-    GPUFEED_RETURN_IF_ERROR(Send(st, sh.bwd[size_t(s - 1) * slots_ + k], prev.dy[size_t(k)], m.input_grad(),
-                                 size_t(n) * m.input_elems() * es, n));
-    Free(st, sh.fwd[size_t(s - 1) * slots_ + k]);  // its input is read no more
+    const size_t kp = size_t(j % Slots(s - 1));
+    GPUFEED_RETURN_IF_ERROR(
+        Send(st, sh.bwd[size_t(s - 1)][kp], prev.dy[kp], m.input_grad(), size_t(n) * m.input_elems() * es, n));
+    Free(st, sh.fwd[size_t(s - 1)][size_t(k)]);  // its input is read no more
   }
   return Status::Ok();
 }

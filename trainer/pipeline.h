@@ -13,6 +13,7 @@
 #ifndef GPUFEED_TRAINER_PIPELINE_H_
 #define GPUFEED_TRAINER_PIPELINE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -103,7 +104,9 @@ class Pipeline {
   std::vector<int> cuts_;
   std::string partition_;
   std::vector<std::unique_ptr<Stage>> stages_;
-  int slots_ = 1;
+  // Activation sets stage s keeps: 1F1B has at most stages - s micro-batches
+  // in flight there, GPipe every one of the step.
+  int Slots(int s) const { return setup_.one_f_one_b ? std::min(setup_.micro, setup_.stages - s) : setup_.micro; }
   std::vector<int> sizes_;  // the pending micro-batches' sizes
   std::string describe_;
   uint64_t parameters_ = 0;

@@ -965,8 +965,8 @@ Status Run::Evaluate(EpochReport* r) {
     } else {
       GPUFEED_RETURN_IF_ERROR(model_->Forward(b.images(), b.size(), false));
       GPUFEED_RETURN_IF_ERROR(ops_->SoftmaxXent(b.size(), classes_, o_.precision, model_->logits(),
-                                                static_cast<const int32_t*>(b.labels()), &c->loss, &c->correct,
-                                                nullptr, nullptr, 1.0f));
+                                                static_cast<const int32_t*>(b.labels()), &c->loss, &c->correct, nullptr,
+                                                nullptr, 1.0f));
     }
     b.Release(ops_->stream());
     samples += b.size();
