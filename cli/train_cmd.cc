@@ -122,6 +122,8 @@ nlohmann::json ToJson(const TrainReport& r) {
       j["stages"].push_back({{"layers", s.layers},
                              {"backend", s.backend},
                              {"busy", s.busy},
+                             {"profiled_ms", s.profiled_ms},
+                             {"measured_ms", s.measured_ms},
                              {"memory_bytes",
                               {{"weights", s.memory.weights},
                                {"gradients", s.memory.gradients},
@@ -210,6 +212,8 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
                     Mb(st.memory.gradients).c_str(), Mb(st.memory.optimizer).c_str(),
                     Mb(st.memory.activations).c_str());
         if (st.busy >= 0) std::printf("; busy %.1f%% of a step", 100 * st.busy);
+        if (st.measured_ms >= 0) std::printf(", %.3f ms a micro-batch", st.measured_ms);
+        if (st.profiled_ms >= 0) std::printf(" (its layers timed alone: %.3f ms)", st.profiled_ms);
         std::printf("\n");
       }
       if (r->bubble >= 0)

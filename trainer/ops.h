@@ -239,6 +239,10 @@ class Ops {
   virtual double EventMs(void* from, void* to) = 0;
   // A copy from another backend's memory (another GPU's), queued here.
   virtual Status CopyPeer(void* dst, const void* src, size_t bytes) = 0;
+  // A copy to another backend's memory on this backend's copy stream (so it
+  // overlaps the compute stream's work): after events `after` and
+  // `also_after` (either may be null), then records `done`.
+  virtual Status SideCopy(void* dst, const void* src, size_t bytes, void* after, void* also_after, void* done) = 0;
   // The calling thread drives this backend from now on (its GPU current).
   virtual Status BindThread() = 0;
   // This backend's GPU reads and writes `other`'s memory directly where the

@@ -387,6 +387,10 @@ class CpuOps final : public Ops {
     return 1e3 * (*static_cast<double*>(to) - *static_cast<double*>(from));
   }
   Status CopyPeer(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
+  Status SideCopy(void* dst, const void* src, size_t bytes, void*, void*, void* done) override {
+    GPUFEED_RETURN_IF_ERROR(Copy(dst, src, bytes));
+    return RecordEvent(done);
+  }
   Status BindThread() override { return Status::Ok(); }
   Status EnablePeer(const Ops&) override { return Status::Ok(); }
   int device() const override { return -1; }

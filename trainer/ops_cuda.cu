@@ -67,6 +67,7 @@ class CudaOps final : public Ops {
   ~CudaOps() override {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
+    if (side_) cudaStreamSynchronize(side_), cudaStreamDestroy(side_);
     for (void* p : scratch_) cudaFree(p);
     if (workspace_) cudaFree(workspace_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
@@ -450,6 +451,14 @@ class CudaOps final : public Ops {
     GPUFEED_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
     return Status::Ok();
   }
+  Status SideCopy(void* dst, const void* src, size_t bytes, void* after, void* also_after, void* done) override {
+    if (!side_) GPUFEED_CUDA_RETURN(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    for (void* e : {after, also_after})
+      if (e) GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(side_, static_cast<cudaEvent_t>(e), 0));
+    GPUFEED_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, side_));
+    GPUFEED_CUDA_RETURN(cudaEventRecord(static_cast<cudaEvent_t>(done), side_));
+    return Status::Ok();
+  }
   Status BindThread() override {
     GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
     return Status::Ok();
@@ -474,6 +483,7 @@ class CudaOps final : public Ops {
   int device_;
   std::string describe_, pci_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t side_ = nullptr;  // SideCopy's
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   ConvPlanCache plans_;

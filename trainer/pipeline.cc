@@ -51,8 +51,9 @@ struct Counters {  // as the trainer's: summed on the last stage
 struct Pipeline::Mailbox {
   bool full = false;
   int n = 0;
-  void* ready = nullptr;  // the sender's event, recorded after its copy
-  void* freed = nullptr;  // the receiver's, recorded after its last read
+  void* produced = nullptr;  // the sender's, when what it sends is computed
+  void* ready = nullptr;     // the sender's, recorded after its copy
+  void* freed = nullptr;     // the receiver's, recorded after its last read
   Ops* sender = nullptr;
   Ops* receiver = nullptr;
 };
@@ -69,6 +70,13 @@ struct Pipeline::Stage {
   // (the last stage).
   std::vector<void*> x, dy, labels;
   std::vector<int> n;  // each micro-batch's size, as it arrived
+  // The copies out of this stage's buffers run on its copy stream: before
+  // the compute stream writes a buffer again, it waits for the last copy
+  // out of it (the event of the mailbox it went to; a later copy's record
+  // there is later still, so the wait is never short).
+  std::vector<void*> sent_out;  // by activation slot
+  void* sent_grad = nullptr;    // the input gradient's buffers
+  std::vector<void*> sent_lab;  // stage 0: by input slot
   // Optimizer: scaler, step state, the gradients' pointer table; the loss
   // counters on the last stage.
   void *scaler = nullptr, *step = nullptr, *ptrs = nullptr, *counters = nullptr;
@@ -184,6 +192,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     if (!ms.ok()) return ms.status();
     layer_ms = std::move(*ms);
   }
+  p->layer_ms_ = layer_ms;
   auto cost = [&](int a, int b, int s) {
     if (by_memory) return bytes_of(a, b, s);
     double t = 0;
@@ -253,6 +262,7 @@ Pipeline::~Pipeline() {
   if (sh_) {
     auto destroy = [](Mailbox& m) {
       if (m.sender && m.ready) m.sender->DestroyEvent(m.ready);
+      if (m.sender && m.produced) m.sender->DestroyEvent(m.produced);
       if (m.receiver && m.freed) m.receiver->DestroyEvent(m.freed);
     };
     for (auto* v : {&sh_->fwd, &sh_->bwd})
@@ -378,18 +388,24 @@ Status Pipeline::SetupStage(Stage& st) {
     *e = *r;
     return Status::Ok();
   };
+  auto sender = [&](Mailbox& m) -> Status {
+    GPUFEED_RETURN_IF_ERROR(event(&m.ready));
+    return event(&m.produced);
+  };
   if (s + 1 < P) {
-    for (Mailbox& m : sh.fwd[size_t(s)]) GPUFEED_RETURN_IF_ERROR(event(&m.ready));
+    for (Mailbox& m : sh.fwd[size_t(s)]) GPUFEED_RETURN_IF_ERROR(sender(m));
     for (Mailbox& m : sh.bwd[size_t(s)]) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
   }
   if (s > 0) {
     for (Mailbox& m : sh.fwd[size_t(s - 1)]) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
-    for (Mailbox& m : sh.bwd[size_t(s - 1)]) GPUFEED_RETURN_IF_ERROR(event(&m.ready));
+    for (Mailbox& m : sh.bwd[size_t(s - 1)]) GPUFEED_RETURN_IF_ERROR(sender(m));
   }
   for (Mailbox& m : sh.lab) {
-    if (s == 0) GPUFEED_RETURN_IF_ERROR(event(&m.ready));
+    if (s == 0) GPUFEED_RETURN_IF_ERROR(sender(m));
     if (s + 1 == P) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
   }
+  st.sent_out.assign(size_t(Slots(s)), nullptr);
+  st.sent_lab.assign(size_t(setup_.micro), nullptr);
   st.marks.resize(size_t(4 * setup_.micro));
   for (void*& e : st.marks) GPUFEED_RETURN_IF_ERROR(event(&e));
   GPUFEED_RETURN_IF_ERROR(event(&st.start));
@@ -406,9 +422,10 @@ Status Pipeline::Send(Stage& st, Mailbox& m, void* dst, const void* src, size_t 
                               std::to_string(setup_.timeout_s) + " s");
     if (sh.failed) return Status::Internal("pipeline: another stage failed");
   }
-  GPUFEED_RETURN_IF_ERROR(st.ops->WaitEvent(m.freed));  // its last read of the slot
-  GPUFEED_RETURN_IF_ERROR(st.ops->CopyPeer(dst, src, bytes));
-  GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(m.ready));
+  // On the copy stream, after what it copies is computed and the receiver's
+  // last read of the slot.
+  GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(m.produced));
+  GPUFEED_RETURN_IF_ERROR(st.ops->SideCopy(dst, src, bytes, m.produced, m.freed, m.ready));
   std::lock_guard<std::mutex> lock(sh.mu);
   m.full = true, m.n = n;
   sh.cv.notify_all();
@@ -447,6 +464,7 @@ Status Pipeline::Forward(Stage& st, int j, bool training) {
     st.n[size_t(j)] = in.n;
   }
   const int n = st.n[size_t(j)];
+  GPUFEED_RETURN_IF_ERROR(st.ops->WaitEvent(st.sent_out[size_t(k)]));  // slot k copied out before
   GPUFEED_RETURN_IF_ERROR(Mark(st, true));
   GPUFEED_RETURN_IF_ERROR(m.Forward(x, n, training, k));
   if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(Mark(st, false));
@@ -456,10 +474,12 @@ Status Pipeline::Forward(Stage& st, int j, bool training) {
     const size_t kn = size_t(j % Slots(s + 1));
     GPUFEED_RETURN_IF_ERROR(
         Send(st, sh.fwd[size_t(s)][kn], next.x[kn], m.output(k), size_t(n) * m.output_elems() * es, n));
+    st.sent_out[size_t(k)] = sh.fwd[size_t(s)][kn].ready;
   }
   if (s == 0) {
     const size_t kl = size_t(j % Slots(P - 1));
     GPUFEED_RETURN_IF_ERROR(Send(st, sh.lab[kl], stages_.back()->labels[kl], st.labels[size_t(j)], size_t(n) * 4, n));
+    st.sent_lab[size_t(j)] = sh.lab[kl].ready;
   }
   if (s + 1 == P) {
     const void* labels = st.labels[size_t(k)];
@@ -486,6 +506,7 @@ Status Pipeline::Backward(Stage& st, int j) {
     GPUFEED_RETURN_IF_ERROR(Receive(st, sh.bwd[size_t(s)][size_t(k)]));
     dy = st.dy[size_t(k)];
   }
+  GPUFEED_RETURN_IF_ERROR(st.ops->WaitEvent(st.sent_grad));  // the last input gradient copied out
   GPUFEED_RETURN_IF_ERROR(Mark(st, true));
   GPUFEED_RETURN_IF_ERROR(m.Backward(st.x[size_t(s == 0 ? j : k)], n, j > 0, {}, k, dy));
   GPUFEED_RETURN_IF_ERROR(Mark(st, false));
@@ -495,6 +516,7 @@ Status Pipeline::Backward(Stage& st, int j) {
     const size_t kp = size_t(j % Slots(s - 1));
     GPUFEED_RETURN_IF_ERROR(
         Send(st, sh.bwd[size_t(s - 1)][kp], prev.dy[kp], m.input_grad(), size_t(n) * m.input_elems() * es, n));
+    st.sent_grad = sh.bwd[size_t(s - 1)][kp].ready;
     Free(st, sh.fwd[size_t(s - 1)][size_t(k)]);  // its input is read no more
   }
   return Status::Ok();
@@ -604,6 +626,7 @@ Status Pipeline::Add(const void* images, const void* labels, int n) {
   if (n <= 0 || n > setup_.whole.max_batch) return Status::InvalidArgument("pipeline: micro-batch size out of range");
   const size_t es = DTypeSize(setup_.whole.dtype);
   GPUFEED_RETURN_IF_ERROR(st.ops->Copy(st.x[size_t(j)], images, size_t(n) * st.model->input_elems() * es));
+  GPUFEED_RETURN_IF_ERROR(st.ops->WaitEvent(st.sent_lab[size_t(j)]));  // its last labels sent
   GPUFEED_RETURN_IF_ERROR(st.ops->Copy(st.labels[size_t(j)], labels, size_t(n) * 4));
   sizes_.push_back(n);
   return Status::Ok();
@@ -682,6 +705,11 @@ void Pipeline::Report(TrainReport* r) const {
     s.memory.activations = m.activation_bytes() + st->pipeline_bytes;
     s.memory.workspace = st->ops->WorkspaceBytes();
     if (span_ms_total_ > 0) s.busy = st->busy_ms_sum / span_ms_total_;
+    if (probes_ > 0) s.measured_ms = st->busy_ms_sum / (double(probes_) * setup_.micro);
+    if (!layer_ms_.empty()) {
+      s.profiled_ms = 0;
+      for (int i = m.layer_begin(); i < m.layer_end(); ++i) s.profiled_ms += layer_ms_[size_t(i)];
+    }
     r->stages.push_back(s);
   }
   const int P = int(stages_.size()), M = setup_.micro;

@@ -111,6 +111,7 @@ class Pipeline {
   std::string describe_;
   uint64_t parameters_ = 0;
   std::vector<std::string> names_;
+  std::vector<double> layer_ms_;  // each layer's, measured for the cut (empty: cut by memory)
   double busy_ms_total_ = 0, span_ms_total_ = 0;
   int probes_ = 0;
   struct Shared;

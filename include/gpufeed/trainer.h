@@ -256,6 +256,9 @@ struct TrainReport {
     std::string backend;  // "cuda:1 ..."
     MemoryBreakdown memory;
     double busy = -1;  // share of the measured steps this stage computed
+    // A micro-batch's forward and backward here: as the cut measured the
+    // layers alone (-1: cut by memory) and as the measured steps ran them.
+    double profiled_ms = -1, measured_ms = -1;
   };
   std::string pipeline;
   std::vector<Stage> stages;
