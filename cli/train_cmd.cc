@@ -134,6 +134,7 @@ nlohmann::json ToJson(const TrainReport& r) {
     }
     j["bubble"] = r.bubble;
     j["bubble_bound"] = r.bubble_bound;
+    j["bubble_stage_bound"] = r.bubble_stage_bound;
   }
   return j;
 }
@@ -217,8 +218,10 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
         std::printf("\n");
       }
       if (r->bubble >= 0)
-        std::printf("  bubble: %.3f of a step idle, measured (its bound (stages-1)/(micro-batches+stages-1): %.3f)\n",
-                    r->bubble, r->bubble_bound);
+        std::printf(
+            "  bubble: %.3f of a step idle, measured; its bound (stages-1)/(micro-batches+stages-1) %.3f, and %.3f "
+            "for these stages' measured times\n",
+            r->bubble, r->bubble_bound, r->bubble_stage_bound);
     }
     if (!r->parallel.empty()) {
       std::printf("data parallel: %s", r->parallel.c_str());

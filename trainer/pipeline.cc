@@ -714,6 +714,12 @@ void Pipeline::Report(TrainReport* r) const {
   }
   const int P = int(stages_.size()), M = setup_.micro;
   r->bubble_bound = double(P - 1) / double(M + P - 1);
+  if (probes_ > 0) {
+    double sum = 0, slowest = 0;
+    for (const TrainReport::Stage& s : r->stages) sum += s.measured_ms, slowest = std::max(slowest, s.measured_ms);
+    const double step = double(M - 1) * slowest + sum;
+    if (step > 0) r->bubble_stage_bound = 1.0 - double(M) * sum / (double(P) * step);
+  }
   if (span_ms_total_ > 0) r->bubble = 1.0 - busy_ms_total_ / (double(P) * span_ms_total_);
 }
 

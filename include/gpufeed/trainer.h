@@ -260,9 +260,12 @@ struct TrainReport {
     // layers alone (-1: cut by memory) and as the measured steps ran them.
     double profiled_ms = -1, measured_ms = -1;
   };
+  // bubble_stage_bound: the bound for the stages' measured times, which are
+  // never equal: a step at best takes (micro-batches - 1) x the slowest
+  // stage's time plus every stage's once.
   std::string pipeline;
   std::vector<Stage> stages;
-  double bubble = -1, bubble_bound = -1;
+  double bubble = -1, bubble_bound = -1, bubble_stage_bound = -1;
 };
 
 // Trains on `train` (evaluating on `test` after every epoch when not null;
