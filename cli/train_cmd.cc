@@ -14,6 +14,7 @@
 #include "gpufeed/device.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/encoded.h"
+#include "gpufeed/fields.h"
 #include "gpufeed/open_source.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/trainer.h"
@@ -25,6 +26,7 @@ struct TrainArgs {
   std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
   std::string widths = "256,128", channels = "32,64", checkpoint, json, freeze, recompute = "none";
   std::string schedule = "1f1b", partition_by = "time";  // --pipeline-stages
+  std::vector<std::string> fields;                       // --field: images=/path, labels=/path
   std::string dataset, token_file;                       // with a daemon --data
   DecodeArgs decode;                                     // encoded image datasets
   TrainOptions o;
@@ -399,10 +401,20 @@ int RunTrain(TrainArgs& a) {
   // trust what it probed rather than probing again.
   OpenOptions probed;
   probed.trust_files = true;
-  auto train_kind = DetectEncoded(train_spec);
+  // Named fields or many files: a FieldSource, whose Open probes each file
+  // (OpenClassifierSource); no encoded images there.
+  auto fielded = [&a](const std::string& spec) { return !a.fields.empty() || IsMultiFileSpec(spec); };
+  auto train_kind = fielded(train_spec) ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(train_spec);
   if (!train_kind.ok()) return fail(train_kind.status());
-  auto test_kind = a.test.empty() ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(a.test);
+  auto test_kind =
+      a.test.empty() || fielded(a.test) ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(a.test);
   if (!test_kind.ok()) return fail(test_kind.status());
+  auto open_for = [&](const std::string& spec) {
+    OpenOptions op = probed;
+    op.fields = a.fields;
+    op.trust_files = !fielded(spec);
+    return op;
+  };
   // With a daemon, its file (readable here) gives the shape and labels; the
   // batches come from the daemon, decoded there with the same options.
   if (*train_kind != EncodedStorage::kNone) {
@@ -428,7 +440,9 @@ int RunTrain(TrainArgs& a) {
     }
     return Finish(a, *train_enc, test_src);
   }
-  auto train = Dataset::Open(train_spec, probed);
+  // Through the door every local spec takes: a file, named fields, many
+  // files or a virtual dataset (its images and labels fields).
+  auto train = OpenClassifierSource(train_spec, open_for(train_spec), *decode);
   if (!train.ok()) {
     if (o.train_source) {
       return fail(
@@ -437,13 +451,13 @@ int RunTrain(TrainArgs& a) {
     }
     return fail(train.status());
   }
-  std::optional<Dataset> test;
+  std::unique_ptr<ChunkSource> test;
   if (!a.test.empty()) {
-    auto t = Dataset::Open(a.test, probed);
+    auto t = OpenClassifierSource(a.test, open_for(a.test), *decode);
     if (!t.ok()) return fail(t.status());
-    test.emplace(std::move(*t));
+    test = std::move(*t);
   }
-  return Finish(a, *train, test ? &*test : nullptr);
+  return Finish(a, **train, test.get());
 }
 
 }  // namespace
@@ -453,10 +467,14 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   TrainOptions& o = a->o;
   CLI::App* cmd = app.add_subcommand("train", "Train an mlp or cnn classifier fed by gpufeed (cuBLAS/cuDNN or CPU)");
   cmd->add_option("--data", a->data,
-                  "training split (FILE.h5 with /images and /labels), or a daemon serving it: unix:PATH | "
+                  "training split (FILE.h5 with /images and /labels; many files: a glob, a directory or a list), or a "
+                  "daemon serving it: unix:PATH | "
                   "tcp://HOST:PORT")
       ->required();
   cmd->add_option("--dataset", a->dataset, "with a daemon --data: the dataset to read there (default: its first)");
+  cmd->add_option("--field", a->fields,
+                  "images=/path or labels=/path: the fields to train on (both; default /images and /labels); "
+                  "--data may then name many files (a glob, a directory or a list)");
   cmd->add_option("--token-file", a->token_file, "with a tcp:// daemon: its shared secret");
   cmd->add_option("--test", a->test, "test split, evaluated after every epoch");
   cmd->add_option("--model", a->model, "mlp or cnn")->capture_default_str();

@@ -1,6 +1,9 @@
 // OpenBatchSource: a dataset spec or a daemon address to a BatchSource.
 #include "gpufeed/open_source.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "daemon/node_share.h"
 #include "gpufeed/fields.h"
 #include "hdf5io/probe.h"
@@ -164,6 +167,132 @@ Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& 
   }
   out.dataset = std::make_unique<Dataset>(std::move(*ds));
   return out;
+}
+
+}  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// One FieldSource's images field as the samples, with labels read from its
+// labels field: every call but labels() goes to the images.
+class LabeledImages final : public ChunkSource {
+ public:
+  LabeledImages(std::unique_ptr<ChunkSource> images, std::vector<int64_t> labels)
+      : images_(std::move(images)), labels_(std::move(labels)) {}
+  uint64_t num_samples() const override { return images_->num_samples(); }
+  const std::vector<uint64_t>& sample_shape() const override { return images_->sample_shape(); }
+  uint64_t sample_bytes() const override { return images_->sample_bytes(); }
+  DType dtype() const override { return images_->dtype(); }
+  uint64_t chunk_samples() const override { return images_->chunk_samples(); }
+  uint64_t num_chunks() const override { return images_->num_chunks(); }
+  uint64_t samples_in_chunk(uint64_t i) const override { return images_->samples_in_chunk(i); }
+  uint64_t stored_chunk_bytes(uint64_t i) const override { return images_->stored_chunk_bytes(i); }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override { return images_->ReadChunk(i, dst); }
+  void WillRead(uint64_t i) const override { images_->WillRead(i); }
+  const std::vector<int64_t>& labels() const override { return labels_; }
+  std::string name() const override { return images_->name(); }
+  std::vector<FieldInfo> fields() const override { return images_->fields(); }
+  SourceAttributes attributes() const override { return images_->attributes(); }
+  uint64_t chunk_buffer_bytes(uint64_t i) const override { return images_->chunk_buffer_bytes(i); }
+  uint64_t max_chunk_buffer_bytes() const override { return images_->max_chunk_buffer_bytes(); }
+
+ private:
+  std::unique_ptr<ChunkSource> images_;
+  std::vector<int64_t> labels_;
+};
+
+template <typename T>
+void AppendAs(const std::byte* p, uint64_t n, std::vector<int64_t>* out) {
+  for (uint64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+    out->push_back(static_cast<int64_t>(v));
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ChunkSource>> OpenClassifierSource(const std::string& spec, const OpenOptions& open,
+                                                          const DecodeOptions& decode) {
+  OpenOptions o = open;
+  if (o.fields.empty() && IsMultiFileSpec(spec)) o.fields = {"images=/images", "labels=/labels"};
+  auto local = OpenLocalSource(spec, o, decode);
+  if (!local.ok()) return local.status();
+  if (local->dataset) return std::unique_ptr<ChunkSource>(std::move(local->dataset));
+  if (local->encoded) return std::unique_ptr<ChunkSource>(std::move(local->encoded));
+  const std::vector<FieldInfo> fields = local->fields->fields();
+  const FieldInfo* images = nullptr;
+  const FieldInfo* labels = nullptr;
+  std::string names;
+  for (const FieldInfo& f : fields) {
+    if (f.name == "images") images = &f;
+    if (f.name == "labels") labels = &f;
+    names += (names.empty() ? "" : ", ") + f.name + "=" + f.path;
+  }
+  if (!images || !labels) {
+    return Status::InvalidArgument(spec + ": a classifier reads an images field and a labels field, this has [" +
+                                   names + "]; name them --field images=/path --field labels=/path");
+  }
+  const uint64_t per_sample = labels->sample_bytes / std::max<size_t>(1, DTypeSize(labels->dtype));
+  const bool integer = labels->dtype != DType::kFloat16 && labels->dtype != DType::kBFloat16 &&
+                       labels->dtype != DType::kFloat32 && labels->dtype != DType::kFloat64;
+  if (per_sample != 1 || !integer) {
+    std::string shape;
+    for (uint64_t d : labels->sample_shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+    return Status::InvalidArgument(spec + ": labels field " + labels->path + " holds " +
+                                   std::string(DTypeName(labels->dtype)) + " [" + shape +
+                                   "] a sample; a classifier needs one integer class a sample");
+  }
+  // The two fields as sources of their own (the files were opened and
+  // checked above: trusted now), from the files that source read.
+  const auto* opened = dynamic_cast<const FieldSource*>(local->fields.get());
+  const std::string data = opened && opened->files().size() == 1 ? opened->files()[0] : spec;
+  OpenOptions one = o;
+  one.trust_files = true;
+  one.fields = {"labels=" + labels->path};
+  auto lab = FieldSource::Open(data, one);
+  if (!lab.ok()) return lab.status();
+  one.fields = {"images=" + images->path};
+  auto img = FieldSource::Open(data, one);
+  if (!img.ok()) return img.status();
+  std::vector<int64_t> values;
+  values.reserve((*lab)->num_samples());
+  std::vector<std::byte> chunk;
+  for (uint64_t c = 0; c < (*lab)->num_chunks(); ++c) {
+    chunk.resize((*lab)->chunk_buffer_bytes(c));
+    GPUFEED_RETURN_IF_ERROR((*lab)->ReadChunk(c, chunk));
+    const uint64_t n = (*lab)->samples_in_chunk(c);
+    switch (labels->dtype) {
+      case DType::kUInt8:
+        AppendAs<uint8_t>(chunk.data(), n, &values);
+        break;
+      case DType::kInt8:
+        AppendAs<int8_t>(chunk.data(), n, &values);
+        break;
+      case DType::kUInt16:
+        AppendAs<uint16_t>(chunk.data(), n, &values);
+        break;
+      case DType::kInt16:
+        AppendAs<int16_t>(chunk.data(), n, &values);
+        break;
+      case DType::kUInt32:
+        AppendAs<uint32_t>(chunk.data(), n, &values);
+        break;
+      case DType::kInt32:
+        AppendAs<int32_t>(chunk.data(), n, &values);
+        break;
+      case DType::kUInt64:
+        AppendAs<uint64_t>(chunk.data(), n, &values);
+        break;
+      case DType::kInt64:
+        AppendAs<int64_t>(chunk.data(), n, &values);
+        break;
+      default:
+        return Status::Internal("labels: dtype");
+    }
+  }
+  return std::unique_ptr<ChunkSource>(std::make_unique<LabeledImages>(std::move(*img), std::move(values)));
 }
 
 }  // namespace gpufeed

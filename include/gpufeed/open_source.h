@@ -66,6 +66,16 @@ struct LocalSource {
 };
 Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& open, const DecodeOptions& decode);
 
+// A local spec opened for a classifier (`gpufeed train`): as OpenLocalSource,
+// and where that is a FieldSource (named fields, many files, a virtual
+// dataset's sources) its "images" field is the samples and its "labels"
+// field (one integer a sample, read once) the labels(): open.fields must
+// name both (empty: images=/images, labels=/labels). Errors: those of
+// OpenLocalSource; InvalidArgument for a missing images or labels field, or
+// labels that are not one integer a sample (naming the field and its shape).
+Result<std::unique_ptr<ChunkSource>> OpenClassifierSource(const std::string& spec, const OpenOptions& open,
+                                                          const DecodeOptions& decode);
+
 struct SourceOptions {
   std::string data;     // "file.h5[:/path]", "unix:PATH" or "tcp://HOST:PORT"
   std::string dataset;  // daemon: the dataset to read there (empty: its first)

@@ -293,6 +293,75 @@ TEST(VdsTest, TheDaemonReadsAVirtualDatasetsSourcesDirectly) {
   EXPECT_EQ(local->encoded, nullptr);
 }
 
+// `gpufeed train`'s door (OpenClassifierSource): a virtual dataset's and
+// many files' images field is the samples, their labels field the labels();
+// a plain file stays a Dataset; a source without an integer labels field
+// is refused, naming what it has.
+TEST(VdsTest, AClassifierReadsTheImagesFieldWithItsLabels) {
+  const std::string dir = MakeTempDir("vds_classifier");
+  const std::vector<uint64_t> sizes = {24, 16, 13};
+  const std::string vds = MakeConcatenated(dir, sizes, {Codec::kNone, Codec::kDeflate, Codec::kZstd});
+  const uint64_t n = 53;
+  const auto images = H5ReadAll(vds, "/images", H5T_NATIVE_UINT8, n * kSampleBytes);
+  const auto labels = H5ReadAll(vds, "/labels", H5T_NATIVE_INT64, n * 8);
+  auto src = OpenClassifierSource(vds, {}, {});
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ASSERT_EQ((*src)->num_samples(), n);
+  ASSERT_EQ((*src)->fields().size(), 1u);
+  EXPECT_EQ((*src)->fields()[0].name, "images");
+  ASSERT_EQ((*src)->labels().size(), n);
+  for (uint64_t k = 0; k < n; ++k) {
+    int64_t want;
+    std::memcpy(&want, labels.data() + k * 8, 8);
+    EXPECT_EQ((*src)->labels()[k], want) << "sample " << k;
+  }
+  ExpectEverySampleOnce(**src, {images});
+
+  // Many files (a glob), int32 labels: the same samples and labels as the
+  // files hold, in file order.
+  const std::string many = MakeTempDir("classifier_glob");
+  std::vector<std::byte> all;
+  std::vector<int64_t> all_labels;
+  uint64_t first = 0;
+  for (int f = 0; f < 3; ++f) {
+    const uint64_t count = 10 + 7 * f;
+    std::vector<std::byte> data(count * kSampleBytes);
+    testing::FillIndexSamples(first, count, kSampleBytes, data);
+    const std::string path = many + "/part" + std::to_string(f) + ".h5";
+    ASSERT_TRUE(testing::WriteH5(path, {count, kH, kW}, H5T_NATIVE_UINT8, data, {.chunk = {4, kH, kW}}, false));
+    hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    const hsize_t dims[1] = {count};
+    hid_t space = H5Screate_simple(1, dims, nullptr);
+    hid_t dset = H5Dcreate2(file, "/labels", H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    std::vector<int32_t> lab(count);
+    for (uint64_t k = 0; k < count; ++k) lab[k] = int32_t((first + k) % 7), all_labels.push_back(lab[k]);
+    ASSERT_GE(H5Dwrite(dset, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, lab.data()), 0);
+    H5Dclose(dset), H5Sclose(space), H5Fclose(file);
+    all.insert(all.end(), data.begin(), data.end());
+    first += count;
+  }
+  auto glob = OpenClassifierSource(many + "/*.h5", {}, {});
+  ASSERT_TRUE(glob.ok()) << glob.status().ToString();
+  EXPECT_EQ((*glob)->num_samples(), first);
+  EXPECT_EQ((*glob)->labels(), all_labels);
+  ExpectEverySampleOnce(**glob, {all});
+
+  // A plain file stays the Dataset; images without labels are named.
+  auto plain = OpenClassifierSource(many + "/part0.h5", {}, {});
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_NE(dynamic_cast<const Dataset*>(plain->get()), nullptr);
+  OpenOptions only;
+  only.fields = {"images=/images"};
+  auto missing = OpenClassifierSource(many + "/*.h5", only, {});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("--field labels=/path"), std::string::npos) << missing.status().ToString();
+  only.fields = {"images=/images", "labels=/images"};
+  auto wrong = OpenClassifierSource(many + "/*.h5", only, {});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("one integer class a sample"), std::string::npos)
+      << wrong.status().ToString();
+}
+
 TEST(VdsTest, NamedFieldsWithOtherBoundariesAndTheSameFile) {
   // /x concatenates three files; /y maps two ranges of a plain dataset in
   // the VDS's own file ("."), cut elsewhere: parts at every boundary.
