@@ -43,6 +43,11 @@ GPUFEED_HD float LoadAs(const void* p, size_t i, DType dt) {
   const uint16_t b = static_cast<const uint16_t*>(p)[i];
   return dt == DType::kBFloat16 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
 }
+// v as a buffer of `dt` holds it.
+GPUFEED_HD float RoundTo(DType dt, float v) {
+  if (dt == DType::kFloat32) return v;
+  return dt == DType::kBFloat16 ? Bf16BitsToFloat(gpu::FloatToBf16Bits(v)) : HalfBitsToFloat(gpu::FloatToHalfBits(v));
+}
 GPUFEED_HD void StoreAs(void* p, size_t i, DType dt, float v) {
   if (dt == DType::kFloat32) {
     static_cast<float*>(p)[i] = v;

@@ -96,11 +96,22 @@ __global__ void AccumulateKernel(const T* tmp, float* grad, size_t n, float beta
 
 constexpr int kBnRowLanes = 8;
 
-// mode 0: sum x and x^2. mode 1: with g = (y > 0 ? dy : 0), xhat from
+// The batchnorm-ReLU's mask at i: y > 0 as stored, or (y null) that y made
+// again from x, gamma and beta, rounded to T as the forward stored it.
+template <class T>
+__device__ inline bool ReluOn(const T* x, const T* y, const float* gamma, const float* beta, const float* mean,
+                              const float* invstd, size_t i, int c) {
+  if (y) return ToF(y[i]) > 0;
+  const float v = gamma[c] * ((ToF(x[i]) - mean[c]) * invstd[c]) + beta[c];
+  return ToF(FromF<T>(v > 0 ? v : 0.f)) > 0;
+}
+
+// mode 0: sum x and x^2. mode 1: with g = (ReLU on ? dy : 0), xhat from
 // mean/invstd: sum g*xhat and g.
 template <class T, int kMode>
-__global__ void BnPartialKernel(const T* x, const T* y, const T* dy, const float* mean, const float* invstd,
-                                size_t rows, int C, size_t rows_per_block, float* partial_a, float* partial_b) {
+__global__ void BnPartialKernel(const T* x, const T* y, const T* dy, const float* gamma, const float* beta,
+                                const float* mean, const float* invstd, size_t rows, int C, size_t rows_per_block,
+                                float* partial_a, float* partial_b) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   const size_t r0 = blockIdx.y * rows_per_block;
   const size_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
@@ -114,7 +125,7 @@ __global__ void BnPartialKernel(const T* x, const T* y, const T* dy, const float
         a += v;
         b += v * v;
       } else {
-        const float g = ToF(y[i]) > 0 ? ToF(dy[i]) : 0.f;
+        const float g = ReluOn(x, y, gamma, beta, mean, invstd, i, c) ? ToF(dy[i]) : 0.f;
         a += g * ((v - m) * is);
         b += g;
       }
@@ -177,12 +188,12 @@ __global__ void BnBackwardFinishKernel(const float* pa, const float* pb, int gro
 }
 
 template <class T>
-__global__ void BnReluBackwardApplyKernel(const T* x, const T* y, const T* dy, const float* gamma, const float* mean,
-                                          const float* invstd, const float* sum_gx, const float* sum_g, size_t n, int C,
-                                          float inv_m, T* dx) {
+__global__ void BnReluBackwardApplyKernel(const T* x, const T* y, const T* dy, const float* gamma, const float* beta,
+                                          const float* mean, const float* invstd, const float* sum_gx,
+                                          const float* sum_g, size_t n, int C, float inv_m, T* dx) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const int c = int(i % C);
-    const float g = ToF(y[i]) > 0 ? ToF(dy[i]) : 0.f;
+    const float g = ReluOn(x, y, gamma, beta, mean, invstd, i, c) ? ToF(dy[i]) : 0.f;
     const float xhat = (ToF(x[i]) - mean[c]) * invstd[c];
     dx[i] = FromF<T>(gamma[c] * invstd[c] * (g - inv_m * sum_g[c] - xhat * inv_m * sum_gx[c]));
   }

@@ -228,26 +228,16 @@ Status Model::Init() {
     return Status::InvalidArgument(
         "model: --recompute blocks recomputes the cnn's conv-bn-relu-pool blocks; an mlp "
         "has none (--recompute none)");
-  // recompute_blocks: every block's conv and batchnorm outputs share one
-  // block's buffers (the widest), filled again by the backward pass.
-  void* rc_conv = nullptr;
-  void* rc_bn = nullptr;
+  // recompute_blocks: every block's conv output, and its batchnorm-ReLU
+  // output in place over it, go to one buffer of the widest block's size,
+  // which the backward pass fills again with each block's conv output; that
+  // buffer and one of gradients are the backward's only two (see Backward).
+  void* rc = nullptr;
   if (s.recompute_blocks) {
-    size_t block = 0, channels = 0;
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      if (layers_[i].kind == Kind::kConv) {
-        block = std::max(block, layers_[i].out_elems);
-        last_conv_ = i;
-      }
-      if (layers_[i].kind == Kind::kBnRelu) channels = std::max(channels, size_t(layers_[i].c));
-    }
-    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * block * es, &rc_conv, &acts_bytes_));
-    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * block * es, &rc_bn, &acts_bytes_));
-    void* v;
-    GPUFEED_RETURN_IF_ERROR(Allocate(channels * 4, &v, &acts_bytes_));
-    rc_run_mean_ = static_cast<float*>(v);
-    GPUFEED_RETURN_IF_ERROR(Allocate(channels * 4, &v, &acts_bytes_));
-    rc_run_var_ = static_cast<float*>(v);
+    size_t block = 0;
+    for (const Layer& l : layers_)
+      if (l.kind == Kind::kConv) block = std::max(block, l.out_elems);
+    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * block * es, &rc, &acts_bytes_));
   }
   slots_.resize(size_t(s.slots));
   for (Slot& slot : slots_) {
@@ -269,12 +259,8 @@ Status Model::Init() {
         GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * l.out_elems, &v, &acts_bytes_));
         slot.argmax[i] = static_cast<uint8_t*>(v);
       }
-      if (rc_conv && l.kind == Kind::kConv) {
-        slot.acts[i] = rc_conv;
-        continue;
-      }
-      if (rc_bn && l.kind == Kind::kBnRelu) {
-        slot.acts[i] = rc_bn;
+      if (rc && (l.kind == Kind::kConv || l.kind == Kind::kBnRelu)) {
+        slot.acts[i] = rc;
         continue;
       }
       GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * l.out_elems * es, &v, &acts_bytes_));
@@ -322,6 +308,14 @@ Status Model::Init() {
   if (end_ == static_cast<int>(layers_.size()))
     for (Slot& slot : slots_)
       GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * s.classes * es, &slot.dlogits, &acts_bytes_));
+  if (rc) {
+    // The gradients' ping-pong: the recompute buffer (the head's and each
+    // conv's input gradient, never larger than a block) and one more; each
+    // batchnorm works in place (Backward).
+    grad_a_ = rc;
+    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_b_, &acts_bytes_));
+    return Status::Ok();
+  }
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_a_, &acts_bytes_));
   GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_b_, &acts_bytes_));
   return Status::Ok();
@@ -419,24 +413,24 @@ Status Model::BackwardLayer(size_t i, const void* x, const void* dy_in, void* dx
     }
     case Kind::kBnRelu: {
       BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
-      if (spec_.recompute_blocks && i - 1 != last_conv_) {
-        // This block's conv and batchnorm outputs again, from its kept
-        // input: the same kernels on the same values as the forward pass,
-        // the running statistics left as that pass made them.
+      const void* y = sl.acts[i];
+      if (spec_.recompute_blocks) {
+        // This block's conv output again, from its kept input (the same
+        // kernel on the same values as the forward pass), into the buffer
+        // where the forward's batchnorm-ReLU output was: the ReLU's mask is
+        // made again from it (y null), the statistics are the forward's.
         const Layer& c = layers_[i - 1];
         ConvShape cs = c.conv;
         cs.n = batch;
         GPUFEED_RETURN_IF_ERROR(
             ops_->ConvForward(cs, i - 1 == 0 ? x : sl.acts[i - 2], params_[c.p].copy, sl.acts[i - 1]));
-        GPUFEED_RETURN_IF_ERROR(ops_->BnReluForward(a, true, in, params_[l.p].master, params_[l.p2].master,
-                                                    rc_run_mean_, rc_run_var_, sl.save_mean[i], sl.save_invstd[i],
-                                                    sl.acts[i]));
+        y = nullptr;
       }
       // A frozen gamma or beta: its gradient goes to scratch, unused.
       float* dgamma = params_[l.p].frozen() ? frozen_grad_ : params_[l.p].grad;
       float* dbeta = params_[l.p2].frozen() ? frozen_grad_beta_ : params_[l.p2].grad;
-      return ops_->BnReluBackward(a, in, sl.acts[i], dy, params_[l.p].master, sl.save_mean[i], sl.save_invstd[i], dx,
-                                  dgamma, dbeta, beta);
+      return ops_->BnReluBackward(a, in, y, dy, params_[l.p].master, params_[l.p2].master, sl.save_mean[i],
+                                  sl.save_invstd[i], dx, dgamma, dbeta, beta);
     }
     case Kind::kPool:
       return ops_->MaxPoolBackward(batch, l.h, l.w, l.c, dt, dy, sl.argmax[i], dx);
@@ -455,6 +449,9 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
   // first goes down to its input, whose gradient the previous stage takes.
   for (size_t i = size_t(end_); i-- > first_trainable_;) {
     void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
+    // Recomputing blocks, the batchnorm's gradient goes where its output's
+    // was: the other buffer holds its recomputed input.
+    if (spec_.recompute_blocks && layers_[i].kind == Kind::kBnRelu) dx = const_cast<void*>(dy);
     const bool need_dx = i > first_trainable_ || begin_ > 0;
     GPUFEED_RETURN_IF_ERROR(BackwardLayer(i, x, dy, dx, need_dx, batch, beta, sl));
     const Layer& l = layers_[i];

@@ -38,9 +38,10 @@ struct ModelSpec {
   int lora_rank = 0;
   float lora_alpha = 0;
   // cnn: keep each block's input (the pools' outputs) but not its conv and
-  // batchnorm outputs, which the backward pass recomputes block by block
-  // into one block's buffers (the same kernels on the same values: the same
-  // weights as without). The mlp has no blocks.
+  // batchnorm outputs: the backward pass recomputes each block's conv output
+  // into one block's buffer and makes the ReLU's mask again from it (the
+  // same kernels on the same values: the same weights as without). The mlp
+  // has no blocks.
   bool recompute_blocks = false;
   // Pipeline stages: this model holds and runs only the whole model's layers
   // [layer_begin, layer_end) (-1: to the last). Parameters are initialised
@@ -204,11 +205,6 @@ class Model {
   // the compute copy is refreshed.
   float* lora_scratch_ = nullptr;
   float lora_scale_ = 0;
-  // recompute_blocks: running statistics the recomputed batchnorm writes
-  // (the real ones were updated by the forward pass), widest channels.
-  float* rc_run_mean_ = nullptr;
-  float* rc_run_var_ = nullptr;
-  size_t last_conv_ = 0;  // the top block's conv: its outputs are still in the buffers at backward
   uint64_t weights_ = 0, grads_ = 0, opt_ = 0, acts_bytes_ = 0;
   uint64_t rng_ = 0;
 };

@@ -165,10 +165,13 @@ class Ops {
                                float* running_mean, float* running_var, float* save_mean, float* save_invstd,
                                void* y) = 0;
   // From x, y (the forward's output, for the ReLU mask) and dy: dx, and
-  // dgamma/dbeta accumulated with `beta_acc` (0: overwrite, 1: add).
+  // dgamma/dbeta accumulated with `beta_acc` (0: overwrite, 1: add). y null:
+  // the mask from x, gamma and beta as the forward made y (rounded to the
+  // dtype as stored), so a pass that recomputes x alone gets the same bits.
+  // dx may be dy (in place).
   virtual Status BnReluBackward(const BnArgs& a, const void* x, const void* y, const void* dy, const float* gamma,
-                                const float* save_mean, const float* save_invstd, void* dx, float* dgamma, float* dbeta,
-                                float beta_acc) = 0;
+                                const float* beta, const float* save_mean, const float* save_invstd, void* dx,
+                                float* dgamma, float* dbeta, float beta_acc) = 0;
 
   // 2x2 max pooling, stride 2, floor: [n, h, w, c] -> [n, h/2, w/2, c];
   // argmax (uint8, 0..3) remembers the winner for the backward pass.

@@ -223,13 +223,19 @@ class CpuOps final : public Ops {
   }
 
   Status BnReluBackward(const BnArgs& a, const void* x, const void* y, const void* dy, const float* gamma,
-                        const float* save_mean, const float* save_invstd, void* dx, float* dgamma, float* dbeta,
-                        float beta_acc) override {
+                        const float* beta, const float* save_mean, const float* save_invstd, void* dx, float* dgamma,
+                        float* dbeta, float beta_acc) override {
+    // The ReLU's mask: y > 0 as stored, or (y null) that y made again from x.
+    auto on = [&](size_t i, int c) {
+      if (y) return LoadAs(y, i, a.dtype) > 0;
+      const float v = gamma[c] * ((LoadAs(x, i, a.dtype) - save_mean[c]) * save_invstd[c]) + beta[c];
+      return RoundTo(a.dtype, v > 0 ? v : 0.0f) > 0;
+    };
     std::vector<double> sg(a.c, 0), sb(a.c, 0);
     for (size_t r = 0; r < a.rows; ++r)
       for (int c = 0; c < a.c; ++c) {
         const size_t i = r * a.c + c;
-        const float g = LoadAs(y, i, a.dtype) > 0 ? LoadAs(dy, i, a.dtype) : 0.0f;
+        const float g = on(i, c) ? LoadAs(dy, i, a.dtype) : 0.0f;
         const float xhat = (LoadAs(x, i, a.dtype) - save_mean[c]) * save_invstd[c];
         sg[c] += double(g) * xhat;
         sb[c] += g;
@@ -238,7 +244,7 @@ class CpuOps final : public Ops {
     for (size_t r = 0; r < a.rows; ++r)
       for (int c = 0; c < a.c; ++c) {
         const size_t i = r * a.c + c;
-        const float g = LoadAs(y, i, a.dtype) > 0 ? LoadAs(dy, i, a.dtype) : 0.0f;
+        const float g = on(i, c) ? LoadAs(dy, i, a.dtype) : 0.0f;
         const float xhat = (LoadAs(x, i, a.dtype) - save_mean[c]) * save_invstd[c];
         const float v = gamma[c] * save_invstd[c] *
                         (g - inv_m * static_cast<float>(sb[c]) - xhat * inv_m * static_cast<float>(sg[c]));

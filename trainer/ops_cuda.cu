@@ -264,8 +264,9 @@ class CudaOps final : public Ops {
       if (!pb.ok()) return pb.status();
       float *fa = static_cast<float*>(*pa), *fb = static_cast<float*>(*pb);
       DISPATCH(a.dtype, T,
-               BnPartialKernel<T, 0><<<grid, dim3(32, kBnRowLanes), 0, stream_>>>(
-                   static_cast<const T*>(x), nullptr, nullptr, nullptr, nullptr, a.rows, a.c, rpb, fa, fb);)
+               BnPartialKernel<T, 0>
+               <<<grid, dim3(32, kBnRowLanes), 0, stream_>>>(static_cast<const T*>(x), nullptr, nullptr, nullptr,
+                                                             nullptr, nullptr, nullptr, a.rows, a.c, rpb, fa, fb);)
       LAUNCH_CHECK();
       BnStatsFinishKernel<<<(a.c + 127) / 128, 128, 0, stream_>>>(fa, fb, int(grid.y), a.c, a.rows, a.eps, a.momentum,
                                                                   running_mean, running_var, save_mean, save_invstd);
@@ -283,8 +284,8 @@ class CudaOps final : public Ops {
   }
 
   Status BnReluBackward(const BnArgs& a, const void* x, const void* y, const void* dy, const float* gamma,
-                        const float* save_mean, const float* save_invstd, void* dx, float* dgamma, float* dbeta,
-                        float beta_acc) override {
+                        const float* beta, const float* save_mean, const float* save_invstd, void* dx, float* dgamma,
+                        float* dbeta, float beta_acc) override {
     const size_t n = a.rows * a.c;
     dim3 grid;
     size_t rpb;
@@ -297,8 +298,8 @@ class CudaOps final : public Ops {
     float *sgx = static_cast<float*>(*ca), *sg = static_cast<float*>(*cb);
     DISPATCH(a.dtype, T,
              BnPartialKernel<T, 1><<<grid, dim3(32, kBnRowLanes), 0, stream_>>>(
-                 static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), save_mean, save_invstd,
-                 a.rows, a.c, rpb, fa, fb);)
+                 static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), gamma, beta, save_mean,
+                 save_invstd, a.rows, a.c, rpb, fa, fb);)
     LAUNCH_CHECK();
     BnBackwardFinishKernel<<<(a.c + 127) / 128, 128, 0, stream_>>>(fa, fb, int(grid.y), a.c, sgx, sg, dgamma, dbeta,
                                                                    beta_acc);
@@ -306,7 +307,7 @@ class CudaOps final : public Ops {
     const float inv_m = 1.0f / static_cast<float>(a.rows);
     DISPATCH(a.dtype, T,
              BnReluBackwardApplyKernel<T><<<Blocks(n), 256, 0, stream_>>>(
-                 static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), gamma, save_mean,
+                 static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), gamma, beta, save_mean,
                  save_invstd, sgx, sg, n, a.c, inv_m, static_cast<T*>(dx));)
     LAUNCH_CHECK();
     return Status::Ok();

@@ -442,6 +442,39 @@ TEST_P(CudaVsCpu, ConvolutionForwardAndBackward) {
               "conv backward filter");
 }
 
+// --recompute blocks keeps no batchnorm-ReLU output: the backward pass makes
+// the ReLU's mask again from the recomputed input. That gives the same bits
+// as the stored output's mask, in place over dy too, for every dtype (bf16
+// and fp16 round small positives the way the stored output did).
+TEST(OpsTest, BatchNormReluMaskFromItsInputIsTheStoredOnes) {
+  auto cpu = MakeCpuOps();
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    const int c = 24;
+    const size_t rows = 300, e = rows * c;
+    // Inputs near the ReLU's edge: beta ~ -gamma*xhat for many elements.
+    auto x = Encode(Randn(e, 31, 1.0f), dt), dy = Encode(Randn(e, 32), dt);
+    auto gamma = Randn(c, 33);
+    std::vector<float> beta(c), rm(c, 0), rv(c, 1), sm(c), si(c);
+    for (int k = 0; k < c; ++k) beta[k] = (k % 3 == 0 ? 1e-6f : 0.0f) * gamma[k];
+    std::vector<uint8_t> y(e * DTypeSize(dt)), dx(e * DTypeSize(dt));
+    BnArgs a{rows, c, dt};
+    ASSERT_TRUE(cpu->BnReluForward(a, true, x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), sm.data(),
+                                   si.data(), y.data())
+                    .ok());
+    std::vector<float> g1(c, 0.5f), b1(c, 0.5f), g2(c, 0.5f), b2(c, 0.5f);
+    ASSERT_TRUE(cpu->BnReluBackward(a, x.data(), y.data(), dy.data(), gamma.data(), beta.data(), sm.data(), si.data(),
+                                    dx.data(), g1.data(), b1.data(), 1.0f)
+                    .ok());
+    std::vector<uint8_t> inplace = dy;
+    ASSERT_TRUE(cpu->BnReluBackward(a, x.data(), nullptr, inplace.data(), gamma.data(), beta.data(), sm.data(),
+                                    si.data(), inplace.data(), g2.data(), b2.data(), 1.0f)
+                    .ok());
+    EXPECT_EQ(inplace, dx) << DTypeName(dt);
+    EXPECT_EQ(g1, g2) << DTypeName(dt);
+    EXPECT_EQ(b1, b2) << DTypeName(dt);
+  }
+}
+
 TEST_P(CudaVsCpu, BatchNormReluAndPooling) {
   const DType dt = GetParam();
   const int n = 4, h = 7, w = 5, c = 40;  // c not a multiple of 32; odd h, w
@@ -454,8 +487,8 @@ TEST_P(CudaVsCpu, BatchNormReluAndPooling) {
   ASSERT_TRUE(cpu->BnReluForward(a, true, x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), sm.data(),
                                  si.data(), y.data())
                   .ok());
-  ASSERT_TRUE(cpu->BnReluBackward(a, x.data(), y.data(), dy.data(), gamma.data(), sm.data(), si.data(), dx.data(),
-                                  dg.data(), dbt.data(), 1.0f)
+  ASSERT_TRUE(cpu->BnReluBackward(a, x.data(), y.data(), dy.data(), gamma.data(), beta.data(), sm.data(), si.data(),
+                                  dx.data(), dg.data(), dbt.data(), 1.0f)
                   .ok());
   std::vector<float> init_rm(c, 0.1f), init_rv(c, 2.0f), ones(c, 1.0f);
   float* f[] = {static_cast<float*>(Dev(gamma.data(), c * 4)),   static_cast<float*>(Dev(beta.data(), c * 4)),
@@ -465,7 +498,19 @@ TEST_P(CudaVsCpu, BatchNormReluAndPooling) {
   void *xg = Dev(x.data(), x.size()), *dyg = Dev(dy.data(), dy.size()), *yg = Dev(nullptr, y.size()),
        *dxg = Dev(nullptr, dx.size());
   ASSERT_TRUE(gpu->BnReluForward(a, true, xg, f[0], f[1], f[2], f[3], f[4], f[5], yg).ok());
-  ASSERT_TRUE(gpu->BnReluBackward(a, xg, yg, dyg, f[0], f[4], f[5], dxg, f[6], f[7], 1.0f).ok());
+  ASSERT_TRUE(gpu->BnReluBackward(a, xg, yg, dyg, f[0], f[1], f[4], f[5], dxg, f[6], f[7], 1.0f).ok());
+  {
+    // The mask made again from x (y null), in place over dy: the same bits
+    // as from the stored y (what --recompute blocks relies on).
+    std::vector<float> g6(c, 1.0f);
+    void *dy2 = Dev(dy.data(), dy.size()), *g1 = Dev(g6.data(), c * 4), *g2 = Dev(g6.data(), c * 4);
+    ASSERT_TRUE(gpu->BnReluBackward(a, xg, nullptr, dy2, f[0], f[1], f[4], f[5], dy2, static_cast<float*>(g1),
+                                    static_cast<float*>(g2), 1.0f)
+                    .ok());
+    EXPECT_EQ(Host(dy2, dx.size()), Host(dxg, dx.size())) << "gpu: dx from the mask made again";
+    EXPECT_EQ(Host(g1, c * 4), Host(f[6], c * 4)) << "gpu: dgamma from the mask made again";
+    EXPECT_EQ(Host(g2, c * 4), Host(f[7], c * 4)) << "gpu: dbeta from the mask made again";
+  }
   auto fl = [&](float* p) { return Decode(Host(p, c * 4).data(), c, DType::kFloat32); };
   ExpectClose(fl(f[4]), sm, 1e-4, "bn mean");
   ExpectClose(fl(f[5]), si, 1e-4, "bn invstd");
