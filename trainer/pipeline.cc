@@ -235,14 +235,6 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     p->stages_[size_t(s)]->thread = std::thread(&Pipeline::WorkerLoop, p.get(), p->stages_[size_t(s)].get());
   GPUFEED_RETURN_IF_ERROR(p->Everyone(Work::kSetup));
   GPUFEED_RETURN_IF_ERROR(p->Everyone(Work::kPeers));
-  // Mailboxes know both ends' backends once every stage has one.
-  for (int s = 0; s + 1 < P; ++s) {
-    for (Mailbox& f : sh.fwd[size_t(s)])
-      f.sender = p->stages_[size_t(s)]->ops, f.receiver = p->stages_[size_t(s) + 1]->ops;
-    for (Mailbox& b : sh.bwd[size_t(s)])
-      b.sender = p->stages_[size_t(s) + 1]->ops, b.receiver = p->stages_[size_t(s)]->ops;
-  }
-  for (Mailbox& l : sh.lab) l.sender = p->stages_[0]->ops, l.receiver = p->stages_.back()->ops;
   return p;
 }
 
@@ -388,21 +380,28 @@ Status Pipeline::SetupStage(Stage& st) {
     *e = *r;
     return Status::Ok();
   };
+  // Each end names its backend beside the events it makes (the destructor
+  // frees them with it, after a failed setup too); each field has one writer.
   auto sender = [&](Mailbox& m) -> Status {
+    m.sender = st.ops;
     GPUFEED_RETURN_IF_ERROR(event(&m.ready));
     return event(&m.produced);
   };
+  auto receiver = [&](Mailbox& m) -> Status {
+    m.receiver = st.ops;
+    return event(&m.freed);
+  };
   if (s + 1 < P) {
     for (Mailbox& m : sh.fwd[size_t(s)]) GPUFEED_RETURN_IF_ERROR(sender(m));
-    for (Mailbox& m : sh.bwd[size_t(s)]) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
+    for (Mailbox& m : sh.bwd[size_t(s)]) GPUFEED_RETURN_IF_ERROR(receiver(m));
   }
   if (s > 0) {
-    for (Mailbox& m : sh.fwd[size_t(s - 1)]) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
+    for (Mailbox& m : sh.fwd[size_t(s - 1)]) GPUFEED_RETURN_IF_ERROR(receiver(m));
     for (Mailbox& m : sh.bwd[size_t(s - 1)]) GPUFEED_RETURN_IF_ERROR(sender(m));
   }
   for (Mailbox& m : sh.lab) {
     if (s == 0) GPUFEED_RETURN_IF_ERROR(sender(m));
-    if (s + 1 == P) GPUFEED_RETURN_IF_ERROR(event(&m.freed));
+    if (s + 1 == P) GPUFEED_RETURN_IF_ERROR(receiver(m));
   }
   st.sent_out.assign(size_t(Slots(s)), nullptr);
   st.sent_lab.assign(size_t(setup_.micro), nullptr);
