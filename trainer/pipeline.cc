@@ -151,7 +151,9 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
 
   const size_t es = DTypeSize(setup.whole.dtype);
   const uint64_t batch = uint64_t(setup.whole.max_batch);
-  auto stage_bytes = [&](int a, int b, int s, uint64_t* model_bytes) -> Result<uint64_t> {
+  // What stage s holds with layers [a, b): the model's bytes (a plan, nothing
+  // allocated) and the pipeline's slots for its inputs, gradients and labels.
+  auto stage_bytes = [&](int a, int b, int s) -> Result<uint64_t> {
     ModelSpec sp = plan;
     sp.layer_begin = a, sp.layer_end = b, sp.slots = p->Slots(s);
     Model m(first, sp);
@@ -162,11 +164,10 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     if (s > 0) extra += uint64_t(p->Slots(s)) * batch * m.input_elems() * es;
     if (s + 1 < P) extra += uint64_t(p->Slots(s)) * batch * m.output_elems() * es;
     if (s + 1 == P) extra += uint64_t(p->Slots(s)) * batch * 4;
-    if (model_bytes) *model_bytes = mb;
     return mb + extra;
   };
   auto bytes_of = [&](int a, int b, int s) {
-    auto r = stage_bytes(a, b, s, nullptr);
+    auto r = stage_bytes(a, b, s);
     return r.ok() ? double(*r) : std::numeric_limits<double>::infinity();
   };
   auto fits = [&](int a, int b, int s) {
@@ -201,13 +202,12 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
   };
   p->cuts_ = PartitionLayers(L, P, cost, fits);
   if (p->cuts_.empty()) {
-    double smallest = bytes_of(0, L, 0);
-    for (int i = 1; i < L; ++i) smallest = std::min(smallest, std::max(bytes_of(0, i, 0), bytes_of(i, L, P - 1)));
-    char buf[300];
+    char buf[400];
     std::snprintf(buf, sizeof buf,
                   "pipeline: %s does not fit %d stages of --memory-limit %.1f MiB (each stage holds its layers' "
-                  "weights, gradients, optimizer state and up to %d activation sets); raise the limit or add stages",
-                  p->describe_.c_str(), P, setup.memory_limit / 1048576.0, p->Slots(0));
+                  "weights, gradients, optimizer state and up to %d activation sets; the whole model as one stage "
+                  "would need %.1f MiB); raise the limit or add stages",
+                  p->describe_.c_str(), P, setup.memory_limit / 1048576.0, p->Slots(0), bytes_of(0, L, 0) / 1048576.0);
     return Status::InvalidArgument(buf);
   }
   char buf[200];
