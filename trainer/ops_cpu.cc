@@ -50,16 +50,18 @@ class CpuOps final : public Ops {
               : Status::Internal("cpu trainer: out of memory allocating " + std::to_string(bytes) + " bytes");
   }
   void Free(void* p) override { std::free(p); }
+  // Zero bytes copy nothing (an empty table's data() may be null, which
+  // memcpy may not be given).
   Status Upload(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
+    if (bytes) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
   Status Download(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
+    if (bytes) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
   Status Copy(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
+    if (bytes) std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
   Status Sync() override { return Status::Ok(); }
