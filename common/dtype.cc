@@ -1,6 +1,11 @@
 // DType names and sizes.
 #include "gpufeed/dtype.h"
 
+#include <cstring>
+#include <string>
+
+#include "common/classes.h"
+
 #include <array>
 #include <utility>
 
@@ -42,6 +47,52 @@ std::optional<DType> DTypeFromName(std::string_view name) {
     if (r.name == name) return r.type;
   }
   return std::nullopt;
+}
+
+Status ClassesToInt64(std::span<const std::byte> column, DType t, uint64_t n, int64_t* out) {
+  const uint64_t es = DTypeSize(t);
+  if (column.size() < n * es)
+    return Status::Internal("classes: a column shorter than its " + std::to_string(n) + " values");
+  auto get = [&](uint64_t i, auto v) {
+    std::memcpy(&v, column.data() + i * es, sizeof v);
+    return v;
+  };
+  for (uint64_t i = 0; i < n; ++i) {
+    switch (t) {
+      case DType::kInt8:
+        out[i] = get(i, int8_t{});
+        break;
+      case DType::kUInt8:
+        out[i] = get(i, uint8_t{});
+        break;
+      case DType::kInt16:
+        out[i] = get(i, int16_t{});
+        break;
+      case DType::kUInt16:
+        out[i] = get(i, uint16_t{});
+        break;
+      case DType::kInt32:
+        out[i] = get(i, int32_t{});
+        break;
+      case DType::kUInt32:
+        out[i] = get(i, uint32_t{});
+        break;
+      case DType::kInt64:
+        out[i] = get(i, int64_t{});
+        break;
+      case DType::kUInt64: {
+        const uint64_t v = get(i, uint64_t{});
+        if (v > static_cast<uint64_t>(INT64_MAX)) {
+          return Status::InvalidArgument("class " + std::to_string(v) + " does not fit the labels' int64");
+        }
+        out[i] = static_cast<int64_t>(v);
+        break;
+      }
+      default:
+        return Status::Internal("classes: not of an integer dtype: " + std::string(DTypeName(t)));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace gpufeed

@@ -1,9 +1,7 @@
 // OpenBatchSource: a dataset spec or a daemon address to a BatchSource.
 #include "gpufeed/open_source.h"
 
-#include <algorithm>
-#include <cstring>
-
+#include "common/classes.h"
 #include "daemon/node_share.h"
 #include "gpufeed/fields.h"
 #include "hdf5io/probe.h"
@@ -202,95 +200,67 @@ class LabeledImages final : public ChunkSource {
   std::vector<int64_t> labels_;
 };
 
-template <typename T>
-void AppendAs(const std::byte* p, uint64_t n, std::vector<int64_t>* out) {
-  for (uint64_t i = 0; i < n; ++i) {
-    T v;
-    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
-    out->push_back(static_cast<int64_t>(v));
-  }
-}
-
 }  // namespace
 
 Result<std::unique_ptr<ChunkSource>> OpenClassifierSource(const std::string& spec, const OpenOptions& open,
                                                           const DecodeOptions& decode) {
   OpenOptions o = open;
   if (o.fields.empty() && IsMultiFileSpec(spec)) o.fields = {"images=/images", "labels=/labels"};
-  auto local = OpenLocalSource(spec, o, decode);
-  if (!local.ok()) return local.status();
-  if (local->dataset) return std::unique_ptr<ChunkSource>(std::move(local->dataset));
-  if (local->encoded) return std::unique_ptr<ChunkSource>(std::move(local->encoded));
-  const std::vector<FieldInfo> fields = local->fields->fields();
-  const FieldInfo* images = nullptr;
-  const FieldInfo* labels = nullptr;
-  std::string names;
-  for (const FieldInfo& f : fields) {
-    if (f.name == "images") images = &f;
-    if (f.name == "labels") labels = &f;
-    names += (names.empty() ? "" : ", ") + f.name + "=" + f.path;
+  // The fields to read: as named (or many files' defaults), or, for one
+  // file, what the door finds there (a plain dataset or encoded images are
+  // the source as they are; a virtual dataset, its sources' fields).
+  std::string data = spec;
+  std::vector<std::string> named = o.fields;
+  bool trusted = o.trust_files;
+  if (named.empty()) {
+    auto local = OpenLocalSource(spec, o, decode);
+    if (!local.ok()) return local.status();
+    if (local->dataset) return std::unique_ptr<ChunkSource>(std::move(local->dataset));
+    if (local->encoded) return std::unique_ptr<ChunkSource>(std::move(local->encoded));
+    for (const FieldInfo& f : local->fields->fields()) named.push_back(f.name + "=" + f.path);
+    const auto* opened = dynamic_cast<const FieldSource*>(local->fields.get());
+    if (opened && opened->files().size() == 1) data = opened->files()[0];
+    trusted = true;  // opened and checked just now
   }
-  if (!images || !labels) {
+  std::string images, labels, names;
+  for (const std::string& text : named) {
+    auto f = FieldSpec::Parse(text);
+    if (!f.ok()) return f.status();
+    if (f->name == "images") images = f->path;
+    if (f->name == "labels") labels = f->path;
+    names += (names.empty() ? "" : ", ") + f->name + "=" + f->path;
+  }
+  if (images.empty() || labels.empty()) {
     return Status::InvalidArgument(spec + ": a classifier reads an images field and a labels field, this has [" +
                                    names + "]; name them --field images=/path --field labels=/path");
   }
-  const uint64_t per_sample = labels->sample_bytes / std::max<size_t>(1, DTypeSize(labels->dtype));
-  const bool integer = labels->dtype != DType::kFloat16 && labels->dtype != DType::kBFloat16 &&
-                       labels->dtype != DType::kFloat32 && labels->dtype != DType::kFloat64;
-  if (per_sample != 1 || !integer) {
-    std::string shape;
-    for (uint64_t d : labels->sample_shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
-    return Status::InvalidArgument(spec + ": labels field " + labels->path + " holds " +
-                                   std::string(DTypeName(labels->dtype)) + " [" + shape +
-                                   "] a sample; a classifier needs one integer class a sample");
-  }
-  // The two fields as sources of their own (the files were opened and
-  // checked above: trusted now), from the files that source read.
-  const auto* opened = dynamic_cast<const FieldSource*>(local->fields.get());
-  const std::string data = opened && opened->files().size() == 1 ? opened->files()[0] : spec;
+  // Each field a source of its own; the second open trusts what the first
+  // probed.
   OpenOptions one = o;
-  one.trust_files = true;
-  one.fields = {"labels=" + labels->path};
+  one.trust_files = trusted;
+  one.fields = {"labels=" + labels};
   auto lab = FieldSource::Open(data, one);
   if (!lab.ok()) return lab.status();
-  one.fields = {"images=" + images->path};
+  const FieldInfo info = (*lab)->fields()[0];
+  if (info.sample_bytes != DTypeSize(info.dtype) || !DTypeIsInteger(info.dtype)) {
+    std::string shape;
+    for (uint64_t d : info.sample_shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+    return Status::InvalidArgument(spec + ": labels field " + labels + " holds " + std::string(DTypeName(info.dtype)) +
+                                   " [" + shape + "] a sample; a classifier needs one integer class a sample");
+  }
+  one.trust_files = true;
+  one.fields = {"images=" + images};
   auto img = FieldSource::Open(data, one);
   if (!img.ok()) return img.status();
-  std::vector<int64_t> values;
-  values.reserve((*lab)->num_samples());
+  std::vector<int64_t> values((*lab)->num_samples());
   std::vector<std::byte> chunk;
+  uint64_t at = 0;
   for (uint64_t c = 0; c < (*lab)->num_chunks(); ++c) {
     chunk.resize((*lab)->chunk_buffer_bytes(c));
     GPUFEED_RETURN_IF_ERROR((*lab)->ReadChunk(c, chunk));
     const uint64_t n = (*lab)->samples_in_chunk(c);
-    switch (labels->dtype) {
-      case DType::kUInt8:
-        AppendAs<uint8_t>(chunk.data(), n, &values);
-        break;
-      case DType::kInt8:
-        AppendAs<int8_t>(chunk.data(), n, &values);
-        break;
-      case DType::kUInt16:
-        AppendAs<uint16_t>(chunk.data(), n, &values);
-        break;
-      case DType::kInt16:
-        AppendAs<int16_t>(chunk.data(), n, &values);
-        break;
-      case DType::kUInt32:
-        AppendAs<uint32_t>(chunk.data(), n, &values);
-        break;
-      case DType::kInt32:
-        AppendAs<int32_t>(chunk.data(), n, &values);
-        break;
-      case DType::kUInt64:
-        AppendAs<uint64_t>(chunk.data(), n, &values);
-        break;
-      case DType::kInt64:
-        AppendAs<int64_t>(chunk.data(), n, &values);
-        break;
-      default:
-        return Status::Internal("labels: dtype");
-    }
+    GPUFEED_RETURN_IF_ERROR(ClassesToInt64(chunk, info.dtype, n, values.data() + at).WithContext(labels));
+    at += n;
   }
   return std::unique_ptr<ChunkSource>(std::make_unique<LabeledImages>(std::move(*img), std::move(values)));
 }

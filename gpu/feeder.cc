@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/classes.h"
 #include "common/clock.h"
 #include "gpu/device_ops.h"
 #include "gpu/image_decoder.h"
@@ -22,53 +23,6 @@ namespace {
 constexpr int kInSlots = 2;
 constexpr int kAutoEchoProbeUploads = 4;  // uploads measured before echo = 0 picks a factor
 constexpr int kMaxAutoEcho = 4;
-
-// n class values of an integer dtype (a class field's batch column) as the
-// labels' int64; a uint64 past int64's range is an error, not a wrap.
-Status ClassesToInt64(std::span<const std::byte> column, DType t, uint64_t n, int64_t* out) {
-  const uint64_t es = DTypeSize(t);
-  if (column.size() < n * es) return Status::Internal("feed: class field column shorter than its batch");
-  auto get = [&](uint64_t i, auto v) {
-    std::memcpy(&v, column.data() + i * es, sizeof v);
-    return v;
-  };
-  for (uint64_t i = 0; i < n; ++i) {
-    switch (t) {
-      case DType::kInt8:
-        out[i] = get(i, int8_t{});
-        break;
-      case DType::kUInt8:
-        out[i] = get(i, uint8_t{});
-        break;
-      case DType::kInt16:
-        out[i] = get(i, int16_t{});
-        break;
-      case DType::kUInt16:
-        out[i] = get(i, uint16_t{});
-        break;
-      case DType::kInt32:
-        out[i] = get(i, int32_t{});
-        break;
-      case DType::kUInt32:
-        out[i] = get(i, uint32_t{});
-        break;
-      case DType::kInt64:
-        out[i] = get(i, int64_t{});
-        break;
-      case DType::kUInt64: {
-        const uint64_t v = get(i, uint64_t{});
-        if (v > static_cast<uint64_t>(INT64_MAX)) {
-          return Status::InvalidArgument("feed: class " + std::to_string(v) + " does not fit the labels' int64");
-        }
-        out[i] = static_cast<int64_t>(v);
-        break;
-      }
-      default:
-        return Status::Internal("feed: class field of " + std::string(DTypeName(t)));
-    }
-  }
-  return Status::Ok();
-}
 
 }  // namespace
 

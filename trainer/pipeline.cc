@@ -9,8 +9,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "common/clock.h"
 
@@ -166,9 +168,16 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     if (s + 1 == P) extra += uint64_t(p->Slots(s)) * batch * 4;
     return mb + extra;
   };
+  // Each (first, end, stage) planned once: the cut asks both whether it
+  // fits and, by memory, what it costs.
+  std::map<std::tuple<int, int, int>, double> planned;
   auto bytes_of = [&](int a, int b, int s) {
-    auto r = stage_bytes(a, b, s);
-    return r.ok() ? double(*r) : std::numeric_limits<double>::infinity();
+    auto [it, fresh] = planned.try_emplace({a, b, s}, 0.0);
+    if (fresh) {
+      auto r = stage_bytes(a, b, s);
+      it->second = r.ok() ? double(*r) : std::numeric_limits<double>::infinity();
+    }
+    return it->second;
   };
   auto fits = [&](int a, int b, int s) {
     return setup.memory_limit == 0 || bytes_of(a, b, s) <= double(setup.memory_limit);
