@@ -122,7 +122,6 @@ struct Pipeline::Shared {
   bool probe = false;
   uint64_t generation = 0;  // of `work`
   int done = 0;
-  std::vector<Status> results;
   int arrived = 0;
   uint64_t barrier_round = 0;
   bool failed = false;
@@ -233,7 +232,6 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     sh.bwd[size_t(s)].resize(size_t(p->Slots(s)));
   }
   sh.lab.resize(size_t(p->Slots(P - 1)));
-  sh.results.assign(size_t(P), Status::Ok());
   for (int s = 0; s < P; ++s) {
     auto st = std::make_unique<Stage>();
     st->index = s;
@@ -302,7 +300,6 @@ void Pipeline::WorkerLoop(Stage* st) {
     Status s = RunStage(*st, w, probe);
     if (!s.ok()) Fail(s);
     std::lock_guard<std::mutex> lock(sh_->mu);
-    sh_->results[size_t(st->index)] = s;
     ++sh_->done;
     sh_->cv.notify_all();
   }
