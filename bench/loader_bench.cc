@@ -244,6 +244,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     if (ep == 0) r.first_epoch_seconds = secs;
     r.seconds = secs;
     r.stats = stream.stats();
+    r.skipped += r.stats.skipped_samples;
     r.samples = delivered;
     r.epochs.push_back({epoch, delivered, secs, r.stats});
     if (o.cold) {
@@ -300,7 +301,6 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   }
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   if (enc != nullptr) {
-    r.skipped = enc->skipped();
     auto c = MeasureDecodeCeiling(*enc, 1000, o.loader.seed);
     if (!c.ok()) return c.status();
     r.decode_one_core_per_s = c->samples_per_s();

@@ -110,7 +110,6 @@ class EncodedSourceImpl final : public EncodedImageSource {
   std::vector<std::string> class_names() const override { return class_names_; }
   uint64_t stored_bytes() const override { return offsets_.back(); }
   uint64_t sample_stored_bytes(uint64_t k) const override { return offsets_[k + 1] - offsets_[k]; }
-  uint64_t skipped() const override { return skipped_.load(); }
 
   uint64_t num_samples() const override { return n_; }
   const std::vector<uint64_t>& sample_shape() const override { return shape_; }
@@ -146,7 +145,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
     s->n_ = n_;
     s->group_ = group_;
     s->max_chunk_bytes_ = max_chunk_bytes_;
-    s->SetDecode(decode);
+    GPUFEED_RETURN_IF_ERROR(s->SetDecode(decode));
     return std::unique_ptr<EncodedImageSource>(std::move(s));
   }
 
@@ -156,70 +155,17 @@ class EncodedSourceImpl final : public EncodedImageSource {
     return ReadRange(k, 1, reinterpret_cast<std::byte*>(out->data()));
   }
 
-  Status DecodeSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample, const SampleContext& ctx,
-                      std::span<std::byte> dst, uint64_t* delivered) const override {
-    const uint64_t first = chunk * group_, count = samples_in_chunk(chunk);
-    if (sample < first || sample >= first + count || dst.size() != sample_bytes_ ||
+  Result<std::span<const std::byte>> EncodedBytes(std::span<const std::byte> chunk_bytes, uint64_t chunk,
+                                                  uint64_t sample) const override {
+    const uint64_t first = chunk * group_;
+    if (chunk >= num_chunks() || sample < first || sample >= first + samples_in_chunk(chunk) ||
         chunk_bytes.size() < chunk_buffer_bytes(chunk)) {
-      return Status::Internal(name_ + ": DecodeSample(" + std::to_string(sample) + ") outside chunk " +
+      return Status::Internal(name_ + ": EncodedBytes(" + std::to_string(sample) + ") outside chunk " +
                               std::to_string(chunk) + " or mis-sized");
     }
-    auto decode = [&](uint64_t k) {
-      const auto* base = reinterpret_cast<const uint8_t*>(chunk_bytes.data()) + (offsets_[k] - offsets_[first]);
-      return image::DecodeTransform(std::span(base, sample_stored_bytes(k)), decode_,
-                                    image::RandomKey(ctx.seed, ctx.epoch, k), reinterpret_cast<uint8_t*>(dst.data()));
-    };
-    Status st = decode(sample);
-    *delivered = sample;
-    if (st.ok()) return st;
-    if (!decode_.skip_corrupt) {
-      return Status::Corrupt(name_ + " sample " + std::to_string(sample) + ": " + st.message() +
-                             " (--skip-corrupt / DecodeOptions::skip_corrupt replaces corrupt samples)");
-    }
-    // The next sample of the chunk that decodes, cyclically: a pure function
-    // of the data, so a batch is the same whatever the thread count.
-    for (uint64_t step = 1; step < count; ++step) {
-      const uint64_t k = first + (sample - first + step) % count;
-      if (decode(k).ok()) {
-        skipped_.fetch_add(1);
-        std::fprintf(stderr, "gpufeed: %s sample %llu skipped (%s); replaced by sample %llu\n", name_.c_str(),
-                     (unsigned long long)sample, st.message().c_str(), (unsigned long long)k);
-        *delivered = k;
-        return Status::Ok();
-      }
-    }
-    return Status::Corrupt(name_ + " sample " + std::to_string(sample) + ": " + st.message() + "; and no sample of " +
-                           "its chunk " + std::to_string(chunk) + " decodes to replace it");
+    return chunk_bytes.subspan(offsets_[sample] - offsets_[first], sample_stored_bytes(sample));
   }
-
-  Status PlanEncodedSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample,
-                           const SampleContext& ctx, EncodedSamplePlan* plan) const override {
-    const uint64_t first = chunk * group_, count = samples_in_chunk(chunk);
-    if (sample < first || sample >= first + count || chunk_bytes.size() < chunk_buffer_bytes(chunk)) {
-      return Status::Internal(name_ + ": PlanEncodedSample(" + std::to_string(sample) + ") outside chunk " +
-                              std::to_string(chunk));
-    }
-    *plan = EncodedSamplePlan{};
-    plan->bytes = chunk_bytes.subspan(offsets_[sample] - offsets_[first], sample_stored_bytes(sample));
-    const std::span<const uint8_t> b(reinterpret_cast<const uint8_t*>(plan->bytes.data()), plan->bytes.size());
-    image::JpegInfo info;
-    if (!image::ReadJpegInfo(b, &info).ok()) {
-      plan->why_not = "not a JPEG the header reader takes";  // a PNG, or corrupt: DecodeSample says which
-      return Status::Ok();
-    }
-    const char* why = image::DeviceUndecodableReason(info);
-    plan->device_decodable = why == nullptr;
-    if (why != nullptr) plan->why_not = why;
-    plan->height = info.height;
-    plan->width = info.width;
-    const image::CropBox box =
-        image::PlanCrop(info.height, info.width, decode_, image::RandomKey(ctx.seed, ctx.epoch, sample));
-    plan->crop_top = box.top;
-    plan->crop_left = box.left;
-    plan->crop_height = box.height;
-    plan->crop_width = box.width;
-    return Status::Ok();
-  }
+  std::shared_ptr<const SampleDecoder> sample_decoder() const override { return decoder_; }
 
   // Opens file:path for `storage`. `file_handle` is open on the file.
   Status Init(const SpecParts& spec, hid_t file, EncodedStorage storage, const OpenOptions& open,
@@ -228,7 +174,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
     file_ = spec.file;
     path_ = spec.path;
     name_ = spec.file + ":" + spec.path;
-    SetDecode(decode);
+    GPUFEED_RETURN_IF_ERROR(SetDecode(decode));
     hsize_t file_bytes = 0;
     H5Fget_filesize(file, &file_bytes);
     if (storage == EncodedStorage::kOffsets) {
@@ -291,12 +237,16 @@ class EncodedSourceImpl final : public EncodedImageSource {
   }
 
  private:
-  void SetDecode(const DecodeOptions& decode) {
+  Status SetDecode(const DecodeOptions& decode) {
+    auto decoder = MakeImageDecoder(decode);
+    if (!decoder.ok()) return decoder.status();
+    decoder_ = std::move(*decoder);
     decode_ = decode;
     const bool nhwc = decode.layout == "NHWC";
     shape_ = nhwc ? std::vector<uint64_t>{decode.height, decode.width, 3}
                   : std::vector<uint64_t>{3, decode.height, decode.width};
-    sample_bytes_ = uint64_t(3) * decode.height * decode.width;
+    sample_bytes_ = decoder_->sample_bytes();
+    return Status::Ok();
   }
 
   // Bytes of samples [first, first + count) into dst, back to back.
@@ -363,6 +313,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
 
   EncodedStorage storage_ = EncodedStorage::kNone;
   DecodeOptions decode_;
+  std::shared_ptr<const SampleDecoder> decoder_;
   std::string file_, path_, name_;
   std::vector<uint64_t> shape_;
   uint64_t sample_bytes_ = 0;
@@ -373,7 +324,6 @@ class EncodedSourceImpl final : public EncodedImageSource {
   std::vector<std::string>& class_names_ = index_->class_names;
   std::unique_ptr<Dataset>& bytes_ = index_->bytes;
   h5::Id& vlen_ = index_->vlen;
-  mutable std::atomic<uint64_t> skipped_{0};
 };
 
 }  // namespace

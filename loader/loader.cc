@@ -1,9 +1,11 @@
-// Loader and EpochStream: a TBB parallel_pipeline run on a background thread.
-//   plan (serial, in order): take a pool slot (back-pressure), Acquire the
-//     batch's chunks from the cache (which starts decodes and prefetches)
-//   assemble (parallel): per chunk, Ensure it is decoded, copy its samples
-//     into the slot (parallel over the batch's chunks)
-//   deliver (serial, in order): hand the slot to the consumer's queue
+// Loader and EpochStream: a TBB parallel_pipeline run on a background thread,
+// three named stages of LocalStream:
+//   PlanBatch (serial, in order): take a pool slot (back-pressure), Acquire
+//     the batch's chunks from the cache (which starts reads and prefetches)
+//   AssembleBatch (parallel): per chunk, Ensure it is read, copy its samples
+//     into the slot (parallel over the batch's chunks); a source of encoded
+//     samples goes through the decode stage instead (decode_stage.h)
+//   DeliverBatch (serial, in order): hand the slot to the consumer's queue
 #include "gpufeed/loader.h"
 
 #include <tbb/parallel_for.h>
@@ -28,6 +30,7 @@
 #include "gpufeed/dataset.h"
 #include "loader/batch_pool.h"
 #include "loader/chunk_cache.h"
+#include "loader/decode_stage.h"
 #include "loader/stream_core.h"
 #include "loader/stream_impl.h"
 #include "loader/sampler.h"
@@ -47,6 +50,8 @@ struct Loader::Impl {
   BatchPool own_pool;
   BatchPool* pool = &own_pool;  // or the daemon's (LoaderInternal::UsePool)
   std::unique_ptr<loader::ChunkCache> cache;
+  // Sources of encoded samples: their decoder composed with the source.
+  std::optional<loader::DecodeStage> decode_stage;
   LoaderState state;
   LocalStream* active = nullptr;  // the live stream, stopped by the next Epoch()
   // The plan of the epoch after the live stream's (plans are pure functions
@@ -96,6 +101,7 @@ struct Loader::Impl {
       threads = cores;
     }
     state.seed = o.seed;
+    if (s.decodes_samples()) decode_stage.emplace(s, s.sample_decoder());
     cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
     info.name = s.name();
     info.dtype = s.dtype();
@@ -154,13 +160,22 @@ struct LocalStream final : EpochStream::Impl {
   uint64_t delivered_batches = 0, delivered_samples = 0, delivered_bytes = 0;
   std::chrono::steady_clock::time_point start_time;
 
+  // The pipeline's unit: a batch in flight.
+  struct Work {
+    uint64_t batch = 0;
+    Batch::Slot* slot = nullptr;
+    std::vector<std::shared_ptr<loader::ChunkEntry>> chunks;  // in the order of plan.batch_chunks
+    Status status;
+  };
   void Run();
-  // The decode stage of an encoded batch: every sample decoded into its
-  // place in the slot, or (deferred decoding) the device-decodable ones
-  // packed encoded for the feed's decoder and the rest decoded here.
-  Status DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chunks, const std::vector<uint32_t>& chunk_of,
-                       uint64_t count, const ChunkSource::SampleContext& context, Batch::Slot& slot);
-  std::atomic<uint64_t> deferred_samples{0}, host_decoded_samples{0}, balanced_samples{0};
+  // The stages (the file's comment). PlanBatch returns null when the epoch
+  // is over, cancelled or failed.
+  std::shared_ptr<Work> PlanBatch(uint64_t batch, tbb::task_group& prefetch_tasks);
+  void AssembleBatch(Work& w);
+  void DeliverBatch(Work& w);
+  // AssembleBatch's decode step: the batch's samples through the decode stage.
+  Status DecodeBatch(const Work& w, const std::vector<std::vector<uint32_t>>& by_chunk);
+  std::atomic<uint64_t> deferred_samples{0}, host_decoded_samples{0}, balanced_samples{0}, skipped_samples{0};
   std::atomic<double> host_decode_share{0};
   std::atomic<const char*> host_decode_reason{""};
   void Stop() override;
@@ -172,130 +187,31 @@ struct LocalStream final : EpochStream::Impl {
 
 void LocalStream::Run() {
   Loader::Impl& L = *loader;
-  const ChunkSource& src = L.source;
-  const uint64_t sb = src.sample_bytes();
-  const uint64_t k = src.chunk_samples();
-  const std::vector<int64_t>& labels = src.labels();
-  const std::vector<FieldInfo>& fields = L.info.fields;
-  const bool decodes = src.decodes_samples();
-  const ChunkSource::SampleContext context{L.options.seed, epoch};
   uint64_t next = start_batch;
   tbb::task_arena arena(L.threads);
-  struct Work {
-    uint64_t batch = 0;
-    Batch::Slot* slot = nullptr;
-    std::vector<std::shared_ptr<loader::ChunkEntry>> chunks;
-    Status status;
-  };
   try {
     arena.execute([&] {
       tbb::task_group prefetch_tasks;
       try {
         tbb::parallel_pipeline(
             static_cast<size_t>(std::max(1, L.options.prefetch)),
-            tbb::make_filter<void, std::shared_ptr<Work>>(
-                tbb::filter_mode::serial_in_order,
-                [&](tbb::flow_control& fc) -> std::shared_ptr<Work> {
-                  if (next >= plan.num_batches || cancel.load() || core.failed()) {
-                    fc.stop();
-                    return nullptr;
-                  }
-                  Batch::Slot* slot = L.pool->Acquire();  // back-pressure: waits for the consumer
-                  if (slot == nullptr) {
-                    fc.stop();
-                    return nullptr;
-                  }
-                  TraceRange trace("gpufeed plan batch");
-                  const auto t0 = std::chrono::steady_clock::now();
-                  auto w = std::make_shared<Work>();
-                  w->batch = next++;
-                  w->slot = slot;
-                  // Enough decodes queued to keep every thread busy across
-                  // a window boundary, never more than the budget admits.
-                  w->chunks = L.cache->Acquire(w->batch, 2 * static_cast<uint64_t>(L.threads), prefetch_tasks);
-                  plan_ns += static_cast<uint64_t>((std::chrono::steady_clock::now() - t0).count());
-                  return w;
-                }) &
-                tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(
-                    tbb::filter_mode::parallel,
-                    [&](std::shared_ptr<Work> w) -> std::shared_ptr<Work> {
-                      TraceRange trace("gpufeed assemble batch");
-                      const auto t0 = std::chrono::steady_clock::now();
-                      const uint64_t first = plan.batch_first(w->batch);
-                      const uint64_t count = plan.batch_count(w->batch);
-                      Batch::Slot& slot = *w->slot;
-                      const uint64_t capacity = slot.images.bytes() / sb;
-                      // Positions of the batch grouped by chunk, in the
-                      // order of plan.batch_chunks (== w->chunks).
-                      std::vector<std::vector<uint32_t>> by_chunk(w->chunks.size());
-                      {
-                        const auto& bc = plan.batch_chunks[w->batch];
-                        for (uint64_t i = 0; i < count; ++i) {
-                          const uint64_t s = plan.samples[first + i];
-                          const uint32_t c = static_cast<uint32_t>(s / k);
-                          // bc is short (distinct chunks of one batch); find c.
-                          size_t j = std::find(bc.begin(), bc.end(), c) - bc.begin();
-                          by_chunk[j].push_back(static_cast<uint32_t>(i));
-                          slot.indices[i] = s;
-                          slot.labels[i] = labels.empty() ? -1 : labels[s];
-                        }
-                      }
-                      std::mutex status_mu;
-                      // Isolated: a thread waiting for this parallel_for must
-                      // not steal the plan stage, which can block on the pool
-                      // (back-pressure) and so deadlock beneath this batch.
-                      tbb::this_task_arena::isolate([&] {
-                        tbb::parallel_for(size_t{0}, w->chunks.size(), [&](size_t j) {
-                          loader::ChunkEntry& e = *w->chunks[j];
-                          Status st = L.cache->Ensure(e);
-                          if (!st.ok()) {
-                            std::lock_guard<std::mutex> lock(status_mu);
-                            if (w->status.ok()) w->status = st;
-                            return;
-                          }
-                          if (decodes) return;  // decoded per sample below, once every chunk is here
-                          const uint64_t base = uint64_t(e.chunk) * k;
-                          if (fields.size() == 1) {
-                            for (uint32_t i : by_chunk[j]) {
-                              std::memcpy(slot.images.data() + i * sb, e.data.get() + (slot.indices[i] - base) * sb,
-                                          sb);
-                            }
-                          } else {
-                            // Planar: field f of the chunk at k x offset, of
-                            // the batch at capacity x offset.
-                            for (const FieldInfo& f : fields) {
-                              const uint64_t fb = f.sample_bytes;
-                              std::byte* out = slot.images.data() + capacity * f.offset;
-                              const std::byte* in = e.data.get() + k * f.offset;
-                              for (uint32_t i : by_chunk[j]) {
-                                std::memcpy(out + i * fb, in + (slot.indices[i] - base) * fb, fb);
-                              }
-                            }
-                          }
-                          w->chunks[j].reset();  // a transient chunk is freed here
-                        });
-                        if (decodes && w->status.ok()) {
-                          std::vector<uint32_t> chunk_of(count);
-                          for (size_t j = 0; j < by_chunk.size(); ++j) {
-                            for (uint32_t i : by_chunk[j]) chunk_of[i] = static_cast<uint32_t>(j);
-                          }
-                          Status ds = DecodeOrDefer(w->chunks.data(), chunk_of, count, context, slot);
-                          if (!ds.ok()) w->status = ds;
-                        }
-                      });
-                      w->chunks.clear();
-                      assemble_ns += static_cast<uint64_t>((std::chrono::steady_clock::now() - t0).count());
-                      return w;
-                    }) &
-                tbb::make_filter<std::shared_ptr<Work>, void>(
-                    tbb::filter_mode::serial_in_order, [&](std::shared_ptr<Work> w) {
-                      if (!w->status.ok() || core.failed()) {
-                        if (!w->status.ok()) core.Fail(w->status.WithContext("batch " + std::to_string(w->batch)));
-                        L.pool->Release(w->slot);
-                        return;
-                      }
-                      core.Push({w->slot, w->batch, plan.batch_count(w->batch)});
-                    }));
+            tbb::make_filter<void, std::shared_ptr<Work>>(tbb::filter_mode::serial_in_order,
+                                                          [&](tbb::flow_control& fc) -> std::shared_ptr<Work> {
+                                                            auto w = PlanBatch(next, prefetch_tasks);
+                                                            if (w == nullptr) {
+                                                              fc.stop();
+                                                            } else {
+                                                              ++next;
+                                                            }
+                                                            return w;
+                                                          }) &
+                tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(tbb::filter_mode::parallel,
+                                                                               [&](std::shared_ptr<Work> w) {
+                                                                                 AssembleBatch(*w);
+                                                                                 return w;
+                                                                               }) &
+                tbb::make_filter<std::shared_ptr<Work>, void>(tbb::filter_mode::serial_in_order,
+                                                              [&](std::shared_ptr<Work> w) { DeliverBatch(*w); }));
       } catch (...) {
         prefetch_tasks.wait();
         throw;
@@ -303,118 +219,135 @@ void LocalStream::Run() {
       prefetch_tasks.wait();  // no task outlives the stream
     });
   } catch (const std::exception& e) {
-    core.Fail(Status::Internal(src.name() + ": loader pipeline: " + e.what()));
+    core.Fail(Status::Internal(L.source.name() + ": loader pipeline: " + e.what()));
   } catch (...) {
-    core.Fail(Status::Internal(src.name() + ": loader pipeline: unknown exception"));
+    core.Fail(Status::Internal(L.source.name() + ": loader pipeline: unknown exception"));
   }
   core.Finish();
 }
 
-Status LocalStream::DecodeOrDefer(const std::shared_ptr<loader::ChunkEntry>* chunks,
-                                  const std::vector<uint32_t>& chunk_of, uint64_t count,
-                                  const ChunkSource::SampleContext& context, Batch::Slot& slot) {
+std::shared_ptr<LocalStream::Work> LocalStream::PlanBatch(uint64_t batch, tbb::task_group& prefetch_tasks) {
+  Loader::Impl& L = *loader;
+  if (batch >= plan.num_batches || cancel.load() || core.failed()) return nullptr;
+  Batch::Slot* slot = L.pool->Acquire();  // back-pressure: waits for the consumer
+  if (slot == nullptr) return nullptr;
+  TraceRange trace("gpufeed plan batch");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto w = std::make_shared<Work>();
+  w->batch = batch;
+  w->slot = slot;
+  // Enough reads queued to keep every thread busy across a window
+  // boundary, never more than the budget admits.
+  w->chunks = L.cache->Acquire(w->batch, 2 * static_cast<uint64_t>(L.threads), prefetch_tasks);
+  plan_ns += static_cast<uint64_t>((std::chrono::steady_clock::now() - t0).count());
+  return w;
+}
+
+void LocalStream::AssembleBatch(Work& w) {
   Loader::Impl& L = *loader;
   const ChunkSource& src = L.source;
   const uint64_t sb = src.sample_bytes();
+  const uint64_t k = src.chunk_samples();
   const std::vector<int64_t>& labels = src.labels();
-  const bool defer = L.defers();
+  const std::vector<FieldInfo>& fields = L.info.fields;
+  const bool decodes = L.decode_stage.has_value();
+  TraceRange trace("gpufeed assemble batch");
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t first = plan.batch_first(w.batch);
+  const uint64_t count = plan.batch_count(w.batch);
+  Batch::Slot& slot = *w.slot;
+  const uint64_t capacity = slot.images.bytes() / sb;
+  // Positions of the batch grouped by chunk, in the order of
+  // plan.batch_chunks (== w.chunks).
+  std::vector<std::vector<uint32_t>> by_chunk(w.chunks.size());
+  {
+    const auto& bc = plan.batch_chunks[w.batch];
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint64_t s = plan.samples[first + i];
+      const uint32_t c = static_cast<uint32_t>(s / k);
+      // bc is short (distinct chunks of one batch); find c.
+      size_t j = std::find(bc.begin(), bc.end(), c) - bc.begin();
+      by_chunk[j].push_back(static_cast<uint32_t>(i));
+      slot.indices[i] = s;
+      slot.labels[i] = labels.empty() ? -1 : labels[s];
+    }
+  }
   std::mutex status_mu;
-  Status status;
-  auto fail = [&](Status st) {
-    std::lock_guard<std::mutex> lock(status_mu);
-    if (status.ok()) status = std::move(st);
-  };
-  auto bytes_of = [&](uint64_t i) {
-    const loader::ChunkEntry& e = *chunks[chunk_of[i]];
-    return std::pair(std::span<const std::byte>(e.data.get(), src.chunk_buffer_bytes(e.chunk)), e.chunk);
-  };
-  // Decodes sample i here into `at` (its replacement's index and label
-  // when the source skips a corrupt one).
-  auto decode_here = [&](uint64_t i, std::byte* at) {
-    auto [bytes, chunk] = bytes_of(i);
-    uint64_t delivered = slot.indices[i];
-    // The share's measure (LoaderOptions::balance_decode): this loader's decode time a sample.
-    const bool timed = defer && L.options.balance_decode;
-    const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    Status ds = src.DecodeSample(bytes, chunk, slot.indices[i], context, std::span(at, sb), &delivered);
-    if (timed) {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
-      L.host_decode_ns.fetch_add(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
-      L.host_decodes.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (!ds.ok()) return fail(std::move(ds));
-    slot.indices[i] = delivered;
-    slot.labels[i] = labels.empty() ? -1 : labels[delivered];
-  };
-  slot.deferred = defer;
-  if (!defer) {
-    // Decoded (and augmented) one by one into the slot, in parallel over
-    // the batch's samples (a batch may draw on a single chunk).
-    tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) { decode_here(i, slot.images.data() + i * sb); });
-    return status;
-  }
-  // 1. Headers and crops, in parallel.
-  std::vector<ChunkSource::EncodedSamplePlan> plans(count);
-  tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
-    auto [bytes, chunk] = bytes_of(i);
-    Status st = src.PlanEncodedSample(bytes, chunk, slot.indices[i], context, &plans[i]);
-    if (!st.ok()) fail(std::move(st));
+  // Isolated: a thread waiting for this parallel_for must not steal the plan
+  // stage, which can block on the pool (back-pressure) and so deadlock
+  // beneath this batch.
+  tbb::this_task_arena::isolate([&] {
+    tbb::parallel_for(size_t{0}, w.chunks.size(), [&](size_t j) {
+      loader::ChunkEntry& e = *w.chunks[j];
+      Status st = L.cache->Ensure(e);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(status_mu);
+        if (w.status.ok()) w.status = st;
+        return;
+      }
+      if (decodes) return;  // decoded per sample below, once every chunk is here
+      const uint64_t base = uint64_t(e.chunk) * k;
+      if (fields.size() == 1) {
+        for (uint32_t i : by_chunk[j]) {
+          std::memcpy(slot.images.data() + i * sb, e.data.get() + (slot.indices[i] - base) * sb, sb);
+        }
+      } else {
+        // Planar: field f of the chunk at k x offset, of the batch at
+        // capacity x offset.
+        for (const FieldInfo& f : fields) {
+          const uint64_t fb = f.sample_bytes;
+          std::byte* out = slot.images.data() + capacity * f.offset;
+          const std::byte* in = e.data.get() + k * f.offset;
+          for (uint32_t i : by_chunk[j]) std::memcpy(out + i * fb, in + (slot.indices[i] - base) * fb, fb);
+        }
+      }
+      w.chunks[j].reset();  // a transient chunk is freed here
+    });
+    if (decodes && w.status.ok()) w.status = DecodeBatch(w, by_chunk);
   });
-  GPUFEED_RETURN_IF_ERROR(status);
-  // 2. Places in the slot, in order: a sample goes encoded when its bytes fit
-  // with room left for every later sample decoded (sample_bytes() each), so
-  // the slot never overflows whatever the sizes.
-  if (slot.encoded.size() < count) slot.encoded.resize(count);
-  const uint64_t room = slot.images.bytes();
-  uint64_t used = 0, deferred = 0, balanced = 0;
-  // LoaderOptions::balance_decode: this share of what the device takes is
-  // decoded here, the samples picked by a hash of (seed, epoch, sample).
-  const double share = L.HostDecodeShare();
-  host_decode_share.store(share, std::memory_order_relaxed);
-  auto by_share = [&](uint64_t index) {
-    if (share <= 0) return false;
-    loader::Rng r(context.seed ^ (context.epoch * 0x9E3779B97F4A7C15ull) ^ (index * 0xD1B54A32D192ED03ull));
-    return double(r.Next() >> 11) * (1.0 / 9007199254740992.0) < share;
-  };
-  for (uint64_t i = 0; i < count; ++i) {
-    const ChunkSource::EncodedSamplePlan& p = plans[i];
-    EncodedSample& e = slot.encoded[i];
-    e = EncodedSample{};
-    e.offset = used;
-    const uint64_t later = (count - i - 1) * sb;
-    const bool takes = p.device_decodable && !p.bytes.empty();
-    if (takes && by_share(slot.indices[i])) {
-      used += sb;
-      ++balanced;
-    } else if (takes && used + p.bytes.size() + later <= room) {
-      e.bytes = p.bytes.size();
-      e.height = p.height;
-      e.width = p.width;
-      e.crop_top = p.crop_top;
-      e.crop_left = p.crop_left;
-      e.crop_height = p.crop_height;
-      e.crop_width = p.crop_width;
-      used += e.bytes;
-      ++deferred;
-    } else {
-      used += sb;
-      host_decode_reason.store(p.device_decodable ? "larger than the slot's room" : p.why_not);
+  w.chunks.clear();
+  assemble_ns += static_cast<uint64_t>((std::chrono::steady_clock::now() - t0).count());
+}
+
+Status LocalStream::DecodeBatch(const Work& w, const std::vector<std::vector<uint32_t>>& by_chunk) {
+  Loader::Impl& L = *loader;
+  const uint64_t count = plan.batch_count(w.batch);
+  std::vector<loader::DecodeStage::Where> where(count);
+  for (size_t j = 0; j < by_chunk.size(); ++j) {
+    const loader::ChunkEntry& e = *w.chunks[j];
+    const loader::DecodeStage::Where at{std::span<const std::byte>(e.data.get(), L.source.chunk_buffer_bytes(e.chunk)),
+                                        e.chunk};
+    for (uint32_t i : by_chunk[j]) where[i] = at;
+  }
+  loader::DecodeStage::BatchOptions o;
+  o.defer = L.defers();
+  if (o.defer) {
+    // LoaderOptions::balance_decode: this share of what the device takes
+    // is decoded here, measured by this loader's decode time a sample.
+    o.host_share = L.HostDecodeShare();
+    host_decode_share.store(o.host_share, std::memory_order_relaxed);
+    if (L.options.balance_decode) {
+      o.decode_ns = &L.host_decode_ns;
+      o.decodes = &L.host_decodes;
     }
   }
-  deferred_samples += deferred;
-  host_decoded_samples += count - deferred;
-  balanced_samples += balanced;
-  // 3. Copies and host decodes, in parallel.
-  tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) {
-    const EncodedSample& e = slot.encoded[i];
-    std::byte* at = slot.images.data() + e.offset;
-    if (e.bytes > 0) {
-      std::memcpy(at, plans[i].bytes.data(), e.bytes);
-    } else {
-      decode_here(i, at);
-    }
-  });
-  return status;
+  loader::DecodeStage::BatchCounts counts;
+  Status st = L.decode_stage->DecodeBatch(where, count, DecodeContext{L.options.seed, epoch}, o, *w.slot, &counts);
+  deferred_samples += counts.deferred;
+  host_decoded_samples += o.defer ? count - counts.deferred : 0;
+  balanced_samples += counts.balanced;
+  skipped_samples += counts.skipped;
+  if (counts.host_reason != nullptr) host_decode_reason.store(counts.host_reason);
+  return st;
+}
+
+void LocalStream::DeliverBatch(Work& w) {
+  if (!w.status.ok() || core.failed()) {
+    if (!w.status.ok()) core.Fail(w.status.WithContext("batch " + std::to_string(w.batch)));
+    loader->pool->Release(w.slot);
+    return;
+  }
+  core.Push({w.slot, w.batch, plan.batch_count(w.batch)});
 }
 
 void LocalStream::Stop() {
@@ -505,6 +438,7 @@ LoaderStats LocalStream::stats() const {
   st.host_decoded_samples = s.host_decoded_samples.load();
   st.host_decode_reason = s.host_decode_reason.load();
   st.balanced_samples = s.balanced_samples.load();
+  st.skipped_samples = s.skipped_samples.load();
   st.host_decode_share = s.host_decode_share.load();
   st.consumer_wait_seconds = s.core.wait_seconds();
   st.queue_depth_sum = s.core.depth_sum();

@@ -5,11 +5,13 @@
 #define GPUFEED_CHUNK_SOURCE_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "gpufeed/dtype.h"
+#include "gpufeed/sample_decoder.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -91,46 +93,21 @@ class ChunkSource {
   virtual uint64_t chunk_buffer_bytes(uint64_t i) const { return samples_in_chunk(i) * sample_bytes(); }
   // The largest chunk_buffer_bytes over all chunks (the cache's buffer size).
   virtual uint64_t max_chunk_buffer_bytes() const { return chunk_samples() * sample_bytes(); }
-  // True: the loader calls DecodeSample for each sample instead of copying
-  // sample_bytes() out of the chunk.
+  // True: a chunk holds encoded samples; the loader's decode stage turns
+  // each into sample_bytes() with sample_decoder() (gpufeed/sample_decoder.h)
+  // instead of copying it out of the chunk.
   virtual bool decodes_samples() const { return false; }
-  // What a decoding source may depend on besides the sample: the loader's
-  // seed and the epoch (random augmentation is a pure function of
-  // (seed, epoch, sample), never of threads or timing).
-  struct SampleContext {
-    uint64_t seed = 0;
-    uint64_t epoch = 0;
-  };
-  // Decodes sample `sample` (global index) of chunk `chunk`, whose bytes
-  // ReadChunk wrote to `chunk_bytes`, into dst (sample_bytes()). Sets
-  // *delivered to the sample actually written: `sample`, or, when the source
-  // skips corrupt samples, the one that replaced it (its label is the one
-  // the batch must carry). Thread-safe. Only called when decodes_samples().
-  virtual Status DecodeSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample,
-                              const SampleContext& context, std::span<std::byte> dst, uint64_t* delivered) const {
-    (void)chunk_bytes, (void)chunk, (void)sample, (void)context, (void)dst, (void)delivered;
-    return Status::Internal(name() + ": DecodeSample on a source that does not decode samples");
+  // Where sample `sample` (global index) of chunk `chunk` lies in the bytes
+  // ReadChunk wrote to chunk_bytes. Thread-safe. Only called when
+  // decodes_samples().
+  virtual Result<std::span<const std::byte>> EncodedBytes(std::span<const std::byte> chunk_bytes, uint64_t chunk,
+                                                          uint64_t sample) const {
+    (void)chunk_bytes, (void)chunk, (void)sample;
+    return Status::Internal(name() + ": EncodedBytes on a source of plain samples");
   }
-
-  // For a decoder on a device (LoaderOptions::defer_decode): where sample
-  // `sample`'s encoded bytes lie in chunk_bytes, the image's size and the
-  // box DecodeSample would crop from it for `context`, and whether a device
-  // decoder takes the stream (device_decodable false, with why_not: the
-  // loader decodes it with DecodeSample instead, so a corrupt or unusual
-  // stream meets the same checks and errors as on the CPU). Thread-safe.
-  // Default: Unsupported (the source decodes only in DecodeSample).
-  struct EncodedSamplePlan {
-    std::span<const std::byte> bytes;  // within chunk_bytes
-    int32_t height = 0, width = 0;     // the decoded image's size
-    int32_t crop_top = 0, crop_left = 0, crop_height = 0, crop_width = 0;
-    bool device_decodable = false;
-    const char* why_not = "";  // a static string
-  };
-  virtual Status PlanEncodedSample(std::span<const std::byte> chunk_bytes, uint64_t chunk, uint64_t sample,
-                                   const SampleContext& context, EncodedSamplePlan* plan) const {
-    (void)chunk_bytes, (void)chunk, (void)sample, (void)context, (void)plan;
-    return Status::Unsupported(name() + ": no device decoding");
-  }
+  // The decoder of the samples this source was opened for (their output
+  // size, layout and crop). Null when !decodes_samples().
+  virtual std::shared_ptr<const SampleDecoder> sample_decoder() const { return nullptr; }
 };
 
 }  // namespace gpufeed

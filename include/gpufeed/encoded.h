@@ -57,7 +57,7 @@ struct DecodeOptions {
   // false: a corrupt image fails the batch with an error naming the sample.
   // true: it is replaced by the next sample of its chunk that decodes (the
   // batch keeps its size; its index and label are the replacement's), counted
-  // in EncodedImageSource::skipped() and logged to stderr each time (so once
+  // in LoaderStats::skipped_samples and logged to stderr each time (so once
   // per epoch for a corrupt file).
   bool skip_corrupt = false;
 };
@@ -90,14 +90,12 @@ class EncodedImageSource : public ChunkSource {
   virtual uint64_t stored_bytes() const = 0;
   // Stored bytes of sample k, k < num_samples().
   virtual uint64_t sample_stored_bytes(uint64_t k) const = 0;
-  // Samples replaced because they did not decode (skip_corrupt), so far.
-  virtual uint64_t skipped() const = 0;
   // The stored bytes of sample k (for tests, export and checks). Thread-safe.
   virtual Status ReadEncoded(uint64_t k, std::vector<uint8_t>* out) const = 0;
   // A source over the same stored samples decoded with `decode` (size,
   // layout, transform, skip_corrupt): exactly what OpenEncodedImages(spec,
   // open, decode) would give, without reading the file again (the index,
-  // labels and file handles are shared; its own skipped() count). For a
+  // labels and file handles are shared). For a
   // server decoding one dataset for clients that ask for different options.
   // InvalidArgument as ValidateDecodeOptions. Thread-safe; either source may
   // be destroyed first.

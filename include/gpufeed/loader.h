@@ -251,6 +251,8 @@ struct LoaderStats {
   // by the share, and the share the last batch used (0..1).
   uint64_t balanced_samples = 0;
   double host_decode_share = 0;
+  // Encoded samples that did not decode, replaced (DecodeOptions::skip_corrupt).
+  uint64_t skipped_samples = 0;
   double plan_seconds = 0;           // busy time per stage, summed over threads
   double fetch_seconds = 0;          // read + decode
   double assemble_seconds = 0;       // copying samples into batches

@@ -408,14 +408,15 @@ TEST(EncodedSourceTest, CorruptSamplesNameTheSampleOrAreReplaced) {
   Loader loader(**src, Opts(2));
   uint64_t delivered = 0;
   std::set<uint64_t> seen;
-  for (const Batch& b : loader.Epoch(0)) {
+  EpochStream epoch = loader.Epoch(0);
+  for (const Batch& b : epoch) {
     delivered += b.size();
     for (uint64_t k : b.indices()) seen.insert(k);
   }
   EXPECT_EQ(delivered, 10u);  // batch sizes kept
   EXPECT_EQ(seen.count(3), 0u);
   EXPECT_EQ(seen.count(7), 0u);
-  EXPECT_EQ((*src)->skipped(), 2u);
+  EXPECT_EQ(epoch.stats().skipped_samples, 2u);
 }
 
 // convert --keep-encoded --skip-corrupt: files that do not decode (bytes

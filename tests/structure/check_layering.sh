@@ -21,7 +21,7 @@ declare -A allowed=(
 # Which module implements each public header.
 owner_of_public() {
   case "$1" in
-    status.h|dtype.h|chunk_source.h|version.h) echo common ;;
+    status.h|dtype.h|chunk_source.h|sample_decoder.h|version.h) echo common ;;
     dataset.h|fields.h|encoded.h|writer.h|convert.h|inspect.h|page_cache.h|stats.h) echo hdf5io ;;
     loader.h) echo loader ;;
     gpu_feed.h|device.h|hw_timing.h) echo gpu ;;
