@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -501,10 +502,23 @@ gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_e
   c.delivered = 0;
   c.ended = false;
   c.started = true;
-  if (c.feed) {
-    // Batches still held keep the old feeder (and its loader batches) alive;
-    // otherwise it goes now, before the new one takes the loader's pool.
-    old_feed.reset();
+  // GPUFEED_FEED_RESTART=0 makes a new feeder every epoch, as before
+  // Restart existed: the benchmarks' A/B switch (scripts/gpu-host-node).
+  static const bool restart = [] {
+    const char* v = std::getenv("GPUFEED_FEED_RESTART");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  if (restart && c.feed && old_feed && !old_feed->feeder->fields().empty()) {
+    // The same feeder, restarted: its device buffers, streams and image
+    // decoder stay. A new feeder an epoch made them again at each epoch's
+    // start, on every rank of a node at once. Batches of the last epoch
+    // still held stay valid. (A feeder that did not start is made anew.)
+    std::lock_guard<std::mutex> lock(old_feed->mu);
+    gpufeed::Status restarted = old_feed->feeder->Restart(epoch, start_batch);
+    if (!restarted.ok()) return Fail(error, restarted);
+    c.feed_state = std::move(old_feed);
+  } else if (c.feed) {
+    old_feed.reset();  // unless batches still hold it, it goes before the new one takes the loader's pool
     c.stream.reset();
     auto st = std::make_shared<FeedState>();
     st->feeder = std::make_unique<gpufeed::GpuFeeder>(c.opened->source(), c.feed_options, epoch, start_batch);
@@ -973,6 +987,7 @@ gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_e
     add("deferred_samples", double(s.deferred_samples));
     add("host_decoded_samples", double(s.host_decoded_samples));
     add("balanced_samples", double(s.balanced_samples));
+    add("skipped_samples", double(s.skipped_samples));
     add("host_decode_share", s.host_decode_share);
     add("consumer_wait_seconds", s.consumer_wait_seconds);
     add("wall_seconds", s.wall_seconds);

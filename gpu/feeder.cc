@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 #include "common/classes.h"
 #include "common/clock.h"
@@ -30,11 +32,12 @@ struct GpuFeeder::Impl {
   BatchSource& loader;
   FeedOptions o;
   uint64_t epoch;
-  EpochStream stream;
+  std::optional<EpochStream> stream;  // reset before the next epoch's starts (Restart)
   std::unique_ptr<gpu::DeviceOps> ops;
   Status init_status;
   Status error;
   bool error_returned = false;
+  Status restart_error;  // a failed Restart's, returned by the next Next()
 
   int C = 0, H = 0, W = 0;
   uint64_t B = 0, sample_bytes = 0;  // the image field's sample bytes
@@ -104,10 +107,16 @@ struct GpuFeeder::Impl {
   std::unique_ptr<gpu::ImageBatchDecoder> decoder;
   Status EnsureDecoder();
   double decode_rate = 0;  // device samples a second in Decode(), smoothed
+  // The decoder's counters when this epoch started (it outlives Restart).
+  gpu::ImageDecodeCounters decode_base;
   Impl(BatchSource& l, const FeedOptions& opt, uint64_t e, uint64_t start)
       : loader(l), o(opt), epoch(e), stream(l.Epoch(e, start)), start_batch(start) {}
 
   Status Init();
+  // The epoch's counters from start_batch (a resumed epoch continues an
+  // uninterrupted one's upload and output counts).
+  Status StartAt(uint64_t start);
+  Status Restart(uint64_t e, uint64_t start);
   Status ClassifyFields(const BatchSourceInfo& src);
   Status Fill(int k);
   Result<std::optional<DeviceBatch>> Produce(GpuFeeder* owner);
@@ -204,20 +213,7 @@ Status GpuFeeder::Impl::Init() {
                                    " (prefetch + 1); raise the loader's prefetch to at least " +
                                    std::to_string(held - 1) + " (--prefetch) or lower super_batch (--super-batch)");
   }
-  echo = o.echo == 0 ? 1 : o.echo;
-  if (start_batch > 0) {
-    if (o.echo == 0 || start_batch % static_cast<uint64_t>(o.super_batch) != 0) {
-      return Status::InvalidArgument("feed: resuming at loader batch " + std::to_string(start_batch) +
-                                     " needs a fixed echo (not 0) and a multiple of super_batch (" +
-                                     std::to_string(o.super_batch) + ")");
-    }
-    // Where an uninterrupted feeder would be: every earlier upload was a
-    // full super-batch (only the epoch's last batch can be short), used
-    // `echo` times, so the upload and output counters (which seed the echo
-    // permutations and augmentation) continue from there.
-    uploads = start_batch / static_cast<uint64_t>(o.super_batch);
-    out_index = start_batch * static_cast<uint64_t>(echo);
-  }
+  GPUFEED_RETURN_IF_ERROR(StartAt(start_batch));
   B = src.batch_size;
   sample_bytes = named ? src.fields[0].sample_bytes : src.sample_bytes;
   out_elem = DTypeSize(o.dtype);
@@ -267,6 +263,58 @@ Status GpuFeeder::Impl::Init() {
     GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.free_event));
   }
   return Status::Ok();
+}
+
+Status GpuFeeder::Impl::StartAt(uint64_t start) {
+  echo = o.echo == 0 ? 1 : o.echo;
+  uploads = 0;
+  out_index = 0;
+  if (start > 0) {
+    if (o.echo == 0 || start % static_cast<uint64_t>(o.super_batch) != 0) {
+      return Status::InvalidArgument("feed: resuming at loader batch " + std::to_string(start) +
+                                     " needs a fixed echo (not 0) and a multiple of super_batch (" +
+                                     std::to_string(o.super_batch) + ")");
+    }
+    // Where an uninterrupted feeder would be: every earlier upload was a
+    // full super-batch (only the epoch's last batch can be short), used
+    // `echo` times, so the upload and output counters (which seed the echo
+    // permutations and augmentation) continue from there.
+    uploads = start / static_cast<uint64_t>(o.super_batch);
+    out_index = start * static_cast<uint64_t>(echo);
+  }
+  return Status::Ok();
+}
+
+Status GpuFeeder::Impl::Restart(uint64_t e, uint64_t start) {
+  if (!init_status.ok()) return init_status;
+  // What is queued reads the input slots (and their loader batches) and
+  // writes output slots: done before either is used again.
+  GPUFEED_RETURN_IF_ERROR(ops->StreamSync(compute_stream));
+  GPUFEED_RETURN_IF_ERROR(ops->StreamSync(copy_stream));
+  for (InSlot& s : in) {
+    s.host.clear();  // back to the loader's pool before its next epoch takes it
+    s.consumed_recorded = false;
+    s.samples = s.batches = s.upload_index = s.next = 0;
+    s.pass = 0;
+    s.filled = false;
+  }
+  stream.reset();
+  epoch = e;
+  start_batch = start;
+  stream.emplace(loader.Epoch(e, start));
+  cur = 0;
+  started = loader_done = false;
+  error = Status::Ok();
+  error_returned = false;
+  restart_error = Status::Ok();
+  last_return = step_seconds = probe_wait = 0;
+  steps = 0;
+  FeedStats fresh;
+  fresh.on_gpu = st.on_gpu;
+  fresh.decoder = st.decoder;
+  st = fresh;
+  if (decoder) decode_base = decoder->counters();
+  return StartAt(start);
 }
 
 // How each named field after the image travels (FeedOptions::mask_fill's
@@ -392,7 +440,7 @@ Status GpuFeeder::Impl::Fill(int k) {
   const double t0 = NowSeconds();
   double decoding = 0;
   for (int t = 0; t < o.super_batch; ++t) {
-    auto r = stream.Next();
+    auto r = stream->Next();
     if (!r.ok()) return r.status();
     if (!r->has_value()) {
       loader_done = true;
@@ -616,20 +664,27 @@ GpuFeeder::GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t e
 
 GpuFeeder::~GpuFeeder() { impl_->Teardown(); }
 
+Status GpuFeeder::Restart(uint64_t epoch, uint64_t start_batch) {
+  Status s = impl_->Restart(epoch, start_batch);
+  if (!s.ok()) impl_->restart_error = s;  // nothing half-started is delivered: Next() says why
+  return s;
+}
+
 bool GpuFeeder::on_gpu() const { return impl_->st.on_gpu; }
 
-LoaderStats GpuFeeder::loader_stats() const { return impl_->stream.stats(); }
+LoaderStats GpuFeeder::loader_stats() const { return impl_->stream->stats(); }
 
 FeedStats GpuFeeder::stats() const {
   FeedStats s = impl_->st;
   s.echo = impl_->echo;
   if (impl_->decoder) {
     const gpu::ImageDecodeCounters& c = impl_->decoder->counters();
-    s.decoded_on_device = c.device_samples;
-    s.decoded_by_loader = c.host_samples;
-    s.decode_fallbacks = c.fallback_samples;
-    s.decode_skipped = c.skipped;
-    s.decode_seconds = c.decode_seconds;
+    const gpu::ImageDecodeCounters& b = impl_->decode_base;
+    s.decoded_on_device = c.device_samples - b.device_samples;
+    s.decoded_by_loader = c.host_samples - b.host_samples;
+    s.decode_fallbacks = c.fallback_samples - b.fallback_samples;
+    s.decode_skipped = c.skipped - b.skipped;
+    s.decode_seconds = c.decode_seconds - b.decode_seconds;
   }
   s.wall_seconds = impl_->started ? NowSeconds() - impl_->start_time : 0;
   return s;
@@ -641,6 +696,10 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Next() {
     if (d.error_returned) return std::optional<DeviceBatch>();
     d.error_returned = true;
     return d.init_status;
+  }
+  if (!d.restart_error.ok()) {
+    d.error = std::exchange(d.restart_error, Status::Ok());
+    return d.error;
   }
   if (!d.error.ok()) return std::optional<DeviceBatch>();  // the stream ended with that error
   const double t = NowSeconds();

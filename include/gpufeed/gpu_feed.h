@@ -199,6 +199,15 @@ class GpuFeeder {
   GpuFeeder& operator=(const GpuFeeder&) = delete;
 
   Result<std::optional<DeviceBatch>> Next();
+  // Starts epoch `epoch` at `start_batch` (as the constructor) on this
+  // feeder's device state: its buffers, streams and image decoder (with its
+  // measured rate) are kept, so an epoch's start costs no allocation, no
+  // decoder handle and no driver call but a stream sync. It then delivers
+  // what a new GpuFeeder(loader, options, epoch, start_batch) would, batch
+  // for batch; stats() start again. Batches of the previous epoch the
+  // consumer still holds stay valid (their output slots are skipped until
+  // released). A feeder that did not start returns why.
+  Status Restart(uint64_t epoch, uint64_t start_batch = 0);
   // Waits for `b` and copies its images (size x C x H x W x dtype bytes) and
   // labels to host memory; either pointer may be null. For tests, debugging
   // and checksums — not for the training loop.

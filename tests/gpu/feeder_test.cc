@@ -320,6 +320,69 @@ class Float32Source : public InMemorySource {
   std::vector<uint64_t> shape_;
 };
 
+// Restart: the same feeder, the next epoch (or a resumed one), delivers
+// what a new feeder would, batch for batch and label for label, whether the
+// last epoch ended or was left half way, and a batch of the last epoch the
+// consumer still holds keeps its bytes.
+TEST_P(FeederTest, RestartDeliversWhatANewFeederWould) {
+  TensorSource src(203, 10);
+  FeedOptions o = Opts();
+  o.echo = 2;
+  o.super_batch = 2;
+  o.crop_padding = 1;
+  o.flip = true;
+  o.seed = 11;
+  using Outputs = std::vector<std::pair<std::vector<float>, std::vector<int64_t>>>;
+  auto drain = [&](GpuFeeder& feeder, size_t at_most) {
+    Outputs out;
+    std::vector<float> img(8 * kSampleBytes);
+    std::vector<int64_t> labels(8);
+    while (out.size() < at_most) {
+      auto b = feeder.Next();
+      EXPECT_TRUE(b.ok()) << b.status().ToString();
+      if (!b.ok() || !*b) break;
+      EXPECT_TRUE(feeder.CopyToHost(**b, img.data(), labels.data()).ok());
+      out.emplace_back(std::vector<float>(img.begin(), img.begin() + (*b)->size() * kSampleBytes),
+                       std::vector<int64_t>(labels.begin(), labels.begin() + (*b)->size()));
+    }
+    return out;
+  };
+  auto fresh = [&](uint64_t epoch, uint64_t start) {
+    Loader loader(src, LoaderOpts());
+    GpuFeeder feeder(loader, o, epoch, start);
+    return drain(feeder, SIZE_MAX);
+  };
+  Loader loader(src, LoaderOpts());
+  GpuFeeder feeder(loader, o, 3);
+  const Outputs first = drain(feeder, SIZE_MAX);
+  EXPECT_EQ(first, fresh(3, 0));
+  // Epoch 4 after a whole epoch 3.
+  ASSERT_TRUE(feeder.Restart(4).ok());
+  const Outputs second = drain(feeder, 5);  // left half way
+  const Outputs want4 = fresh(4, 0);
+  ASSERT_GE(want4.size(), 5u);
+  EXPECT_EQ(second, Outputs(want4.begin(), want4.begin() + 5));
+  EXPECT_GT(feeder.stats().fresh_batches, 0u);
+  // Epoch 5 after a half epoch, with a batch of epoch 4 still held.
+  auto held = feeder.Next();
+  ASSERT_TRUE(held.ok() && *held);
+  std::vector<float> held_img(8 * kSampleBytes);
+  ASSERT_TRUE(feeder.CopyToHost(**held, held_img.data(), nullptr).ok());
+  ASSERT_TRUE(feeder.Restart(5).ok());
+  EXPECT_EQ(feeder.stats().fresh_batches, 0u);  // the epoch's own
+  EXPECT_EQ(drain(feeder, SIZE_MAX), fresh(5, 0));
+  std::vector<float> again(8 * kSampleBytes);
+  ASSERT_TRUE(feeder.CopyToHost(**held, again.data(), nullptr).ok());
+  EXPECT_EQ(again, held_img);
+  held->reset();
+  // A resumed epoch, as the constructor's start_batch.
+  ASSERT_TRUE(feeder.Restart(3, 4).ok());
+  EXPECT_EQ(drain(feeder, SIZE_MAX), fresh(3, 4));
+  EXPECT_FALSE(feeder.Restart(3, 3).ok());  // not a whole upload
+  auto b = feeder.Next();
+  EXPECT_FALSE(b.ok());
+}
+
 TEST_P(FeederTest, Float32SamplesAreNormalizedAsStored) {
   Float32Source src(37, 5);
   Loader loader(src, LoaderOpts());

@@ -501,3 +501,31 @@ def test_keeping_the_labels_keeps_no_batch(index_file, output):
         kept.append(labels)
     assert len(kept) == 25
     assert [int(x) for batch in kept for x in batch] == [k % 10 for k in range(250)]
+
+
+def test_later_epochs_of_one_feed_equal_fresh_loaders(index_file):
+    """The feed is restarted at each epoch, not made anew (its device buffers
+    and decoder stay): every epoch equals a fresh Loader's for that epoch,
+    augmentation included, and the last epoch's batch still held across the
+    next epoch's start keeps its values."""
+    opts = dict(OPTS, dtype=torch.float32, crop_padding=1, flip=True)
+    loader = gpufeed.Loader(index_file, **opts)
+    held = held_copy = None
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        got = []
+        for b in loader.batches():
+            got.append((b["labels"].numpy().copy(), b["images"].numpy().copy()))
+            last = b["images"]
+        if held is not None:
+            np.testing.assert_array_equal(held.numpy(), held_copy)
+        held, held_copy = last, last.numpy().copy()
+        fresh = gpufeed.Loader(index_file, **opts)
+        fresh.set_epoch(epoch)
+        want = [(b["labels"].numpy().copy(), b["images"].numpy().copy()) for b in fresh.batches()]
+        fresh.close()
+        assert len(got) == len(want) == len(loader)
+        for (gl, gx), (wl, wx) in zip(got, want):
+            np.testing.assert_array_equal(gl, wl)
+            np.testing.assert_array_equal(gx, wx)
+        assert loader.stats()["feed_fresh_batches"] == len(loader)  # this epoch's own
