@@ -12,7 +12,7 @@
 #include "gpufeed/fields.h"
 #include "common/atomic_file.h"
 #include "gpufeed/encoded.h"
-#include "hdf5io/image_decode.h"
+#include "image/image_decode.h"
 #include "gpufeed/inspect.h"
 
 namespace gpufeed::cli {

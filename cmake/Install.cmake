@@ -1,7 +1,7 @@
 # `cmake --install build --prefix P` installs what an outside project uses:
 #   P/include/gpufeed/*.h            the public contracts (C++ and the C API)
 #   P/lib/libgpufeed_*.a             the C++ library, a static library per module -> find_package(gpufeed),
-#                                    gpufeed::gpufeed (all of them) or gpufeed::loader, ::hdf5io, ...
+#                                    gpufeed::gpufeed (all of them) or gpufeed::loader, ::hdf5, ...
 #   P/lib/libgpufeed.so              the C API            -> gpufeed::c_api, pkg-config gpufeed
 #   P/lib/cmake/gpufeed/             the exported package (gpufeedConfig.cmake and its targets)
 #   P/lib/pkgconfig/gpufeed.pc       the C API for pkg-config users

@@ -9,7 +9,7 @@
 #include "daemon/protocol.h"
 #include "gpufeed/open_source.h"
 #include "gpufeed/fields.h"
-#include "hdf5io/probe.h"
+#include "hdf5/probe.h"
 #include "loader/chunk_cache.h"
 
 namespace gpufeed::daemon {

@@ -4,7 +4,7 @@
 #include "common/classes.h"
 #include "daemon/node_share.h"
 #include "gpufeed/fields.h"
-#include "hdf5io/probe.h"
+#include "hdf5/probe.h"
 
 namespace gpufeed {
 

@@ -46,23 +46,11 @@
 
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/field_spec.h"
+#include "gpufeed/file_list.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
-
-// "NAME=/path": a field named NAME read from the HDF5 dataset /path. The
-// name is what batches call the array (letters, digits, '_', '-', '.').
-struct FieldSpec {
-  std::string name, path;
-  static Result<FieldSpec> Parse(std::string_view text);
-};
-
-// True when `data` names many files: it has glob characters (*?[), is a
-// directory, or is a list file (*.txt, *.list).
-bool IsMultiFileSpec(std::string_view data);
-
-// The files `data` names (see above), sorted; NotFound when there are none.
-Result<std::vector<std::string>> ExpandFiles(std::string_view data);
 
 class FieldSource final : public ChunkSource {
  public:

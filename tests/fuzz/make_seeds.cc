@@ -16,7 +16,7 @@
 
 #include "daemon/protocol.h"
 #include "gpufeed/loader.h"
-#include "hdf5io/codec.h"
+#include "codec/codec.h"
 #include "tests/fuzz/checkpoint_fixture.h"
 
 namespace fs = std::filesystem;

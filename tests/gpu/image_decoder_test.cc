@@ -23,7 +23,7 @@
 #include "gpufeed/encoded.h"
 #include "gpufeed/gpu_feed.h"
 #include "gpufeed/loader.h"
-#include "hdf5io/image_decode.h"
+#include "image/image_decode.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {

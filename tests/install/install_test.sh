@@ -12,7 +12,7 @@ trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
 
 cmake --install "$build" --prefix "$prefix" > "$tmp/install.log"
-for f in include/gpufeed/c_api.h include/gpufeed/loader.h include/gpufeed/version.h lib/libgpufeed_common.a lib/libgpufeed_hdf5io.a lib/libgpufeed_loader.a \
+for f in include/gpufeed/c_api.h include/gpufeed/loader.h include/gpufeed/version.h lib/libgpufeed_common.a lib/libgpufeed_hdf5.a lib/libgpufeed_convert.a lib/libgpufeed_loader.a \
          lib/libgpufeed_gpu.a lib/libgpufeed_trainer.a lib/libgpufeed_daemon.a \
          lib/libgpufeed.so lib/cmake/gpufeed/gpufeedConfig.cmake lib/pkgconfig/gpufeed.pc bin/gpufeed \
          lib/gpufeed/hdf5-plugins/libgpufeed_h5zstd.so lib/python3/dist-packages/gpufeed/__init__.py; do

@@ -16,7 +16,7 @@ while IFS= read -r f; do
     bad=1
   fi
 done < <(git ls-files '*.h' '*.cc' '*.cu' '*.cuh' '*.c' 2>/dev/null | grep -v '^tests/structure/thread_safety_violation.cc$' ||
-         find include common hdf5io loader gpu trainer daemon capi cli bench tests \
+         find include common io codec image hdf5 formats convert loader gpu trainer daemon capi cli bench tests \
            \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' -o -name '*.c' \) -print)
 [ $bad -eq 0 ] && echo "check_format: every source file is as clang-format writes it"
 exit $bad

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "hdf5io/h5_util.h"
-#include "hdf5io/zstd_filter.h"
+#include "hdf5/h5_util.h"
+#include "hdf5/zstd_filter.h"
 
 namespace gpufeed::testing {
 

@@ -1,0 +1,31 @@
+// An image folder (DIR/<class>/<image>, classes nested or not): its files
+// by class, read whole. Internal to hdf5io/: the image-folder source and the
+// encoded converter both start from it.
+#ifndef GPUFEED_FORMATS_IMAGE_FOLDER_LISTING_H_
+#define GPUFEED_FORMATS_IMAGE_FOLDER_LISTING_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpufeed/status.h"
+
+namespace gpufeed::image_folder {
+
+struct FolderListing {
+  std::vector<std::string> class_names;
+  std::vector<std::string> files;  // class by class, sorted within a class
+  std::vector<int64_t> labels;     // parallel to files
+  uint64_t total_bytes = 0;
+};
+
+// Lists `dir`'s image files (JPEG, PNG) class by class; NotFound or
+// InvalidArgument naming the folder when it has none.
+Result<FolderListing> ListImageFolder(const std::string& dir);
+
+// Reads `path` whole into out (a short read or an error names the file).
+Status ReadWholeFile(const std::string& path, std::vector<unsigned char>* out);
+
+}  // namespace gpufeed::image_folder
+
+#endif  // GPUFEED_FORMATS_IMAGE_FOLDER_LISTING_H_

@@ -1,0 +1,20 @@
+// GuessLayout (gpufeed/sample_source.h): what the formats' readers, convert
+// and the statistics say of a sample shape without a stored layout.
+#include <string>
+#include <vector>
+
+#include "gpufeed/sample_source.h"
+
+namespace gpufeed {
+
+std::string GuessLayout(const std::vector<uint64_t>& s) {
+  if (s.size() != 3) return "";
+  auto channels = [](uint64_t x) { return x == 1 || x == 3; };
+  if (channels(s[0]) && !channels(s[2])) return "NCHW";
+  if (channels(s[2]) && !channels(s[0])) return "NHWC";
+  if (s[0] == 4 && s[2] > 4) return "NCHW";  // RGBA
+  if (s[2] == 4 && s[0] > 4) return "NHWC";
+  return "";
+}
+
+}  // namespace gpufeed

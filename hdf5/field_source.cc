@@ -1,0 +1,463 @@
+// FieldSource (fields.h): named fields over one or many HDF5 files, each
+// field a Dataset, files opened lazily under a bound of open descriptors.
+#include "gpufeed/fields.h"
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "common/sizes.h"
+#include "hdf5/probe.h"
+
+namespace gpufeed {
+namespace {
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// One file's (or part's) fields, open (a Dataset per field, in field order).
+using OpenFile = std::vector<Dataset>;
+
+}  // namespace
+
+namespace {
+
+// Where one field of a part is read: the part's samples from `first` on of
+// file:path. A stacked virtual source (no sample axis) is one whole sample:
+// `rows` rows of its axis 0 (rows is 1 for everything else).
+struct Piece {
+  std::string file, path;
+  uint64_t first = 0;
+  bool stacked = false;
+  std::string via;               // "vds.h5:/images" when mapped by a virtual dataset
+  uint64_t rows = 1;             // set at Open
+  uint64_t dataset_samples = 0;  // the dataset's axis 0 at Open (a reopen must agree)
+};
+
+// A run of samples that every field reads from one dataset: a whole input
+// file, or, where a field is a virtual dataset, the samples between two
+// source boundaries of any field. Read units never span parts.
+struct Part {
+  size_t file = 0;  // the input file it belongs to
+  uint64_t count = 0;
+  std::vector<Piece> pieces;  // one per field
+};
+
+}  // namespace
+
+struct FieldSource::Impl {
+  std::vector<FieldSpec> specs;
+  std::vector<FieldInfo> fields;
+  std::vector<std::string> files;
+  std::vector<uint64_t> file_first;  // first global sample of each file; + total at the end
+  std::vector<Part> parts;           // in sample order; empty input files have none
+  std::vector<uint64_t> part_first;  // first global sample of each part; + total at the end
+  std::vector<uint64_t> unit_first;  // first unit of each part; + num_chunks at the end
+  uint64_t num_samples = 0, sample_bytes = 0, chunk_samples = 1, num_chunks = 0;
+  std::vector<uint64_t> sample_shape;
+  DType dtype = DType::kUInt8;
+  SourceAttributes attributes;
+  std::string what;
+  OpenOptions reopen;  // trusted (probed at Open), labels "none"
+  size_t max_open = 256;
+
+  // Open parts, least recently used first out. A reader holds a shared_ptr,
+  // so closing one here never pulls it from under a read.
+  mutable std::mutex mu;
+  mutable std::vector<std::shared_ptr<const OpenFile>> open;  // GUARDED_BY(mu), per part
+  mutable std::vector<uint64_t> last_use;                     // GUARDED_BY(mu)
+  mutable std::vector<size_t> open_list;                      // GUARDED_BY(mu): parts with open[p]
+  mutable uint64_t clock = 0;                                 // GUARDED_BY(mu)
+
+  // Opens every field of input file f as named (a virtual dataset opens as
+  // one, its mapping resolved and checked) and checks it against the fields.
+  Result<OpenFile> OpenFields(size_t f) const {
+    OpenFile out;
+    for (size_t j = 0; j < specs.size(); ++j) {
+      auto ds = Dataset::Open(files[f] + ":" + specs[j].path, reopen);
+      if (!ds.ok()) return ds.status();
+      out.push_back(std::move(*ds));
+    }
+    return out;
+  }
+
+  Status CheckFile(size_t f, const OpenFile& ds) const {
+    const uint64_t n = ds[0].num_samples();
+    for (size_t j = 0; j < ds.size(); ++j) {
+      if (ds[j].dtype() != fields[j].dtype || ds[j].sample_shape() != fields[j].sample_shape) {
+        return Status::InvalidArgument(
+            files[f] + ":" + specs[j].path + ": field '" + specs[j].name + "' is " +
+            std::string(DTypeName(ds[j].dtype())) + " " + ShapeText(ds[j].sample_shape()) + " per sample, but in " +
+            files[0] + " it is " + std::string(DTypeName(fields[j].dtype)) + " " + ShapeText(fields[j].sample_shape) +
+            "; every file must agree in fields, dtypes and sample shapes");
+      }
+      if (ds[j].num_samples() != n) {
+        return Status::InvalidArgument(files[f] + ": field '" + specs[j].name + "' (" + specs[j].path + ") has " +
+                                       std::to_string(ds[j].num_samples()) + " samples but field '" + specs[0].name +
+                                       "' (" + specs[0].path + ") has " + std::to_string(n) +
+                                       "; the fields of a file must have the same length (axis 0)");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Opens the dataset of every field of part p.
+  Result<OpenFile> OpenPart(size_t p) const {
+    OpenFile out;
+    for (const Piece& pc : parts[p].pieces) {
+      auto ds = Dataset::Open(pc.file + ":" + pc.path, reopen);
+      if (!ds.ok()) return pc.via.empty() ? ds.status() : ds.status().WithContext("source of " + pc.via);
+      out.push_back(std::move(*ds));
+    }
+    return out;
+  }
+
+  // A part's datasets hold what the fields say: dtype, sample shape, the
+  // samples the part reads. record: the first open (Open), whose rows and
+  // lengths it sets; else a reopen, which must find the lengths unchanged.
+  Status CheckPart(size_t p, const OpenFile& ds, Part* record) const {
+    const Part& part = parts[p];
+    for (size_t j = 0; j < ds.size(); ++j) {
+      const Piece& pc = part.pieces[j];
+      const std::string where = pc.file + ":" + pc.path + (pc.via.empty() ? "" : " (source of " + pc.via + ")");
+      std::vector<uint64_t> shape = ds[j].sample_shape();
+      if (pc.stacked) shape.insert(shape.begin(), ds[j].num_samples());  // the whole dataset is the sample
+      if (ds[j].dtype() != fields[j].dtype || ds[j].is_bool() != fields[j].is_bool || shape != fields[j].sample_shape) {
+        return Status::InvalidArgument(where + ": field '" + specs[j].name + "' is " +
+                                       std::string(DTypeName(ds[j].dtype())) + " " + ShapeText(shape) +
+                                       " per sample here, but " + std::string(DTypeName(fields[j].dtype)) + " " +
+                                       ShapeText(fields[j].sample_shape) + " in " + files[0]);
+      }
+      if (record != nullptr) {
+        Piece& rp = record->pieces[j];
+        rp.dataset_samples = ds[j].num_samples();
+        rp.rows = pc.stacked ? ds[j].num_samples() : 1;
+        const auto end = CheckedAdd(rp.first, part.count);
+        if (!pc.stacked && (!end || *end > rp.dataset_samples)) {
+          return Status::InvalidArgument(where + ": has " + std::to_string(rp.dataset_samples) +
+                                         " samples, the part read from it needs [" + std::to_string(rp.first) + ", " +
+                                         (end ? std::to_string(*end) : std::string("overflow")) + ")");
+        }
+      } else if (ds[j].num_samples() != pc.dataset_samples) {
+        return Status::InvalidArgument(where + ": now has " + std::to_string(ds[j].num_samples()) + " samples, had " +
+                                       std::to_string(pc.dataset_samples) +
+                                       " when the dataset was opened (the file changed; reopen the dataset)");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Result<std::shared_ptr<const OpenFile>> Acquire(size_t p) const {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (open[p]) {
+        last_use[p] = ++clock;
+        return open[p];
+      }
+    }
+    auto ds = OpenPart(p);
+    if (!ds.ok()) return ds.status();
+    GPUFEED_RETURN_IF_ERROR(CheckPart(p, *ds, nullptr));
+    auto ptr = std::make_shared<const OpenFile>(std::move(*ds));
+    std::lock_guard<std::mutex> lock(mu);
+    if (open[p]) {
+      last_use[p] = ++clock;
+      return open[p];  // another thread opened it meanwhile; ours closes
+    }
+    Insert(p, ptr);
+    return ptr;
+  }
+
+  void Insert(size_t p, std::shared_ptr<const OpenFile> ptr) const {  // requires mu
+    while (open_list.size() >= max_open) {
+      auto lru = std::min_element(open_list.begin(), open_list.end(),
+                                  [&](size_t a, size_t b) { return last_use[a] < last_use[b]; });
+      open[*lru].reset();
+      *lru = open_list.back();
+      open_list.pop_back();
+    }
+    open[p] = std::move(ptr);
+    last_use[p] = ++clock;
+    open_list.push_back(p);
+  }
+
+  size_t PartOfUnit(uint64_t i) const {
+    return static_cast<size_t>(std::upper_bound(unit_first.begin(), unit_first.end(), i) - unit_first.begin() - 1);
+  }
+  uint64_t UnitSamples(uint64_t i) const {
+    const size_t p = PartOfUnit(i);
+    const uint64_t local = (i - unit_first[p]) * chunk_samples;
+    return std::min(chunk_samples, parts[p].count - local);
+  }
+
+  // Splits input file f (its fields open as `ds`) into parts: one when no
+  // field is virtual, else one between every two source boundaries.
+  Status AddParts(size_t f, const OpenFile& ds) {
+    const uint64_t n = ds.front().num_samples();
+    if (n == 0) return Status::Ok();
+    // Per field, its runs: (start in the file, piece).
+    std::vector<std::vector<std::pair<uint64_t, Piece>>> runs(ds.size());
+    for (size_t j = 0; j < ds.size(); ++j) {
+      const auto& vs = ds[j].info().virtual_sources;
+      if (vs.empty()) {
+        runs[j].push_back({0, Piece{files[f], specs[j].path, 0, false, "", 1, 0}});
+        continue;
+      }
+      for (const VirtualSource& v : vs) {
+        runs[j].push_back({v.first, Piece{v.file, v.dataset, v.source_first, v.stacked, ds[j].name(), 1, 0}});
+      }
+    }
+    // Sweep: a part ends at the nearest boundary of any field.
+    std::vector<size_t> at(ds.size(), 0);
+    uint64_t s = 0;
+    while (s < n) {
+      Part part;
+      part.file = f;
+      uint64_t end = n;
+      for (size_t j = 0; j < ds.size(); ++j) {
+        while (at[j] + 1 < runs[j].size() && runs[j][at[j] + 1].first <= s) ++at[j];
+        if (at[j] + 1 < runs[j].size()) end = std::min(end, runs[j][at[j] + 1].first);
+        Piece pc = runs[j][at[j]].second;
+        // Within the run (s < its end); a stacked run is one sample, so s is its start.
+        pc.first += s - runs[j][at[j]].first;
+        part.pieces.push_back(std::move(pc));
+      }
+      part.count = end - s;
+      parts.push_back(std::move(part));
+      s = end;
+    }
+    return Status::Ok();
+  }
+};
+
+FieldSource::FieldSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FieldSource::~FieldSource() = default;
+
+Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, const OpenOptions& options) {
+  auto files = ExpandFiles(data);
+  if (!files.ok()) return files.status();
+  auto d = std::make_unique<Impl>();
+  d->files = std::move(*files);
+  d->max_open = static_cast<size_t>(std::max(1, options.max_open_files));
+  d->reopen = options;
+  d->reopen.labels_path = "none";
+  d->reopen.fields.clear();
+
+  for (const std::string& text : options.fields) {
+    auto f = FieldSpec::Parse(text);
+    if (!f.ok()) return f.status();
+    for (const FieldSpec& g : d->specs) {
+      if (g.name == f->name) return Status::InvalidArgument("field '" + f->name + "' is named twice");
+    }
+    d->specs.push_back(std::move(*f));
+  }
+  // HDF5's parser is untrusted: every (file, field) goes through the probe
+  // processes once, in one pass, before this process opens any of them.
+  const bool trusted = TrustFiles(options);
+  if (d->specs.empty()) {
+    d->specs.push_back({"images", "/images"});
+    OpenOptions o = d->reopen;
+    o.trust_files = trusted;
+    auto labels = Dataset::Open(d->files[0] + ":/labels", o);
+    if (labels.ok()) d->specs.push_back({"labels", "/labels"});
+  }
+  if (!trusted) {
+    std::vector<std::string> probe_specs;
+    for (const std::string& f : d->files) {
+      for (const FieldSpec& s : d->specs) probe_specs.push_back(f + ":" + s.path);
+    }
+    ProbeOptions probe;
+    probe.open = d->reopen;
+    probe.timeout_ms = options.probe_timeout_ms;
+    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
+    const std::vector<Status> probed = ProbeFiles(probe_specs, probe);
+    for (const Status& s : probed) GPUFEED_RETURN_IF_ERROR(s);
+  }
+  d->reopen.trust_files = true;
+
+  // Each open field holds about 2 descriptors (ours and HDF5's): keep the
+  // bound within the process's limit, with room for everything else.
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    const uint64_t per_file = 2 * d->specs.size() + 1;
+    const uint64_t room = nofile.rlim_cur > 128 ? (nofile.rlim_cur - 128) / 2 : 1;  // half of what is left
+    d->max_open = static_cast<size_t>(std::clamp<uint64_t>(room / per_file, 1, d->max_open));
+  }
+  d->file_first.assign(1, 0);
+  bool any_virtual = false;
+  size_t largest = 0;  // the field with the largest samples: its chunking is the read unit
+  uint64_t unit = 1;
+  std::vector<bool> checked;  // per part: opened, checked, lengths recorded
+  // Records part p's datasets (its first open) and keeps the first max_open open.
+  auto first_open = [&](size_t p, std::shared_ptr<const OpenFile> ds) -> Status {
+    GPUFEED_RETURN_IF_ERROR(d->CheckPart(p, *ds, &d->parts[p]));
+    if (p == 0) unit = d->parts[0].pieces[largest].stacked ? 1 : (*ds)[largest].chunk_samples();
+    checked[p] = true;
+    if (d->open_list.size() < d->max_open) d->Insert(p, std::move(ds));
+    return Status::Ok();
+  };
+  for (size_t f = 0; f < d->files.size(); ++f) {
+    auto ds = d->OpenFields(f);
+    if (!ds.ok()) return ds.status();
+    if (f == 0) {
+      uint64_t offset = 0;
+      for (size_t j = 0; j < ds->size(); ++j) {
+        const Dataset& x = (*ds)[j];
+        FieldInfo fi;
+        fi.name = d->specs[j].name;
+        fi.path = d->specs[j].path;
+        fi.dtype = x.dtype();
+        fi.is_bool = x.is_bool();
+        fi.sample_shape = x.sample_shape();
+        fi.sample_bytes = x.sample_bytes();
+        fi.offset = offset;
+        const auto next = CheckedAdd(offset, fi.sample_bytes);
+        if (!next) return Status::Unsupported(d->files[0] + ": the fields' sample sizes overflow 64 bits");
+        offset = *next;
+        d->fields.push_back(std::move(fi));
+      }
+      d->sample_bytes = offset;
+      d->attributes = ds->front().attributes();
+      for (size_t j = 1; j < d->fields.size(); ++j) {
+        if (d->fields[j].sample_bytes > d->fields[largest].sample_bytes) largest = j;
+      }
+    }
+    GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, *ds));
+    const uint64_t n = ds->front().num_samples();
+    const auto total = CheckedAdd(d->file_first.back(), n);
+    if (!total) return Status::Unsupported(d->files[f] + ": the files' sample counts overflow 64 bits");
+    d->file_first.push_back(*total);
+    const size_t before = d->parts.size();
+    GPUFEED_RETURN_IF_ERROR(d->AddParts(f, *ds));
+    bool is_virtual = false;
+    for (const Dataset& x : *ds) is_virtual = is_virtual || !x.info().virtual_sources.empty();
+    any_virtual = any_virtual || is_virtual;
+    d->open.resize(d->parts.size());
+    d->last_use.resize(d->parts.size(), 0);
+    checked.resize(d->parts.size(), false);
+    // A file without virtual fields is one part, read from the datasets just opened.
+    if (!is_virtual && d->parts.size() > before) {
+      GPUFEED_RETURN_IF_ERROR(first_open(before, std::make_shared<const OpenFile>(std::move(*ds))));
+    }
+  }
+  // Virtual fields' sources are files HDF5 has not parsed in this process
+  // beyond their metadata: they go through the probe before they are read.
+  if (any_virtual && !trusted) {
+    std::vector<std::string> probe_specs;
+    for (const Part& part : d->parts) {
+      for (const Piece& pc : part.pieces) {
+        if (!pc.via.empty()) probe_specs.push_back(pc.file + ":" + pc.path);
+      }
+    }
+    std::sort(probe_specs.begin(), probe_specs.end());
+    probe_specs.erase(std::unique(probe_specs.begin(), probe_specs.end()), probe_specs.end());
+    ProbeOptions probe;
+    probe.open = d->reopen;
+    probe.timeout_ms = options.probe_timeout_ms;
+    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
+    const std::vector<Status> probed = ProbeFiles(probe_specs, probe);
+    for (const Status& s : probed) GPUFEED_RETURN_IF_ERROR(s);
+  }
+  // The parts of virtual fields: their sources opened once (checked,
+  // lengths recorded).
+  for (size_t p = 0; p < d->parts.size(); ++p) {
+    if (checked[p]) continue;
+    auto opened = d->OpenPart(p);
+    if (!opened.ok()) return opened.status();
+    GPUFEED_RETURN_IF_ERROR(first_open(p, std::make_shared<const OpenFile>(std::move(*opened))));
+  }
+  // Units never span parts: every part but the last holds whole units (the
+  // last may end in a short one, as a single file's last chunk).
+  for (size_t p = 0; p + 1 < d->parts.size(); ++p) unit = std::gcd(unit, d->parts[p].count);
+  d->num_samples = d->file_first.back();
+  d->chunk_samples = std::max<uint64_t>(1, unit);
+  d->part_first.assign(1, 0);
+  d->unit_first.assign(1, 0);
+  for (const Part& part : d->parts) {
+    d->part_first.push_back(d->part_first.back() + part.count);
+    d->unit_first.push_back(d->unit_first.back() + (part.count + d->chunk_samples - 1) / d->chunk_samples);
+  }
+  d->num_chunks = d->unit_first.back();
+  if (d->fields.size() == 1) {
+    d->dtype = d->fields[0].dtype;
+    d->sample_shape = d->fields[0].sample_shape;
+  } else {
+    d->dtype = DType::kUInt8;
+    d->sample_shape = {d->sample_bytes};
+  }
+  d->what = d->files.size() == 1 ? d->files[0] : std::string(data) + " (" + std::to_string(d->files.size()) + " files)";
+  d->what += " fields ";
+  for (size_t j = 0; j < d->specs.size(); ++j) d->what += (j ? "," : "") + d->specs[j].name + "=" + d->specs[j].path;
+  return std::unique_ptr<FieldSource>(new FieldSource(std::move(d)));
+}
+
+uint64_t FieldSource::num_samples() const { return impl_->num_samples; }
+const std::vector<uint64_t>& FieldSource::sample_shape() const { return impl_->sample_shape; }
+uint64_t FieldSource::sample_bytes() const { return impl_->sample_bytes; }
+DType FieldSource::dtype() const { return impl_->dtype; }
+uint64_t FieldSource::chunk_samples() const { return impl_->chunk_samples; }
+uint64_t FieldSource::num_chunks() const { return impl_->num_chunks; }
+uint64_t FieldSource::samples_in_chunk(uint64_t i) const { return impl_->UnitSamples(i); }
+uint64_t FieldSource::stored_chunk_bytes(uint64_t i) const { return impl_->UnitSamples(i) * impl_->sample_bytes; }
+const std::vector<int64_t>& FieldSource::labels() const {
+  static const std::vector<int64_t> kNone;
+  return kNone;
+}
+std::string FieldSource::name() const { return impl_->what; }
+std::vector<FieldInfo> FieldSource::fields() const { return impl_->fields; }
+SourceAttributes FieldSource::attributes() const { return impl_->attributes; }
+const std::vector<std::string>& FieldSource::files() const { return impl_->files; }
+
+std::pair<size_t, uint64_t> FieldSource::Locate(uint64_t index) const {
+  const auto& ff = impl_->file_first;
+  const size_t f = static_cast<size_t>(std::upper_bound(ff.begin(), ff.end(), index) - ff.begin() - 1);
+  return {f, index - ff[f]};
+}
+
+size_t FieldSource::open_files() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->open_list.size();
+}
+
+Status FieldSource::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
+  const Impl& d = *impl_;
+  if (i >= d.num_chunks) {
+    return Status::InvalidArgument(d.what + ": unit " + std::to_string(i) + " out of range (" +
+                                   std::to_string(d.num_chunks) + " units)");
+  }
+  const size_t p = d.PartOfUnit(i);
+  const Part& part = d.parts[p];
+  const uint64_t n = d.UnitSamples(i);
+  const uint64_t local = (i - d.unit_first[p]) * d.chunk_samples;
+  const uint64_t capacity = d.fields.size() == 1 ? n : d.chunk_samples;
+  if (dst.size() < capacity * d.sample_bytes) {
+    return Status::InvalidArgument(d.what + ": unit " + std::to_string(i) + ": destination holds " +
+                                   std::to_string(dst.size()) + " bytes, the unit needs " +
+                                   std::to_string(capacity * d.sample_bytes));
+  }
+  const std::string where = d.files[part.file] + " (unit " + std::to_string(i) + ", samples [" +
+                            std::to_string(d.part_first[p] + local) + ", " +
+                            std::to_string(d.part_first[p] + local + n) + ") of " + d.what + ")";
+  auto file = d.Acquire(p);
+  if (!file.ok()) return file.status().WithContext(where);
+  for (size_t j = 0; j < d.fields.size(); ++j) {
+    const FieldInfo& fi = d.fields[j];
+    const Piece& pc = part.pieces[j];
+    std::span<std::byte> out = dst.subspan(capacity * fi.offset, n * fi.sample_bytes);
+    // A stacked source is one sample (first and local are 0): all its rows.
+    Status s = (**file)[j].ReadSamples((pc.first + local) * pc.rows, n * pc.rows, out);
+    if (!s.ok()) return pc.via.empty() ? s.WithContext(where) : s.WithContext("source of " + pc.via).WithContext(where);
+  }
+  return Status::Ok();
+}
+
+}  // namespace gpufeed

@@ -1,0 +1,36 @@
+// The HDF5 fork gate. Debian's HDF5 is the threadsafe build: one global
+// lock around every API call. A process forked while another of its threads
+// holds that lock gets a copy that is held forever, so a probe child (probe.h)
+// made beside a loader reading through HDF5 waited out its time limit and a
+// good file was reported as hanging (11 of 12 probes with two readers on the
+// hdf5 path).
+//
+// So gpufeed's HDF5 work outside the probe children runs in an Hdf5Section
+// (a shared hold, re-entrant per thread), and ForkOutsideHdf5 forks only
+// when no thread but the caller is in one: new sections wait meanwhile, and
+// the wait for those in flight is bounded (a reader stuck in HDF5 must not
+// stop every later open), after which it forks anyway.
+#ifndef GPUFEED_HDF5_FORK_GATE_H_
+#define GPUFEED_HDF5_FORK_GATE_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+
+namespace gpufeed::h5 {
+
+class Hdf5Section {
+ public:
+  Hdf5Section();
+  ~Hdf5Section();
+  Hdf5Section(const Hdf5Section&) = delete;
+  Hdf5Section& operator=(const Hdf5Section&) = delete;
+};
+
+// fork(), once the other threads' sections have ended (waiting at most
+// `wait`); returns what fork() returned.
+pid_t ForkOutsideHdf5(std::chrono::milliseconds wait = std::chrono::milliseconds(2000));
+
+}  // namespace gpufeed::h5
+
+#endif  // GPUFEED_HDF5_FORK_GATE_H_

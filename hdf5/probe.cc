@@ -1,0 +1,323 @@
+// ProbeFiles (hdf5/probe.h): fork, open in the child, watch from the parent.
+#include "hdf5/probe.h"
+
+#include <hdf5.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <string>
+#include <vector>
+
+#include "common/sizes.h"
+#include "hdf5/fork_gate.h"
+#include "hdf5/h5_util.h"
+
+namespace gpufeed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Child messages: 'S' (4-byte index) before a file, 'D' (index) after it.
+struct Msg {
+  char tag;
+  uint32_t index;
+} __attribute__((packed));
+
+void WriteMsg(int fd, char tag, uint32_t index) {
+  Msg m{tag, index};
+  ssize_t r;
+  do {
+    r = ::write(fd, &m, sizeof(m));
+  } while (r < 0 && errno == EINTR);
+}
+
+// The child: opens each file of [first, last) as Dataset::Open does, then
+// _exit(0). Never returns.
+// A forked child about to let HDF5 parse a file that may crash or hang it.
+void BecomeSacrificialChild() {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the parent
+  struct rlimit no_core {
+    0, 0
+  };
+  ::setrlimit(RLIMIT_CORE, &no_core);  // a crash here is expected: no core file
+  // glibc's and HDF5's last words ("malloc(): corrupted top size") would
+  // only confuse the parent's clear error.
+  if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDERR_FILENO);
+}
+
+// pipe + fork: in the parent, the child's pid and the pipe's read end; in
+// the child (pid 0), the write end, with the read end closed.
+struct Forked {
+  pid_t pid = -1;
+  int fd = -1;
+};
+Result<Forked> ForkWithPipe(const char* what) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IOError(std::string(what) + ": pipe: " + std::strerror(errno));
+  const pid_t pid = h5::ForkOutsideHdf5();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Status::IOError(std::string(what) + ": fork: " + std::strerror(errno));
+  }
+  ::close(fds[pid == 0 ? 0 : 1]);
+  return Forked{pid, fds[pid == 0 ? 1 : 0]};
+}
+
+[[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
+                            const ProbeOptions& options) {
+  BecomeSacrificialChild();
+  OpenOptions o = options.open;
+  o.trust_files = true;
+  for (size_t i = first; i < last; ++i) {
+    WriteMsg(fd, 'S', static_cast<uint32_t>(i));
+    {
+      auto ds = Dataset::Open(specs[i], o);
+      if (ds.ok() && ds->info().read_path == ReadPath::kHdf5 && ds->num_samples() > 0) {
+        // HDF5 decodes on this path: its filters see the file's bytes too.
+        // One HDF5 chunk's row of samples is enough for that (a read unit
+        // can span 10^5 tiny chunks of a sparse file: seconds for nothing).
+        const auto& cs = ds->info().hdf5_chunk_shape;
+        const uint64_t n = std::min<uint64_t>(ds->num_samples(), cs.empty() ? 1 : std::max<uint64_t>(1, cs[0]));
+        const auto bytes = CheckedMul(n, ds->sample_bytes());
+        if (bytes && *bytes <= (uint64_t{256} << 20)) {
+          std::vector<std::byte> buf(*bytes);
+          (void)ds->ReadSamples(0, n, buf);
+        }
+      }
+    }           // closes every handle: HDF5 has crashed while closing hostile files too
+    H5close();  // and while shutting down with them (the caller's exit would)
+    WriteMsg(fd, 'D', static_cast<uint32_t>(i));
+  }
+  ::_exit(0);
+}
+
+std::string SignalText(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = sigdescr_np(sig);
+    return "signal " + std::to_string(sig) + (name ? std::string(" (") + name + ")" : "");
+  }
+  return "exit status " + std::to_string(WEXITSTATUS(status));
+}
+
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;
+  size_t next = 0, last = 0;  // files [next, last) not yet finished
+  bool in_file = false;       // 'S' seen for `next`, no 'D' yet
+  Clock::time_point file_start;
+};
+
+std::string FileOf(const std::string& spec) {
+  auto s = DatasetSpec::Parse(spec);
+  return s.ok() ? s->file : spec;
+}
+
+}  // namespace
+
+std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options) {
+  std::vector<Status> out(specs.size());
+  if (specs.empty()) return out;
+  const size_t procs = std::clamp<size_t>(static_cast<size_t>(std::max(1, options.processes)), 1, specs.size());
+  // Contiguous shares, refilled by a fresh child after a crash or a hang.
+  std::vector<std::pair<size_t, size_t>> todo;
+  for (size_t p = 0; p < procs; ++p) {
+    todo.emplace_back(specs.size() * p / procs, specs.size() * (p + 1) / procs);
+  }
+  std::vector<Child> live;
+  auto spawn = [&](size_t first, size_t last) -> Status {
+    auto forked = ForkWithPipe("probe");
+    if (!forked.ok()) return forked.status();
+    if (forked->pid == 0) ChildMain(forked->fd, specs, first, last, options);
+    Child c;
+    c.pid = forked->pid;
+    c.fd = forked->fd;
+    c.next = first;
+    c.last = last;
+    c.file_start = Clock::now();
+    live.push_back(c);
+    return Status::Ok();
+  };
+  for (auto [a, b] : todo) {
+    if (a < b) {
+      if (Status st = spawn(a, b); !st.ok()) {
+        for (Child& c : live) {
+          ::kill(c.pid, SIGKILL);
+          ::waitpid(c.pid, nullptr, 0);
+          ::close(c.fd);
+        }
+        return std::vector<Status>(specs.size(), st);
+      }
+    }
+  }
+  const auto limit = std::chrono::milliseconds(std::max(1, options.timeout_ms));
+  while (!live.empty()) {
+    std::vector<pollfd> pfds;
+    for (const Child& c : live) pfds.push_back({c.fd, POLLIN, 0});
+    // Wake for the nearest deadline.
+    auto now = Clock::now();
+    auto wait = limit;
+    for (const Child& c : live) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.file_start + limit - now);
+      wait = std::min(wait, std::max(left, std::chrono::milliseconds(0)));
+    }
+    const int r = ::poll(pfds.data(), pfds.size(), static_cast<int>(wait.count()) + 1);
+    if (r < 0 && errno != EINTR) break;
+    now = Clock::now();
+    std::vector<Child> still;
+    std::vector<std::pair<size_t, size_t>> respawn;
+    for (size_t k = 0; k < live.size(); ++k) {
+      Child c = live[k];
+      bool ended = false;
+      if (pfds[k].revents & (POLLIN | POLLHUP | POLLERR)) {
+        Msg m;
+        ssize_t n;
+        while ((n = ::read(c.fd, &m, sizeof(m))) == static_cast<ssize_t>(sizeof(m))) {
+          if (m.tag == 'S') {
+            c.next = m.index;
+            c.in_file = true;
+            c.file_start = now;
+          } else if (m.tag == 'D') {
+            c.next = m.index + 1;
+            c.in_file = false;
+          }
+          pollfd one{c.fd, POLLIN, 0};
+          if (::poll(&one, 1, 0) <= 0 || !(one.revents & POLLIN)) break;
+        }
+        if (n == 0) ended = true;  // EOF: the child exited or died
+      }
+      if (!ended && c.file_start + limit <= now && c.next < c.last) {
+        ::kill(c.pid, SIGKILL);
+        ::waitpid(c.pid, nullptr, 0);
+        ::close(c.fd);
+        out[c.next] = Status::Corrupt(
+            FileOf(specs[c.next]) + ": HDF5 did not finish reading this file's metadata within " +
+            std::to_string(limit.count()) +
+            " ms (in a probe process): damaged or hostile file; if you trust it and it is only slow, pass "
+            "--trust-files (OpenOptions::trust_files) to skip the probe");
+        if (c.next + 1 < c.last) respawn.emplace_back(c.next + 1, c.last);
+        continue;
+      }
+      if (!ended) {
+        still.push_back(c);
+        continue;
+      }
+      int status = 0;
+      ::waitpid(c.pid, &status, 0);
+      ::close(c.fd);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && c.next >= c.last) continue;
+      // Died: the file it was in (or was about to start) is the culprit.
+      if (c.next < c.last) {
+        out[c.next] = Status::Corrupt(FileOf(specs[c.next]) + ": HDF5 crashed reading this file's metadata (" +
+                                      SignalText(status) +
+                                      " in a probe process): damaged or hostile file; gpufeed will not open it");
+        if (c.next + 1 < c.last) respawn.emplace_back(c.next + 1, c.last);
+      }
+    }
+    live = std::move(still);
+    for (auto [a, b] : respawn) {
+      if (Status st = spawn(a, b); !st.ok()) {
+        for (size_t i = a; i < b; ++i) out[i] = st;
+      }
+    }
+  }
+  return out;
+}
+
+bool TrustFiles(const OpenOptions& open) {
+  const char* env = std::getenv("GPUFEED_TRUST_FILES");
+  return open.trust_files || (env != nullptr && std::string_view(env) == "1");
+}
+
+Status ProbeUnlessTrusted(const std::string& spec, const OpenOptions& open) {
+  if (TrustFiles(open)) return Status::Ok();
+  ProbeOptions po;
+  po.open = open;
+  po.timeout_ms = open.probe_timeout_ms;
+  po.processes = 1;
+  return ProbeFiles({spec}, po)[0];
+}
+
+Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, int timeout_ms, size_t max_bytes) {
+  auto forked = ForkWithPipe("list datasets");
+  if (!forked.ok()) return forked.status();
+  const pid_t pid = forked->pid;
+  const int fd = forked->fd;
+  if (pid == 0) {
+    BecomeSacrificialChild();
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    std::string names;  // NUL-terminated names: HDF5 allows newlines in them
+    if (f >= 0) {
+      for (const std::string& n : h5::ListDatasets(f)) {
+        if (names.size() + n.size() + 1 > max_bytes) break;
+        names += n;
+        names.push_back('\0');
+      }
+    }
+    for (size_t off = 0; off < names.size();) {
+      const ssize_t w = ::write(fd, names.data() + off, names.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+    ::_exit(0);  // no H5Fclose: closing a hostile file has crashed HDF5 too, and the answer is out
+  }
+  std::string got;
+  bool timed_out = false;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(1, timeout_ms));
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd one{fd, POLLIN, 0};
+    const int r = ::poll(&one, 1, static_cast<int>(left));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      timed_out = r == 0;
+      break;
+    }
+    char buf[4096];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // EOF: the child is done (or died)
+    if (got.size() < max_bytes) got.append(buf, static_cast<size_t>(std::min<size_t>(n, max_bytes - got.size())));
+  }
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  ::close(fd);
+  if (timed_out) {
+    return Status::Corrupt(file + ": HDF5 did not finish listing this file's datasets within " +
+                           std::to_string(timeout_ms) + " ms (in a child process): damaged or hostile file");
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Status::Corrupt(file + ": HDF5 crashed listing this file's datasets (" + SignalText(status) +
+                           " in a child process): damaged or hostile file; gpufeed will not open it");
+  }
+  std::vector<std::string> out;
+  for (size_t a = 0; a < got.size();) {
+    const size_t z = got.find('\0', a);
+    if (z == std::string::npos) break;  // a name cut by max_bytes
+    out.push_back(got.substr(a, z - a));
+    a = z + 1;
+  }
+  return out;
+}
+
+}  // namespace gpufeed

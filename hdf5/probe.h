@@ -1,0 +1,56 @@
+// The metadata probe: HDF5's own parser can crash or hang on damaged or
+// hostile files (the HDF Group's CVE corpus has dozens), and gpufeed cannot
+// fix HDF5. So the first open of a file runs in forked probe processes with a
+// time limit: a child opens it exactly as Dataset::Open does (metadata,
+// attributes gpufeed reads, labels, chunk index, and the first chunk when
+// HDF5 itself would decode it) and exits. A child that dies of a signal or
+// overruns the limit becomes a Status naming the file, and the caller's
+// process never touches it. STYLE.md practice 19.
+//
+// Many files are probed in one pass by a few processes (not a fork per
+// file): each child walks a share of the list and reports each file's start
+// and end on a pipe, so a crash names its file and a fresh child continues
+// after it.
+#ifndef GPUFEED_HDF5_PROBE_H_
+#define GPUFEED_HDF5_PROBE_H_
+
+#include <string>
+#include <vector>
+
+#include "gpufeed/dataset.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+struct ProbeOptions {
+  OpenOptions open;        // how the children open each spec (trust_files is forced on)
+  int timeout_ms = 10000;  // per file
+  int processes = 4;       // children at once (at most one per file)
+};
+
+// One Status per spec, in order: Ok when HDF5 survived the file (its own
+// errors, if any, are left for the real Open to report), Corrupt when the
+// child crashed or hung on it.
+std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options = {});
+
+// Whether the caller trusts HDF5 files: OpenOptions::trust_files, or
+// GPUFEED_TRUST_FILES=1 in the environment (what `gpufeed --trust-files`
+// sets). Every probe site asks this one function.
+bool TrustFiles(const OpenOptions& open);
+
+// One spec through one probe process, unless TrustFiles(open): Ok, or the
+// probe's Corrupt error.
+Status ProbeUnlessTrusted(const std::string& spec, const OpenOptions& open);
+
+// The datasets of `file` ("/a", "/g/b"), listed by HDF5 in a forked child
+// with a time limit: a listing walks every object header of the file, which
+// the probe's open never does, and HDF5's own link decoding has overflowed
+// the heap on hostile files (CVE-2018-13869, -13870, -13871, -16438) without crashing the
+// probe but aborting a later free. Only error messages use it. Corrupt, naming
+// the file, when the child crashed or hung; at most `max_bytes` of names.
+Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, int timeout_ms,
+                                                      size_t max_bytes = 64 << 10);
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_HDF5_PROBE_H_

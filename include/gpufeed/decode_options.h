@@ -1,0 +1,48 @@
+// DecodeOptions: what an encoded image becomes (size, layout, the crop of
+// training or evaluation, what to do with one that does not decode). The
+// image decoders (gpufeed/sample_decoder.h, image/) and the encoded sources
+// (gpufeed/encoded.h) take it.
+#ifndef GPUFEED_DECODE_OPTIONS_H_
+#define GPUFEED_DECODE_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+enum class ImageTransform {
+  // torchvision RandomResizedCrop: a random box of area fraction in
+  // [scale_min, scale_max] and aspect ratio in [ratio_min, ratio_max]
+  // (log-uniform), 10 tries, else a center crop; a pure function of
+  // (loader seed, epoch, sample).
+  kRandomResizedCrop,
+  // Evaluation: Resize(shorter side = min(height, width) / center_fraction),
+  // then CenterCrop(height, width). Same every epoch.
+  kCenterCrop,
+};
+std::string_view ImageTransformName(ImageTransform t);                 // "random_resized_crop" / "center_crop"
+Result<ImageTransform> ImageTransformFromName(std::string_view name);  // also accepts "rrc" and "center"
+
+struct DecodeOptions {
+  uint32_t height = 224, width = 224;  // output size, 1..32768
+  std::string layout = "NCHW";         // "NCHW" or "NHWC"; 3 channels (RGB) always
+  ImageTransform transform = ImageTransform::kRandomResizedCrop;
+  double scale_min = 0.08, scale_max = 1.0;             // torchvision's defaults
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // torchvision's defaults
+  double center_fraction = 0.875;                       // 224 of 256, the ImageNet eval convention
+  // false: a corrupt image fails the batch with an error naming the sample.
+  // true: it is replaced by the next sample of its chunk that decodes (the
+  // batch keeps its size; its index and label are the replacement's), counted
+  // in LoaderStats::skipped_samples and logged to stderr each time (so once
+  // per epoch for a corrupt file).
+  bool skip_corrupt = false;
+};
+// Checks ranges; InvalidArgument names the option and the valid range.
+Status ValidateDecodeOptions(const DecodeOptions& options);
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_DECODE_OPTIONS_H_
