@@ -14,6 +14,7 @@
 #include "gpufeed/encoded.h"
 #include "image/image_decode.h"
 #include "gpufeed/inspect.h"
+#include "gpufeed/local_source.h"
 
 namespace gpufeed::cli {
 namespace {
@@ -382,24 +383,22 @@ int RunInspect(const InspectArgs& a) {
     std::fprintf(stderr, "gpufeed inspect: --store, --sidecar, --channel-axis and --threads go with --stats\n");
     return 2;
   }
-  if (!a.fields.empty() || IsMultiFileSpec(a.spec)) return RunInspectFields(a);
-  OpenOptions o;
-  o.labels_path = a.labels;
-  o.no_sample_axis = a.no_sample_axis;
-  // DetectEncoded probes the file (in a forked process) unless it is no HDF5
-  // file at all: its verdict on a file that crashes or hangs HDF5 is the
-  // answer, given once (not a second probe in Dataset::Open, which doubled
-  // the wait for a file that hangs).
-  auto kind = DetectEncoded(a.spec, o);
-  if (!kind.ok()) {
-    std::fprintf(stderr, "gpufeed inspect: %s\n", kind.status().ToString().c_str());
+  OpenOptions given;
+  given.fields = a.fields;
+  given.labels_path = a.labels;
+  given.no_sample_axis = a.no_sample_axis;
+  given.trust_files = a.trust_files;
+  // The door decides what the spec names; for one file it probes it (a
+  // forked process) once: its verdict on a file that crashes or hangs HDF5
+  // is the answer, and the opens below trust it.
+  auto decided = DecideSourceKind(a.spec, given);
+  if (!decided.ok()) {
+    std::fprintf(stderr, "gpufeed inspect: %s\n", decided.status().ToString().c_str());
     return 1;
   }
-  // Probed just now (the probe's child opens the spec as Dataset::Open does,
-  // with these options), or no HDF5 file, which HDF5 refuses by its
-  // signature before parsing anything.
-  o.trust_files = true;
-  if (*kind != EncodedStorage::kNone) return InspectEncoded(a, o);
+  const OpenOptions& o = decided->open;
+  if (decided->kind == SourceKind::kFields) return RunInspectFields(a);
+  if (decided->kind == SourceKind::kEncodedImages) return InspectEncoded(a, o);
   auto ds = Dataset::Open(a.spec, o);
   if (!ds.ok()) {
     std::fprintf(stderr, "gpufeed inspect: %s\n", ds.status().ToString().c_str());

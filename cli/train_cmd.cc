@@ -395,54 +395,14 @@ int RunTrain(TrainArgs& a) {
       return std::unique_ptr<BatchSource>(std::move(*remote));
     };
   }
-  std::unique_ptr<EncodedImageSource> train_enc, test_enc;
-  // DetectEncoded probes each file once (a forked process); its verdict on
-  // a file that crashes or hangs HDF5 is the answer, and the opens below
-  // trust what it probed rather than probing again.
-  OpenOptions probed;
-  probed.trust_files = true;
-  // Named fields or many files: a FieldSource, whose Open probes each file
-  // (OpenClassifierSource); no encoded images there.
-  auto fielded = [&a](const std::string& spec) { return !a.fields.empty() || IsMultiFileSpec(spec); };
-  auto train_kind = fielded(train_spec) ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(train_spec);
-  if (!train_kind.ok()) return fail(train_kind.status());
-  auto test_kind =
-      a.test.empty() || fielded(a.test) ? Result<EncodedStorage>(EncodedStorage::kNone) : DetectEncoded(a.test);
-  if (!test_kind.ok()) return fail(test_kind.status());
-  auto open_for = [&](const std::string& spec) {
-    OpenOptions op = probed;
-    op.fields = a.fields;
-    op.trust_files = !fielded(spec);
-    return op;
-  };
-  // With a daemon, its file (readable here) gives the shape and labels; the
-  // batches come from the daemon, decoded there with the same options.
-  if (*train_kind != EncodedStorage::kNone) {
-    auto e = OpenEncodedImages(train_spec, probed, *decode);
-    if (!e.ok()) return fail(e.status());
-    train_enc = std::move(*e);
-  }
-  if (*test_kind != EncodedStorage::kNone) {
-    DecodeOptions eval = *decode;
-    eval.transform = ImageTransform::kCenterCrop;
-    auto e = OpenEncodedImages(a.test, probed, eval);
-    if (!e.ok()) return fail(e.status());
-    test_enc = std::move(*e);
-  }
-  if (train_enc) {
-    const ChunkSource* test_src = test_enc.get();
-    std::optional<Dataset> test_ds;
-    if (!test_src && !a.test.empty()) {
-      auto t = Dataset::Open(a.test, probed);
-      if (!t.ok()) return fail(t.status());
-      test_ds.emplace(std::move(*t));
-      test_src = &*test_ds;
-    }
-    return Finish(a, *train_enc, test_src);
-  }
-  // Through the door every local spec takes: a file, named fields, many
-  // files or a virtual dataset (its images and labels fields).
-  auto train = OpenClassifierSource(train_spec, open_for(train_spec), *decode);
+  OpenOptions open;
+  open.fields = a.fields;
+  // Through the door every local spec takes: a file (encoded images decoded
+  // with --image-size's crop), named fields, many files or a virtual dataset
+  // (its images and labels fields). With a daemon, its file (readable here)
+  // gives the shape and labels; the batches come from the daemon, decoded
+  // there with the same options.
+  auto train = OpenClassifierSource(train_spec, open, *decode);
   if (!train.ok()) {
     if (o.train_source) {
       return fail(
@@ -453,7 +413,9 @@ int RunTrain(TrainArgs& a) {
   }
   std::unique_ptr<ChunkSource> test;
   if (!a.test.empty()) {
-    auto t = OpenClassifierSource(a.test, open_for(a.test), *decode);
+    DecodeOptions eval = *decode;  // the test split's images: resize + center crop
+    eval.transform = ImageTransform::kCenterCrop;
+    auto t = OpenClassifierSource(a.test, open, eval);
     if (!t.ok()) return fail(t.status());
     test = std::move(*t);
   }

@@ -16,6 +16,7 @@
 #include "gpufeed/dataset.h"
 #include "gpufeed/encoded.h"
 #include "gpufeed/loader.h"
+#include "gpufeed/local_source.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/status.h"
 
@@ -40,41 +41,6 @@ Result<Share> ShareFromName(std::string_view name);  // "auto", "node", "none"
 std::string_view ShareName(Share s);
 
 class NodeLease;  // daemon/node_share.h
-
-// A local spec opened as the source it names. The one place that decides
-// the kind, used by OpenBatchSource (a Loader in this process) and by
-// `gpufeed serve` (the daemon's datasets), so both read a file the same way:
-//   - named fields (open.fields) or many files (IsMultiFileSpec): FieldSource;
-//   - otherwise the forked probe runs once (unless open.trust_files), then
-//     - an encoded image field (DetectEncoded): EncodedImageSource, decoded
-//       with `decode`;
-//     - an HDF5 virtual dataset: a FieldSource over its sources (images, and
-//       labels when the file has them), read directly without HDF5's lock;
-//     - else the Dataset.
-// Exactly one member is set. Errors as FieldSource::Open, the probe,
-// OpenEncodedImages and Dataset::Open.
-struct LocalSource {
-  std::unique_ptr<Dataset> dataset;
-  std::unique_ptr<ChunkSource> fields;  // a FieldSource (named fields, many files, a virtual dataset's sources)
-  std::unique_ptr<EncodedImageSource> encoded;
-  // The source to read (whichever member is set).
-  const ChunkSource* source() const {
-    return dataset  ? static_cast<const ChunkSource*>(dataset.get())
-           : fields ? fields.get()
-                    : static_cast<const ChunkSource*>(encoded.get());
-  }
-};
-Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& open, const DecodeOptions& decode);
-
-// A local spec opened for a classifier (`gpufeed train`): as OpenLocalSource,
-// and where that is a FieldSource (named fields, many files, a virtual
-// dataset's sources) its "images" field is the samples and its "labels"
-// field (one integer a sample, read once) the labels(): open.fields must
-// name both (empty: images=/images, labels=/labels). Errors: those of
-// OpenLocalSource; InvalidArgument for a missing images or labels field, or
-// labels that are not one integer a sample (naming the field and its shape).
-Result<std::unique_ptr<ChunkSource>> OpenClassifierSource(const std::string& spec, const OpenOptions& open,
-                                                          const DecodeOptions& decode);
 
 struct SourceOptions {
   std::string data;     // "file.h5[:/path]", "unix:PATH" or "tcp://HOST:PORT"

@@ -4,7 +4,7 @@
 # contracts, belong to the module that implements them. An upward include is
 # reported with the file and line, and fails this test.
 #   common < io, codec, image < hdf5 < loader < gpu < trainer;  loader < daemon;
-#   image < formats;  hdf5, formats < convert;  capi, cli: anything;
+#   image < formats;  hdf5, formats < convert;  hdf5 < sources < daemon;  capi, cli: anything;
 #   bench: the public headers (include/gpufeed/) and its own only
 #   tests/structure/check_layering.sh SOURCE_DIR
 set -euo pipefail
@@ -22,7 +22,8 @@ declare -A allowed=(
   [loader]="common io codec image hdf5 loader"
   [gpu]="common io codec image hdf5 loader gpu"
   [trainer]="common io codec image hdf5 loader gpu trainer"
-  [daemon]="common io codec image hdf5 loader daemon"
+  [sources]="common io codec image hdf5 sources"
+  [daemon]="common io codec image hdf5 sources loader daemon"
 )
 # Which module implements each public header.
 owner_of_public() {
@@ -33,6 +34,7 @@ owner_of_public() {
     dataset.h|fields.h|encoded.h|writer.h|inspect.h|stats.h) echo hdf5 ;;
     sample_source.h) echo formats ;;
     convert.h) echo convert ;;
+    local_source.h) echo sources ;;
     loader.h) echo loader ;;
     gpu_feed.h|device.h|hw_timing.h) echo gpu ;;
     trainer.h) echo trainer ;;

@@ -1,0 +1,74 @@
+// The door: what a local data spec ("file.h5", "file.h5:/path", a glob, a
+// directory or a list of files, with or without named fields) names, decided
+// in one place, and the source that reads it. Every command and API opens
+// local data through it: OpenBatchSource (the C++, C and Python Loaders and
+// the CLI's benchmarks), `gpufeed serve`'s datasets, `gpufeed train` and
+// `gpufeed inspect`. (`gpufeed convert` reads the formats it converts from,
+// gpufeed/sample_source.h, and HDF5 through FieldSource or Dataset.)
+#ifndef GPUFEED_LOCAL_SOURCE_H_
+#define GPUFEED_LOCAL_SOURCE_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "gpufeed/chunk_source.h"
+#include "gpufeed/dataset.h"
+#include "gpufeed/decode_options.h"
+#include "gpufeed/encoded.h"
+#include "gpufeed/status.h"
+
+namespace gpufeed {
+
+enum class SourceKind {
+  kFields,         // named fields (open.fields) or many files (IsMultiFileSpec): FieldSource
+  kEncodedImages,  // an encoded image field (DetectEncoded): EncodedImageSource
+  kDataset,        // an HDF5 dataset (a virtual one's sources read directly)
+};
+std::string_view SourceKindName(SourceKind kind);  // "fields", "encoded images", "dataset"
+
+// The kind, and the options what opens it next takes: for one file the
+// forked probe has run (unless open.trust_files), once, and `open` trusts
+// it (FieldSource::Open probes each of its files itself). Errors: the
+// probe's (Corrupt for a file that crashes or hangs HDF5), or HDF5's refusal
+// to open the file.
+struct SourceDecision {
+  SourceKind kind = SourceKind::kDataset;
+  OpenOptions open;
+};
+Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open);
+
+// A local spec opened as the source it names (DecideSourceKind):
+//   - kFields: FieldSource;
+//   - kEncodedImages: EncodedImageSource, decoded with `decode`;
+//   - kDataset: the Dataset, or for an HDF5 virtual dataset a FieldSource
+//     over its sources (images, and labels when the file has them), read
+//     directly without HDF5's lock.
+// Exactly one member is set. Errors as FieldSource::Open, the probe,
+// OpenEncodedImages and Dataset::Open.
+struct LocalSource {
+  std::unique_ptr<Dataset> dataset;
+  std::unique_ptr<ChunkSource> fields;  // a FieldSource (named fields, many files, a virtual dataset's sources)
+  std::unique_ptr<EncodedImageSource> encoded;
+  // The source to read (whichever member is set).
+  const ChunkSource* source() const {
+    return dataset  ? static_cast<const ChunkSource*>(dataset.get())
+           : fields ? fields.get()
+                    : static_cast<const ChunkSource*>(encoded.get());
+  }
+};
+Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& open, const DecodeOptions& decode);
+
+// A local spec opened for a classifier (`gpufeed train`): as OpenLocalSource,
+// and where that is a FieldSource (named fields, many files, a virtual
+// dataset's sources) its "images" field is the samples and its "labels"
+// field (one integer a sample, read once) the labels(): open.fields must
+// name both (empty: images=/images, labels=/labels). Errors: those of
+// OpenLocalSource; InvalidArgument for a missing images or labels field, or
+// labels that are not one integer a sample (naming the field and its shape).
+Result<std::unique_ptr<ChunkSource>> OpenClassifierSource(const std::string& spec, const OpenOptions& open,
+                                                          const DecodeOptions& decode);
+
+}  // namespace gpufeed
+
+#endif  // GPUFEED_LOCAL_SOURCE_H_

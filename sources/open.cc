@@ -1,0 +1,174 @@
+// The door (gpufeed/local_source.h): the one place that decides what a local
+// spec names, and opens it.
+#include "gpufeed/local_source.h"
+
+#include "common/classes.h"
+#include "gpufeed/fields.h"
+#include "hdf5/probe.h"
+
+namespace gpufeed {
+
+std::string_view SourceKindName(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kFields:
+      return "fields";
+    case SourceKind::kEncodedImages:
+      return "encoded images";
+    case SourceKind::kDataset:
+      return "dataset";
+  }
+  return "?";
+}
+
+Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open) {
+  SourceDecision d;
+  d.open = open;
+  if (!open.fields.empty() || IsMultiFileSpec(spec)) {
+    d.kind = SourceKind::kFields;  // FieldSource::Open probes each file itself
+    return d;
+  }
+  // HDF5's parser meets the file in the forked probe first (as Dataset::Open
+  // would), once: its verdict on a file that crashes or hangs HDF5 is the
+  // answer, and what opens it next trusts it.
+  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(spec, d.open));
+  d.open.trust_files = true;
+  auto encoded = DetectEncoded(spec, d.open);
+  if (!encoded.ok()) return encoded.status();
+  d.kind = *encoded != EncodedStorage::kNone ? SourceKind::kEncodedImages : SourceKind::kDataset;
+  return d;
+}
+
+Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& options, const DecodeOptions& decode) {
+  LocalSource out;
+  auto decided = DecideSourceKind(spec, options);
+  if (!decided.ok()) return decided.status();
+  const OpenOptions& open = decided->open;
+  if (decided->kind == SourceKind::kFields) {
+    auto fs = FieldSource::Open(spec, open);
+    if (!fs.ok()) return fs.status();
+    out.fields = std::move(*fs);
+    return out;
+  }
+  if (decided->kind == SourceKind::kEncodedImages) {
+    auto enc = OpenEncodedImages(spec, open, decode);
+    if (!enc.ok()) return enc.status();
+    out.encoded = std::move(*enc);
+    return out;
+  }
+  auto ds = Dataset::Open(spec, open);
+  if (!ds.ok()) return ds.status();
+  if (!ds->info().virtual_sources.empty()) {
+    // A virtual dataset (its mapping checked by Open): read its sources
+    // directly, as fields named as a many-file input's (images, labels).
+    OpenOptions fo = open;
+    fo.trust_files = options.trust_files;  // the sources have not been through the probe yet
+    fo.fields = {"images=" + ds->info().images_path};
+    if (ds->has_labels()) fo.fields.push_back("labels=" + ds->info().labels_path);
+    auto fs = FieldSource::Open(ds->info().file, fo);
+    if (!fs.ok()) return fs.status();
+    out.fields = std::move(*fs);
+    return out;
+  }
+  out.dataset = std::make_unique<Dataset>(std::move(*ds));
+  return out;
+}
+
+}  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// One FieldSource's images field as the samples, with labels read from its
+// labels field: every call but labels() goes to the images.
+class LabeledImages final : public ChunkSource {
+ public:
+  LabeledImages(std::unique_ptr<ChunkSource> images, std::vector<int64_t> labels)
+      : images_(std::move(images)), labels_(std::move(labels)) {}
+  uint64_t num_samples() const override { return images_->num_samples(); }
+  const std::vector<uint64_t>& sample_shape() const override { return images_->sample_shape(); }
+  uint64_t sample_bytes() const override { return images_->sample_bytes(); }
+  DType dtype() const override { return images_->dtype(); }
+  uint64_t chunk_samples() const override { return images_->chunk_samples(); }
+  uint64_t num_chunks() const override { return images_->num_chunks(); }
+  uint64_t samples_in_chunk(uint64_t i) const override { return images_->samples_in_chunk(i); }
+  uint64_t stored_chunk_bytes(uint64_t i) const override { return images_->stored_chunk_bytes(i); }
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override { return images_->ReadChunk(i, dst); }
+  void WillRead(uint64_t i) const override { images_->WillRead(i); }
+  const std::vector<int64_t>& labels() const override { return labels_; }
+  std::string name() const override { return images_->name(); }
+  std::vector<FieldInfo> fields() const override { return images_->fields(); }
+  SourceAttributes attributes() const override { return images_->attributes(); }
+  uint64_t chunk_buffer_bytes(uint64_t i) const override { return images_->chunk_buffer_bytes(i); }
+  uint64_t max_chunk_buffer_bytes() const override { return images_->max_chunk_buffer_bytes(); }
+
+ private:
+  std::unique_ptr<ChunkSource> images_;
+  std::vector<int64_t> labels_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ChunkSource>> OpenClassifierSource(const std::string& spec, const OpenOptions& open,
+                                                          const DecodeOptions& decode) {
+  OpenOptions o = open;
+  if (o.fields.empty() && IsMultiFileSpec(spec)) o.fields = {"images=/images", "labels=/labels"};
+  // The fields to read: as named (or many files' defaults), or, for one
+  // file, what the door finds there (a plain dataset or encoded images are
+  // the source as they are; a virtual dataset, its sources' fields).
+  std::string data = spec;
+  std::vector<std::string> named = o.fields;
+  bool trusted = o.trust_files;
+  if (named.empty()) {
+    auto local = OpenLocalSource(spec, o, decode);
+    if (!local.ok()) return local.status();
+    if (local->dataset) return std::unique_ptr<ChunkSource>(std::move(local->dataset));
+    if (local->encoded) return std::unique_ptr<ChunkSource>(std::move(local->encoded));
+    for (const FieldInfo& f : local->fields->fields()) named.push_back(f.name + "=" + f.path);
+    const auto* opened = dynamic_cast<const FieldSource*>(local->fields.get());
+    if (opened && opened->files().size() == 1) data = opened->files()[0];
+    trusted = true;  // opened and checked just now
+  }
+  std::string images, labels, names;
+  for (const std::string& text : named) {
+    auto f = FieldSpec::Parse(text);
+    if (!f.ok()) return f.status();
+    if (f->name == "images") images = f->path;
+    if (f->name == "labels") labels = f->path;
+    names += (names.empty() ? "" : ", ") + f->name + "=" + f->path;
+  }
+  if (images.empty() || labels.empty()) {
+    return Status::InvalidArgument(spec + ": a classifier reads an images field and a labels field, this has [" +
+                                   names + "]; name them --field images=/path --field labels=/path");
+  }
+  // Each field a source of its own; the second open trusts what the first
+  // probed.
+  OpenOptions one = o;
+  one.trust_files = trusted;
+  one.fields = {"labels=" + labels};
+  auto lab = FieldSource::Open(data, one);
+  if (!lab.ok()) return lab.status();
+  const FieldInfo info = (*lab)->fields()[0];
+  if (info.sample_bytes != DTypeSize(info.dtype) || !DTypeIsInteger(info.dtype)) {
+    std::string shape;
+    for (uint64_t d : info.sample_shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+    return Status::InvalidArgument(spec + ": labels field " + labels + " holds " + std::string(DTypeName(info.dtype)) +
+                                   " [" + shape + "] a sample; a classifier needs one integer class a sample");
+  }
+  one.trust_files = true;
+  one.fields = {"images=" + images};
+  auto img = FieldSource::Open(data, one);
+  if (!img.ok()) return img.status();
+  std::vector<int64_t> values((*lab)->num_samples());
+  std::vector<std::byte> chunk;
+  uint64_t at = 0;
+  for (uint64_t c = 0; c < (*lab)->num_chunks(); ++c) {
+    chunk.resize((*lab)->chunk_buffer_bytes(c));
+    GPUFEED_RETURN_IF_ERROR((*lab)->ReadChunk(c, chunk));
+    const uint64_t n = (*lab)->samples_in_chunk(c);
+    GPUFEED_RETURN_IF_ERROR(ClassesToInt64(chunk, info.dtype, n, values.data() + at).WithContext(labels));
+    at += n;
+  }
+  return std::unique_ptr<ChunkSource>(std::make_unique<LabeledImages>(std::move(*img), std::move(values)));
+}
+
+}  // namespace gpufeed
