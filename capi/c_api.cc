@@ -94,34 +94,10 @@ gpufeed_code Guard(gpufeed_error** error, F&& body) {
   }
 }
 
+// DLPack's type of a dtype: the dtype table's (gpufeed/dtype.h).
 DLDataType DlType(DType t) {
-  switch (t) {
-    case DType::kUInt8:
-      return {kDLUInt, 8, 1};
-    case DType::kInt8:
-      return {kDLInt, 8, 1};
-    case DType::kUInt16:
-      return {kDLUInt, 16, 1};
-    case DType::kInt16:
-      return {kDLInt, 16, 1};
-    case DType::kUInt32:
-      return {kDLUInt, 32, 1};
-    case DType::kInt32:
-      return {kDLInt, 32, 1};
-    case DType::kUInt64:
-      return {kDLUInt, 64, 1};
-    case DType::kInt64:
-      return {kDLInt, 64, 1};
-    case DType::kFloat16:
-      return {kDLFloat, 16, 1};
-    case DType::kBFloat16:
-      return {kDLBfloat, 16, 1};
-    case DType::kFloat32:
-      return {kDLFloat, 32, 1};
-    case DType::kFloat64:
-      return {kDLFloat, 64, 1};
-  }
-  return {kDLUInt, 8, 1};
+  const gpufeed::DTypeDlpack d = gpufeed::DTypeDlpackOf(t);
+  return {d.code, d.bits, 1};
 }
 
 // The feeder of one epoch and the lock every call into it takes.
@@ -811,6 +787,11 @@ uint64_t gpufeed_loader_sample_dim(const gpufeed_loader* l, int i) {
   const auto& s = l->core->sample_shape;
   return i >= 0 && static_cast<size_t>(i) < s.size() ? s[static_cast<size_t>(i)] : 0;
 }
+const char* gpufeed_dtype_name_of_dlpack(uint8_t code, uint8_t bits) {
+  const auto t = gpufeed::DTypeFromDlpack(code, bits);
+  return t ? gpufeed::DTypeName(*t).data() : nullptr;
+}
+
 const char* gpufeed_loader_dtype(const gpufeed_loader* l) { return l->core->dtype_name.c_str(); }
 int gpufeed_loader_has_labels(const gpufeed_loader* l) { return l->core->opened->source().info().has_labels ? 1 : 0; }
 const char* gpufeed_loader_share(const gpufeed_loader* l) { return l->core->opened->node_shared() ? "node" : "none"; }

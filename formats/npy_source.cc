@@ -43,14 +43,28 @@ Result<DType> DTypeFromDescr(const std::string& path, const std::string& descr) 
     return Status::Unsupported(path + ": big-endian dtype '" + descr + "'; save it little-endian (arr.astype('<" +
                                kind + "'))");
   }
-  static const std::pair<const char*, DType> kKinds[] = {
-      {"u1", DType::kUInt8},   {"i1", DType::kInt8},    {"u2", DType::kUInt16},  {"i2", DType::kInt16},
-      {"u4", DType::kUInt32},  {"i4", DType::kInt32},   {"u8", DType::kUInt64},  {"i8", DType::kInt64},
-      {"f2", DType::kFloat16}, {"f4", DType::kFloat32}, {"f8", DType::kFloat64}, {"b1", DType::kUInt8},
-  };
-  for (const auto& [k, t] : kKinds) {
-    if (kind == k) return t;
+  // NumPy's kind letter and size: the dtype table's (gpufeed/dtype.h);
+  // a bool ("b1") is read as its bytes, uint8.
+  std::optional<DType> t;
+  if (kind.size() == 2 && kind[1] >= '1' && kind[1] <= '8') {
+    const size_t size = static_cast<size_t>(kind[1] - '0');
+    switch (kind[0]) {
+      case 'u':
+      case 'b':
+        t = DTypeOf(DTypeKind::kUnsignedInt, size);
+        break;
+      case 'i':
+        t = DTypeOf(DTypeKind::kSignedInt, size);
+        break;
+      case 'f':
+        t = DTypeOf(DTypeKind::kFloat, size);
+        break;
+      default:
+        break;
+    }
+    if (kind[0] == 'b' && size != 1) t.reset();
   }
+  if (t) return *t;
   return Status::Unsupported(path + ": dtype '" + descr + "' is not a supported numeric type");
 }
 

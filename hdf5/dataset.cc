@@ -124,18 +124,7 @@ std::optional<DType> DTypeOf(hid_t type) {
   // their size, as h5py reads them.
   if (cls == H5T_INTEGER || cls == H5T_BITFIELD) {
     const bool is_signed = cls == H5T_INTEGER && H5Tget_sign(type) == H5T_SGN_2;
-    switch (size) {
-      case 1:
-        return is_signed ? DType::kInt8 : DType::kUInt8;
-      case 2:
-        return is_signed ? DType::kInt16 : DType::kUInt16;
-      case 4:
-        return is_signed ? DType::kInt32 : DType::kUInt32;
-      case 8:
-        return is_signed ? DType::kInt64 : DType::kUInt64;
-      default:
-        return std::nullopt;
-    }
+    return gpufeed::DTypeOf(is_signed ? DTypeKind::kSignedInt : DTypeKind::kUnsignedInt, size);
   }
   if (cls == H5T_ENUM) {
     // h5py's bool (an enum FALSE=0 / TRUE=1 over int8) is read as its bytes,
@@ -144,18 +133,7 @@ std::optional<DType> DTypeOf(hid_t type) {
     h5::Id base(H5Tget_super(type));
     return base.valid() ? DTypeOf(base.get()) : std::nullopt;
   }
-  if (cls == H5T_FLOAT) {
-    switch (size) {
-      case 2:
-        return DType::kFloat16;
-      case 4:
-        return DType::kFloat32;
-      case 8:
-        return DType::kFloat64;
-      default:
-        return std::nullopt;
-    }
-  }
+  if (cls == H5T_FLOAT) return gpufeed::DTypeOf(DTypeKind::kFloat, size);
   return std::nullopt;
 }
 

@@ -27,36 +27,6 @@ InspectReport Inspect(const Dataset& ds) {
 
 namespace {
 
-std::string NpyDescr(DType t) {
-  switch (t) {
-    case DType::kUInt8:
-      return "|u1";
-    case DType::kInt8:
-      return "|i1";
-    case DType::kUInt16:
-      return "<u2";
-    case DType::kInt16:
-      return "<i2";
-    case DType::kUInt32:
-      return "<u4";
-    case DType::kInt32:
-      return "<i4";
-    case DType::kUInt64:
-      return "<u8";
-    case DType::kInt64:
-      return "<i8";
-    case DType::kFloat16:
-      return "<f2";
-    case DType::kFloat32:
-      return "<f4";
-    case DType::kFloat64:
-      return "<f8";
-    case DType::kBFloat16:
-      return "<V2";
-  }
-  return "|u1";
-}
-
 bool EndsWith(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
@@ -80,7 +50,7 @@ Status ExportSample(const Dataset& ds, uint64_t k, const std::string& path) {
   GPUFEED_RETURN_IF_ERROR(ds.ReadSamples(k, 1, sample));
   const auto& shape = ds.sample_shape();
   if (EndsWith(path, ".npy")) {
-    std::string dict = "{'descr': '" + NpyDescr(ds.dtype()) + "', 'fortran_order': False, 'shape': (";
+    std::string dict = "{'descr': '" + std::string(DTypeNpyDescr(ds.dtype())) + "', 'fortran_order': False, 'shape': (";
     for (uint64_t d : shape) dict += std::to_string(d) + ", ";
     dict += "), }";
     // Header: magic, version 1.0, little-endian length, dict padded with

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 
@@ -50,45 +51,44 @@ uint64_t AutoChunkSamples(uint64_t sample_bytes, uint64_t num_samples) {
 
 namespace {
 
+// The file type of a dtype, little-endian, from its kind and size in the
+// dtype table: integers HDF5's standard ones, floats IEEE; bfloat16 has none
+// (H5I_INVALID_HID: the writer refuses it). Each is made once, locked, and
+// kept for the process's life.
 hid_t FileTypeOf(DType t) {
-  switch (t) {
-    case DType::kUInt8:
-      return H5T_STD_U8LE;
-    case DType::kInt8:
-      return H5T_STD_I8LE;
-    case DType::kUInt16:
-      return H5T_STD_U16LE;
-    case DType::kInt16:
-      return H5T_STD_I16LE;
-    case DType::kUInt32:
-      return H5T_STD_U32LE;
-    case DType::kInt32:
-      return H5T_STD_I32LE;
-    case DType::kUInt64:
-      return H5T_STD_U64LE;
-    case DType::kInt64:
-      return H5T_STD_I64LE;
-    case DType::kFloat32:
-      return H5T_IEEE_F32LE;
-    case DType::kFloat64:
-      return H5T_IEEE_F64LE;
-    case DType::kFloat16: {
-      // IEEE half, as h5py and NumPy store float16 (HDF5 has no predefined
-      // one): created once, locked, kept for the process's life.
-      static const hid_t half = [] {
-        const hid_t t = H5Tcopy(H5T_IEEE_F32LE);
-        H5Tset_fields(t, 15, 10, 5, 0, 10);
-        H5Tset_size(t, 2);
-        H5Tset_ebias(t, 15);
-        H5Tlock(t);
-        return t;
-      }();
-      return half;
+  static const std::array<hid_t, 12> kTypes = [] {
+    std::array<hid_t, 12> types;
+    for (size_t i = 0; i < types.size(); ++i) {
+      const DType d = static_cast<DType>(i);
+      const size_t size = DTypeSize(d);
+      hid_t f = H5I_INVALID_HID;
+      switch (DTypeKindOf(d)) {
+        case DTypeKind::kSignedInt:
+        case DTypeKind::kUnsignedInt:
+          f = H5Tcopy(H5T_STD_U8LE);
+          H5Tset_size(f, size);
+          H5Tset_precision(f, 8 * size);  // H5Tset_size alone keeps 8 significant bits
+          H5Tset_sign(f, DTypeKindOf(d) == DTypeKind::kSignedInt ? H5T_SGN_2 : H5T_SGN_NONE);
+          break;
+        case DTypeKind::kFloat:
+          f = H5Tcopy(size == 8 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE);
+          if (size == 2) {
+            // IEEE half, as h5py and NumPy store float16 (HDF5 has no
+            // predefined one).
+            H5Tset_fields(f, 15, 10, 5, 0, 10);
+            H5Tset_size(f, 2);
+            H5Tset_ebias(f, 15);
+          }
+          break;
+        case DTypeKind::kBFloat:
+          break;
+      }
+      if (f != H5I_INVALID_HID) H5Tlock(f);
+      types[i] = f;
     }
-    case DType::kBFloat16:
-      return H5I_INVALID_HID;
-  }
-  return H5I_INVALID_HID;
+    return types;
+  }();
+  return kTypes[static_cast<size_t>(t)];
 }
 
 }  // namespace

@@ -311,6 +311,9 @@ GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char*
 /* ---- batches ---------------------------------------------------------------
  * A batch's accessors are read-only and may be called from any thread while
  * the caller holds the batch. */
+/* The dtype name ("uint8", "bfloat16", ...) of a DLPack type code and bit
+ * width, from the library's one dtype table; NULL for none it carries. */
+GPUFEED_C_EXPORT const char* gpufeed_dtype_name_of_dlpack(uint8_t code, uint8_t bits);
 GPUFEED_C_EXPORT uint64_t gpufeed_batch_epoch(const gpufeed_batch* b);
 GPUFEED_C_EXPORT uint64_t gpufeed_batch_index(const gpufeed_batch* b); /* within the epoch */
 GPUFEED_C_EXPORT uint64_t gpufeed_batch_size(const gpufeed_batch* b);  /* samples */

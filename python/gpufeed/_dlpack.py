@@ -50,9 +50,12 @@ def capsule(managed):
 
 
 KDLCPU, KDLCUDA = 1, 2
-_NUMPY_DTYPES = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64",
-                 (1, 8): "uint8", (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64",
-                 (2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (4, 16): "bfloat16"}
+
+
+def _dtype_name(code, bits):
+    """The dtype's name from the library's one dtype table (gpufeed/dtype.h)."""
+    name = lib.gpufeed_dtype_name_of_dlpack(code, bits)
+    return name.decode() if name else "?"
 
 
 class BatchRef:
@@ -94,7 +97,7 @@ class Array:
         self._batch = batch_ref
         t = _lib.DLManagedTensor.from_address(managed).dl_tensor
         self.shape = tuple(t.shape[i] for i in range(t.ndim))
-        self.dtype = _NUMPY_DTYPES.get((t.dtype.code, t.dtype.bits), "?")
+        self.dtype = _dtype_name(t.dtype.code, t.dtype.bits)
         self.device = (t.device.device_type, t.device.device_id)
 
     def __dlpack_device__(self):

@@ -111,6 +111,7 @@ _SIGS = {
     # The DLManagedTensor* as an int (None on failure): _dlpack reads it.
     "gpufeed_batch_array_dlpack": (_P, [_P, ctypes.c_int, _ERR]),
     "gpufeed_dlpack_delete": (None, [_P]),
+    "gpufeed_dtype_name_of_dlpack": (ctypes.c_char_p, [ctypes.c_uint8, ctypes.c_uint8]),
     "gpufeed_dlpack_capsule_destructor_available": (ctypes.c_int, []),
     "gpufeed_batch_wait_stream": (ctypes.c_int, [_P, _P, _ERR]),
     "gpufeed_batch_set_release_stream": (None, [_P, _P]),

@@ -152,6 +152,53 @@ INSTANTIATE_TEST_SUITE_P(Codecs, WriterRoundTripTest,
                          ::testing::Combine(::testing::Values(Codec::kNone, Codec::kDeflate, Codec::kZstd),
                                             ::testing::Bool(), ::testing::Values(1, 8, 41, 0)));
 
+// The writer's file types come from the dtype table's kind and size: each
+// is HDF5's standard little-endian type (what h5py and NumPy write), and
+// the dataset reads back as the dtype it was written as, with its bytes.
+TEST(DatasetTest, EveryDtypeIsWrittenAsHdf5sStandardTypeAndReadsBack) {
+  const std::string dir = testing::MakeTempDir("dtypes");
+  const std::pair<DType, hid_t> cases[] = {
+      {DType::kUInt8, H5T_STD_U8LE},     {DType::kInt8, H5T_STD_I8LE},       {DType::kUInt16, H5T_STD_U16LE},
+      {DType::kInt16, H5T_STD_I16LE},    {DType::kUInt32, H5T_STD_U32LE},    {DType::kInt32, H5T_STD_I32LE},
+      {DType::kUInt64, H5T_STD_U64LE},   {DType::kInt64, H5T_STD_I64LE},     {DType::kFloat32, H5T_IEEE_F32LE},
+      {DType::kFloat64, H5T_IEEE_F64LE}, {DType::kFloat16, H5I_INVALID_HID},
+  };
+  for (const auto& [dtype, standard] : cases) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    const std::string path = dir + "/" + std::string(DTypeName(dtype)) + ".h5";
+    const uint64_t n = 5, sample_bytes = 3 * DTypeSize(dtype);
+    const std::vector<std::byte> data = IndexSamples(n, sample_bytes);
+    WriteOptions o;
+    o.codec = Codec::kNone;
+    auto w = DatasetWriter::Create(path, {3}, dtype, n, o);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (uint64_t i = 0; i < w->num_chunks(); ++i) {
+      const uint64_t first = i * w->chunk_samples();
+      const uint64_t cnt = std::min(w->chunk_samples(), n - first);
+      DatasetWriter::EncodedChunk enc;
+      ASSERT_TRUE(w->EncodeChunk(i, std::span(data.data() + first * sample_bytes, cnt * sample_bytes), &enc).ok());
+      ASSERT_TRUE(w->WriteChunk(i, enc).ok());
+    }
+    ASSERT_TRUE(w->Commit().ok());
+    {
+      const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      ASSERT_GE(f, 0);
+      const hid_t d = H5Dopen2(f, "/images", H5P_DEFAULT);
+      const hid_t t = H5Dget_type(d);
+      EXPECT_EQ(H5Tget_size(t), DTypeSize(dtype));
+      EXPECT_EQ(H5Tget_precision(t), 8 * DTypeSize(dtype));
+      if (standard != H5I_INVALID_HID) EXPECT_GT(H5Tequal(t, standard), 0);
+      H5Tclose(t);
+      H5Dclose(d);
+      H5Fclose(f);
+    }
+    auto ds = Dataset::Open(path);
+    ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+    EXPECT_EQ(ds->dtype(), dtype);
+    ExpectAllChunks(*ds, data);
+  }
+}
+
 TEST(DatasetTest, ConcurrentReadsReturnTheRightChunks) {
   const std::string path = testing::MakeTempDir("concurrent") + "/c.h5";
   const uint64_t n = 400, sb = 256;
