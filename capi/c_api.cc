@@ -112,9 +112,9 @@ struct FeedState {
 // callback the stream runs after that copy. The count is shared with the
 // callbacks, which may outlive a Core that gave up waiting for them.
 struct DeferredReleases {
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t pending = 0;  // GUARDED_BY(mu)
+  gpufeed::Mutex mu;
+  gpufeed::CondVar cv;
+  uint64_t pending GUARDED_BY(mu) = 0;
 };
 struct PendingRelease {
   Batch batch;
@@ -127,10 +127,10 @@ void RunPendingRelease(void* p) {
   std::shared_ptr<DeferredReleases> gate = r->gate;
   r.reset();  // the slot goes back to its pool
   {
-    std::lock_guard<std::mutex> lock(gate->mu);
+    gpufeed::MutexLock lock(&gate->mu);
     --gate->pending;
   }
-  gate->cv.notify_all();
+  gate->cv.SignalAll();
 }
 constexpr auto kDeferredReleaseWait = std::chrono::seconds(30);
 
@@ -167,13 +167,13 @@ struct Core {
   std::unique_ptr<gpufeed::gpu::DeviceOps> device_ops;  // stream waits for device batches
   // Host batches' release after a stream: CUDA ops made on first use (null
   // where there is no CUDA), and the callbacks still pending.
-  std::mutex release_ops_mu;
-  bool release_ops_tried = false;                        // GUARDED_BY(release_ops_mu)
+  gpufeed::Mutex release_ops_mu;
+  bool release_ops_tried GUARDED_BY(release_ops_mu) = false;
   std::unique_ptr<gpufeed::gpu::DeviceOps> release_ops;  // set once, then read-only
   const std::shared_ptr<DeferredReleases> deferred = std::make_shared<DeferredReleases>();
 
   gpufeed::gpu::DeviceOps* ReleaseOps() {
-    std::lock_guard<std::mutex> lock(release_ops_mu);
+    gpufeed::MutexLock lock(&release_ops_mu);
     if (!release_ops_tried) {
       release_ops_tried = true;
       auto ops = gpufeed::gpu::MakeCudaOps(gpufeed::gpu::kCurrentDevice);
@@ -199,8 +199,12 @@ struct Core {
     // release into freed memory: the loader is left allocated instead.
     bool abandoned = false;
     {
-      std::unique_lock<std::mutex> lock(deferred->mu);
-      abandoned = !deferred->cv.wait_for(lock, kDeferredReleaseWait, [&] { return deferred->pending == 0; });
+      gpufeed::MutexLock lock(&deferred->mu);
+      const auto until = std::chrono::steady_clock::now() + kDeferredReleaseWait;
+      while (deferred->pending != 0 && !abandoned) {
+        const auto left = until - std::chrono::steady_clock::now();
+        abandoned = left <= left.zero() || (!deferred->cv.WaitFor(&deferred->mu, left) && deferred->pending != 0);
+      }
     }
     if (abandoned) {
       std::fprintf(stderr,
@@ -344,7 +348,7 @@ struct gpufeed_batch {
     auto r = std::make_unique<PendingRelease>(PendingRelease{std::move(*host), core->deferred});
     host.reset();
     {
-      std::lock_guard<std::mutex> lock(core->deferred->mu);
+      gpufeed::MutexLock lock(&core->deferred->mu);
       ++core->deferred->pending;
     }
     bool launched = false;

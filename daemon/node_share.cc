@@ -2,6 +2,8 @@
 // (daemon/node_share.h).
 #include "daemon/node_share.h"
 
+#include "common/mutex.h"
+
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -102,11 +104,11 @@ std::string Tail(const std::string& path) {
 
 // Servers this process started: reaped once they exit (they are this
 // process's children until then).
-std::mutex started_mu;
-std::vector<pid_t> started;  // guarded by started_mu
+Mutex started_mu;
+std::vector<pid_t> started GUARDED_BY(started_mu);
 
 void Reap() {
-  std::lock_guard<std::mutex> lock(started_mu);
+  MutexLock lock(&started_mu);
   std::erase_if(started, [](pid_t p) { return ::waitpid(p, nullptr, WNOHANG) != 0; });
 }
 
@@ -233,7 +235,7 @@ Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
     pid_t pid = 0;
     GPUFEED_RETURN_IF_ERROR(Spawn(args, log, &pid));
     {
-      std::lock_guard<std::mutex> g(started_mu);
+      MutexLock g(&started_mu);
       started.push_back(pid);
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kStartTimeoutMs);

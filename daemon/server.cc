@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "common/cores.h"
+#include "common/mutex.h"
 #include "daemon/address.h"
 #include "daemon/conn.h"
 #include "daemon/metrics_http.h"
@@ -66,8 +67,8 @@ struct Server::Impl {
   std::vector<std::thread> threads;
   uint64_t next_id = 1;  // accept handler only (serialized: one accept at a time)
   std::atomic<bool> stop_requested{false};
-  std::mutex wait_mu;
-  bool waited = false;  // GUARDED_BY(wait_mu)
+  Mutex wait_mu;
+  bool waited GUARDED_BY(wait_mu) = false;
   // The lease (ServerOptions::lease_file): its descriptor, held open (and,
   // once taken exclusively, locked) until the server is destroyed; the
   // timer that polls it runs on `control`.
@@ -423,7 +424,7 @@ void Server::Stop() {
 }
 
 Status Server::Wait() {
-  std::lock_guard<std::mutex> lock(impl_->wait_mu);
+  MutexLock lock(&impl_->wait_mu);
   if (impl_->waited) return Status::Ok();
   for (std::thread& t : impl_->threads) t.join();
   impl_->threads.clear();

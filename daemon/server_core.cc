@@ -18,7 +18,7 @@ void ServerCore::Log(const char* level, const std::string& event, const std::str
 
 void ServerCore::StreamOpened() {
   const uint64_t now_open = streams_open.fetch_add(1) + 1;
-  std::lock_guard<std::mutex> lock(peak_mu_);
+  MutexLock lock(&peak_mu_);
   const auto now = std::chrono::steady_clock::now();
   if (now_open >= peak_streams_ || now - peak_time_ > kPeakWindow) {
     peak_streams_ = now_open;
@@ -30,7 +30,7 @@ void ServerCore::StreamClosed() { streams_open -= 1; }
 
 uint64_t ServerCore::RecentPeakStreams() {
   const uint64_t now_open = streams_open.load();
-  std::lock_guard<std::mutex> lock(peak_mu_);
+  MutexLock lock(&peak_mu_);
   if (std::chrono::steady_clock::now() - peak_time_ > kPeakWindow) return std::max<uint64_t>(1, now_open);
   return std::max<uint64_t>({1, now_open, peak_streams_});
 }
@@ -39,7 +39,7 @@ bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {
   std::vector<Parked> evicted;  // destroyed outside the lock
   bool ok = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     while (reserved_ + bytes > options.memory_bytes && !parked_.empty()) {
       reserved_ -= parked_.front().reserved_bytes;
       evicted.push_back(std::move(parked_.front()));
@@ -58,7 +58,7 @@ void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, ui
                       std::unique_ptr<ShmPool> shm, bool expected) {
   std::vector<Parked> evicted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (expected) EndExpectedLocked(key);
     parked_.push_back({key, std::move(shm), std::move(loader), reserved_bytes});
     while (parked_.size() > kMaxParked) {
@@ -71,7 +71,7 @@ void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, ui
 
 std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reserved_bytes,
                                          std::unique_ptr<ShmPool>* shm, uint64_t shm_inode) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto pick = parked_.rend();
   for (auto it = parked_.rbegin(); it != parked_.rend(); ++it) {
     if (it->key != key) continue;
@@ -90,12 +90,12 @@ std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reser
 }
 
 void ServerCore::ExpectPark(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   parks_expected_[key] += 1;
 }
 
 void ServerCore::ParkAbandoned(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   EndExpectedLocked(key);
 }
 
@@ -105,41 +105,41 @@ void ServerCore::EndExpectedLocked(const std::string& key) {
 }
 
 bool ServerCore::ParkExpected(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return parks_expected_.count(key) != 0;
 }
 
 size_t ServerCore::parked() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return parked_.size();
 }
 
 void ServerCore::DropParked() {
   std::vector<Parked> dropped;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (Parked& p : parked_) reserved_ -= p.reserved_bytes;
   dropped = std::move(parked_);
   parked_.clear();
 }
 void ServerCore::Unreserve(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   reserved_ -= bytes;
 }
 uint64_t ServerCore::reserved() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return reserved_;
 }
 
 void ServerCore::Register(const std::shared_ptr<Session>& s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   sessions_[s->id()] = s;
 }
 void ServerCore::Unregister(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   sessions_.erase(id);
 }
 std::vector<std::shared_ptr<Session>> ServerCore::Sessions() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Session>> v;
   for (const auto& [id, w] : sessions_) {
     if (auto s = w.lock()) v.push_back(std::move(s));

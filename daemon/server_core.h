@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/datasets.h"
 #include "daemon/event_log.h"
 #include "daemon/shm.h"
@@ -92,22 +93,22 @@ class ServerCore {
   std::atomic<uint64_t> batches_sent{0}, bytes_sent{0}, protocol_errors{0}, queued{0};
 
  private:
-  void EndExpectedLocked(const std::string& key);  // mu_ held
-  mutable std::mutex mu_;
-  std::map<uint64_t, std::weak_ptr<Session>> sessions_;  // GUARDED_BY(mu_)
-  uint64_t reserved_ = 0;                                // GUARDED_BY(mu_)
+  void EndExpectedLocked(const std::string& key) REQUIRES(mu_);
+  mutable Mutex mu_;
+  std::map<uint64_t, std::weak_ptr<Session>> sessions_ GUARDED_BY(mu_);
+  uint64_t reserved_ GUARDED_BY(mu_) = 0;
   struct Parked {
     std::string key;
     std::unique_ptr<ShmPool> shm;  // before loader: the Loader (pointing into it) goes first
     std::unique_ptr<Loader> loader;
     uint64_t reserved_bytes = 0;
   };
-  std::vector<Parked> parked_;                 // GUARDED_BY(mu_); oldest first
-  std::map<std::string, int> parks_expected_;  // GUARDED_BY(mu_); key -> sessions about to park
+  std::vector<Parked> parked_ GUARDED_BY(mu_);                 // oldest first
+  std::map<std::string, int> parks_expected_ GUARDED_BY(mu_);  // key -> sessions about to park
   static constexpr size_t kMaxParked = 64;
-  std::mutex peak_mu_;
-  uint64_t peak_streams_ = 0;                        // GUARDED_BY(peak_mu_)
-  std::chrono::steady_clock::time_point peak_time_;  // GUARDED_BY(peak_mu_): when last reached
+  Mutex peak_mu_;
+  uint64_t peak_streams_ GUARDED_BY(peak_mu_) = 0;
+  std::chrono::steady_clock::time_point peak_time_ GUARDED_BY(peak_mu_);  // when last reached
   std::unique_ptr<EventLog> log_;
 };
 

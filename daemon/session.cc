@@ -100,7 +100,7 @@ void Session::Fail(const Status& st, bool protocol_error, uint16_t version) {
   // Frames not yet on the wire are dropped so the error goes out next.
   while (out_.size() > (writing_ ? 1u : 0u)) {
     if (out_.back()->is_batch) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       --queued_;
       server_.queued -= 1;
     }
@@ -139,7 +139,7 @@ void Session::CloseNow(const std::string& reason) {
   StopProducer();
   while (out_.size() > (writing_ ? 1u : 0u)) {  // the one being written goes in its handler
     if (out_.back()->is_batch) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       --queued_;
       server_.queued -= 1;
     }

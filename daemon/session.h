@@ -157,11 +157,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   std::deque<std::shared_ptr<OutFrame>> out_;  // strand only
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t credits_ = 0;        // GUARDED_BY(mu_)
-  int queued_ = 0;              // GUARDED_BY(mu_): batch frames produced and not yet written
-  bool stop_producer_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  uint64_t credits_ GUARDED_BY(mu_) = 0;
+  int queued_ GUARDED_BY(mu_) = 0;  // batch frames produced and not yet written
+  bool stop_producer_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace gpufeed::daemon

@@ -24,7 +24,7 @@ void Session::HandleCredit(std::span<const std::byte> payload) {
   }
   uint64_t total = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     credits_ += *n;
     total = credits_;
   }
@@ -35,7 +35,7 @@ void Session::HandleCredit(std::span<const std::byte> payload) {
     return;
   }
   metrics_.credits = total;
-  cv_.notify_all();
+  cv_.SignalAll();
   if (!producer_running_ && !loader_ && !draining_ && !awaiting_park_) StartProducer();
 }
 

@@ -173,11 +173,11 @@ void Session::Produce() {
     EpochStream stream = loader_->Epoch(hello_.epoch, hello_.start_batch);
     for (;;) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         // Shared memory: the Loader waits for slots the client grants; the
         // frames are small, so nothing else bounds them.
         while (!stop_producer_ && !(shm_ || (credits_ > 0 && queued_ < kMaxQueued))) {
-          cv_.wait_for(lock, milliseconds(100));
+          cv_.WaitFor(&mu_, milliseconds(100));
         }
         if (stop_producer_) break;
       }
@@ -193,7 +193,7 @@ void Session::Produce() {
       }
       if (!r->has_value()) {
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           if (stop_producer_) break;  // the pool was cancelled to stop the stream: not its end
         }
         epoch_end = true;
@@ -204,7 +204,7 @@ void Session::Produce() {
         break;
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (stop_producer_) break;  // the batch is not sent; a resuming client asks for it again
       }
       Batch b = std::move(**r);
@@ -238,7 +238,7 @@ void Session::Produce() {
       metrics_.shared_chunk_hits = st.chunk_shared_hits;
       metrics_.loader_queue_depth = st.mean_queue_depth();
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (!shm_) --credits_;
         ++queued_;
         metrics_.credits = credits_;
@@ -280,10 +280,10 @@ void Session::OnProducerDone() {
 
 void Session::StopProducer() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_producer_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   // A Loader waiting for a slot the client will never grant wakes up.
   if (shm_pool_) shm_pool_->pool.SetCancelled(true);
 }

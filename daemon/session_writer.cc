@@ -19,7 +19,7 @@ using std::chrono::milliseconds;
 void Session::Enqueue(std::shared_ptr<OutFrame> f) {
   if (state_ != State::kStreaming) {  // closing: the frame is dropped (and its batch released)
     if (f->is_batch) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       --queued_;
       server_.queued -= 1;
     }
@@ -71,12 +71,12 @@ void Session::WriteNext() {
     self->out_.pop_front();
     if (done->is_batch) {
       {
-        std::lock_guard<std::mutex> lock(self->mu_);
+        MutexLock lock(&self->mu_);
         --self->queued_;
         self->metrics_.queued = static_cast<uint64_t>(self->queued_);
       }
       self->server_.queued -= 1;
-      self->cv_.notify_all();
+      self->cv_.SignalAll();
       if (!ec) {
         self->metrics_.batches_sent += 1;
         self->metrics_.samples_sent += done->samples;

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/sizes.h"
 #include "hdf5/probe.h"
 
@@ -72,11 +73,11 @@ struct FieldSource::Impl {
 
   // Open parts, least recently used first out. A reader holds a shared_ptr,
   // so closing one here never pulls it from under a read.
-  mutable std::mutex mu;
-  mutable std::vector<std::shared_ptr<const OpenFile>> open;  // GUARDED_BY(mu), per part
-  mutable std::vector<uint64_t> last_use;                     // GUARDED_BY(mu)
-  mutable std::vector<size_t> open_list;                      // GUARDED_BY(mu): parts with open[p]
-  mutable uint64_t clock = 0;                                 // GUARDED_BY(mu)
+  mutable Mutex mu;
+  mutable std::vector<std::shared_ptr<const OpenFile>> open GUARDED_BY(mu);  // per part
+  mutable std::vector<uint64_t> last_use GUARDED_BY(mu);
+  mutable std::vector<size_t> open_list GUARDED_BY(mu);  // parts with open[p]
+  mutable uint64_t clock GUARDED_BY(mu) = 0;
 
   // Opens every field of input file f as named (a virtual dataset opens as
   // one, its mapping resolved and checked) and checks it against the fields.
@@ -158,7 +159,7 @@ struct FieldSource::Impl {
 
   Result<std::shared_ptr<const OpenFile>> Acquire(size_t p) const {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (open[p]) {
         last_use[p] = ++clock;
         return open[p];
@@ -168,7 +169,7 @@ struct FieldSource::Impl {
     if (!ds.ok()) return ds.status();
     GPUFEED_RETURN_IF_ERROR(CheckPart(p, *ds, nullptr));
     auto ptr = std::make_shared<const OpenFile>(std::move(*ds));
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (open[p]) {
       last_use[p] = ++clock;
       return open[p];  // another thread opened it meanwhile; ours closes
@@ -177,10 +178,11 @@ struct FieldSource::Impl {
     return ptr;
   }
 
-  void Insert(size_t p, std::shared_ptr<const OpenFile> ptr) const {  // requires mu
+  void Insert(size_t p, std::shared_ptr<const OpenFile> ptr) const REQUIRES(mu) {
+    const uint64_t* use = last_use.data();  // under mu, as the comparator below reads it
     while (open_list.size() >= max_open) {
-      auto lru = std::min_element(open_list.begin(), open_list.end(),
-                                  [&](size_t a, size_t b) { return last_use[a] < last_use[b]; });
+      auto lru =
+          std::min_element(open_list.begin(), open_list.end(), [&](size_t a, size_t b) { return use[a] < use[b]; });
       open[*lru].reset();
       *lru = open_list.back();
       open_list.pop_back();
@@ -302,6 +304,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     GPUFEED_RETURN_IF_ERROR(d->CheckPart(p, *ds, &d->parts[p]));
     if (p == 0) unit = d->parts[0].pieces[largest].stacked ? 1 : (*ds)[largest].chunk_samples();
     checked[p] = true;
+    MutexLock lock(&d->mu);  // no reader yet: for the analysis
     if (d->open_list.size() < d->max_open) d->Insert(p, std::move(ds));
     return Status::Ok();
   };
@@ -341,8 +344,11 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     bool is_virtual = false;
     for (const Dataset& x : *ds) is_virtual = is_virtual || !x.info().virtual_sources.empty();
     any_virtual = any_virtual || is_virtual;
-    d->open.resize(d->parts.size());
-    d->last_use.resize(d->parts.size(), 0);
+    {
+      MutexLock lock(&d->mu);  // no reader yet: for the analysis
+      d->open.resize(d->parts.size());
+      d->last_use.resize(d->parts.size(), 0);
+    }
     checked.resize(d->parts.size(), false);
     // A file without virtual fields is one part, read from the datasets just opened.
     if (!is_virtual && d->parts.size() > before) {
@@ -424,7 +430,7 @@ std::pair<size_t, uint64_t> FieldSource::Locate(uint64_t index) const {
 }
 
 size_t FieldSource::open_files() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->open_list.size();
 }
 

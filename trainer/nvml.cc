@@ -62,10 +62,10 @@ NvmlSampler::NvmlSampler(const std::string& pci_bus_id, double period_s) : perio
 NvmlSampler::~NvmlSampler() {
   if (thread_.joinable()) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     thread_.join();
   }
   if (api_ && api_->shutdown) api_->shutdown();
@@ -77,25 +77,34 @@ void NvmlSampler::Run() {
   // recording a sample) ends sampling and leaves the figures it has, rather
   // than terminating the training run.
   try {
-    std::unique_lock<std::mutex> l(mu_);
-    while (!stop_) {
-      l.unlock();
+    for (;;) {
+      {
+        MutexLock l(&mu_);
+        if (stop_) return;
+      }
       NvmlUtilization u{};
       NvmlMemory m{};
       const bool good = api_->utilization(device_, &u) == 0 && api_->memory(device_, &m) == 0;
       const double t = NowSeconds();
-      l.lock();
+      MutexLock l(&mu_);
       if (good) samples_.push_back({t, double(u.gpu), double(m.used) / 1048576.0});
-      cv_.wait_for(l, std::chrono::duration<double>(period_s_), [this] { return stop_; });
+      // A period, or until the destructor asks to stop.
+      const auto until =
+          std::chrono::steady_clock::now() +
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(period_s_));
+      while (!stop_) {
+        const auto left = until - std::chrono::steady_clock::now();
+        if (left <= left.zero() || !cv_.WaitFor(&mu_, left)) break;
+      }
     }
   } catch (...) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     failed_ = true;
   }
 }
 
 void NvmlSampler::Mean(double t0, double t1, double* util, double* mem_mb) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   double su = 0, sm = 0;
   int n = 0;
   for (const Sample& s : samples_)

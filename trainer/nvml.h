@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
+
 namespace gpufeed::trainer {
 
 class NvmlSampler {
@@ -44,11 +46,11 @@ class NvmlSampler {
   std::string error_;
   double period_s_;
   std::thread thread_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;            // guarded by mu_
-  bool failed_ = false;          // guarded by mu_; sampling ended by an exception
-  std::vector<Sample> samples_;  // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool failed_ GUARDED_BY(mu_) = false;  // sampling ended by an exception
+  std::vector<Sample> samples_ GUARDED_BY(mu_);
 };
 
 }  // namespace gpufeed::trainer
