@@ -207,10 +207,10 @@ struct Core {
       }
     }
     if (abandoned) {
-      std::fprintf(stderr,
-                   "gpufeed: %s: a CUDA stream has not reached the copies of released host batches in %d s; "
-                   "leaving the loader's memory allocated\n",
-                   name.c_str(), static_cast<int>(kDeferredReleaseWait.count()));
+      gpufeed::StderrLogger()->Log(gpufeed::LogLevel::kWarning, "release_abandoned",
+                                   name + ": a CUDA stream has not reached the copies of released host batches in " +
+                                       std::to_string(kDeferredReleaseWait.count()) +
+                                       " s; leaving the loader's memory allocated");
     }
     {
       gpufeed::MutexLock lock(&mu);

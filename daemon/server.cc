@@ -354,6 +354,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   }
   for (size_t i = 0; i < o.data.size(); ++i) {
     OpenOptions open;
+    open.logger = core.library_logger;
     if (i < o.fields.size()) open.fields = o.fields[i];
     open.no_sample_axis = i < o.no_sample_axis.size() && o.no_sample_axis[i];
     GPUFEED_RETURN_IF_ERROR(core.datasets.Add(o.data[i], std::move(open)));

@@ -10,7 +10,22 @@
 
 namespace gpufeed::daemon {
 
-ServerCore::ServerCore(const ServerOptions& o) : options(o) {}
+namespace {
+
+class EventLogger final : public Logger {
+ public:
+  explicit EventLogger(ServerCore* core) : core_(core) {}
+  void Log(LogLevel level, std::string_view event, std::string_view message) override {
+    core_->Log(std::string(LogLevelName(level)).c_str(), std::string(event), Kv("message", std::string(message)));
+  }
+
+ private:
+  ServerCore* const core_;
+};
+
+}  // namespace
+
+ServerCore::ServerCore(const ServerOptions& o) : library_logger(std::make_shared<EventLogger>(this)), options(o) {}
 
 void ServerCore::Log(const char* level, const std::string& event, const std::string& fields) {
   if (log_) log_->Log(level, event, fields);

@@ -36,6 +36,10 @@ class ServerCore {
 
   // Thread-safe. `fields` is "key=value ..." (values quoted where needed).
   void Log(const char* level, const std::string& event, const std::string& fields);
+  // The library's Logger (OpenOptions / LoaderOptions::logger) for the
+  // datasets and loaders of this server: their notes go to the event log
+  // ("message" field) instead of stderr.
+  const std::shared_ptr<Logger> library_logger;
   void SetLog(std::unique_ptr<EventLog> log) { log_ = std::move(log); }  // before the first Log
   // Admits `bytes` more within memory_bytes, evicting parked Loaders (oldest
   // first) to make room; false when they still do not fit.

@@ -105,7 +105,9 @@ void Session::StartProducer() {
     // chunk buffers; built with its share, 4 ranks of celeba-raw ran ~20%
     // slower in one run: docs/benchmarks.md), run with its share (SetThreads
     // below), which bounds the buffers it ever has at once.
-    loader_ = std::make_unique<Loader>(src, hello_.loader);
+    LoaderOptions lo = hello_.loader;
+    lo.logger = server_.library_logger;  // its notes go to the event log
+    loader_ = std::make_unique<Loader>(src, lo);
     LoaderInternal::ShareChunks(*loader_, served_.shared);  // one cache per file, in effect
   }
   if (shm_) {

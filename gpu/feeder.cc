@@ -406,6 +406,7 @@ Status GpuFeeder::Impl::EnsureDecoder() {
   shape.nchw = o.input_layout == Layout::kNCHW;
   shape.skip_corrupt = o.skip_corrupt;
   shape.source = loader.info().name;
+  shape.logger = o.logger;
   if (!ops->is_gpu()) {
     decoder = gpu::MakeCpuImageDecoder(shape);
   } else {

@@ -33,7 +33,8 @@ struct ImageDecodeShape {
   int height = 0, width = 0;  // the output sample
   bool nchw = true;
   bool skip_corrupt = false;
-  std::string source;  // for messages: "train.h5:/images"
+  std::string source;              // for messages: "train.h5:/images"
+  std::shared_ptr<Logger> logger;  // where a replaced sample is said (null: stderr)
 };
 
 struct ImageDecodeCounters {

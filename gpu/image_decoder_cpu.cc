@@ -66,8 +66,10 @@ Status ReplaceCorrupt(const Batch& b, const ImageDecodeShape& shape, std::vector
     GPUFEED_RETURN_IF_ERROR(copy_sample(j, i));
     if (labels != nullptr) labels[i] = labels[j];
     ++*skipped;
-    std::fprintf(stderr, "gpufeed: %s sample %llu skipped (%s); replaced by sample %llu\n", shape.source.c_str(),
-                 (unsigned long long)sample, failed[i].message().c_str(), (unsigned long long)b.indices()[j]);
+    LoggerOr(shape.logger)
+        .Log(LogLevel::kWarning, "sample_replaced",
+             shape.source + " sample " + std::to_string(sample) + " skipped (" + failed[i].message() +
+                 "); replaced by sample " + std::to_string(b.indices()[j]));
   }
   return Status::Ok();
 }

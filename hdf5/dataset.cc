@@ -278,6 +278,7 @@ struct Dataset::Impl {
   Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst);
   Result<std::string> PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size);
   Status ChooseIo(IoMode asked, uint64_t file_size);
+  std::shared_ptr<Logger> logger;  // OpenOptions::logger
 };
 
 // Resolves the direct path's I/O mode (IoMode's contract in dataset.h).
@@ -305,7 +306,8 @@ Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
       // Once per process: a trainer opens the same file for each of its loaders.
       static std::once_flag logged;
       std::call_once(logged, [&] {
-        std::fprintf(stderr, "gpufeed: %s: direct I/O unavailable: %s\n", info.file.c_str(), info.io_note.c_str());
+        LoggerOr(logger).Log(LogLevel::kWarning, "direct_io_unavailable",
+                             info.file + ": direct I/O unavailable: " + info.io_note);
       });
     }
   }
@@ -635,6 +637,7 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   h5::EnsureZstdFilterRegistered();
 
   auto d = std::make_unique<Impl>();
+  d->logger = options.logger;
   d->what = spec.file + ":" + spec.images;
   d->info.file = spec.file;
   d->info.images_path = spec.images;
@@ -958,8 +961,10 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
     d->info.stats_from = "attributes";
   } else {
     // A read-only file's statistics (gpufeed inspect --stats --store).
-    ReadStatsSidecar(spec.file, spec.images, &d->info.mean, &d->info.stddev);
+    std::string ignored;
+    ReadStatsSidecar(spec.file, spec.images, &d->info.mean, &d->info.stddev, &ignored);
     if (!d->info.mean.empty()) d->info.stats_from = StatsSidecarPath(spec.file);
+    if (!ignored.empty()) LoggerOr(options.logger).Log(LogLevel::kWarning, "stats_sidecar_ignored", ignored);
   }
   H5Eclear2(H5E_DEFAULT);
   return Dataset(std::move(d));

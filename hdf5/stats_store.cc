@@ -133,26 +133,37 @@ nlohmann::json FieldJson(const FieldStats& s) {
 }
 
 // The sidecar's JSON when it is well-formed, this version, and recorded for
-// the file as it is now (size, mtime); null otherwise.
-nlohmann::json ReadSidecar(const std::string& file) {
+// the file as it is now (size, mtime); null otherwise, with *why set when a
+// sidecar is there but was not taken.
+nlohmann::json ReadSidecar(const std::string& file, std::string* why = nullptr) {
   struct stat fst {
   }, sst{};
   const std::string side = StatsSidecarPath(file);
   if (::stat(file.c_str(), &fst) != 0 || ::stat(side.c_str(), &sst) != 0) return nullptr;
-  if (!S_ISREG(sst.st_mode) || static_cast<uint64_t>(sst.st_size) > kMaxSidecarBytes) return nullptr;
+  auto refuse = [&](const std::string& reason) {
+    if (why != nullptr) *why = reason;
+    return nullptr;
+  };
+  if (!S_ISREG(sst.st_mode)) return refuse("not a regular file");
+  if (static_cast<uint64_t>(sst.st_size) > kMaxSidecarBytes) {
+    return refuse("larger than " + std::to_string(kMaxSidecarBytes) + " bytes");
+  }
   std::ifstream in(side, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
-  if (!in) return nullptr;
+  if (!in) return refuse("unreadable");
   nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   try {
-    if (!j.is_object() || j.value("gpufeed_stats", 0) != kSidecarVersion) return nullptr;
+    if (!j.is_object()) return refuse("not a JSON object");
+    if (j.value("gpufeed_stats", 0) != kSidecarVersion)
+      return refuse("not a gpufeed_stats version " + std::to_string(kSidecarVersion) + " sidecar");
+    if (!j.at("datasets").is_object()) return refuse("its datasets are not an object");
     if (j.at("file_size").get<int64_t>() != static_cast<int64_t>(fst.st_size) ||
-        j.at("file_mtime_ns").get<int64_t>() != MtimeNs(fst) || !j.at("datasets").is_object()) {
-      return nullptr;
+        j.at("file_mtime_ns").get<int64_t>() != MtimeNs(fst)) {
+      return refuse("recorded for another version of the file (its size or modification time differ)");
     }
   } catch (const std::exception&) {
-    return nullptr;
+    return refuse("malformed (a field is missing or of the wrong type)");
   }
   return j;
 }
@@ -211,27 +222,45 @@ Result<std::string> StoreStats(const std::string& file, const std::vector<FieldS
 }
 
 void ReadStatsSidecar(const std::string& file, const std::string& dataset_path, std::vector<double>* mean,
-                      std::vector<double>* stddev) {
+                      std::vector<double>* stddev, std::string* ignored) {
   mean->clear();
   stddev->clear();
-  const nlohmann::json j = ReadSidecar(file);
-  if (j.is_null()) return;
+  std::string why;
+  auto refuse = [&](const std::string& reason) {
+    if (ignored != nullptr) {
+      *ignored = StatsSidecarPath(file) + ": " + reason + "; its statistics are ignored (gpufeed inspect " + file +
+                 " --stats --store writes them again)";
+    }
+  };
+  const nlohmann::json j = ReadSidecar(file, &why);
+  if (j.is_null()) {
+    if (!why.empty()) refuse(why);
+    return;
+  }
+  const nlohmann::json& datasets = j.at("datasets");
+  if (!datasets.contains(dataset_path)) return;  // statistics of other datasets only
   try {
-    const nlohmann::json& d = j.at("datasets").at(dataset_path);
+    const nlohmann::json& d = datasets.at(dataset_path);
     const nlohmann::json& m = d.at("mean");
     const nlohmann::json& s = d.at("std");
-    if (!m.is_array() || !s.is_array() || m.size() != s.size() || m.empty() || m.size() > kMaxChannels) return;
+    if (!m.is_array() || !s.is_array() || m.size() != s.size() || m.empty() || m.size() > kMaxChannels) {
+      return refuse(dataset_path + ": mean and std are not two arrays of 1.." + std::to_string(kMaxChannels) +
+                    " channels of one length");
+    }
     std::vector<double> mv, sv;
     for (size_t c = 0; c < m.size(); ++c) {
       const double a = m[c].get<double>(), b = s[c].get<double>();
-      if (!std::isfinite(a) || !std::isfinite(b) || b < 0) return;
+      if (!std::isfinite(a) || !std::isfinite(b) || b < 0) {
+        return refuse(dataset_path + ": channel " + std::to_string(c) + " has a mean or std that is not finite, " +
+                      "or a negative std");
+      }
       mv.push_back(a);
       sv.push_back(b);
     }
     *mean = std::move(mv);
     *stddev = std::move(sv);
   } catch (const std::exception&) {
-    // absent or malformed: no statistics
+    refuse(dataset_path + ": malformed (mean and std must be arrays of numbers)");
   }
 }
 

@@ -4,7 +4,6 @@
 #include <tbb/parallel_for.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -15,8 +14,9 @@
 
 namespace gpufeed::loader {
 
-DecodeStage::DecodeStage(const ChunkSource& source, std::shared_ptr<const SampleDecoder> decoder)
-    : source_(source), decoder_(std::move(decoder)) {}
+DecodeStage::DecodeStage(const ChunkSource& source, std::shared_ptr<const SampleDecoder> decoder,
+                         std::shared_ptr<Logger> logger)
+    : source_(source), decoder_(std::move(decoder)), logger_(std::move(logger)) {}
 
 Status DecodeStage::Decode(const Where& where, uint64_t sample, const DecodeContext& context, std::span<std::byte> dst,
                            uint64_t* delivered) const {
@@ -38,8 +38,9 @@ Status DecodeStage::Decode(const Where& where, uint64_t sample, const DecodeCont
   for (uint64_t step = 1; step < count; ++step) {
     const uint64_t k = first + (sample - first + step) % count;
     if (decode(k).ok()) {
-      std::fprintf(stderr, "gpufeed: %s sample %llu skipped (%s); replaced by sample %llu\n", source_.name().c_str(),
-                   (unsigned long long)sample, st.message().c_str(), (unsigned long long)k);
+      LoggerOr(logger_).Log(LogLevel::kWarning, "sample_replaced",
+                            source_.name() + " sample " + std::to_string(sample) + " skipped (" + st.message() +
+                                "); replaced by sample " + std::to_string(k));
       *delivered = k;
       return Status::Ok();
     }

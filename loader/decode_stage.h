@@ -15,6 +15,7 @@
 
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/loader.h"
+#include "gpufeed/logger.h"
 #include "gpufeed/sample_decoder.h"
 
 namespace gpufeed::loader {
@@ -22,8 +23,10 @@ namespace gpufeed::loader {
 class DecodeStage {
  public:
   // decoder: source.sample_decoder() unless a caller composes another of
-  // the same sample_bytes().
-  DecodeStage(const ChunkSource& source, std::shared_ptr<const SampleDecoder> decoder);
+  // the same sample_bytes(). logger: where a replaced sample is said (null:
+  // stderr).
+  DecodeStage(const ChunkSource& source, std::shared_ptr<const SampleDecoder> decoder,
+              std::shared_ptr<Logger> logger = nullptr);
 
   // The sample's chunk, as the cache holds it.
   struct Where {
@@ -67,6 +70,7 @@ class DecodeStage {
  private:
   const ChunkSource& source_;
   const std::shared_ptr<const SampleDecoder> decoder_;
+  const std::shared_ptr<Logger> logger_;
 };
 
 }  // namespace gpufeed::loader

@@ -101,7 +101,7 @@ struct Loader::Impl {
       threads = cores;
     }
     state.seed = o.seed;
-    if (s.decodes_samples()) decode_stage.emplace(s, s.sample_decoder());
+    if (s.decodes_samples()) decode_stage.emplace(s, s.sample_decoder(), o.logger);
     cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
     info.name = s.name();
     info.dtype = s.dtype();

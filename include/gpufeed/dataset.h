@@ -29,6 +29,7 @@
 
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/dtype.h"
+#include "gpufeed/logger.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -110,6 +111,9 @@ struct OpenOptions {
   // extent 1; /labels is not looked for (name a label as a field, or
   // labels_path a one-element dataset). CLI: --no-sample-axis.
   bool no_sample_axis = false;
+  // Where opening says what is no error (direct I/O unavailable, a stats
+  // sidecar that does not match the file); null: stderr (gpufeed/logger.h).
+  std::shared_ptr<Logger> logger;
 };
 
 struct FilterInfo {

@@ -1,7 +1,8 @@
-// GpuFeeder: takes the Loader's uint8 batches to the GPU and hands the
-// consumer ready batches: normalized, converted to fp32/fp16/bf16, in NCHW or
-// NHWC, optionally cropped and flipped per sample, and optionally *echoed*
-// (each upload used `echo` times, reshuffled on the GPU for every pass).
+// GpuFeeder: takes the Loader's batches (uint8, uint16, int16, float16 or
+// float32 samples as stored, their named fields, or JPEGs left encoded for
+// the GPU's decoder) to the GPU and hands the consumer ready batches: normalized, converted to fp32/fp16/bf16, in NCHW
+// or NHWC, optionally cropped and flipped per sample, and optionally *echoed* (each upload used `echo` times,
+// reshuffled on the GPU for every pass).
 //
 //   gpufeed::GpuFeeder feeder(loader, {.dtype = gpufeed::DType::kBFloat16, .echo = 2,
 //                                      .crop_padding = 4, .flip = true});
@@ -43,6 +44,7 @@
 
 #include "gpufeed/dtype.h"
 #include "gpufeed/loader.h"
+#include "gpufeed/logger.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -95,6 +97,9 @@ struct FeedOptions {
   // does not decode fails Next() naming it, or with skip_corrupt is
   // replaced by its batch's next sample (its label with it).
   bool skip_corrupt = false;
+  // Where the feed says what is no error (a corrupt sample replaced); null:
+  // stderr (gpufeed/logger.h).
+  std::shared_ptr<Logger> logger;
 };
 
 // Where JPEGs are decoded for a feed: kCpu in the loader's threads, kGpu by

@@ -40,6 +40,7 @@
 
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/dtype.h"
+#include "gpufeed/logger.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -106,6 +107,9 @@ struct LoaderOptions {
     uint64_t share = 0;       // samples in each of its ranks' shares that epoch
     uint64_t consumed = 0;    // samples each of them had received
   } reshard;
+  // Where the loader says what is no error (a corrupt sample replaced);
+  // null: stderr (gpufeed/logger.h).
+  std::shared_ptr<Logger> logger;
 };
 
 // Resuming at another world size. A state saved at W ranks, each having

@@ -106,9 +106,10 @@ Result<std::string> StoreStats(const std::string& file, const std::vector<FieldS
 // a well-formed sidecar that matches the file's size and modification time
 // (both vectors empty otherwise). The sidecar is untrusted: its size, JSON
 // and array lengths are checked. Dataset::Open calls it when the dataset has
-// no mean/std attributes.
+// no mean/std attributes. *ignored (when given): why a sidecar that is there
+// was not used ("" when none is there or it was used), for the logger.
 void ReadStatsSidecar(const std::string& file, const std::string& dataset_path, std::vector<double>* mean,
-                      std::vector<double>* stddev);
+                      std::vector<double>* stddev, std::string* ignored = nullptr);
 
 }  // namespace gpufeed
 

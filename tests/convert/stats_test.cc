@@ -21,6 +21,7 @@
 #include "gpufeed/gpu_feed.h"
 #include "gpufeed/loader.h"
 #include "convert/channel_stats.h"
+#include "tests/testing/capturing_logger.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {
@@ -466,15 +467,31 @@ TEST(StatsStoreTest, ReadOnlyFileGetsASidecarAndStaysByteForByte) {
   EXPECT_TRUE(again->info().mean.empty());
 }
 
-TEST(StatsStoreTest, MalformedSidecarIsIgnored) {
+// Opens file:/x with a capturing logger; the events it got.
+std::vector<std::pair<std::string, std::string>> OpenAndListen(const std::string& file, Result<Dataset>* out) {
+  auto logger = std::make_shared<testing::CapturingLogger>();
+  OpenOptions o;
+  o.logger = logger;
+  *out = Dataset::Open(file + ":/x", o);
+  return logger->events();
+}
+
+// A sidecar that is there but not used is said, to the logger, naming it
+// and how to write it again; never silently dropped.
+TEST(StatsStoreTest, MalformedSidecarIsIgnoredAndSaidSo) {
   const std::string dir = testing::MakeTempDir("stats_store_bad");
   const std::string file = dir + "/a.h5";
   WriteFile(file, T::kU8, false, 0, 3);
   for (const char* text : {"{", "[]", "{\"gpufeed_stats\": 1, \"file_size\": \"x\"}", "\x01\x02"}) {
     std::ofstream(StatsSidecarPath(file)) << text;
-    auto ds = Dataset::Open(file + ":/x");
+    Result<Dataset> ds = Status::Internal("unset");
+    const auto events = OpenAndListen(file, &ds);
     ASSERT_TRUE(ds.ok()) << text;
     EXPECT_TRUE(ds->info().mean.empty()) << text;
+    ASSERT_EQ(events.size(), 1u) << text;
+    EXPECT_EQ(events[0].first, "stats_sidecar_ignored");
+    EXPECT_NE(events[0].second.find(StatsSidecarPath(file)), std::string::npos) << events[0].second;
+    EXPECT_NE(events[0].second.find("--stats --store"), std::string::npos) << events[0].second;
   }
 }
 
@@ -491,17 +508,21 @@ TEST(StatsStoreTest, SidecarWithBadArraysIsIgnored) {
                            ", \"datasets\": {\"/x\": ";
   const char* good = "{\"mean\": [1, 2, 3], \"std\": [1, 1, 1]}";
   std::ofstream(StatsSidecarPath(file)) << head << good << "}}";
-  auto ds = Dataset::Open(file + ":/x");
+  Result<Dataset> ds = Status::Internal("unset");
+  EXPECT_TRUE(OpenAndListen(file, &ds).empty());  // nothing to say
   ASSERT_TRUE(ds.ok());
   ASSERT_EQ(ds->info().mean, (std::vector<double>{1, 2, 3}));  // the well-formed one is read
   for (const char* bad :
        {"{\"mean\": [1, 2, 3], \"std\": [1, 1]}", "{\"mean\": [1], \"std\": [-1]}", "{\"mean\": [\"a\"], \"std\": [1]}",
         "{\"mean\": [], \"std\": []}", "{\"mean\": 1, \"std\": 1}", "[]"}) {
     std::ofstream(StatsSidecarPath(file)) << head << bad << "}}";
-    auto d = Dataset::Open(file + ":/x");
+    Result<Dataset> d = Status::Internal("unset");
+    const auto events = OpenAndListen(file, &d);
     ASSERT_TRUE(d.ok()) << bad;
     EXPECT_TRUE(d->info().mean.empty()) << bad;
     EXPECT_EQ(d->info().stats_from, "") << bad;
+    ASSERT_EQ(events.size(), 1u) << bad;
+    EXPECT_EQ(events[0].first, "stats_sidecar_ignored") << bad;
   }
 }
 

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "gpufeed/loader.h"
+#include "tests/testing/capturing_logger.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {
@@ -158,6 +159,8 @@ TEST(DecodeStageTest, ACorruptSampleIsNamedOrReplacedByTheNextOfItsChunk) {
   EncodedIndexSource src(12, std::make_shared<IndexDecoder>(std::set<uint64_t>{6, 7}, true));
   LoaderOptions o = Opts();
   o.order = Order::kSequential;
+  auto logger = std::make_shared<testing::CapturingLogger>();
+  o.logger = logger;  // each replacement is said there, not on stderr
   Loader loader(src, o);
   EpochStream s = loader.Epoch(0);
   std::vector<uint64_t> indices;
@@ -172,6 +175,13 @@ TEST(DecodeStageTest, ACorruptSampleIsNamedOrReplacedByTheNextOfItsChunk) {
   }
   EXPECT_EQ(indices, (std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 4, 4, 8, 9, 10, 11}));
   EXPECT_EQ(s.stats().skipped_samples, 2u);
+  const auto events = logger->events();
+  ASSERT_EQ(events.size(), 2u);
+  for (const auto& [event, message] : events) {
+    EXPECT_EQ(event, "sample_replaced");
+    EXPECT_NE(message.find("encoded memory sample "), std::string::npos) << message;
+    EXPECT_NE(message.find("replaced by sample 4"), std::string::npos) << message;
+  }
 }
 
 // Deferred decoding: what the decoder's PlanDevice takes stays encoded in
