@@ -15,8 +15,12 @@ namespace {
 
 // A persistent grid: each warp takes output rows (one (c, y) of NCHW, one y
 // of NHWC) of the whole batch in turn — no tail of short-lived blocks — and
-// its lanes take kVec consecutive x each: no division per element, a row's
-// reads are contiguous, writes are 8- or 16-byte stores where aligned.
+// its lanes take kVec consecutive output elements each: no division per
+// element, a row's reads are contiguous, writes are 8- or 16-byte stores
+// where aligned. An NHWC row (W x C elements) is walked flat the same way,
+// its channel and x carried from element to element (one division a
+// vector), so its stores are as wide as NCHW's (they were one element a
+// lane, C apart).
 constexpr int kVec = 4;
 constexpr int kWarps = 8;
 
@@ -166,17 +170,31 @@ __global__ void __launch_bounds__(32 * kWarps)
           for (int j = 0; j < kVec && x0 + j < W; ++j) o[j] = v[j];
         }
       }
-    } else {  // NHWC out: a row is W pixels x C channels, contiguous
+    } else {  // NHWC out: a row is W pixels x C channels, contiguous: walked flat, as NCHW's rows
       const int y = static_cast<int>(row), sy = y + si.dy;
       const bool row_in = sy >= 0 && sy < H;
       Scalar* orow = out + uint32_t(y) * W * C;
-      for (int x = lane; x < W; x += 32) {
-        const int sx = (si.flip ? (W - 1 - x) : x) + si.dx;
-        const bool in = row_in && sx >= 0 && sx < W;
-        for (int c = 0; c < C; ++c) {
+      const int n = W * C;
+      for (int e0 = lane * kVec; e0 < n; e0 += 32 * kVec) {
+        Scalar v[kVec];
+        int x = e0 / C, c = e0 - x * C;  // one division a vector
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const int sx = (si.flip ? (W - 1 - x) : x) + si.dx;
+          const bool in = row_in && e0 + j < n && sx >= 0 && sx < W;
           const uint32_t off = nchw_in ? (uint32_t(c) * H + sy) * W + sx : (uint32_t(sy) * W + sx) * C + c;
           const float px = in ? InT<kIn>::Load(sample + off) : 0.0f;
-          orow[x * C + c] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
+          v[j] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
+          if (++c == C) {
+            c = 0;
+            ++x;
+          }
+        }
+        Scalar* o = orow + e0;
+        if (e0 + kVec <= n && (n & 1) == 0) {
+          T::Store4(o, v);
+        } else {
+          for (int j = 0; j < kVec && e0 + j < n; ++j) o[j] = v[j];
         }
       }
     }

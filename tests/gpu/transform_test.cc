@@ -289,8 +289,10 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
     GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
   DeviceOps& d = **ops;
   int cases = 0;
-  // Odd width: scalar stores; even: the kernel's vector stores.
-  for (const int W : {29, 30}) {
+  // Odd width: scalar stores; even: the kernel's vector stores; 64: rows
+  // 16-byte aligned (16-byte stores of 16-bit outputs) and uint8 rows read
+  // as aligned words.
+  for (const int W : {29, 30, 64}) {
     const int B = 9, C = 3, H = 37;
     const size_t n = size_t(B) * C * H * W;
     const auto src = RandomBytes(n * 2, 3);  // a super-batch of 2B samples, for the echo gather
@@ -353,7 +355,7 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
     d.Free(ddl);
     d.FreeStream(stream);
   }
-  EXPECT_EQ(cases, 96);
+  EXPECT_EQ(cases, 144);  // 3 widths x 3 dtypes x 4 layouts x 2 augmentations x 2 permutations
 }
 
 // Batches over kMaxSharedSamples (2048) take the kernel's other path (the
