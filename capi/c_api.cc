@@ -973,6 +973,8 @@ gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_e
     add("host_decoded_samples", double(s.host_decoded_samples));
     add("balanced_samples", double(s.balanced_samples));
     add("skipped_samples", double(s.skipped_samples));
+    add("minor_faults", double(s.minor_faults));
+    add("major_faults", double(s.major_faults));
     add("host_decode_share", s.host_decode_share);
     add("consumer_wait_seconds", s.consumer_wait_seconds);
     add("wall_seconds", s.wall_seconds);

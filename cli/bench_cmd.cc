@@ -183,7 +183,8 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
              arr.push_back({{"epoch", e.epoch}, {"samples", e.samples}, {"seconds", e.seconds},
                             {"samples_per_s", e.seconds > 0 ? e.samples / e.seconds : 0.0},
                             {"chunk_reads", e.stats.chunk_reads}, {"chunk_reads_ahead", e.stats.chunk_reads_ahead},
-                            {"hit_rate", e.stats.hit_rate()}, {"bytes_decoded", e.stats.bytes_decoded}});
+                            {"hit_rate", e.stats.hit_rate()}, {"bytes_decoded", e.stats.bytes_decoded},
+                            {"minor_faults", e.stats.minor_faults}, {"major_faults", e.stats.major_faults}});
            }
            return arr;
          }()},
@@ -248,10 +249,11 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   for (const bench::LoaderBenchEpoch& e : r->epochs) {
     std::printf(
         "  epoch %llu: %.0f samples/s, %llu chunk reads (+%llu ahead for the next), hit rate %.3f, "
-        "%.1f MB decoded\n",
+        "%.1f MB decoded, %llu minor / %llu major page faults\n",
         static_cast<unsigned long long>(e.epoch), e.seconds > 0 ? e.samples / e.seconds : 0.0,
         static_cast<unsigned long long>(e.stats.chunk_reads),
-        static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(), e.stats.bytes_decoded / 1e6);
+        static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(), e.stats.bytes_decoded / 1e6,
+        static_cast<unsigned long long>(e.stats.minor_faults), static_cast<unsigned long long>(e.stats.major_faults));
   }
   if (a.bench.cold) {
     std::printf("  cold: %s (%.2f GB), I/O %s%s%s%s; O_DIRECT sequential ceiling ", r->file.c_str(),

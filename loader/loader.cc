@@ -13,6 +13,8 @@
 #include <tbb/task_arena.h>
 #include <tbb/task_group.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -36,6 +38,17 @@
 #include "loader/sampler.h"
 
 namespace gpufeed {
+namespace {
+
+// The process's page faults so far (getrusage); 0 where it fails.
+void ProcessFaults(uint64_t* minor, uint64_t* major) {
+  rusage u{};
+  const bool ok = ::getrusage(RUSAGE_SELF, &u) == 0;
+  *minor = ok ? static_cast<uint64_t>(u.ru_minflt) : 0;
+  *major = ok ? static_cast<uint64_t>(u.ru_majflt) : 0;
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // Loader::Impl
@@ -159,6 +172,7 @@ struct LocalStream final : EpochStream::Impl {
   std::atomic<uint64_t> plan_ns{0}, assemble_ns{0};
   uint64_t delivered_batches = 0, delivered_samples = 0, delivered_bytes = 0;
   std::chrono::steady_clock::time_point start_time;
+  uint64_t minor_faults0 = 0, major_faults0 = 0;  // the process's at the start
 
   // The pipeline's unit: a batch in flight.
   struct Work {
@@ -439,6 +453,10 @@ LoaderStats LocalStream::stats() const {
   st.host_decode_reason = s.host_decode_reason.load();
   st.balanced_samples = s.balanced_samples.load();
   st.skipped_samples = s.skipped_samples.load();
+  uint64_t minor = 0, major = 0;
+  ProcessFaults(&minor, &major);
+  st.minor_faults = minor - s.minor_faults0;
+  st.major_faults = major - s.major_faults0;
   st.host_decode_share = s.host_decode_share.load();
   st.consumer_wait_seconds = s.core.wait_seconds();
   st.queue_depth_sum = s.core.depth_sum();
@@ -563,6 +581,7 @@ EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
   s->epoch = epoch;
   s->start_batch = start_batch;
   s->start_time = std::chrono::steady_clock::now();
+  ProcessFaults(&s->minor_faults0, &s->major_faults0);
   impl_->state.epoch = epoch;
   impl_->state.next_batch = start_batch;
   auto fail_now = [&](Status st) {

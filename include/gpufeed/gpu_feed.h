@@ -209,7 +209,8 @@ class GpuFeeder {
   // measured rate) are kept, so an epoch's start costs no allocation, no
   // decoder handle and no driver call but a stream sync. It then delivers
   // what a new GpuFeeder(loader, options, epoch, start_batch) would, batch
-  // for batch; stats() start again. Batches of the previous epoch the
+  // for batch (with decode="auto", which engine decodes a sample follows the
+  // rates measured so far, as ever); stats() start again. Batches of the previous epoch the
   // consumer still holds stay valid (their output slots are skipped until
   // released). A feeder that did not start returns why.
   Status Restart(uint64_t epoch, uint64_t start_batch = 0);

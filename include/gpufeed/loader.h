@@ -257,6 +257,10 @@ struct LoaderStats {
   double host_decode_share = 0;
   // Encoded samples that did not decode, replaced (DecodeOptions::skip_corrupt).
   uint64_t skipped_samples = 0;
+  // Page faults of the whole process since the stream started (getrusage):
+  // minor ones are mostly fresh pages zeroed at first touch (the cost of
+  // keeping chunks in a cache in epoch 1), major ones reads from disk.
+  uint64_t minor_faults = 0, major_faults = 0;
   double plan_seconds = 0;           // busy time per stage, summed over threads
   double fetch_seconds = 0;          // read + decode
   double assemble_seconds = 0;       // copying samples into batches

@@ -106,6 +106,18 @@ TEST_P(DatasetLayoutTest, ReadsBackExactlyOnBothPaths) {
 INSTANTIATE_TEST_SUITE_P(Layouts, DatasetLayoutTest, ::testing::ValuesIn(Cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// Encodes and writes the n samples of `data` (sample_bytes each), chunk by
+// chunk, in order.
+void WriteAllChunks(DatasetWriter& w, const std::vector<std::byte>& data, uint64_t n, uint64_t sample_bytes) {
+  for (uint64_t i = 0; i < w.num_chunks(); ++i) {
+    const uint64_t first = i * w.chunk_samples();
+    const uint64_t cnt = std::min(w.chunk_samples(), n - first);
+    DatasetWriter::EncodedChunk enc;
+    ASSERT_TRUE(w.EncodeChunk(i, std::span(data.data() + first * sample_bytes, cnt * sample_bytes), &enc).ok());
+    ASSERT_TRUE(w.WriteChunk(i, enc).ok());
+  }
+}
+
 // gpufeed's writer, every codec and chunk size, read back by gpufeed and by
 // HDF5 itself (its own filters, our zstd filter registered in-process).
 class WriterRoundTripTest : public ::testing::TestWithParam<std::tuple<Codec, bool, uint64_t>> {};
@@ -122,13 +134,7 @@ TEST_P(WriterRoundTripTest, WritesWhatHdf5AndTheDirectPathReadBack) {
   o.layout = "NCHW";
   auto w = DatasetWriter::Create(path, {2, 6, 6}, DType::kUInt16, n, o);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  for (uint64_t i = 0; i < w->num_chunks(); ++i) {
-    const uint64_t first = i * w->chunk_samples();
-    const uint64_t cnt = std::min(w->chunk_samples(), n - first);
-    DatasetWriter::EncodedChunk enc;
-    ASSERT_TRUE(w->EncodeChunk(i, std::span(data.data() + first * sample_bytes, cnt * sample_bytes), &enc).ok());
-    ASSERT_TRUE(w->WriteChunk(i, enc).ok());
-  }
+  WriteAllChunks(*w, data, n, sample_bytes);
   std::vector<int64_t> labels(n);
   for (uint64_t k = 0; k < n; ++k) labels[k] = testing::IndexLabel(k);
   ASSERT_TRUE(w->WriteLabels(labels).ok());
@@ -172,13 +178,7 @@ TEST(DatasetTest, EveryDtypeIsWrittenAsHdf5sStandardTypeAndReadsBack) {
     o.codec = Codec::kNone;
     auto w = DatasetWriter::Create(path, {3}, dtype, n, o);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
-    for (uint64_t i = 0; i < w->num_chunks(); ++i) {
-      const uint64_t first = i * w->chunk_samples();
-      const uint64_t cnt = std::min(w->chunk_samples(), n - first);
-      DatasetWriter::EncodedChunk enc;
-      ASSERT_TRUE(w->EncodeChunk(i, std::span(data.data() + first * sample_bytes, cnt * sample_bytes), &enc).ok());
-      ASSERT_TRUE(w->WriteChunk(i, enc).ok());
-    }
+    WriteAllChunks(*w, data, n, sample_bytes);
     ASSERT_TRUE(w->Commit().ok());
     {
       const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);

@@ -97,6 +97,23 @@ TEST(LoaderTest, EverySampleExactlyOnceForEveryOrderAndWorldSize) {
 // nothing, a change ends the stream before the plan goes (it was freed under
 // the running pipeline: a crash in ChunkCache::NextUse, 1 run in 3 of the
 // Python suite's held-batch test). Then the next epoch is whole.
+// The epoch's page faults (the process's, from the stream's start): a first
+// epoch touches the pool's and the cache's fresh pages, so it counts some,
+// and the count only grows while the stream lives.
+TEST(LoaderTest, StatsCountTheEpochsPageFaults) {
+  InMemorySource src(512, 4096, 16);
+  Loader loader(src, Opts(Order::kBlock));
+  EpochStream s = loader.Epoch(0);
+  for (const Batch& b : s) (void)b;
+  const LoaderStats first = s.stats();
+  EXPECT_GT(first.minor_faults, 0u);
+  std::vector<char> touched(64 << 20);
+  for (size_t i = 0; i < touched.size(); i += 4096) touched[i] = 1;  // 16,384 fresh pages
+  const LoaderStats later = s.stats();
+  EXPECT_EQ(touched[4096], 1);
+  EXPECT_GE(later.minor_faults, first.minor_faults + 1000) << "fresh pages touched while the stream lives";
+}
+
 TEST(LoaderTest, SetReshardWhileAStreamRunsIsSafe) {
   InMemorySource src(600, 48, 8);
   for (int round = 0; round < 20; ++round) {
