@@ -114,20 +114,15 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
 
 Result<JpegFeedBenchResult> RunJpegFeedBench(const JpegFeedBenchOptions& o) {
   JpegFeedBenchResult r;
-  std::string backend, cpu_reason = "decode=cpu";
-  bool defer = false;
-  if (o.where != DecodeDevice::kCpu) {
-    Status av = GpuImageDecoder(o.device, &backend);
-    defer = av.ok();
-    if (!defer) cpu_reason = av.message();
-    if (o.where == DecodeDevice::kGpu && !defer) return av.WithContext("--decode gpu");
-  }
+  auto placed = PlaceDecode(o.where, /*feed_on_gpu=*/true, o.device);
+  if (!placed.ok()) return placed.status().WithContext("--decode gpu");
+  const bool defer = placed->defer;
   // Runs `epochs` epochs with the JPEGs decoded on the GPU (defer) or in
   // the loader; verifies each.
   auto run = [&](bool gpu_decode, std::vector<JpegFeedEpoch>* out) -> Status {
     LoaderOptions lo = o.loader;
     lo.defer_decode = gpu_decode;
-    lo.balance_decode = gpu_decode && o.where == DecodeDevice::kAuto;
+    lo.balance_decode = gpu_decode && placed->balance;
     lo.pin_memory = true;
     auto opened = OpenBenchSource(o.data, "", lo, "", "bench-loader", {}, o.decode);
     if (!opened.ok()) return opened.status();
@@ -173,7 +168,7 @@ Result<JpegFeedBenchResult> RunJpegFeedBench(const JpegFeedBenchOptions& o) {
     }
     return Status::Ok();
   };
-  r.decode = defer ? "gpu (nvjpeg " + backend + ")" : "cpu (" + cpu_reason + ")";
+  r.decode = placed->Describe();
   GPUFEED_RETURN_IF_ERROR(run(defer, &r.epochs));
   if (defer) GPUFEED_RETURN_IF_ERROR(run(false, &r.cpu_epochs));
   return r;

@@ -730,33 +730,22 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
     // when asked or (auto) when the feed is on a GPU that has one.
     auto where = gpufeed::DecodeDeviceFromName(options->decode);
     if (!where.ok()) return Fail(error, where.status());
-    std::string gpu_backend, cpu_reason = "decode=\"cpu\"";
-    if (*where != gpufeed::DecodeDevice::kCpu) {
-      if (!core->feed || core->feed_options.force_cpu) {
-        cpu_reason = "the feed is not on a GPU";
-      } else if (Status av = gpufeed::GpuImageDecoder(core->feed_options.device, &gpu_backend); !av.ok()) {
-        cpu_reason = av.message();
-      } else {
-        so.loader.defer_decode = true;
-        // auto: the loader's threads take a share measured to keep pace.
-        so.loader.balance_decode = *where == gpufeed::DecodeDevice::kAuto;
-      }
-      if (*where == gpufeed::DecodeDevice::kGpu && !so.loader.defer_decode) {
-        return Fail(error, GPUFEED_UNSUPPORTED,
-                    "decode=\"gpu\": " + cpu_reason +
-                        " (it needs device=\"cuda\" and libnvjpeg; decode=\"auto\" falls back to the CPU)");
-      }
+    auto placed = gpufeed::PlaceDecode(*where, core->feed && !core->feed_options.force_cpu, core->feed_options.device);
+    if (!placed.ok()) {
+      return Fail(error, GPUFEED_UNSUPPORTED,
+                  "decode=\"gpu\": " + placed.status().message() +
+                      " (it needs device=\"cuda\" and libnvjpeg; decode=\"auto\" falls back to the CPU)");
     }
+    so.loader.defer_decode = placed->defer;
+    so.loader.balance_decode = placed->balance;
     core->feed_options.skip_corrupt = so.decode.skip_corrupt;
     auto opened = gpufeed::OpenBatchSource(so);
     if (!opened.ok()) return Fail(error, opened.status());
     core->opened = std::move(*opened);
     if (core->opened->encoded() == nullptr) {
       core->decode = core->opened->remote() ? "server" : "none";
-    } else if (so.loader.defer_decode) {
-      core->decode = "gpu (nvjpeg " + gpu_backend + ")";
     } else {
-      core->decode = "cpu (" + cpu_reason + ")";
+      core->decode = placed->Describe();
     }
     const auto& info = core->opened->source().info();
     core->name = info.name;

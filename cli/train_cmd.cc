@@ -15,6 +15,7 @@
 #include "gpufeed/dataset.h"
 #include "gpufeed/encoded.h"
 #include "gpufeed/fields.h"
+#include "gpufeed/gpu_feed.h"
 #include "gpufeed/open_source.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/trainer.h"
@@ -29,6 +30,7 @@ struct TrainArgs {
   std::vector<std::string> fields;                       // --field: images=/path, labels=/path
   std::string dataset, token_file;                       // with a daemon --data
   DecodeArgs decode;                                     // encoded image datasets
+  std::string decode_where = "cpu";                      // --decode
   TrainOptions o;
   int gpus = 0;  // 0: the job's environment (torchrun), else 1
   bool no_graphs = false;
@@ -329,6 +331,24 @@ int RunTrain(TrainArgs& a) {
     o.device = TrainDevice::kCuda;
   else
     return fail(Status::InvalidArgument("--device: auto, cpu or cuda, not '" + a.device + "'"));
+  // Where encoded images are decoded: the loader's threads (cpu, the
+  // default: the same pixels, and so the same weights, every run), or the
+  // GPU's JPEG decoder in the feed (gpu; auto: where the GPU has one, the
+  // loader taking a share measured to keep pace, which varies from run to
+  // run). A daemon decodes them itself.
+  auto where = DecodeDeviceFromName(a.decode_where);
+  if (!where.ok()) return fail(where.status().WithContext("--decode"));
+  if (IsDaemonAddress(a.data) && *where == DecodeDevice::kGpu) {
+    return fail(Status::InvalidArgument("--decode gpu: " + a.data +
+                                        " decodes the images itself (leave --decode out, or train from the file)"));
+  }
+  auto placed =
+      PlaceDecode(IsDaemonAddress(a.data) ? DecodeDevice::kCpu : *where, o.device != TrainDevice::kCpu, o.cuda_device);
+  if (!placed.ok()) {
+    return fail(placed.status().WithContext("--decode gpu (--decode auto falls back to the loader's threads)"));
+  }
+  o.loader.defer_decode = placed->defer;
+  o.loader.balance_decode = placed->balance;
   auto w = ParseList(a.widths, "--widths");
   if (!w.ok()) return fail(w.status());
   o.widths = *w;
@@ -367,6 +387,7 @@ int RunTrain(TrainArgs& a) {
   // resize + center crop for the test split.
   auto decode = ParseDecodeArgs(a.decode);
   if (!decode.ok()) return fail(decode.status());
+  o.skip_corrupt = decode->skip_corrupt;
   if (decode->layout != "NCHW") {
     // The trainer learns a sample's layout from a Dataset's attribute only.
     return fail(Status::InvalidArgument("--image-layout " + decode->layout +
@@ -513,6 +534,11 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
                   "compute ceiling: cycle the first N batches kept on the device (0: off)");
   cmd->add_option("--json", a->json, "write the report as JSON to this file ('-': stdout only)");
   AddDecodeOptions(cmd, &a->decode, "random_resized_crop");
+  cmd->add_option("--decode", a->decode_where,
+                  "encoded images: decoded by the loader's threads (cpu: the same weights every run), the GPU's JPEG "
+                  "decoder (gpu), or the GPU where it has one with the loader taking a measured share (auto)")
+      ->check(CLI::IsMember({"auto", "cpu", "gpu"}))
+      ->capture_default_str();
   cmd->callback([a, exit_code, cmd] {
     a->gpu_given = cmd->get_option("--gpu")->count() > 0;
     *exit_code = RunTrain(*a);

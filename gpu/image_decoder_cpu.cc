@@ -146,4 +146,26 @@ std::string_view DecodeDeviceName(DecodeDevice d) {
 }
 Status GpuImageDecoder(int device, std::string* backend) { return gpu::NvjpegAvailable(device, backend); }
 
+std::string DecodePlacement::Describe() const {
+  return defer ? "gpu (nvjpeg " + backend + ")" : "cpu (" + cpu_reason + ")";
+}
+
+Result<DecodePlacement> PlaceDecode(DecodeDevice where, bool feed_on_gpu, int device) {
+  DecodePlacement p;
+  if (where == DecodeDevice::kCpu) {
+    p.cpu_reason = "decode=\"cpu\"";
+    return p;
+  }
+  if (!feed_on_gpu) {
+    p.cpu_reason = "the feed is not on a GPU";
+  } else if (Status av = GpuImageDecoder(device, &p.backend); !av.ok()) {
+    p.cpu_reason = av.message();
+  } else {
+    p.defer = true;
+    p.balance = where == DecodeDevice::kAuto;  // the loader's threads take a share measured to keep pace
+  }
+  if (where == DecodeDevice::kGpu && !p.defer) return Status::Unsupported(p.cpu_reason);
+  return p;
+}
+
 }  // namespace gpufeed

@@ -234,8 +234,13 @@ class Run {
   // pipeline refill at epoch boundaries. They split the cache budget.
   std::unique_ptr<BatchSource> loaders_[2];  // Loaders over train_, or TrainOptions::train_source's
   std::unique_ptr<Loader> test_loader_;
-  std::unique_ptr<GpuFeeder> next_feeder_;
-  int next_feeder_epoch_ = -1;
+  // A feeder per loader, kept and restarted (GpuFeeder::Restart) for each of
+  // its epochs, so an epoch's start makes no device buffers or decoder
+  // again; feeder_epoch_[k]: the epoch feeders_[k] streams (-1: none yet).
+  std::unique_ptr<GpuFeeder> feeders_[2];
+  int64_t feeder_epoch_[2] = {-1, -1};
+  // Feeder k streaming `epoch`: made, or restarted, unless it already is.
+  Result<GpuFeeder*> FeederFor(int epoch);
   int last_epoch_ = 0;  // the last epoch this call trains
   std::unique_ptr<trainer::NvmlSampler> nvml_;
   Buffer counters_, scaler_, norm_ptrs_, step_state_;
@@ -528,6 +533,7 @@ Status Run::Setup() {
   feed_.slots = o_.feed_slots;
   feed_.labels_int32 = true;
   feed_.force_cpu = !ops_->on_gpu();
+  feed_.skip_corrupt = o_.skip_corrupt;
   feed_.device = o_.cuda_device;
 
   steps_per_epoch_ = (loaders_[0]->num_batches() * std::max(1, o_.echo) + o_.accum - 1) / o_.accum;
@@ -872,12 +878,10 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
       GPUFEED_RETURN_IF_ERROR(after_micro(resident_sizes_[k]));
     }
   } else {
-    std::unique_ptr<GpuFeeder> owned = next_feeder_epoch_ == epoch
-                                           ? std::move(next_feeder_)
-                                           : std::make_unique<GpuFeeder>(*loaders_[epoch % 2], feed_, uint64_t(epoch));
-    next_feeder_.reset();
-    next_feeder_epoch_ = -1;
-    GpuFeeder& feeder = *owned;
+    auto current = FeederFor(epoch);
+    if (!current.ok()) return current.status().WithContext("epoch " + std::to_string(epoch));
+    GpuFeeder& feeder = **current;
+    bool next_started = false;
     // Start the next epoch's stream halfway through this one (not when this
     // epoch fills the device-resident cache: the next one cycles it).
     const bool prefetch_next = epoch < last_epoch_ && o_.device_resident_batches == 0;
@@ -911,9 +915,10 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
       GPUFEED_RETURN_IF_ERROR(Micro(images, labels, n));
       if (!staged) b.Release(ops_->stream());
       GPUFEED_RETURN_IF_ERROR(after_micro(n));
-      if (prefetch_next && !next_feeder_ && 2 * micro_batches >= micro_total) {
-        next_feeder_ = std::make_unique<GpuFeeder>(*loaders_[(epoch + 1) % 2], feed_, uint64_t(epoch + 1));
-        next_feeder_epoch_ = epoch + 1;
+      if (prefetch_next && !next_started && 2 * micro_batches >= micro_total) {
+        auto next = FeederFor(epoch + 1);
+        if (!next.ok()) return next.status().WithContext("epoch " + std::to_string(epoch + 1));
+        next_started = true;
       }
     }
     wait = feeder.stats().data_wait_seconds;
@@ -942,6 +947,18 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
   r->data_wait_seconds = wait;
   if (nvml_ && nvml_->ok()) nvml_->Mean(t0, t1, &r->gpu_util, &r->gpu_mem_used_mb);
   return Status::Ok();
+}
+
+Result<GpuFeeder*> Run::FeederFor(int epoch) {
+  const int k = epoch % 2;
+  if (feeders_[k] && feeder_epoch_[k] == epoch) return feeders_[k].get();  // started mid-way through the last epoch
+  if (feeders_[k]) {
+    GPUFEED_RETURN_IF_ERROR(feeders_[k]->Restart(uint64_t(epoch)));
+  } else {
+    feeders_[k] = std::make_unique<GpuFeeder>(*loaders_[k], feed_, uint64_t(epoch));
+  }
+  feeder_epoch_[k] = epoch;
+  return feeders_[k].get();
 }
 
 Status Run::Evaluate(EpochReport* r) {

@@ -114,6 +114,21 @@ std::string_view DecodeDeviceName(DecodeDevice d);
 // libnvjpeg, no device, a build without CUDA). Cached per device.
 Status GpuImageDecoder(int device, std::string* backend = nullptr);
 
+// Where a feed's JPEGs are decoded, decided in one place for every caller
+// (the C API and Python's decode=, `gpufeed train --decode`, `bench loader
+// --decode`): what to set in the loader's options, and what to report.
+struct DecodePlacement {
+  bool defer = false;      // LoaderOptions::defer_decode: the feed's GPU decoder takes them
+  bool balance = false;    // LoaderOptions::balance_decode: kAuto on the GPU
+  std::string backend;     // with defer: "hardware" or "gpu-hybrid"
+  std::string cpu_reason;  // without: why the loader's threads decode them
+  // "gpu (nvjpeg hardware)" or "cpu (<why>)".
+  std::string Describe() const;
+};
+// kGpu where the feed is not on a GPU (`feed_on_gpu`) or `device` has no
+// decoder: Unsupported with the reason.
+Result<DecodePlacement> PlaceDecode(DecodeDevice where, bool feed_on_gpu, int device);
+
 struct FeedStats {
   uint64_t fresh_batches = 0, echoed_batches = 0;
   uint64_t fresh_samples = 0, echoed_samples = 0;

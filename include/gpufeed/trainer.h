@@ -92,6 +92,11 @@ struct TrainOptions {
   // from its middle on, the next one's, so epochs meet without a pipeline
   // refill — and they split cache_bytes between them.
   LoaderOptions loader;
+  // Encoded images the feed decodes (loader.defer_decode, the GPU's JPEG
+  // decoder): a sample that does not decode is replaced by its batch's
+  // next one, as the loader's decode stage does with DecodeOptions::
+  // skip_corrupt; false: the error names it.
+  bool skip_corrupt = false;
   // Checkpoint file written after every epoch (atomically: tmp + rename).
   // Empty: none.
   std::string checkpoint_path;

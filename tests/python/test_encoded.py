@@ -2,6 +2,7 @@
 store them) and gpufeed's bytes+offsets conversion of them decode to the same
 batches; image k is a flat color encoding k, so each row names its index."""
 import io
+import json
 import subprocess
 
 import h5py
@@ -90,3 +91,20 @@ def test_decode_says_where_and_gpu_needs_a_gpu_feed(vlen_file):
     with pytest.raises(gpufeed.Error) as e:
         gpufeed.Loader(vlen_file, batch_size=5, decode="nvjpeg")
     assert "auto, cpu or gpu" in str(e.value)
+
+
+def test_train_decode_gpu_needs_a_gpu_and_cpu_training_is_reproducible(vlen_file, gpufeed_cli, tmp_path):
+    """`gpufeed train --decode`: cpu (the default) gives the same weights every
+    run; gpu on a CPU-only backend is refused naming why and what falls back;
+    auto falls back to the loader's threads there."""
+    base = [gpufeed_cli, "train", "--data", vlen_file, "--image-size", "16", "--model", "cnn", "--channels", "8",
+            "--epochs", "1", "--batch-size", "4", "--device", "cpu", "--order", "sequential"]
+    refused = subprocess.run(base + ["--decode", "gpu"], capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert "--decode gpu" in refused.stderr and "not on a GPU" in refused.stderr, refused.stderr
+    hashes = []
+    for where in ["cpu", "auto"]:
+        out = tmp_path / ("r-%s.json" % where)
+        subprocess.run(base + ["--decode", where, "--json", str(out)], check=True, capture_output=True)
+        hashes.append(json.load(open(out))["weights_hash"])
+    assert hashes[0] == hashes[1]  # auto decoded in the loader here: the same pixels
