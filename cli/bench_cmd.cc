@@ -294,6 +294,10 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   std::printf("  cache: %llu chunk reads, hit rate %.3f, %llu prefetched, read amplification %.2f\n",
               static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(),
               static_cast<unsigned long long>(s.prefetched), s.read_amplification());
+  if (s.source_opens > 0) {
+    std::printf("  files: %llu opened in %.3f s, probed in %.3f s (since the source was opened)\n",
+                static_cast<unsigned long long>(s.source_opens), s.source_open_seconds, s.source_probe_seconds);
+  }
   return 0;
 }
 

@@ -457,6 +457,10 @@ LoaderStats LocalStream::stats() const {
   ProcessFaults(&minor, &major);
   st.minor_faults = minor - s.minor_faults0;
   st.major_faults = major - s.major_faults0;
+  const ChunkSource::OpenCosts oc = s.loader->source.open_costs();
+  st.source_probe_seconds = oc.probe_seconds;
+  st.source_open_seconds = oc.open_seconds;
+  st.source_opens = oc.opens;
   st.host_decode_share = s.host_decode_share.load();
   st.consumer_wait_seconds = s.core.wait_seconds();
   st.queue_depth_sum = s.core.depth_sum();

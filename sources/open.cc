@@ -8,18 +8,6 @@
 
 namespace gpufeed {
 
-std::string_view SourceKindName(SourceKind kind) {
-  switch (kind) {
-    case SourceKind::kFields:
-      return "fields";
-    case SourceKind::kEncodedImages:
-      return "encoded images";
-    case SourceKind::kDataset:
-      return "dataset";
-  }
-  return "?";
-}
-
 Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open) {
   SourceDecision d;
   d.open = open;

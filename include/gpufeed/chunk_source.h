@@ -84,6 +84,15 @@ class ChunkSource {
   }
   // Layout, class names, mean/std; default: none known.
   virtual SourceAttributes attributes() const { return {}; }
+  // What opening the source's files has cost so far (since it was opened):
+  // HDF5's parser in the forked probe, and the opens themselves (at open
+  // and, for many files, as reads need them). Default: nothing counted.
+  struct OpenCosts {
+    double probe_seconds = 0;
+    double open_seconds = 0;
+    uint64_t opens = 0;  // files (or a virtual dataset's parts) opened
+  };
+  virtual OpenCosts open_costs() const { return {}; }
 
   // --- Sources whose chunks hold encoded samples (EncodedImageSource). ---
   // The default is a plain source: chunk i is samples_in_chunk(i) *

@@ -83,6 +83,7 @@ class FieldSource final : public ChunkSource {
   std::pair<size_t, uint64_t> Locate(uint64_t index) const;
   // Descriptors' files open now (<= max_open_files); for tests.
   size_t open_files() const;
+  OpenCosts open_costs() const override;
 
   struct Impl;
 

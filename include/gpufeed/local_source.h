@@ -10,7 +10,6 @@
 
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/dataset.h"
@@ -25,7 +24,6 @@ enum class SourceKind {
   kEncodedImages,  // an encoded image field (DetectEncoded): EncodedImageSource
   kDataset,        // an HDF5 dataset (a virtual one's sources read directly)
 };
-std::string_view SourceKindName(SourceKind kind);  // "fields", "encoded images", "dataset"
 
 // The kind, and the options what opens it next takes: for one file the
 // forked probe has run (unless open.trust_files), once, and `open` trusts

@@ -252,6 +252,12 @@ TEST(FieldSourceTest, OneSamplePerFileByGlobDirectoryAndList) {
     EXPECT_EQ((*src)->chunk_samples(), 1u);  // a file is a unit
     EXPECT_EQ((*src)->num_chunks(), 23u);
     ExpectEveryFieldOfEverySampleOnce(**src, defs);
+    // What opening cost: the probe ran (untrusted files), every file was
+    // opened at least once, and both took time.
+    const ChunkSource::OpenCosts c = (*src)->open_costs();
+    EXPECT_GE(c.opens, 23u);
+    EXPECT_GT(c.probe_seconds, 0.0);
+    EXPECT_GT(c.open_seconds, 0.0);
   }
 }
 
@@ -271,8 +277,11 @@ TEST(FieldSourceTest, ManySamplesPerFileUnitsNeverSpanFiles) {
   EXPECT_EQ((*src)->num_samples(), 34u);
   EXPECT_EQ((*src)->chunk_samples(), 4u);  // gcd(4, 12, 12); the last file ends in a unit of 2
   EXPECT_LE((*src)->open_files(), 1u);
+  const uint64_t opened_at_open = (*src)->open_costs().opens;
   ExpectEveryFieldOfEverySampleOnce(**src, defs);
   EXPECT_LE((*src)->open_files(), 1u);
+  EXPECT_GT((*src)->open_costs().opens, opened_at_open);  // files reopened as the reads moved on
+  EXPECT_EQ((*src)->open_costs().probe_seconds, 0.0);     // trusted: no probe
 }
 
 // DeepCAM's reference files hold one sample and no sample axis
