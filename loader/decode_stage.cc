@@ -52,6 +52,7 @@ Status DecodeStage::Decode(const Where& where, uint64_t sample, const DecodeCont
 Status DecodeStage::DecodeBatch(std::span<const Where> where, uint64_t count, const DecodeContext& context,
                                 const BatchOptions& options, Batch::Slot& slot, BatchCounts* counts) const {
   *counts = BatchCounts{};
+  if (decoder_ == nullptr) return Status::Internal(source_.name() + ": encoded samples and no decoder for them");
   const uint64_t sb = source_.sample_bytes();
   const std::vector<int64_t>& labels = source_.labels();
   std::mutex status_mu;
