@@ -221,5 +221,21 @@ TEST(DecodeStageTest, DeferredSamplesKeepTheirBytesAndTheOthersAreDecoded) {
   EXPECT_EQ(s.stats().host_decode_reason, "odd");
 }
 
+// A source of encoded samples that names no decoder: an Internal error
+// naming it, decoding here or deferring, never a crash.
+TEST(DecodeStageTest, EncodedSamplesWithoutADecoderAreAnError) {
+  EncodedIndexSource src(12, nullptr);
+  for (bool defer : {false, true}) {
+    LoaderOptions o = Opts();
+    o.defer_decode = defer;
+    Loader loader(src, o);
+    EpochStream s = loader.Epoch(0);
+    auto b = s.Next();
+    ASSERT_FALSE(b.ok()) << "defer " << defer;
+    EXPECT_EQ(b.status().code(), StatusCode::kInternal);
+    EXPECT_NE(b.status().message().find("no decoder"), std::string::npos) << b.status().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace gpufeed
