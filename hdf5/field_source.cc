@@ -7,13 +7,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <numeric>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/sizes.h"
 #include "hdf5/probe.h"
@@ -73,17 +73,10 @@ struct FieldSource::Impl {
   OpenOptions reopen;  // trusted (probed at Open), labels "none"
   size_t max_open = 256;
 
-  // Open parts, least recently used first out. A reader holds a shared_ptr,
-  // so closing one here never pulls it from under a read.
   // open_costs(): nanoseconds in the probe and in opens, and the opens.
   mutable std::atomic<uint64_t> probe_ns{0}, open_ns{0}, opens{0};
-  // Adds the time since t0 to *ns.
-  static void Charge(std::atomic<uint64_t>* ns, std::chrono::steady_clock::time_point t0) {
-    ns->fetch_add(
-        static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()),
-        std::memory_order_relaxed);
-  }
+  // Open parts, least recently used first out. A reader holds a shared_ptr,
+  // so closing one here never pulls it from under a read.
   mutable Mutex mu;
   mutable std::vector<std::shared_ptr<const OpenFile>> open GUARDED_BY(mu);  // per part
   mutable std::vector<uint64_t> last_use GUARDED_BY(mu);
@@ -93,13 +86,8 @@ struct FieldSource::Impl {
   // Opens every field of input file f as named (a virtual dataset opens as
   // one, its mapping resolved and checked) and checks it against the fields.
   Result<OpenFile> OpenFields(size_t f) const {
-    const auto t0 = std::chrono::steady_clock::now();
     opens.fetch_add(1, std::memory_order_relaxed);
-    struct Charged {
-      const Impl* d;
-      std::chrono::steady_clock::time_point t0;
-      ~Charged() { Charge(&d->open_ns, t0); }
-    } charged{this, t0};
+    ScopedNanos timed(&open_ns);
     OpenFile out;
     for (size_t j = 0; j < specs.size(); ++j) {
       auto ds = Dataset::Open(files[f] + ":" + specs[j].path, reopen);
@@ -131,13 +119,8 @@ struct FieldSource::Impl {
 
   // Opens the dataset of every field of part p.
   Result<OpenFile> OpenPart(size_t p) const {
-    const auto t0 = std::chrono::steady_clock::now();
     opens.fetch_add(1, std::memory_order_relaxed);
-    struct Charged {
-      const Impl* d;
-      std::chrono::steady_clock::time_point t0;
-      ~Charged() { Charge(&d->open_ns, t0); }
-    } charged{this, t0};
+    ScopedNanos timed(&open_ns);
     OpenFile out;
     for (const Piece& pc : parts[p].pieces) {
       auto ds = Dataset::Open(pc.file + ":" + pc.path, reopen);
@@ -306,9 +289,11 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     probe.open = d->reopen;
     probe.timeout_ms = options.probe_timeout_ms;
     probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
-    const auto probe_t0 = std::chrono::steady_clock::now();
-    const std::vector<Status> probed = ProbeFiles(probe_specs, probe);
-    Impl::Charge(&d->probe_ns, probe_t0);
+    std::vector<Status> probed;
+    {
+      ScopedNanos timed(&d->probe_ns);
+      probed = ProbeFiles(probe_specs, probe);
+    }
     for (const Status& s : probed) GPUFEED_RETURN_IF_ERROR(s);
   }
   d->reopen.trust_files = true;
@@ -397,9 +382,11 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     probe.open = d->reopen;
     probe.timeout_ms = options.probe_timeout_ms;
     probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
-    const auto probe_t0 = std::chrono::steady_clock::now();
-    const std::vector<Status> probed = ProbeFiles(probe_specs, probe);
-    Impl::Charge(&d->probe_ns, probe_t0);
+    std::vector<Status> probed;
+    {
+      ScopedNanos timed(&d->probe_ns);
+      probed = ProbeFiles(probe_specs, probe);
+    }
     for (const Status& s : probed) GPUFEED_RETURN_IF_ERROR(s);
   }
   // The parts of virtual fields: their sources opened once (checked,
