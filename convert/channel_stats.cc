@@ -2,6 +2,7 @@
 // (gpufeed/stats.h): chunks read in parallel, merged in a fixed tree.
 #include "convert/channel_stats.h"
 
+#include "common/mutex.h"
 #include "gpufeed/convert.h"
 
 #include <tbb/blocked_range.h>
@@ -13,7 +14,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <thread>
 #include <type_traits>
 
@@ -451,12 +451,14 @@ Result<std::vector<FieldStats>> ComputeStats(const ChunkSource& source, const St
 
   // The first failure by chunk index (not by time), so the error is the same
   // whatever the threads did.
-  std::mutex mu;
-  uint64_t error_chunk = UINT64_MAX;  // GUARDED_BY(mu)
-  Status error;                       // GUARDED_BY(mu)
+  struct {
+    Mutex mu;
+    uint64_t chunk GUARDED_BY(mu) = UINT64_MAX;
+    Status status GUARDED_BY(mu);
+  } error;
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> done{0}, done_samples{0};
-  std::mutex progress_mu;
+  Mutex progress_mu;  // one progress call at a time
   const uint64_t step = std::max<uint64_t>(1, n_chunks / 100);
 
   Accs total;
@@ -471,10 +473,10 @@ Result<std::vector<FieldStats>> ComputeStats(const ChunkSource& source, const St
             for (uint64_t i = r.begin(); i != r.end() && !failed.load(std::memory_order_relaxed); ++i) {
               Status s = source.ReadChunk(i, std::span<std::byte>(buf.data(), buffer_bytes));
               if (!s.ok()) {
-                std::lock_guard<std::mutex> lock(mu);
-                if (i < error_chunk) {
-                  error_chunk = i;
-                  error = std::move(s);
+                MutexLock lock(&error.mu);
+                if (i < error.chunk) {
+                  error.chunk = i;
+                  error.status = std::move(s);
                 }
                 failed.store(true);
                 break;
@@ -484,7 +486,7 @@ Result<std::vector<FieldStats>> ComputeStats(const ChunkSource& source, const St
               const uint64_t d = done.fetch_add(1) + 1;
               const uint64_t d_samples = done_samples.fetch_add(n) + n;
               if (options.progress && d % step == 0) {
-                std::lock_guard<std::mutex> lock(progress_mu);
+                MutexLock lock(&progress_mu);
                 options.progress(d_samples, source.num_samples());
               }
             }
@@ -499,8 +501,8 @@ Result<std::vector<FieldStats>> ComputeStats(const ChunkSource& source, const St
     return Status::Internal(source.name() + ": computing statistics: " + e.what());
   }
   if (failed.load()) {
-    std::lock_guard<std::mutex> lock(mu);
-    return error;
+    MutexLock lock(&error.mu);
+    return error.status;
   }
   for (size_t j = 0; j < fields.size(); ++j) out[j].channels = total[j].Result();
   return out;

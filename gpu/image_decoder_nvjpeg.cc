@@ -9,10 +9,10 @@
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/trace.h"
 #include "gpu/cuda_check.h"
 #include "gpu/image_decoder.h"
@@ -318,12 +318,15 @@ class NvjpegDecoder final : public ImageBatchDecoder {
 }  // namespace
 
 Status NvjpegAvailable(int device, std::string* backend) {
-  static std::mutex mu;
-  static std::map<int, std::pair<Status, std::string>> cache;
-  std::lock_guard<std::mutex> lock(mu);
+  // Each device's answer (and backend), probed once.
+  static struct {
+    Mutex mu;
+    std::map<int, std::pair<Status, std::string>> by_device GUARDED_BY(mu);
+  } cache;
+  MutexLock lock(&cache.mu);
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
-  auto it = cache.find(device);
-  if (it == cache.end()) {
+  auto it = cache.by_device.find(device);
+  if (it == cache.by_device.end()) {
     std::pair<Status, std::string> r;
     int previous = 0;
     cudaGetDevice(&previous);
@@ -337,7 +340,7 @@ Status NvjpegAvailable(int device, std::string* backend) {
       if (h) Lib().destroy(h);
       cudaSetDevice(previous);
     }
-    it = cache.emplace(device, r).first;
+    it = cache.by_device.emplace(device, r).first;
   }
   if (backend) *backend = it->second.second;
   return it->second.first;

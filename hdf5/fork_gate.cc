@@ -4,17 +4,16 @@
 
 #include <unistd.h>
 
-#include <condition_variable>
-#include <mutex>
+#include "common/mutex.h"
 
 namespace gpufeed::h5 {
 namespace {
 
 struct Gate {
-  std::mutex mu;
-  std::condition_variable cv;
-  int inside = 0;        // threads in a section (GUARDED_BY(mu))
-  bool forking = false;  // a fork is waiting or under way (GUARDED_BY(mu))
+  Mutex mu;
+  CondVar cv;
+  int inside GUARDED_BY(mu) = 0;        // threads in a section
+  bool forking GUARDED_BY(mu) = false;  // a fork is waiting or under way
 };
 
 Gate& TheGate() {
@@ -28,13 +27,19 @@ thread_local int t_depth = 0;  // this thread's nested sections
 // gate is not used again in it.
 bool g_in_child = false;
 
+// In the child of a fork made holding `mu`: the child's copy stays locked (the
+// child never touches the gate again, and its copy of the condition variable
+// may be mid-operation of a parent thread), but the caller no longer holds it.
+// Not analysed: it releases nothing, it only says that the hold ends here.
+void AbandonInChild(Mutex* mu) RELEASE(mu) NO_THREAD_SAFETY_ANALYSIS {}
+
 }  // namespace
 
 Hdf5Section::Hdf5Section() {
   if (t_depth++ > 0 || g_in_child) return;
   Gate& g = TheGate();
-  std::unique_lock<std::mutex> lock(g.mu);
-  g.cv.wait(lock, [&] { return !g.forking; });
+  MutexLock lock(&g.mu);
+  while (g.forking) g.cv.Wait(&g.mu);
   ++g.inside;
 }
 
@@ -42,30 +47,37 @@ Hdf5Section::~Hdf5Section() {
   if (--t_depth > 0 || g_in_child) return;
   Gate& g = TheGate();
   {
-    std::lock_guard<std::mutex> lock(g.mu);
+    MutexLock lock(&g.mu);
     --g.inside;
   }
-  g.cv.notify_all();
+  g.cv.SignalAll();
 }
 
 pid_t ForkOutsideHdf5(std::chrono::milliseconds wait) {
   if (g_in_child) return ::fork();  // a child is single-threaded: nothing to wait for
   Gate& g = TheGate();
-  std::unique_lock<std::mutex> lock(g.mu);
+  // Locked and unlocked by hand: the child returns with its copy still held.
+  g.mu.Lock();
   // Another fork in progress: wait for it (forks are quick).
-  g.cv.wait(lock, [&] { return !g.forking; });
+  while (g.forking) g.cv.Wait(&g.mu);
   g.forking = true;
   const int mine = t_depth > 0 ? 1 : 0;  // the caller's own section, if any
-  g.cv.wait_for(lock, wait, [&] { return g.inside <= mine; });
+  // Bounded: after `wait` it forks anyway (a reader stuck in HDF5).
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (g.inside > mine) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    g.cv.WaitFor(&g.mu, deadline - now);
+  }
   const pid_t pid = ::fork();
   if (pid == 0) {
     g_in_child = true;
-    (void)lock.release();  // the child never touches the gate again
+    AbandonInChild(&g.mu);  // the child never touches the gate again
     return 0;
   }
   g.forking = false;
-  lock.unlock();
-  g.cv.notify_all();
+  g.mu.Unlock();
+  g.cv.SignalAll();
   return pid;
 }
 

@@ -10,8 +10,6 @@
 
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -20,6 +18,7 @@
 
 #include "gpufeed/page_cache.h"
 
+#include "common/mutex.h"
 #include "common/sizes.h"
 
 namespace gpufeed::io {
@@ -146,16 +145,20 @@ struct UringReadAhead::Impl {
     size_t cap = 0;
   };
   int fd = -1;
+  // Submissions and completions are consumed under mu; the reaper waits on
+  // the ring without it (that wait goes around the submission queue).
   io_uring ring{};
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<Slot> slots;  // guarded by mu
-  bool reaping = false;     // one thread at a time consumes completions (guarded by mu)
-  unsigned inflight = 0;    // guarded by mu
-  uint64_t seq = 0;         // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  // A slot claimed by Take (kClaimed) is its own until it frees it: its
+  // buffer is read without mu.
+  std::vector<Slot> slots GUARDED_BY(mu);
+  bool reaping GUARDED_BY(mu) = false;  // one thread at a time consumes completions
+  unsigned inflight GUARDED_BY(mu) = 0;
+  uint64_t seq GUARDED_BY(mu) = 0;
 
-  // Marks the slots whose reads completed. Requires mu and the reaper role.
-  void HandleCompletions() {
+  // Marks the slots whose reads completed. Requires the reaper role too.
+  void HandleCompletions() REQUIRES(mu) {
     io_uring_cqe* cqe = nullptr;
     while (io_uring_peek_cqe(&ring, &cqe) == 0 && cqe != nullptr) {
       const uint64_t idx = io_uring_cqe_get_data64(cqe);
@@ -169,20 +172,21 @@ struct UringReadAhead::Impl {
   }
 
   // Waits a slice for completions as the reaper, or for the reaper to report.
-  void WaitSome(std::unique_lock<std::mutex>& lock) {
+  // Releases mu meanwhile.
+  void WaitSome() REQUIRES(mu) {
     if (reaping) {
-      cv.wait_for(lock, std::chrono::nanoseconds(kReapSliceNs));
+      cv.WaitFor(&mu, std::chrono::nanoseconds(kReapSliceNs));
       return;
     }
     reaping = true;
-    lock.unlock();
+    mu.Unlock();
     io_uring_cqe* cqe = nullptr;
     __kernel_timespec ts{0, kReapSliceNs};
     io_uring_wait_cqe_timeout(&ring, &cqe, &ts);  // only a wake-up: consumed below, under mu
-    lock.lock();
+    mu.Lock();
     HandleCompletions();
     reaping = false;
-    cv.notify_all();
+    cv.SignalAll();
   }
 };
 
@@ -208,23 +212,27 @@ std::unique_ptr<UringReadAhead> UringReadAhead::Create(int fd, unsigned depth, s
     *why = "io_uring too old (no IORING_FEAT_EXT_ARG, Linux < 5.11)";
     return nullptr;
   }
-  impl->slots.resize(depth);
+  {
+    MutexLock lock(&impl->mu);  // not shared yet: for the analysis
+    impl->slots.resize(depth);
+  }
   return std::unique_ptr<UringReadAhead>(new UringReadAhead(std::move(impl)));
 }
 
 UringReadAhead::~UringReadAhead() {
   Impl& d = *impl_;
-  std::unique_lock<std::mutex> lock(d.mu);
-  const auto deadline = std::chrono::steady_clock::now() + kIoTimeout;
-  while (d.inflight > 0 && std::chrono::steady_clock::now() < deadline) d.WaitSome(lock);
-  if (d.inflight > 0) {
-    // The kernel may still write into these buffers: leak them rather than
-    // free memory a read lands in.
-    for (Impl::Slot& s : d.slots) {
-      if (s.state == Impl::State::kInFlight) (void)s.buf.release();
+  {
+    MutexLock lock(&d.mu);
+    const auto deadline = std::chrono::steady_clock::now() + kIoTimeout;
+    while (d.inflight > 0 && std::chrono::steady_clock::now() < deadline) d.WaitSome();
+    if (d.inflight > 0) {
+      // The kernel may still write into these buffers: leak them rather than
+      // free memory a read lands in.
+      for (Impl::Slot& s : d.slots) {
+        if (s.state == Impl::State::kInFlight) (void)s.buf.release();
+      }
     }
   }
-  lock.unlock();
   io_uring_queue_exit(&d.ring);
 }
 
@@ -236,7 +244,7 @@ void UringReadAhead::Start(uint64_t key, uint64_t offset, size_t n) {
   const uint64_t stop = (*end + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
   if (stop - start > (1u << 30)) return;  // one SQE reads at most 1 GiB here; larger reads go synchronously
   const size_t span = static_cast<size_t>(stop - start);
-  std::lock_guard<std::mutex> lock(d.mu);
+  MutexLock lock(&d.mu);
   Impl::Slot* slot = nullptr;
   for (Impl::Slot& s : d.slots) {
     if (s.state != Impl::State::kFree && s.key == key) return;  // already under way
@@ -278,29 +286,33 @@ void UringReadAhead::Start(uint64_t key, uint64_t offset, size_t n) {
 
 std::optional<int64_t> UringReadAhead::Take(uint64_t key, std::byte* dst, size_t n, uint64_t offset) {
   Impl& d = *impl_;
-  std::unique_lock<std::mutex> lock(d.mu);
   Impl::Slot* slot = nullptr;
-  for (Impl::Slot& s : d.slots) {
-    if ((s.state == Impl::State::kInFlight || s.state == Impl::State::kDone) && s.key == key && offset >= s.offset &&
-        offset + n <= s.offset + s.n) {
-      slot = &s;
-      break;
+  int64_t res = 0;
+  uint64_t skip = 0;
+  {
+    MutexLock lock(&d.mu);
+    for (Impl::Slot& s : d.slots) {
+      if ((s.state == Impl::State::kInFlight || s.state == Impl::State::kDone) && s.key == key && offset >= s.offset &&
+          offset + n <= s.offset + s.n) {
+        slot = &s;
+        break;
+      }
     }
+    if (slot == nullptr) return std::nullopt;
+    const uint64_t seq = slot->seq;
+    const auto deadline = std::chrono::steady_clock::now() + kIoTimeout;
+    while (slot->state == Impl::State::kInFlight && slot->seq == seq) {
+      if (std::chrono::steady_clock::now() >= deadline) return -ETIMEDOUT;
+      d.WaitSome();
+    }
+    // Reused for another read while this thread waited (Start takes the oldest
+    // completed slot when all are busy): read synchronously instead.
+    if (slot->state != Impl::State::kDone || slot->seq != seq) return std::nullopt;
+    slot->state = Impl::State::kClaimed;
+    res = slot->res;
+    skip = offset - slot->start;
   }
-  if (slot == nullptr) return std::nullopt;
-  const uint64_t seq = slot->seq;
-  const auto deadline = std::chrono::steady_clock::now() + kIoTimeout;
-  while (slot->state == Impl::State::kInFlight && slot->seq == seq) {
-    if (std::chrono::steady_clock::now() >= deadline) return -ETIMEDOUT;
-    d.WaitSome(lock);
-  }
-  // Reused for another read while this thread waited (Start takes the oldest
-  // completed slot when all are busy): read synchronously instead.
-  if (slot->state != Impl::State::kDone || slot->seq != seq) return std::nullopt;
-  slot->state = Impl::State::kClaimed;
-  const int64_t res = slot->res;
-  const uint64_t skip = offset - slot->start;
-  lock.unlock();
+  // Claimed: no other thread touches the slot until it is freed below.
   int64_t out;
   if (res < 0) {
     out = res;
@@ -311,9 +323,9 @@ std::optional<int64_t> UringReadAhead::Take(uint64_t key, std::byte* dst, size_t
     CopyBytes(dst, slot->buf.get() + skip, got);
     out = static_cast<int64_t>(got);
   }
-  lock.lock();
+  MutexLock lock(&d.mu);
   slot->state = Impl::State::kFree;
-  d.cv.notify_all();
+  d.cv.SignalAll();
   return out;
 }
 

@@ -189,8 +189,8 @@ Status ChunkCache::Ensure(ChunkEntry& e) {
     if (TryDecode(e)) break;
     if (e.state.load() == ChunkEntry::kDone) break;
     if (HelpOne()) continue;  // useful work while another thread decodes `e`
-    std::unique_lock<std::mutex> lock(e.mu);
-    e.done_cv.wait(lock, [&] { return e.state.load() == ChunkEntry::kDone; });
+    MutexLock lock(&e.mu);
+    while (e.state.load() != ChunkEntry::kDone) e.done_cv.Wait(&e.mu);
   }
   return e.status;
 }
@@ -224,10 +224,10 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     if (e.pending_of) *e.pending_of -= 1;
     {
-      std::lock_guard<std::mutex> lock(e.mu);
+      MutexLock lock(&e.mu);
       e.state.store(ChunkEntry::kDone);
     }
-    e.done_cv.notify_all();
+    e.done_cv.SignalAll();
     return true;
   }
   return false;

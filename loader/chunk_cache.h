@@ -22,11 +22,9 @@
 #include <tbb/task_group.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -80,9 +78,11 @@ struct ChunkEntry {
   bool for_next_epoch = false;
   ChunkBufferPool::Buffer data;  // written once, by the thread that wins kQueued -> kRunning
   Status status;                 // valid once state == kDone
+  // Atomic: Ensure() and TryDecode() read and claim it without the lock. It
+  // moves to kDone under `mu` so that a waiter on done_cv cannot miss it.
   std::atomic<int> state{kQueued};
-  std::mutex mu;  // guards the wait below
-  std::condition_variable done_cv;
+  Mutex mu;  // guards the wait below
+  CondVar done_cv;
 };
 
 // Decoded chunks of one source that several caches (the daemon's streams of

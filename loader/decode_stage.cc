@@ -5,10 +5,10 @@
 
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/first_error.h"
 #include "loader/batch_pool.h"
 #include "loader/sampler.h"
 
@@ -55,13 +55,9 @@ Status DecodeStage::DecodeBatch(std::span<const Where> where, uint64_t count, co
   if (decoder_ == nullptr) return Status::Internal(source_.name() + ": encoded samples and no decoder for them");
   const uint64_t sb = source_.sample_bytes();
   const std::vector<int64_t>& labels = source_.labels();
-  std::mutex status_mu;
-  Status status;
+  FirstError first_error;  // the first sample that failed, by time
   std::atomic<uint64_t> skipped{0};
-  auto fail = [&](Status st) {
-    std::lock_guard<std::mutex> lock(status_mu);
-    if (status.ok()) status = std::move(st);
-  };
+  auto fail = [&](Status st) { first_error.Set(std::move(st)); };
   // Sample i decoded here into `at` (its replacement's index and label
   // when one is replaced).
   auto decode_here = [&](uint64_t i, std::byte* at) {
@@ -85,7 +81,7 @@ Status DecodeStage::DecodeBatch(std::span<const Where> where, uint64_t count, co
     // batch may draw on a single chunk).
     tbb::parallel_for(uint64_t{0}, count, [&](uint64_t i) { decode_here(i, slot.images.data() + i * sb); });
     counts->skipped = skipped.load();
-    return status;
+    return first_error.Get();
   }
   // 1. Each sample's bytes, header and crop, in parallel.
   struct Planned {
@@ -100,7 +96,7 @@ Status DecodeStage::DecodeBatch(std::span<const Where> where, uint64_t count, co
     Status st = decoder_->PlanDevice(*bytes, slot.indices[i], context, &plans[i].plan);
     if (!st.ok()) fail(std::move(st));
   });
-  GPUFEED_RETURN_IF_ERROR(status);
+  GPUFEED_RETURN_IF_ERROR(first_error.Get());
   // 2. Places in the slot, in order: a sample goes encoded when its bytes fit
   // with room left for every later sample decoded (sample_bytes() each), so
   // the slot never overflows whatever the sizes.
@@ -149,7 +145,7 @@ Status DecodeStage::DecodeBatch(std::span<const Where> where, uint64_t count, co
     }
   });
   counts->skipped = skipped.load();
-  return status;
+  return first_error.Get();
 }
 
 }  // namespace gpufeed::loader

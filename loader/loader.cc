@@ -19,14 +19,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "common/cores.h"
+#include "common/first_error.h"
 #include "common/trace.h"
 #include "common/host_buffer.h"
 #include "gpufeed/dataset.h"
@@ -286,7 +285,7 @@ void LocalStream::AssembleBatch(Work& w) {
       slot.labels[i] = labels.empty() ? -1 : labels[s];
     }
   }
-  std::mutex status_mu;
+  FirstError chunk_error;  // the first chunk that failed, by time
   // Isolated: a thread waiting for this parallel_for must not steal the plan
   // stage, which can block on the pool (back-pressure) and so deadlock
   // beneath this batch.
@@ -295,8 +294,7 @@ void LocalStream::AssembleBatch(Work& w) {
       loader::ChunkEntry& e = *w.chunks[j];
       Status st = L.cache->Ensure(e);
       if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(status_mu);
-        if (w.status.ok()) w.status = st;
+        chunk_error.Set(std::move(st));
         return;
       }
       if (decodes) return;  // decoded per sample below, once every chunk is here
@@ -317,6 +315,7 @@ void LocalStream::AssembleBatch(Work& w) {
       }
       w.chunks[j].reset();  // a transient chunk is freed here
     });
+    if (w.status.ok()) w.status = chunk_error.Get();
     if (decodes && w.status.ok()) w.status = DecodeBatch(w, by_chunk);
   });
   w.chunks.clear();

@@ -6,15 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <tuple>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 
 namespace gpufeed::trainer {
 
@@ -47,10 +46,19 @@ struct Counters {  // as the trainer's: summed on the last stage
   int64_t correct = 0;
 };
 
+// The end of a wait of `seconds` from now, rounded up to the clock's tick as
+// std::condition_variable::wait_for rounds it.
+std::chrono::steady_clock::time_point WaitDeadline(double seconds) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::ceil<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 }  // namespace
 
 // A slot's hand-off from a sending stage to a receiving one.
 struct Pipeline::Mailbox {
+  // Under Shared::mu (not annotated: a mailbox does not name its mutex). `n`
+  // is read without it by the receiver once it has seen `full`.
   bool full = false;
   int n = 0;
   void* produced = nullptr;  // the sender's, when what it sends is computed
@@ -112,20 +120,21 @@ struct Pipeline::Stage {
 // What the threads share: the hand-offs, the work posted to the stages and
 // their answers, the barrier of probe steps, and the first failure.
 struct Pipeline::Shared {
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   // fwd[s][k]: stage s to s + 1 into its slot k; bwd[s][k]: stage s + 1 to
-  // s into s's slot k; lab[k]: the labels, stage 0 to the last.
+  // s into s's slot k; lab[k]: the labels, stage 0 to the last. The vectors
+  // are sized before the threads start; each mailbox's full and n are under mu.
   std::vector<std::vector<Mailbox>> fwd, bwd;
   std::vector<Mailbox> lab;
-  Work work = Work::kStop;
-  bool probe = false;
-  uint64_t generation = 0;  // of `work`
-  int done = 0;
-  int arrived = 0;
-  uint64_t barrier_round = 0;
-  bool failed = false;
-  Status failure;
+  Work work GUARDED_BY(mu) = Work::kStop;
+  bool probe GUARDED_BY(mu) = false;
+  uint64_t generation GUARDED_BY(mu) = 0;  // of `work`
+  int done GUARDED_BY(mu) = 0;
+  int arrived GUARDED_BY(mu) = 0;
+  uint64_t barrier_round GUARDED_BY(mu) = 0;
+  bool failed GUARDED_BY(mu) = false;
+  Status failure GUARDED_BY(mu);
 };
 
 Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSetup& setup) {
@@ -248,12 +257,12 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
 Pipeline::~Pipeline() {
   if (sh_) {
     {
-      std::lock_guard<std::mutex> lock(sh_->mu);
+      MutexLock lock(&sh_->mu);
       sh_->work = Work::kStop;
       ++sh_->generation;
       sh_->failed = true;  // ends any wait
     }
-    sh_->cv.notify_all();
+    sh_->cv.SignalAll();
   }
   for (auto& st : stages_)
     if (st->thread.joinable()) st->thread.join();
@@ -280,9 +289,9 @@ Pipeline::~Pipeline() {
 }
 
 void Pipeline::Fail(const Status& st) {
-  std::lock_guard<std::mutex> lock(sh_->mu);
+  MutexLock lock(&sh_->mu);
   if (!sh_->failed) sh_->failed = true, sh_->failure = st;
-  sh_->cv.notify_all();
+  sh_->cv.SignalAll();
 }
 
 void Pipeline::WorkerLoop(Stage* st) {
@@ -291,48 +300,48 @@ void Pipeline::WorkerLoop(Stage* st) {
     Work w;
     bool probe;
     {
-      std::unique_lock<std::mutex> lock(sh_->mu);
-      sh_->cv.wait(lock, [&] { return sh_->generation != seen; });
+      MutexLock lock(&sh_->mu);
+      while (sh_->generation == seen) sh_->cv.Wait(&sh_->mu);
       seen = sh_->generation;
       w = sh_->work, probe = sh_->probe;
     }
     if (w == Work::kStop) return;
     Status s = RunStage(*st, w, probe);
     if (!s.ok()) Fail(s);
-    std::lock_guard<std::mutex> lock(sh_->mu);
+    MutexLock lock(&sh_->mu);
     ++sh_->done;
-    sh_->cv.notify_all();
+    sh_->cv.SignalAll();
   }
 }
 
 Status Pipeline::Everyone(Work w, bool probe) {
   Shared& sh = *sh_;
   {
-    std::lock_guard<std::mutex> lock(sh.mu);
+    MutexLock lock(&sh.mu);
     if (sh.failed) return sh.failure.ok() ? Status::Internal("pipeline: stopped") : sh.failure;
     sh.work = w, sh.probe = probe, sh.done = 0;
     ++sh.generation;
   }
-  sh.cv.notify_all();
+  sh.cv.SignalAll();
   Status mine = RunStage(*stages_[0], w, probe);
   if (!mine.ok()) Fail(mine);
-  std::unique_lock<std::mutex> lock(sh.mu);
-  sh.cv.wait(lock, [&] { return sh.done == int(stages_.size()) - 1; });
+  MutexLock lock(&sh.mu);
+  while (sh.done != int(stages_.size()) - 1) sh.cv.Wait(&sh.mu);
   if (sh.failed) return sh.failure;
   return Status::Ok();
 }
 
 Status Pipeline::Barrier() {
   Shared& sh = *sh_;
-  std::unique_lock<std::mutex> lock(sh.mu);
+  MutexLock lock(&sh.mu);
   const uint64_t round = sh.barrier_round;
   if (++sh.arrived == int(stages_.size())) {
     sh.arrived = 0;
     ++sh.barrier_round;
-    sh.cv.notify_all();
+    sh.cv.SignalAll();
     return Status::Ok();
   }
-  sh.cv.wait(lock, [&] { return sh.barrier_round != round || sh.failed; });
+  while (sh.barrier_round == round && !sh.failed) sh.cv.Wait(&sh.mu);
   return sh.failed ? Status::Internal("pipeline: another stage failed") : Status::Ok();
 }
 
@@ -421,29 +430,39 @@ Status Pipeline::SetupStage(Stage& st) {
 Status Pipeline::Send(Stage& st, Mailbox& m, void* dst, const void* src, size_t bytes, int n) {
   Shared& sh = *sh_;
   {
-    std::unique_lock<std::mutex> lock(sh.mu);
-    if (!sh.cv.wait_for(lock, std::chrono::duration<double>(setup_.timeout_s), [&] { return !m.full || sh.failed; }))
-      return Status::Internal("pipeline stage " + std::to_string(st.index) + ": the next stage freed no slot in " +
-                              std::to_string(setup_.timeout_s) + " s");
+    MutexLock lock(&sh.mu);
+    const auto deadline = WaitDeadline(setup_.timeout_s);
+    while (m.full && !sh.failed) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline)
+        return Status::Internal("pipeline stage " + std::to_string(st.index) + ": the next stage freed no slot in " +
+                                std::to_string(setup_.timeout_s) + " s");
+      sh.cv.WaitFor(&sh.mu, deadline - now);
+    }
     if (sh.failed) return Status::Internal("pipeline: another stage failed");
   }
   // On the copy stream, after what it copies is computed and the receiver's
   // last read of the slot.
   GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(m.produced));
   GPUFEED_RETURN_IF_ERROR(st.ops->SideCopy(dst, src, bytes, m.produced, m.freed, m.ready));
-  std::lock_guard<std::mutex> lock(sh.mu);
+  MutexLock lock(&sh.mu);
   m.full = true, m.n = n;
-  sh.cv.notify_all();
+  sh.cv.SignalAll();
   return Status::Ok();
 }
 
 Status Pipeline::Receive(Stage& st, Mailbox& m) {
   Shared& sh = *sh_;
   {
-    std::unique_lock<std::mutex> lock(sh.mu);
-    if (!sh.cv.wait_for(lock, std::chrono::duration<double>(setup_.timeout_s), [&] { return m.full || sh.failed; }))
-      return Status::Internal("pipeline stage " + std::to_string(st.index) +
-                              ": nothing arrived from the other stage in " + std::to_string(setup_.timeout_s) + " s");
+    MutexLock lock(&sh.mu);
+    const auto deadline = WaitDeadline(setup_.timeout_s);
+    while (!m.full && !sh.failed) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline)
+        return Status::Internal("pipeline stage " + std::to_string(st.index) +
+                                ": nothing arrived from the other stage in " + std::to_string(setup_.timeout_s) + " s");
+      sh.cv.WaitFor(&sh.mu, deadline - now);
+    }
     if (sh.failed) return Status::Internal("pipeline: another stage failed");
   }
   return st.ops->WaitEvent(m.ready);
@@ -451,9 +470,9 @@ Status Pipeline::Receive(Stage& st, Mailbox& m) {
 
 void Pipeline::Free(Stage& st, Mailbox& m) {
   st.ops->RecordEvent(m.freed);  // after every read queued so far
-  std::lock_guard<std::mutex> lock(sh_->mu);
+  MutexLock lock(&sh_->mu);
   m.full = false;
-  sh_->cv.notify_all();
+  sh_->cv.SignalAll();
 }
 
 Status Pipeline::Forward(Stage& st, int j, bool training) {
