@@ -117,11 +117,8 @@ Result<uint64_t> FieldSampleHash(const FieldSource& fs, uint64_t idx) {
   const auto [file, local] = fs.Locate(idx);
   const std::vector<FieldInfo> fields = fs.fields();
   uint64_t h = 0;
-  OpenOptions o;
-  o.trust_files = true;  // probed when the source was opened
-  o.labels_path = "none";
   for (size_t f = 0; f < fields.size(); ++f) {
-    auto ds = Dataset::Open(fs.files()[file] + ":" + fields[f].path, o);
+    auto ds = fs.OpenField(f, file);
     if (!ds.ok()) return ds.status();
     std::vector<std::byte> buf(fields[f].sample_bytes);
     GPUFEED_RETURN_IF_ERROR(ds->ReadSamples(local, 1, buf));

@@ -75,12 +75,10 @@ int RunInspectFields(const InspectArgs& a) {
   }
   const FieldSource& fs = **src;
   nlohmann::json fields = nlohmann::json::array();
-  OpenOptions one;
-  one.trust_files = true;  // probed by FieldSource::Open
-  one.labels_path = "none";
-  one.no_sample_axis = a.no_sample_axis;
-  for (const FieldInfo& f : fs.fields()) {
-    auto ds = Dataset::Open(fs.files()[0] + ":" + f.path, one);
+  const std::vector<FieldInfo> infos = fs.fields();
+  for (size_t j = 0; j < infos.size(); ++j) {
+    const FieldInfo& f = infos[j];
+    auto ds = fs.OpenField(j);
     nlohmann::json filters = nlohmann::json::array();
     std::string path_taken, storage;
     std::vector<uint64_t> chunk;
@@ -248,11 +246,9 @@ int RunStats(const InspectArgs& a) {
   so.threads = a.threads;
   std::vector<std::string> layouts;
   std::vector<bool> guesses;  // the channel axis is a guess (no layout attribute)
-  for (const FieldInfo& f : fields) {
-    OpenOptions one;
-    one.trust_files = true;  // probed by FieldSource::Open
-    one.labels_path = "none";
-    auto ds = Dataset::Open((*src)->files()[0] + ":" + f.path, one);
+  for (size_t j = 0; j < fields.size(); ++j) {
+    const FieldInfo& f = fields[j];
+    auto ds = (*src)->OpenField(j);
     std::string layout = ds.ok() ? ds->info().layout : "";
     bool guessed = false;
     int axis = GuessChannelAxis(layout, f.sample_shape, &guessed);

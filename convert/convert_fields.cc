@@ -82,13 +82,11 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
   std::vector<std::string> layouts = options.layouts;
   if (layouts.empty()) {
     const auto* fs = dynamic_cast<const FieldSource*>(&source);
-    for (const FieldInfo& f : fields) {
+    for (size_t j = 0; j < fields.size(); ++j) {
+      const FieldInfo& f = fields[j];
       std::string layout;
       if (fs != nullptr && !f.path.empty()) {
-        OpenOptions one;
-        one.trust_files = true;  // probed when the FieldSource opened
-        one.labels_path = "none";
-        if (auto ds = Dataset::Open(fs->files()[0] + ":" + f.path, one); ds.ok()) layout = ds->info().layout;
+        if (auto ds = fs->OpenField(j); ds.ok()) layout = ds->info().layout;
       }
       layouts.push_back(layout.empty() ? GuessLayout(f.sample_shape) : layout);
     }

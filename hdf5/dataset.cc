@@ -14,9 +14,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
-#include <mutex>
 
 #include "common/memory.h"
+#include "common/mutex.h"
 #include "common/sizes.h"
 #include "codec/codec.h"
 #include "io/direct_io.h"
@@ -251,11 +251,13 @@ struct Dataset::Impl {
   std::vector<codec::FilterStep> pipeline;
 
   // hdf5 path (and metadata). HDF5's thread-safe build serializes calls
-  // anyway; the mutex makes a non-thread-safe build safe too.
+  // anyway; the mutex makes a non-thread-safe build safe too. It guards the
+  // HDF5 calls of ReadHdf5, not the handles: those are set by Open before the
+  // dataset is shared and not changed after.
   h5::Id file;
   h5::Id dset;
   h5::Id mem_type;
-  std::mutex h5_mu;
+  Mutex h5_mu;
 
   ~Impl() {
     ahead.reset();  // waits for its reads in flight
@@ -275,7 +277,7 @@ struct Dataset::Impl {
   std::string ChunkWhat(uint64_t i) const { return what + " chunk " + std::to_string(i); }
 
   Status ReadDirect(uint64_t i, std::span<std::byte> dst) const;
-  Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst);
+  Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) EXCLUDES(h5_mu);
   Result<std::string> PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size);
   Status ChooseIo(IoMode asked, uint64_t file_size);
   std::shared_ptr<Logger> logger;  // OpenOptions::logger
@@ -370,7 +372,7 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
 
 Status Dataset::Impl::ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) {
   h5::Hdf5Section in_hdf5;  // before h5_mu: a section never waits while holding it
-  std::lock_guard<std::mutex> lock(h5_mu);
+  MutexLock lock(&h5_mu);
   h5::QuietErrors();
   if (no_sample_axis) {  // the one sample is the whole dataset
     if (first != 0 || count != 1 || dst.size() < sample_bytes) {
@@ -629,7 +631,28 @@ static std::string NotADatasetReason(hid_t file, const DatasetSpec& spec) {
          members[0];
 }
 
+ProbedSpec ProbedSpec::Member(std::string_view name) const {
+  auto spec = DatasetSpec::Parse(text_);
+  if (!spec.ok()) return *this;  // opening it says what is wrong
+  return ProbedSpec(spec->file + ":" + spec->images + "/" + std::string(name));
+}
+
 Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& options) {
+  auto spec = DatasetSpec::Parse(spec_text);
+  if (!spec.ok()) return spec.status();
+  // A missing file or a directory is said before a probe process is forked for it.
+  struct stat st;
+  if (::stat(spec->file.c_str(), &st) != 0) {
+    return Status::NotFound(spec->file + ": cannot open: " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(spec->file + ": is a directory, not an HDF5 file");
+  auto probed = Probe(std::string(spec_text), options);
+  if (!probed.ok()) return probed.status();
+  return Open(*probed, options);
+}
+
+Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& options) {
+  const std::string& spec_text = probed.text();
   auto spec_or = DatasetSpec::Parse(spec_text);
   if (!spec_or.ok()) return spec_or.status();
   const DatasetSpec& spec = *spec_or;
@@ -648,7 +671,6 @@ Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& opt
   }
   if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(spec.file + ": is a directory, not an HDF5 file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(std::string(spec_text), options));
   h5::Hdf5Section in_hdf5;  // no probe forks while this thread is in HDF5 (fork_gate.h)
   if (H5Fis_hdf5(spec.file.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);

@@ -168,8 +168,10 @@ class EncodedSourceImpl final : public EncodedImageSource {
   std::shared_ptr<const SampleDecoder> sample_decoder() const override { return decoder_; }
 
   // Opens file:path for `storage`. `file_handle` is open on the file.
-  Status Init(const SpecParts& spec, hid_t file, EncodedStorage storage, const OpenOptions& open,
-              const DecodeOptions& decode) {
+  // `probed` covers the field's byte dataset: the probe opens an encoded
+  // field as this does (hdf5/probe.cc).
+  Status Init(const ProbedSpec& probed, const SpecParts& spec, hid_t file, EncodedStorage storage,
+              const OpenOptions& open, const DecodeOptions& decode) {
     storage_ = storage;
     file_ = spec.file;
     path_ = spec.path;
@@ -184,8 +186,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
       n_ = offsets_.size() - 1;
       OpenOptions bo = open;
       bo.labels_path = "none";
-      bo.trust_files = true;  // probed by OpenEncodedImages
-      auto bytes = Dataset::Open(spec.file + ":" + spec.path + "/bytes", bo);
+      auto bytes = Dataset::Open(probed.Member("bytes"), bo);
       if (!bytes.ok()) return bytes.status();
       if (bytes->dtype() != DType::kUInt8 || !bytes->sample_shape().empty()) {
         return Status::Corrupt(bytes->name() + ": must be a 1-D uint8 dataset of the stored files' bytes");
@@ -336,7 +337,19 @@ Result<EncodedStorage> DetectEncoded(std::string_view spec, const OpenOptions& o
     H5Eclear2(H5E_DEFAULT);
     return EncodedStorage::kNone;
   }
-  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(std::string(spec), open));
+  auto probed = Probe(std::string(spec), open);
+  if (!probed.ok()) return probed.status();
+  return DetectEncoded(*probed, open);
+}
+
+Result<EncodedStorage> DetectEncoded(const ProbedSpec& spec, const OpenOptions&) {
+  auto parts = SplitSpec(spec.text());
+  if (!parts.ok()) return parts.status();
+  h5::QuietErrors();
+  if (H5Fis_hdf5(parts->file.c_str()) <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return EncodedStorage::kNone;
+  }
   h5::Id file(H5Fopen(parts->file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) return Status::IOError(parts->file + ": cannot open: " + h5::LastErrorText());
   return DetectIn(file.get(), parts->path);
@@ -347,8 +360,17 @@ Result<std::unique_ptr<EncodedImageSource>> OpenEncodedImages(std::string_view s
   GPUFEED_RETURN_IF_ERROR(ValidateDecodeOptions(decode));
   auto parts = SplitSpec(spec);
   if (!parts.ok()) return parts.status();
+  auto probed = Probe(std::string(spec), open);
+  if (!probed.ok()) return probed.status();
+  return OpenEncodedImages(*probed, open, decode);
+}
+
+Result<std::unique_ptr<EncodedImageSource>> OpenEncodedImages(const ProbedSpec& spec, const OpenOptions& open,
+                                                              const DecodeOptions& decode) {
+  GPUFEED_RETURN_IF_ERROR(ValidateDecodeOptions(decode));
+  auto parts = SplitSpec(spec.text());
+  if (!parts.ok()) return parts.status();
   h5::QuietErrors();
-  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(std::string(spec), open));
   h5::Id file(H5Fopen(parts->file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!file.valid()) return Status::IOError(parts->file + ": cannot open: " + h5::LastErrorText());
   auto storage = DetectIn(file.get(), parts->path);
@@ -359,7 +381,7 @@ Result<std::unique_ptr<EncodedImageSource>> OpenEncodedImages(std::string_view s
                             "h5py vlen uint8 dataset)");
   }
   auto src = std::make_unique<EncodedSourceImpl>();
-  GPUFEED_RETURN_IF_ERROR(src->Init(*parts, file.get(), *storage, open, decode));
+  GPUFEED_RETURN_IF_ERROR(src->Init(spec, *parts, file.get(), *storage, open, decode));
   if (*storage == EncodedStorage::kOffsets) file.Reset();  // the vlen source keeps its dataset (and so the file) open
   return std::unique_ptr<EncodedImageSource>(std::move(src));
 }

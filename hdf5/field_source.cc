@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -70,7 +71,12 @@ struct FieldSource::Impl {
   DType dtype = DType::kUInt8;
   SourceAttributes attributes;
   std::string what;
-  OpenOptions reopen;  // trusted (probed at Open), labels "none"
+  std::string data;     // as given to Open (Select opens it again)
+  OpenOptions options;  // as given to Open
+  OpenOptions reopen;   // labels "none", no fields
+  // Every (file, field) spec this source opens, through the probe (or the
+  // user's trust) once, at Open.
+  std::map<std::string, ProbedSpec> probed;
   size_t max_open = 256;
 
   // open_costs(): nanoseconds in the probe and in opens, and the opens.
@@ -83,6 +89,39 @@ struct FieldSource::Impl {
   mutable std::vector<size_t> open_list GUARDED_BY(mu);  // parts with open[p]
   mutable uint64_t clock GUARDED_BY(mu) = 0;
 
+  // A spec this source has probed, opened; Internal for one it has not
+  // (every spec it opens is probed at Open).
+  Result<Dataset> OpenProbed(const std::string& spec) const {
+    auto it = probed.find(spec);
+    if (it == probed.end()) return Status::Internal(spec + ": opened by " + what + " without the probe");
+    return Dataset::Open(it->second, reopen);
+  }
+
+  // Probes the specs not probed yet (in one pass of probe processes).
+  Status ProbeMissing(std::vector<std::string> specs, int timeout_ms) {
+    std::sort(specs.begin(), specs.end());
+    specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
+    std::erase_if(specs, [&](const std::string& s) { return probed.count(s) != 0; });
+    if (specs.empty()) return Status::Ok();
+    ProbeOptions probe;
+    probe.open = reopen;
+    probe.timeout_ms = timeout_ms;
+    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
+    std::vector<Result<ProbedSpec>> got;
+    if (TrustFiles(reopen)) {
+      got = ProbeAll(specs, probe);  // issued without a probe: no time to count
+    } else {
+      ScopedNanos timed(&probe_ns);
+      got = ProbeAll(specs, probe);
+    }
+    for (Result<ProbedSpec>& r : got) {
+      if (!r.ok()) return r.status();
+      std::string key = r->text();
+      probed.emplace(std::move(key), std::move(*r));
+    }
+    return Status::Ok();
+  }
+
   // Opens every field of input file f as named (a virtual dataset opens as
   // one, its mapping resolved and checked) and checks it against the fields.
   Result<OpenFile> OpenFields(size_t f) const {
@@ -90,7 +129,7 @@ struct FieldSource::Impl {
     ScopedNanos timed(&open_ns);
     OpenFile out;
     for (size_t j = 0; j < specs.size(); ++j) {
-      auto ds = Dataset::Open(files[f] + ":" + specs[j].path, reopen);
+      auto ds = OpenProbed(files[f] + ":" + specs[j].path);
       if (!ds.ok()) return ds.status();
       out.push_back(std::move(*ds));
     }
@@ -123,7 +162,7 @@ struct FieldSource::Impl {
     ScopedNanos timed(&open_ns);
     OpenFile out;
     for (const Piece& pc : parts[p].pieces) {
-      auto ds = Dataset::Open(pc.file + ":" + pc.path, reopen);
+      auto ds = OpenProbed(pc.file + ":" + pc.path);
       if (!ds.ok()) return pc.via.empty() ? ds.status() : ds.status().WithContext("source of " + pc.via);
       out.push_back(std::move(*ds));
     }
@@ -253,14 +292,47 @@ FieldSource::FieldSource(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 FieldSource::~FieldSource() = default;
 
 Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, const OpenOptions& options) {
+  return Open(data, options, {});
+}
+
+Result<std::unique_ptr<FieldSource>> FieldSource::Select(const std::vector<std::string>& names) const {
+  const Impl& d = *impl_;
+  OpenOptions o = d.options;
+  o.fields.clear();
+  for (const std::string& name : names) {
+    auto it = std::find_if(d.specs.begin(), d.specs.end(), [&](const FieldSpec& s) { return s.name == name; });
+    if (it == d.specs.end()) return Status::NotFound(d.what + ": no field '" + name + "'");
+    o.fields.push_back(it->name + "=" + it->path);
+  }
+  std::vector<ProbedSpec> probed;
+  for (const auto& [text, spec] : d.probed) probed.push_back(spec);
+  return Open(d.data, o, std::move(probed));
+}
+
+Result<Dataset> FieldSource::OpenField(size_t field, size_t file) const {
+  const Impl& d = *impl_;
+  if (field >= d.specs.size() || file >= d.files.size()) {
+    return Status::InvalidArgument(d.what + ": no field " + std::to_string(field) + " in file " + std::to_string(file));
+  }
+  return d.OpenProbed(d.files[file] + ":" + d.specs[field].path);
+}
+
+Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, const OpenOptions& options,
+                                                       std::vector<ProbedSpec> probed) {
   auto files = ExpandFiles(data);
   if (!files.ok()) return files.status();
   auto d = std::make_unique<Impl>();
   d->files = std::move(*files);
+  d->data = std::string(data);
+  d->options = options;
   d->max_open = static_cast<size_t>(std::max(1, options.max_open_files));
   d->reopen = options;
   d->reopen.labels_path = "none";
   d->reopen.fields.clear();
+  for (ProbedSpec& p : probed) {
+    std::string key = p.text();
+    d->probed.emplace(std::move(key), std::move(p));
+  }
 
   for (const std::string& text : options.fields) {
     auto f = FieldSpec::Parse(text);
@@ -271,32 +343,25 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     d->specs.push_back(std::move(*f));
   }
   // HDF5's parser is untrusted: every (file, field) goes through the probe
-  // processes once, in one pass, before this process opens any of them.
-  const bool trusted = TrustFiles(options);
-  if (d->specs.empty()) {
-    d->specs.push_back({"images", "/images"});
-    OpenOptions o = d->reopen;
-    o.trust_files = trusted;
-    auto labels = Dataset::Open(d->files[0] + ":/labels", o);
-    if (labels.ok()) d->specs.push_back({"labels", "/labels"});
-  }
-  if (!trusted) {
+  // processes once, in one pass, before this process opens any of them
+  // (with no fields named, the first file's /labels too: a field when it is
+  // there, the other files' /labels then probed in a second pass).
+  const bool default_fields = d->specs.empty();
+  if (default_fields) d->specs.push_back({"images", "/images"});
+  {
     std::vector<std::string> probe_specs;
     for (const std::string& f : d->files) {
       for (const FieldSpec& s : d->specs) probe_specs.push_back(f + ":" + s.path);
     }
-    ProbeOptions probe;
-    probe.open = d->reopen;
-    probe.timeout_ms = options.probe_timeout_ms;
-    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
-    std::vector<Status> probed;
-    {
-      ScopedNanos timed(&d->probe_ns);
-      probed = ProbeFiles(probe_specs, probe);
-    }
-    for (const Status& s : probed) GPUFEED_RETURN_IF_ERROR(s);
+    if (default_fields) probe_specs.push_back(d->files[0] + ":/labels");
+    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(probe_specs), options.probe_timeout_ms));
   }
-  d->reopen.trust_files = true;
+  if (default_fields && d->OpenProbed(d->files[0] + ":/labels").ok()) {
+    d->specs.push_back({"labels", "/labels"});
+    std::vector<std::string> labels;
+    for (const std::string& f : d->files) labels.push_back(f + ":/labels");
+    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(labels), options.probe_timeout_ms));
+  }
 
   // Each open field holds about 2 descriptors (ours and HDF5's): keep the
   // bound within the process's limit, with room for everything else.
@@ -369,25 +434,14 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
   }
   // Virtual fields' sources are files HDF5 has not parsed in this process
   // beyond their metadata: they go through the probe before they are read.
-  if (any_virtual && !trusted) {
+  if (any_virtual) {
     std::vector<std::string> probe_specs;
     for (const Part& part : d->parts) {
       for (const Piece& pc : part.pieces) {
         if (!pc.via.empty()) probe_specs.push_back(pc.file + ":" + pc.path);
       }
     }
-    std::sort(probe_specs.begin(), probe_specs.end());
-    probe_specs.erase(std::unique(probe_specs.begin(), probe_specs.end()), probe_specs.end());
-    ProbeOptions probe;
-    probe.open = d->reopen;
-    probe.timeout_ms = options.probe_timeout_ms;
-    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
-    std::vector<Status> probed;
-    {
-      ScopedNanos timed(&d->probe_ns);
-      probed = ProbeFiles(probe_specs, probe);
-    }
-    for (const Status& s : probed) GPUFEED_RETURN_IF_ERROR(s);
+    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(probe_specs), options.probe_timeout_ms));
   }
   // The parts of virtual fields: their sources opened once (checked,
   // lengths recorded).

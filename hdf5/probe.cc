@@ -21,10 +21,22 @@
 #include <vector>
 
 #include "common/sizes.h"
+#include "gpufeed/encoded.h"
 #include "hdf5/fork_gate.h"
 #include "hdf5/h5_util.h"
 
 namespace gpufeed {
+
+// A spec that names one dataset is issued as "file:/path" (the form
+// FieldSource keys its opens by), so the same dataset reached by another
+// spelling ("file.h5" for "file.h5:/images") is known as probed.
+struct ProbedSpecIssuer {
+  static ProbedSpec Issue(std::string spec) {
+    if (auto s = DatasetSpec::Parse(spec); s.ok()) return ProbedSpec(s->file + ":" + s->images);
+    return ProbedSpec(std::move(spec));
+  }
+};
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -79,12 +91,20 @@ Result<Forked> ForkWithPipe(const char* what) {
 [[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
                             const ProbeOptions& options) {
   BecomeSacrificialChild();
-  OpenOptions o = options.open;
-  o.trust_files = true;
+  const OpenOptions& o = options.open;
   for (size_t i = first; i < last; ++i) {
     WriteMsg(fd, 'S', static_cast<uint32_t>(i));
     {
-      auto ds = Dataset::Open(specs[i], o);
+      // This child is the probe: what it opens, it opens unprobed.
+      const ProbedSpec spec = ProbedSpecIssuer::Issue(specs[i]);
+      auto ds = Dataset::Open(spec, o);
+      if (!ds.ok()) {
+        // An encoded image field is a group (or an h5py vlen dataset):
+        // opened as the loader opens it, its byte dataset and index too.
+        if (auto kind = DetectEncoded(spec, o); kind.ok() && *kind != EncodedStorage::kNone) {
+          (void)OpenEncodedImages(spec, o, DecodeOptions{});
+        }
+      }
       if (ds.ok() && ds->info().read_path == ReadPath::kHdf5 && ds->num_samples() > 0) {
         // HDF5 decodes on this path: its filters see the file's bytes too.
         // One HDF5 chunk's row of samples is enough for that (a read unit
@@ -127,6 +147,8 @@ std::string FileOf(const std::string& spec) {
 }
 
 }  // namespace
+
+// The one maker of ProbedSpecs (a friend of the class).
 
 std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options) {
   std::vector<Status> out(specs.size());
@@ -242,13 +264,30 @@ bool TrustFiles(const OpenOptions& open) {
   return open.trust_files || (env != nullptr && std::string_view(env) == "1");
 }
 
-Status ProbeUnlessTrusted(const std::string& spec, const OpenOptions& open) {
-  if (TrustFiles(open)) return Status::Ok();
+Result<ProbedSpec> Probe(const std::string& spec, const OpenOptions& open) {
   ProbeOptions po;
   po.open = open;
   po.timeout_ms = open.probe_timeout_ms;
   po.processes = 1;
-  return ProbeFiles({spec}, po)[0];
+  return std::move(ProbeAll({spec}, po)[0]);
+}
+
+std::vector<Result<ProbedSpec>> ProbeAll(const std::vector<std::string>& specs, const ProbeOptions& options) {
+  std::vector<Result<ProbedSpec>> out;
+  out.reserve(specs.size());
+  if (TrustFiles(options.open)) {
+    for (const std::string& s : specs) out.push_back(ProbedSpecIssuer::Issue(s));
+    return out;
+  }
+  std::vector<Status> probed = ProbeFiles(specs, options);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (probed[i].ok()) {
+      out.push_back(ProbedSpecIssuer::Issue(specs[i]));
+    } else {
+      out.push_back(std::move(probed[i]));
+    }
+  }
+  return out;
 }
 
 Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, int timeout_ms, size_t max_bytes) {

@@ -23,7 +23,7 @@
 namespace gpufeed {
 
 struct ProbeOptions {
-  OpenOptions open;        // how the children open each spec (trust_files is forced on)
+  OpenOptions open;        // how the children open each spec (and whether the caller trusts files)
   int timeout_ms = 10000;  // per file
   int processes = 4;       // children at once (at most one per file)
 };
@@ -38,9 +38,13 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
 // sets). Every probe site asks this one function.
 bool TrustFiles(const OpenOptions& open);
 
-// One spec through one probe process, unless TrustFiles(open): Ok, or the
-// probe's Corrupt error.
-Status ProbeUnlessTrusted(const std::string& spec, const OpenOptions& open);
+// One spec through one probe process (none when TrustFiles(open)): the
+// ProbedSpec the trusted opens take, or the probe's Corrupt error.
+Result<ProbedSpec> Probe(const std::string& spec, const OpenOptions& open);
+
+// Many specs through the probe processes in one pass (ProbeFiles; none when
+// TrustFiles(options.open)): one result per spec, in order.
+std::vector<Result<ProbedSpec>> ProbeAll(const std::vector<std::string>& specs, const ProbeOptions& options);
 
 // The datasets of `file` ("/a", "/g/b"), listed by HDF5 in a forked child
 // with a time limit: a listing walks every object header of the file, which

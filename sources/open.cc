@@ -17,12 +17,13 @@ Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptio
   }
   // HDF5's parser meets the file in the forked probe first (as Dataset::Open
   // would), once: its verdict on a file that crashes or hangs HDF5 is the
-  // answer, and what opens it next trusts it.
-  GPUFEED_RETURN_IF_ERROR(ProbeUnlessTrusted(spec, d.open));
-  d.open.trust_files = true;
-  auto encoded = DetectEncoded(spec, d.open);
+  // answer, and what opens it next takes the probed spec.
+  auto probed = Probe(spec, open);
+  if (!probed.ok()) return probed.status();
+  auto encoded = DetectEncoded(*probed, open);
   if (!encoded.ok()) return encoded.status();
   d.kind = *encoded != EncodedStorage::kNone ? SourceKind::kEncodedImages : SourceKind::kDataset;
+  d.probed = std::move(*probed);
   return d;
 }
 
@@ -37,22 +38,23 @@ Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& 
     out.fields = std::move(*fs);
     return out;
   }
+  const ProbedSpec& probed = *decided->probed;
   if (decided->kind == SourceKind::kEncodedImages) {
-    auto enc = OpenEncodedImages(spec, open, decode);
+    auto enc = OpenEncodedImages(probed, open, decode);
     if (!enc.ok()) return enc.status();
     out.encoded = std::move(*enc);
     return out;
   }
-  auto ds = Dataset::Open(spec, open);
+  auto ds = Dataset::Open(probed, open);
   if (!ds.ok()) return ds.status();
   if (!ds->info().virtual_sources.empty()) {
     // A virtual dataset (its mapping checked by Open): read its sources
     // directly, as fields named as a many-file input's (images, labels).
+    // FieldSource probes the sources (and the labels), not the dataset again.
     OpenOptions fo = open;
-    fo.trust_files = options.trust_files;  // the sources have not been through the probe yet
     fo.fields = {"images=" + ds->info().images_path};
     if (ds->has_labels()) fo.fields.push_back("labels=" + ds->info().labels_path);
-    auto fs = FieldSource::Open(ds->info().file, fo);
+    auto fs = FieldSource::Open(ds->info().file, fo, {probed});
     if (!fs.ok()) return fs.status();
     out.fields = std::move(*fs);
     return out;
@@ -103,48 +105,51 @@ Result<std::unique_ptr<ChunkSource>> OpenClassifierSource(const std::string& spe
   // The fields to read: as named (or many files' defaults), or, for one
   // file, what the door finds there (a plain dataset or encoded images are
   // the source as they are; a virtual dataset, its sources' fields).
-  std::string data = spec;
-  std::vector<std::string> named = o.fields;
-  bool trusted = o.trust_files;
-  if (named.empty()) {
+  // Named fields must hold images and labels (said before anything is opened).
+  auto check_named = [&](const std::vector<std::string>& named) -> Status {
+    bool images = false, labels = false;
+    std::string names;
+    for (const std::string& text : named) {
+      auto f = FieldSpec::Parse(text);
+      if (!f.ok()) return f.status();
+      images = images || f->name == "images";
+      labels = labels || f->name == "labels";
+      names += (names.empty() ? "" : ", ") + f->name + "=" + f->path;
+    }
+    if (images && labels) return Status::Ok();
+    return Status::InvalidArgument(spec + ": a classifier reads an images field and a labels field, this has [" +
+                                   names + "]; name them --field images=/path --field labels=/path");
+  };
+  std::unique_ptr<ChunkSource> opened;
+  if (o.fields.empty()) {
     auto local = OpenLocalSource(spec, o, decode);
     if (!local.ok()) return local.status();
     if (local->dataset) return std::unique_ptr<ChunkSource>(std::move(local->dataset));
     if (local->encoded) return std::unique_ptr<ChunkSource>(std::move(local->encoded));
-    for (const FieldInfo& f : local->fields->fields()) named.push_back(f.name + "=" + f.path);
-    const auto* opened = dynamic_cast<const FieldSource*>(local->fields.get());
-    if (opened && opened->files().size() == 1) data = opened->files()[0];
-    trusted = true;  // opened and checked just now
+    opened = std::move(local->fields);
+    std::vector<std::string> named;
+    for (const FieldInfo& f : opened->fields()) named.push_back(f.name + "=" + f.path);
+    GPUFEED_RETURN_IF_ERROR(check_named(named));
+  } else {
+    GPUFEED_RETURN_IF_ERROR(check_named(o.fields));
+    auto fs = FieldSource::Open(spec, o);
+    if (!fs.ok()) return fs.status();
+    opened = std::move(*fs);
   }
-  std::string images, labels, names;
-  for (const std::string& text : named) {
-    auto f = FieldSpec::Parse(text);
-    if (!f.ok()) return f.status();
-    if (f->name == "images") images = f->path;
-    if (f->name == "labels") labels = f->path;
-    names += (names.empty() ? "" : ", ") + f->name + "=" + f->path;
-  }
-  if (images.empty() || labels.empty()) {
-    return Status::InvalidArgument(spec + ": a classifier reads an images field and a labels field, this has [" +
-                                   names + "]; name them --field images=/path --field labels=/path");
-  }
-  // Each field a source of its own; the second open trusts what the first
-  // probed.
-  OpenOptions one = o;
-  one.trust_files = trusted;
-  one.fields = {"labels=" + labels};
-  auto lab = FieldSource::Open(data, one);
+  const auto* both = dynamic_cast<const FieldSource*>(opened.get());
+  if (both == nullptr) return Status::Internal(spec + ": the door's fields are not a FieldSource");
+  // Each field a source of its own, over the files probed once above.
+  auto lab = both->Select({"labels"});
   if (!lab.ok()) return lab.status();
   const FieldInfo info = (*lab)->fields()[0];
   if (info.sample_bytes != DTypeSize(info.dtype) || !DTypeIsInteger(info.dtype)) {
     std::string shape;
     for (uint64_t d : info.sample_shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
-    return Status::InvalidArgument(spec + ": labels field " + labels + " holds " + std::string(DTypeName(info.dtype)) +
-                                   " [" + shape + "] a sample; a classifier needs one integer class a sample");
+    return Status::InvalidArgument(spec + ": labels field " + info.path + " holds " +
+                                   std::string(DTypeName(info.dtype)) + " [" + shape +
+                                   "] a sample; a classifier needs one integer class a sample");
   }
-  one.trust_files = true;
-  one.fields = {"images=" + images};
-  auto img = FieldSource::Open(data, one);
+  auto img = both->Select({"images"});
   if (!img.ok()) return img.status();
   std::vector<int64_t> values((*lab)->num_samples());
   std::vector<std::byte> chunk;
@@ -153,7 +158,7 @@ Result<std::unique_ptr<ChunkSource>> OpenClassifierSource(const std::string& spe
     chunk.resize((*lab)->chunk_buffer_bytes(c));
     GPUFEED_RETURN_IF_ERROR((*lab)->ReadChunk(c, chunk));
     const uint64_t n = (*lab)->samples_in_chunk(c);
-    GPUFEED_RETURN_IF_ERROR(ClassesToInt64(chunk, info.dtype, n, values.data() + at).WithContext(labels));
+    GPUFEED_RETURN_IF_ERROR(ClassesToInt64(chunk, info.dtype, n, values.data() + at).WithContext(info.path));
     at += n;
   }
   return std::unique_ptr<ChunkSource>(std::make_unique<LabeledImages>(std::move(*img), std::move(values)));

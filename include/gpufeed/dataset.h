@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpufeed/chunk_source.h"
@@ -137,6 +138,25 @@ struct VirtualSource {
   bool stacked = false;
 };
 
+// A spec whose file HDF5's parser has met in the forked probe of this
+// process and survived (or whose files the user trusts:
+// OpenOptions::trust_files). Only the probe issues one (hdf5/probe.h:
+// Probe, ProbeAll), so "already probed" is a value that cannot be forged by
+// setting an option: the opens that take one (Dataset::Open,
+// OpenEncodedImages, FieldSource::Open) do not probe again.
+class ProbedSpec {
+ public:
+  const std::string& text() const { return text_; }
+  // The dataset `name` inside the probed group: an encoded image field's
+  // byte dataset, which the probe opens with the field.
+  ProbedSpec Member(std::string_view name) const;
+
+ private:
+  friend struct ProbedSpecIssuer;  // hdf5/probe.cc
+  explicit ProbedSpec(std::string text) : text_(std::move(text)) {}
+  std::string text_;
+};
+
 // Everything `gpufeed inspect` shows about a dataset; fixed at Open().
 struct DatasetInfo {
   std::string file;
@@ -199,6 +219,8 @@ class Dataset final : public ChunkSource {
   // HDF5, truncated), Unsupported (non-numeric dtype, rank < 1) or
   // InvalidArgument (labels count != samples, labels not integers).
   static Result<Dataset> Open(std::string_view spec, const OpenOptions& options = {});
+  // As above, for a spec through the probe already: no second probe.
+  static Result<Dataset> Open(const ProbedSpec& spec, const OpenOptions& options = {});
 
   Dataset(Dataset&&) noexcept;
   Dataset& operator=(Dataset&&) noexcept;

@@ -47,6 +47,8 @@ enum class EncodedStorage {
 // default) first runs HDF5's metadata parser in the forked probe
 // (dataset.h), as Dataset::Open does.
 Result<EncodedStorage> DetectEncoded(std::string_view spec, const OpenOptions& open = {});
+// As above, for a spec through the probe already (no second probe).
+Result<EncodedStorage> DetectEncoded(const ProbedSpec& spec, const OpenOptions& open = {});
 
 // The ChunkSource over an encoded field. sample_bytes() is the decoded
 // output (3 x height x width, uint8) and sample_shape() [3, H, W] or
@@ -78,6 +80,9 @@ class EncodedImageSource : public ChunkSource {
 // the byte dataset before anything is allocated; Corrupt names the dataset.
 // open.trust_files false runs HDF5's parser in the forked probe first.
 Result<std::unique_ptr<EncodedImageSource>> OpenEncodedImages(std::string_view spec, const OpenOptions& open,
+                                                              const DecodeOptions& decode);
+// As above, for a spec through the probe already (no second probe).
+Result<std::unique_ptr<EncodedImageSource>> OpenEncodedImages(const ProbedSpec& spec, const OpenOptions& open,
                                                               const DecodeOptions& decode);
 
 // Decodes one encoded image (JPEG or PNG, by signature) exactly as the

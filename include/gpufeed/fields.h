@@ -60,7 +60,18 @@ class FieldSource final : public ChunkSource {
   // InvalidArgument for fields of different lengths (names both) or a file
   // that disagrees with the first (names it, the field and both shapes).
   static Result<std::unique_ptr<FieldSource>> Open(std::string_view data, const OpenOptions& options = {});
+  // As above, where some (file, field) specs have been through the probe
+  // already (the door's): only the others are probed.
+  static Result<std::unique_ptr<FieldSource>> Open(std::string_view data, const OpenOptions& options,
+                                                   std::vector<ProbedSpec> probed);
   ~FieldSource() override;
+
+  // A source of some of these fields (by name, in the order given) over the
+  // same files, which are not probed again. NotFound for a name not here.
+  Result<std::unique_ptr<FieldSource>> Select(const std::vector<std::string>& names) const;
+  // Field `field`'s dataset in file `file` (its storage: filters, chunking,
+  // layout), opened afresh without a second probe.
+  Result<Dataset> OpenField(size_t field, size_t file = 0) const;
 
   uint64_t num_samples() const override;
   // One field: its shape and dtype. Several: [sample_bytes()] of uint8 (the

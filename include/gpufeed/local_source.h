@@ -9,6 +9,7 @@
 #define GPUFEED_LOCAL_SOURCE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gpufeed/chunk_source.h"
@@ -25,14 +26,15 @@ enum class SourceKind {
   kDataset,        // an HDF5 dataset (a virtual one's sources read directly)
 };
 
-// The kind, and the options what opens it next takes: for one file the
-// forked probe has run (unless open.trust_files), once, and `open` trusts
-// it (FieldSource::Open probes each of its files itself). Errors: the
-// probe's (Corrupt for a file that crashes or hangs HDF5), or HDF5's refusal
-// to open the file.
+// The kind, and for one file (kEncodedImages, kDataset) the spec through
+// the forked probe (unless open.trust_files), once: what opens it next takes
+// `probed` and does not probe again (FieldSource::Open probes each of its
+// files itself). Errors: the probe's (Corrupt for a file that crashes or
+// hangs HDF5), or HDF5's refusal to open the file.
 struct SourceDecision {
   SourceKind kind = SourceKind::kDataset;
-  OpenOptions open;
+  OpenOptions open;                  // as given
+  std::optional<ProbedSpec> probed;  // one file's spec, probed
 };
 Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open);
 

@@ -210,11 +210,14 @@ TEST(HostileFilesTest, TrustComesFromTheOptionOrTheEnvironment) {
   const std::string fifo = testing::MakeTempDir("trust") + "/fifo.h5";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   o.trust_files = true;
-  EXPECT_TRUE(ProbeUnlessTrusted(fifo, o).ok());
+  auto trusted = Probe(fifo, o);
+  ASSERT_TRUE(trusted.ok()) << trusted.status().ToString();
+  EXPECT_EQ(trusted->text(), fifo + ":/images");  // issued in the form FieldSource keys by
   o.trust_files = false;
   o.probe_timeout_ms = 300;
-  const Status probed = ProbeUnlessTrusted(fifo, o);
-  EXPECT_EQ(probed.code(), StatusCode::kCorrupt) << probed.ToString();
+  auto probed = Probe(fifo, o);
+  ASSERT_FALSE(probed.ok());
+  EXPECT_EQ(probed.status().code(), StatusCode::kCorrupt) << probed.status().ToString();
 }
 
 // A probe forked while another thread reads through HDF5 (the hdf5 path):
