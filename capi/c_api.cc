@@ -17,6 +17,7 @@
 // thread-safe BatchPool; device slots through GpuFeeder::ReleaseSlot, which
 // is not thread-safe, so every feeder call holds its FeedState's mutex.
 #include "gpufeed/c_api.h"
+#include "capi/c_api_internal.h"
 
 #include <dlfcn.h>
 
@@ -52,47 +53,10 @@ using gpufeed::DeviceBatch;
 using gpufeed::DType;
 using gpufeed::Status;
 
-struct gpufeed_error {
-  gpufeed_code code;
-  std::string message;
-};
-
-struct gpufeed_options {
-  gpufeed::SourceOptions source;
-  std::string order = "block";
-  std::string io;  // "" : OpenOptions' default (auto, or GPUFEED_IO)
-  bool feed = false;
-  gpufeed::FeedOptions feed_options;
-  std::string dtype = "float32", layout = "NCHW", input_layout = "NCHW";
-  std::string image_transform = "random_resized_crop";  // encoded image datasets (checked at open)
-  std::string share = "auto";                           // SourceOptions::share (checked at open)
-  std::string decode = "auto";                          // DecodeDevice (checked at open)
-};
+using gpufeed::capi::Fail;
+using gpufeed::capi::Guard;
 
 namespace {
-
-// Sets *error (when asked for) and returns the code.
-gpufeed_code Fail(gpufeed_error** error, gpufeed_code code, std::string message) {
-  if (error != nullptr) *error = new (std::nothrow) gpufeed_error{code, std::move(message)};
-  return code;
-}
-
-gpufeed_code Fail(gpufeed_error** error, const Status& s) {
-  return Fail(error, static_cast<gpufeed_code>(static_cast<int>(s.code())), s.message());
-}
-
-// Every entry point that can fail runs its body through this: no exception
-// (bad_alloc, a TBB or Asio throw we did not expect) crosses the C ABI.
-template <typename F>
-gpufeed_code Guard(gpufeed_error** error, F&& body) {
-  try {
-    return body();
-  } catch (const std::exception& e) {
-    return Fail(error, GPUFEED_INTERNAL, std::string("gpufeed: unexpected exception: ") + e.what());
-  } catch (...) {
-    return Fail(error, GPUFEED_INTERNAL, "gpufeed: unexpected exception");
-  }
-}
 
 // DLPack's type of a dtype: the dtype table's (gpufeed/dtype.h).
 DLDataType DlType(DType t) {
@@ -353,7 +317,7 @@ struct gpufeed_batch {
     }
     bool launched = false;
     try {
-      launched = ops->LaunchHostFunc(stream, RunPendingRelease, r.get()).ok();
+      launched = ops->LaunchHostFunc(gpufeed::gpu::StreamRef{stream}, RunPendingRelease, r.get()).ok();
     } catch (...) {
     }
     if (launched) {
@@ -361,7 +325,7 @@ struct gpufeed_batch {
       return;
     }
     try {
-      (void)ops->StreamSync(stream);  // no callback: wait here instead
+      (void)ops->StreamSync(gpufeed::gpu::StreamRef{stream});  // no callback: wait here instead
     } catch (...) {
     }
     RunPendingRelease(r.release());
@@ -566,128 +530,16 @@ const char* gpufeed_code_name(gpufeed_code code) {
   return "Unknown";
 }
 
-// ---- options (setters cannot fail: strings are checked at open) -----------
-
-gpufeed_options* gpufeed_options_create(void) { return new (std::nothrow) gpufeed_options(); }
-void gpufeed_options_destroy(gpufeed_options* o) { delete o; }
-
-#define GPUFEED_SETTER(name, type, field) \
-  void gpufeed_options_set_##name(gpufeed_options* o, type v) { o->field = v; }
-GPUFEED_SETTER(batch_size, uint64_t, source.loader.batch_size)
-GPUFEED_SETTER(seed, uint64_t, source.loader.seed)
-GPUFEED_SETTER(threads, int, source.loader.threads)
-GPUFEED_SETTER(prefetch, int, source.loader.prefetch)
-GPUFEED_SETTER(cache_bytes, uint64_t, source.loader.cache_bytes)
-GPUFEED_SETTER(shuffle_window, uint64_t, source.loader.shuffle_window)
-GPUFEED_SETTER(rank, int, source.loader.rank)
-GPUFEED_SETTER(world_size, int, source.loader.world_size)
-GPUFEED_SETTER(connect_timeout_ms, int, source.remote.connect_timeout_ms)
-GPUFEED_SETTER(io_timeout_ms, int, source.remote.io_timeout_ms)
-GPUFEED_SETTER(keepalive_ms, int, source.remote.keepalive_ms)
-GPUFEED_SETTER(feed_device, int, feed_options.device)
-GPUFEED_SETTER(feed_echo, int, feed_options.echo)
-GPUFEED_SETTER(feed_super_batch, int, feed_options.super_batch)
-GPUFEED_SETTER(feed_crop_padding, int, feed_options.crop_padding)
-GPUFEED_SETTER(feed_seed, uint64_t, feed_options.seed)
-GPUFEED_SETTER(feed_slots, int, feed_options.slots)
-GPUFEED_SETTER(image_height, uint32_t, source.decode.height)
-GPUFEED_SETTER(image_width, uint32_t, source.decode.width)
-#undef GPUFEED_SETTER
-
-#define GPUFEED_BOOL_SETTER(name, field) \
-  void gpufeed_options_set_##name(gpufeed_options* o, int v) { o->field = v != 0; }
-GPUFEED_BOOL_SETTER(drop_last, source.loader.drop_last)
-GPUFEED_BOOL_SETTER(pin_memory, source.loader.pin_memory)
-GPUFEED_BOOL_SETTER(trust_files, source.open.trust_files)
-GPUFEED_BOOL_SETTER(compress, source.remote.compress)
-GPUFEED_BOOL_SETTER(shared_memory, source.remote.shared_memory)
-GPUFEED_BOOL_SETTER(feed, feed)
-GPUFEED_BOOL_SETTER(feed_flip, feed_options.flip)
-GPUFEED_BOOL_SETTER(feed_labels_int32, feed_options.labels_int32)
-GPUFEED_BOOL_SETTER(feed_force_cpu, feed_options.force_cpu)
-GPUFEED_BOOL_SETTER(skip_corrupt, source.decode.skip_corrupt)
-GPUFEED_BOOL_SETTER(no_sample_axis, source.open.no_sample_axis)
-#undef GPUFEED_BOOL_SETTER
-
-#define GPUFEED_STRING_SETTER(name, field) \
-  void gpufeed_options_set_##name(gpufeed_options* o, const char* v) { o->field = v != nullptr ? v : ""; }
-GPUFEED_STRING_SETTER(order, order)
-GPUFEED_STRING_SETTER(io, io)
-GPUFEED_STRING_SETTER(labels_path, source.open.labels_path)
-GPUFEED_STRING_SETTER(dataset, source.dataset)
-GPUFEED_STRING_SETTER(token, source.remote.token)
-GPUFEED_STRING_SETTER(token_file, source.remote.token_file)
-GPUFEED_STRING_SETTER(client_name, source.remote.client_name)
-GPUFEED_STRING_SETTER(feed_dtype, dtype)
-GPUFEED_STRING_SETTER(feed_layout, layout)
-GPUFEED_STRING_SETTER(feed_input_layout, input_layout)
-GPUFEED_STRING_SETTER(image_transform, image_transform)
-GPUFEED_STRING_SETTER(image_layout, source.decode.layout)
-GPUFEED_STRING_SETTER(share, share)
-GPUFEED_STRING_SETTER(decode, decode)
-#undef GPUFEED_STRING_SETTER
-
-void gpufeed_options_add_field(gpufeed_options* o, const char* field) {
-  if (field != nullptr) o->source.open.fields.emplace_back(field);
-}
-void gpufeed_options_set_max_open_files(gpufeed_options* o, int v) { o->source.open.max_open_files = v; }
-
-void gpufeed_options_set_feed_mean(gpufeed_options* o, const double* v, size_t n) {
-  o->feed_options.mean.assign(v, v + (v != nullptr ? n : 0));
-}
-void gpufeed_options_set_feed_std(gpufeed_options* o, const double* v, size_t n) {
-  o->feed_options.stddev.assign(v, v + (v != nullptr ? n : 0));
-}
+// ---- options: capi/options.cc ----------------------------------------------
 
 // ---- loader ------------------------------------------------------------------
-
-namespace {
-
-// The integer options a C caller sets, checked when the loader opens (the
-// setters cannot fail), each error naming the setter and the value it was
-// given: -1 through an unsigned setter is 2^64 - 1, and would otherwise be
-// taken as a batch of every sample.
-Status CheckIntegerOptions(const gpufeed_options& o) {
-  struct Range {
-    const char* setter;
-    int64_t value;  // unsigned options: as signed, so a negative one shows
-    int64_t least, most;
-    const char* what;
-  };
-  const auto& l = o.source.loader;
-  const auto& f = o.feed_options;
-  const int64_t kMax63 = INT64_MAX;
-  const Range ranges[] = {
-      {"gpufeed_options_set_batch_size", static_cast<int64_t>(l.batch_size), 1, kMax63, "samples per batch"},
-      {"gpufeed_options_set_threads", l.threads, 0, 4096, "loader threads (0: this rank's share of the cores)"},
-      {"gpufeed_options_set_prefetch", l.prefetch, 1, 4096, "batches in flight"},
-      {"gpufeed_options_set_cache_bytes", static_cast<int64_t>(l.cache_bytes), 0, kMax63, "bytes"},
-      {"gpufeed_options_set_shuffle_window", static_cast<int64_t>(l.shuffle_window), 1, kMax63, "chunks"},
-      {"gpufeed_options_set_world_size", l.world_size, 1, INT32_MAX, "ranks"},
-      {"gpufeed_options_set_rank", l.rank, 0, std::max(0, l.world_size - 1), "this rank: 0 to world_size - 1"},
-      {"gpufeed_options_set_max_open_files", o.source.open.max_open_files, 1, INT32_MAX, "open files"},
-      {"gpufeed_options_set_feed_echo", f.echo, 0, 4096, "passes over each upload (0: auto)"},
-      {"gpufeed_options_set_feed_super_batch", f.super_batch, 1, 4096, "batches per upload"},
-      {"gpufeed_options_set_feed_slots", f.slots, 1, 4096, "device batches"},
-      {"gpufeed_options_set_feed_crop_padding", f.crop_padding, 0, 4096, "pixels"},
-  };
-  for (const Range& r : ranges) {
-    if (r.value >= r.least && r.value <= r.most) continue;
-    return Status::InvalidArgument(std::string(r.setter) + "(" + std::to_string(r.value) + "): " + r.what + ", " +
-                                   std::to_string(r.least) + " to " + std::to_string(r.most) +
-                                   (r.value < 0 ? " (a negative value, through an unsigned setter?)" : ""));
-  }
-  return Status::Ok();
-}
-
-}  // namespace
 
 gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* options, gpufeed_error** error) {
   gpufeed_loader* out = nullptr;
   Guard(error, [&]() -> gpufeed_code {
     if (data == nullptr || options == nullptr)
       return Fail(error, GPUFEED_INVALID_ARGUMENT, "gpufeed_loader_open: NULL argument");
-    if (Status st = CheckIntegerOptions(*options); !st.ok()) return Fail(error, st);
+    if (Status st = gpufeed::capi::CheckIntegerOptions(*options); !st.ok()) return Fail(error, st);
     gpufeed::SourceOptions so = options->source;
     so.data = data;
     auto order = gpufeed::OrderFromName(options->order);
@@ -1063,7 +915,8 @@ void gpufeed_dlpack_delete(DLManagedTensor* t) {
 gpufeed_code gpufeed_batch_wait_stream(gpufeed_batch* b, void* stream, gpufeed_error** error) {
   return Guard(error, [&]() -> gpufeed_code {
     if (!b->device || b->device->ready_event() == nullptr) return GPUFEED_OK;
-    const Status s = b->core->device_ops->StreamWait(stream, b->device->ready_event());
+    const Status s = b->core->device_ops->StreamWait(gpufeed::gpu::StreamRef{stream},
+                                                     gpufeed::gpu::EventRef{b->device->ready_event()});
     return s.ok() ? GPUFEED_OK : Fail(error, s);
   });
 }

@@ -12,49 +12,52 @@ namespace {
 class CpuOps final : public DeviceOps {
  public:
   bool is_gpu() const override { return false; }
-  Status Alloc(size_t bytes, void** p) override {
-    *p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
-    return *p ? Status::Ok() : Status::Internal("out of host memory for " + std::to_string(bytes) + " bytes");
-  }
-  void Free(void* p) override { std::free(p); }
-  Status AllocPinned(size_t bytes, void** p) override { return Alloc(bytes, p); }
-  void FreePinned(void* p) override { std::free(p); }
-  Status NewStream(void** s) override {
-    *s = this;  // any non-null token
-    return Status::Ok();
-  }
-  void FreeStream(void*) override {}
-  Status NewEvent(void** e) override {
-    *e = nullptr;
-    return Status::Ok();
-  }
-  void FreeEvent(void*) override {}
-  Status CopyToDevice(void* dst, const void* src, size_t bytes, void*) override {
+  Status CopyToDevice(void* dst, const void* src, size_t bytes, StreamRef) override {
     std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
-  Status CopyToHost(void* dst, const void* src, size_t bytes, void*) override {
+  Status CopyToHost(void* dst, const void* src, size_t bytes, EventRef) override {
     std::memcpy(dst, src, bytes);
     return Status::Ok();
   }
-  Status Record(void*, void*) override { return Status::Ok(); }
-  Status StreamWait(void*, void*) override { return Status::Ok(); }
-  Status EventSync(void*) override { return Status::Ok(); }
-  Status StreamSync(void*) override { return Status::Ok(); }
+  Status Record(StreamRef, EventRef) override { return Status::Ok(); }
+  Status StreamWait(StreamRef, EventRef) override { return Status::Ok(); }
+  Status EventSync(EventRef) override { return Status::Ok(); }
+  Status StreamSync(StreamRef) override { return Status::Ok(); }
   Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
-                   void*) override {
+                   StreamRef) override {
     return TransformCpu(p, src, src_labels, dst, dst_labels);
   }
-  Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst, void*) override {
+  Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
+                       StreamRef) override {
     return MaskTransformCpu(p, m, src, dst);
   }
-  Status GatherRows(const TransformParams& p, const uint8_t* src, uint64_t row_bytes, void* dst, void*) override {
+  Status GatherRows(const TransformParams& p, const uint8_t* src, uint64_t row_bytes, void* dst, StreamRef) override {
     return GatherRowsCpu(p, src, row_bytes, dst);
   }
-  Status LaunchHostFunc(void*, void (*fn)(void*), void* data) override {
+  Status LaunchHostFunc(StreamRef, void (*fn)(void*), void* data) override {
     fn(data);
     return Status::Ok();
   }
+
+ protected:
+  Status AllocRaw(size_t bytes, void** p) override {
+    *p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+    return *p ? Status::Ok() : Status::Internal("out of host memory for " + std::to_string(bytes) + " bytes");
+  }
+  void FreeRaw(void* p) noexcept override { std::free(p); }
+  Status AllocPinnedRaw(size_t bytes, void** p) override { return AllocRaw(bytes, p); }
+  void FreePinnedRaw(void* p) noexcept override { std::free(p); }
+  Status NewStreamRaw(void** s) override {
+    *s = this;  // any non-null token
+    return Status::Ok();
+  }
+  void FreeStreamRaw(void*) noexcept override {}
+  Status NewEventRaw(void** e) override {
+    *e = nullptr;
+    return Status::Ok();
+  }
+  void FreeEventRaw(void*) noexcept override {}
 };
 
 }  // namespace

@@ -7,77 +7,82 @@
 namespace gpufeed::gpu {
 namespace {
 
+cudaStream_t ToCuda(StreamRef s) { return static_cast<cudaStream_t>(s.raw); }
+cudaEvent_t ToCuda(EventRef e) { return static_cast<cudaEvent_t>(e.raw); }
+
 class CudaOps final : public DeviceOps {
  public:
   explicit CudaOps(int device) : device_(device) {}
   bool is_gpu() const override { return true; }
-  Status Alloc(size_t bytes, void** p) override {
+  Status CopyToDevice(void* dst, const void* src, size_t bytes, StreamRef stream) override {
+    TraceRange trace("gpufeed copy h2d");
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ToCuda(stream));
+    GPUFEED_CUDA_RETURN(e);
+    return Status::Ok();
+  }
+  Status CopyToHost(void* dst, const void* src, size_t bytes, EventRef event) override {
+    if (event.raw != nullptr) GPUFEED_CUDA_RETURN(cudaEventSynchronize(ToCuda(event)));
+    GPUFEED_CUDA_RETURN(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return Status::Ok();
+  }
+  Status Record(StreamRef stream, EventRef event) override {
+    GPUFEED_CUDA_RETURN(cudaEventRecord(ToCuda(event), ToCuda(stream)));
+    return Status::Ok();
+  }
+  Status StreamWait(StreamRef stream, EventRef event) override {
+    GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(ToCuda(stream), ToCuda(event), 0));
+    return Status::Ok();
+  }
+  Status EventSync(EventRef event) override {
+    GPUFEED_CUDA_RETURN(cudaEventSynchronize(ToCuda(event)));
+    return Status::Ok();
+  }
+  Status StreamSync(StreamRef stream) override {
+    GPUFEED_CUDA_RETURN(cudaStreamSynchronize(ToCuda(stream)));
+    return Status::Ok();
+  }
+  Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
+                   StreamRef stream) override {
+    return TransformGpu(p, src, src_labels, dst, dst_labels, stream.raw);
+  }
+  Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
+                       StreamRef stream) override {
+    return MaskTransformGpu(p, m, src, dst, stream.raw);
+  }
+  Status GatherRows(const TransformParams& p, const uint8_t* src, uint64_t row_bytes, void* dst,
+                    StreamRef stream) override {
+    return GatherRowsGpu(p, src, row_bytes, dst, stream.raw);
+  }
+  Status LaunchHostFunc(StreamRef stream, void (*fn)(void*), void* data) override {
+    GPUFEED_CUDA_RETURN(cudaLaunchHostFunc(ToCuda(stream), fn, data));
+    return Status::Ok();
+  }
+
+ protected:
+  Status AllocRaw(size_t bytes, void** p) override {
     GPUFEED_CUDA_RETURN(cudaMalloc(p, std::max<size_t>(bytes, 1)));
     return Status::Ok();
   }
-  void Free(void* p) override { cudaFree(p); }
-  Status AllocPinned(size_t bytes, void** p) override {
+  void FreeRaw(void* p) noexcept override { cudaFree(p); }
+  Status AllocPinnedRaw(size_t bytes, void** p) override {
     GPUFEED_CUDA_RETURN(cudaHostAlloc(p, std::max<size_t>(bytes, 1), cudaHostAllocPortable));
     return Status::Ok();
   }
-  void FreePinned(void* p) override { cudaFreeHost(p); }
-  Status NewStream(void** s) override {
+  void FreePinnedRaw(void* p) noexcept override { cudaFreeHost(p); }
+  Status NewStreamRaw(void** s) override {
     cudaStream_t st;
     GPUFEED_CUDA_RETURN(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     *s = st;
     return Status::Ok();
   }
-  void FreeStream(void* s) override { cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
-  Status NewEvent(void** e) override {
+  void FreeStreamRaw(void* s) noexcept override { cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
+  Status NewEventRaw(void** e) override {
     cudaEvent_t ev;
     GPUFEED_CUDA_RETURN(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     *e = ev;
     return Status::Ok();
   }
-  void FreeEvent(void* e) override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
-  Status CopyToDevice(void* dst, const void* src, size_t bytes, void* stream) override {
-    TraceRange trace("gpufeed copy h2d");
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream));
-    GPUFEED_CUDA_RETURN(e);
-    return Status::Ok();
-  }
-  Status CopyToHost(void* dst, const void* src, size_t bytes, void* event) override {
-    if (event != nullptr) GPUFEED_CUDA_RETURN(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
-    GPUFEED_CUDA_RETURN(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return Status::Ok();
-  }
-  Status Record(void* event, void* stream) override {
-    GPUFEED_CUDA_RETURN(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
-    return Status::Ok();
-  }
-  Status StreamWait(void* stream, void* event) override {
-    GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
-    return Status::Ok();
-  }
-  Status EventSync(void* event) override {
-    GPUFEED_CUDA_RETURN(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
-    return Status::Ok();
-  }
-  Status StreamSync(void* stream) override {
-    GPUFEED_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-    return Status::Ok();
-  }
-  Status Transform(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
-                   void* stream) override {
-    return TransformGpu(p, src, src_labels, dst, dst_labels, stream);
-  }
-  Status MaskTransform(const TransformParams& p, const MaskParams& m, const uint8_t* src, void* dst,
-                       void* stream) override {
-    return MaskTransformGpu(p, m, src, dst, stream);
-  }
-  Status GatherRows(const TransformParams& p, const uint8_t* src, uint64_t row_bytes, void* dst,
-                    void* stream) override {
-    return GatherRowsGpu(p, src, row_bytes, dst, stream);
-  }
-  Status LaunchHostFunc(void* stream, void (*fn)(void*), void* data) override {
-    GPUFEED_CUDA_RETURN(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), fn, data));
-    return Status::Ok();
-  }
+  void FreeEventRaw(void* e) noexcept override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
 
  private:
   int device_;

@@ -26,6 +26,14 @@ constexpr int kInSlots = 2;
 constexpr int kAutoEchoProbeUploads = 4;  // uploads measured before echo = 0 picks a factor
 constexpr int kMaxAutoEcho = 4;
 
+// Moves a handle DeviceOps made into *out, or returns why it was not made.
+template <typename T>
+Status Take(Result<T> made, T* out) {
+  if (!made.ok()) return made.status();
+  *out = std::move(*made);
+  return Status::Ok();
+}
+
 }  // namespace
 
 struct GpuFeeder::Impl {
@@ -33,6 +41,8 @@ struct GpuFeeder::Impl {
   FeedOptions o;
   uint64_t epoch;
   std::optional<EpochStream> stream;  // reset before the next epoch's starts (Restart)
+  // Makes and frees every stream, event and buffer below: declared before
+  // them, so destroyed after them (Teardown also resets it last).
   std::unique_ptr<gpu::DeviceOps> ops;
   Status init_status;
   Status error;
@@ -64,12 +74,12 @@ struct GpuFeeder::Impl {
   int echo = 1;
 
   struct InSlot {
-    void* images = nullptr;
-    std::vector<void*> extra;        // per extras: [super_batch x B] stored rows (null for a class)
-    void* labels = nullptr;          // int64 [super_batch x B]
-    void* labels_staging = nullptr;  // pinned host copy source
-    void* uploaded = nullptr;        // event after the copy
-    void* consumed = nullptr;        // event after the last transform reading it
+    gpu::DeviceBuffer images;
+    std::vector<gpu::DeviceBuffer> extra;  // per extras: [super_batch x B] stored rows (empty for a class)
+    gpu::DeviceBuffer labels;              // int64 [super_batch x B]
+    gpu::PinnedBuffer labels_staging;      // pinned host copy source
+    gpu::Event uploaded;                   // after the copy
+    gpu::Event consumed;                   // after the last transform reading it
     bool consumed_recorded = false;
     std::vector<Batch> host;  // kept until the copy is done
     uint64_t samples = 0;
@@ -78,21 +88,41 @@ struct GpuFeeder::Impl {
     int pass = 0;
     uint64_t next = 0;  // next output batch within the pass
     bool filled = false;
+    // Returns the host batches to the loader's pool and frees the device
+    // state, once no queued work uses them (Teardown).
+    void Free() {
+      host.clear();
+      images.reset();
+      extra.clear();
+      labels.reset();
+      labels_staging.reset();
+      uploaded.reset();
+      consumed.reset();
+    }
   };
   struct OutSlot {
-    void* images = nullptr;
-    std::vector<void*> extra;             // per extras: [B] delivered rows (null for a class)
-    std::vector<const void*> field_ptrs;  // per source field: what DeviceBatch::field(i) returns
-    void* labels = nullptr;
-    void* ready = nullptr;
-    void* free_event = nullptr;
+    gpu::DeviceBuffer images;
+    std::vector<gpu::DeviceBuffer> extra;  // per extras: [B] delivered rows (empty for a class)
+    std::vector<const void*> field_ptrs;   // per source field: what DeviceBatch::field(i) returns
+    gpu::DeviceBuffer labels;
+    gpu::Event ready;
+    gpu::Event free_event;
     bool free_recorded = false;
     bool held = false;
+    void Free() {  // as InSlot's
+      images.reset();
+      extra.clear();
+      labels.reset();
+      ready.reset();
+      free_event.reset();
+    }
   };
+  // Declared before the slots, so that the implicit destruction order is
+  // Teardown's too: the slots, then the streams, then ops.
+  gpu::Stream copy_stream;
+  gpu::Stream compute_stream;
   InSlot in[kInSlots];
   std::vector<OutSlot> out;
-  void* copy_stream = nullptr;
-  void* compute_stream = nullptr;
   int cur = 0;
   bool started = false, loader_done = false;
   uint64_t uploads = 0, out_index = 0;
@@ -232,35 +262,37 @@ Status GpuFeeder::Impl::Init() {
     }
   }
   st.on_gpu = ops->is_gpu();
-  GPUFEED_RETURN_IF_ERROR(ops->NewStream(&copy_stream));
-  GPUFEED_RETURN_IF_ERROR(ops->NewStream(&compute_stream));
+  GPUFEED_RETURN_IF_ERROR(Take(ops->NewStream(), &copy_stream));
+  GPUFEED_RETURN_IF_ERROR(Take(ops->NewStream(), &compute_stream));
   const uint64_t super = B * static_cast<uint64_t>(o.super_batch);
   for (InSlot& s : in) {
-    GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * sample_bytes, &s.images));
-    s.extra.assign(extras.size(), nullptr);
+    GPUFEED_RETURN_IF_ERROR(Take(ops->Alloc(super * sample_bytes), &s.images));
+    s.extra.clear();
+    s.extra.resize(extras.size());
     for (size_t e = 0; e < extras.size(); ++e) {
-      if (extras[e].out_bytes > 0) GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * extras[e].in_bytes, &s.extra[e]));
+      if (extras[e].out_bytes > 0) GPUFEED_RETURN_IF_ERROR(Take(ops->Alloc(super * extras[e].in_bytes), &s.extra[e]));
     }
-    GPUFEED_RETURN_IF_ERROR(ops->Alloc(super * sizeof(int64_t), &s.labels));
-    GPUFEED_RETURN_IF_ERROR(ops->AllocPinned(super * sizeof(int64_t), &s.labels_staging));
-    GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.uploaded));
-    GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.consumed));
+    GPUFEED_RETURN_IF_ERROR(Take(ops->Alloc(super * sizeof(int64_t)), &s.labels));
+    GPUFEED_RETURN_IF_ERROR(Take(ops->AllocPinned(super * sizeof(int64_t)), &s.labels_staging));
+    GPUFEED_RETURN_IF_ERROR(Take(ops->NewEvent(), &s.uploaded));
+    GPUFEED_RETURN_IF_ERROR(Take(ops->NewEvent(), &s.consumed));
   }
   out.resize(static_cast<size_t>(o.slots));
   for (OutSlot& s : out) {
-    GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * C * H * W * out_elem, &s.images));
-    s.extra.assign(extras.size(), nullptr);
+    GPUFEED_RETURN_IF_ERROR(Take(ops->Alloc(B * C * H * W * out_elem), &s.images));
+    s.extra.clear();
+    s.extra.resize(extras.size());
     for (size_t e = 0; e < extras.size(); ++e) {
-      if (extras[e].out_bytes > 0) GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * extras[e].out_bytes, &s.extra[e]));
+      if (extras[e].out_bytes > 0) GPUFEED_RETURN_IF_ERROR(Take(ops->Alloc(B * extras[e].out_bytes), &s.extra[e]));
     }
-    GPUFEED_RETURN_IF_ERROR(ops->Alloc(B * (o.labels_int32 ? 4 : 8), &s.labels));
+    GPUFEED_RETURN_IF_ERROR(Take(ops->Alloc(B * (o.labels_int32 ? 4 : 8)), &s.labels));
     s.field_ptrs.assign(fields.size(), nullptr);
-    s.field_ptrs[0] = s.images;
+    s.field_ptrs[0] = s.images.get();
     for (size_t e = 0; e < extras.size(); ++e) {
-      s.field_ptrs[extras[e].field] = extras[e].role == FeedFieldRole::kClass ? s.labels : s.extra[e];
+      s.field_ptrs[extras[e].field] = extras[e].role == FeedFieldRole::kClass ? s.labels.get() : s.extra[e].get();
     }
-    GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.ready));
-    GPUFEED_RETURN_IF_ERROR(ops->NewEvent(&s.free_event));
+    GPUFEED_RETURN_IF_ERROR(Take(ops->NewEvent(), &s.ready));
+    GPUFEED_RETURN_IF_ERROR(Take(ops->NewEvent(), &s.free_event));
   }
   return Status::Ok();
 }
@@ -289,8 +321,8 @@ Status GpuFeeder::Impl::Restart(uint64_t e, uint64_t start) {
   if (!init_status.ok()) return init_status;
   // What is queued reads the input slots (and their loader batches) and
   // writes output slots: done before either is used again.
-  GPUFEED_RETURN_IF_ERROR(ops->StreamSync(compute_stream));
-  GPUFEED_RETURN_IF_ERROR(ops->StreamSync(copy_stream));
+  GPUFEED_RETURN_IF_ERROR(ops->StreamSync(compute_stream.ref()));
+  GPUFEED_RETURN_IF_ERROR(ops->StreamSync(copy_stream.ref()));
   for (InSlot& s : in) {
     s.host.clear();  // back to the loader's pool before its next epoch takes it
     s.consumed_recorded = false;
@@ -430,11 +462,11 @@ Status GpuFeeder::Impl::Fill(int k) {
   s.filled = false;
   if (loader_done) return Status::Ok();
   if (s.consumed_recorded) {
-    GPUFEED_RETURN_IF_ERROR(ops->StreamWait(copy_stream, s.consumed));
+    GPUFEED_RETURN_IF_ERROR(ops->StreamWait(copy_stream.ref(), s.consumed.ref()));
     s.consumed_recorded = false;
   }
   if (!s.host.empty()) {  // their copies finished long ago; make it certain
-    GPUFEED_RETURN_IF_ERROR(ops->EventSync(s.uploaded));
+    GPUFEED_RETURN_IF_ERROR(ops->EventSync(s.uploaded.ref()));
     s.host.clear();  // back to the loader's pool
   }
   s.samples = 0;
@@ -450,7 +482,7 @@ Status GpuFeeder::Impl::Fill(int k) {
     Batch b = std::move(**r);
     const uint64_t n = b.size();
     // Labels first: a decode stage may rewrite a replaced sample's.
-    auto* staging = static_cast<int64_t*>(s.labels_staging) + s.samples;
+    auto* staging = static_cast<int64_t*>(s.labels_staging.get()) + s.samples;
     if (class_extra >= 0) {
       const Extra& x = extras[static_cast<size_t>(class_extra)];
       GPUFEED_RETURN_IF_ERROR(ClassesToInt64(b.field(x.field), x.dtype, n, staging));
@@ -464,8 +496,8 @@ Status GpuFeeder::Impl::Fill(int k) {
       GPUFEED_RETURN_IF_ERROR(EnsureDecoder());
       const double d0 = NowSeconds();
       const uint64_t on_device = decoder->counters().device_samples;
-      GPUFEED_RETURN_IF_ERROR(
-          decoder->Decode(b, static_cast<uint8_t*>(s.images) + s.samples * sample_bytes, staging, copy_stream));
+      GPUFEED_RETURN_IF_ERROR(decoder->Decode(b, static_cast<uint8_t*>(s.images.get()) + s.samples * sample_bytes,
+                                              staging, copy_stream.ref()));
       const double took = NowSeconds() - d0;
       decoding += took;  // not a wait for the loader
       // The device decoder's rate, for the loader's share
@@ -482,13 +514,13 @@ Status GpuFeeder::Impl::Fill(int k) {
     }
     // Named fields are planar in the batch: each field is copied whole.
     const std::byte* image = named ? b.field(0).data() : b.images().data();
-    GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.images) + s.samples * sample_bytes, image,
-                                              n * sample_bytes, copy_stream));
+    GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.images.get()) + s.samples * sample_bytes, image,
+                                              n * sample_bytes, copy_stream.ref()));
     for (size_t e = 0; e < extras.size(); ++e) {
       const Extra& x = extras[e];
       if (x.out_bytes == 0) continue;  // the class: staged with the labels
-      GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.extra[e]) + s.samples * x.in_bytes,
-                                                b.field(x.field).data(), n * x.in_bytes, copy_stream));
+      GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.extra[e].get()) + s.samples * x.in_bytes,
+                                                b.field(x.field).data(), n * x.in_bytes, copy_stream.ref()));
       st.bytes_uploaded += n * x.in_bytes;
     }
     st.bytes_uploaded += n * sample_bytes;
@@ -498,8 +530,9 @@ Status GpuFeeder::Impl::Fill(int k) {
   const double waited = NowSeconds() - t0 - decoding;
   st.data_wait_seconds += waited;
   if (s.samples == 0) return Status::Ok();
-  GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(s.labels, s.labels_staging, s.samples * sizeof(int64_t), copy_stream));
-  GPUFEED_RETURN_IF_ERROR(ops->Record(s.uploaded, copy_stream));
+  GPUFEED_RETURN_IF_ERROR(
+      ops->CopyToDevice(s.labels.get(), s.labels_staging.get(), s.samples * sizeof(int64_t), copy_stream.ref()));
+  GPUFEED_RETURN_IF_ERROR(ops->Record(copy_stream.ref(), s.uploaded.ref()));
   s.batches = (s.samples + B - 1) / B;
   s.pass = 0;
   s.next = 0;
@@ -547,8 +580,8 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
                                    " output slots; release batches (or raise FeedOptions::slots)");
   }
   OutSlot& os = out[slot];
-  GPUFEED_RETURN_IF_ERROR(ops->StreamWait(compute_stream, s->uploaded));
-  if (os.free_recorded) GPUFEED_RETURN_IF_ERROR(ops->StreamWait(compute_stream, os.free_event));
+  GPUFEED_RETURN_IF_ERROR(ops->StreamWait(compute_stream.ref(), s->uploaded.ref()));
+  if (os.free_recorded) GPUFEED_RETURN_IF_ERROR(ops->StreamWait(compute_stream.ref(), os.free_event.ref()));
 
   gpu::TransformParams p;
   p.channels = C;
@@ -578,29 +611,30 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   // Fresh augmentation for every output batch, reproducible from
   // (seed, epoch, output batch index).
   p.seed = gpu::Mix64(o.seed ^ gpu::Mix64((epoch << 32) ^ out_index));
-  GPUFEED_RETURN_IF_ERROR(ops->Transform(p, static_cast<const uint8_t*>(s->images),
-                                         static_cast<const int64_t*>(s->labels), os.images, os.labels, compute_stream));
+  GPUFEED_RETURN_IF_ERROR(ops->Transform(p, static_cast<const uint8_t*>(s->images.get()),
+                                         static_cast<const int64_t*>(s->labels.get()), os.images.get(), os.labels.get(),
+                                         compute_stream.ref()));
   for (size_t e = 0; e < extras.size(); ++e) {  // the same params: the same crop, flip and gather
     const Extra& x = extras[e];
-    const auto* rows = static_cast<const uint8_t*>(s->extra[e]);
+    const auto* rows = static_cast<const uint8_t*>(s->extra[e].get());
     if (x.role == FeedFieldRole::kMask) {
-      GPUFEED_RETURN_IF_ERROR(ops->MaskTransform(p, x.mask, rows, os.extra[e], compute_stream));
+      GPUFEED_RETURN_IF_ERROR(ops->MaskTransform(p, x.mask, rows, os.extra[e].get(), compute_stream.ref()));
     } else if (x.role == FeedFieldRole::kPassThrough) {
-      GPUFEED_RETURN_IF_ERROR(ops->GatherRows(p, rows, x.in_bytes, os.extra[e], compute_stream));
+      GPUFEED_RETURN_IF_ERROR(ops->GatherRows(p, rows, x.in_bytes, os.extra[e].get(), compute_stream.ref()));
     }
   }
-  GPUFEED_RETURN_IF_ERROR(ops->Record(os.ready, compute_stream));
+  GPUFEED_RETURN_IF_ERROR(ops->Record(compute_stream.ref(), os.ready.ref()));
   os.held = true;
   os.free_recorded = false;
 
   DeviceBatch b;
   b.owner_ = owner;
   b.slot_ = slot;
-  b.images_ = os.images;
-  b.labels_ = os.labels;
-  b.mask_ = first_mask >= 0 ? os.extra[static_cast<size_t>(first_mask)] : nullptr;
+  b.images_ = os.images.get();
+  b.labels_ = os.labels.get();
+  b.mask_ = first_mask >= 0 ? os.extra[static_cast<size_t>(first_mask)].get() : nullptr;
   b.fields_ = &os.field_ptrs;
-  b.ready_event_ = ops->is_gpu() ? os.ready : nullptr;
+  b.ready_event_ = ops->is_gpu() ? os.ready.ref().raw : nullptr;  // the public API's cudaEvent_t
   b.size_ = p.batch;
   b.pass_ = s->pass;
   b.index_ = out_index++;
@@ -616,7 +650,7 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
     s->next = 0;
     if (++s->pass >= echo) {
       // Last reader of this input slot: its refill waits on this event.
-      GPUFEED_RETURN_IF_ERROR(ops->Record(s->consumed, compute_stream));
+      GPUFEED_RETURN_IF_ERROR(ops->Record(compute_stream.ref(), s->consumed.ref()));
       s->consumed_recorded = true;
       s->filled = false;
       const int other = 1 - cur;
@@ -627,33 +661,19 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   return std::optional<DeviceBatch>(std::move(b));
 }
 
+// Order matters here: both streams are drained before anything their work
+// reads or writes is freed (the input slots and their loader batches, the
+// output slots); the decoder goes next (it frees its buffers through ops);
+// then the slots, the streams, and last ops, which frees them all.
 void GpuFeeder::Impl::Teardown() {
   if (!ops) return;
-  if (compute_stream) (void)ops->StreamSync(compute_stream);
-  if (copy_stream) (void)ops->StreamSync(copy_stream);
+  if (compute_stream) (void)ops->StreamSync(compute_stream.ref());
+  if (copy_stream) (void)ops->StreamSync(copy_stream.ref());
   decoder.reset();  // frees its device buffers through ops
-  for (InSlot& s : in) {
-    s.host.clear();
-    if (s.images) ops->Free(s.images);
-    for (void* x : s.extra) {
-      if (x) ops->Free(x);
-    }
-    if (s.labels) ops->Free(s.labels);
-    if (s.labels_staging) ops->FreePinned(s.labels_staging);
-    if (s.uploaded) ops->FreeEvent(s.uploaded);
-    if (s.consumed) ops->FreeEvent(s.consumed);
-  }
-  for (OutSlot& s : out) {
-    if (s.images) ops->Free(s.images);
-    for (void* x : s.extra) {
-      if (x) ops->Free(x);
-    }
-    if (s.labels) ops->Free(s.labels);
-    if (s.ready) ops->FreeEvent(s.ready);
-    if (s.free_event) ops->FreeEvent(s.free_event);
-  }
-  if (compute_stream) ops->FreeStream(compute_stream);
-  if (copy_stream) ops->FreeStream(copy_stream);
+  for (InSlot& s : in) s.Free();
+  for (OutSlot& s : out) s.Free();
+  compute_stream.reset();
+  copy_stream.reset();
   ops.reset();
 }
 
@@ -720,10 +740,11 @@ Status GpuFeeder::CopyToHost(const DeviceBatch& b, void* images, void* labels) c
   const Impl::OutSlot& os = d.out[static_cast<size_t>(b.slot_)];
   const uint64_t n = static_cast<uint64_t>(b.size());
   if (images != nullptr) {
-    GPUFEED_RETURN_IF_ERROR(d.ops->CopyToHost(images, os.images, n * d.C * d.H * d.W * d.out_elem, os.ready));
+    GPUFEED_RETURN_IF_ERROR(
+        d.ops->CopyToHost(images, os.images.get(), n * d.C * d.H * d.W * d.out_elem, os.ready.ref()));
   }
   if (labels != nullptr) {
-    GPUFEED_RETURN_IF_ERROR(d.ops->CopyToHost(labels, os.labels, n * (d.o.labels_int32 ? 4 : 8), os.ready));
+    GPUFEED_RETURN_IF_ERROR(d.ops->CopyToHost(labels, os.labels.get(), n * (d.o.labels_int32 ? 4 : 8), os.ready.ref()));
   }
   return Status::Ok();
 }
@@ -745,7 +766,7 @@ Status GpuFeeder::CopyFieldToHost(const DeviceBatch& b, size_t i, void* dst) con
   uint64_t bytes = DTypeSize(f.dtype);
   for (uint64_t dim : f.sample_shape) bytes *= dim;
   const Impl::OutSlot& os = d.out[static_cast<size_t>(b.slot_)];
-  return d.ops->CopyToHost(dst, os.field_ptrs[i], static_cast<uint64_t>(b.size()) * bytes, os.ready);
+  return d.ops->CopyToHost(dst, os.field_ptrs[i], static_cast<uint64_t>(b.size()) * bytes, os.ready.ref());
 }
 
 const std::vector<FeedField>& GpuFeeder::fields() const { return impl_->fields; }
@@ -753,11 +774,12 @@ const std::vector<FeedField>& GpuFeeder::fields() const { return impl_->fields; 
 void GpuFeeder::ReleaseSlot(int slot, void* consumer_stream) {
   Impl::OutSlot& os = impl_->out[static_cast<size_t>(slot)];
   if (!os.held) return;
+  const gpu::StreamRef consumer{consumer_stream};  // the public API's cudaStream_t
   // The next transform into this slot waits for what the consumer queued.
-  Status s = impl_->ops->Record(os.free_event, consumer_stream);
+  Status s = impl_->ops->Record(consumer, os.free_event.ref());
   if (!s.ok()) {
     // Without the event we cannot order reuse on the device: wait on the host.
-    (void)impl_->ops->StreamSync(consumer_stream);
+    (void)impl_->ops->StreamSync(consumer);
     os.free_recorded = false;
   } else {
     os.free_recorded = true;

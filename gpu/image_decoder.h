@@ -53,13 +53,14 @@ class ImageBatchDecoder {
   // cudaStream_t on the GPU). `labels` (b.size(), host) and `indices` are
   // the batch's as staged: a replaced sample's are rewritten. b's buffer
   // must stay alive until the stream has passed this work.
-  virtual Status Decode(const Batch& b, uint8_t* dst, int64_t* labels, void* stream) = 0;
+  virtual Status Decode(const Batch& b, uint8_t* dst, int64_t* labels, StreamRef stream) = 0;
   virtual const ImageDecodeCounters& counters() const = 0;
   virtual std::string name() const = 0;  // "nvjpeg hardware", "nvjpeg gpu-hybrid", "cpu"
 };
 
 std::unique_ptr<ImageBatchDecoder> MakeCpuImageDecoder(const ImageDecodeShape& shape);
-// The nvJPEG decoder on `device` through `ops` (CUDA ops). Unsupported, with
+// The nvJPEG decoder on `device` through `ops` (CUDA ops, which must outlive
+// it: its buffers are freed through them). Unsupported, with
 // the reason, where libnvjpeg cannot be loaded or makes no handle, or in a
 // build without CUDA.
 Result<std::unique_ptr<ImageBatchDecoder>> MakeNvjpegDecoder(const ImageDecodeShape& shape, int device, DeviceOps* ops);

@@ -80,7 +80,7 @@ class CpuImageDecoder final : public ImageBatchDecoder {
  public:
   explicit CpuImageDecoder(const ImageDecodeShape& shape) : shape_(shape) {}
 
-  Status Decode(const Batch& b, uint8_t* dst, int64_t* labels, void* /*stream*/) override {
+  Status Decode(const Batch& b, uint8_t* dst, int64_t* labels, StreamRef /*stream*/) override {
     const double t0 = NowSeconds();
     const uint64_t sb = uint64_t(3) * shape_.height * shape_.width;
     const size_t n = b.size();

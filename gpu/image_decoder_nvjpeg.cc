@@ -101,15 +101,17 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
     if (resample_) cudaStreamSynchronize(resample_);
+    // The buffers are freed here, after the syncs and before the streams,
+    // events and nvJPEG handle go (the members' destructors would run after).
     for (Ring& r : ring_) {
       if (r.consumed) cudaEventSynchronize(r.consumed);
-      if (r.scratch) ops_->Free(r.scratch);
-      if (r.jobs_dev) ops_->Free(r.jobs_dev);
-      if (r.jobs_host) ops_->FreePinned(r.jobs_host);
+      r.scratch.reset();
+      r.jobs_dev.reset();
+      r.jobs_host.reset();
       if (r.decoded) cudaEventDestroy(r.decoded);
       if (r.consumed) cudaEventDestroy(r.consumed);
     }
-    if (fallback_) ops_->FreePinned(fallback_);
+    fallback_.reset();
     if (stream_) cudaStreamDestroy(stream_);
     if (resample_) cudaStreamDestroy(resample_);
     if (slot_free_) cudaEventDestroy(slot_free_);
@@ -139,11 +141,11 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     return Status::Ok();
   }
 
-  Status Decode(const Batch& b, uint8_t* dst, int64_t* labels, void* stream) override {
+  Status Decode(const Batch& b, uint8_t* dst, int64_t* labels, StreamRef stream) override {
     TraceRange trace("gpufeed nvjpeg decode");
     const double t0 = NowSeconds();
     GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
-    const auto cs = static_cast<cudaStream_t>(stream);
+    const auto cs = static_cast<cudaStream_t>(stream.raw);
     const uint64_t sb = uint64_t(3) * shape_.height * shape_.width;
     const size_t n = b.size();
     if (b.encoded().size() != n) return Status::Internal("image decode: a batch without its encoded entries");
@@ -174,19 +176,24 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       // pytorch/vision#9606, meta-pytorch/torchcodec#1634).
       if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.consumed));
       if (scratch_bytes > r.scratch_capacity || size_t(m) > r.jobs_capacity) {
+        // The old buffer is freed before the larger one is made.
         if (scratch_bytes > r.scratch_capacity) {
-          if (r.scratch) ops_->Free(r.scratch);
-          r.scratch = nullptr;
+          r.scratch.reset();
           r.scratch_capacity = scratch_bytes + scratch_bytes / 4;
-          GPUFEED_RETURN_IF_ERROR(ops_->Alloc(r.scratch_capacity, &r.scratch));
+          auto scratch = ops_->Alloc(r.scratch_capacity);
+          if (!scratch.ok()) return scratch.status();
+          r.scratch = std::move(*scratch);
         }
         if (size_t(m) > r.jobs_capacity) {
-          if (r.jobs_dev) ops_->Free(r.jobs_dev);
-          if (r.jobs_host) ops_->FreePinned(r.jobs_host);
-          r.jobs_dev = r.jobs_host = nullptr;
+          r.jobs_dev.reset();
+          r.jobs_host.reset();
           r.jobs_capacity = std::max<size_t>(m, 256);
-          GPUFEED_RETURN_IF_ERROR(ops_->Alloc(r.jobs_capacity * sizeof(ResizeJob), &r.jobs_dev));
-          GPUFEED_RETURN_IF_ERROR(ops_->AllocPinned(r.jobs_capacity * sizeof(ResizeJob), &r.jobs_host));
+          auto jobs_dev = ops_->Alloc(r.jobs_capacity * sizeof(ResizeJob));
+          if (!jobs_dev.ok()) return jobs_dev.status();
+          r.jobs_dev = std::move(*jobs_dev);
+          auto jobs_host = ops_->AllocPinned(r.jobs_capacity * sizeof(ResizeJob));
+          if (!jobs_host.ok()) return jobs_host.status();
+          r.jobs_host = std::move(*jobs_host);
         }
       } else if (r.decoded_recorded) {
         // jobs_host fed the copy recorded by `decoded` kRing batches back.
@@ -195,14 +202,14 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       data_.resize(m);
       lengths_.resize(m);
       images_.assign(m, nvj::Image{});
-      auto* jobs = static_cast<ResizeJob*>(r.jobs_host);
+      auto* jobs = static_cast<ResizeJob*>(r.jobs_host.get());
       uint64_t at = 0;
       for (int k = 0; k < m; ++k) {
         const size_t i = on_device[k];
         const EncodedSample& e = b.encoded()[i];
         data_[k] = buf + e.offset;
         lengths_[k] = e.bytes;
-        auto* out = static_cast<unsigned char*>(r.scratch) + at;
+        auto* out = static_cast<unsigned char*>(r.scratch.get()) + at;
         images_[k].channel[0] = out;
         images_[k].pitch[0] = size_t(3) * e.width;
         ResizeJob& j = jobs[k];
@@ -222,8 +229,8 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       }
       if (s == nvj::kSuccess) {
         c_.device_samples += m;
-        GPUFEED_CUDA_RETURN(
-            cudaMemcpyAsync(r.jobs_dev, r.jobs_host, m * sizeof(ResizeJob), cudaMemcpyHostToDevice, stream_));
+        GPUFEED_CUDA_RETURN(cudaMemcpyAsync(r.jobs_dev.get(), r.jobs_host.get(), m * sizeof(ResizeJob),
+                                            cudaMemcpyHostToDevice, stream_));
         GPUFEED_CUDA_RETURN(cudaEventRecord(r.decoded, stream_));
         r.decoded_recorded = true;
         // The resample writes the feed's input slot: after what the caller
@@ -232,8 +239,8 @@ class NvjpegDecoder final : public ImageBatchDecoder {
         GPUFEED_CUDA_RETURN(cudaEventRecord(slot_free_, cs));
         GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(resample_, slot_free_, 0));
         GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(resample_, r.decoded, 0));
-        GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(r.jobs_dev), m, shape_.height, shape_.width,
-                                              shape_.nchw, dst, resample_));
+        GPUFEED_RETURN_IF_ERROR(ResizeCropGpu(static_cast<const ResizeJob*>(r.jobs_dev.get()), m, shape_.height,
+                                              shape_.width, shape_.nchw, dst, resample_));
         GPUFEED_CUDA_RETURN(cudaEventRecord(r.consumed, resample_));
         r.consumed_recorded = true;
         GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(cs, r.consumed, 0));
@@ -258,18 +265,19 @@ class NvjpegDecoder final : public ImageBatchDecoder {
 
  private:
   Status DecodeOnHostAndUpload(const Batch& b, const std::vector<size_t>& which, uint8_t* dst,
-                               std::vector<Status>& failed, void* stream) {
+                               std::vector<Status>& failed, StreamRef stream) {
     const uint64_t sb = uint64_t(3) * shape_.height * shape_.width;
-    const auto cs = static_cast<cudaStream_t>(stream);
+    const auto cs = static_cast<cudaStream_t>(stream.raw);
     // The staging buffer may still feed an earlier fallback's copies.
     GPUFEED_CUDA_RETURN(cudaStreamSynchronize(cs));
     if (fallback_capacity_ < b.size() * sb) {
-      if (fallback_) ops_->FreePinned(fallback_);
-      fallback_ = nullptr;
+      fallback_.reset();  // before the larger one is made
       fallback_capacity_ = b.size() * sb;
-      GPUFEED_RETURN_IF_ERROR(ops_->AllocPinned(fallback_capacity_, &fallback_));
+      auto fallback = ops_->AllocPinned(fallback_capacity_);
+      if (!fallback.ok()) return fallback.status();
+      fallback_ = std::move(*fallback);
     }
-    auto* staging = static_cast<uint8_t*>(fallback_);
+    auto* staging = static_cast<uint8_t*>(fallback_.get());
     for (size_t i : which) {
       failed[i] = DecodeOnHost(b, i, shape_, staging + i * sb);
       if (!failed[i].ok()) continue;
@@ -285,10 +293,10 @@ class NvjpegDecoder final : public ImageBatchDecoder {
   // ceiling with 8 against 0.56-0.61 with 3, docs/benchmarks.md).
   static constexpr int kRing = 8;
   struct Ring {
-    void* scratch = nullptr;  // device: the batch's full-size decoded images
+    DeviceBuffer scratch;  // the batch's full-size decoded images
     uint64_t scratch_capacity = 0;
-    void* jobs_dev = nullptr;   // device: the resample's jobs
-    void* jobs_host = nullptr;  // pinned: their staging
+    DeviceBuffer jobs_dev;   // the resample's jobs
+    PinnedBuffer jobs_host;  // their staging
     size_t jobs_capacity = 0;
     cudaEvent_t decoded = nullptr;   // on the decode stream: images and jobs are there
     cudaEvent_t consumed = nullptr;  // on the caller's stream: the resample read them
@@ -307,7 +315,7 @@ class NvjpegDecoder final : public ImageBatchDecoder {
   int initialized_batch_ = -1;
   Ring ring_[kRing];
   int turn_ = 0;
-  void* fallback_ = nullptr;
+  PinnedBuffer fallback_;
   uint64_t fallback_capacity_ = 0;
   std::vector<const unsigned char*> data_;
   std::vector<size_t> lengths_;

@@ -75,27 +75,25 @@ TEST(GatherRowsGpuTest, MatchesTheCpuReference) {
     GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
   DeviceOps& d = **ops;
   const int domain = 37, batch = 16;
-  void* stream;
-  ASSERT_TRUE(d.NewStream(&stream).ok());
+  auto stream = d.NewStream();  // outlives the buffers its work uses
+  ASSERT_TRUE(stream.ok());
   for (uint64_t width : {1u, 2u, 4u, 6u, 8u, 16u, 24u, 4096u + 16u, 3u * 65536u + 5u}) {
     const auto src = IndexRows(domain, width);
-    void *dsrc, *ddst;
-    ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
-    ASSERT_TRUE(d.Alloc(batch * width, &ddst).ok());
-    ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
+    auto dsrc = d.Alloc(src.size());
+    ASSERT_TRUE(dsrc.ok());
+    auto ddst = d.Alloc(batch * width);
+    ASSERT_TRUE(ddst.ok());
+    ASSERT_TRUE(d.CopyToDevice(dsrc->get(), src.data(), src.size(), stream->ref()).ok());
     for (int perm = 0; perm < 2; ++perm) {
       TransformParams p = perm ? Gathered(batch, domain, 16, 7) : Gathered(batch, 0, 3, 0);
       std::vector<uint8_t> want(batch * width), got(batch * width, 0xEE);
       ASSERT_TRUE(GatherRowsCpu(p, src.data(), width, want.data()).ok());
-      ASSERT_TRUE(d.GatherRows(p, static_cast<const uint8_t*>(dsrc), width, ddst, stream).ok());
-      ASSERT_TRUE(d.StreamSync(stream).ok());
-      ASSERT_TRUE(d.CopyToHost(got.data(), ddst, got.size(), nullptr).ok());
+      ASSERT_TRUE(d.GatherRows(p, static_cast<const uint8_t*>(dsrc->get()), width, ddst->get(), stream->ref()).ok());
+      ASSERT_TRUE(d.StreamSync(stream->ref()).ok());
+      ASSERT_TRUE(d.CopyToHost(got.data(), ddst->get(), got.size(), EventRef{}).ok());
       ASSERT_EQ(got, want) << "width " << width << " perm " << perm;
     }
-    d.Free(dsrc);
-    d.Free(ddst);
   }
-  d.FreeStream(stream);
 }
 
 }  // namespace

@@ -396,13 +396,16 @@ TEST(ImageDecoderGpuTest, ResizeCropGpuEqualsItsTwin) {
   const int out_h = 40, out_w = 36, n = 6;
   std::vector<std::vector<uint8_t>> imgs(n);
   std::vector<gpu::ResizeJob> host(n), dev(n);
-  std::vector<void*> bufs(n);
+  std::vector<gpu::DeviceBuffer> bufs(n);
   for (int k = 0; k < n; ++k) {
     const int h = 30 + k * 41, w = 20 + k * 53;
     imgs[k].resize(size_t(h) * w * 3);
     for (auto& v : imgs[k]) v = uint8_t(rng() % 256);
-    ASSERT_TRUE((*ops)->Alloc(imgs[k].size(), &bufs[k]).ok());
-    ASSERT_TRUE((*ops)->CopyToDevice(bufs[k], imgs[k].data(), imgs[k].size(), nullptr).ok());
+    auto buf = (*ops)->Alloc(imgs[k].size());
+    ASSERT_TRUE(buf.ok());
+    bufs[k] = std::move(*buf);
+    // On the legacy default stream, as the resample below.
+    ASSERT_TRUE((*ops)->CopyToDevice(bufs[k].get(), imgs[k].data(), imgs[k].size(), gpu::StreamRef{}).ok());
     gpu::ResizeJob j;
     j.pitch = uint64_t(3) * w;
     j.src_h = h;
@@ -411,25 +414,23 @@ TEST(ImageDecoderGpuTest, ResizeCropGpuEqualsItsTwin) {
     j.dst_index = uint32_t(n - 1 - k);
     host[k] = dev[k] = j;
     host[k].src = imgs[k].data();
-    dev[k].src = static_cast<const uint8_t*>(bufs[k]);
+    dev[k].src = static_cast<const uint8_t*>(bufs[k].get());
   }
   for (bool nchw : {true, false}) {
     std::vector<uint8_t> want(size_t(n) * 3 * out_h * out_w), got(want.size());
     ASSERT_TRUE(gpu::ResizeCropCpu(host.data(), n, out_h, out_w, nchw, want.data()).ok());
-    void *jobs = nullptr, *out = nullptr;
-    ASSERT_TRUE((*ops)->Alloc(n * sizeof(gpu::ResizeJob), &jobs).ok());
-    ASSERT_TRUE((*ops)->Alloc(got.size(), &out).ok());
-    ASSERT_TRUE((*ops)->CopyToDevice(jobs, dev.data(), n * sizeof(gpu::ResizeJob), nullptr).ok());
-    ASSERT_TRUE(gpu::ResizeCropGpu(static_cast<gpu::ResizeJob*>(jobs), n, out_h, out_w, nchw,
-                                   static_cast<uint8_t*>(out), nullptr)
+    auto jobs = (*ops)->Alloc(n * sizeof(gpu::ResizeJob));
+    ASSERT_TRUE(jobs.ok());
+    auto out = (*ops)->Alloc(got.size());
+    ASSERT_TRUE(out.ok());
+    ASSERT_TRUE((*ops)->CopyToDevice(jobs->get(), dev.data(), n * sizeof(gpu::ResizeJob), gpu::StreamRef{}).ok());
+    ASSERT_TRUE(gpu::ResizeCropGpu(static_cast<gpu::ResizeJob*>(jobs->get()), n, out_h, out_w, nchw,
+                                   static_cast<uint8_t*>(out->get()), nullptr)
                     .ok());
-    ASSERT_TRUE((*ops)->StreamSync(nullptr).ok());
-    ASSERT_TRUE((*ops)->CopyToHost(got.data(), out, got.size(), nullptr).ok());
+    ASSERT_TRUE((*ops)->StreamSync(gpu::StreamRef{}).ok());
+    ASSERT_TRUE((*ops)->CopyToHost(got.data(), out->get(), got.size(), gpu::EventRef{}).ok());
     EXPECT_EQ(got, want) << (nchw ? "NCHW" : "NHWC");
-    (*ops)->Free(jobs);
-    (*ops)->Free(out);
   }
-  for (void* b : bufs) (*ops)->Free(b);
 }
 
 // nvJPEG's batches against the CPU twin's: IDCTs differ, so a couple of

@@ -128,11 +128,13 @@ TEST(MaskTransformGpuTest, MatchesTheCpuReference) {
   DeviceOps& d = **ops;
   const int B = 7, H = 13, W = 17;
   const auto pixels = PositionPixels(2 * B, H, W);
-  void *dsrc, *ddst, *stream;
-  ASSERT_TRUE(d.Alloc(pixels.size() * 4, &dsrc).ok());
-  ASSERT_TRUE(d.Alloc(size_t(B) * H * W * 8, &ddst).ok());
-  ASSERT_TRUE(d.NewStream(&stream).ok());
-  ASSERT_TRUE(d.CopyToDevice(dsrc, pixels.data(), pixels.size() * 4, stream).ok());
+  auto stream = d.NewStream();  // first: it outlives the buffers its work uses
+  ASSERT_TRUE(stream.ok());
+  auto dsrc = d.Alloc(pixels.size() * 4);
+  ASSERT_TRUE(dsrc.ok());
+  auto ddst = d.Alloc(size_t(B) * H * W * 8);
+  ASSERT_TRUE(ddst.ok());
+  ASSERT_TRUE(d.CopyToDevice(dsrc->get(), pixels.data(), pixels.size() * 4, stream->ref()).ok());
   for (int out64 = 0; out64 < 2; ++out64) {
     for (int perm = 0; perm < 2; ++perm) {
       TransformParams p = AugParams(B, H, W, 5 + perm);
@@ -147,15 +149,12 @@ TEST(MaskTransformGpuTest, MatchesTheCpuReference) {
       const size_t bytes = size_t(B) * H * W * (out64 ? 8 : 4);
       std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
       ASSERT_TRUE(MaskTransformCpu(p, m, reinterpret_cast<const uint8_t*>(pixels.data()), want.data()).ok());
-      ASSERT_TRUE(d.MaskTransform(p, m, static_cast<const uint8_t*>(dsrc), ddst, stream).ok());
-      ASSERT_TRUE(d.StreamSync(stream).ok());
-      ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
+      ASSERT_TRUE(d.MaskTransform(p, m, static_cast<const uint8_t*>(dsrc->get()), ddst->get(), stream->ref()).ok());
+      ASSERT_TRUE(d.StreamSync(stream->ref()).ok());
+      ASSERT_TRUE(d.CopyToHost(got.data(), ddst->get(), bytes, EventRef{}).ok());
       ASSERT_EQ(got, want) << "int64 " << out64 << " perm " << perm;
     }
   }
-  d.Free(dsrc);
-  d.Free(ddst);
-  d.FreeStream(stream);
 }
 
 }  // namespace

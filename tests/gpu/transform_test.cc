@@ -243,11 +243,14 @@ TEST(TransformGpuTest, InputDtypesMatchTheCpuReferenceBitForBit) {
   int cases = 0;
   for (DType in : {DType::kUInt8, DType::kUInt16, DType::kInt16, DType::kFloat16, DType::kFloat32}) {
     const auto src = InputBytes(in, n);
-    void *dsrc, *ddst, *stream;
-    ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
-    ASSERT_TRUE(d.Alloc(n * 4, &ddst).ok());
-    ASSERT_TRUE(d.NewStream(&stream).ok());
-    ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
+    // The stream first: it outlives the buffers its work uses.
+    auto stream = d.NewStream();
+    ASSERT_TRUE(stream.ok());
+    auto dsrc = d.Alloc(src.size());
+    ASSERT_TRUE(dsrc.ok());
+    auto ddst = d.Alloc(n * 4);
+    ASSERT_TRUE(ddst.ok());
+    ASSERT_TRUE(d.CopyToDevice(dsrc->get(), src.data(), src.size(), stream->ref()).ok());
     for (DType out : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       for (auto in_layout : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
         for (int aug = 0; aug < 2; ++aug) {
@@ -266,18 +269,17 @@ TEST(TransformGpuTest, InputDtypesMatchTheCpuReferenceBitForBit) {
           const size_t bytes = n * DTypeSize(out);
           std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
           ASSERT_TRUE(TransformCpu(p, src.data(), nullptr, want.data(), nullptr).ok());
-          ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc), nullptr, ddst, nullptr, stream).ok());
-          ASSERT_TRUE(d.StreamSync(stream).ok());
-          ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
+          ASSERT_TRUE(
+              d.Transform(p, static_cast<const uint8_t*>(dsrc->get()), nullptr, ddst->get(), nullptr, stream->ref())
+                  .ok());
+          ASSERT_TRUE(d.StreamSync(stream->ref()).ok());
+          ASSERT_TRUE(d.CopyToHost(got.data(), ddst->get(), bytes, EventRef{}).ok());
           ASSERT_EQ(got, want) << DTypeName(in) << " -> " << DTypeName(out) << " in " << int(in_layout) << " aug "
                                << aug;
           ++cases;
         }
       }
     }
-    d.Free(dsrc);
-    d.Free(ddst);
-    d.FreeStream(stream);
   }
   EXPECT_EQ(cases, 60);
 }
@@ -298,15 +300,19 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
     const auto src = RandomBytes(n * 2, 3);  // a super-batch of 2B samples, for the echo gather
     std::vector<int64_t> labels(2 * B);
     for (int i = 0; i < 2 * B; ++i) labels[i] = 1000 + i;
-    void *dsrc, *dlab, *ddst, *ddl, *stream;
-    ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
-    ASSERT_TRUE(d.Alloc(labels.size() * 8, &dlab).ok());
-    ASSERT_TRUE(d.Alloc(n * 4, &ddst).ok());
-    ASSERT_TRUE(d.Alloc(B * 8, &ddl).ok());
-    ASSERT_TRUE(d.NewStream(&stream).ok());
-    ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
-    ASSERT_TRUE(d.CopyToDevice(dlab, labels.data(), labels.size() * 8, stream).ok());
-    ASSERT_TRUE(d.StreamSync(stream).ok());
+    auto stream = d.NewStream();  // first: it outlives the buffers its work uses
+    ASSERT_TRUE(stream.ok());
+    auto dsrc = d.Alloc(src.size());
+    ASSERT_TRUE(dsrc.ok());
+    auto dlab = d.Alloc(labels.size() * 8);
+    ASSERT_TRUE(dlab.ok());
+    auto ddst = d.Alloc(n * 4);
+    ASSERT_TRUE(ddst.ok());
+    auto ddl = d.Alloc(B * 8);
+    ASSERT_TRUE(ddl.ok());
+    ASSERT_TRUE(d.CopyToDevice(dsrc->get(), src.data(), src.size(), stream->ref()).ok());
+    ASSERT_TRUE(d.CopyToDevice(dlab->get(), labels.data(), labels.size() * 8, stream->ref()).ok());
+    ASSERT_TRUE(d.StreamSync(stream->ref()).ok());
     for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       for (auto in : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
         for (auto out : {TensorLayout::kNCHW, TensorLayout::kNHWC}) {
@@ -334,12 +340,12 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
               std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
               std::vector<int64_t> want_l(B), got_l(B, -7);
               ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), want.data(), want_l.data()).ok());
-              ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc), static_cast<const int64_t*>(dlab), ddst,
-                                      ddl, stream)
+              ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc->get()),
+                                      static_cast<const int64_t*>(dlab->get()), ddst->get(), ddl->get(), stream->ref())
                               .ok());
-              ASSERT_TRUE(d.StreamSync(stream).ok());
-              ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
-              ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl, B * (perm ? 4 : 8), nullptr).ok());
+              ASSERT_TRUE(d.StreamSync(stream->ref()).ok());
+              ASSERT_TRUE(d.CopyToHost(got.data(), ddst->get(), bytes, EventRef{}).ok());
+              ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl->get(), B * (perm ? 4 : 8), EventRef{}).ok());
               ASSERT_EQ(got, want) << DTypeName(dt) << " in " << int(in) << " out " << int(out) << " aug " << aug
                                    << " perm " << perm;
               ASSERT_EQ(0, std::memcmp(got_l.data(), want_l.data(), B * (perm ? 4 : 8)));
@@ -349,11 +355,6 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
         }
       }
     }
-    d.Free(dsrc);
-    d.Free(dlab);
-    d.Free(ddst);
-    d.Free(ddl);
-    d.FreeStream(stream);
   }
   EXPECT_EQ(cases, 144);  // 3 widths x 3 dtypes x 4 layouts x 2 augmentations x 2 permutations
 }
@@ -370,14 +371,18 @@ TEST(TransformGpuTest, LargeBatchesTakeThePerRowPathAndStillMatch) {
   const auto src = RandomBytes(n, 11);
   std::vector<int64_t> labels(B);
   for (int i = 0; i < B; ++i) labels[i] = i;
-  void *dsrc, *dlab, *ddst, *ddl, *stream;
-  ASSERT_TRUE(d.Alloc(src.size(), &dsrc).ok());
-  ASSERT_TRUE(d.Alloc(labels.size() * 8, &dlab).ok());
-  ASSERT_TRUE(d.Alloc(n * 4, &ddst).ok());
-  ASSERT_TRUE(d.Alloc(B * 8, &ddl).ok());
-  ASSERT_TRUE(d.NewStream(&stream).ok());
-  ASSERT_TRUE(d.CopyToDevice(dsrc, src.data(), src.size(), stream).ok());
-  ASSERT_TRUE(d.CopyToDevice(dlab, labels.data(), labels.size() * 8, stream).ok());
+  auto stream = d.NewStream();  // first: it outlives the buffers its work uses
+  ASSERT_TRUE(stream.ok());
+  auto dsrc = d.Alloc(src.size());
+  ASSERT_TRUE(dsrc.ok());
+  auto dlab = d.Alloc(labels.size() * 8);
+  ASSERT_TRUE(dlab.ok());
+  auto ddst = d.Alloc(n * 4);
+  ASSERT_TRUE(ddst.ok());
+  auto ddl = d.Alloc(B * 8);
+  ASSERT_TRUE(ddl.ok());
+  ASSERT_TRUE(d.CopyToDevice(dsrc->get(), src.data(), src.size(), stream->ref()).ok());
+  ASSERT_TRUE(d.CopyToDevice(dlab->get(), labels.data(), labels.size() * 8, stream->ref()).ok());
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
     TransformParams p = Params(B, C, H, W);
     p.out_dtype = dt;
@@ -388,19 +393,15 @@ TEST(TransformGpuTest, LargeBatchesTakeThePerRowPathAndStillMatch) {
     std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
     std::vector<int64_t> want_l(B), got_l(B, -7);
     ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), want.data(), want_l.data()).ok());
-    ASSERT_TRUE(
-        d.Transform(p, static_cast<const uint8_t*>(dsrc), static_cast<const int64_t*>(dlab), ddst, ddl, stream).ok());
-    ASSERT_TRUE(d.StreamSync(stream).ok());
-    ASSERT_TRUE(d.CopyToHost(got.data(), ddst, bytes, nullptr).ok());
-    ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl, B * 8, nullptr).ok());
+    ASSERT_TRUE(d.Transform(p, static_cast<const uint8_t*>(dsrc->get()), static_cast<const int64_t*>(dlab->get()),
+                            ddst->get(), ddl->get(), stream->ref())
+                    .ok());
+    ASSERT_TRUE(d.StreamSync(stream->ref()).ok());
+    ASSERT_TRUE(d.CopyToHost(got.data(), ddst->get(), bytes, EventRef{}).ok());
+    ASSERT_TRUE(d.CopyToHost(got_l.data(), ddl->get(), B * 8, EventRef{}).ok());
     EXPECT_EQ(got, want) << DTypeName(dt);
     EXPECT_EQ(got_l, want_l);
   }
-  d.Free(dsrc);
-  d.Free(dlab);
-  d.Free(ddst);
-  d.Free(ddl);
-  d.FreeStream(stream);
 }
 
 }  // namespace
