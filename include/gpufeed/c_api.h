@@ -115,6 +115,30 @@ typedef struct gpufeed_options gpufeed_options;
 GPUFEED_C_EXPORT gpufeed_options* gpufeed_options_create(void);
 GPUFEED_C_EXPORT void gpufeed_options_destroy(gpufeed_options* o); /* NULL is a no-op */
 
+/* Every option by name, from one table (capi/options.cc), as DuckDB's
+ * duckdb_set_config: gpufeed_options_set(o, "batch_size", "256") sets what
+ * gpufeed_options_set_batch_size(o, 256) does, and checks it now:
+ * INVALID_ARGUMENT for an unknown name (naming the nearest one), a value
+ * that is not of the option's type ("bool": 1/true/yes/on or
+ * 0/false/no/off; integers: whole numbers in the option's range) or out of
+ * its range, naming the option, the value and the range. Strings naming a
+ * choice ("order", "decode", ...) are checked when the loader opens.
+ * gpufeed_options_get stores the option's value as text in *value (free
+ * with gpufeed_free). The fields, feed_mean and feed_std have their own
+ * setters below. The table is listed by index: name, type ("uint64",
+ * "uint32", "int", "bool" or "string") and a line on what it is; NULL past
+ * the end. */
+GPUFEED_C_EXPORT gpufeed_code gpufeed_options_set(gpufeed_options* o, const char* name, const char* value,
+                                                  gpufeed_error** error);
+GPUFEED_C_EXPORT gpufeed_code gpufeed_options_get(const gpufeed_options* o, const char* name, char** value,
+                                                  gpufeed_error** error);
+GPUFEED_C_EXPORT int gpufeed_option_count(void);
+GPUFEED_C_EXPORT const char* gpufeed_option_name(int i);
+GPUFEED_C_EXPORT const char* gpufeed_option_type(int i);
+GPUFEED_C_EXPORT const char* gpufeed_option_doc(int i);
+/* An integer option's values, [*least, *most], and 1; 0 for the others. */
+GPUFEED_C_EXPORT int gpufeed_option_range(int i, int64_t* least, uint64_t* most);
+
 /* LoaderOptions. order: "block" | "random" | "sequential". */
 GPUFEED_C_EXPORT void gpufeed_options_set_batch_size(gpufeed_options* o, uint64_t v);
 GPUFEED_C_EXPORT void gpufeed_options_set_order(gpufeed_options* o, const char* order);

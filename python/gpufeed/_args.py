@@ -6,31 +6,24 @@ what it takes."""
 import operator
 import re
 
-from . import errors
+from . import _lib, errors
 
-_U64 = 2**64 - 1
 _I32 = 2**31 - 1
 
-# keyword: (least, most, what it is)
-INTS = {
-    "batch_size": (1, 2**63 - 1, "samples per batch"),
-    "seed": (0, _U64, "the order's seed"),
-    "augment_seed": (0, _U64, "the augmentation's seed"),
-    "threads": (0, 4096, "loader threads; 0: this rank's share of the cores"),
-    "prefetch": (1, 4096, "batches in flight ahead of the consumer"),
-    "shuffle_window": (1, 2**63 - 1, "chunks per shuffle window"),
-    "rank": (0, _I32, "this process's shard"),
-    "world_size": (1, _I32, "the number of shards"),
-    "connect_timeout_ms": (1, _I32, "milliseconds"),
-    "io_timeout_ms": (1, _I32, "milliseconds"),
-    "keepalive_ms": (0, _I32, "milliseconds; 0: none"),
-    "echo": (0, 4096, "passes over each uploaded batch; 0: as many as the GPU's idle time allows"),
-    "super_batch": (1, 4096, "batches per upload"),
-    "crop_padding": (0, 4096, "pixels of padding for the random crop"),
-    "slots": (1, 4096, "device batches the consumer may hold"),
-    "max_open_files": (1, _I32, "files holding descriptors at once"),
-    "poll_ms": (1, _I32, "milliseconds of each blocking wait"),
+# The Loader keyword that sets an option of the library's table
+# (capi/options.cc), where it is not spelled as the option.
+OPTION_KEYWORD = {
+    "labels_path": "labels", "feed_device": "device", "feed_dtype": "dtype", "feed_layout": "layout",
+    "feed_input_layout": "input_layout", "feed_echo": "echo", "feed_super_batch": "super_batch",
+    "feed_crop_padding": "crop_padding", "feed_flip": "flip", "feed_seed": "augment_seed", "feed_slots": "slots",
+    "feed_labels_int32": "labels_int32", "feed_force_cpu": "device", "image_transform": "transform",
+    "image_height": "image_size", "image_width": "image_size",
 }
+# keyword: (least, most, what it is). The integer options' ranges and what
+# they are come from the library's table, so Python refuses, where the
+# keyword is given, exactly what the library would.
+INTS = {OPTION_KEYWORD.get(o, o): r + (_lib.OPTIONS[o][1],) for o, r in _lib.RANGES.items()}
+INTS["poll_ms"] = (1, _I32, "milliseconds of each blocking wait")  # Python's own: how long each wait polls
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
           "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
@@ -66,7 +59,8 @@ def size_bytes(name, value):
         raise _bad(name, value, takes)
     else:
         v = operator.index(value)
-    if not 0 <= v <= _U64:
+    least, most = INTS[name][:2]
+    if not least <= v <= most:
         raise _bad(name, value, takes)
     return v
 
@@ -99,6 +93,9 @@ def shard(rank, world_size):
 # FeedOptions::super_batch) or as the command line does (--prefetch,
 # --crop-padding 0); from Python the caller wrote a keyword (prefetch=,
 # crop_padding=0). One table: Loader's own signature.
+# ... and as the C API's option table does (gpufeed_options_set("feed_echo",
+# "0")): the keyword that sets it (OPTION_KEYWORD).
+_C_OPTION = re.compile(r'gpufeed_options_set\("([a-z0-9_]+)", "([^"]*)"\)')
 _CXX_OR_CLI = re.compile(r"\b[A-Z][A-Za-z]*Options(?:(?:::|\.)[a-z_]+)*(?:::|\.)([a-z_]+)"
                          r"|(?<![\w-])--([a-z][a-z0-9-]*)(?: ([A-Za-z0-9][\w.-]*))?")
 
@@ -124,6 +121,15 @@ def caller_terms(message):
             return "%s=%r" % (name, value)
         return name + "= " + value
 
-    out = _CXX_OR_CLI.sub(keyword, message)
+    def c_option(m):
+        name, value = OPTION_KEYWORD.get(m.group(1), m.group(1)), m.group(2)
+        if name not in keywords:
+            return m.group(0)
+        if re.fullmatch(r"-?[0-9]+", value) or not isinstance(keywords[name], (str, type(None))):
+            return "%s=%s" % (name, value)
+        return "%s=%r" % (name, value)
+
+    out = _C_OPTION.sub(c_option, message)
+    out = _CXX_OR_CLI.sub(keyword, out)
     # "raise prefetch (prefetch=, prefetch=; ...)": one spelling is enough.
     return re.sub(r"\b([a-z_]+=)(?:, \1)+", r"\1", out)

@@ -117,40 +117,52 @@ _SIGS = {
     "gpufeed_batch_set_release_stream": (None, [_P, _P]),
     "gpufeed_batch_destroy": (None, [_P]),
     "gpufeed_options_add_field": (None, [_P, ctypes.c_char_p]),
+    "gpufeed_options_set": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, _ERR]),
+    "gpufeed_options_get": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), _ERR]),
+    "gpufeed_option_count": (ctypes.c_int, []),
+    "gpufeed_option_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "gpufeed_option_type": (ctypes.c_char_p, [ctypes.c_int]),
+    "gpufeed_option_doc": (ctypes.c_char_p, [ctypes.c_int]),
+    "gpufeed_option_range": (
+        ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_uint64)]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(lib, _name)
     _f.restype = _res
     _f.argtypes = _args
 
-# Setters: (kind, C name suffix). Kinds: u64, int, bool, str.
-SETTERS = {
-    "batch_size": ("u64", "batch_size"), "order": ("str", "order"), "seed": ("u64", "seed"),
-    "threads": ("int", "threads"), "prefetch": ("int", "prefetch"), "cache_bytes": ("u64", "cache_bytes"),
-    "shuffle_window": ("u64", "shuffle_window"), "rank": ("int", "rank"), "world_size": ("int", "world_size"),
-    "drop_last": ("bool", "drop_last"), "pin_memory": ("bool", "pin_memory"),
-    "labels_path": ("str", "labels_path"), "trust_files": ("bool", "trust_files"), "io": ("str", "io"),
-    "dataset": ("str", "dataset"), "token": ("str", "token"), "token_file": ("str", "token_file"),
-    "client_name": ("str", "client_name"), "compress": ("bool", "compress"),
-    "shared_memory": ("bool", "shared_memory"), "connect_timeout_ms": ("int", "connect_timeout_ms"),
-    "io_timeout_ms": ("int", "io_timeout_ms"), "keepalive_ms": ("int", "keepalive_ms"),
-    "feed": ("bool", "feed"), "feed_device": ("int", "feed_device"), "feed_dtype": ("str", "feed_dtype"),
-    "feed_layout": ("str", "feed_layout"), "feed_input_layout": ("str", "feed_input_layout"),
-    "feed_echo": ("int", "feed_echo"), "feed_super_batch": ("int", "feed_super_batch"),
-    "feed_crop_padding": ("int", "feed_crop_padding"), "feed_flip": ("bool", "feed_flip"),
-    "feed_seed": ("u64", "feed_seed"), "feed_slots": ("int", "feed_slots"),
-    "feed_labels_int32": ("bool", "feed_labels_int32"), "feed_force_cpu": ("bool", "feed_force_cpu"),
-    "max_open_files": ("int", "max_open_files"),
-    "image_height": ("u32", "image_height"), "image_width": ("u32", "image_width"),
-    "image_transform": ("str", "image_transform"), "image_layout": ("str", "image_layout"),
-    "skip_corrupt": ("bool", "skip_corrupt"), "no_sample_axis": ("bool", "no_sample_axis"),
-    "share": ("str", "share"), "decode": ("str", "decode"),
+# The C API's option table (capi/options.cc), as the library lists it:
+# name -> (type, what it is). Types: uint64, uint32, int, bool, string.
+OPTIONS = {
+    lib.gpufeed_option_name(_i).decode(): (lib.gpufeed_option_type(_i).decode(), lib.gpufeed_option_doc(_i).decode())
+    for _i in range(lib.gpufeed_option_count())
 }
-_CTYPE = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "int": ctypes.c_int, "bool": ctypes.c_int, "str": ctypes.c_char_p}
-for _key, (_kind, _suffix) in SETTERS.items():
-    _f = getattr(lib, "gpufeed_options_set_" + _suffix)
-    _f.restype = None
-    _f.argtypes = [_P, _CTYPE[_kind]]
+
+
+def _ranges():
+    out = {}
+    least, most = ctypes.c_int64(), ctypes.c_uint64()
+    for i in range(lib.gpufeed_option_count()):
+        if lib.gpufeed_option_range(i, ctypes.byref(least), ctypes.byref(most)):
+            out[lib.gpufeed_option_name(i).decode()] = (least.value, most.value)
+    return out
+
+
+# An integer option's values (least, most), from the same table.
+RANGES = _ranges()
+
+
+def set_option(opts, name, value):
+    """Sets option `name` of the table on a gpufeed_options handle; the library checks it."""
+    kind = OPTIONS[name][0]
+    if kind == "bool":
+        text = "1" if value else "0"
+    elif kind == "string":
+        text = str(value)
+    else:
+        text = str(int(value))
+    err = ctypes.c_void_p()
+    check(lib.gpufeed_options_set(opts, name.encode(), text.encode(), ctypes.byref(err)), err)
 
 if lib.gpufeed_c_api_version() != C_API_VERSION:
     raise errors.Error(

@@ -255,16 +255,8 @@ class Loader:
         opts = lib.gpufeed_options_create()
         try:
             for key, value in values.items():
-                if value is None:
-                    continue
-                kind_, suffix = _lib.SETTERS[key]
-                if kind_ == "str":
-                    value = str(value).encode()
-                elif kind_ == "bool":
-                    value = 1 if value else 0
-                else:
-                    value = int(value)
-                getattr(lib, "gpufeed_options_set_" + suffix)(opts, value)
+                if value is not None:
+                    _lib.set_option(opts, key, value)
             for setter, seq in ((lib.gpufeed_options_set_feed_mean, mean), (lib.gpufeed_options_set_feed_std, std)):
                 if feed and seq is not None:
                     arr = (ctypes.c_double * len(seq))(*[float(v) for v in seq])

@@ -138,6 +138,64 @@ static uint64_t RunEpoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch
   return n;
 }
 
+/* The option table: every option by name, set and read back as text; the
+ * typed setter and the generic one set the same field; bad names, types and
+ * ranges are refused when set, naming what is wrong. */
+static void TestOptionTable(void) {
+  gpufeed_options* o = gpufeed_options_create();
+  gpufeed_error* err = NULL;
+  char* got = NULL;
+  const int n = gpufeed_option_count();
+  CHECK(n >= 40 && gpufeed_option_name(n) == NULL && gpufeed_option_name(-1) == NULL);
+  for (int i = 0; i < n; ++i) {
+    const char* name = gpufeed_option_name(i);
+    const char* type = gpufeed_option_type(i);
+    CHECK(name != NULL && type != NULL && gpufeed_option_doc(i) != NULL && gpufeed_option_doc(i)[0] != 0);
+    /* A value of the type, within every option's range, that no default has. */
+    const char* value = strcmp(type, "string") == 0 ? "some-text" : strcmp(type, "bool") == 0 ? "1" : "7";
+    if (strcmp(name, "rank") == 0) value = "0";
+    err = NULL;
+    CHECK(gpufeed_options_set(o, name, value, &err) == GPUFEED_OK);
+    if (err) fprintf(stderr, "%s\n", gpufeed_error_message(err)), gpufeed_error_destroy(err);
+    CHECK(gpufeed_options_get(o, name, &got, NULL) == GPUFEED_OK && strcmp(got, value) == 0);
+    gpufeed_free(got);
+  }
+  /* One field, two doors. */
+  gpufeed_options_set_prefetch(o, 5);
+  CHECK(gpufeed_options_get(o, "prefetch", &got, NULL) == GPUFEED_OK && strcmp(got, "5") == 0);
+  gpufeed_free(got);
+  CHECK(gpufeed_options_set(o, "seed", "18446744073709551615", NULL) == GPUFEED_OK); /* any uint64 */
+  CHECK(gpufeed_options_get(o, "seed", &got, NULL) == GPUFEED_OK && strcmp(got, "18446744073709551615") == 0);
+  gpufeed_free(got);
+  CHECK(gpufeed_options_set(o, "drop_last", "false", NULL) == GPUFEED_OK);
+  CHECK(gpufeed_options_get(o, "drop_last", &got, NULL) == GPUFEED_OK && strcmp(got, "0") == 0);
+  gpufeed_free(got);
+  struct {
+    const char *name, *value, *says;
+  } bad[] = {
+      {"batchsize", "8", "did you mean 'batch_size'"},
+      {"batch_size", "0", "samples per batch, 1 to"},
+      {"batch_size", "-1", "gpufeed_options_set(\"batch_size\", \"-1\")"},
+      {"batch_size", "12x", "a whole number"},
+      {"prefetch", "5000", "batches in flight, 1 to 4096"},
+      {"drop_last", "maybe", "1/true/yes/on or 0/false/no/off"},
+      {"image_height", "-3", "0 to 4294967295"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+    err = NULL;
+    CHECK(gpufeed_options_set(o, bad[i].name, bad[i].value, &err) == GPUFEED_INVALID_ARGUMENT);
+    CHECK(err != NULL && strstr(gpufeed_error_message(err), bad[i].says) != NULL);
+    if (err && !strstr(gpufeed_error_message(err), bad[i].says)) fprintf(stderr, "%s\n", gpufeed_error_message(err));
+    gpufeed_error_destroy(err);
+  }
+  /* A refused value leaves the option as it was. */
+  CHECK(gpufeed_options_get(o, "prefetch", &got, NULL) == GPUFEED_OK && strcmp(got, "5") == 0);
+  gpufeed_free(got);
+  CHECK(gpufeed_options_get(o, "nope", &got, NULL) == GPUFEED_INVALID_ARGUMENT);
+  CHECK(gpufeed_options_set(NULL, "seed", "1", NULL) == GPUFEED_INVALID_ARGUMENT);
+  gpufeed_options_destroy(o);
+}
+
 static void TestErrors(const char* path) {
   gpufeed_error* err = NULL;
   gpufeed_options* o = gpufeed_options_create();
@@ -345,6 +403,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cannot write %s\n", argv[1]);
     return 1;
   }
+  TestOptionTable();
   TestErrors(argv[1]);
 
   /* Two epochs: each sample exactly once in each; different orders. */

@@ -140,3 +140,31 @@ def test_caller_terms_rewrites_cpp_and_cli_spellings_of_keywords_only():
     assert caller_terms("with --crop-padding 0, or --device cpu") == "with crop_padding=0, or device='cpu'"
     # Not Loader keywords: left as written.
     assert caller_terms("--stats makes, --data FILE, OpenOptions::bogus") == "--stats makes, --data FILE, OpenOptions::bogus"
+
+
+def test_options_go_through_the_libraries_option_table(index_file):
+    # Python sets every option by name through gpufeed_options_set (capi/options.cc):
+    # the library's table is what Python knows of types and ranges, and its
+    # refusals name the keyword the caller wrote.
+    from gpufeed import _lib
+    assert _lib.OPTIONS["batch_size"][0] == "uint64" and _lib.OPTIONS["feed_echo"][0] == "int"
+    assert _lib.OPTIONS["drop_last"][0] == "bool" and _lib.OPTIONS["order"][0] == "string"
+    from gpufeed import _args
+    assert _args.INTS["prefetch"] == (1, 4096, _lib.OPTIONS["prefetch"][1])
+    assert _args.INTS["echo"][:2] == (0, 4096) and _args.INTS["seed"][:2] == (0, 2**64 - 1)
+    with pytest.raises(gpufeed.InvalidArgumentError, match=r"prefetch=5000: an integer from 1 to 4096 \(batches in"):
+        gpufeed.Loader(index_file, batch_size=10, prefetch=5000)
+    # Past Python's own checks (a value Loader() takes as it is), the library's refusal names the keyword.
+    opts = _lib.lib.gpufeed_options_create()
+    try:
+        with pytest.raises(gpufeed.InvalidArgumentError, match=r"^super_batch=9999: batches per upload, 1 to 4096"):
+            _lib.set_option(opts, "feed_super_batch", 9999)
+    finally:
+        _lib.lib.gpufeed_options_destroy(opts)
+
+
+def test_caller_terms_rewrites_the_c_option_tables_calls():
+    from gpufeed._args import caller_terms
+    assert caller_terms('gpufeed_options_set("feed_echo", "0"): passes') == "echo=0: passes"
+    assert caller_terms('gpufeed_options_set("order", "up"): no') == "order='up': no"
+    assert caller_terms('gpufeed_options_set("client_name", "x")') == "client_name='x'"
