@@ -63,10 +63,21 @@ Status BitshuffleDecompress(std::span<const std::byte> src, std::span<std::byte>
                             const std::string& what);
 // Bitshuffle's transform of one block of n elements (n a multiple of 8).
 void BitshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
-// BitunshuffleBlock is SSE2 (where the target has it); the scalar loop is
-// its twin, compared in the tests.
+// Its inverse, by the fastest implementation this build and CPU run: AVX2
+// where the CPU has it (asked once, at the first call), else SSE2 on x86,
+// else the scalar loop.
 void BitunshuffleBlock(const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
-void BitunshuffleBlockScalar(const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
+// The implementations BitunshuffleBlock chooses from, for the tests and
+// benchmarks that compare them. All write the same bytes: the scalar loop is
+// the twin the vector paths are tested against. kAvx2 does 32 columns of 8
+// elements a step, then SSE2's 16, then the scalar loop's one.
+enum class BitunshuffleImpl { kScalar, kSse2, kAvx2 };
+// Whether this build and CPU run `impl` (kScalar: always; kSse2: x86 builds;
+// kAvx2: x86-64 CPUs with AVX2).
+bool BitunshuffleImplAvailable(BitunshuffleImpl impl);
+// BitunshuffleBlock by `impl`, which must be available (asserted; where
+// assertions are off, an unavailable one runs the scalar loop).
+void BitunshuffleBlockWith(BitunshuffleImpl impl, const std::byte* src, std::byte* dst, size_t n, size_t elem_size);
 
 // One filter of a dataset's pipeline, as the direct path runs it.
 struct FilterStep {

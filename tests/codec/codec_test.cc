@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+#include <random>
+
 #include "tests/testing/test_data.h"
 
 namespace gpufeed::codec {
@@ -154,9 +158,10 @@ TEST(CodecTest, BitshuffleTransformLayoutAndInverse) {
   }
 }
 
-// The SSE2 unshuffle against its scalar twin: every element size the direct
-// path meets and block lengths with and without a remainder of columns (128
-// elements a vector step), values that encode their own index.
+// The unshuffle this CPU runs against its scalar twin: every element size the
+// direct path meets and block lengths with and without a remainder of columns
+// (128 elements an SSE2 step, 256 an AVX2 one), values that encode their own
+// index. BitunshuffleImplTest below runs each vector path alone.
 TEST(CodecTest, BitunshuffleSimdEqualsItsScalarTwin) {
   for (size_t elem : {1, 2, 3, 4, 8, 16}) {
     // 128: SSE2 alone; 384: AVX2 and SSE2 (where the CPU has AVX2); 8200 a
@@ -167,9 +172,119 @@ TEST(CodecTest, BitunshuffleSimdEqualsItsScalarTwin) {
         raw[i] = static_cast<std::byte>(gpufeed::testing::IndexByte(i / elem, i % elem));
       codec::BitshuffleBlock(raw.data(), sh.data(), n, elem);
       codec::BitunshuffleBlock(sh.data(), simd.data(), n, elem);
-      codec::BitunshuffleBlockScalar(sh.data(), scalar.data(), n, elem);
+      codec::BitunshuffleBlockWith(codec::BitunshuffleImpl::kScalar, sh.data(), scalar.data(), n, elem);
       EXPECT_EQ(simd, scalar) << "elem_size " << elem << ", " << n << " elements";
       EXPECT_EQ(simd, raw) << "elem_size " << elem << ", " << n << " elements";
+    }
+  }
+}
+
+// The index of the first byte where a and b differ, or -1 where they are equal
+// (a failure names the byte instead of printing both buffers).
+int64_t FirstDifference(const std::byte* a, const std::byte* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+const char* ImplName(codec::BitunshuffleImpl impl) {
+  switch (impl) {
+    case codec::BitunshuffleImpl::kScalar:
+      return "Scalar";
+    case codec::BitunshuffleImpl::kSse2:
+      return "Sse2";
+    case codec::BitunshuffleImpl::kAvx2:
+      return "Avx2";
+  }
+  return "?";
+}
+
+}  // namespace
+
+namespace codec {
+// Names the implementation in gtest's messages (found by argument-dependent lookup).
+void PrintTo(BitunshuffleImpl impl, std::ostream* os) { *os << ImplName(impl); }
+}  // namespace codec
+
+namespace {
+
+// Each vector unshuffle alone against the scalar twin, byte for byte: element
+// sizes 1-17 and larger odd and even ones; every block length (a multiple of 8
+// elements) up to 520, so every remainder of columns after AVX2's 32 and
+// SSE2's 16 a step, and default-sized blocks; values that encode their own
+// index (element e holds e in its first bytes, a hash of (e, byte) in the
+// rest) and random bytes, at an odd address. The bytes after the block stay
+// untouched.
+class BitunshuffleImplTest : public ::testing::TestWithParam<codec::BitunshuffleImpl> {};
+
+TEST_P(BitunshuffleImplTest, EqualsTheScalarTwin) {
+  const codec::BitunshuffleImpl impl = GetParam();
+  if (!codec::BitunshuffleImplAvailable(impl)) GTEST_SKIP() << "this build or CPU has no " << ImplName(impl);
+  std::vector<size_t> lengths;
+  for (size_t n = 8; n <= 520; n += 8) lengths.push_back(n);
+  for (size_t n : {1016, 1024, 2040, 2048, 8184, 8192, 8200}) lengths.push_back(n);
+  constexpr size_t kGuard = 64;
+  constexpr std::byte kGuardByte{0xA5};
+  std::mt19937_64 rng(30);
+  for (size_t elem : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 31, 32, 64}) {
+    for (size_t n : lengths) {
+      const size_t bytes = n * elem;
+      for (bool random : {false, true}) {
+        std::vector<std::byte> raw(bytes), sh(bytes + 1), scalar(bytes + kGuard), simd(bytes + 1 + kGuard, kGuardByte);
+        if (random) {
+          for (auto& b : raw) b = static_cast<std::byte>(rng());
+        } else {
+          for (size_t e = 0; e < n; ++e) {
+            for (size_t j = 0; j < elem; ++j) {
+              raw[e * elem + j] = static_cast<std::byte>(j < 8 ? e >> (8 * j) : gpufeed::testing::IndexByte(e, j));
+            }
+          }
+        }
+        codec::BitshuffleBlock(raw.data(), sh.data() + 1, n, elem);
+        codec::BitunshuffleBlockWith(codec::BitunshuffleImpl::kScalar, sh.data() + 1, scalar.data(), n, elem);
+        codec::BitunshuffleBlockWith(impl, sh.data() + 1, simd.data() + 1, n, elem);
+        const std::string where = "elem_size " + std::to_string(elem) + ", " + std::to_string(n) +
+                                  (random ? " random" : " index") + " elements";
+        ASSERT_EQ(FirstDifference(scalar.data(), raw.data(), bytes), -1) << "scalar twin, " << where;
+        ASSERT_EQ(FirstDifference(simd.data() + 1, scalar.data(), bytes), -1) << where;
+        ASSERT_EQ(simd[0], kGuardByte) << where;
+        for (size_t i = 0; i < kGuard; ++i) ASSERT_EQ(simd[1 + bytes + i], kGuardByte) << where << ", byte " << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vector, BitunshuffleImplTest,
+                         ::testing::Values(codec::BitunshuffleImpl::kSse2, codec::BitunshuffleImpl::kAvx2),
+                         [](const ::testing::TestParamInfo<codec::BitunshuffleImpl>& info) {
+                           return std::string(ImplName(info.param));
+                         });
+
+// A bitshuffled chunk (no compression) of whole blocks, a shorter last block
+// (still a multiple of 8 elements) and fewer than 8 elements left over, which
+// the format stores as they are: BitshuffleDecompress, by the unshuffle this
+// CPU runs, gives back the elements.
+TEST(CodecTest, BitshuffleChunkOfBlocksAndLeftoverElements) {
+  for (size_t elem : {1, 2, 3, 4, 5, 8, 12, 16}) {
+    for (size_t block : {8, 136, 256, 1024, 4096}) {  // 4096: the decoder prefetches the next block
+      for (size_t n : {size_t{5}, size_t{8}, block, 3 * block + 8, 3 * block + 8 * 13 + 7}) {
+        const std::vector<std::byte> raw = gpufeed::testing::IndexSamples(n, elem);
+        std::vector<std::byte> stored(raw.size()), back(raw.size());
+        size_t e = 0;
+        for (;;) {
+          size_t count = std::min(block, n - e);
+          count -= count % 8;
+          if (count == 0) break;
+          codec::BitshuffleBlock(raw.data() + e * elem, stored.data() + e * elem, count, elem);
+          e += count;
+        }
+        std::memcpy(stored.data() + e * elem, raw.data() + e * elem, (n - e) * elem);
+        std::vector<std::byte> tmp;
+        ASSERT_TRUE(codec::BitshuffleDecompress(stored, back, elem, block, 0, tmp, "t").ok());
+        EXPECT_EQ(FirstDifference(back.data(), raw.data(), raw.size()), -1)
+            << "elem_size " << elem << ", block " << block << ", " << n << " elements";
+      }
     }
   }
 }
