@@ -1,6 +1,5 @@
 // The C API (include/gpufeed/c_api.h) over the C++ library: handles, error
-// objects, DLPack export and a fetch thread that makes the blocking Next()
-// of a stream a wait with a timeout that an interrupt can end.
+// objects and DLPack export. Its options are capi/options.cc.
 //
 // Ownership. A gpufeed_loader is a handle on a Core (shared_ptr); every batch
 // and, through its batch, every exported tensor holds the Core too, so the
@@ -9,11 +8,10 @@
 // feeder it came from (FeedState), which outlives later epochs' feeders
 // while its batches are held.
 //
-// Threads. The consumer's calls run on its thread; stream.Next() and
-// feeder.Next() run on the Core's fetch thread, one request at a time, and
-// the consumer waits for the result on a condition variable (a timeout or
-// an interrupt leaves the request queued: its result is the next call's).
-// Batch releases come from any thread: host slots go back through the
+// Threads. The consumer's calls run on its thread: gpufeed_loader_next is
+// the stream's (or feeder's) NextFor, whose wait a timeout or an interrupt
+// ends with nothing taken; gpufeed_loader_interrupt reaches the live stream
+// from any thread through Core::interrupt_mu. Batch releases come from any thread: host slots go back through the
 // thread-safe BatchPool; device slots through GpuFeeder::ReleaseSlot, which
 // is not thread-safe, so every feeder call holds its FeedState's mutex.
 #include "gpufeed/c_api.h"
@@ -146,16 +144,22 @@ struct Core {
     return release_ops.get();
   }
 
-  // The fetch thread's mailbox (the analysis checks the annotations under
-  // clang: common/mutex.h).
-  gpufeed::Mutex mu;
-  gpufeed::CondVar work_cv, done_cv;
-  bool request GUARDED_BY(mu) = false;  // a fetch is asked for or running
-  bool has_result GUARDED_BY(mu) = false;
-  bool quit GUARDED_BY(mu) = false;
-  bool interrupted GUARDED_BY(mu) = false;
-  Fetched result GUARDED_BY(mu);  // meaningful when has_result
-  std::thread fetcher;
+  // gpufeed_loader_interrupt (any thread) reaches the stream or feeder the
+  // consumer waits in through this lock, under which the consumer swaps them
+  // (StartEpoch); with none live, the interrupt waits in `interrupt_pending`
+  // for the next one.
+  gpufeed::Mutex interrupt_mu;
+  bool interrupt_pending GUARDED_BY(interrupt_mu) = false;
+
+  void InterruptLive() REQUIRES(interrupt_mu) {
+    if (feed && feed_state) {
+      feed_state->feeder->Interrupt();
+    } else if (!feed && stream) {
+      stream->Interrupt();
+    } else {
+      interrupt_pending = true;
+    }
+  }
 
   ~Core() {
     // Slots still read by copies on a stream go back to the pool first. A
@@ -176,16 +180,6 @@ struct Core {
                                        std::to_string(kDeferredReleaseWait.count()) +
                                        " s; leaving the loader's memory allocated");
     }
-    {
-      gpufeed::MutexLock lock(&mu);
-      quit = true;
-    }
-    work_cv.SignalAll();
-    if (fetcher.joinable()) fetcher.join();
-    {
-      gpufeed::MutexLock lock(&mu);
-      result = Fetched();
-    }
     if (abandoned) {
       (void)new std::optional<gpufeed::EpochStream>(std::move(stream));  // never freed: see above
       (void)opened.release();
@@ -194,68 +188,6 @@ struct Core {
     feed_state.reset();
     stream.reset();
     opened.reset();
-  }
-
-  void FetchLoop() {
-    mu.Lock();
-    for (;;) {
-      while (!quit && !(request && !has_result)) work_cv.Wait(&mu);
-      if (quit) break;
-      mu.Unlock();
-      Fetched f = FetchOne();
-      mu.Lock();
-      result = std::move(f);
-      has_result = true;
-      request = false;
-      done_cv.SignalAll();
-    }
-    mu.Unlock();
-  }
-
-  // Runs on the fetch thread; `stream` / `feed_state` do not change while a
-  // request is open (StartEpoch waits for it).
-  Fetched FetchOne() {
-    Fetched f;
-    try {
-      if (feed) {
-        std::lock_guard<std::mutex> lock(feed_state->mu);
-        auto r = feed_state->feeder->Next();
-        if (!r.ok()) {
-          f.status = r.status();
-        } else if (r->has_value()) {
-          f.device = std::move(**r);
-          f.feed = feed_state;
-        }
-      } else {
-        auto r = stream->Next();
-        if (!r.ok()) {
-          f.status = r.status();
-        } else if (r->has_value()) {
-          f.host = std::move(**r);
-        }
-      }
-    } catch (const std::exception& e) {
-      f.status = Status::Internal(std::string("gpufeed: unexpected exception in the fetch thread: ") + e.what());
-    } catch (...) {
-      f.status = Status::Internal("gpufeed: unexpected exception in the fetch thread");
-    }
-    return f;
-  }
-
-  // Waits until no fetch runs and drops any result nobody took.
-  void Drain() {
-    Fetched dropped;
-    {
-      gpufeed::MutexLock lock(&mu);
-      while (request) done_cv.Wait(&mu);
-      if (has_result) dropped = std::move(result);
-      has_result = false;
-      result = Fetched();
-    }
-    if (dropped.device) {
-      std::lock_guard<std::mutex> lock(dropped.feed->mu);
-      dropped.device.reset();
-    }
   }
 
   uint64_t Position() const {
@@ -439,8 +371,11 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
 }
 
 gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_error** error) {
-  c.Drain();
-  std::shared_ptr<FeedState> old_feed = std::move(c.feed_state);
+  std::shared_ptr<FeedState> old_feed;
+  {
+    gpufeed::MutexLock lock(&c.interrupt_mu);
+    old_feed = std::move(c.feed_state);
+  }
   c.epoch = epoch;
   c.start_batch = start_batch;
   c.delivered = 0;
@@ -457,13 +392,19 @@ gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_e
     // decoder stay. A new feeder an epoch made them again at each epoch's
     // start, on every rank of a node at once. Batches of the last epoch
     // still held stay valid. (A feeder that did not start is made anew.)
-    std::lock_guard<std::mutex> lock(old_feed->mu);
-    gpufeed::Status restarted = old_feed->feeder->Restart(epoch, start_batch);
-    if (!restarted.ok()) return Fail(error, restarted);
+    {
+      std::lock_guard<std::mutex> lock(old_feed->mu);
+      gpufeed::Status restarted = old_feed->feeder->Restart(epoch, start_batch);
+      if (!restarted.ok()) return Fail(error, restarted);
+    }
+    gpufeed::MutexLock lock(&c.interrupt_mu);
     c.feed_state = std::move(old_feed);
   } else if (c.feed) {
     old_feed.reset();  // unless batches still hold it, it goes before the new one takes the loader's pool
-    c.stream.reset();
+    {
+      gpufeed::MutexLock lock(&c.interrupt_mu);
+      c.stream.reset();
+    }
     auto st = std::make_shared<FeedState>();
     st->feeder = std::make_unique<gpufeed::GpuFeeder>(c.opened->source(), c.feed_options, epoch, start_batch);
     if (st->feeder->on_gpu() && !c.device_ops) {
@@ -471,12 +412,23 @@ gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_e
       if (!ops.ok()) return Fail(error, ops.status());
       c.device_ops = std::move(*ops);
     }
+    gpufeed::MutexLock lock(&c.interrupt_mu);
     c.feed_state = std::move(st);
   } else {
-    c.stream.reset();  // ends the previous stream before the next starts
-    c.stream.emplace(c.opened->source().Epoch(epoch, start_batch));
+    {
+      gpufeed::MutexLock lock(&c.interrupt_mu);
+      c.stream.reset();  // ends the previous stream before the next starts
+    }
+    gpufeed::EpochStream next = c.opened->source().Epoch(epoch, start_batch);
+    gpufeed::MutexLock lock(&c.interrupt_mu);
+    c.stream.emplace(std::move(next));
   }
-  if (!c.fetcher.joinable()) c.fetcher = std::thread([core = &c] { core->FetchLoop(); });
+  // An interrupt that came while nothing was live ends the new stream's first wait.
+  gpufeed::MutexLock lock(&c.interrupt_mu);
+  if (c.interrupt_pending) {
+    c.interrupt_pending = false;
+    c.InterruptLive();
+  }
   return GPUFEED_OK;
 }
 
@@ -615,7 +567,7 @@ void gpufeed_loader_destroy(gpufeed_loader* l) {
   try {
     // The handle's reference goes; batches still held keep the Core (and
     // its pipeline, parked on a full pool) until they are released.
-    l->core->Drain();
+    gpufeed::MutexLock lock(&l->core->interrupt_mu);
     l->core->stream.reset();
     delete l;
   } catch (...) {
@@ -652,9 +604,8 @@ int gpufeed_loader_on_gpu(const gpufeed_loader* l) {
 gpufeed_code gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch,
                                         gpufeed_error** error) {
   return Guard(error, [&] {
-    // An epoch of its own, not a resumed one; set once the fetch thread has
-    // no request open (SetReshard may stop the running stream).
-    l->core->Drain();
+    // An epoch of its own, not a resumed one (SetReshard may stop the
+    // running stream: nothing waits in it, this is the consumer's thread).
     l->core->opened->source().SetReshard({});
     return StartEpoch(*l->core, epoch, start_batch, error);
   });
@@ -668,39 +619,40 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
     if (!c.started) {
       return Fail(error, GPUFEED_INVALID_ARGUMENT, c.name + ": no epoch started (gpufeed_loader_start_epoch)");
     }
-    Fetched f;
-    {
-      gpufeed::MutexLock lock(&c.mu);
-      if (!c.feed && !c.has_result && !c.request && c.held_host.load() >= c.pool_slots) {
-        // No batch can be assembled until the consumer gives one back: say
-        // so rather than wait forever.
-        return Fail(error, GPUFEED_INVALID_ARGUMENT,
-                    c.name + ": the consumer holds all " + std::to_string(c.pool_slots) +
-                        " batches of the pool (prefetch + 1); free batches (their tensors) before asking for "
-                        "more, or raise prefetch (LoaderOptions::prefetch)");
-      }
-      if (!c.has_result && !c.request) {
-        c.request = true;
-        c.work_cv.Signal();
-      }
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
-      while (!c.has_result && !c.interrupted) {
-        if (timeout_ms < 0) {
-          c.done_cv.Wait(&c.mu);
-          continue;
-        }
-        const auto now = std::chrono::steady_clock::now();
-        if (now >= deadline) return GPUFEED_TIMEOUT;
-        c.done_cv.WaitFor(&c.mu, deadline - now);
-      }
-      if (c.interrupted) {
-        c.interrupted = false;
-        return GPUFEED_INTERRUPTED;
-      }
-      f = std::move(c.result);
-      c.result = Fetched();
-      c.has_result = false;
+    const auto timeout = timeout_ms < 0 ? std::chrono::milliseconds::max() : std::chrono::milliseconds(timeout_ms);
+    if (!c.feed && c.held_host.load() >= c.pool_slots) {
+      // No batch can be assembled until the consumer gives one back: say
+      // so rather than wait forever.
+      return Fail(error, GPUFEED_INVALID_ARGUMENT,
+                  c.name + ": the consumer holds all " + std::to_string(c.pool_slots) +
+                      " batches of the pool (prefetch + 1); free batches (their tensors) before asking for "
+                      "more, or raise prefetch (LoaderOptions::prefetch)");
     }
+    Fetched f;
+    gpufeed::WaitResult waited = gpufeed::WaitResult::kReady;
+    if (c.feed) {
+      std::lock_guard<std::mutex> lock(c.feed_state->mu);
+      auto r = c.feed_state->feeder->NextFor(timeout);
+      if (!r.ok()) {
+        f.status = r.status();
+      } else {
+        waited = r->wait;
+        if (r->batch) {
+          f.device = std::move(*r->batch);
+          f.feed = c.feed_state;
+        }
+      }
+    } else {
+      auto r = c.stream->NextFor(timeout);
+      if (!r.ok()) {
+        f.status = r.status();
+      } else {
+        waited = r->wait;
+        if (r->batch) f.host = std::move(*r->batch);
+      }
+    }
+    if (waited == gpufeed::WaitResult::kTimeout) return GPUFEED_TIMEOUT;
+    if (waited == gpufeed::WaitResult::kInterrupted) return GPUFEED_INTERRUPTED;
     if (!f.status.ok()) return Fail(error, f.status);  // the consumer holding every slot can continue
     if (!f.host && !f.device) {
       c.ended = true;
@@ -714,11 +666,8 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
 
 void gpufeed_loader_interrupt(gpufeed_loader* l) {
   if (l == nullptr) return;
-  {
-    gpufeed::MutexLock lock(&l->core->mu);
-    l->core->interrupted = true;
-  }
-  l->core->done_cv.SignalAll();
+  gpufeed::MutexLock lock(&l->core->interrupt_mu);
+  l->core->InterruptLive();
 }
 
 void gpufeed_loader_position(const gpufeed_loader* l, uint64_t* epoch, uint64_t* next_batch) {
@@ -764,10 +713,6 @@ gpufeed_code gpufeed_loader_restore_state(gpufeed_loader* l, const void* bytes, 
 gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_error** error) {
   return Guard(error, [&]() -> gpufeed_code {
     Core& c = *l->core;
-    {
-      gpufeed::MutexLock lock(&c.mu);
-      while (c.request) c.done_cv.Wait(&c.mu);
-    }
     gpufeed::LoaderStats s;
     std::string j = "{";
     auto add = [&](const char* k, double v) {

@@ -162,6 +162,8 @@ struct RemoteStream final : EpochStream::Impl {
                       std::deque<Batch::Slot*>& held, loader::StreamCore::Item* item);
   Status CheckHead(const daemon::BatchHead& head, uint64_t expect) const;
   Result<std::optional<Batch>> Next() override;
+  WaitResult WaitReady(std::chrono::steady_clock::time_point deadline) override { return core.WaitReady(deadline); }
+  void Interrupt() override { core.Interrupt(); }
   uint64_t num_batches() const override { return epoch_batches; }
   LoaderStats stats() const override;
   void Stop() override;

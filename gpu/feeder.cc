@@ -15,6 +15,7 @@
 
 #include "common/classes.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "gpu/device_ops.h"
 #include "gpu/image_decoder.h"
 #include "gpufeed/gpu_feed.h"
@@ -40,7 +41,10 @@ struct GpuFeeder::Impl {
   BatchSource& loader;
   FeedOptions o;
   uint64_t epoch;
-  std::optional<EpochStream> stream;  // reset before the next epoch's starts (Restart)
+  // Reset before the next epoch's starts (Restart). Changed by the consumer
+  // under stream_mu, which Interrupt() (any thread) takes to reach it.
+  std::optional<EpochStream> stream;
+  Mutex stream_mu;
   // Makes and frees every stream, event and buffer below: declared before
   // them, so destroyed after them (Teardown also resets it last).
   std::unique_ptr<gpu::DeviceOps> ops;
@@ -150,6 +154,9 @@ struct GpuFeeder::Impl {
   Status ClassifyFields(const BatchSourceInfo& src);
   Status Fill(int k);
   Result<std::optional<DeviceBatch>> Produce(GpuFeeder* owner);
+  // Whether the next Produce() pulls loader batches first (the first
+  // upload, or the next one queued ahead of this one's outputs).
+  bool WillPull() const;
   void Teardown();
 };
 
@@ -330,10 +337,17 @@ Status GpuFeeder::Impl::Restart(uint64_t e, uint64_t start) {
     s.pass = 0;
     s.filled = false;
   }
-  stream.reset();
+  {
+    MutexLock lock(&stream_mu);
+    stream.reset();
+  }
   epoch = e;
   start_batch = start;
-  stream.emplace(loader.Epoch(e, start));
+  {
+    EpochStream next = loader.Epoch(e, start);
+    MutexLock lock(&stream_mu);
+    stream.emplace(std::move(next));
+  }
   cur = 0;
   started = loader_done = false;
   error = Status::Ok();
@@ -553,6 +567,11 @@ Status GpuFeeder::Impl::Fill(int k) {
   return Status::Ok();
 }
 
+bool GpuFeeder::Impl::WillPull() const {
+  if (!init_status.ok() || !restart_error.ok() || !error.ok() || !stream || loader_done) return false;
+  return !started || (!in[1 - cur].filled && in[cur].filled);
+}
+
 Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   if (!started) {
     started = true;
@@ -732,6 +751,26 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Next() {
   d.last_return = NowSeconds();
   if (!r.ok()) d.error = r.status();
   return r;
+}
+
+Result<GpuFeeder::Waited> GpuFeeder::NextFor(std::chrono::milliseconds timeout) {
+  Impl& d = *impl_;
+  Waited out;
+  if (d.WillPull()) {
+    const double t0 = NowSeconds();
+    out.wait = d.stream->WaitFor(timeout);
+    d.st.data_wait_seconds += NowSeconds() - t0;  // Fill's own wait is then short
+    if (out.wait != WaitResult::kReady) return out;
+  }
+  auto r = Next();
+  if (!r.ok()) return r.status();
+  out.batch = std::move(*r);
+  return out;
+}
+
+void GpuFeeder::Interrupt() {
+  MutexLock lock(&impl_->stream_mu);
+  if (impl_->stream) impl_->stream->Interrupt();
 }
 
 Status GpuFeeder::CopyToHost(const DeviceBatch& b, void* images, void* labels) const {

@@ -193,6 +193,8 @@ struct LocalStream final : EpochStream::Impl {
   std::atomic<const char*> host_decode_reason{""};
   void Stop() override;
   Result<std::optional<Batch>> Next() override;
+  WaitResult WaitReady(std::chrono::steady_clock::time_point deadline) override { return core.WaitReady(deadline); }
+  void Interrupt() override { core.Interrupt(); }
   uint64_t num_batches() const override { return plan.num_batches; }
   LoaderStats stats() const override;
   static EpochStream Start(std::unique_ptr<LocalStream> s) { return Wrap(std::move(s)); }
@@ -392,6 +394,32 @@ EpochStream::~EpochStream() {
 
 uint64_t EpochStream::num_batches() const { return impl_->num_batches(); }
 Result<std::optional<Batch>> EpochStream::Next() { return impl_->Next(); }
+
+namespace {
+std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
+  const auto now = std::chrono::steady_clock::now();
+  // A timeout past what the clock holds waits without a deadline.
+  if (timeout >=
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::time_point::max() - now)) {
+    return std::chrono::steady_clock::time_point::max();
+  }
+  return now + std::max(timeout, std::chrono::milliseconds(0));
+}
+}  // namespace
+
+WaitResult EpochStream::WaitFor(std::chrono::milliseconds timeout) { return impl_->WaitReady(DeadlineAfter(timeout)); }
+
+Result<EpochStream::Waited> EpochStream::NextFor(std::chrono::milliseconds timeout) {
+  Waited out;
+  out.wait = WaitFor(timeout);
+  if (out.wait != WaitResult::kReady) return out;
+  auto r = Next();
+  if (!r.ok()) return r.status();
+  out.batch = std::move(*r);
+  return out;
+}
+
+void EpochStream::Interrupt() { impl_->Interrupt(); }
 LoaderStats EpochStream::stats() const { return impl_->stats(); }
 
 Batch EpochStream::MakeBatch(Batch::Slot* slot, uint64_t epoch, uint64_t index, uint64_t count, uint64_t sample_bytes,

@@ -52,6 +52,13 @@ class StreamCore {
   // consumer's; nullopt at the end; the producer's error once, then nullopt.
   // `what` names the stream in the held-every-slot error.
   Result<std::optional<Item>> Pop(const std::string& what);
+  // Waits until Pop() would return at once (an item, the end, an error, or
+  // the held-every-slot error), at most until `deadline`, or until
+  // Interrupt(): kReady, kTimeout or kInterrupted. Takes nothing.
+  WaitResult WaitReady(std::chrono::steady_clock::time_point deadline);
+  // Any thread: the current WaitReady, or the next one, returns
+  // kInterrupted (once).
+  void Interrupt();
 
   // After the producer has ended: slots delivered but never taken go back to
   // the pool.
@@ -68,6 +75,12 @@ class StreamCore {
   bool done_ GUARDED_BY(mu_) = false;
   Status error_ GUARDED_BY(mu_);
   bool error_returned_ GUARDED_BY(mu_) = false;
+  bool interrupted_ GUARDED_BY(mu_) = false;
+  // Pop's and WaitReady's wait: until an item or the end, the deadline, an
+  // interrupt (when `interruptible`), or the consumer holding every slot for
+  // kHoldAllGrace (*holds_all set).
+  WaitResult WaitLocked(std::chrono::steady_clock::time_point deadline, bool interruptible, bool* holds_all)
+      REQUIRES(mu_);
   std::atomic<bool> failed_{false};
   // Consumer-only.
   double wait_seconds_ = 0;

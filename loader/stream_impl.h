@@ -4,6 +4,7 @@
 #ifndef GPUFEED_LOADER_STREAM_IMPL_H_
 #define GPUFEED_LOADER_STREAM_IMPL_H_
 
+#include <chrono>
 #include <memory>
 #include <optional>
 
@@ -15,6 +16,13 @@ struct EpochStream::Impl {
   virtual ~Impl() = default;
   // The consumer's calls (one thread), as documented on EpochStream.
   virtual Result<std::optional<Batch>> Next() = 0;
+  // WaitFor's and Interrupt's (EpochStream). A stream with nothing to wait
+  // for (one that failed before it started) is always ready.
+  virtual WaitResult WaitReady(std::chrono::steady_clock::time_point deadline) {
+    (void)deadline;
+    return WaitResult::kReady;
+  }
+  virtual void Interrupt() {}
   virtual uint64_t num_batches() const = 0;
   virtual LoaderStats stats() const = 0;
   // Idempotent. When it returns, no thread of the stream runs or touches a

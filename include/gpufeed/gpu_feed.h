@@ -219,6 +219,20 @@ class GpuFeeder {
   GpuFeeder& operator=(const GpuFeeder&) = delete;
 
   Result<std::optional<DeviceBatch>> Next();
+  // As Next(), waiting at most `timeout` for the loader where this output
+  // needs an upload (the first, or the next one Next() queues ahead of this
+  // one's outputs): kReady with `batch` (nullopt at the end), or kTimeout /
+  // kInterrupted with nothing taken. With super_batch > 1 it waits for the
+  // first of the upload's loader batches; the others follow as Next() takes
+  // them. The device work it queues is not waited for.
+  struct Waited {
+    WaitResult wait = WaitResult::kReady;
+    std::optional<DeviceBatch> batch;
+  };
+  Result<Waited> NextFor(std::chrono::milliseconds timeout);
+  // From any thread: ends the wait of the current NextFor, or of the next one
+  // (EpochStream::Interrupt on the loader stream it pulls from).
+  void Interrupt();
   // Starts epoch `epoch` at `start_batch` (as the constructor) on this
   // feeder's device state: its buffers, streams and image decoder (with its
   // measured rate) are kept, so an epoch's start costs no allocation, no

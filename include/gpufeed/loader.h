@@ -31,6 +31,7 @@
 #define GPUFEED_LOADER_H_
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -282,6 +283,13 @@ struct LoaderStats {
 
 class Loader;
 
+// How a bounded wait for a batch ended (EpochStream::NextFor, GpuFeeder::NextFor).
+enum class WaitResult {
+  kReady,        // a batch, the end of the epoch, or an error is there
+  kTimeout,      // the time ran out first; nothing was taken: call again
+  kInterrupted,  // Interrupt() ended the wait; nothing was taken
+};
+
 // One epoch (from a start batch to its end) of batches, in order.
 class EpochStream {
  public:
@@ -296,6 +304,22 @@ class EpochStream {
   // one is released, it returns InvalidArgument naming the option to raise
   // (prefetch); releasing batches and calling Next() again continues.
   Result<std::optional<Batch>> Next();
+  // As Next(), waiting at most `timeout` for the batch: `wait` says whether
+  // it came (kReady: `batch`, or nullopt at the end) or the wait ended
+  // first (kTimeout, kInterrupted: nothing taken, no batch lost). Errors as
+  // Next(). Ends a wait a consumer thread cannot otherwise leave.
+  struct Waited {
+    WaitResult wait = WaitResult::kReady;
+    std::optional<Batch> batch;
+  };
+  Result<Waited> NextFor(std::chrono::milliseconds timeout);
+  // Waits as NextFor and takes nothing: kReady when Next() would return at
+  // once.
+  WaitResult WaitFor(std::chrono::milliseconds timeout);
+  // From any thread: the wait of the current NextFor / WaitFor, or of the
+  // next one if none is waiting, ends with kInterrupted (once). Next() is
+  // not interrupted.
+  void Interrupt();
   uint64_t num_batches() const;  // in the whole epoch, for this rank
   LoaderStats stats() const;
 

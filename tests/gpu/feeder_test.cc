@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "gpufeed/convert.h"
 #include "gpufeed/dataset.h"
@@ -776,6 +777,44 @@ TEST(FeederFieldsTest, AFloatMapOfTheImagesPixelsIsRefusedWithAugmentation) {
       EXPECT_EQ(heat[i * 16 + 15], std::round(img[i * 16] * 255) + 0.5f) << "row " << i;
     }
   }
+}
+
+// NextFor bounds the wait for the loader: a slow loader's first upload
+// times out with nothing taken, an interrupt ends a wait from another
+// thread, and then every sample arrives once, as through Next().
+TEST_P(FeederTest, NextForTimesOutAndIsInterruptedWithoutLosingABatch) {
+  TensorSource src(96, 8);
+  src.set_delay_ms(400);
+  LoaderOptions lo = LoaderOpts();
+  lo.threads = 1;
+  Loader loader(src, lo);
+  GpuFeeder feeder(loader, Opts(), 0);
+  auto early = feeder.NextFor(std::chrono::milliseconds(20));
+  ASSERT_TRUE(early.ok()) << early.status().ToString();
+  EXPECT_EQ(early->wait, WaitResult::kTimeout);
+  EXPECT_FALSE(early->batch.has_value());
+  std::thread interrupter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    feeder.Interrupt();
+  });
+  auto cut = feeder.NextFor(std::chrono::seconds(60));
+  interrupter.join();
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  EXPECT_EQ(cut->wait, WaitResult::kInterrupted);
+  src.set_delay_ms(0);
+  std::set<int64_t> seen;
+  std::vector<float> img(8 * kSampleBytes);
+  for (;;) {
+    auto b = feeder.NextFor(std::chrono::seconds(30));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_EQ(b->wait, WaitResult::kReady);
+    if (!b->batch) break;
+    ASSERT_TRUE(feeder.CopyToHost(*b->batch, img.data(), nullptr).ok());
+    for (int i = 0; i < b->batch->size(); ++i) {
+      ASSERT_TRUE(seen.insert(IndexOf(&img[i * kSampleBytes])).second);
+    }
+  }
+  EXPECT_EQ(seen.size(), 96u);
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuAndGpu, FeederTest, ::testing::Values(false, true),

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "gpufeed/dataset.h"
@@ -727,6 +728,76 @@ TEST(LoaderCrossEpochTest, LaterEpochsReadNothingWhenTheCacheHoldsTheData) {
     EXPECT_EQ(RunEpoch(fresh, fresh_src, 1).batch_hashes, second.batch_hashes) << OrderName(order);
     EXPECT_EQ(RunEpoch(fresh, fresh_src, 2).batch_hashes, third.batch_hashes) << OrderName(order);
   }
+}
+
+}  // namespace
+}  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// NextFor: a bounded wait that takes nothing when it ends early. Every batch
+// still arrives once, in order, through it.
+TEST(LoaderTest, NextForDeliversEveryBatchAndTimesOutWithoutLosingOne) {
+  InMemorySource src(640, 64, 32);
+  src.set_delay_ms(300);  // each chunk read takes 300 ms: the first wait of 20 ms ends first
+  LoaderOptions o = Opts(Order::kSequential, 2, 3);
+  o.cache_bytes = 0;
+  Loader loader(src, o);
+  EpochStream stream = loader.Epoch(0);
+  auto early = stream.NextFor(std::chrono::milliseconds(20));
+  ASSERT_TRUE(early.ok()) << early.status().ToString();
+  EXPECT_EQ(early->wait, WaitResult::kTimeout);
+  EXPECT_FALSE(early->batch.has_value());
+  src.set_delay_ms(0);
+  std::set<uint64_t> seen;
+  uint64_t expect_index = 0;
+  for (;;) {
+    auto r = stream.NextFor(std::chrono::seconds(30));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->wait, WaitResult::kReady);
+    if (!r->batch) break;
+    EXPECT_EQ(r->batch->index(), expect_index++);  // the timed-out wait took nothing
+    for (uint64_t idx : r->batch->indices()) EXPECT_TRUE(seen.insert(idx).second) << idx;
+  }
+  EXPECT_EQ(seen.size(), 640u);
+  EXPECT_EQ(expect_index, stream.num_batches());
+}
+
+// Interrupt: from another thread it ends a wait that would otherwise last
+// seconds; before a wait it ends the next one (once), even with a batch
+// ready; the stream then goes on.
+TEST(LoaderTest, InterruptEndsTheCurrentOrNextWaitOnce) {
+  InMemorySource src(320, 64, 32);
+  src.set_delay_ms(2000);
+  LoaderOptions o = Opts(Order::kSequential, 1, 2);
+  o.cache_bytes = 0;
+  Loader loader(src, o);
+  EpochStream stream = loader.Epoch(0);
+  std::thread interrupter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    stream.Interrupt();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = stream.NextFor(std::chrono::seconds(60));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  interrupter.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->wait, WaitResult::kInterrupted);
+  EXPECT_FALSE(r->batch.has_value());
+  EXPECT_LT(waited, 1.5);  // the interrupt, not the 2 s read, ended it
+  src.set_delay_ms(0);
+  // Wait until a batch is ready, then interrupt: the next wait still ends with it, once.
+  ASSERT_EQ(stream.WaitFor(std::chrono::seconds(30)), WaitResult::kReady);
+  stream.Interrupt();
+  auto again = stream.NextFor(std::chrono::seconds(30));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->wait, WaitResult::kInterrupted);
+  auto first = stream.NextFor(std::chrono::seconds(30));
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->wait, WaitResult::kReady);
+  ASSERT_TRUE(first->batch.has_value());
+  EXPECT_EQ(first->batch->index(), 0u);
 }
 
 }  // namespace

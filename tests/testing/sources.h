@@ -31,7 +31,7 @@ class InMemorySource : public ChunkSource {
   std::string name() const override { return "memory"; }
   Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
     reads_ += 1;
-    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+    if (const int ms = delay_ms_.load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     if (static_cast<int64_t>(i) == fail_chunk_) {
       return Status::Corrupt("memory chunk " + std::to_string(i) + ": injected failure");
     }
@@ -39,7 +39,7 @@ class InMemorySource : public ChunkSource {
     return Status::Ok();
   }
 
-  void set_delay_ms(int ms) { delay_ms_ = ms; }
+  void set_delay_ms(int ms) { delay_ms_ = ms; }  // also while a loader reads
   void set_fail_chunk(int64_t c) { fail_chunk_ = c; }
   uint64_t reads() const { return reads_.load(); }
 
@@ -48,7 +48,7 @@ class InMemorySource : public ChunkSource {
   std::vector<uint64_t> shape_;
   std::vector<std::byte> data_;
   std::vector<int64_t> labels_;
-  int delay_ms_ = 0;
+  std::atomic<int> delay_ms_{0};
   int64_t fail_chunk_ = -1;
   mutable std::atomic<uint64_t> reads_{0};
 };
