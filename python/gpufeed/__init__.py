@@ -16,9 +16,11 @@ from ._dlpack import Array
 from .errors import (CorruptError, Error, InternalError, InvalidArgumentError, IOFailureError, NotFoundError,
                      UnsupportedError)
 from .loader import Loader
+from .options import DecodeOptions, FeedOptions, LoaderOptions, OpenOptions, OutputOptions, RemoteOptions
 
 __version__ = _lib_handle.gpufeed_version().decode()
 C_API_VERSION = _lib_handle.gpufeed_c_api_version()
 
-__all__ = ["Loader", "Array", "Error", "InvalidArgumentError", "NotFoundError", "UnsupportedError", "CorruptError",
+__all__ = ["Loader", "LoaderOptions", "OpenOptions", "DecodeOptions", "FeedOptions", "RemoteOptions", "OutputOptions",
+           "Array", "Error", "InvalidArgumentError", "NotFoundError", "UnsupportedError", "CorruptError",
            "IOFailureError", "InternalError", "__version__"]

@@ -92,7 +92,7 @@ def shard(rank, world_size):
 # The library's messages name an option as C++ does (LoaderOptions::prefetch,
 # FeedOptions::super_batch) or as the command line does (--prefetch,
 # --crop-padding 0); from Python the caller wrote a keyword (prefetch=,
-# crop_padding=0). One table: Loader's own signature.
+# crop_padding=0). One table: Loader's keywords (gpufeed/options.py).
 # ... and as the C API's option table does (gpufeed_options_set("feed_echo",
 # "0")): the keyword that sets it (OPTION_KEYWORD).
 _C_OPTION = re.compile(r'gpufeed_options_set\("([a-z0-9_]+)", "([^"]*)"\)')
@@ -102,11 +102,8 @@ _CXX_OR_CLI = re.compile(r"\b[A-Z][A-Za-z]*Options(?:(?:::|\.)[a-z_]+)*(?:::|\.)
 
 def caller_terms(message):
     """`message` with each option the Loader takes as a keyword named as one."""
-    import inspect
-
-    from .loader import Loader
-    params = inspect.signature(Loader.__init__).parameters
-    keywords = {n: p.default for n, p in params.items() if p.kind == inspect.Parameter.KEYWORD_ONLY}
+    from .options import KEYWORDS
+    keywords = {k: default for k, (_, default) in KEYWORDS.items()}
 
     def keyword(m):
         name = (m.group(1) or m.group(2)).replace("-", "_")

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from . import _args, _dlpack, _lib, errors
+from . import _args, _dlpack, _lib, errors, options
 from ._lib import lib
 
 _STATE_FORMAT = "gpufeed.Loader/1"
@@ -193,16 +193,20 @@ class Loader:
     has the details.
     """
 
-    def __init__(self, data, *, dataset=None, batch_size=256, order="block", seed=0, threads=0, prefetch=8,
-                 cache_bytes=1 << 30, shuffle_window=16, rank=None, world_size=None, drop_last=False,
-                 pin_memory=True, labels=None, trust_files=False, io=None, device="cpu", dtype=None, layout="NCHW",
-                 input_layout="NCHW",
-                 mean=None, std=None, echo=1, super_batch=1, crop_padding=0, flip=False, augment_seed=None,
-                 slots=3, labels_int32=False, token=None, token_file=None, client_name="python",
-                 compress=False, shared_memory=True, connect_timeout_ms=5000, io_timeout_ms=30000,
-                 keepalive_ms=30000, output="auto", poll_ms=100, fields=None, max_open_files=None, image_size=224,
-                 transform="random_resized_crop", image_layout="NCHW", skip_corrupt=False, no_sample_axis=False,
-                 share="auto", decode="auto"):
+    def __init__(self, data, *, loader_options=None, open_options=None, decode_options=None, feed_options=None,
+                 remote_options=None, output_options=None, **keywords):
+        self._handle = None
+        values = options.resolve({"loader_options": loader_options, "open_options": open_options,
+                                  "decode_options": decode_options, "feed_options": feed_options,
+                                  "remote_options": remote_options, "output_options": output_options}, keywords)
+        self._open(data, **values)
+
+    def _open(self, data, *, dataset, batch_size, order, seed, threads, prefetch, cache_bytes, shuffle_window, rank,
+              world_size, drop_last, pin_memory, labels, trust_files, io, device, dtype, layout, input_layout, mean,
+              std, echo, super_batch, crop_padding, flip, augment_seed, slots, labels_int32, token, token_file,
+              client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms, keepalive_ms, output, poll_ms,
+              fields, max_open_files, image_size, transform, image_layout, skip_corrupt, no_sample_axis, share,
+              decode):
         self._handle = None
         self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
         kind, index = _parse_device(device)

@@ -168,3 +168,29 @@ def test_caller_terms_rewrites_the_c_option_tables_calls():
     assert caller_terms('gpufeed_options_set("feed_echo", "0"): passes') == "echo=0: passes"
     assert caller_terms('gpufeed_options_set("order", "up"): no') == "order='up': no"
     assert caller_terms('gpufeed_options_set("client_name", "x")') == "client_name='x'"
+
+
+def test_option_groups_mirror_the_cpp_structs_and_mix_with_keywords(index_file):
+    # One loader, two spellings: the same batches in the same order.
+    flat = gpufeed.Loader(index_file, batch_size=10, seed=5, order="random", threads=2, output="numpy")
+    grouped = gpufeed.Loader(index_file, loader_options=gpufeed.LoaderOptions(batch_size=10, seed=5, order="random"),
+                             threads=2, output_options=gpufeed.OutputOptions(output="numpy"))
+    a = [(x.tolist(), y.tolist()) for x, y in flat]
+    b = [(x.tolist(), y.tolist()) for x, y in grouped]
+    assert a == b and len(a) == len(flat)
+    # Each keyword and its default written once: the groups' fields are Loader's keywords.
+    from gpufeed import options
+    assert options.KEYWORDS["batch_size"] == (gpufeed.LoaderOptions, 256)
+    assert options.KEYWORDS["echo"] == (gpufeed.FeedOptions, 1)
+
+
+def test_option_groups_refuse_conflicts_unknown_keywords_and_wrong_groups(index_file):
+    with pytest.raises(gpufeed.InvalidArgumentError, match=r"batch_size=20 and loader_options.batch_size=10: give it once"):
+        gpufeed.Loader(index_file, batch_size=20, loader_options=gpufeed.LoaderOptions(batch_size=10))
+    with pytest.raises(gpufeed.InvalidArgumentError, match=r"no keyword 'batchsize'; did you mean 'batch_size'"):
+        gpufeed.Loader(index_file, batchsize=20)
+    with pytest.raises(gpufeed.InvalidArgumentError, match=r"feed_options=.*a gpufeed.FeedOptions"):
+        gpufeed.Loader(index_file, feed_options=gpufeed.LoaderOptions())
+    # The same value both ways is no conflict.
+    loader = gpufeed.Loader(index_file, batch_size=10, loader_options=gpufeed.LoaderOptions(batch_size=10), threads=2)
+    assert loader.batch_size == 10
