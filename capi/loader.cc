@@ -178,9 +178,11 @@ void gpufeed_loader_destroy(gpufeed_loader* l) {
   try {
     // The handle's reference goes; batches still held keep the Core (and
     // its pipeline, parked on a full pool) until they are released.
-    gpufeed::MutexLock lock(&l->core->interrupt_mu);
-    l->core->stream.reset();
-    delete l;
+    {
+      gpufeed::MutexLock lock(&l->core->interrupt_mu);  // an interrupt may be reaching the stream
+      l->core->stream.reset();
+    }
+    delete l;  // the lock is the Core's: released before the Core may go
   } catch (...) {
     // Nothing a destroy call can report; the Core's destructor does not throw.
   }
