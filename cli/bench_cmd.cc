@@ -405,24 +405,22 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
                    "tcp://HOST:PORT")
       ->required();
   lcmd->add_option("--field", la->bench.open.fields, "NAME=/hdf5/path: a named field (repeatable, in order)");
-  lcmd->add_option("--max-open-files", la->bench.open.max_open_files, "files holding descriptors at once");
-  lcmd->add_flag("--no-sample-axis", la->bench.open.no_sample_axis,
-                 "each file is one sample; its datasets have no sample axis (DeepCAM's reference files)");
+  AddTableOption(lcmd, "max_open_files", &la->bench.open.max_open_files);
+  AddTableOption(lcmd, "no_sample_axis", &la->bench.open.no_sample_axis, "DeepCAM's reference files");
   lcmd->add_option("--dataset", la->bench.dataset,
                    "with a daemon --data: the dataset to read there (default: its first)");
   lcmd->add_option("--token-file", la->bench.token_file, "with a tcp:// daemon: its shared secret");
-  lcmd->add_option("--order", la->order, "sequential, random or block")
-      ->check(CLI::IsMember({"sequential", "random", "block"}));
-  lcmd->add_option("--threads", la->bench.loader.threads, "TBB threads (default: all cores)");
+  AddTableOption(lcmd, "order", &la->order)->check(CLI::IsMember({"sequential", "random", "block"}));
+  AddTableOption(lcmd, "threads", &la->bench.loader.threads, "here the default is all cores");
   lcmd->add_option("--decode", la->where,
                    "encoded images: run the GPU feed too, JPEGs decoded by the GPU's decoder (gpu), the loader (cpu) "
                    "or the GPU where it has one (auto), against the loader's CPU decode in the same run")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
-  lcmd->add_option("--batch-size", la->bench.loader.batch_size, "samples per batch");
-  lcmd->add_option("--prefetch", la->bench.loader.prefetch, "batches in flight");
+  AddTableOption(lcmd, "batch_size", &la->bench.loader.batch_size);
+  AddTableOption(lcmd, "prefetch", &la->bench.loader.prefetch);
   AddCacheBytesOption(lcmd, &la->bench.loader.cache_bytes, "decoded-chunk cache budget");
-  lcmd->add_option("--shuffle-window", la->bench.loader.shuffle_window, "chunks per shuffle window (block)");
-  lcmd->add_option("--seed", la->bench.loader.seed, "order seed");
+  AddTableOption(lcmd, "shuffle_window", &la->bench.loader.shuffle_window, "block order");
+  AddTableOption(lcmd, "seed", &la->bench.loader.seed);
   lcmd->add_flag("--cold", la->bench.cold,
                  "drop the file from the page cache before each epoch (posix_fadvise, checked with mincore) and "
                  "measure the O_DIRECT sequential read ceiling of the same file in the same run");
@@ -534,16 +532,15 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->required();
   fcmd->add_option("--dataset", fa->o.dataset, "with a daemon --data: the dataset to read there (default: its first)");
   fcmd->add_option("--token-file", fa->o.token_file, "with a tcp:// daemon: its shared secret");
-  fcmd->add_option("--prefetch", fa->o.loader.prefetch, "loader batches in flight (>= 2 x super-batch - 1)")
-      ->capture_default_str();
-  fcmd->add_option("--order", fa->order, "loader order")->check(CLI::IsMember({"sequential", "random", "block"}));
-  fcmd->add_option("--threads", fa->o.loader.threads, "loader threads");
-  fcmd->add_option("--batch-size", fa->o.loader.batch_size, "samples per batch");
-  fcmd->add_option("--dtype", fa->dtype, "float32, float16 or bfloat16");
-  fcmd->add_option("--echo", fa->o.feed.echo, "uses per upload (0: auto)");
-  fcmd->add_option("--super-batch", fa->o.feed.super_batch, "loader batches per upload");
-  fcmd->add_option("--crop-padding", fa->o.feed.crop_padding, "random crop padding");
-  fcmd->add_flag("--flip", fa->o.feed.flip, "random horizontal flip");
+  AddTableOption(fcmd, "prefetch", &fa->o.loader.prefetch, ">= 2 x super-batch - 1")->capture_default_str();
+  AddTableOption(fcmd, "order", &fa->order)->check(CLI::IsMember({"sequential", "random", "block"}));
+  AddTableOption(fcmd, "threads", &fa->o.loader.threads, "here the default is all cores");
+  AddTableOption(fcmd, "batch_size", &fa->o.loader.batch_size);
+  AddTableOption(fcmd, "feed_dtype", &fa->dtype);
+  AddTableOption(fcmd, "feed_echo", &fa->o.feed.echo);
+  AddTableOption(fcmd, "feed_super_batch", &fa->o.feed.super_batch);
+  AddTableOption(fcmd, "feed_crop_padding", &fa->o.feed.crop_padding, "random crop");
+  AddTableOption(fcmd, "feed_flip", &fa->o.feed.flip);
   fcmd->add_option("--epochs", fa->o.epochs, "epochs (the first verifies; the last is reported)");
   fcmd->add_flag("--json", fa->json, "print as JSON");
   fcmd->callback([fa, exit_code] {
@@ -601,11 +598,10 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       "Local Loader vs the daemon over a Unix socket (1 client, then N ranks), verified; then memory "
       "with idle and stalled clients");
   scmd->add_option("--data", sa->o.data, "a `bench gen` file")->required();
-  scmd->add_option("--order", sa->order, "sequential, random or block")
-      ->check(CLI::IsMember({"sequential", "random", "block"}));
-  scmd->add_option("--threads", sa->o.loader.threads, "loader threads (local, and each daemon stream)");
-  scmd->add_option("--batch-size", sa->o.loader.batch_size, "samples per batch");
-  scmd->add_option("--prefetch", sa->o.loader.prefetch, "batches in flight");
+  AddTableOption(scmd, "order", &sa->order)->check(CLI::IsMember({"sequential", "random", "block"}));
+  AddTableOption(scmd, "threads", &sa->o.loader.threads, "local, and each daemon stream");
+  AddTableOption(scmd, "batch_size", &sa->o.loader.batch_size);
+  AddTableOption(scmd, "prefetch", &sa->o.loader.prefetch);
   scmd->add_option("--cache-bytes", sa->o.loader.cache_bytes, "decoded-chunk cache per loader");
   scmd->add_option("--epochs", sa->o.epochs, "epochs per run; the last is timed (default 2)");
   scmd->add_option("--clients", sa->o.clients, "concurrent clients (ranks of one world) (default 4)");

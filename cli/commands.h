@@ -6,6 +6,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
 #include "gpufeed/encoded.h"
 #include "gpufeed/status.h"
 
@@ -21,6 +26,29 @@ void AddServeCommand(CLI::App& app, int* exit_code);
 // Adds --cache-bytes: a byte count, or "auto" (gpufeed::AutoCacheBytes(),
 // reported by the command at start).
 CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::string& help);
+
+// A flag for option `option` of the C API's option table (capi/options.cc,
+// gpufeed_option_*): its name ("--" and the option's, dashed, without a
+// "feed_" prefix), its description and, for integers, its range come from
+// the table's row, so the CLI, the C API and Python spell, describe and
+// bound it alike; `target` and `remark` (a default or a use of the
+// command's own) from the command. Booleans become flags. An option not in
+// the table is a programming error (aborts at start, naming it).
+CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, void* target, char type,
+                            const std::string& remark = "");
+template <typename T>
+CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, T* target, const std::string& remark = "") {
+  if constexpr (std::is_same_v<T, bool>) {
+    return AddTableOption(cmd, option, static_cast<void*>(target), 'b', remark);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return AddTableOption(cmd, option, static_cast<void*>(target), 's', remark);
+  } else if constexpr (std::is_same_v<T, int>) {
+    return AddTableOption(cmd, option, static_cast<void*>(target), 'i', remark);
+  } else {
+    static_assert(std::is_same_v<T, uint64_t>, "AddTableOption: bool, std::string, int or uint64_t");
+    return AddTableOption(cmd, option, static_cast<void*>(target), 'u', remark);
+  }
+}
 
 // Options of encoded image datasets (--image-size, --transform,
 // --image-layout, --skip-corrupt); ignored for other datasets.

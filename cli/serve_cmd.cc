@@ -32,9 +32,9 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
                     "(DeepCAM's reference files: /climate/data [768, 1152, 16])");
   cmd->add_option("--listen", o->listen, "unix:PATH (mode 0600) or tcp://HOST:PORT (HOST empty: loopback)")
       ->capture_default_str();
-  cmd->add_option("--threads", o->loader_threads, "TBB threads of each stream's loader (default: all cores)");
+  AddTableOption(cmd, "threads", &o->loader_threads, "shared by the streams' loaders; here 0 is all cores");
   cmd->add_option("--io-threads", o->io_threads, "Asio threads")->capture_default_str();
-  cmd->add_option("--prefetch", o->prefetch, "batches each stream's loader prepares ahead")->capture_default_str();
+  AddTableOption(cmd, "prefetch", &o->prefetch, "of each stream's loader")->capture_default_str();
   cmd->add_option("--cache-bytes", o->cache_bytes, "decoded-chunk cache of each stream")->capture_default_str();
   cmd->add_option("--memory-bytes", o->memory_bytes, "budget for all streams' memory bounds")->capture_default_str();
   cmd->add_option("--token-file", o->token_file, "shared secret clients must send (required for TCP)");

@@ -1,0 +1,42 @@
+// AddTableOption (cli/commands.h): CLI flags from the C API's option table.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "cli/commands.h"
+#include "gpufeed/c_api.h"
+
+namespace gpufeed::cli {
+
+CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, void* target, char type,
+                            const std::string& remark) {
+  int row = -1;
+  for (int i = 0; i < gpufeed_option_count(); ++i) {
+    if (option == gpufeed_option_name(i)) row = i;
+  }
+  if (row < 0) {
+    std::fprintf(stderr, "gpufeed: internal error: no option '%.*s' in the option table (capi/options.cc)\n",
+                 static_cast<int>(option.size()), option.data());
+    std::abort();
+  }
+  std::string flag(option);
+  if (flag.rfind("feed_", 0) == 0) flag = flag.substr(5);
+  for (char& c : flag) c = c == '_' ? '-' : c;
+  flag = "--" + flag;
+  std::string help = gpufeed_option_doc(row);
+  if (!remark.empty()) help += " (" + remark + ")";
+  if (type == 'b') return cmd->add_flag(flag, *static_cast<bool*>(target), help);
+  CLI::Option* opt = nullptr;
+  if (type == 's') return cmd->add_option(flag, *static_cast<std::string*>(target), help);
+  if (type == 'i') opt = cmd->add_option(flag, *static_cast<int*>(target), help);
+  if (type == 'u') opt = cmd->add_option(flag, *static_cast<uint64_t*>(target), help);
+  int64_t least = 0;
+  uint64_t most = 0;
+  if (opt != nullptr && gpufeed_option_range(row, &least, &most) == 1 && most <= uint64_t{INT64_MAX}) {
+    opt->check(CLI::Range(least, static_cast<int64_t>(most)));
+  }
+  return opt;
+}
+
+}  // namespace gpufeed::cli
