@@ -141,8 +141,8 @@ int RunInspectFields(const InspectArgs& a) {
 }
 
 // An encoded image field: how it is stored and how the loader will read it.
-int InspectEncoded(const InspectArgs& a, const OpenOptions& o) {
-  auto src = OpenEncodedImages(a.spec, o, {});
+int InspectEncoded(const InspectArgs& a, const ProbedSpec& probed, const OpenOptions& o) {
+  auto src = OpenEncodedImages(probed, o, {});
   if (!src.ok()) {
     std::fprintf(stderr, "gpufeed inspect: %s\n", src.status().ToString().c_str());
     return 1;
@@ -394,8 +394,8 @@ int RunInspect(const InspectArgs& a) {
   }
   const OpenOptions& o = decided->open;
   if (decided->kind == SourceKind::kFields) return RunInspectFields(a);
-  if (decided->kind == SourceKind::kEncodedImages) return InspectEncoded(a, o);
-  auto ds = Dataset::Open(a.spec, o);
+  if (decided->kind == SourceKind::kEncodedImages) return InspectEncoded(a, *decided->probed, o);
+  auto ds = Dataset::Open(*decided->probed, o);  // probed by the door: not again
   if (!ds.ok()) {
     std::fprintf(stderr, "gpufeed inspect: %s\n", ds.status().ToString().c_str());
     return 1;

@@ -1,6 +1,8 @@
 // OpenBatchSource: a dataset spec or a daemon address to a BatchSource.
 #include "gpufeed/open_source.h"
 
+#include <optional>
+
 #include "daemon/node_share.h"
 #include "gpufeed/fields.h"
 
@@ -57,6 +59,7 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& given
   SourceOptions o = given;
   auto share = ResolveShare(o);
   if (!share.ok()) return share.status();
+  std::optional<SourceDecision> decision;  // the door's, when made here: the local open takes it
   if (*share == Share::kNode && o.share == Share::kAuto && o.loader.defer_decode && !IsDaemonAddress(o.data)) {
     // JPEGs this rank's GPU decoder takes (defer_decode): the node's server
     // would decode them on its CPU, so auto reads them here and each rank
@@ -66,7 +69,7 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& given
     if (!decided.ok()) return decided.status();
     if (decided->kind == SourceKind::kEncodedImages) {
       share = Share::kNone;
-      o.open = decided->open;
+      decision = std::move(*decided);
     }
   }
   if (*share == Share::kNode) {
@@ -114,7 +117,7 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& given
     return Status::InvalidArgument("--dataset '" + o.dataset + "' names a dataset on a daemon; '" + o.data +
                                    "' is a file (use file.h5:/path to pick a dataset in it)");
   }
-  auto local = OpenLocalSource(o.data, o.open, o.decode);
+  auto local = decision ? OpenDecidedSource(o.data, *decision, o.decode) : OpenLocalSource(o.data, o.open, o.decode);
   if (!local.ok()) return local.status();
   auto loader = std::make_unique<Loader>(*local->source(), o.loader);
   if (local->encoded) return std::make_unique<OpenedSource>(std::move(local->encoded), std::move(loader));

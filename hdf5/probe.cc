@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -150,9 +151,16 @@ std::string FileOf(const std::string& spec) {
 
 // The one maker of ProbedSpecs (a friend of the class).
 
+namespace {
+std::atomic<uint64_t> g_specs_probed{0};
+}  // namespace
+
+uint64_t SpecsProbed() { return g_specs_probed.load(); }
+
 std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options) {
   std::vector<Status> out(specs.size());
   if (specs.empty()) return out;
+  g_specs_probed.fetch_add(specs.size());
   const size_t procs = std::clamp<size_t>(static_cast<size_t>(std::max(1, options.processes)), 1, specs.size());
   // Contiguous shares, refilled by a fresh child after a crash or a hang.
   std::vector<std::pair<size_t, size_t>> todo;

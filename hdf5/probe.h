@@ -33,6 +33,10 @@ struct ProbeOptions {
 // child crashed or hung on it.
 std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options = {});
 
+// Specs this process has sent through ProbeFiles so far (for the tests that
+// check a file is probed once).
+uint64_t SpecsProbed();
+
 // Whether the caller trusts HDF5 files: OpenOptions::trust_files, or
 // GPUFEED_TRUST_FILES=1 in the environment (what `gpufeed --trust-files`
 // sets). Every probe site asks this one function.

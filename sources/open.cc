@@ -28,18 +28,24 @@ Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptio
 }
 
 Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& options, const DecodeOptions& decode) {
-  LocalSource out;
   auto decided = DecideSourceKind(spec, options);
   if (!decided.ok()) return decided.status();
-  const OpenOptions& open = decided->open;
-  if (decided->kind == SourceKind::kFields) {
+  return OpenDecidedSource(spec, *decided, decode);
+}
+
+Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecision& decided,
+                                      const DecodeOptions& decode) {
+  LocalSource out;
+  const OpenOptions& open = decided.open;
+  if (decided.kind == SourceKind::kFields) {
     auto fs = FieldSource::Open(spec, open);
     if (!fs.ok()) return fs.status();
     out.fields = std::move(*fs);
     return out;
   }
-  const ProbedSpec& probed = *decided->probed;
-  if (decided->kind == SourceKind::kEncodedImages) {
+  if (!decided.probed) return Status::Internal(spec + ": the door decided one file without probing it");
+  const ProbedSpec& probed = *decided.probed;
+  if (decided.kind == SourceKind::kEncodedImages) {
     auto enc = OpenEncodedImages(probed, open, decode);
     if (!enc.ok()) return enc.status();
     out.encoded = std::move(*enc);

@@ -58,6 +58,10 @@ struct LocalSource {
   }
 };
 Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& open, const DecodeOptions& decode);
+// As OpenLocalSource, for what DecideSourceKind(spec, ...) decided (its
+// probed spec taken: the file is not probed again).
+Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecision& decided,
+                                      const DecodeOptions& decode);
 
 // A local spec opened for a classifier (`gpufeed train`): as OpenLocalSource,
 // and where that is a FieldSource (named fields, many files, a virtual

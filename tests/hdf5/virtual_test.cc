@@ -19,6 +19,7 @@
 #include "gpufeed/loader.h"
 #include "gpufeed/open_source.h"
 #include "hdf5/h5_util.h"
+#include "hdf5/probe.h"
 #include "hdf5/virtual.h"
 #include "tests/testing/test_data.h"
 
@@ -291,6 +292,33 @@ TEST(VdsTest, TheDaemonReadsAVirtualDatasetsSourcesDirectly) {
   EXPECT_NE(local->fields, nullptr);
   EXPECT_EQ(local->dataset, nullptr);
   EXPECT_EQ(local->encoded, nullptr);
+}
+
+// The door probes each (file, dataset) once: a plain file's dataset once; a
+// virtual dataset's own once (not again by the FieldSource over it), its
+// labels and each source's once; a classifier's two fields are selected
+// from that source, not probed again; trusted files not at all.
+TEST(VdsTest, TheDoorProbesEachSpecOnce) {
+  const std::string dir = MakeTempDir("vds_probe_once");
+  const std::string vds = MakeConcatenated(dir, {10, 20, 5}, {Codec::kNone, Codec::kDeflate});
+  uint64_t before = SpecsProbed();
+  auto plain = OpenLocalSource(dir + "/src0.h5:/data", {}, {});
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_NE(plain->dataset, nullptr);
+  EXPECT_EQ(SpecsProbed() - before, 1u);
+  before = SpecsProbed();
+  auto local = OpenLocalSource(vds, {}, {});
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  EXPECT_EQ(SpecsProbed() - before, 8u);  // vds.h5:/images, vds.h5:/labels, 3 x (srcK.h5:/data, srcK.h5:/labels)
+  before = SpecsProbed();
+  auto classifier = OpenClassifierSource(vds, {}, {});
+  ASSERT_TRUE(classifier.ok()) << classifier.status().ToString();
+  EXPECT_EQ(SpecsProbed() - before, 8u);
+  OpenOptions trusted;
+  trusted.trust_files = true;
+  before = SpecsProbed();
+  ASSERT_TRUE(OpenLocalSource(vds, trusted, {}).ok());
+  EXPECT_EQ(SpecsProbed(), before);
 }
 
 // `gpufeed train`'s door (OpenClassifierSource): a virtual dataset's and
