@@ -20,6 +20,7 @@
 
 #include "common/first_error.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/local_source.h"
 #include "gpufeed/stats.h"
 #include "convert/channel_stats.h"
 
@@ -186,21 +187,26 @@ class Hdf5Source final : public SampleSource {
   std::string layout_;
 };
 
-bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
+}  // namespace
 
-bool HasHdf5Signature(const std::string& path) {
-  // The superblock signature sits at 0, 512, 1024, ... (after a user block).
-  static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-  std::ifstream f(path, std::ios::binary);
-  unsigned char buf[8];
-  for (uint64_t off = 0; off <= (1u << 20) && f; off = off ? off * 2 : 512) {
-    f.seekg(static_cast<std::streamoff>(off));
-    if (!f.read(reinterpret_cast<char*>(buf), 8)) return false;
-    if (std::memcmp(buf, kSig, 8) == 0) return true;
+namespace {
+
+// The door's dataset (decided, and probed once) as what convert reads.
+Result<std::unique_ptr<SampleSource>> OpenDecidedHdf5(const std::string& spec, const SourceDecision& decided) {
+  switch (decided.kind) {
+    case SourceKind::kDataset:
+      break;
+    case SourceKind::kEncodedImages:
+      return Status::Unsupported(spec +
+                                 ": encoded images (JPEG/PNG files) are already in gpufeed's format: the loader "
+                                 "reads and decodes them (gpufeed/encoded.h); convert reads decoded datasets");
+    default:
+      return Status::InvalidArgument(spec + ": " + std::string(SourceKindName(decided.kind)) +
+                                     ", not one HDF5 dataset (many files and named fields: gpufeed convert --field)");
   }
-  return false;
+  auto ds = Dataset::Open(*decided.probed, decided.open);
+  if (!ds.ok()) return ds.status();
+  return std::unique_ptr<SampleSource>(std::make_unique<Hdf5Source>(std::move(*ds)));
 }
 
 }  // namespace
@@ -208,40 +214,38 @@ bool HasHdf5Signature(const std::string& path) {
 Result<std::unique_ptr<SampleSource>> OpenHdf5Source(const std::string& spec, const std::string& labels_path) {
   OpenOptions o;
   o.labels_path = labels_path;
-  auto ds = Dataset::Open(spec, o);
-  if (!ds.ok()) return ds.status();
-  return std::unique_ptr<SampleSource>(std::make_unique<Hdf5Source>(std::move(*ds)));
+  auto decided = DecideSourceKind(spec, o);
+  if (!decided.ok()) return decided.status();
+  return OpenDecidedHdf5(spec, *decided);
 }
 
 Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const std::string& labels_path,
                                                  const ImageFolderOptions& image_options) {
-  auto spec = DatasetSpec::Parse(input);
-  if (!spec.ok()) return spec.status();
-  struct stat st;
-  if (::stat(spec->file.c_str(), &st) != 0) {
-    return Status::NotFound(spec->file + ": cannot open: " + std::strerror(errno));
+  // The door decides what the input is (gpufeed/local_source.h), as for
+  // every other command; an HDF5 file is probed there, once.
+  OpenOptions o;
+  o.labels_path = labels_path;
+  auto decided = DecideSourceKind(input, o);
+  if (!decided.ok()) return decided.status();
+  switch (decided->kind) {
+    case SourceKind::kImageFolder:
+      if (image_options.height == 0 || image_options.width == 0) {
+        // An empty folder is said as such, before the missing size.
+        auto listed = image_folder::ListImageFolder(input);
+        if (!listed.ok()) return listed.status();
+        return Status::InvalidArgument(input +
+                                       ": converting an image folder needs --size HxW (the images are decoded and "
+                                       "resized to it), or --keep-encoded (the files stored as they are, decoded by "
+                                       "the loader)");
+      }
+      return OpenImageFolderSource(input, image_options);
+    case SourceKind::kNpy:
+      return OpenNpySource(input, labels_path);
+    case SourceKind::kIdx:
+      return OpenIdxSource(input, labels_path);
+    default:
+      return OpenDecidedHdf5(input, *decided);
   }
-  if (S_ISDIR(st.st_mode)) {
-    if (image_options.height == 0 || image_options.width == 0) {
-      // An empty folder is said as such, before the missing size.
-      auto listed = image_folder::ListImageFolder(input);
-      if (!listed.ok()) return listed.status();
-      return Status::InvalidArgument(input +
-                                     ": converting an image folder needs --size HxW (the images are decoded and "
-                                     "resized to it), or --keep-encoded (the files stored as they are, decoded by "
-                                     "the loader)");
-    }
-    return OpenImageFolderSource(input, image_options);
-  }
-  if (spec->file != input || HasHdf5Signature(input)) return OpenHdf5Source(input, labels_path);
-  for (const char* ext : {".h5", ".hdf5", ".hdf", ".he5"}) {
-    if (EndsWith(input, ext)) {
-      return Status::Corrupt(input + ": named like an HDF5 file but it has no HDF5 signature (" +
-                             std::to_string(st.st_size) + " bytes): not HDF5, or damaged");
-    }
-  }
-  if (EndsWith(input, ".npy")) return OpenNpySource(input, labels_path);
-  return OpenIdxSource(input, labels_path);
 }
 
 }  // namespace gpufeed

@@ -2,17 +2,92 @@
 // spec names, and opens it.
 #include "gpufeed/local_source.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
 #include "common/classes.h"
 #include "gpufeed/fields.h"
 #include "hdf5/probe.h"
 
 namespace gpufeed {
+namespace {
+
+bool EndsWith(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// HDF5's superblock signature, at 0, 512, 1024, ... (after a user block).
+bool HasHdf5Signature(const std::string& path) {
+  static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  std::ifstream f(path, std::ios::binary);
+  unsigned char buf[8];
+  for (uint64_t off = 0; off <= (1u << 20) && f; off = off ? off * 2 : 512) {
+    f.seekg(static_cast<std::streamoff>(off));
+    if (!f.read(reinterpret_cast<char*>(buf), 8)) return false;
+    if (std::memcmp(buf, kSig, 8) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string_view SourceKindName(SourceKind k) {
+  switch (k) {
+    case SourceKind::kFields:
+      return "fields";
+    case SourceKind::kEncodedImages:
+      return "encoded images";
+    case SourceKind::kDataset:
+      return "dataset";
+    case SourceKind::kImageFolder:
+      return "image folder";
+    case SourceKind::kNpy:
+      return ".npy file";
+    case SourceKind::kIdx:
+      return "IDX file";
+  }
+  return "?";
+}
 
 Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open) {
   SourceDecision d;
   d.open = open;
+  // A directory is many files when it holds HDF5 files (or fields are
+  // named), else an image folder (class folders of images).
+  struct stat dir {};
+  if (open.fields.empty() && ::stat(spec.c_str(), &dir) == 0 && S_ISDIR(dir.st_mode)) {
+    auto files = ExpandFiles(spec);
+    d.kind = files.ok() && !files->empty() ? SourceKind::kFields : SourceKind::kImageFolder;
+    return d;
+  }
   if (!open.fields.empty() || IsMultiFileSpec(spec)) {
     d.kind = SourceKind::kFields;  // FieldSource::Open probes each file itself
+    return d;
+  }
+  // Not HDF5 at all: an image folder, .npy or IDX (what convert reads), said
+  // before any probe process is forked for it.
+  auto parsed = DatasetSpec::Parse(spec);
+  if (!parsed.ok()) return parsed.status();
+  struct stat st {};
+  if (::stat(parsed->file.c_str(), &st) != 0) {
+    return Status::NotFound(parsed->file + ": cannot open: " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    d.kind = SourceKind::kImageFolder;
+    return d;
+  }
+  // "file.h5:/path" names a dataset in an HDF5 file: HDF5 says what it is.
+  if (parsed->file == spec && !HasHdf5Signature(spec)) {
+    for (const char* ext : {".h5", ".hdf5", ".hdf", ".he5"}) {
+      if (EndsWith(spec, ext)) {
+        return Status::Corrupt(spec + ": named like an HDF5 file but it has no HDF5 signature (" +
+                               std::to_string(st.st_size) + " bytes): not HDF5, or damaged");
+      }
+    }
+    d.kind = EndsWith(spec, ".npy") ? SourceKind::kNpy : SourceKind::kIdx;
     return d;
   }
   // HDF5's parser meets the file in the forked probe first (as Dataset::Open
@@ -37,6 +112,21 @@ Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecis
                                       const DecodeOptions& decode) {
   LocalSource out;
   const OpenOptions& open = decided.open;
+  switch (decided.kind) {
+    case SourceKind::kImageFolder:
+      return Status::InvalidArgument(spec +
+                                     ": is a directory (an image folder?), not an HDF5 file: the loader reads "
+                                     "HDF5; convert it first: gpufeed convert " +
+                                     spec + " -o " + spec + ".h5 --size HxW (or --keep-encoded)");
+    case SourceKind::kNpy:
+    case SourceKind::kIdx:
+      return Status::InvalidArgument(
+          spec + ": not an HDF5 file (no HDF5 signature; " +
+          (decided.kind == SourceKind::kNpy ? "a .npy file" : "an MNIST IDX file, or not a dataset at all") +
+          "): the loader reads HDF5; convert it first: gpufeed convert " + spec + " -o " + spec + ".h5");
+    default:
+      break;
+  }
   if (decided.kind == SourceKind::kFields) {
     auto fs = FieldSource::Open(spec, open);
     if (!fs.ok()) return fs.status();

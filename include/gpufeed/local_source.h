@@ -2,14 +2,16 @@
 // directory or a list of files, with or without named fields) names, decided
 // in one place, and the source that reads it. Every command and API opens
 // local data through it: OpenBatchSource (the C++, C and Python Loaders and
-// the CLI's benchmarks), `gpufeed serve`'s datasets, `gpufeed train` and
-// `gpufeed inspect`. (`gpufeed convert` reads the formats it converts from,
-// gpufeed/sample_source.h, and HDF5 through FieldSource or Dataset.)
+// the CLI's benchmarks), `gpufeed serve`'s datasets, `gpufeed train`,
+// `gpufeed inspect` and `gpufeed convert` (whose other inputs, an image
+// folder, .npy or IDX, the door names too: the loader refuses them, saying
+// to convert them).
 #ifndef GPUFEED_LOCAL_SOURCE_H_
 #define GPUFEED_LOCAL_SOURCE_H_
 
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <string>
 
 #include "gpufeed/chunk_source.h"
@@ -24,13 +26,20 @@ enum class SourceKind {
   kFields,         // named fields (open.fields) or many files (IsMultiFileSpec): FieldSource
   kEncodedImages,  // an encoded image field (DetectEncoded): EncodedImageSource
   kDataset,        // an HDF5 dataset (a virtual one's sources read directly)
+  // What `gpufeed convert` reads and the loader does not (gpufeed/convert.h):
+  kImageFolder,  // a directory: class folders of images
+  kNpy,          // a .npy file
+  kIdx,          // any other file without HDF5's signature: MNIST's IDX format (or not a dataset at all)
 };
+std::string_view SourceKindName(SourceKind k);  // "fields", "encoded images", "dataset", "image folder", ...
 
-// The kind, and for one file (kEncodedImages, kDataset) the spec through
-// the forked probe (unless open.trust_files), once: what opens it next takes
-// `probed` and does not probe again (FieldSource::Open probes each of its
-// files itself). Errors: the probe's (Corrupt for a file that crashes or
-// hangs HDF5), or HDF5's refusal to open the file.
+// The kind, and for one HDF5 file (kEncodedImages, kDataset) the spec
+// through the forked probe (unless open.trust_files), once: what opens it
+// next takes `probed` and does not probe again (FieldSource::Open probes
+// each of its files itself; the other kinds are not HDF5 and not probed).
+// Errors: NotFound for a missing file; Corrupt for a file named like HDF5
+// (.h5, .hdf5, .hdf, .he5) without its signature, and the probe's (a file
+// that crashes or hangs HDF5); HDF5's refusal to open the file.
 struct SourceDecision {
   SourceKind kind = SourceKind::kDataset;
   OpenOptions open;                  // as given
