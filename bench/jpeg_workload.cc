@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
+
+#include "common/first_error.h"
+#include "common/mutex.h"
 
 namespace gpufeed::bench {
 namespace {
@@ -142,8 +144,8 @@ Result<JpegGenSummary> GenImagenetJpeg(const JpegGenOptions& o) {
     if (ec) return Status::IOError(r.folder + ": cannot create: " + ec.message());
   }
   std::atomic<uint64_t> bytes{0}, done{0};
-  std::mutex mu;
-  Status first_error;
+  FirstError first_error;
+  Mutex progress_mu;  // one progress call at a time
   std::vector<uint32_t> widths(o.samples), heights(o.samples);
   tbb::parallel_for(uint64_t{0}, o.samples, [&](uint64_t k) {
     thread_local std::vector<unsigned char> jpeg;
@@ -157,17 +159,14 @@ Result<JpegGenSummary> GenImagenetJpeg(const JpegGenOptions& o) {
       if (!f) st = Status::IOError(path + ": write failed");
       bytes += jpeg.size();
     }
-    if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (first_error.ok()) first_error = st;
-    }
+    first_error.Set(std::move(st));  // kept if it is the first error
     const uint64_t d = ++done;
     if (o.progress && d % 256 == 0) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&progress_mu);
       o.progress(d, 2 * o.samples);
     }
   });
-  if (!first_error.ok()) return first_error;
+  if (first_error.failed()) return first_error.Get();
   r.samples = o.samples;
   r.file_bytes = bytes.load();
   ConvertOptions co;

@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/first_error.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/open_source.h"
 
@@ -21,20 +21,16 @@ namespace {
 // Reads every chunk of `ds` with `threads` threads; when `hashes` is given,
 // stores each sample's XXH3 there. Returns the first error.
 Status ReadAll(const Dataset& ds, int threads, std::vector<uint64_t>* hashes) {
-  std::mutex mu;
-  Status first;  // GUARDED_BY(mu)
-  std::atomic<bool> failed{false};
+  FirstError first;
   tbb::task_arena arena(threads);
   arena.execute([&] {
     tbb::parallel_for(uint64_t{0}, ds.num_chunks(), [&](uint64_t i) {
-      if (failed.load(std::memory_order_relaxed)) return;
+      if (first.failed()) return;
       thread_local std::vector<std::byte> buf;
       buf.resize(ds.chunk_bytes_max());
       Status s = ds.ReadChunk(i, buf);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (first.ok()) first = s;
-        failed = true;
+        first.Set(std::move(s));
         return;
       }
       if (hashes != nullptr) {
@@ -45,7 +41,7 @@ Status ReadAll(const Dataset& ds, int threads, std::vector<uint64_t>* hashes) {
       }
     });
   });
-  return first;
+  return first.Get();
 }
 
 }  // namespace

@@ -7,9 +7,10 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/first_error.h"
 
 namespace gpufeed::bench {
 namespace {
@@ -81,8 +82,7 @@ Result<SciGenResult> GenerateSciWorkload(const SciGenOptions& o) {
   r.samples = o.samples;
   r.fields = deepcam ? "--field data=/climate/data --field labels=/climate/labels_0" : "--field x=/x --field y=/y";
   std::atomic<uint64_t> next{0}, raw{0};
-  std::mutex mu;
-  Status first_error;
+  FirstError first_error;
   auto worker = [&] {
     for (uint64_t f = next++; f < files; f = next++) {
       const uint64_t first = f * per_file, n = std::min(per_file, o.samples - first);
@@ -135,8 +135,7 @@ Result<SciGenResult> GenerateSciWorkload(const SciGenOptions& o) {
         raw += x.size() * 2 + y.size() * 4;
       }
       if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (first_error.ok()) first_error = st;
+        first_error.Set(std::move(st));
         return;
       }
     }
@@ -145,7 +144,7 @@ Result<SciGenResult> GenerateSciWorkload(const SciGenOptions& o) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
   for (auto& t : pool) t.join();
-  if (!first_error.ok()) return first_error;
+  if (first_error.failed()) return first_error.Get();
   r.raw_bytes = raw;
   for (const auto& e : std::filesystem::directory_iterator(o.output, ec)) {
     if (e.is_regular_file(ec)) r.file_bytes += e.file_size(ec);

@@ -4,10 +4,10 @@
 #include <xxhash.h>
 
 #include <chrono>
-#include <mutex>
 #include <thread>
 
 #include "bench/loader_bench.h"
+#include "common/mutex.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/daemon_testing.h"
@@ -26,9 +26,15 @@ struct Seen {
   Status status;
 };
 
-// Consumes a whole epoch of `src` into `seen` (shared across ranks; the
-// caller serializes with `mu`), like a trainer that does nothing else.
-void Consume(BatchSource& src, uint64_t epoch, const Dataset& ds, Seen* seen, std::mutex* mu) {
+// The Seen that the consumers of one epoch fill together.
+struct SharedSeen {
+  Mutex mu;
+  Seen seen GUARDED_BY(mu);
+};
+
+// Consumes a whole epoch of `src` into `shared` (shared across ranks), like
+// a trainer that does nothing else.
+void Consume(BatchSource& src, uint64_t epoch, const Dataset& ds, SharedSeen* shared) {
   constexpr uint64_t kSpotEvery = 61;
   EpochStream s = src.Epoch(epoch);
   std::vector<uint64_t> local_idx;
@@ -37,8 +43,8 @@ void Consume(BatchSource& src, uint64_t epoch, const Dataset& ds, Seen* seen, st
   for (;;) {
     auto b = s.Next();
     if (!b.ok()) {
-      std::lock_guard<std::mutex> lock(*mu);
-      seen->status = b.status();
+      MutexLock lock(&shared->mu);
+      shared->seen.status = b.status();
       return;
     }
     if (!b->has_value()) break;
@@ -52,11 +58,12 @@ void Consume(BatchSource& src, uint64_t epoch, const Dataset& ds, Seen* seen, st
       }
     }
   }
-  std::lock_guard<std::mutex> lock(*mu);
-  for (uint64_t idx : local_idx) ++seen->count[idx];
-  seen->spots.insert(seen->spots.end(), spots.begin(), spots.end());
-  seen->label_mismatch += mismatch;
-  seen->samples += n;
+  MutexLock lock(&shared->mu);
+  Seen& seen = shared->seen;
+  for (uint64_t idx : local_idx) ++seen.count[idx];
+  seen.spots.insert(seen.spots.end(), spots.begin(), spots.end());
+  seen.label_mismatch += mismatch;
+  seen.samples += n;
 }
 
 // Every sample exactly once, labels right, spot-checked bytes equal a direct read.
@@ -89,16 +96,23 @@ Result<double> TimedRun(const std::string& what, std::vector<BatchSource*> sourc
                         uint64_t* spot_checked) {
   double sps = 0;
   for (int ep = 0; ep < std::max(1, epochs); ++ep) {
-    Seen seen;
-    seen.count.assign(ds.num_samples(), 0);
-    std::mutex mu;
+    SharedSeen shared;
+    {
+      MutexLock lock(&shared.mu);  // no consumer yet: for the analysis
+      shared.seen.count.assign(ds.num_samples(), 0);
+    }
     const auto t0 = Clock::now();
     std::vector<std::thread> threads;
     for (BatchSource* s : sources) {
-      threads.emplace_back([&, s] { Consume(*s, static_cast<uint64_t>(ep), ds, &seen, &mu); });
+      threads.emplace_back([&, s] { Consume(*s, static_cast<uint64_t>(ep), ds, &shared); });
     }
     for (auto& t : threads) t.join();
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    Seen seen;
+    {
+      MutexLock lock(&shared.mu);  // every consumer has ended: for the analysis
+      seen = std::move(shared.seen);
+    }
     GPUFEED_RETURN_IF_ERROR(Verify(what + " epoch " + std::to_string(ep), ds, seen, spot_checked));
     sps = static_cast<double>(seen.samples) / secs;
   }

@@ -19,7 +19,7 @@
 #include "common/mutex.h"
 #include "common/sizes.h"
 #include "codec/codec.h"
-#include "io/direct_io.h"
+#include "io/file.h"
 #include "hdf5/fork_gate.h"
 #include "hdf5/h5_util.h"
 #include "hdf5/probe.h"
@@ -168,21 +168,6 @@ std::string_view ClassName(H5T_class_t cls) {
   }
 }
 
-// Full-length pread; returns bytes read (< n only at end of file) or -errno.
-int64_t PreadFull(int fd, std::byte* dst, size_t n, uint64_t offset) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return -errno;
-    }
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  return static_cast<int64_t>(done);
-}
-
 }  // namespace
 
 std::string_view ReadPathName(ReadPath p) { return p == ReadPath::kDirect ? "direct" : "hdf5"; }
@@ -233,15 +218,10 @@ struct Dataset::Impl {
   std::vector<int64_t> labels;
   std::string what;  // "file:/images", the prefix of every error message
 
-  // Direct path. With IoMode::kDirect, chunk bytes are read through
-  // direct_fd (O_DIRECT); fd stays open for the buffered fallback.
-  int fd = -1;
-  int direct_fd = -1;
-  // Direct I/O's read-ahead in the loader's order (WillRead); null where
-  // io_uring is unavailable (reads are then synchronous O_DIRECT preads).
-  // Declared after direct_fd: destroyed (its reads waited for) before the
-  // destructor closes the descriptor.
-  std::unique_ptr<io::UringReadAhead> ahead;
+  // Direct path: the file's bytes (io/file.h), through the page cache or
+  // O_DIRECT with its read-ahead in the loader's order (WillRead), as
+  // ChooseIo decided.
+  std::unique_ptr<io::RandomAccessFile> bytes;
   bool contiguous = false;
   bool no_sample_axis = false;  // OpenOptions::no_sample_axis: axis 0 (extent 1) is not in the file
   uint64_t contiguous_addr = 0;
@@ -259,20 +239,9 @@ struct Dataset::Impl {
   h5::Id mem_type;
   Mutex h5_mu;
 
-  ~Impl() {
-    ahead.reset();  // waits for its reads in flight
-    if (fd >= 0) ::close(fd);
-    if (direct_fd >= 0) ::close(direct_fd);
-  }
-
   // Bytes [off, off + n) of the file for chunk i (< n only at end of file)
-  // or -errno: from the read-ahead if it started this read, else read now.
-  int64_t ReadAt(uint64_t i, std::byte* dst, size_t n, uint64_t off) const {
-    if (ahead) {
-      if (auto r = ahead->Take(i, dst, n, off)) return *r;
-    }
-    return direct_fd >= 0 ? io::PreadDirect(direct_fd, dst, n, off) : PreadFull(fd, dst, n, off);
-  }
+  // or -errno.
+  int64_t ReadAt(uint64_t i, std::byte* dst, size_t n, uint64_t off) const { return bytes->ReadAt(i, dst, n, off); }
 
   std::string ChunkWhat(uint64_t i) const { return what + " chunk " + std::to_string(i); }
 
@@ -299,35 +268,31 @@ Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
                    (mode == IoMode::kDirect ? "exceeds" : "fits in") + " the memory available to the page cache (" +
                    HumanBytes(avail) + ")";
   }
-  if (mode == IoMode::kDirect) {
-    std::string why;
-    direct_fd = io::OpenDirect(info.file, &why);
-    if (direct_fd < 0) {
-      mode = IoMode::kBuffered;
-      info.io_note = why + "; reading through the page cache with pread";
-      // Once per process: a trainer opens the same file for each of its loaders.
-      static std::once_flag logged;
-      std::call_once(logged, [&] {
-        LoggerOr(logger).Log(LogLevel::kWarning, "direct_io_unavailable",
-                             info.file + ": direct I/O unavailable: " + info.io_note);
-      });
-    }
-  }
+  // Direct: reads in flight while the loader's threads decode, a chunk ahead
+  // for each hardware thread, 4 to 32 (chunk-sized buffers, on top of the
+  // loader's memory bound). 4 left 16 inflating threads waiting for the
+  // disk (cold celeba-deflate on the H200: 0.55 of the O_DIRECT ceiling).
   // Buffered: the loader's WillRead hints (posix_fadvise WILLNEED) carry the
   // plan's order to the kernel's read-ahead.
-  if (mode == IoMode::kDirect) {
-    // Reads in flight while the loader's threads decode: a chunk ahead for
-    // each hardware thread, 4 to 32 (chunk-sized buffers, on top of the
-    // loader's memory bound). 4 left 16 inflating threads waiting for the
-    // disk (cold celeba-deflate on the H200: 0.55 of the O_DIRECT ceiling).
-    const unsigned depth = std::clamp(std::thread::hardware_concurrency(), 4u, 32u);
-    std::string why;
-    ahead = io::UringReadAhead::Create(direct_fd, depth, &why);
-    if (ahead) info.read_ahead_chunks = depth;
-    const std::string what_io = ahead ? "io_uring read-ahead, " + std::to_string(depth) + " chunks deep"
-                                      : why + ": synchronous O_DIRECT preads";
+  const unsigned depth = std::clamp(std::thread::hardware_concurrency(), 4u, 32u);
+  std::string what_io;
+  bool fell_back = false;
+  auto opened = io::OpenRandomAccessFile(info.file, mode == IoMode::kDirect, depth, &what_io, &fell_back);
+  if (!opened.ok()) return opened.status();
+  bytes = std::move(*opened);
+  if (fell_back) {
+    mode = IoMode::kBuffered;
+    info.io_note = what_io;
+    // Once per process: a trainer opens the same file for each of its loaders.
+    static std::once_flag logged;
+    std::call_once(logged, [&] {
+      LoggerOr(logger).Log(LogLevel::kWarning, "direct_io_unavailable",
+                           info.file + ": direct I/O unavailable: " + info.io_note);
+    });
+  } else if (mode == IoMode::kDirect) {
     info.io_note = info.io_note.empty() ? what_io : info.io_note + "; " + what_io;
   }
+  info.read_ahead_chunks = bytes->read_ahead();
   info.io = std::string(IoModeName(mode));
   return Status::Ok();
 }
@@ -449,7 +414,7 @@ Status Dataset::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
 
 void Dataset::WillRead(uint64_t i) const {
   const Impl& d = *impl_;
-  if (d.info.read_path != ReadPath::kDirect || d.fd < 0 || i >= d.num_chunks) return;
+  if (d.info.read_path != ReadPath::kDirect || !d.bytes || i >= d.num_chunks) return;
   // The range ReadDirect will read: a raw chunk's wanted prefix, a filtered
   // chunk's stored bytes.
   uint64_t off = 0, len = 0;
@@ -463,11 +428,7 @@ void Dataset::WillRead(uint64_t i) const {
     if (unfiltered && len == d.chunk_samples * d.sample_bytes) len = samples_in_chunk(i) * d.sample_bytes;
   }
   if (len == 0) return;
-  if (d.ahead) {
-    d.ahead->Start(i, off, len);
-  } else if (d.direct_fd < 0) {
-    ::posix_fadvise(d.fd, static_cast<off_t>(off), static_cast<off_t>(len), POSIX_FADV_WILLNEED);
-  }
+  d.bytes->WillRead(i, off, len);
 }
 
 Status Dataset::ReadSamples(uint64_t first, uint64_t count, std::span<std::byte> dst) const {
@@ -829,8 +790,6 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
   }
   if (hdf5_reason.empty()) {
     d->info.read_path = ReadPath::kDirect;
-    d->fd = ::open(spec.file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (d->fd < 0) return Status::IOError(spec.file + ": cannot open for reading: " + std::strerror(errno));
     GPUFEED_RETURN_IF_ERROR(d->ChooseIo(options.io, file_size));
   } else {
     d->info.read_path = ReadPath::kHdf5;

@@ -7,8 +7,10 @@
 #include <fstream>
 
 #include "gpufeed/dataset.h"
+#include "gpufeed/loader.h"
 #include "gpufeed/writer.h"
 #include "hdf5/h5_util.h"
+#include "io/file.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {
@@ -221,6 +223,91 @@ TEST_F(BadInputTest, UnavailableFilterFallsBackAndFailsClearly) {
 
 TEST_F(BadInputTest, DirectoryInsteadOfFile) {
   EXPECT_TRUE(Fails(Dataset::Open(dir_), StatusCode::kInvalidArgument, {"directory"}));
+}
+
+}  // namespace
+}  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// The direct path reads every byte through io::RandomAccessFile: a device
+// that fails (EIO) or returns less than asked, injected under the file
+// (io::FaultInjectingFile), is an IOError or Corrupt naming the file and
+// chunk, in the dataset and through the loader; nothing is delivered wrong.
+class FaultyDiskTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::MakeTempDir("faulty"); }
+  void TearDown() override { io::SetFileWrapperForTests(nullptr); }
+  void InjectUnder(const std::string& path, io::FaultInjectingFile::Faults faults) {
+    io::SetFileWrapperForTests([path, faults](std::unique_ptr<io::RandomAccessFile> base, const std::string& p) {
+      if (p != path) return base;
+      return std::unique_ptr<io::RandomAccessFile>(std::make_unique<io::FaultInjectingFile>(std::move(base), faults));
+    });
+  }
+  std::string dir_;
+};
+
+TEST_F(FaultyDiskTest, AFailingReadIsAnIoErrorNamingTheChunk) {
+  const std::string p = dir_ + "/eio.h5";
+  ASSERT_TRUE(testing::WriteH5(p, {40, 64}, H5T_NATIVE_UINT8, testing::IndexSamples(40, 64), {.chunk = {10, 64}}));
+  InjectUnder(p, {.fail_from = 2});
+  OpenOptions o;
+  o.io = IoMode::kBuffered;
+  auto ds = Dataset::Open(p, o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  ASSERT_EQ(ds->info().read_path, ReadPath::kDirect);
+  std::vector<std::byte> buf(ds->chunk_bytes_max());
+  EXPECT_TRUE(ds->ReadChunk(0, buf).ok());
+  EXPECT_TRUE(ds->ReadChunk(1, buf).ok());
+  EXPECT_EQ(testing::SampleIndexOf(std::span(buf).subspan(0, 64)), 10);  // chunk 1's first sample
+  const Status s = ds->ReadChunk(2, buf);
+  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+  EXPECT_NE(s.message().find("eio.h5"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("chunk 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("read failed"), std::string::npos) << s.message();
+  // Through the loader: the stream ends with that error, not with wrong bytes.
+  LoaderOptions lo;
+  lo.batch_size = 10;
+  lo.order = Order::kSequential;
+  lo.threads = 1;
+  lo.cache_bytes = 0;
+  Loader loader(*ds, lo);
+  EpochStream stream = loader.Epoch(0);
+  Status ended;
+  for (;;) {
+    auto b = stream.Next();
+    if (!b.ok()) {
+      ended = b.status();
+      break;
+    }
+    if (!*b) break;
+    for (uint64_t i = 0; i < (*b)->size(); ++i) {
+      EXPECT_EQ(testing::SampleIndexOf((*b)->images().subspan(i * 64, 64)), static_cast<int64_t>((*b)->indices()[i]));
+    }
+  }
+  EXPECT_EQ(ended.code(), StatusCode::kIOError) << ended.ToString();
+  EXPECT_NE(ended.message().find("eio.h5"), std::string::npos) << ended.message();
+}
+
+TEST_F(FaultyDiskTest, AShortReadIsCorruptNotTruncatedData) {
+  const std::string p = dir_ + "/short.h5";
+  ASSERT_TRUE(testing::WriteH5(p, {40, 64}, H5T_NATIVE_UINT8, testing::IndexSamples(40, 64), {.chunk = {10, 64}}));
+  InjectUnder(p, {.short_from = 0});
+  OpenOptions o;
+  o.io = IoMode::kBuffered;
+  auto ds = Dataset::Open(p, o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  std::vector<std::byte> buf(ds->chunk_bytes_max());
+  const Status s = ds->ReadChunk(0, buf);
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
+  EXPECT_NE(s.message().find("chunk 0"), std::string::npos) << s.message();
+  // Another file is not wrapped.
+  const std::string q = dir_ + "/fine.h5";
+  ASSERT_TRUE(testing::WriteH5(q, {40, 64}, H5T_NATIVE_UINT8, testing::IndexSamples(40, 64), {.chunk = {10, 64}}));
+  auto fine = Dataset::Open(q, o);
+  ASSERT_TRUE(fine.ok());
+  EXPECT_TRUE(fine->ReadChunk(0, buf).ok());
 }
 
 }  // namespace
