@@ -232,6 +232,10 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
     if (!c.started) {
       return Fail(error, GPUFEED_INVALID_ARGUMENT, c.name + ": no epoch started (gpufeed_loader_start_epoch)");
     }
+    if (c.feed ? !c.feed_state : !c.stream) {  // the last start failed before its stream existed
+      return Fail(error, GPUFEED_INVALID_ARGUMENT,
+                  c.name + ": the last gpufeed_loader_start_epoch failed (its error said why); start an epoch again");
+    }
     const auto timeout = timeout_ms < 0 ? std::chrono::milliseconds::max() : std::chrono::milliseconds(timeout_ms);
     if (!c.feed && c.held_host.load() >= c.pool_slots) {
       // No batch can be assembled until the consumer gives one back: say
