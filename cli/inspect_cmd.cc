@@ -394,6 +394,17 @@ int RunInspect(const InspectArgs& a) {
   }
   const OpenOptions& o = decided->open;
   if (decided->kind == SourceKind::kFields) return RunInspectFields(a);
+  // An image folder, .npy or IDX file (not HDF5, not probed): said as such,
+  // with the convert command that makes it a dataset to inspect.
+  Status readable = RefuseConvertOnly(a.spec, *decided);
+  if (!readable.ok() || !decided->probed) {
+    std::fprintf(
+        stderr, "gpufeed inspect: %s\n",
+        (readable.ok() ? Status::Internal(a.spec + ": the door decided one file without probing it") : readable)
+            .ToString()
+            .c_str());
+    return 1;
+  }
   if (decided->kind == SourceKind::kEncodedImages) return InspectEncoded(a, *decided->probed, o);
   auto ds = Dataset::Open(*decided->probed, o);  // probed by the door: not again
   if (!ds.ok()) {

@@ -204,6 +204,7 @@ Result<std::unique_ptr<SampleSource>> OpenDecidedHdf5(const std::string& spec, c
       return Status::InvalidArgument(spec + ": " + std::string(SourceKindName(decided.kind)) +
                                      ", not one HDF5 dataset (many files and named fields: gpufeed convert --field)");
   }
+  if (!decided.probed) return Status::Internal(spec + ": the door decided one file without probing it");
   auto ds = Dataset::Open(*decided.probed, decided.open);
   if (!ds.ok()) return ds.status();
   return std::unique_ptr<SampleSource>(std::make_unique<Hdf5Source>(std::move(*ds)));

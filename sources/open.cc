@@ -108,10 +108,7 @@ Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& 
   return OpenDecidedSource(spec, *decided, decode);
 }
 
-Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecision& decided,
-                                      const DecodeOptions& decode) {
-  LocalSource out;
-  const OpenOptions& open = decided.open;
+Status RefuseConvertOnly(const std::string& spec, const SourceDecision& decided) {
   switch (decided.kind) {
     case SourceKind::kImageFolder:
       return Status::InvalidArgument(spec +
@@ -124,9 +121,19 @@ Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecis
           spec + ": not an HDF5 file (no HDF5 signature; " +
           (decided.kind == SourceKind::kNpy ? "a .npy file" : "an MNIST IDX file, or not a dataset at all") +
           "): the loader reads HDF5; convert it first: gpufeed convert " + spec + " -o " + spec + ".h5");
-    default:
+    case SourceKind::kFields:
+    case SourceKind::kEncodedImages:
+    case SourceKind::kDataset:
       break;
   }
+  return Status::Ok();
+}
+
+Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecision& decided,
+                                      const DecodeOptions& decode) {
+  LocalSource out;
+  const OpenOptions& open = decided.open;
+  if (Status s = RefuseConvertOnly(spec, decided); !s.ok()) return s;
   if (decided.kind == SourceKind::kFields) {
     auto fs = FieldSource::Open(spec, open);
     if (!fs.ok()) return fs.status();

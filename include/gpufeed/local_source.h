@@ -47,6 +47,11 @@ struct SourceDecision {
 };
 Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open);
 
+// OK for what the loader reads (kFields, kEncodedImages, kDataset); for what
+// only `gpufeed convert` reads (an image folder, .npy, IDX: no probed spec),
+// InvalidArgument naming the kind and the convert command that makes it HDF5.
+Status RefuseConvertOnly(const std::string& spec, const SourceDecision& decided);
+
 // A local spec opened as the source it names (DecideSourceKind):
 //   - kFields: FieldSource;
 //   - kEncodedImages: EncodedImageSource, decoded with `decode`;

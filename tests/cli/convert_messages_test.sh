@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What `gpufeed convert` says to a new user's mistakes: a .h5 that is not
+# What `gpufeed convert` (and inspect, bench loader) say to a new user's mistakes: a .h5 that is not
 # HDF5, an empty folder, a folder without --size or --keep-encoded; and
 # --keep-encoded --skip-corrupt leaving out (and counting) a file that is no
 # image where --keep-encoded alone fails naming it.
@@ -30,4 +30,12 @@ expect_fail "bad.jpg: neither a JPEG nor a PNG" convert "$dir/imgs" -o "$dir/o.h
 out=$("$cli" convert "$dir/imgs" -o "$dir/o.h5" --keep-encoded --skip-corrupt --json 2>"$dir/err")
 grep -q "skipped .*bad.jpg" "$dir/err" || { cat "$dir/err"; exit 1; }
 /usr/bin/python3 -c 'import json, sys; j = json.loads(sys.argv[1]); assert j["samples"] == 1 and j["skipped"] == 1, j' "$out"
+# inspect and bench loader meet what only convert reads (no HDF5 signature, a
+# folder) with the convert command, not a crash (the corpus's files without
+# a signature once reached inspect's open unprobed).
+printf 'not a dataset' >"$dir/noext"
+expect_fail "not an HDF5 file (no HDF5 signature" inspect "$dir/noext" --sample 0 --out "$dir/x.npy"
+expect_fail "convert it first: gpufeed convert" inspect "$dir/noext"
+expect_fail "is a directory (an image folder?)" inspect "$dir/imgs"
+expect_fail "convert it first" bench loader --data "$dir/noext" --batches 1
 echo "convert messages: ok"
