@@ -68,10 +68,15 @@ std::string NvjpegError(const std::string& what, nvj::Status s) {
 
 // A handle on the current device: the hardware backend where the device has
 // the engine, else GPU hybrid. *backend names it.
+// The hardware backend runs without its pipeline: with it, each image's
+// bitstream copy and colour conversion go to 14 internal streams whose work
+// waits behind a training model's queued kernels. Beside ResNet-18
+// on an H100 a batch of 256 took 76 ms a call with the pipeline and 13 ms
+// without it (9 and 10 ms alone; bench/peer/nvjpeg_wait.py, 2026-11-26).
 Status CreateHandle(nvj::Handle* h, std::string* backend) {
   const NvjpegLib& l = Lib();
   if (!l.error.empty()) return Status::Unsupported(l.error);
-  nvj::Status s = l.create_ex(nvj::kBackendHardware, nullptr, nullptr, 0, h);
+  nvj::Status s = l.create_ex(nvj::kBackendHardware, nullptr, nullptr, nvj::kFlagsHwDecodeNoPipeline, h);
   if (s == nvj::kSuccess) {
     *backend = "hardware";
     return Status::Ok();

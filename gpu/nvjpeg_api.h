@@ -23,6 +23,11 @@ enum Backend : int {  // nvjpegBackend_t
 enum OutputFormat : int {  // nvjpegOutputFormat_t
   kOutputRgbi = 5,         // interleaved RGB in channel[0]
 };
+// nvjpegCreateEx's flags: NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE, the hardware
+// backend without its internal pipeline (with it, a batch's bitstream copies
+// and colour conversions, spread over 14 internal streams, wait behind a
+// training model's queued kernels: issue 27, bench/peer/nvjpeg_wait.py).
+constexpr unsigned kFlagsHwDecodeNoPipeline = 1;
 constexpr int kMaxComponent = 4;  // NVJPEG_MAX_COMPONENT
 struct Image {                    // nvjpegImage_t
   unsigned char* channel[kMaxComponent];

@@ -18,6 +18,7 @@ static_assert(int(NVJPEG_BACKEND_GPU_HYBRID) == int(nvj::kBackendGpuHybrid));
 static_assert(int(NVJPEG_BACKEND_HARDWARE) == int(nvj::kBackendHardware));
 static_assert(int(NVJPEG_OUTPUT_RGBI) == int(nvj::kOutputRgbi));
 static_assert(NVJPEG_MAX_COMPONENT == nvj::kMaxComponent);
+static_assert(NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE == nvj::kFlagsHwDecodeNoPipeline);
 static_assert(sizeof(nvjpegImage_t) == sizeof(nvj::Image));
 static_assert(offsetof(nvjpegImage_t, channel) == offsetof(nvj::Image, channel));
 static_assert(offsetof(nvjpegImage_t, pitch) == offsetof(nvj::Image, pitch));
