@@ -108,6 +108,10 @@ class DeviceOps {
   // Runs fn(data) on a runtime thread once the work queued on `stream` so far
   // has run (cudaLaunchHostFunc; on the CPU: now). fn must not call CUDA.
   virtual Status LaunchHostFunc(StreamRef stream, void (*fn)(void*), void* data) = 0;
+  // Makes the calling thread's current device this ops' device (CUDA's
+  // current device is per thread), for work queued from a thread other than
+  // the one that made the ops. The CPU twins: nothing to do.
+  virtual Status BindThread() { return Status::Ok(); }
 
  protected:
   // What the handles are made and freed with: the implementation's part.

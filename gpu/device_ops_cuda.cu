@@ -14,6 +14,10 @@ class CudaOps final : public DeviceOps {
  public:
   explicit CudaOps(int device) : device_(device) {}
   bool is_gpu() const override { return true; }
+  Status BindThread() override {
+    GPUFEED_CUDA_RETURN(cudaSetDevice(device_));
+    return Status::Ok();
+  }
   Status CopyToDevice(void* dst, const void* src, size_t bytes, StreamRef stream) override {
     TraceRange trace("gpufeed copy h2d");
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ToCuda(stream));

@@ -5,12 +5,22 @@
 // other is filled by the copy stream. An input slot yields echo x
 // (batches in it) output batches; pass 0 in the loader's order, pass p > 0
 // through EchoPermutation(seed, epoch, upload, p) over the whole slot.
+//
+// Fills: the consumer's thread fills the next slot inside Next(), except for
+// a source whose batches come encoded (BatchSourceInfo::encoded_batches):
+// there one fill worker, a thread for the feeder's life, runs every fill and
+// the decode stage in it while the consumer works, since nvJPEG's call
+// blocks its thread until the engine's work has run (about half a ResNet-18
+// step beside the model). GPUFEED_FEED_FILL_WORKER=0 fills on the consumer's
+// thread there too (for A/B runs).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "common/classes.h"
@@ -89,6 +99,10 @@ struct GpuFeeder::Impl {
     uint64_t samples = 0;
     uint64_t batches = 0;  // output batches per pass
     uint64_t upload_index = 0;
+    // What the fill did, accounted by the consumer when it takes the slot
+    // (AfterFill): so a fill on the worker writes nothing the consumer reads.
+    double waited = 0;  // the fill's host wait for the loader
+    uint64_t bytes = 0;
     int pass = 0;
     uint64_t next = 0;  // next output batch within the pass
     bool filled = false;
@@ -137,12 +151,42 @@ struct GpuFeeder::Impl {
   uint64_t steps = 0;
 
   uint64_t start_batch = 0;
-  // The decode stage for batches the loader left encoded; made at the first.
+  // The decode stage for batches the loader left encoded; made at the first
+  // and, with the fill worker, touched only in fills.
   std::unique_ptr<gpu::ImageBatchDecoder> decoder;
   Status EnsureDecoder();
   double decode_rate = 0;  // device samples a second in Decode(), smoothed
-  // The decoder's counters when this epoch started (it outlives Restart).
-  gpu::ImageDecodeCounters decode_base;
+  // The decoder's counters when this epoch started (it outlives Restart),
+  // and after the last fill the consumer took (what stats() reports).
+  gpu::ImageDecodeCounters decode_base, decode_counters;
+
+  // The fill worker (encoded batches): StartFill hands it a slot, JoinFill
+  // waits for it. Between the two the consumer touches neither that slot,
+  // the copy stream, the loader stream's Next, the decoder nor loader_done;
+  // the worker touches nothing else.
+  struct FillWorker {
+    Mutex mu;
+    CondVar cv;
+    std::thread thread;
+    int slot GUARDED_BY(mu) = -1;  // to fill; -1: none asked
+    bool busy GUARDED_BY(mu) = false;
+    bool stop GUARDED_BY(mu) = false;
+    bool interrupted GUARDED_BY(mu) = false;  // Interrupt() for the next WaitFill
+    Status status GUARDED_BY(mu);
+  } fw;
+  bool fill_worker = false;   // fills run on fw (set in Init)
+  bool fill_pending = false;  // the consumer's: StartFill without its JoinFill yet
+  int fill_slot = -1;         // the consumer's: the slot of the pending fill
+  void FillLoop();
+  void StartFill(int k);
+  Status JoinFill(double* waited);
+  // NextFor's wait for the pending fill: kReady once it is done.
+  WaitResult WaitFill(std::chrono::milliseconds timeout);
+  void StopFillWorker();
+  // Fills slot k now: on the worker (and waits for it) or here.
+  Status FillNow(int k);
+  // The consumer's side of a finished fill of slot k: stats, the echo probe.
+  void AfterFill(int k, double waited);
   Impl(BatchSource& l, const FeedOptions& opt, uint64_t e, uint64_t start)
       : loader(l), o(opt), epoch(e), stream(l.Epoch(e, start)), start_batch(start) {}
 
@@ -252,6 +296,10 @@ Status GpuFeeder::Impl::Init() {
   }
   GPUFEED_RETURN_IF_ERROR(StartAt(start_batch));
   B = src.batch_size;
+  fill_worker = src.encoded_batches;
+  if (const char* v = std::getenv("GPUFEED_FEED_FILL_WORKER"); v != nullptr && std::string(v) == "0") {
+    fill_worker = false;
+  }
   sample_bytes = named ? src.fields[0].sample_bytes : src.sample_bytes;
   out_elem = DTypeSize(o.dtype);
   GPUFEED_RETURN_IF_ERROR(ClassifyFields(src));
@@ -326,6 +374,13 @@ Status GpuFeeder::Impl::StartAt(uint64_t start) {
 
 Status GpuFeeder::Impl::Restart(uint64_t e, uint64_t start) {
   if (!init_status.ok()) return init_status;
+  // A fill the worker runs reads the old stream into a slot: done (and
+  // dropped, its batches back to the pool below) before either is reset.
+  if (fill_pending) (void)JoinFill(nullptr);
+  {
+    MutexLock lock(&fw.mu);
+    fw.interrupted = false;  // as the old stream's interrupt goes with it
+  }
   // What is queued reads the input slots (and their loader batches) and
   // writes output slots: done before either is used again.
   GPUFEED_RETURN_IF_ERROR(ops->StreamSync(compute_stream.ref()));
@@ -333,7 +388,8 @@ Status GpuFeeder::Impl::Restart(uint64_t e, uint64_t start) {
   for (InSlot& s : in) {
     s.host.clear();  // back to the loader's pool before its next epoch takes it
     s.consumed_recorded = false;
-    s.samples = s.batches = s.upload_index = s.next = 0;
+    s.samples = s.batches = s.upload_index = s.next = s.bytes = 0;
+    s.waited = 0;
     s.pass = 0;
     s.filled = false;
   }
@@ -359,7 +415,7 @@ Status GpuFeeder::Impl::Restart(uint64_t e, uint64_t start) {
   fresh.on_gpu = st.on_gpu;
   fresh.decoder = st.decoder;
   st = fresh;
-  if (decoder) decode_base = decoder->counters();
+  if (decoder) decode_base = decode_counters = decoder->counters();
   return StartAt(start);
 }
 
@@ -464,8 +520,109 @@ Status GpuFeeder::Impl::EnsureDecoder() {
     }
     decoder = std::move(*d);
   }
-  st.decoder = decoder->name();
   return Status::Ok();
+}
+
+void GpuFeeder::Impl::FillLoop() {
+  // CUDA's current device is per thread.
+  const Status bound = ops->BindThread();
+  fw.mu.Lock();
+  for (;;) {
+    while (!fw.stop && fw.slot < 0) fw.cv.Wait(&fw.mu);
+    if (fw.slot < 0) break;  // stopped, nothing asked
+    const int k = std::exchange(fw.slot, -1);
+    fw.mu.Unlock();
+    Status done = bound.ok() ? Fill(k) : bound;
+    fw.mu.Lock();
+    fw.status = std::move(done);
+    fw.busy = false;
+    fw.cv.SignalAll();
+  }
+  fw.mu.Unlock();
+}
+
+void GpuFeeder::Impl::StartFill(int k) {
+  MutexLock lock(&fw.mu);
+  if (!fw.thread.joinable()) fw.thread = std::thread([this] { FillLoop(); });
+  fw.slot = k;
+  fw.busy = true;
+  fill_pending = true;
+  fill_slot = k;
+  fw.cv.SignalAll();
+}
+
+Status GpuFeeder::Impl::JoinFill(double* waited) {
+  const double t0 = NowSeconds();
+  MutexLock lock(&fw.mu);
+  while (fw.busy) fw.cv.Wait(&fw.mu);
+  fill_pending = false;
+  fill_slot = -1;
+  if (waited != nullptr) *waited = NowSeconds() - t0;
+  return std::exchange(fw.status, Status::Ok());
+}
+
+WaitResult GpuFeeder::Impl::WaitFill(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&fw.mu);
+  while (fw.busy && !fw.interrupted) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) break;
+    (void)fw.cv.WaitFor(&fw.mu, left);
+  }
+  if (fw.interrupted) {
+    fw.interrupted = false;
+    return WaitResult::kInterrupted;
+  }
+  return fw.busy ? WaitResult::kTimeout : WaitResult::kReady;
+}
+
+void GpuFeeder::Impl::StopFillWorker() {
+  {
+    MutexLock lock(&fw.mu);
+    while (fw.busy) fw.cv.Wait(&fw.mu);
+    fw.stop = true;
+    fw.cv.SignalAll();
+  }
+  if (fw.thread.joinable()) fw.thread.join();
+}
+
+Status GpuFeeder::Impl::FillNow(int k) {
+  double waited = 0;
+  if (fill_worker) {
+    if (!fill_pending) StartFill(k);
+    GPUFEED_RETURN_IF_ERROR(JoinFill(&waited));
+  } else {
+    GPUFEED_RETURN_IF_ERROR(Fill(k));
+    waited = in[k].waited;
+  }
+  AfterFill(k, waited);
+  return Status::Ok();
+}
+
+void GpuFeeder::Impl::AfterFill(int k, double waited) {
+  InSlot& s = in[k];
+  if (decoder) {
+    decode_counters = decoder->counters();
+    st.decoder = decoder->name();
+  }
+  // The consumer's wait: for the loader in its own fill; with the worker,
+  // for the worker's fill (whose decode and loader wait overlap the
+  // consumer's work).
+  st.data_wait_seconds += waited;
+  st.bytes_uploaded += s.bytes;
+  s.bytes = 0;
+  if (!s.filled) return;
+  st.uploads = uploads;
+  if (o.echo == 0 && uploads <= kAutoEchoProbeUploads) {
+    probe_wait += waited;
+    if (uploads == kAutoEchoProbeUploads && steps > 0) {
+      // Echo enough that the GPU's work per upload covers the wait for the
+      // next one: e ~ (wait + step) / step, per loader batch.
+      const double step = step_seconds / static_cast<double>(steps);
+      const double wait = probe_wait / static_cast<double>(uploads * o.super_batch);
+      echo = std::clamp(static_cast<int>(std::ceil((wait + step) / std::max(step, 1e-6))), 1, kMaxAutoEcho);
+    }
+  }
 }
 
 // Fills input slot k with the next super-batch: waits (on the device) until
@@ -474,6 +631,7 @@ Status GpuFeeder::Impl::EnsureDecoder() {
 Status GpuFeeder::Impl::Fill(int k) {
   InSlot& s = in[k];
   s.filled = false;
+  s.waited = 0;
   if (loader_done) return Status::Ok();
   if (s.consumed_recorded) {
     GPUFEED_RETURN_IF_ERROR(ops->StreamWait(copy_stream.ref(), s.consumed.ref()));
@@ -521,7 +679,7 @@ Status GpuFeeder::Impl::Fill(int k) {
         decode_rate = decode_rate > 0 ? 0.7 * decode_rate + 0.3 * rate : rate;
         loader.ReportDeviceDecodeRate(decode_rate);
       }
-      for (const EncodedSample& e : b.encoded()) st.bytes_uploaded += e.bytes ? e.bytes : sample_bytes;
+      for (const EncodedSample& e : b.encoded()) s.bytes += e.bytes ? e.bytes : sample_bytes;
       s.samples += n;
       s.host.push_back(std::move(b));
       continue;
@@ -535,14 +693,13 @@ Status GpuFeeder::Impl::Fill(int k) {
       if (x.out_bytes == 0) continue;  // the class: staged with the labels
       GPUFEED_RETURN_IF_ERROR(ops->CopyToDevice(static_cast<std::byte*>(s.extra[e].get()) + s.samples * x.in_bytes,
                                                 b.field(x.field).data(), n * x.in_bytes, copy_stream.ref()));
-      st.bytes_uploaded += n * x.in_bytes;
+      s.bytes += n * x.in_bytes;
     }
-    st.bytes_uploaded += n * sample_bytes;
+    s.bytes += n * sample_bytes;
     s.samples += n;
     s.host.push_back(std::move(b));
   }
-  const double waited = NowSeconds() - t0 - decoding;
-  st.data_wait_seconds += waited;
+  s.waited = NowSeconds() - t0 - decoding;
   if (s.samples == 0) return Status::Ok();
   GPUFEED_RETURN_IF_ERROR(
       ops->CopyToDevice(s.labels.get(), s.labels_staging.get(), s.samples * sizeof(int64_t), copy_stream.ref()));
@@ -552,18 +709,6 @@ Status GpuFeeder::Impl::Fill(int k) {
   s.next = 0;
   s.upload_index = uploads++;
   s.filled = true;
-  st.uploads = uploads;
-
-  if (o.echo == 0 && uploads <= kAutoEchoProbeUploads) {
-    probe_wait += waited;
-    if (uploads == kAutoEchoProbeUploads && steps > 0) {
-      // Echo enough that the GPU's work per upload covers the wait for the
-      // next one: e ~ (wait + step) / step, per loader batch.
-      const double step = step_seconds / static_cast<double>(steps);
-      const double wait = probe_wait / static_cast<double>(uploads * o.super_batch);
-      echo = std::clamp(static_cast<int>(std::ceil((wait + step) / std::max(step, 1e-6))), 1, kMaxAutoEcho);
-    }
-  }
   return Status::Ok();
 }
 
@@ -576,12 +721,15 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   if (!started) {
     started = true;
     start_time = NowSeconds();
-    GPUFEED_RETURN_IF_ERROR(Fill(0));
     cur = 0;
+    GPUFEED_RETURN_IF_ERROR(FillNow(0));  // with the worker: NextFor may have started it
+  } else if (fill_worker) {
+    // The slot switched to last time may still be filling: take it.
+    if (fill_pending && fill_slot == cur) GPUFEED_RETURN_IF_ERROR(FillNow(cur));
   } else if (!in[1 - cur].filled && !loader_done && in[cur].filled) {
     // Queue the next upload now: the consumer's work on the previous batch
     // is already on the GPU, so this host-side wait overlaps it.
-    GPUFEED_RETURN_IF_ERROR(Fill(1 - cur));
+    GPUFEED_RETURN_IF_ERROR(FillNow(1 - cur));
   }
   InSlot* s = &in[cur];
   if (!s->filled) return std::optional<DeviceBatch>();
@@ -665,6 +813,8 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
     st.echoed_samples += p.batch;
   }
 
+  // The worker fills the other slot while the consumer works on this one.
+  if (fill_worker && !fill_pending && !loader_done && !in[1 - cur].filled) StartFill(1 - cur);
   if (++s->next == s->batches) {
     s->next = 0;
     if (++s->pass >= echo) {
@@ -673,7 +823,9 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
       s->consumed_recorded = true;
       s->filled = false;
       const int other = 1 - cur;
-      if (!in[other].filled) GPUFEED_RETURN_IF_ERROR(Fill(other));
+      // With the worker the other slot is filled, filling (taken at the
+      // next Produce) or past the loader's end.
+      if (!fill_worker && !in[other].filled) GPUFEED_RETURN_IF_ERROR(FillNow(other));
       cur = other;
     }
   }
@@ -685,6 +837,7 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
 // output slots); the decoder goes next (it frees its buffers through ops);
 // then the slots, the streams, and last ops, which frees them all.
 void GpuFeeder::Impl::Teardown() {
+  StopFillWorker();
   if (!ops) return;
   if (compute_stream) (void)ops->StreamSync(compute_stream.ref());
   if (copy_stream) (void)ops->StreamSync(copy_stream.ref());
@@ -717,8 +870,10 @@ LoaderStats GpuFeeder::loader_stats() const { return impl_->stream->stats(); }
 FeedStats GpuFeeder::stats() const {
   FeedStats s = impl_->st;
   s.echo = impl_->echo;
-  if (impl_->decoder) {
-    const gpu::ImageDecodeCounters& c = impl_->decoder->counters();
+  {
+    // As of the last fill the consumer took (the worker may be decoding the
+    // next one now).
+    const gpu::ImageDecodeCounters& c = impl_->decode_counters;
     const gpu::ImageDecodeCounters& b = impl_->decode_base;
     s.decoded_on_device = c.device_samples - b.device_samples;
     s.decoded_by_loader = c.host_samples - b.host_samples;
@@ -756,7 +911,16 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Next() {
 Result<GpuFeeder::Waited> GpuFeeder::NextFor(std::chrono::milliseconds timeout) {
   Impl& d = *impl_;
   Waited out;
-  if (d.WillPull()) {
+  if (d.fill_worker && d.init_status.ok() && d.restart_error.ok() && d.error.ok()) {
+    // The fill the next Produce takes runs on the worker: wait for it here.
+    if (!d.started && !d.fill_pending) d.StartFill(0);
+    if (d.fill_pending && (!d.started || d.fill_slot == d.cur)) {
+      const double t0 = NowSeconds();
+      out.wait = d.WaitFill(timeout);
+      d.st.data_wait_seconds += NowSeconds() - t0;  // JoinFill's own wait is then short
+      if (out.wait != WaitResult::kReady) return out;
+    }
+  } else if (d.WillPull()) {
     const double t0 = NowSeconds();
     out.wait = d.stream->WaitFor(timeout);
     d.st.data_wait_seconds += NowSeconds() - t0;  // Fill's own wait is then short
@@ -769,6 +933,12 @@ Result<GpuFeeder::Waited> GpuFeeder::NextFor(std::chrono::milliseconds timeout) 
 }
 
 void GpuFeeder::Interrupt() {
+  if (impl_->fill_worker) {  // NextFor waits on the worker's fill, not the stream
+    MutexLock lock(&impl_->fw.mu);
+    impl_->fw.interrupted = true;
+    impl_->fw.cv.SignalAll();
+    return;
+  }
   MutexLock lock(&impl_->stream_mu);
   if (impl_->stream) impl_->stream->Interrupt();
 }

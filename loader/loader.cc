@@ -64,7 +64,10 @@ struct Loader::Impl {
   std::unique_ptr<loader::ChunkCache> cache;
   // Sources of encoded samples: their decoder composed with the source.
   std::optional<loader::DecodeStage> decode_stage;
-  LoaderState state;
+  // The position: written by whichever thread takes the stream's batches
+  // (the feed's fill worker, when batches come encoded), read by state().
+  mutable Mutex state_mu;
+  LoaderState state GUARDED_BY(state_mu);
   LocalStream* active = nullptr;  // the live stream, stopped by the next Epoch()
   // The plan of the epoch after the live stream's (plans are pure functions
   // of the options and the epoch): the cache's future spans the boundary,
@@ -127,6 +130,7 @@ struct Loader::Impl {
     info.mean = attrs.mean;
     info.stddev = attrs.stddev;
     info.fields = s.fields();
+    info.encoded_batches = defers();
   }
   uint64_t batch_bytes() const { return options.batch_size * source.sample_bytes(); }
 
@@ -167,9 +171,11 @@ struct LocalStream final : EpochStream::Impl {
   std::thread producer;
   bool stopped = false;
 
-  // Stats (the consumer-side ones are touched only by the consumer).
+  // Stats: the delivered ones are written by the thread that takes the
+  // batches (the feed's fill worker, when batches come encoded) and read by
+  // stats() on any thread.
   std::atomic<uint64_t> plan_ns{0}, assemble_ns{0};
-  uint64_t delivered_batches = 0, delivered_samples = 0, delivered_bytes = 0;
+  std::atomic<uint64_t> delivered_batches{0}, delivered_samples{0}, delivered_bytes{0};
   std::chrono::steady_clock::time_point start_time;
   uint64_t minor_faults0 = 0, major_faults0 = 0;  // the process's at the start
 
@@ -449,9 +455,10 @@ Result<std::optional<Batch>> LocalStream::Next() {
   const loader::StreamCore::Item& it = **r;
   Batch b = MakeBatch(it.slot, epoch, it.index, it.count, loader->source.sample_bytes(),
                       !loader->source.labels().empty(), &loader->source.sample_shape(), &loader->info.fields);
-  ++delivered_batches;
-  delivered_samples += it.count;
-  delivered_bytes += it.count * b.sample_bytes();
+  delivered_batches.fetch_add(1, std::memory_order_relaxed);
+  delivered_samples.fetch_add(it.count, std::memory_order_relaxed);
+  delivered_bytes.fetch_add(it.count * b.sample_bytes(), std::memory_order_relaxed);
+  MutexLock lock(&loader->state_mu);
   loader->state.epoch = epoch;
   loader->state.next_batch = it.index + 1;
   return std::optional<Batch>(std::move(b));
@@ -460,9 +467,9 @@ Result<std::optional<Batch>> LocalStream::Next() {
 LoaderStats LocalStream::stats() const {
   const LocalStream& s = *this;
   LoaderStats st;
-  st.batches = s.delivered_batches;
-  st.samples = s.delivered_samples;
-  st.bytes_delivered = s.delivered_bytes;
+  st.batches = s.delivered_batches.load(std::memory_order_relaxed);
+  st.samples = s.delivered_samples.load(std::memory_order_relaxed);
+  st.bytes_delivered = s.delivered_bytes.load(std::memory_order_relaxed);
   auto& c = s.loader->cache->counters();
   st.chunk_reads = c.reads;
   st.bytes_read = c.bytes_read;
@@ -532,7 +539,11 @@ const ChunkSource& Loader::source() const { return impl_->source; }
 const BatchSourceInfo& Loader::info() const { return impl_->info; }
 uint64_t Loader::batch_bytes() const { return impl_->batch_bytes(); }
 LoaderState Loader::state() const {
-  LoaderState s = impl_->state;
+  LoaderState s;
+  {
+    MutexLock lock(&impl_->state_mu);
+    s = impl_->state;
+  }
   DescribeShard(impl_->source.num_samples(), impl_->options, &s);
   return s;
 }
@@ -613,8 +624,11 @@ EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {
   s->start_batch = start_batch;
   s->start_time = std::chrono::steady_clock::now();
   ProcessFaults(&s->minor_faults0, &s->major_faults0);
-  impl_->state.epoch = epoch;
-  impl_->state.next_batch = start_batch;
+  {
+    MutexLock lock(&impl_->state_mu);
+    impl_->state.epoch = epoch;
+    impl_->state.next_batch = start_batch;
+  }
   auto fail_now = [&](Status st) {
     s->core.FailNow(std::move(st));
     s->stopped = true;

@@ -68,7 +68,7 @@ WaitResult StreamCore::WaitReady(std::chrono::steady_clock::time_point deadline)
   MutexLock lock(&mu_);
   bool holds_all = false;
   const WaitResult w = WaitLocked(deadline, true, &holds_all);
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  AddWait(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return w;
 }
 
@@ -86,10 +86,10 @@ Result<std::optional<StreamCore::Item>> StreamCore::Pop(const std::string& what)
   Item it;
   {
     MutexLock lock(&mu_);
-    depth_sum_ += ready_.size();
+    depth_sum_.store(depth_sum_.load(std::memory_order_relaxed) + ready_.size(), std::memory_order_relaxed);
     bool holds_all = false;
     (void)WaitLocked(Clock::time_point::max(), false, &holds_all);
-    wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    AddWait(std::chrono::duration<double>(Clock::now() - t0).count());
     if (holds_all) {
       return Status::InvalidArgument(
           what + ": the consumer holds all " + std::to_string(pool_->size()) +

@@ -64,8 +64,10 @@ class StreamCore {
   // the pool.
   void ReleaseUndelivered();
 
-  double wait_seconds() const { return wait_seconds_; }
-  uint64_t depth_sum() const { return depth_sum_; }
+  // Any thread (stats() beside a taker on another thread, as the feed's fill
+  // worker is).
+  double wait_seconds() const { return wait_seconds_.load(std::memory_order_relaxed); }
+  uint64_t depth_sum() const { return depth_sum_.load(std::memory_order_relaxed); }
 
  private:
   BatchPool* pool_;
@@ -82,9 +84,12 @@ class StreamCore {
   WaitResult WaitLocked(std::chrono::steady_clock::time_point deadline, bool interruptible, bool* holds_all)
       REQUIRES(mu_);
   std::atomic<bool> failed_{false};
-  // Consumer-only.
-  double wait_seconds_ = 0;
-  uint64_t depth_sum_ = 0;
+  // Written by the one thread that takes items; read by anyone.
+  std::atomic<double> wait_seconds_{0};
+  std::atomic<uint64_t> depth_sum_{0};
+  void AddWait(double seconds) {
+    wait_seconds_.store(wait_seconds_.load(std::memory_order_relaxed) + seconds, std::memory_order_relaxed);
+  }
 };
 
 }  // namespace gpufeed::loader

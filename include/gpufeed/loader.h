@@ -387,6 +387,10 @@ struct BatchSourceInfo {
   // unless the source was opened with named fields. Batches are planar
   // (Batch::field).
   std::vector<FieldInfo> fields;
+  // Batches may come with samples left encoded (Batch::encoded(): a Loader
+  // with LoaderOptions::defer_decode over an encoded source) for the feed's
+  // decode stage; the feed then fills on a worker thread of its own.
+  bool encoded_batches = false;
   // Options the source adjusted, for the caller to show ("batch size 100000
   // is larger than the 10000 samples of this rank: using 10000").
   std::vector<std::string> warnings;

@@ -8,7 +8,10 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -376,6 +379,118 @@ TEST(ImageDecoderTest, TheLoadersShareFollowsTheDeviceDecodersRate) {
   EXPECT_EQ(labels, plain.labels);
   EXPECT_GT(ls.host_decode_share, 0.0);
   EXPECT_LT(ls.host_decode_share, 1.0);
+}
+
+// With encoded batches the feed's fills (and the decode stage) run on its
+// fill worker: every output batch, echoed passes and super-batches included,
+// carries the labels the consumer-thread fills of a plain loader give;
+// stats() and loader_stats() while a fill runs are safe (TSan checks it); a
+// feeder left in the middle of an epoch, its worker busy, ends without a
+// hang; Restart mid-epoch starts the next epoch as a new feeder would.
+TEST(ImageDecoderTest, TheFillWorkerKeepsTheFeedsOrderAndStopsMidEpoch) {
+  const uint64_t n = 61;
+  Dataset ds = Make("dec_worker", n);
+  auto src = OpenEncodedImages(ds.path, {}, Decode32());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  using Labels = std::vector<std::vector<int64_t>>;
+  auto take = [](GpuFeeder& feeder, size_t stop_after, Labels* labels, FeedStats* stats) {
+    for (size_t k = 0; k < stop_after; ++k) {
+      auto b = feeder.Next();
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+      if (!*b) break;
+      std::vector<int64_t> l((*b)->size());
+      ASSERT_TRUE(feeder.CopyToHost(**b, nullptr, l.data()).ok());
+      labels->push_back(std::move(l));
+      *stats = feeder.stats();  // the worker may be filling the next slot now
+      (void)feeder.loader_stats();
+    }
+  };
+  FeedOptions fo;
+  fo.force_cpu = true;
+  fo.super_batch = 2;
+  fo.echo = 2;
+  auto run = [&](bool defer, size_t stop_after, Labels* labels, FeedStats* stats) {
+    LoaderOptions lo = TestLoaderOptions(defer, false);
+    lo.prefetch = 5;
+    Loader loader(**src, lo);
+    GpuFeeder feeder(loader, fo, 3);
+    take(feeder, stop_after, labels, stats);
+  };
+  Labels plain, deferred, part;
+  FeedStats ps, dstats, part_stats;
+  run(false, SIZE_MAX, &plain, &ps);
+  run(true, SIZE_MAX, &deferred, &dstats);
+  ASSERT_EQ(plain.size(), 2 * ((n + 6) / 7));  // every loader batch, twice
+  EXPECT_EQ(plain, deferred);
+  EXPECT_EQ(dstats.fresh_samples, n);
+  EXPECT_EQ(dstats.echoed_samples, n);
+  EXPECT_EQ(dstats.decoder, "cpu");
+  EXPECT_EQ(dstats.decoded_on_device + dstats.decoded_by_loader, n);  // the last fill's counted too
+  EXPECT_GT(dstats.decoded_on_device, 0u);
+  run(true, 3, &part, &part_stats);  // the worker fills while the feeder goes
+  ASSERT_EQ(part.size(), 3u);
+  EXPECT_EQ(part[0], deferred[0]);
+  EXPECT_EQ(part[2], deferred[2]);
+
+  // Restart in the middle of epoch 3 (the worker busy) into epoch 4: what a
+  // new feeder of epoch 4 delivers.
+  LoaderOptions lo = TestLoaderOptions(true, false);
+  Loader loader(**src, lo);
+  GpuFeeder feeder(loader, fo, 3);
+  Labels before, restarted, fresh;
+  FeedStats a, b, c;
+  take(feeder, 3, &before, &a);
+  ASSERT_TRUE(feeder.Restart(4).ok());
+  take(feeder, SIZE_MAX, &restarted, &b);
+  {
+    Loader other(**src, lo);
+    GpuFeeder feeder4(other, fo, 4);
+    take(feeder4, SIZE_MAX, &fresh, &c);
+  }
+  EXPECT_EQ(restarted, fresh);
+  EXPECT_EQ(b.fresh_samples, n);
+}
+
+// NextFor and Interrupt with the fill worker: an Interrupt before the first
+// NextFor ends its wait for the worker's first fill with nothing taken; then
+// NextFor with a short timeout, called until the end, delivers every batch
+// of the epoch in the plain feed's order.
+TEST(ImageDecoderTest, NextForWaitsOnTheFillWorkerAndIsInterrupted) {
+  const uint64_t n = 40;
+  Dataset ds = Make("dec_worker_wait", n);
+  auto src = OpenEncodedImages(ds.path, {}, Decode32());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const Fed plain = Feed(**src, /*defer=*/false);
+  ASSERT_TRUE(plain.error.ok()) << plain.error.ToString();
+  Loader loader(**src, TestLoaderOptions(/*defer=*/true, false));
+  FeedOptions fo;
+  fo.force_cpu = true;
+  fo.mean = {0, 0, 0};
+  fo.stddev = {1, 1, 1};
+  GpuFeeder feeder(loader, fo, 1);
+  feeder.Interrupt();
+  auto first = feeder.NextFor(std::chrono::seconds(30));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->wait, WaitResult::kInterrupted);
+  EXPECT_FALSE(first->batch.has_value());
+  std::vector<std::vector<int64_t>> labels;
+  uint64_t timeouts = 0;
+  for (int guard = 0; guard < 100000; ++guard) {
+    auto r = feeder.NextFor(std::chrono::milliseconds(1));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (r->wait == WaitResult::kTimeout) {
+      ++timeouts;
+      continue;
+    }
+    ASSERT_EQ(r->wait, WaitResult::kReady);
+    if (!r->batch) break;
+    std::vector<int64_t> l(r->batch->size());
+    ASSERT_TRUE(feeder.CopyToHost(*r->batch, nullptr, l.data()).ok());
+    labels.push_back(std::move(l));
+  }
+  EXPECT_EQ(labels, plain.labels);
+  std::printf("NextFor(1 ms) over the worker's fills: %zu batches, %llu timeouts\n", labels.size(),
+              static_cast<unsigned long long>(timeouts));
 }
 
 TEST(ImageDecoderTest, DecodeDeviceNames) {
