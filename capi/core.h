@@ -106,6 +106,11 @@ struct Core {
   bool ended = false;
   std::optional<gpufeed::EpochStream> stream;
   std::shared_ptr<FeedState> feed_state;
+  // Epoch 0's feeder made at open where the batches come encoded (its fill
+  // worker starts the GPU's decoder and the first upload while the caller
+  // builds its model): the first start of epoch 0 at batch 0 takes it as it
+  // is, any other start restarts it (StartEpoch). Consumer thread only.
+  std::shared_ptr<FeedState> warm_feed;
   std::unique_ptr<gpufeed::gpu::DeviceOps> device_ops;  // stream waits for device batches
   // Host batches' release after a stream: CUDA ops made on first use (null
   // where there is no CUDA), and the callbacks still pending.

@@ -17,12 +17,28 @@ using gpufeed::capi::Guard;
 
 namespace {
 
+// A feeder of `epoch` from `start_batch` over the core's source.
+gpufeed::Result<std::shared_ptr<FeedState>> MakeFeed(Core& c, uint64_t epoch, uint64_t start_batch) {
+  auto st = std::make_shared<FeedState>();
+  st->feeder = std::make_unique<gpufeed::GpuFeeder>(c.opened->source(), c.feed_options, epoch, start_batch);
+  if (st->feeder->on_gpu() && !c.device_ops) {
+    auto ops = gpufeed::gpu::MakeCudaOps(c.feed_options.device);
+    if (!ops.ok()) return ops.status();
+    c.device_ops = std::move(*ops);
+  }
+  return st;
+}
+
 gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_error** error) {
   std::shared_ptr<FeedState> old_feed;
+  std::shared_ptr<FeedState> warm = std::move(c.warm_feed);
   {
     gpufeed::MutexLock lock(&c.interrupt_mu);
     old_feed = std::move(c.feed_state);
   }
+  const bool take_warm = warm && !old_feed && epoch == 0 && start_batch == 0;
+  if (warm && !old_feed) old_feed = std::move(warm);  // taken as it is, or restarted below
+  warm.reset();
   c.epoch = epoch;
   c.start_batch = start_batch;
   c.delivered = 0;
@@ -34,7 +50,11 @@ gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_e
     const char* v = std::getenv("GPUFEED_FEED_RESTART");
     return v == nullptr || std::string_view(v) != "0";
   }();
-  if (restart && c.feed && old_feed && !old_feed->feeder->fields().empty()) {
+  if (take_warm) {
+    // Made at open for this very start: its first upload may be done.
+    gpufeed::MutexLock lock(&c.interrupt_mu);
+    c.feed_state = std::move(old_feed);
+  } else if (restart && c.feed && old_feed && !old_feed->feeder->fields().empty()) {
     // The same feeder, restarted: its device buffers, streams and image
     // decoder stay. A new feeder an epoch made them again at each epoch's
     // start, on every rank of a node at once. Batches of the last epoch
@@ -52,15 +72,10 @@ gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_e
       gpufeed::MutexLock lock(&c.interrupt_mu);
       c.stream.reset();
     }
-    auto st = std::make_shared<FeedState>();
-    st->feeder = std::make_unique<gpufeed::GpuFeeder>(c.opened->source(), c.feed_options, epoch, start_batch);
-    if (st->feeder->on_gpu() && !c.device_ops) {
-      auto ops = gpufeed::gpu::MakeCudaOps(c.feed_options.device);
-      if (!ops.ok()) return Fail(error, ops.status());
-      c.device_ops = std::move(*ops);
-    }
+    auto st = MakeFeed(c, epoch, start_batch);
+    if (!st.ok()) return Fail(error, st.status());
     gpufeed::MutexLock lock(&c.interrupt_mu);
-    c.feed_state = std::move(st);
+    c.feed_state = std::move(*st);
   } else {
     {
       gpufeed::MutexLock lock(&c.interrupt_mu);
@@ -167,6 +182,14 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
     core->dtype_name = std::string(gpufeed::DTypeName(info.dtype));
     core->sample_shape = info.sample_shape;
     if (info.pool_slots > 0) core->pool_slots = info.pool_slots;  // the source's own count (a daemon's pool)
+    if (core->feed && info.encoded_batches) {
+      // JPEGs for the feed's decode stage: epoch 0's feeder starts now (its
+      // worker makes the GPU's decoder and fills the first upload while
+      // the caller builds its model); the first start of epoch 0 takes it.
+      auto warm = MakeFeed(*core, 0, 0);
+      if (!warm.ok()) return Fail(error, warm.status());
+      core->warm_feed = std::move(*warm);
+    }
     out = new gpufeed_loader{std::move(core)};
     return GPUFEED_OK;
   });
@@ -321,6 +344,9 @@ gpufeed_code gpufeed_loader_restore_state(gpufeed_loader* l, const void* bytes, 
     }
     // At another world size: the epoch's samples its ranks had not
     // received, split among this run's (gpufeed/loader.h, Resharding).
+    // A warm feeder made at open goes first: the reshard may stop the
+    // loader's stream its worker reads.
+    l->core->warm_feed.reset();
     auto start = l->core->opened->source().PrepareResume(*st);
     if (!start.ok()) return Fail(error, start.status().WithContext(l->core->name));
     return StartEpoch(*l->core, st->epoch, *start, error);

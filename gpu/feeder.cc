@@ -852,14 +852,24 @@ void GpuFeeder::Impl::Teardown() {
 GpuFeeder::GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch, uint64_t start_batch)
     : impl_(std::make_unique<Impl>(loader, options, epoch, start_batch)) {
   impl_->init_status = impl_->Init();
-  if (!impl_->init_status.ok()) impl_->fields.clear();  // a feed that did not start delivers nothing
+  if (!impl_->init_status.ok()) {
+    impl_->fields.clear();  // a feed that did not start delivers nothing
+    return;
+  }
+  // With the fill worker the first slot's fill (and the decoder's start)
+  // begins now, while the consumer gets ready.
+  if (impl_->fill_worker) impl_->StartFill(0);
 }
 
 GpuFeeder::~GpuFeeder() { impl_->Teardown(); }
 
 Status GpuFeeder::Restart(uint64_t epoch, uint64_t start_batch) {
   Status s = impl_->Restart(epoch, start_batch);
-  if (!s.ok()) impl_->restart_error = s;  // nothing half-started is delivered: Next() says why
+  if (!s.ok()) {
+    impl_->restart_error = s;  // nothing half-started is delivered: Next() says why
+    return s;
+  }
+  if (impl_->fill_worker) impl_->StartFill(0);  // the new epoch's first fill, at once
   return s;
 }
 

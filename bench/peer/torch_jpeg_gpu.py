@@ -118,6 +118,9 @@ def main():
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--models", default="resnet18,resnet50")
+    ap.add_argument("--loader-first", action="store_true",
+                    help="train: make the Loaders before the model (a training script's order), not just before "
+                         "their epochs")
     ap.add_argument("--train-stream", default="default", choices=["default", "side"],
                     help="train on the legacy default stream (PyTorch's default) or a side stream")
     ap.add_argument("--order", default="block", help="gpufeed's order (block: its default, chunk-aware)")
@@ -142,10 +145,13 @@ def main():
     print("%s: %d JPEGs, %.1f KB mean; %s, %d cores" % (a.data, n, sum(len(b) for b in blobs) / n / 1e3,
                                                          out["device"], os.cpu_count()), flush=True)
 
-    def gpufeed_epochs(decode, threads, epochs, consume=None, **kw):
-        loader = gpufeed.Loader(a.data, batch_size=a.batch_size, device="cuda", dtype=torch.bfloat16,
-                                layout="NHWC", threads=threads, decode=decode, order=order, seed=1,
-                                mean=mean, std=std, **kw)
+    def make_loader(decode, threads, **kw):
+        return gpufeed.Loader(a.data, batch_size=a.batch_size, device="cuda", dtype=torch.bfloat16,
+                              layout="NHWC", threads=threads, decode=decode, order=order, seed=1,
+                              mean=mean, std=std, **kw)
+
+    def gpufeed_epochs(decode, threads, epochs, consume=None, loader=None, **kw):
+        loader = loader if loader is not None else make_loader(decode, threads, **kw)
         rates = []
         for e in range(epochs):
             loader.set_epoch(e) if hasattr(loader, "set_epoch") else None
@@ -303,6 +309,10 @@ def main():
         import torchvision
         res = {}
         for arch in a.models.split(","):
+            # --loader-first: the Loaders made before the model, as a training
+            # script makes its data pipeline first (their feeders start
+            # while the model is built and its ceiling measured).
+            early = {dec: make_loader(dec, a.threads) for dec in a.train_decode.split(",")} if a.loader_first else {}
             torch.manual_seed(0)
             model = getattr(torchvision.models, arch)(num_classes=classes).cuda().to(memory_format=torch.channels_last)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -331,7 +341,7 @@ def main():
             res[arch] = {"ceiling": ceiling}
             for dec in a.train_decode.split(","):
                 with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                    rates, where, st = gpufeed_epochs(dec, a.threads, a.epochs, consume=step)
+                    rates, where, st = gpufeed_epochs(dec, a.threads, a.epochs, consume=step, loader=early.pop(dec, None))
                 split = {k: st.get(k) for k in ("feed_decode_seconds", "feed_data_wait_seconds", "feed_wall_seconds",
                                                  "feed_decoded_on_device", "feed_decoded_by_loader",
                                                  "balanced_samples", "host_decode_share")}

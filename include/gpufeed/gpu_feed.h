@@ -213,6 +213,12 @@ class GpuFeeder {
   // batches (augmentation and echo permutations included) an uninterrupted
   // feeder would produce from there: it must be a multiple of super_batch
   // and echo must be fixed (not 0), else Next() fails with InvalidArgument.
+  //
+  // Where the loader's batches come encoded (BatchSourceInfo::
+  // encoded_batches: JPEGs for the GPU's decoder), the feeder fills on a
+  // worker thread of its own and starts its first fill here (and in
+  // Restart), so the decoder's start and the first upload overlap whatever
+  // the consumer does before its first Next().
   GpuFeeder(BatchSource& loader, const FeedOptions& options, uint64_t epoch = 0, uint64_t start_batch = 0);
   ~GpuFeeder();  // waits for the work it queued; releases everything
   GpuFeeder(const GpuFeeder&) = delete;

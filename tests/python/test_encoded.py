@@ -4,6 +4,7 @@ batches; image k is a flat color encoding k, so each row names its index."""
 import io
 import json
 import subprocess
+import time
 
 import h5py
 import numpy as np
@@ -108,3 +109,53 @@ def test_train_decode_gpu_needs_a_gpu_and_cpu_training_is_reproducible(vlen_file
         subprocess.run(base + ["--decode", where, "--json", str(out)], check=True, capture_output=True)
         hashes.append(json.load(open(out))["weights_hash"])
     assert hashes[0] == hashes[1]  # auto decoded in the loader here: the same pixels
+
+
+def test_gpu_decoder_feed_made_at_open_serves_any_first_start(vlen_file):
+    """With the GPU's decoder the C API makes epoch 0's feeder at open (its
+    fill worker starts the decoder and the first upload while the caller gets
+    ready). The first start of epoch 0 takes it; a first start of another
+    epoch, or a resume, restarts it. Every epoch is every sample once, and an
+    epoch's labels do not depend on which start came first. GPU host only."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU here: this runs on the GPU host")
+    kw = dict(batch_size=5, threads=2, seed=3, device="cuda", dtype="float32", decode="gpu")
+    try:
+        first = gpufeed.Loader(vlen_file, **kw)
+    except gpufeed.UnsupportedError as e:
+        pytest.skip("no GPU decoder here: %s" % e)
+
+    def epochs(loader, which):
+        out = []
+        for e in which:
+            loader.set_epoch(e)
+            out.append([int(v) for _, y in loader for v in y.cpu()])
+        return out
+
+    time.sleep(0.3)  # the caller builds its model; the warm feeder fills meanwhile
+    warm = epochs(first, [0, 1, 0])
+    first.close()
+    late = gpufeed.Loader(vlen_file, **kw)
+    restarted = epochs(late, [1, 0])
+    late.close()
+    assert warm[0] == warm[2] == restarted[1]
+    assert warm[1] == restarted[0]
+    for labels in warm + restarted:
+        assert sorted(labels) == sorted(int(v) for v in np.arange(N) % 4)
+    # A resume as the first start restarts the warm feeder too: two batches
+    # of epoch 1, then the rest from a new loader given the state.
+    part = gpufeed.Loader(vlen_file, **kw)
+    part.set_epoch(1)
+    head = []
+    for k, (_, y) in enumerate(part):
+        head += [int(v) for v in y.cpu()]
+        if k == 1:
+            break
+    state = part.state_dict()
+    part.close()
+    resumed = gpufeed.Loader(vlen_file, **kw)
+    resumed.load_state_dict(state)
+    rest = [int(v) for _, y in resumed for v in y.cpu()]
+    resumed.close()
+    assert head + rest == warm[1]
