@@ -47,8 +47,9 @@ struct Batch::Slot {
 // option to raise (SetHoldHint) instead of waiting forever.
 class BatchPool {
  public:
-  // Allocates `slots` slots once (later calls are no-ops). Pages of plain
-  // memory are touched now rather than during the first batches.
+  // Allocates `slots` slots once (later calls are no-ops). Pinned memory is
+  // resident once allocated; pages of plain memory fault in when the first
+  // batches are assembled into them.
   Status Allocate(int slots, uint64_t batch_size, uint64_t sample_bytes, bool pin_memory);
   // Slots whose images are views of `region` (slot i at i x stride; the
   // region outlives the pool): a shared-memory mapping that the daemon and a

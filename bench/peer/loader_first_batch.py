@@ -1,45 +1,78 @@
 #!/usr/bin/env python3
-"""When the first batch of a gpufeed.Loader's first epoch arrives (issue 27):
-makes the Loader (device="cuda", bf16 NHWC, batches of 256), waits SECONDS as
-a training script building its model would, then times two epochs and when
-their first batches arrived. Every epoch must deliver every sample once.
+"""When the first batch of a gpufeed.Loader's first epoch arrives (issues 27
+and 30): makes the Loader, waits --wait seconds as a training script building
+its model would, then times --epochs epochs and when each one's first batch
+came. Every epoch must deliver every sample once.
 
-  python3 bench/peer/loader_first_batch.py inet.h5 [gpu|auto|cpu] [SECONDS]
+JPEGs decoded on the GPU (device="cuda", bf16 NHWC):
+  python3 bench/peer/loader_first_batch.py inet.h5 --decode gpu --wait 2
+Named fields over many files, host batches (DeepCAM), pinned or not:
+  python3 bench/peer/loader_first_batch.py '/tmp/dc96/*.h5' --field data=/climate/data \\
+      --field labels=/climate/labels_0 --device cpu --batch-size 8 --threads 16 --pin 1,0 --prefetch 8,2
 """
-import sys
+import argparse
 import time
-
-import torch
 
 import gpufeed
 
 
 def main():
-    path = sys.argv[1]
-    decode = sys.argv[2] if len(sys.argv) > 2 else "gpu"
-    wait = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
-    t = time.perf_counter()
-    loader = gpufeed.Loader(path, batch_size=256, device="cuda", dtype=torch.bfloat16, layout="NHWC", threads=4,
-                            decode=decode, seed=1)
-    print("made the Loader in %.3f s; waiting %.1f s" % (time.perf_counter() - t, wait), flush=True)
-    time.sleep(wait)
-    n = loader.num_samples if hasattr(loader, "num_samples") else None
-    for e in range(2):
-        loader.set_epoch(e)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        marks, count = [], 0
-        for k, (x, y) in enumerate(loader):
-            count += x.shape[0]
-            if k < 6 or k % 10 == 0:
-                torch.cuda.synchronize()
-                marks.append((k, time.perf_counter() - t0))
-        torch.cuda.synchronize()
-        if n is not None and count != n:
-            raise SystemExit("epoch %d delivered %d samples of %d" % (e, count, n))
-        print("epoch %d: %.3f s, %d samples; batch k at: %s" % (
-            e, time.perf_counter() - t0, count, " ".join("%d:%.3f" % m for m in marks)), flush=True)
-    loader.close()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data")
+    p.add_argument("--field", action="append", default=[], help="NAME=/path (repeatable): named fields")
+    p.add_argument("--device", default="cuda", help="cuda: the GPU feed (bf16 NHWC); cpu: host batches")
+    p.add_argument("--decode", default="gpu", help="for encoded images: gpu, auto or cpu")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--order", default="random")
+    p.add_argument("--cache-bytes", type=int, default=None)
+    p.add_argument("--pin", default="1", help="pin_memory values to try, comma-separated (1, 0)")
+    p.add_argument("--prefetch", default="8", help="prefetch values to try, comma-separated")
+    p.add_argument("--wait", type=float, default=0.0, help="seconds between making the Loader and its first epoch")
+    p.add_argument("--epochs", type=int, default=2)
+    a = p.parse_args()
+    if a.device == "cuda":
+        import torch
+    for pin in (bool(int(v)) for v in a.pin.split(",")):
+        for prefetch in (int(v) for v in a.prefetch.split(",")):
+            kw = dict(batch_size=a.batch_size, threads=a.threads, order=a.order, seed=1, prefetch=prefetch,
+                      pin_memory=pin)
+            if a.field:
+                kw["fields"] = a.field
+            if a.cache_bytes is not None:
+                kw["cache_bytes"] = a.cache_bytes
+            if a.device == "cuda":
+                kw.update(device="cuda", dtype=torch.bfloat16, layout="NHWC", decode=a.decode)
+            else:
+                kw.update(output="numpy")
+            t = time.perf_counter()
+            loader = gpufeed.Loader(a.data, **kw)
+            made = time.perf_counter() - t
+            time.sleep(a.wait)
+            n = loader.num_samples
+            out = []
+            for e in range(a.epochs):
+                loader.set_epoch(e)
+                if a.device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                first, count = None, 0
+                for arrays in loader.batches():
+                    if first is None:
+                        if a.device == "cuda":
+                            torch.cuda.synchronize()
+                        first = time.perf_counter() - t0
+                    count += arrays["images" if "images" in arrays else next(iter(arrays))].shape[0]
+                if a.device == "cuda":
+                    torch.cuda.synchronize()
+                took = time.perf_counter() - t0
+                if count != n:
+                    raise SystemExit("epoch %d delivered %d samples of %d" % (e, count, n))
+                out.append("epoch %d %.3f s (%.1f samples/s), first batch %.3f s" % (e + 1, took, n / took, first))
+            stats = loader.stats()
+            loader.close()
+            print("pin_memory=%s prefetch=%d, made in %.3f s, waited %.1f s: %s; last epoch's minor faults %s" % (
+                pin, prefetch, made, a.wait, "; ".join(out), stats.get("minor_faults")), flush=True)
 
 
 if __name__ == "__main__":
