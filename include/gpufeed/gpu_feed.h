@@ -237,7 +237,8 @@ class GpuFeeder {
   };
   Result<Waited> NextFor(std::chrono::milliseconds timeout);
   // From any thread: ends the wait of the current NextFor, or of the next one
-  // (EpochStream::Interrupt on the loader stream it pulls from).
+  // (EpochStream::Interrupt on the loader stream it pulls from; with the fill
+  // worker, the wait for the worker's fill, which goes on and is kept).
   void Interrupt();
   // Starts epoch `epoch` at `start_batch` (as the constructor) on this
   // feeder's device state: its buffers, streams and image decoder (with its
