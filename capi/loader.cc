@@ -31,14 +31,14 @@ gpufeed::Result<std::shared_ptr<FeedState>> MakeFeed(Core& c, uint64_t epoch, ui
 
 gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_error** error) {
   std::shared_ptr<FeedState> old_feed;
-  std::shared_ptr<FeedState> warm = std::move(c.warm_feed);
   {
     gpufeed::MutexLock lock(&c.interrupt_mu);
     old_feed = std::move(c.feed_state);
   }
-  const bool take_warm = warm && !old_feed && epoch == 0 && start_batch == 0;
-  if (warm && !old_feed) old_feed = std::move(warm);  // taken as it is, or restarted below
-  warm.reset();
+  // The feeder made at open (only before any start): taken as it is, or
+  // restarted below.
+  const bool take_warm = c.warm_feed && epoch == 0 && start_batch == 0;
+  if (c.warm_feed) old_feed = std::move(c.warm_feed);
   c.epoch = epoch;
   c.start_batch = start_batch;
   c.delivered = 0;

@@ -722,7 +722,7 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
     started = true;
     start_time = NowSeconds();
     cur = 0;
-    GPUFEED_RETURN_IF_ERROR(FillNow(0));  // with the worker: NextFor may have started it
+    GPUFEED_RETURN_IF_ERROR(FillNow(0));  // with the worker: started when made (or restarted)
   } else if (fill_worker) {
     // The slot switched to last time may still be filling: take it.
     if (fill_pending && fill_slot == cur) GPUFEED_RETURN_IF_ERROR(FillNow(cur));
@@ -922,9 +922,9 @@ Result<GpuFeeder::Waited> GpuFeeder::NextFor(std::chrono::milliseconds timeout) 
   Impl& d = *impl_;
   Waited out;
   if (d.fill_worker && d.init_status.ok() && d.restart_error.ok() && d.error.ok()) {
-    // The fill the next Produce takes runs on the worker: wait for it here.
-    if (!d.started && !d.fill_pending) d.StartFill(0);
-    if (d.fill_pending && (!d.started || d.fill_slot == d.cur)) {
+    // The fill the next Produce takes runs on the worker (the first one
+    // started when the feeder was made or restarted): wait for it here.
+    if (d.fill_pending && d.fill_slot == d.cur) {
       const double t0 = NowSeconds();
       out.wait = d.WaitFill(timeout);
       d.st.data_wait_seconds += NowSeconds() - t0;  // JoinFill's own wait is then short
