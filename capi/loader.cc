@@ -189,6 +189,10 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
       auto warm = MakeFeed(*core, 0, 0);
       if (!warm.ok()) return Fail(error, warm.status());
       core->warm_feed = std::move(*warm);
+    } else {
+      // The batch buffers and epoch 0's plan, made while the caller builds
+      // its model (pinned buffers of large samples take seconds: issue 30).
+      core->opened->source().Warm();
     }
     out = new gpufeed_loader{std::move(core)};
     return GPUFEED_OK;

@@ -239,7 +239,8 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
           held.push_back(s);
           grant.push_back(s->id);
         } else if (!timed_out) {
-          return Status::IOError(peer + ": cancelled");
+          Status why = loader->pool.status();  // a buffer the pool could not allocate
+          return why.ok() ? Status::IOError(peer + ": cancelled") : why;
         } else {
           send_error = conn.SendFrame(FrameType::kPing, {}, o.io_timeout_ms);
         }

@@ -4,31 +4,64 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/trace.h"
+
 namespace gpufeed {
 
 // ---------------------------------------------------------------------------
 // Buffer pool
 
+BatchPool::~BatchPool() {
+  {
+    MutexLock lock(&mu_);
+    stop_allocating_ = true;
+  }
+  if (allocator_.joinable()) allocator_.join();
+}
+
 Status BatchPool::Allocate(int n, uint64_t batch_size, uint64_t sample_bytes, bool pin_memory) {
   if (allocated()) return Status::Ok();
-  const uint64_t batch_bytes = batch_size * sample_bytes;
+  if (n < 1) return Status::InvalidArgument("batch pool: " + std::to_string(n) + " slots");
   std::vector<std::unique_ptr<Batch::Slot>> slots;
-  for (int i = 0; i < n; ++i) {
-    auto images = HostBuffer::Allocate(std::max<uint64_t>(1, batch_bytes), pin_memory);
-    if (images.data() == nullptr) {
-      return Status::Internal("loader: cannot allocate a " + std::to_string(batch_bytes) + "-byte batch buffer");
+  for (int i = 0; i < n; ++i) slots.push_back(NewSlot(static_cast<uint32_t>(i), HostBuffer(), batch_size));
+  Install(std::move(slots), /*start_free=*/false);
+  const uint64_t bytes = std::max<uint64_t>(1, batch_size * sample_bytes);
+  allocator_ = std::thread([this, bytes, pin_memory] { AllocateSlots(bytes, pin_memory); });
+  return Status::Ok();
+}
+
+void BatchPool::AllocateSlots(uint64_t bytes, bool pin_memory) {
+  TraceRange trace("gpufeed batch pool");
+  for (const auto& slot : slots_) {
+    {
+      MutexLock lock(&mu_);
+      if (stop_allocating_) return;
     }
     // Plain memory is not touched here: its pages fault in as the first
     // batches are assembled into them, on the loader's threads and only for
-    // the slots an epoch uses. Faulting all of them here, on this thread,
-    // before the first batch held epoch 1 back where slots are large
-    // (DeepCAM, batches of 4 x 60 MB: the first epoch at 11-14 samples/s
-    // against 28-31 on 2 cores; issue 30). Pinned memory is resident once
-    // allocated.
-    slots.push_back(NewSlot(static_cast<uint32_t>(i), std::move(images), batch_size));
+    // the slots an epoch uses. Faulting all of them before the first batch
+    // held epoch 1 back where slots are large (DeepCAM, batches of 4 x 60
+    // MB: the first epoch at 11-14 samples/s against 28-31 on 2 cores;
+    // issue 30).
+    HostBuffer images = allocate_(bytes, pin_memory);
+    MutexLock lock(&mu_);
+    if (images.data() == nullptr) {
+      alloc_error_ =
+          Status::Internal("loader: cannot allocate a " + std::to_string(bytes) + "-byte batch buffer (slot " +
+                           std::to_string(slot->id + 1) + " of " + std::to_string(slots_.size()) +
+                           "); lower batch_size or prefetch (--batch-size, --prefetch)");
+      cv_.SignalAll();
+      return;
+    }
+    slot->images = std::move(images);
+    free_.push_back(slot.get());
+    cv_.SignalAll();
   }
-  Install(std::move(slots), /*start_free=*/true);
-  return Status::Ok();
+}
+
+Status BatchPool::status() {
+  MutexLock lock(&mu_);
+  return alloc_error_;
 }
 
 std::unique_ptr<Batch::Slot> BatchPool::NewSlot(uint32_t id, HostBuffer images, uint64_t batch_size) {
@@ -77,15 +110,15 @@ Batch::Slot* BatchPool::PopFree() {
 
 Batch::Slot* BatchPool::Acquire() {
   MutexLock lock(&mu_);
-  while (!cancelled_ && free_.empty()) cv_.Wait(&mu_);
-  return cancelled_ ? nullptr : PopFree();
+  while (MustWait()) cv_.Wait(&mu_);
+  return cancelled_ || !alloc_error_.ok() ? nullptr : PopFree();
 }
 
 Batch::Slot* BatchPool::AcquireFor(std::chrono::milliseconds timeout, bool* timed_out) {
   MutexLock lock(&mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   *timed_out = false;
-  while (!cancelled_ && free_.empty()) {
+  while (MustWait()) {
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::steady_clock::duration::zero()) {
       *timed_out = true;
@@ -93,12 +126,12 @@ Batch::Slot* BatchPool::AcquireFor(std::chrono::milliseconds timeout, bool* time
     }
     cv_.WaitFor(&mu_, left);
   }
-  return cancelled_ ? nullptr : PopFree();
+  return cancelled_ || !alloc_error_.ok() ? nullptr : PopFree();
 }
 
 Batch::Slot* BatchPool::TryAcquire() {
   MutexLock lock(&mu_);
-  if (cancelled_ || free_.empty()) return nullptr;
+  if (cancelled_ || free_.empty() || !alloc_error_.ok()) return nullptr;
   return PopFree();
 }
 

@@ -251,7 +251,10 @@ std::shared_ptr<LocalStream::Work> LocalStream::PlanBatch(uint64_t batch, tbb::t
   Loader::Impl& L = *loader;
   if (batch >= plan.num_batches || cancel.load() || core.failed()) return nullptr;
   Batch::Slot* slot = L.pool->Acquire();  // back-pressure: waits for the consumer
-  if (slot == nullptr) return nullptr;
+  if (slot == nullptr) {
+    if (Status why = L.pool->status(); !why.ok()) core.Fail(why);  // a buffer it could not allocate
+    return nullptr;
+  }
   TraceRange trace("gpufeed plan batch");
   const auto t0 = std::chrono::steady_clock::now();
   auto w = std::make_shared<Work>();
@@ -615,6 +618,17 @@ void Loader::SetReshard(const LoaderOptions::Reshard& r) {
   if (impl_->active != nullptr) impl_->active->Stop();
   impl_->options.reshard = r;
   impl_->next_plan.reset();  // made under the old options
+}
+
+void Loader::Warm() {
+  if (impl_->active != nullptr || impl_->next_plan) return;  // an epoch has started
+  // Bad options are Epoch()'s to report, and allocate nothing here.
+  auto plan = loader::MakeEpochPlan(impl_->source.num_samples(), impl_->source.chunk_samples(),
+                                    impl_->source.num_chunks(), impl_->options, 0);
+  if (!plan.ok()) return;
+  impl_->next_plan = std::move(*plan);
+  impl_->next_plan_epoch = 0;
+  (void)impl_->EnsurePool();  // its error, if any, is the first Epoch()'s too
 }
 
 EpochStream Loader::Epoch(uint64_t epoch, uint64_t start_batch) {

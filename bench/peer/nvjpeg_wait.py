@@ -19,6 +19,9 @@ start on the GPU (queueing behind the model) and how long it ran.
 --flags 0,1: nvjpegCreateEx's flags to compare (1: NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE,
 what gpufeed's decoder uses).
 
+--outputs rgbi,yuv: the output formats to compare (rgbi: interleaved RGB,
+what gpufeed's decoder asks for; yuv: planar YUV, each plane full size here).
+
   python3 bench/peer/nvjpeg_wait.py --data inet.h5 [--flags 0,1] [--profile trace.json]
 """
 import argparse
@@ -34,7 +37,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from torch_jpeg_gpu import jpeg_size, read_encoded  # noqa: E402
 
-RGBI = 5
+OUTPUTS = {"yuv": 1, "rgbi": 5}
 
 
 class Image(ctypes.Structure):
@@ -50,7 +53,7 @@ def load_nvjpeg():
     raise RuntimeError("libnvjpeg not found")
 
 
-def decode_loop(data_path, batch, seconds, ready, start, out, label, flags=0):
+def decode_loop(data_path, batch, seconds, ready, start, out, label, flags=0, output="rgbi"):
     """Warms up, sets `ready`, then decodes batches until `seconds` after
     `start` is set; puts (label, [seconds a call alone], [beside]) on `out`
     (a list or a Queue)."""
@@ -66,7 +69,7 @@ def decode_loop(data_path, batch, seconds, ready, start, out, label, flags=0):
     h, st = ctypes.c_void_p(), ctypes.c_void_p()
     assert lib.nvjpegCreateEx(3, None, None, flags, ctypes.byref(h)) == 0, "no hardware backend"
     assert lib.nvjpegJpegStateCreate(h, ctypes.byref(st)) == 0
-    assert lib.nvjpegDecodeBatchedInitialize(h, st, batch, 1, RGBI) == 0
+    assert lib.nvjpegDecodeBatchedInitialize(h, st, batch, 1, OUTPUTS[output]) == 0
     stream = torch.cuda.Stream(priority=-100)  # mapped to the device's highest, as gpufeed's decoder
     calls = []
     k = 0
@@ -78,7 +81,12 @@ def decode_loop(data_path, batch, seconds, ready, start, out, label, flags=0):
         lens = (ctypes.c_size_t * batch)(*[pinned[i].numel() for i in idx])
         imgs = (Image * batch)()
         for j, i in enumerate(idx):
-            imgs[j].channel[0], imgs[j].pitch[0] = outs[i].data_ptr(), 3 * sizes[i][1]
+            hh, ww = sizes[i]
+            if output == "rgbi":
+                imgs[j].channel[0], imgs[j].pitch[0] = outs[i].data_ptr(), 3 * ww
+            else:
+                for c in range(3):
+                    imgs[j].channel[c], imgs[j].pitch[c] = outs[i].data_ptr() + c * hh * ww, ww
         t0 = time.perf_counter()
         r = lib.nvjpegDecodeBatched(h, st, data, lens, imgs, ctypes.c_void_p(stream.cuda_stream))
         stream.synchronize()
@@ -212,31 +220,35 @@ def main():
     p.add_argument("--profile", help="write the thread form's trace here and summarize it")
     p.add_argument("--flags", default="0", help="nvjpegCreateEx flags to try, comma-separated "
                    "(1: NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE)")
+    p.add_argument("--outputs", default="rgbi", help="output formats to try: rgbi, yuv")
     a = p.parse_args()
     import torch
     print("%s, %s on a side stream, decode batches of %d" % (torch.cuda.get_device_name(0), a.model, a.batch),
           flush=True)
-    for form, flags in [(f, int(x)) for f in a.forms.split(",") for x in a.flags.split(",")]:
+    runs = [(f, int(x), o) for f in a.forms.split(",") for x in a.flags.split(",") for o in a.outputs.split(",")]
+    for form, flags, output in runs:
+        label = "decoder %s, flags %d, %s" % (form, flags, output)
         if form == "thread":
             ready, go, out = threading.Event(), threading.Event(), []
             tid = []
+            trace = a.profile.replace(".json", "-f%d-%s.json" % (flags, output)) if a.profile else None
 
             def run():
                 tid.append(threading.get_native_id())
-                decode_loop(a.data, a.batch, a.seconds, ready, go, out, "decoder thread, flags %d" % flags, flags)
+                decode_loop(a.data, a.batch, a.seconds, ready, go, out, label, flags, output)
             t = threading.Thread(target=run)
             t.start()
             ready.wait(timeout=300)
-            rate = train(a.model, a.seconds, go, a.profile)
+            rate = train(a.model, a.seconds, go, trace)
             t.join()
             report(*out[0], rate, a.batch, a.seconds)
-            if a.profile:
-                summarize_trace(a.profile, tid[0])
+            if trace:
+                summarize_trace(trace, tid[0])
         else:
             ctx = mp.get_context("spawn")
             ready, go, q = ctx.Event(), ctx.Event(), ctx.Queue()
             proc = ctx.Process(target=decode_loop,
-                               args=(a.data, a.batch, a.seconds, ready, go, q, "decoder process, flags %d" % flags, flags))
+                               args=(a.data, a.batch, a.seconds, ready, go, q, label, flags, output))
             proc.start()
             ready.wait(timeout=300)
             rate = train(a.model, a.seconds, go)

@@ -431,6 +431,11 @@ class BatchSource {
   // LoaderOptions::balance_decode. Any thread. Sources that decode nothing
   // for a device ignore it.
   virtual void ReportDeviceDecodeRate(double samples_per_second) { (void)samples_per_second; }
+  // Starts making what the first epoch needs before it is asked for, while
+  // the caller builds its model: the local Loader's batch buffers (in the
+  // background) and epoch 0's plan. The first Epoch() does it anyway; this
+  // only moves it earlier. Not concurrent with Epoch().
+  virtual void Warm() {}
 };
 
 class Loader : public BatchSource {
@@ -456,6 +461,7 @@ class Loader : public BatchSource {
   const BatchSourceInfo& info() const override;
   uint64_t num_batches() const override;  // per epoch, for this rank
   void ReportDeviceDecodeRate(double samples_per_second) override;
+  void Warm() override;
   const LoaderOptions& options() const;
   const ChunkSource& source() const;
   uint64_t batch_bytes() const;

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -685,15 +686,78 @@ TEST(LoaderOptionsTest, BadOptionsAreNamedWhenTheStreamStarts) {
   cases[1].o.threads = -1, cases[1].says = "--threads";
   cases[2].o.prefetch = -3, cases[2].says = "--prefetch";
   cases[3].o.shuffle_window = 0, cases[3].says = "--shuffle-window";
-  for (Case& c : cases) {
-    c.o.pin_memory = false;
-    Loader loader(src, c.o);
-    EpochStream s = loader.Epoch(0);
-    auto b = s.Next();
-    ASSERT_FALSE(b.ok()) << c.says;
-    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(b.status().message().find(c.says), std::string::npos) << b.status().ToString();
+  for (bool warm : {false, true}) {
+    for (Case& c : cases) {
+      c.o.pin_memory = false;
+      Loader loader(src, c.o);
+      if (warm) loader.Warm();  // allocates nothing, reports nothing: the epoch does
+      EpochStream s = loader.Epoch(0);
+      auto b = s.Next();
+      ASSERT_FALSE(b.ok()) << c.says;
+      EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(b.status().message().find(c.says), std::string::npos) << b.status().ToString();
+    }
   }
+}
+
+// The pool's buffers are made on a thread of its own, one slot after
+// another: a slot can be taken once its buffer is made, and a buffer that
+// cannot be made ends every wait with the reason, not a hang.
+TEST(BatchPoolTest, SlotsAreTakenAsTheyAreMadeAndAFailedOneEndsTheWait) {
+  {
+    BatchPool pool;
+    std::atomic<int> made{0};
+    pool.SetAllocatorForTests([&](uint64_t bytes, bool pinned) {
+      ++made;
+      return HostBuffer::Allocate(bytes, pinned);
+    });
+    ASSERT_TRUE(pool.Allocate(3, 8, 16, false).ok());
+    std::vector<Batch::Slot*> got;
+    for (int i = 0; i < 3; ++i) {
+      got.push_back(pool.Acquire());
+      ASSERT_NE(got.back(), nullptr);
+      ASSERT_NE(got.back()->images.data(), nullptr);
+      EXPECT_EQ(got.back()->images.bytes(), 128u);
+    }
+    EXPECT_EQ(made.load(), 3);
+    EXPECT_EQ(pool.TryAcquire(), nullptr);
+    pool.Release(got[1]);
+    EXPECT_EQ(pool.Acquire(), got[1]);
+    EXPECT_TRUE(pool.status().ok());
+  }
+  BatchPool pool;
+  pool.SetAllocatorForTests([n = 0](uint64_t bytes, bool pinned) mutable {
+    return ++n == 2 ? HostBuffer() : HostBuffer::Allocate(bytes, pinned);
+  });
+  ASSERT_TRUE(pool.Allocate(3, 8, 16, false).ok());
+  int taken = 0;
+  while (pool.Acquire() != nullptr) ASSERT_LE(++taken, 1);  // slot 1 only, if it is taken before slot 2 fails
+  EXPECT_NE(pool.status().message().find("cannot allocate a 128-byte batch buffer (slot 2 of 3)"), std::string::npos)
+      << pool.status().ToString();
+  bool timed_out = true;
+  EXPECT_EQ(pool.AcquireFor(std::chrono::seconds(5), &timed_out), nullptr);
+  EXPECT_FALSE(timed_out);
+  EXPECT_EQ(pool.TryAcquire(), nullptr);
+}
+
+// Warm() makes epoch 0's plan and starts the buffers before the first
+// epoch; the epochs are those of a Loader that was not warmed.
+TEST(LoaderTest, WarmChangesNoBatch) {
+  InMemorySource src(300, 16, 10);
+  LoaderOptions o = Opts(Order::kRandom);
+  o.pin_memory = false;
+  Loader cold(src, o), warm(src, o);
+  warm.Warm();
+  warm.Warm();  // twice: once
+  for (uint64_t e = 0; e < 2; ++e) {
+    Seen a = RunEpoch(cold, src, e), b = RunEpoch(warm, src, e);
+    EXPECT_EQ(a.indices.size(), 300u);
+    EXPECT_EQ(a.indices, b.indices) << "epoch " << e;
+    EXPECT_EQ(a.batch_hashes, b.batch_hashes) << "epoch " << e;
+  }
+  warm.Warm();  // after an epoch: nothing
+  Seen again = RunEpoch(warm, src, 2), fresh = RunEpoch(cold, src, 2);
+  EXPECT_EQ(again.indices, fresh.indices);
 }
 
 }  // namespace
