@@ -63,6 +63,36 @@ GPUFEED_HD uint64_t Mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// n / d for n < 2^32 with a multiply and shifts (Granlund and Montgomery's
+// round-up method), made on the host: the transform kernel's index
+// arithmetic, checked against division by TransformTest.FastDiv*.
+struct FastDiv {
+  uint32_t d = 1, m = 0;
+  int s = 0;  // shift after the first halving step; -1: d == 1
+  static FastDiv For(uint32_t d) {
+    FastDiv f;
+    f.d = d;
+    if (d == 1) {
+      f.s = -1;
+      return f;
+    }
+    int l = 0;
+    while ((uint64_t(1) << l) < d) ++l;  // l = ceil(log2 d) >= 1
+    f.m = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << l) - d)) / d + 1);
+    f.s = l - 1;
+    return f;
+  }
+  GPUFEED_HD uint32_t Div(uint32_t n) const {
+    if (s < 0) return n;
+#ifdef __CUDA_ARCH__
+    const uint32_t t = __umulhi(n, m);
+#else
+    const uint32_t t = static_cast<uint32_t>((uint64_t(n) * m) >> 32);
+#endif
+    return (t + ((n - t) >> 1)) >> s;
+  }
+};
+
 struct SampleAug {
   int dy = 0, dx = 0;  // crop offset in [-padding, padding]
   bool flip = false;

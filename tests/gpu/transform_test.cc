@@ -106,6 +106,21 @@ TEST(TransformTest, CropWithZeroPaddingAndFlipFollowAugFor) {
   EXPECT_NE(other, dst);
 }
 
+TEST(TransformTest, FastDivEqualsDivision) {
+  std::mt19937 rng(5);
+  for (uint32_t d : {1u, 2u, 3u, 5u, 7u, 29u, 30u, 64u, 178u, 534u, 38804u, 65535u, 65537u, 0x7FFFFFFFu, 0x80000000u,
+                     0x80000001u, 0xFFFFFFFFu}) {
+    const FastDiv f = FastDiv::For(d);
+    std::vector<uint32_t> ns = {0u, 1u, d - 1, d, d + 1, 2 * d - 1, 0xFFFFFFFFu, 0xFFFFFFFEu, 0x80000000u};
+    for (int k = 0; k < 20000; ++k) ns.push_back(rng());
+    for (uint32_t n : ns) ASSERT_EQ(f.Div(n), n / d) << n << " / " << d;
+  }
+  for (int k = 0; k < 20000; ++k) {
+    const uint32_t d = 1 + rng() % 100000, n = rng();
+    ASSERT_EQ(FastDiv::For(d).Div(n), n / d) << n << " / " << d;
+  }
+}
+
 TEST(TransformTest, EchoPermutationIsABijection) {
   for (uint32_t n : {1u, 2u, 3u, 5u, 100u, 256u, 257u, 1000u, 4097u}) {
     for (uint64_t seed : {0ull, 1ull, 0xdeadbeefull}) {
@@ -359,14 +374,14 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
   EXPECT_EQ(cases, 144);  // 3 widths x 3 dtypes x 4 layouts x 2 augmentations x 2 permutations
 }
 
-// Batches over kMaxSharedSamples (2048) take the kernel's other path (the
-// per-sample constants computed per row instead of in shared memory).
-TEST(TransformGpuTest, LargeBatchesTakeThePerRowPathAndStillMatch) {
+// Batches over 65,535 samples: the kernel's grid holds at most that many
+// along its sample axis, and its blocks stride past it.
+TEST(TransformGpuTest, BatchesPastTheGridsSampleAxisStillMatch) {
   auto ops = MakeCudaOps(0);
   if (!ops.ok())
     GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
   DeviceOps& d = **ops;
-  const int B = 2100, C = 3, H = 6, W = 5;
+  const int B = 70000, C = 3, H = 6, W = 5;
   const size_t n = size_t(B) * C * H * W;
   const auto src = RandomBytes(n, 11);
   std::vector<int64_t> labels(B);
