@@ -153,28 +153,58 @@ __global__ void __launch_bounds__(kThreads)
         x = static_cast<int>(pix - uint32_t(y) * g.row.d);
       }
       Scalar v[kVec];
+      // The interior (most vectors): the vector's pixels lie in one output
+      // row and read source pixels inside the image, so no element needs a
+      // bounds check, and an NCHW row's read steps by a constant.
+      const int sy = y + a.dy;
+      const int last_x = nchw_out ? x + kVec - 1 : x + static_cast<int>(g.plane.Div(uint32_t(c) + kVec - 1));
+      const int lo = a.flip ? W - 1 - last_x + a.dx : x + a.dx;
+      const int hi = a.flip ? W - 1 - x + a.dx : last_x + a.dx;
+      const bool interior = e0 + kVec <= g.per_sample && sy >= 0 && sy < H && last_x < W && lo >= 0 && hi < W;
+      if (interior && nchw_out) {
+        const int sx = a.flip ? hi : lo;
+        const In* q = sample + (nchw_in ? (uint32_t(c) * H + uint32_t(sy)) * W + uint32_t(sx)
+                                        : (uint32_t(sy) * W + uint32_t(sx)) * C + uint32_t(c));
+        const int stride = (a.flip ? -1 : 1) * (nchw_in ? 1 : C);
+        const float m = s_mean[c], is = s_inv_std[c];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const int sy = y + a.dy;
-        const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
-        const bool in = e0 + j < g.per_sample && sy >= 0 && sy < H && sx >= 0 && sx < W;
-        const uint32_t off = nchw_in ? (uint32_t(c) * H + uint32_t(sy)) * W + uint32_t(sx)
-                                     : (uint32_t(sy) * W + uint32_t(sx)) * C + uint32_t(c);
-        const float px = in ? InT<kIn>::Load(sample + off) : 0.0f;
-        v[j] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
-        if (nchw_out) {
-          if (++x == W) {
-            x = 0;
-            if (++y == H) {
-              y = 0;
-              ++c;
-            }
+        for (int j = 0; j < kVec; ++j) v[j] = T::Cvt((InT<kIn>::Load(q + j * stride) - m) * is);
+      } else if (interior) {
+        const In* row = sample + (nchw_in ? uint32_t(sy) * W : uint32_t(sy) * W * C);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
+          const uint32_t off = nchw_in ? uint32_t(c) * H * W + uint32_t(sx) : uint32_t(sx) * C + uint32_t(c);
+          v[j] = T::Cvt((InT<kIn>::Load(row + off) - s_mean[c]) * s_inv_std[c]);
+          if (++c == C) {
+            c = 0;
+            ++x;
           }
-        } else if (++c == C) {
-          c = 0;
-          if (++x == W) {
-            x = 0;
-            ++y;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const int sy = y + a.dy;
+          const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
+          const bool in = e0 + j < g.per_sample && sy >= 0 && sy < H && sx >= 0 && sx < W;
+          const uint32_t off = nchw_in ? (uint32_t(c) * H + uint32_t(sy)) * W + uint32_t(sx)
+                                       : (uint32_t(sy) * W + uint32_t(sx)) * C + uint32_t(c);
+          const float px = in ? InT<kIn>::Load(sample + off) : 0.0f;
+          v[j] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
+          if (nchw_out) {
+            if (++x == W) {
+              x = 0;
+              if (++y == H) {
+                y = 0;
+                ++c;
+              }
+            }
+          } else if (++c == C) {
+            c = 0;
+            if (++x == W) {
+              x = 0;
+              ++y;
+            }
           }
         }
       }
