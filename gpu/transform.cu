@@ -20,10 +20,12 @@ namespace {
 // 70% of them) and every store is 8 or 16 bytes. A vector's first element is
 // located with two divisions by multiplication (FastDiv); the rest are
 // carried from it.
-constexpr int kVec = 4;
 constexpr int kThreads = 256;
 constexpr int kStepsPerBlock = 4;  // vectors a thread takes in its block's chunk
-constexpr uint32_t kChunk = uint32_t(kThreads) * kVec * kStepsPerBlock;
+// Elements a thread takes a step: 16 bytes of 16-bit output, 16 of fp32.
+template <typename Scalar>
+constexpr int kVecOf = sizeof(Scalar) == 2 ? 8 : 4;
+constexpr uint32_t kMaxChunk = uint32_t(kThreads) * 8 * kStepsPerBlock;
 
 struct Geometry {
   FastDiv plane;  // NCHW out: H x W; NHWC out: C
@@ -49,6 +51,16 @@ struct OutT<DType::kFloat32> {
 };
 struct Out16 {
   using Scalar = uint16_t;
+  static __device__ __forceinline__ void Store8(Scalar* o, const Scalar* v) {
+    if ((reinterpret_cast<uintptr_t>(o) & 15) == 0) {
+      *reinterpret_cast<uint4*>(o) =
+          make_uint4(uint32_t(v[0]) | (uint32_t(v[1]) << 16), uint32_t(v[2]) | (uint32_t(v[3]) << 16),
+                     uint32_t(v[4]) | (uint32_t(v[5]) << 16), uint32_t(v[6]) | (uint32_t(v[7]) << 16));
+    } else {
+      Store4(o, v);
+      Store4(o + 4, v + 4);
+    }
+  }
   static __device__ __forceinline__ void Store4(Scalar* o, const Scalar* v) {
     const uint32_t lo = uint32_t(v[0]) | (uint32_t(v[1]) << 16), hi = uint32_t(v[2]) | (uint32_t(v[3]) << 16);
     if ((reinterpret_cast<uintptr_t>(o) & 7) == 0) {
@@ -107,6 +119,8 @@ __global__ void __launch_bounds__(kThreads)
   using T = OutT<kOut>;
   using Scalar = typename T::Scalar;
   using In = typename InT<kIn>::Type;
+  constexpr int kVec = kVecOf<Scalar>;
+  constexpr uint32_t kChunk = uint32_t(kThreads) * kVec * kStepsPerBlock;
   const In* __restrict__ src = reinterpret_cast<const In*>(src_bytes);
   // Per-channel constants in shared memory: indexing the by-value parameter
   // struct with a runtime channel would copy it to local memory.
@@ -210,7 +224,11 @@ __global__ void __launch_bounds__(kThreads)
       }
       Scalar* o = out + e0;
       if (e0 + kVec <= g.per_sample && (g.per_sample & 1) == 0) {
-        T::Store4(o, v);
+        if constexpr (kVec == 8) {
+          T::Store8(o, v);
+        } else {
+          T::Store4(o, v);
+        }
       } else {
         for (int j = 0; j < kVec && e0 + j < g.per_sample; ++j) o[j] = v[j];
       }
@@ -220,7 +238,7 @@ __global__ void __launch_bounds__(kThreads)
 
 using KernelFn = void (*)(TransformParams, Geometry, const uint8_t*, const int64_t*, void*, void*);
 
-// A block per chunk of kChunk elements of a sample (grid.x), the samples
+// A block per chunk of kThreads x kStepsPerBlock vectors of a sample (grid.x), the samples
 // along grid.y (strided past 65,535).
 Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
               void* dst_labels, cudaStream_t s) {
@@ -229,7 +247,8 @@ Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, con
   g.plane =
       FastDiv::For(p.out_layout == TensorLayout::kNCHW ? uint32_t(p.height) * uint32_t(p.width) : uint32_t(p.channels));
   g.row = FastDiv::For(uint32_t(p.width));
-  g.chunks = (g.per_sample + kChunk - 1) / kChunk;
+  const uint32_t chunk = uint32_t(kThreads) * kStepsPerBlock * (p.out_dtype == DType::kFloat32 ? 4 : 8);
+  g.chunks = (g.per_sample + chunk - 1) / chunk;
   const dim3 grid(g.chunks, static_cast<unsigned>(std::min(p.batch, 65535)));
   kernel<<<grid, kThreads, 0, s>>>(p, g, src, src_labels, dst, dst_labels);
   GPUFEED_CUDA_RETURN(cudaGetLastError());
@@ -256,7 +275,7 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
   GPUFEED_RETURN_IF_ERROR(ValidateTransform(p));
   const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
   // The kernel's element offsets within a sample (and a chunk past its end) are 32-bit.
-  if (per_sample >= (1ull << 32) - kChunk) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
+  if (per_sample >= (1ull << 32) - kMaxChunk) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
   TraceRange trace("gpufeed transform");
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.in_dtype) {
