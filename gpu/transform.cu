@@ -13,25 +13,28 @@
 namespace gpufeed::gpu {
 namespace {
 
-// Each sample's output (C x H x W elements in either layout, contiguous) is
-// walked flat: a block takes a chunk of one sample (grid.y: the samples),
-// each thread kVec consecutive elements a step, so every lane is busy
-// whatever the row width (a warp per row left lanes idle: 178-wide rows used
-// 70% of them) and every store is 8 or 16 bytes. A vector's first element is
-// located with two divisions by multiplication (FastDiv); the rest are
-// carried from it.
+// Each output row (an NCHW row of W elements, an NHWC row of W x C) is cut
+// into vectors of kVec consecutive elements, and a sample's vectors are
+// walked flat: a block takes a chunk of one sample's vectors (grid.y: the
+// samples), a thread one vector a step. A vector never straddles two rows,
+// so every lane runs the same instructions: the elements past a row's end or
+// reading the crop's zero padding are predicated off, not branched around
+// (ncu found 13 of 32 lanes active when vectors straddled rows and took a
+// checked path of their own). A vector is located with two divisions by
+// multiplication (FastDiv).
 constexpr int kThreads = 256;
 constexpr int kStepsPerBlock = 4;  // vectors a thread takes in its block's chunk
 // Elements a thread takes a step: 16 bytes of 16-bit output, 16 of fp32.
 template <typename Scalar>
 constexpr int kVecOf = sizeof(Scalar) == 2 ? 8 : 4;
-constexpr uint32_t kMaxChunk = uint32_t(kThreads) * 8 * kStepsPerBlock;
 
 struct Geometry {
-  FastDiv plane;  // NCHW out: H x W; NHWC out: C
-  FastDiv row;    // W
-  uint32_t per_sample = 0;
-  uint32_t chunks = 0;  // blocks a sample
+  FastDiv vectors;          // vectors a row
+  FastDiv rows;             // NCHW out: rows a channel plane (H)
+  FastDiv channels;         // C
+  uint32_t row_len = 0;     // elements a row: W (NCHW out) or W x C (NHWC out)
+  uint32_t per_sample = 0;  // vectors a sample
+  uint32_t chunks = 0;      // blocks a sample
 };
 
 template <DType kOut>
@@ -120,7 +123,7 @@ __global__ void __launch_bounds__(kThreads)
   using Scalar = typename T::Scalar;
   using In = typename InT<kIn>::Type;
   constexpr int kVec = kVecOf<Scalar>;
-  constexpr uint32_t kChunk = uint32_t(kThreads) * kVec * kStepsPerBlock;
+  constexpr uint32_t kChunk = uint32_t(kThreads) * kStepsPerBlock;  // vectors a block
   const In* __restrict__ src = reinterpret_cast<const In*>(src_bytes);
   // Per-channel constants in shared memory: indexing the by-value parameter
   // struct with a runtime channel would copy it to local memory.
@@ -136,11 +139,12 @@ __global__ void __launch_bounds__(kThreads)
   const int C = p.channels, H = p.height, W = p.width;
   const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
   const bool nchw_in = p.in_layout == TensorLayout::kNCHW;
+  const uint32_t sample_elems = uint32_t(C) * uint32_t(H) * uint32_t(W);
   const uint32_t base = blockIdx.x * kChunk;
   for (uint32_t i = blockIdx.y; i < uint32_t(p.batch); i += gridDim.y) {
     const SampleAug a = AugFor(p.seed, i, p.crop_padding, p.flip);
-    const In* sample = src + uint64_t(SourceSample(p, i)) * g.per_sample;
-    Scalar* out = static_cast<Scalar*>(dst) + uint64_t(i) * g.per_sample;
+    const In* sample = src + uint64_t(SourceSample(p, i)) * sample_elems;
+    Scalar* out = static_cast<Scalar*>(dst) + uint64_t(i) * sample_elems;
     if (blockIdx.x == 0 && threadIdx.x == 0 && src_labels != nullptr && dst_labels != nullptr) {
       const uint32_t s = SourceSample(p, i);
       if (p.labels_int32) {
@@ -151,86 +155,59 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll 1
     for (int step = 0; step < kStepsPerBlock; ++step) {
-      const uint32_t e0 = base + (uint32_t(step) * kThreads + threadIdx.x) * kVec;
-      if (e0 >= g.per_sample) break;
-      // The vector's first element: (c, y, x), carried from there.
-      int c, y, x;
-      if (nchw_out) {
-        c = static_cast<int>(g.plane.Div(e0));
-        const uint32_t r = e0 - uint32_t(c) * g.plane.d;
-        y = static_cast<int>(g.row.Div(r));
-        x = static_cast<int>(r - uint32_t(y) * g.row.d);
-      } else {
-        const uint32_t pix = g.plane.Div(e0);
-        c = static_cast<int>(e0 - pix * g.plane.d);
-        y = static_cast<int>(g.row.Div(pix));
-        x = static_cast<int>(pix - uint32_t(y) * g.row.d);
-      }
+      const uint32_t vec = base + uint32_t(step) * kThreads + threadIdx.x;
+      if (vec >= g.per_sample) break;
+      const uint32_t row = g.vectors.Div(vec);
+      const uint32_t e0 = (vec - row * g.vectors.d) * kVec;  // the vector's first element in its row
       Scalar v[kVec];
-      // The interior (most vectors): the vector's pixels lie in one output
-      // row and read source pixels inside the image, so no element needs a
-      // bounds check, and an NCHW row's read steps by a constant.
-      const int sy = y + a.dy;
-      const int last_x = nchw_out ? x + kVec - 1 : x + static_cast<int>(g.plane.Div(uint32_t(c) + kVec - 1));
-      const int lo = a.flip ? W - 1 - last_x + a.dx : x + a.dx;
-      const int hi = a.flip ? W - 1 - x + a.dx : last_x + a.dx;
-      const bool interior = e0 + kVec <= g.per_sample && sy >= 0 && sy < H && last_x < W && lo >= 0 && hi < W;
-      if (interior && nchw_out) {
-        const int sx = a.flip ? hi : lo;
-        const In* q = sample + (nchw_in ? (uint32_t(c) * H + uint32_t(sy)) * W + uint32_t(sx)
-                                        : (uint32_t(sy) * W + uint32_t(sx)) * C + uint32_t(c));
-        const int stride = (a.flip ? -1 : 1) * (nchw_in ? 1 : C);
+      if (nchw_out) {
+        const int c = static_cast<int>(g.rows.Div(row)), y = static_cast<int>(row) - c * H;
+        const int sy = y + a.dy;
+        const bool row_in = sy >= 0 && sy < H;
+        const In* srow = sample + (nchw_in ? (uint32_t(c) * H + uint32_t(row_in ? sy : 0)) * W
+                                           : uint32_t(row_in ? sy : 0) * W * C + uint32_t(c));
+        const int sstride = nchw_in ? 1 : C;
         const float m = s_mean[c], is = s_inv_std[c];
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) v[j] = T::Cvt((InT<kIn>::Load(q + j * stride) - m) * is);
-      } else if (interior) {
-        const In* row = sample + (nchw_in ? uint32_t(sy) * W : uint32_t(sy) * W * C);
+        // Source column of element j: sx0 + j * dir.
+        const int dir = a.flip ? -1 : 1;
+        const int sx0 = (a.flip ? W - 1 - int(e0) : int(e0)) + a.dx;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
+          const int sx = sx0 + j * dir;
+          const bool in = row_in && e0 + j < g.row_len && sx >= 0 && sx < W;
+          const float px = in ? InT<kIn>::Load(srow + sx * sstride) : 0.0f;
+          v[j] = T::Cvt((px - m) * is);
+        }
+      } else {  // NHWC out: (x, c) carried along the row
+        const int y = static_cast<int>(row), sy = y + a.dy;
+        const bool row_in = sy >= 0 && sy < H;
+        const In* srow = sample + (nchw_in ? uint32_t(row_in ? sy : 0) * W : uint32_t(row_in ? sy : 0) * W * C);
+        int x = static_cast<int>(g.channels.Div(e0)), c = static_cast<int>(e0) - x * C;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const int sx = (a.flip ? W - 1 - x : x) + a.dx;
+          const bool in = row_in && e0 + j < g.row_len && sx >= 0 && sx < W;
           const uint32_t off = nchw_in ? uint32_t(c) * H * W + uint32_t(sx) : uint32_t(sx) * C + uint32_t(c);
-          v[j] = T::Cvt((InT<kIn>::Load(row + off) - s_mean[c]) * s_inv_std[c]);
+          const float px = in ? InT<kIn>::Load(srow + off) : 0.0f;
+          v[j] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
           if (++c == C) {
             c = 0;
             ++x;
           }
         }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const int sy = y + a.dy;
-          const int sx = (a.flip ? (W - 1 - x) : x) + a.dx;
-          const bool in = e0 + j < g.per_sample && sy >= 0 && sy < H && sx >= 0 && sx < W;
-          const uint32_t off = nchw_in ? (uint32_t(c) * H + uint32_t(sy)) * W + uint32_t(sx)
-                                       : (uint32_t(sy) * W + uint32_t(sx)) * C + uint32_t(c);
-          const float px = in ? InT<kIn>::Load(sample + off) : 0.0f;
-          v[j] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
-          if (nchw_out) {
-            if (++x == W) {
-              x = 0;
-              if (++y == H) {
-                y = 0;
-                ++c;
-              }
-            }
-          } else if (++c == C) {
-            c = 0;
-            if (++x == W) {
-              x = 0;
-              ++y;
-            }
-          }
-        }
       }
-      Scalar* o = out + e0;
-      if (e0 + kVec <= g.per_sample && (g.per_sample & 1) == 0) {
+      Scalar* o = out + row * g.row_len + e0;
+      if (e0 + kVec <= g.row_len && (g.row_len & 1) == 0) {
         if constexpr (kVec == 8) {
           T::Store8(o, v);
         } else {
           T::Store4(o, v);
         }
       } else {
-        for (int j = 0; j < kVec && e0 + j < g.per_sample; ++j) o[j] = v[j];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          if (e0 + j < g.row_len) o[j] = v[j];
+        }
       }
     }
   }
@@ -238,16 +215,20 @@ __global__ void __launch_bounds__(kThreads)
 
 using KernelFn = void (*)(TransformParams, Geometry, const uint8_t*, const int64_t*, void*, void*);
 
-// A block per chunk of kThreads x kStepsPerBlock vectors of a sample (grid.x), the samples
-// along grid.y (strided past 65,535).
+// A block per chunk of kThreads x kStepsPerBlock vectors of a sample
+// (grid.x), the samples along grid.y (strided past 65,535).
 Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
               void* dst_labels, cudaStream_t s) {
+  const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
+  const uint32_t vec = p.out_dtype == DType::kFloat32 ? 4 : 8;  // kVecOf the output
   Geometry g;
-  g.per_sample = uint32_t(p.channels) * uint32_t(p.height) * uint32_t(p.width);
-  g.plane =
-      FastDiv::For(p.out_layout == TensorLayout::kNCHW ? uint32_t(p.height) * uint32_t(p.width) : uint32_t(p.channels));
-  g.row = FastDiv::For(uint32_t(p.width));
-  const uint32_t chunk = uint32_t(kThreads) * kStepsPerBlock * (p.out_dtype == DType::kFloat32 ? 4 : 8);
+  g.row_len = nchw_out ? uint32_t(p.width) : uint32_t(p.width) * uint32_t(p.channels);
+  const uint32_t per_row = (g.row_len + vec - 1) / vec;
+  g.vectors = FastDiv::For(per_row);
+  g.rows = FastDiv::For(uint32_t(p.height));
+  g.channels = FastDiv::For(uint32_t(p.channels));
+  g.per_sample = per_row * (nchw_out ? uint32_t(p.channels) * uint32_t(p.height) : uint32_t(p.height));
+  const uint32_t chunk = uint32_t(kThreads) * kStepsPerBlock;
   g.chunks = (g.per_sample + chunk - 1) / chunk;
   const dim3 grid(g.chunks, static_cast<unsigned>(std::min(p.batch, 65535)));
   kernel<<<grid, kThreads, 0, s>>>(p, g, src, src_labels, dst, dst_labels);
@@ -274,8 +255,8 @@ Status TransformGpu(const TransformParams& p, const uint8_t* src, const int64_t*
                     void* dst_labels, void* stream) {
   GPUFEED_RETURN_IF_ERROR(ValidateTransform(p));
   const uint64_t per_sample = uint64_t(p.channels) * p.height * p.width;
-  // The kernel's element offsets within a sample (and a chunk past its end) are 32-bit.
-  if (per_sample >= (1ull << 32) - kMaxChunk) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
+  // The kernel's element offsets within a sample are 32-bit.
+  if (per_sample >= (1ull << 32)) return Status::InvalidArgument("transform: a sample of 4 GiB or more");
   TraceRange trace("gpufeed transform");
   auto s = static_cast<cudaStream_t>(stream);
   switch (p.in_dtype) {
