@@ -43,6 +43,8 @@ constexpr Range kAny{};
   X(seed, U64, source.loader.seed, kAny, "shuffle seed")                                                      \
   X(threads, INT, source.loader.threads, R(0, 4096), "loader threads (0: this rank's share of the cores)")    \
   X(prefetch, INT, source.loader.prefetch, R(1, 4096), "batches in flight")                                   \
+  X(pool_bytes, U64, source.loader.pool_bytes, R(0, kMax63),                                                  \
+    "bytes of batch buffers (prefetch + 1 of them, fewer where larger; 0: no bound)")                         \
   X(cache_bytes, U64, source.loader.cache_bytes, R(0, kMax63), "bytes of decoded chunks kept across epochs")  \
   X(shuffle_window, U64, source.loader.shuffle_window, R(1, kMax63), "chunks")                                \
   X(rank, INT, source.loader.rank, R(0, kMaxInt), "this rank: 0 to world_size - 1")                           \

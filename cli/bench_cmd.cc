@@ -418,6 +418,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
   AddTableOption(lcmd, "batch_size", &la->bench.loader.batch_size);
   AddTableOption(lcmd, "prefetch", &la->bench.loader.prefetch);
+  AddTableOption(lcmd, "pool_bytes", &la->bench.loader.pool_bytes);
   AddCacheBytesOption(lcmd, &la->bench.loader.cache_bytes, "decoded-chunk cache budget");
   AddTableOption(lcmd, "shuffle_window", &la->bench.loader.shuffle_window, "block order");
   AddTableOption(lcmd, "seed", &la->bench.loader.seed);

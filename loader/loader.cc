@@ -125,7 +125,7 @@ struct Loader::Impl {
     info.num_samples = s.num_samples();
     info.batch_size = options.batch_size;
     info.has_labels = !s.labels().empty();
-    info.pool_slots = static_cast<uint64_t>(std::max(1, o.prefetch)) + 1;
+    info.pool_slots = static_cast<uint64_t>(PoolSlots());
     const SourceAttributes attrs = s.attributes();
     info.mean = attrs.mean;
     info.stddev = attrs.stddev;
@@ -134,11 +134,23 @@ struct Loader::Impl {
   }
   uint64_t batch_bytes() const { return options.batch_size * source.sample_bytes(); }
 
+  // prefetch + 1, fewer where that many batches would pass pool_bytes
+  // (LoaderOptions::pool_bytes), never fewer than 3.
+  int PoolSlots() const {
+    const int want = std::max(1, options.prefetch) + 1;
+    const uint64_t bytes = std::max<uint64_t>(1, options.batch_size * slot_sample_bytes());
+    if (options.pool_bytes == 0 || uint64_t(want) * bytes <= options.pool_bytes) return want;
+    return std::min(want, static_cast<int>(std::max<uint64_t>(3, options.pool_bytes / bytes)));
+  }
   Status EnsurePool() {
     if (pool != &own_pool) return Status::Ok();  // sized by whoever lent it
-    const int slots = std::max(1, options.prefetch) + 1;
-    own_pool.SetHoldHint("raise prefetch (LoaderOptions::prefetch, --prefetch; the pool has prefetch + 1 = " +
-                         std::to_string(slots) + " buffers)");
+    const int slots = PoolSlots();
+    own_pool.SetHoldHint(slots == std::max(1, options.prefetch) + 1
+                             ? "raise prefetch (LoaderOptions::prefetch, --prefetch; the pool has prefetch + 1 = " +
+                                   std::to_string(slots) + " buffers)"
+                             : "raise pool_bytes (LoaderOptions::pool_bytes, --pool-bytes; the pool has " +
+                                   std::to_string(slots) + " buffers, as many batches as fit in " +
+                                   std::to_string(options.pool_bytes) + " bytes)");
     return own_pool.Allocate(slots, options.batch_size, slot_sample_bytes(), options.pin_memory);
   }
   bool defers() const { return options.defer_decode && source.decodes_samples(); }

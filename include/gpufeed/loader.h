@@ -14,8 +14,9 @@
 //
 // Memory. At most `prefetch` batches are in flight; buffers come from a pool
 // of prefetch + 1 batches allocated once (pinned when a CUDA device is
-// present). Resident memory is bounded by
-//   cache_bytes + (prefetch + 1) x batch bytes + (2 x threads + 4) x chunk bytes
+// present), fewer where batches are so large that prefetch + 1 of them
+// would pass pool_bytes (never fewer than 3). Resident memory is bounded by
+//   cache_bytes + pool slots x batch bytes + (2 x threads + 4) x chunk bytes
 // plus the chunks whose last use is a batch still in flight (they have left
 // the cache's budget and are freed once copied: at most a shuffle window at a
 // block-order window boundary, a few chunks otherwise). A Dataset read with
@@ -69,6 +70,12 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int threads = 0;   // TBB threads; 0: all hardware threads
   int prefetch = 8;  // batches in flight ahead of the consumer
+  // The batch pool's budget: prefetch + 1 buffers, or as many as fit in
+  // pool_bytes where that is fewer (3 at least: two batches in flight, one
+  // with the consumer). Batches of 8 DeepCAM samples are 480 MB: 9 of them
+  // took 4.3 GB to pin or fault in before the first epoch could run at
+  // speed (issue 30). 0: prefetch + 1 whatever their size.
+  uint64_t pool_bytes = 2ull << 30;
   // Decoded-chunk cache budget. A budget of the whole decoded dataset makes
   // every epoch after the first read and decode nothing (the cache's future
   // spans epochs); AutoCacheBytes() is a sensible share of this machine.

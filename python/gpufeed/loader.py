@@ -125,7 +125,9 @@ class Loader:
 
     Loader options (C++ LoaderOptions): batch_size, order ("block", "random",
     "sequential"), seed, threads (0: all cores), prefetch (batches in flight;
-    the pool has prefetch + 1 slots), cache_bytes, shuffle_window, rank,
+    the pool has prefetch + 1 slots), pool_bytes (the pool's budget: fewer
+    slots, 3 at least, where prefetch + 1 batches would pass it; 0: no
+    bound; default 2 GiB), cache_bytes, shuffle_window, rank,
     world_size (default: torch.distributed, else RANK / WORLD_SIZE), drop_last,
     pin_memory; labels: the labels dataset path ("none": no labels);
     trust_files: skip the forked probe that contains HDF5 crashes on hostile
@@ -201,7 +203,8 @@ class Loader:
                                   "remote_options": remote_options, "output_options": output_options}, keywords)
         self._open(data, **values)
 
-    def _open(self, data, *, dataset, batch_size, order, seed, threads, prefetch, cache_bytes, shuffle_window, rank,
+    def _open(self, data, *, dataset, batch_size, order, seed, threads, prefetch, pool_bytes, cache_bytes,
+              shuffle_window, rank,
               world_size, drop_last, pin_memory, labels, trust_files, io, device, dtype, layout, input_layout, mean,
               std, echo, super_batch, crop_padding, flip, augment_seed, slots, labels_int32, token, token_file,
               client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms, keepalive_ms, output, poll_ms,
@@ -226,6 +229,7 @@ class Loader:
         if max_open_files is not None:
             max_open_files = _args.integer("max_open_files", max_open_files)
         cache_bytes = _args.size_bytes("cache_bytes", cache_bytes)
+        pool_bytes = _args.size_bytes("pool_bytes", pool_bytes)
         image_size = _args.image_size(image_size)
         rank, world_size = _args.shard(dist_rank if rank is None else rank,
                                        dist_world if world_size is None else world_size)
@@ -237,7 +241,7 @@ class Loader:
         self._poll_ms = poll_ms
         values = {
             "batch_size": batch_size, "order": order, "seed": seed, "threads": threads, "prefetch": prefetch,
-            "cache_bytes": cache_bytes, "shuffle_window": shuffle_window,
+            "cache_bytes": cache_bytes, "pool_bytes": pool_bytes, "shuffle_window": shuffle_window,
             "rank": rank, "world_size": world_size,
             "drop_last": drop_last, "pin_memory": pin_memory, "labels_path": labels, "trust_files": trust_files, "io": io,
             "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,

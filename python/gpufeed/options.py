@@ -26,6 +26,7 @@ class LoaderOptions:
     seed: int = 0
     threads: int = 0
     prefetch: int = 8
+    pool_bytes: Any = 2 << 30
     cache_bytes: Any = 1 << 30
     shuffle_window: int = 16
     rank: Optional[int] = None

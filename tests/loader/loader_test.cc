@@ -650,6 +650,34 @@ TEST(LoaderHoldTest, ConsumerHoldingEveryBufferGetsAnErrorNamingPrefetch) {
   EXPECT_EQ(n, 40u);
 }
 
+// Batches so large that prefetch + 1 of them would pass pool_bytes get
+// fewer buffers (3 at least), and a consumer holding them all is told to
+// raise pool_bytes; pool_bytes 0 leaves prefetch + 1. Every epoch is whole.
+TEST(LoaderHoldTest, PoolBytesBoundsLargeBatchesBuffers) {
+  InMemorySource src(400, 16, 10);  // batches of 10 x 16 = 160 bytes
+  for (const auto& [pool_bytes, slots] :
+       std::vector<std::pair<uint64_t, uint64_t>>{{0, 9}, {9 * 160, 9}, {5 * 160 + 100, 5}, {160, 3}, {1, 3}}) {
+    LoaderOptions o;
+    o.batch_size = 10;
+    o.prefetch = 8;
+    o.threads = 2;
+    o.pin_memory = false;
+    o.pool_bytes = pool_bytes;
+    Loader loader(src, o);
+    EXPECT_EQ(loader.info().pool_slots, slots) << pool_bytes;
+    Seen seen = RunEpoch(loader, src, 0);
+    EXPECT_EQ(seen.indices.size(), 400u) << pool_bytes;
+    if (slots == 3) {
+      EpochStream s = loader.Epoch(1);
+      std::vector<Batch> held = testing::HoldBatches(s, 3);
+      ASSERT_EQ(held.size(), 3u);
+      auto more = s.Next();
+      ASSERT_FALSE(more.ok());
+      EXPECT_NE(more.status().message().find("raise pool_bytes"), std::string::npos) << more.status().ToString();
+    }
+  }
+}
+
 // Holding fewer than all buffers never errs, however slow the source.
 TEST(LoaderHoldTest, HoldingAllButOneIsFine) {
   InMemorySource src(200, 16, 10);
