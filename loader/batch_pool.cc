@@ -49,7 +49,7 @@ void BatchPool::AllocateSlots(uint64_t bytes, bool pin_memory) {
       alloc_error_ =
           Status::Internal("loader: cannot allocate a " + std::to_string(bytes) + "-byte batch buffer (slot " +
                            std::to_string(slot->id + 1) + " of " + std::to_string(slots_.size()) +
-                           "); lower batch_size or prefetch (--batch-size, --prefetch)");
+                           "); lower batch_size, prefetch or pool_bytes (--batch-size, --prefetch, --pool-bytes)");
       cv_.SignalAll();
       return;
     }
