@@ -170,13 +170,14 @@ __global__ void __launch_bounds__(kThreads)
                                            : uint32_t(row_in ? sy : 0) * W * C + uint32_t(c));
         const int sstride = nchw_in ? 1 : C;
         const float m = s_mean[c], is = s_inv_std[c];
+        const uint32_t w_in = row_in ? uint32_t(W) : 0u;  // sx < w_in: inside the image, in a row inside it
         // Source column of element j: sx0 + j * dir.
         const int dir = a.flip ? -1 : 1;
         const int sx0 = (a.flip ? W - 1 - int(e0) : int(e0)) + a.dx;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const int sx = sx0 + j * dir;
-          const bool in = row_in && e0 + j < g.row_len && sx >= 0 && sx < W;
+          const bool in = e0 + j < g.row_len && uint32_t(sx) < w_in;  // one compare: sx < 0 wraps past w_in
           const float px = in ? InT<kIn>::Load(srow + sx * sstride) : 0.0f;
           v[j] = T::Cvt((px - m) * is);
         }
@@ -185,10 +186,11 @@ __global__ void __launch_bounds__(kThreads)
         const bool row_in = sy >= 0 && sy < H;
         const In* srow = sample + (nchw_in ? uint32_t(row_in ? sy : 0) * W : uint32_t(row_in ? sy : 0) * W * C);
         int x = static_cast<int>(g.channels.Div(e0)), c = static_cast<int>(e0) - x * C;
+        const uint32_t w_in = row_in ? uint32_t(W) : 0u;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const int sx = (a.flip ? W - 1 - x : x) + a.dx;
-          const bool in = row_in && e0 + j < g.row_len && sx >= 0 && sx < W;
+          const bool in = e0 + j < g.row_len && uint32_t(sx) < w_in;
           const uint32_t off = nchw_in ? uint32_t(c) * H * W + uint32_t(sx) : uint32_t(sx) * C + uint32_t(c);
           const float px = in ? InT<kIn>::Load(srow + off) : 0.0f;
           v[j] = T::Cvt((px - s_mean[c]) * s_inv_std[c]);
