@@ -30,6 +30,11 @@ constexpr int kStepsPerBlock = 4;  // vectors a thread takes in its block's chun
 template <typename Scalar>
 constexpr int kVecOf = sizeof(Scalar) == 2 ? 8 : 4;
 
+template <typename T, T kValue>
+struct Const {
+  static constexpr T value = kValue;
+};
+
 struct Geometry {
   FastDiv vectors;          // vectors a row
   FastDiv rows;             // NCHW out: rows a channel plane (H)
@@ -124,7 +129,10 @@ struct InT<DType::kFloat32> {
   static __device__ __forceinline__ float Load(const Type* p) { return *p; }
 };
 
-template <DType kOut, DType kIn>
+// kNchwOut: the output layout, a template parameter so that each layout's
+// kernel gets the registers its own path needs (with both paths in one
+// kernel, specializing the NCHW reads cost the NHWC path 4 points).
+template <DType kOut, DType kIn, bool kNchwOut>
 __global__ void __launch_bounds__(kThreads)
     TransformKernel(TransformParams p, Geometry g, const uint8_t* __restrict__ src_bytes,
                     const int64_t* __restrict__ src_labels, void* __restrict__ dst, void* __restrict__ dst_labels) {
@@ -146,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const int C = p.channels, H = p.height, W = p.width;
-  const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
+  constexpr bool nchw_out = kNchwOut;
   const bool nchw_in = p.in_layout == TensorLayout::kNCHW;
   const uint32_t sample_elems = uint32_t(C) * uint32_t(H) * uint32_t(W);
   const uint32_t base = blockIdx.x * kChunk;
@@ -169,24 +177,36 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t row = g.vectors.Div(vec);
       const uint32_t e0 = (vec - row * g.vectors.d) * kVec;  // the vector's first element in its row
       float v[kVec];                                         // converted to the output type at the store
-      if (nchw_out) {
+      if constexpr (nchw_out) {
         const int c = static_cast<int>(g.rows.Div(row)), y = static_cast<int>(row) - c * H;
         const int sy = y + a.dy;
         const bool row_in = sy >= 0 && sy < H;
         const In* srow = sample + (nchw_in ? (uint32_t(c) * H + uint32_t(row_in ? sy : 0)) * W
                                            : uint32_t(row_in ? sy : 0) * W * C + uint32_t(c));
-        const int sstride = nchw_in ? 1 : C;
         const float m = s_mean[c], is = s_inv_std[c];
         const uint32_t w_in = row_in ? uint32_t(W) : 0u;  // sx < w_in: inside the image, in a row inside it
-        // Source column of element j: sx0 + j * dir.
-        const int dir = a.flip ? -1 : 1;
+        // Source column of element j: sx0 + j * kDir. The direction and
+        // (for an NCHW input, stride 1) the step are compile-time in each
+        // of the four forms, so a load is the vector's base pointer plus a
+        // constant offset: no address arithmetic an element. Which form
+        // runs is the same for a whole block (one sample, one layout).
         const int sx0 = (a.flip ? W - 1 - int(e0) : int(e0)) + a.dx;
+        auto read = [&](auto dir_c, auto unit_c) {
+          constexpr int kDir = decltype(dir_c)::value;
+          constexpr bool kUnit = decltype(unit_c)::value;
+          const int step = kUnit ? kDir : kDir * C;
+          const In* q = srow + sx0 * (kUnit ? 1 : C);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const int sx = sx0 + j * dir;
-          const bool in = e0 + j < g.row_len && uint32_t(sx) < w_in;  // one compare: sx < 0 wraps past w_in
-          const float px = in ? InT<kIn>::Load(srow + sx * sstride) : 0.0f;
-          v[j] = (px - m) * is;
+          for (int j = 0; j < kVec; ++j) {
+            const bool in = e0 + j < g.row_len && uint32_t(sx0 + j * kDir) < w_in;  // sx < 0 wraps past w_in
+            const float px = in ? InT<kIn>::Load(q + j * step) : 0.0f;
+            v[j] = (px - m) * is;
+          }
+        };
+        if (nchw_in) {
+          a.flip ? read(Const<int, -1>(), Const<bool, true>()) : read(Const<int, 1>(), Const<bool, true>());
+        } else {
+          a.flip ? read(Const<int, -1>(), Const<bool, false>()) : read(Const<int, 1>(), Const<bool, false>());
         }
       } else {  // NHWC out: (x, c) carried along the row
         const int y = static_cast<int>(row), sy = y + a.dy;
@@ -250,13 +270,17 @@ Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, con
 template <DType kIn>
 Status LaunchOut(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
                  cudaStream_t s) {
+  const bool nchw = p.out_layout == TensorLayout::kNCHW;
   switch (p.out_dtype) {
     case DType::kFloat32:
-      return Launch(TransformKernel<DType::kFloat32, kIn>, p, src, src_labels, dst, dst_labels, s);
+      return Launch(nchw ? TransformKernel<DType::kFloat32, kIn, true> : TransformKernel<DType::kFloat32, kIn, false>,
+                    p, src, src_labels, dst, dst_labels, s);
     case DType::kFloat16:
-      return Launch(TransformKernel<DType::kFloat16, kIn>, p, src, src_labels, dst, dst_labels, s);
+      return Launch(nchw ? TransformKernel<DType::kFloat16, kIn, true> : TransformKernel<DType::kFloat16, kIn, false>,
+                    p, src, src_labels, dst, dst_labels, s);
     default:
-      return Launch(TransformKernel<DType::kBFloat16, kIn>, p, src, src_labels, dst, dst_labels, s);
+      return Launch(nchw ? TransformKernel<DType::kBFloat16, kIn, true> : TransformKernel<DType::kBFloat16, kIn, false>,
+                    p, src, src_labels, dst, dst_labels, s);
   }
 }
 
