@@ -212,19 +212,32 @@ __global__ void __launch_bounds__(kThreads)
         const int y = static_cast<int>(row), sy = y + a.dy;
         const bool row_in = sy >= 0 && sy < H;
         const In* srow = sample + (nchw_in ? uint32_t(row_in ? sy : 0) * W : uint32_t(row_in ? sy : 0) * W * C);
-        int x = static_cast<int>(g.channels.Div(e0)), c = static_cast<int>(e0) - x * C;
+        const int x = static_cast<int>(g.channels.Div(e0)), c0 = static_cast<int>(e0) - x * C;
         const uint32_t w_in = row_in ? uint32_t(W) : 0u;
+        const int sx0 = (a.flip ? W - 1 - x : x) + a.dx;  // the source column of the vector's first pixel
+        // The source column carried from pixel to pixel in the direction,
+        // and the input layout, compile-time in each of the four forms.
+        auto read = [&](auto dir_c, auto planar_c) {
+          constexpr int kDir = decltype(dir_c)::value;
+          constexpr bool kPlanar = decltype(planar_c)::value;
+          const uint32_t plane = uint32_t(H) * uint32_t(W);
+          int c = c0, sx = sx0;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const int sx = (a.flip ? W - 1 - x : x) + a.dx;
-          const bool in = e0 + j < g.row_len && uint32_t(sx) < w_in;
-          const uint32_t off = nchw_in ? uint32_t(c) * H * W + uint32_t(sx) : uint32_t(sx) * C + uint32_t(c);
-          const float px = in ? InT<kIn>::Load(srow + off) : 0.0f;
-          v[j] = (px - s_mean[c]) * s_inv_std[c];
-          if (++c == C) {
-            c = 0;
-            ++x;
+          for (int j = 0; j < kVec; ++j) {
+            const bool in = e0 + j < g.row_len && uint32_t(sx) < w_in;
+            const uint32_t off = kPlanar ? uint32_t(c) * plane + uint32_t(sx) : uint32_t(sx) * C + uint32_t(c);
+            const float px = in ? InT<kIn>::Load(srow + off) : 0.0f;
+            v[j] = (px - s_mean[c]) * s_inv_std[c];
+            if (++c == C) {
+              c = 0;
+              sx += kDir;
+            }
           }
+        };
+        if (nchw_in) {
+          a.flip ? read(Const<int, -1>(), Const<bool, true>()) : read(Const<int, 1>(), Const<bool, true>());
+        } else {
+          a.flip ? read(Const<int, -1>(), Const<bool, false>()) : read(Const<int, 1>(), Const<bool, false>());
         }
       }
       Scalar* o = out + row * g.row_len + e0;
