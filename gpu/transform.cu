@@ -2,7 +2,8 @@
 // input read (uint8 to float32, templated on the input type; through L1/L2,
 // reused by neighbours) and one 2- or 4-byte write; consecutive threads write
 // consecutive vectors. On an H100 it is bound by its instructions an element
-// (about 38; Nsight Compute, docs/benchmarks.md), not by DRAM.
+// (Nsight Compute, docs/benchmarks.md), not by DRAM: hence the compile-time
+// read forms below.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
