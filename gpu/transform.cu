@@ -31,9 +31,16 @@ constexpr int kStepsPerBlock = 4;  // vectors a thread takes in its block's chun
 template <typename Scalar>
 constexpr int kVecOf = sizeof(Scalar) == 2 ? 8 : 4;
 
+// A read form's parameter: compile-time (Const) for uint8 inputs, the
+// common case, each form a loop of its own; a run-time value (Runtime) for
+// the other input types, one loop for all forms (the bundle's size).
 template <typename T, T kValue>
 struct Const {
   static constexpr T value = kValue;
+};
+template <typename T>
+struct Runtime {
+  T value;
 };
 
 struct Geometry {
@@ -130,10 +137,12 @@ struct InT<DType::kFloat32> {
   static __device__ __forceinline__ float Load(const Type* p) { return *p; }
 };
 
-// kNchwOut: the output layout, a template parameter so that each layout's
-// kernel gets the registers its own path needs (with both paths in one
-// kernel, specializing the NCHW reads cost the NHWC path 4 points).
-template <DType kOut, DType kIn, bool kNchwOut>
+// kLayout: the output layout a kernel writes. uint8 inputs get a kernel a
+// layout, so that each gets the registers its own path needs (with both
+// paths in one kernel, the NCHW read forms cost the NHWC path 4 points); the
+// other input types, one kernel for either layout (the bundle's size).
+constexpr int kNchwOut = 0, kNhwcOut = 1, kAnyOut = 2;
+template <DType kOut, DType kIn, int kLayout>
 __global__ void __launch_bounds__(kThreads)
     TransformKernel(TransformParams p, Geometry g, const uint8_t* __restrict__ src_bytes,
                     const int64_t* __restrict__ src_labels, void* __restrict__ dst, void* __restrict__ dst_labels) {
@@ -155,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const int C = p.channels, H = p.height, W = p.width;
-  constexpr bool nchw_out = kNchwOut;
+  const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
   const bool nchw_in = p.in_layout == TensorLayout::kNCHW;
   const uint32_t sample_elems = uint32_t(C) * uint32_t(H) * uint32_t(W);
   const uint32_t base = blockIdx.x * kChunk;
@@ -178,7 +187,8 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t row = g.vectors.Div(vec);
       const uint32_t e0 = (vec - row * g.vectors.d) * kVec;  // the vector's first element in its row
       float v[kVec];                                         // converted to the output type at the store
-      if constexpr (nchw_out) {
+      // The NCHW and NHWC rows; a kernel runs one (kLayout) or either.
+      auto nchw_row = [&] {
         const int c = static_cast<int>(g.rows.Div(row)), y = static_cast<int>(row) - c * H;
         const int sy = y + a.dy;
         const bool row_in = sy >= 0 && sy < H;
@@ -193,8 +203,8 @@ __global__ void __launch_bounds__(kThreads)
         // runs is the same for a whole block (one sample, one layout).
         const int sx0 = (a.flip ? W - 1 - int(e0) : int(e0)) + a.dx;
         auto read = [&](auto dir_c, auto unit_c) {
-          constexpr int kDir = decltype(dir_c)::value;
-          constexpr bool kUnit = decltype(unit_c)::value;
+          const int kDir = dir_c.value;
+          const bool kUnit = unit_c.value;
           const int step = kUnit ? kDir : kDir * C;
           const In* q = srow + sx0 * (kUnit ? 1 : C);
 #pragma unroll
@@ -204,12 +214,15 @@ __global__ void __launch_bounds__(kThreads)
             v[j] = (px - m) * is;
           }
         };
-        if (nchw_in) {
+        if constexpr (kIn != DType::kUInt8) {
+          read(Runtime<int>{a.flip ? -1 : 1}, Runtime<bool>{nchw_in});
+        } else if (nchw_in) {
           a.flip ? read(Const<int, -1>(), Const<bool, true>()) : read(Const<int, 1>(), Const<bool, true>());
         } else {
           a.flip ? read(Const<int, -1>(), Const<bool, false>()) : read(Const<int, 1>(), Const<bool, false>());
         }
-      } else {  // NHWC out: (x, c) carried along the row
+      };
+      auto nhwc_row = [&] {  // (x, c) carried along the row
         const int y = static_cast<int>(row), sy = y + a.dy;
         const bool row_in = sy >= 0 && sy < H;
         const In* srow = sample + (nchw_in ? uint32_t(row_in ? sy : 0) * W : uint32_t(row_in ? sy : 0) * W * C);
@@ -219,8 +232,8 @@ __global__ void __launch_bounds__(kThreads)
         // The source column carried from pixel to pixel in the direction,
         // and the input layout, compile-time in each of the four forms.
         auto read = [&](auto dir_c, auto planar_c) {
-          constexpr int kDir = decltype(dir_c)::value;
-          constexpr bool kPlanar = decltype(planar_c)::value;
+          const int kDir = dir_c.value;
+          const bool kPlanar = planar_c.value;
           const uint32_t plane = uint32_t(H) * uint32_t(W);
           int c = c0, sx = sx0;
 #pragma unroll
@@ -235,11 +248,20 @@ __global__ void __launch_bounds__(kThreads)
             }
           }
         };
-        if (nchw_in) {
+        if constexpr (kIn != DType::kUInt8) {
+          read(Runtime<int>{a.flip ? -1 : 1}, Runtime<bool>{nchw_in});
+        } else if (nchw_in) {
           a.flip ? read(Const<int, -1>(), Const<bool, true>()) : read(Const<int, 1>(), Const<bool, true>());
         } else {
           a.flip ? read(Const<int, -1>(), Const<bool, false>()) : read(Const<int, 1>(), Const<bool, false>());
         }
+      };
+      if constexpr (kLayout == kAnyOut) {
+        nchw_out ? nchw_row() : nhwc_row();
+      } else if constexpr (kLayout == kNchwOut) {
+        nchw_row();
+      } else {
+        nhwc_row();
       }
       Scalar* o = out + row * g.row_len + e0;
       if (e0 + kVec <= g.row_len && (g.row_len & 1) == 0) {
@@ -281,20 +303,29 @@ Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, con
   return Status::Ok();
 }
 
+// The kernel for the output layout: one a layout for uint8 inputs, one for
+// either otherwise (kLayout above).
+template <DType kOut, DType kIn>
+KernelFn KernelFor(bool nchw) {
+  if constexpr (kIn == DType::kUInt8) {
+    return nchw ? TransformKernel<kOut, kIn, kNchwOut> : TransformKernel<kOut, kIn, kNhwcOut>;
+  } else {
+    (void)nchw;
+    return TransformKernel<kOut, kIn, kAnyOut>;
+  }
+}
+
 template <DType kIn>
 Status LaunchOut(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
                  cudaStream_t s) {
   const bool nchw = p.out_layout == TensorLayout::kNCHW;
   switch (p.out_dtype) {
     case DType::kFloat32:
-      return Launch(nchw ? TransformKernel<DType::kFloat32, kIn, true> : TransformKernel<DType::kFloat32, kIn, false>,
-                    p, src, src_labels, dst, dst_labels, s);
+      return Launch(KernelFor<DType::kFloat32, kIn>(nchw), p, src, src_labels, dst, dst_labels, s);
     case DType::kFloat16:
-      return Launch(nchw ? TransformKernel<DType::kFloat16, kIn, true> : TransformKernel<DType::kFloat16, kIn, false>,
-                    p, src, src_labels, dst, dst_labels, s);
+      return Launch(KernelFor<DType::kFloat16, kIn>(nchw), p, src, src_labels, dst, dst_labels, s);
     default:
-      return Launch(nchw ? TransformKernel<DType::kBFloat16, kIn, true> : TransformKernel<DType::kBFloat16, kIn, false>,
-                    p, src, src_labels, dst, dst_labels, s);
+      return Launch(KernelFor<DType::kBFloat16, kIn>(nchw), p, src, src_labels, dst, dst_labels, s);
   }
 }
 
