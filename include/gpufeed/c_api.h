@@ -145,6 +145,9 @@ GPUFEED_C_EXPORT void gpufeed_options_set_order(gpufeed_options* o, const char* 
 GPUFEED_C_EXPORT void gpufeed_options_set_seed(gpufeed_options* o, uint64_t v);
 GPUFEED_C_EXPORT void gpufeed_options_set_threads(gpufeed_options* o, int v);
 GPUFEED_C_EXPORT void gpufeed_options_set_prefetch(gpufeed_options* o, int v);
+/* The batch pool's budget: fewer than prefetch + 1 buffers (3 at least)
+   where that many batches would pass it; 0: no bound (default 2 GiB). */
+GPUFEED_C_EXPORT void gpufeed_options_set_pool_bytes(gpufeed_options* o, uint64_t v);
 GPUFEED_C_EXPORT void gpufeed_options_set_cache_bytes(gpufeed_options* o, uint64_t v);
 GPUFEED_C_EXPORT void gpufeed_options_set_shuffle_window(gpufeed_options* o, uint64_t v);
 GPUFEED_C_EXPORT void gpufeed_options_set_rank(gpufeed_options* o, int v);

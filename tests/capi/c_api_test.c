@@ -71,6 +71,7 @@ static gpufeed_loader* Open(const char* path, int feed) {
   gpufeed_options_set_seed(o, 7);
   gpufeed_options_set_threads(o, 2);
   gpufeed_options_set_prefetch(o, 2);
+  gpufeed_options_set_pool_bytes(o, 1); /* 3 buffers, as prefetch 2 gives: the pool's floor */
   gpufeed_options_set_pin_memory(o, 0);
   if (feed) {
     gpufeed_options_set_feed(o, 1);
