@@ -43,6 +43,19 @@ struct Runtime {
   T value;
 };
 
+// Calls read(direction, planar input) in its form: one of four compile-time
+// forms, or the run-time one.
+template <bool kCompileTime, typename F>
+__device__ __forceinline__ void ReadInForm(bool flip, bool planar, F& read) {
+  if constexpr (!kCompileTime) {
+    read(Runtime<int>{flip ? -1 : 1}, Runtime<bool>{planar});
+  } else if (planar) {
+    flip ? read(Const<int, -1>(), Const<bool, true>()) : read(Const<int, 1>(), Const<bool, true>());
+  } else {
+    flip ? read(Const<int, -1>(), Const<bool, false>()) : read(Const<int, 1>(), Const<bool, false>());
+  }
+}
+
 struct Geometry {
   FastDiv vectors;          // vectors a row
   FastDiv rows;             // NCHW out: rows a channel plane (H)
@@ -214,13 +227,7 @@ __global__ void __launch_bounds__(kThreads)
             v[j] = (px - m) * is;
           }
         };
-        if constexpr (kIn != DType::kUInt8) {
-          read(Runtime<int>{a.flip ? -1 : 1}, Runtime<bool>{nchw_in});
-        } else if (nchw_in) {
-          a.flip ? read(Const<int, -1>(), Const<bool, true>()) : read(Const<int, 1>(), Const<bool, true>());
-        } else {
-          a.flip ? read(Const<int, -1>(), Const<bool, false>()) : read(Const<int, 1>(), Const<bool, false>());
-        }
+        ReadInForm<kIn == DType::kUInt8>(a.flip, nchw_in, read);
       };
       auto nhwc_row = [&] {  // (x, c) carried along the row
         const int y = static_cast<int>(row), sy = y + a.dy;
@@ -248,13 +255,7 @@ __global__ void __launch_bounds__(kThreads)
             }
           }
         };
-        if constexpr (kIn != DType::kUInt8) {
-          read(Runtime<int>{a.flip ? -1 : 1}, Runtime<bool>{nchw_in});
-        } else if (nchw_in) {
-          a.flip ? read(Const<int, -1>(), Const<bool, true>()) : read(Const<int, 1>(), Const<bool, true>());
-        } else {
-          a.flip ? read(Const<int, -1>(), Const<bool, false>()) : read(Const<int, 1>(), Const<bool, false>());
-        }
+        ReadInForm<kIn == DType::kUInt8>(a.flip, nchw_in, read);
       };
       if constexpr (kLayout == kAnyOut) {
         nchw_out ? nchw_row() : nhwc_row();
