@@ -143,8 +143,8 @@ struct Loader::Impl {
     return std::min(want, static_cast<int>(std::max<uint64_t>(3, options.pool_bytes / bytes)));
   }
   Status EnsurePool() {
-    if (pool != &own_pool) return Status::Ok();  // sized by whoever lent it
-    const int slots = PoolSlots();
+    if (pool != &own_pool) return Status::Ok();           // sized by whoever lent it
+    const int slots = static_cast<int>(info.pool_slots);  // PoolSlots(), made at construction
     own_pool.SetHoldHint(slots == std::max(1, options.prefetch) + 1
                              ? "raise prefetch (LoaderOptions::prefetch, --prefetch; the pool has prefetch + 1 = " +
                                    std::to_string(slots) + " buffers)"
