@@ -130,8 +130,10 @@ Result<uint64_t> FieldSampleHash(const FieldSource& fs, uint64_t idx) {
 }  // namespace
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
+  const auto open_t0 = std::chrono::steady_clock::now();
   auto opened = OpenBenchSource(o.data, o.dataset, o.loader, o.token_file, "bench-loader", o.open, o.decode);
   if (!opened.ok()) return opened.status();
+  const double open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - open_t0).count();
   const uint64_t rss_before = CurrentRss();  // the loader exists, its pool and cache do not yet
   BatchSource& loader = (*opened)->source();
   const BatchSourceInfo& info = loader.info();
@@ -152,6 +154,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   const std::vector<int64_t>* file_labels = ds != nullptr ? &ds->labels() : enc != nullptr ? &enc->labels() : nullptr;
   const bool labels = file_labels != nullptr && !file_labels->empty();
   LoaderBenchResult r;
+  r.open_seconds = open_seconds;
   r.sample_bytes = sb;
   r.bytes_verified = ds != nullptr || fields != nullptr || enc != nullptr;
   r.encoded = enc != nullptr;
@@ -218,7 +221,10 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
       if (!b->has_value())
         return Status::Internal(o.data + ": the epoch ended after " + std::to_string(nb) + " batches");
       const Batch& batch = **b;
-      if (nb == 0) r.first_batch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (nb == 0) {
+        r.first_batch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (ep == 0) r.first_epoch_first_batch_seconds = r.first_batch_seconds;
+      }
       for (uint64_t i = 0; i < batch.size(); ++i) {
         const uint64_t idx = batch.indices()[i];
         if (idx >= n) return Status::Corrupt(o.data + ": sample index " + std::to_string(idx) + " out of range");

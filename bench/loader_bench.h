@@ -51,14 +51,16 @@ struct LoaderBenchResult {
   LoaderStats stats;
   uint64_t samples = 0;
   uint64_t sample_bytes = 0;
-  uint64_t batch_size = 0;         // as the loader ran it (clamped to the dataset)
-  double seconds = 0;              // the last epoch: Epoch() to its last batch
-  double first_epoch_seconds = 0;  // the first epoch, start-up included
-  double first_batch_seconds = 0;  // the last epoch: Epoch() to its first batch
-  uint64_t spot_checked = 0;       // samples whose bytes were compared with a direct read (or decode)
-  bool encoded = false;            // an encoded image dataset, decoded by the loader
-  uint64_t stored_bytes = 0;       // encoded: the files' bytes the epoch decoded from
-  uint64_t skipped = 0;            // encoded: corrupt samples replaced (--skip-corrupt)
+  uint64_t batch_size = 0;                     // as the loader ran it (clamped to the dataset)
+  double seconds = 0;                          // the last epoch: Epoch() to its last batch
+  double first_epoch_seconds = 0;              // the first epoch, start-up included
+  double first_batch_seconds = 0;              // the last epoch: Epoch() to its first batch
+  double open_seconds = 0;                     // opening the data (the files' probe and opens, the loader made)
+  double first_epoch_first_batch_seconds = 0;  // the first epoch: Epoch() to its first batch
+  uint64_t spot_checked = 0;                   // samples whose bytes were compared with a direct read (or decode)
+  bool encoded = false;                        // an encoded image dataset, decoded by the loader
+  uint64_t stored_bytes = 0;                   // encoded: the files' bytes the epoch decoded from
+  uint64_t skipped = 0;                        // encoded: corrupt samples replaced (--skip-corrupt)
   // encoded: the ceiling, measured in the same run after the epochs:
   // libjpeg-turbo's full-size decode on one core (samples/s) x threads.
   double decode_one_core_per_s = 0;

@@ -166,6 +166,7 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"prefetch", lo.prefetch}, {"cache_bytes", lo.cache_bytes}, {"shuffle_window", lo.shuffle_window},
         {"samples", r->samples}, {"seconds", r->seconds}, {"samples_per_s", r->samples_per_s()},
         {"gb_per_s", r->gb_per_s()}, {"epochs", a.bench.epochs}, {"first_epoch_seconds", r->first_epoch_seconds},
+        {"open_seconds", r->open_seconds}, {"first_epoch_first_batch_seconds", r->first_epoch_first_batch_seconds},
         {"first_batch_seconds", r->first_batch_seconds}, {"full_epoch", r->full_epoch}, {"spot_checked", r->spot_checked},
         {"verified", true}, {"bytes_verified", r->bytes_verified}, {"bytes_verified", r->bytes_verified},
         {"encoded", r->encoded}, {"stored_bytes", r->stored_bytes}, {"skipped", r->skipped},
@@ -295,8 +296,11 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
               static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(),
               static_cast<unsigned long long>(s.prefetched), s.read_amplification());
   if (s.source_opens > 0) {
-    std::printf("  files: %llu opened in %.3f s, probed in %.3f s (since the source was opened)\n",
-                static_cast<unsigned long long>(s.source_opens), s.source_open_seconds, s.source_probe_seconds);
+    std::printf(
+        "  files: %llu opened in %.3f s, probed in %.3f s (since the source was opened; summed over threads); the "
+        "data opened in %.3f s, the first epoch's first batch %.3f s after\n",
+        static_cast<unsigned long long>(s.source_opens), s.source_open_seconds, s.source_probe_seconds, r->open_seconds,
+        r->first_epoch_first_batch_seconds);
   }
   return 0;
 }

@@ -366,8 +366,22 @@ Status Dataset::Impl::ReadHdf5(uint64_t first, uint64_t count, std::span<std::by
 
 Dataset::Dataset(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Dataset::Dataset(Dataset&&) noexcept = default;
-Dataset& Dataset::operator=(Dataset&&) noexcept = default;
-Dataset::~Dataset() = default;
+// Closing a Dataset closes HDF5 handles: inside a section, so a probe fork
+// made meanwhile (by another source's open, or an opener thread's) never
+// copies HDF5's lock held (fork_gate.h).
+Dataset& Dataset::operator=(Dataset&& other) noexcept {
+  if (this != &other) {
+    h5::Hdf5Section in_hdf5;
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+Dataset::~Dataset() {
+  if (impl_) {
+    h5::Hdf5Section in_hdf5;
+    impl_.reset();
+  }
+}
 
 uint64_t Dataset::num_samples() const { return impl_->num_samples; }
 const std::vector<uint64_t>& Dataset::sample_shape() const { return impl_->sample_shape; }

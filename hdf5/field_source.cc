@@ -10,8 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <deque>
 #include <mutex>
 #include <numeric>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "common/clock.h"
@@ -77,6 +80,10 @@ struct FieldSource::Impl {
   // Every (file, field) spec this source opens, through the probe (or the
   // user's trust) once, at Open.
   std::map<std::string, ProbedSpec> probed;
+  // What the probe's children saw of the specs they opened: a file whose
+  // every field has facts (and none is virtual) is placed without this
+  // process opening it at Open; its first read opens it and checks them.
+  std::map<std::string, SpecFacts> facts;
   size_t max_open = 256;
 
   // open_costs(): nanoseconds in the probe and in opens, and the opens.
@@ -88,6 +95,27 @@ struct FieldSource::Impl {
   mutable std::vector<uint64_t> last_use GUARDED_BY(mu);
   mutable std::vector<size_t> open_list GUARDED_BY(mu);  // parts with open[p]
   mutable uint64_t clock GUARDED_BY(mu) = 0;
+  // Parts a thread is opening now: another reader of one waits for that
+  // open (opened_cv) instead of opening the files a second time.
+  mutable std::vector<uint8_t> opening GUARDED_BY(mu);
+  mutable CondVar opened_cv;
+  // The opener: a thread of its own that opens the parts of the units
+  // WillRead announces, in that order, ahead of their reads (HDF5 opens one
+  // file at a time in a process; the readers' decodes go on meanwhile), and
+  // passes the hint on to the part's datasets (their read-ahead).
+  mutable std::deque<uint64_t> ahead GUARDED_BY(mu);  // units announced, not yet handled
+  mutable bool stopping GUARDED_BY(mu) = false;
+  mutable CondVar ahead_cv;
+  mutable std::thread opener;  // started by the first WillRead (under mu)
+
+  ~Impl() {
+    {
+      MutexLock lock(&mu);
+      stopping = true;
+    }
+    ahead_cv.SignalAll();
+    if (opener.joinable()) opener.join();
+  }
 
   // A spec this source has probed, opened; Internal for one it has not
   // (every spec it opens is probed at Open).
@@ -97,8 +125,10 @@ struct FieldSource::Impl {
     return Dataset::Open(it->second, reopen);
   }
 
-  // Probes the specs not probed yet (in one pass of probe processes).
-  Status ProbeMissing(std::vector<std::string> specs, int timeout_ms) {
+  // Probes the specs not probed yet (in one pass of probe processes). A spec
+  // in `optional` that fails is left unprobed instead of failing the pass (a
+  // later pass that needs it probes it again and reports the failure).
+  Status ProbeMissing(std::vector<std::string> specs, int timeout_ms, const std::set<std::string>& optional = {}) {
     std::sort(specs.begin(), specs.end());
     specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
     std::erase_if(specs, [&](const std::string& s) { return probed.count(s) != 0; });
@@ -106,17 +136,21 @@ struct FieldSource::Impl {
     ProbeOptions probe;
     probe.open = reopen;
     probe.timeout_ms = timeout_ms;
-    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
+    probe.processes = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16));
     std::vector<Result<ProbedSpec>> got;
+    std::vector<std::optional<SpecFacts>> seen;
     if (TrustFiles(reopen)) {
       got = ProbeAll(specs, probe);  // issued without a probe: no time to count
     } else {
       ScopedNanos timed(&probe_ns);
-      got = ProbeAll(specs, probe);
+      got = ProbeAll(specs, probe, &seen);
     }
-    for (Result<ProbedSpec>& r : got) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      Result<ProbedSpec>& r = got[i];
+      if (!r.ok() && optional.count(specs[i]) != 0) continue;
       if (!r.ok()) return r.status();
       std::string key = r->text();
+      if (i < seen.size() && seen[i]) facts.emplace(key, std::move(*seen[i]));
       probed.emplace(std::move(key), std::move(*r));
     }
     return Status::Ok();
@@ -136,24 +170,50 @@ struct FieldSource::Impl {
     return out;
   }
 
-  Status CheckFile(size_t f, const OpenFile& ds) const {
-    const uint64_t n = ds[0].num_samples();
+  // The fields of input file f (as opened here, or as the probe saw them)
+  // against the first file's.
+  Status CheckFile(size_t f, const std::vector<SpecFacts>& ds) const {
+    const uint64_t n = ds[0].num_samples;
     for (size_t j = 0; j < ds.size(); ++j) {
-      if (ds[j].dtype() != fields[j].dtype || ds[j].sample_shape() != fields[j].sample_shape) {
-        return Status::InvalidArgument(
-            files[f] + ":" + specs[j].path + ": field '" + specs[j].name + "' is " +
-            std::string(DTypeName(ds[j].dtype())) + " " + ShapeText(ds[j].sample_shape()) + " per sample, but in " +
-            files[0] + " it is " + std::string(DTypeName(fields[j].dtype)) + " " + ShapeText(fields[j].sample_shape) +
-            "; every file must agree in fields, dtypes and sample shapes");
+      if (ds[j].dtype != fields[j].dtype || ds[j].sample_shape != fields[j].sample_shape ||
+          ds[j].is_bool != fields[j].is_bool) {
+        return Status::InvalidArgument(files[f] + ":" + specs[j].path + ": field '" + specs[j].name + "' is " +
+                                       std::string(DTypeName(ds[j].dtype)) + (ds[j].is_bool ? " (bool)" : "") + " " +
+                                       ShapeText(ds[j].sample_shape) + " per sample, but in " + files[0] + " it is " +
+                                       std::string(DTypeName(fields[j].dtype)) + (fields[j].is_bool ? " (bool)" : "") +
+                                       " " + ShapeText(fields[j].sample_shape) +
+                                       "; every file must agree in fields, dtypes and sample shapes");
       }
-      if (ds[j].num_samples() != n) {
+      if (ds[j].num_samples != n) {
         return Status::InvalidArgument(files[f] + ": field '" + specs[j].name + "' (" + specs[j].path + ") has " +
-                                       std::to_string(ds[j].num_samples()) + " samples but field '" + specs[0].name +
+                                       std::to_string(ds[j].num_samples) + " samples but field '" + specs[0].name +
                                        "' (" + specs[0].path + ") has " + std::to_string(n) +
                                        "; the fields of a file must have the same length (axis 0)");
       }
     }
     return Status::Ok();
+  }
+
+  static std::vector<SpecFacts> FactsOf(const OpenFile& ds) {
+    std::vector<SpecFacts> out;
+    for (const Dataset& x : ds) {
+      out.push_back(
+          SpecFacts{x.dtype(), x.is_bool(), !x.info().virtual_sources.empty(), x.num_samples(), x.sample_shape()});
+    }
+    return out;
+  }
+
+  // Input file f's fields as the probe saw them: none unless every field has
+  // facts and none is virtual (a virtual field's sources are placed from its
+  // mapping, which only an open here reads).
+  std::optional<std::vector<SpecFacts>> ProbedFacts(size_t f) const {
+    std::vector<SpecFacts> out;
+    for (const FieldSpec& s : specs) {
+      auto it = facts.find(files[f] + ":" + s.path);
+      if (it == facts.end() || it->second.is_virtual) return std::nullopt;
+      out.push_back(it->second);
+    }
+    return out;
   }
 
   // Opens the dataset of every field of part p.
@@ -207,22 +267,62 @@ struct FieldSource::Impl {
   Result<std::shared_ptr<const OpenFile>> Acquire(size_t p) const {
     {
       MutexLock lock(&mu);
+      while (!open[p] && opening[p]) opened_cv.Wait(&mu);  // another thread is opening it
       if (open[p]) {
         last_use[p] = ++clock;
         return open[p];
       }
+      opening[p] = 1;
     }
     auto ds = OpenPart(p);
-    if (!ds.ok()) return ds.status();
-    GPUFEED_RETURN_IF_ERROR(CheckPart(p, *ds, nullptr));
-    auto ptr = std::make_shared<const OpenFile>(std::move(*ds));
+    Status st = ds.ok() ? CheckPart(p, *ds, nullptr) : ds.status();
+    std::shared_ptr<const OpenFile> ptr;
+    if (st.ok()) ptr = std::make_shared<const OpenFile>(std::move(*ds));
     MutexLock lock(&mu);
-    if (open[p]) {
-      last_use[p] = ++clock;
-      return open[p];  // another thread opened it meanwhile; ours closes
-    }
+    opening[p] = 0;
+    opened_cv.SignalAll();  // a waiter whose open failed here tries itself (and names the error)
+    if (!st.ok()) return st;
     Insert(p, ptr);
     return ptr;
+  }
+
+  // The opener's loop: each announced unit's part opened (unless a reader
+  // has it or is opening it), then the hint passed to its datasets.
+  void OpenAhead() const EXCLUDES(mu) {
+    while (true) {
+      uint64_t unit = 0;
+      std::shared_ptr<const OpenFile> file;
+      bool busy = false;
+      {
+        MutexLock lock(&mu);
+        while (!stopping && ahead.empty()) ahead_cv.Wait(&mu);
+        if (stopping) return;
+        unit = ahead.front();
+        ahead.pop_front();
+        const size_t p = PartOfUnit(unit);
+        file = open[p];
+        busy = opening[p] != 0;
+      }
+      if (!file && !busy) {
+        auto got = Acquire(PartOfUnit(unit));  // a failure is left for the read to report
+        if (got.ok()) file = *got;
+      }
+      if (file) HintDatasets(unit, *file);
+    }
+  }
+
+  // Dataset::WillRead for the chunks of each field that unit `unit` reads.
+  void HintDatasets(uint64_t unit, const OpenFile& file) const {
+    const size_t p = PartOfUnit(unit);
+    const uint64_t local = (unit - unit_first[p]) * chunk_samples;
+    const uint64_t n = UnitSamples(unit);
+    for (size_t j = 0; j < file.size() && j < parts[p].pieces.size(); ++j) {
+      const Piece& pc = parts[p].pieces[j];
+      const uint64_t cs = std::max<uint64_t>(1, file[j].chunk_samples());
+      const uint64_t first = (pc.first + local) * pc.rows, count = n * pc.rows;
+      if (count == 0) continue;
+      for (uint64_t c = first / cs; c <= (first + count - 1) / cs; ++c) file[j].WillRead(c);
+    }
   }
 
   void Insert(size_t p, std::shared_ptr<const OpenFile> ptr) const REQUIRES(mu) {
@@ -304,9 +404,10 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Select(const std::vector<std::
     if (it == d.specs.end()) return Status::NotFound(d.what + ": no field '" + name + "'");
     o.fields.push_back(it->name + "=" + it->path);
   }
-  std::vector<ProbedSpec> probed;
-  for (const auto& [text, spec] : d.probed) probed.push_back(spec);
-  return Open(d.data, o, std::move(probed));
+  auto seed = std::make_unique<Impl>();
+  seed->probed = d.probed;
+  seed->facts = d.facts;
+  return OpenSeeded(d.data, o, std::move(seed));
 }
 
 Result<Dataset> FieldSource::OpenField(size_t field, size_t file) const {
@@ -319,9 +420,18 @@ Result<Dataset> FieldSource::OpenField(size_t field, size_t file) const {
 
 Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, const OpenOptions& options,
                                                        std::vector<ProbedSpec> probed) {
+  auto seed = std::make_unique<Impl>();
+  for (ProbedSpec& p : probed) {
+    std::string key = p.text();
+    seed->probed.emplace(std::move(key), std::move(p));
+  }
+  return OpenSeeded(data, options, std::move(seed));
+}
+
+Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view data, const OpenOptions& options,
+                                                             std::unique_ptr<Impl> d) {
   auto files = ExpandFiles(data);
   if (!files.ok()) return files.status();
-  auto d = std::make_unique<Impl>();
   d->files = std::move(*files);
   d->data = std::string(data);
   d->options = options;
@@ -329,10 +439,6 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
   d->reopen = options;
   d->reopen.labels_path = "none";
   d->reopen.fields.clear();
-  for (ProbedSpec& p : probed) {
-    std::string key = p.text();
-    d->probed.emplace(std::move(key), std::move(p));
-  }
 
   for (const std::string& text : options.fields) {
     auto f = FieldSpec::Parse(text);
@@ -353,8 +459,15 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     for (const std::string& f : d->files) {
       for (const FieldSpec& s : d->specs) probe_specs.push_back(f + ":" + s.path);
     }
-    if (default_fields) probe_specs.push_back(d->files[0] + ":/labels");
-    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(probe_specs), options.probe_timeout_ms));
+    // Every file's /labels in the same pass (one probe of each file, not
+    // two): needed only when the first file has it, so the others' failures
+    // wait for the pass below.
+    std::set<std::string> maybe;
+    if (default_fields) {
+      probe_specs.push_back(d->files[0] + ":/labels");
+      for (size_t f = 1; f < d->files.size(); ++f) maybe.insert(probe_specs.emplace_back(d->files[f] + ":/labels"));
+    }
+    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(probe_specs), options.probe_timeout_ms, maybe));
   }
   if (default_fields && d->OpenProbed(d->files[0] + ":/labels").ok()) {
     d->specs.push_back({"labels", "/labels"});
@@ -386,6 +499,28 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     return Status::Ok();
   };
   for (size_t f = 0; f < d->files.size(); ++f) {
+    // A file past the first that the probe saw whole is placed from what it
+    // saw: its first read opens it (Acquire checks it against these facts),
+    // so many files cost the probe's processes, not as many opens here.
+    if (f > 0) {
+      if (auto seen = d->ProbedFacts(f)) {
+        GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, *seen));
+        const uint64_t n = seen->front().num_samples;
+        const auto total = CheckedAdd(d->file_first.back(), n);
+        if (!total) return Status::Unsupported(d->files[f] + ": the files' sample counts overflow 64 bits");
+        d->file_first.push_back(*total);
+        if (n == 0) continue;
+        Part part;
+        part.file = f;
+        part.count = n;
+        for (size_t j = 0; j < d->specs.size(); ++j) {
+          part.pieces.push_back(Piece{d->files[f], d->specs[j].path, 0, false, "", 1, (*seen)[j].num_samples});
+        }
+        d->parts.push_back(std::move(part));
+        checked.push_back(true);
+        continue;
+      }
+    }
     auto ds = d->OpenFields(f);
     if (!ds.ok()) return ds.status();
     if (f == 0) {
@@ -411,7 +546,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
         if (d->fields[j].sample_bytes > d->fields[largest].sample_bytes) largest = j;
       }
     }
-    GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, *ds));
+    GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, Impl::FactsOf(*ds)));
     const uint64_t n = ds->front().num_samples();
     const auto total = CheckedAdd(d->file_first.back(), n);
     if (!total) return Status::Unsupported(d->files[f] + ": the files' sample counts overflow 64 bits");
@@ -421,16 +556,22 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
     bool is_virtual = false;
     for (const Dataset& x : *ds) is_virtual = is_virtual || !x.info().virtual_sources.empty();
     any_virtual = any_virtual || is_virtual;
+    checked.resize(d->parts.size(), false);
     {
       MutexLock lock(&d->mu);  // no reader yet: for the analysis
       d->open.resize(d->parts.size());
       d->last_use.resize(d->parts.size(), 0);
     }
-    checked.resize(d->parts.size(), false);
     // A file without virtual fields is one part, read from the datasets just opened.
     if (!is_virtual && d->parts.size() > before) {
       GPUFEED_RETURN_IF_ERROR(first_open(before, std::make_shared<const OpenFile>(std::move(*ds))));
     }
+  }
+  {
+    MutexLock lock(&d->mu);  // no reader yet: for the analysis
+    d->open.resize(d->parts.size());
+    d->last_use.resize(d->parts.size(), 0);
+    d->opening.assign(d->parts.size(), 0);
   }
   // Virtual fields' sources are files HDF5 has not parsed in this process
   // beyond their metadata: they go through the probe before they are read.
@@ -510,6 +651,19 @@ ChunkSource::OpenCosts FieldSource::open_costs() const {
 size_t FieldSource::open_files() const {
   MutexLock lock(&impl_->mu);
   return impl_->open_list.size();
+}
+
+void FieldSource::WillRead(uint64_t i) const {
+  const Impl& d = *impl_;
+  if (i >= d.num_chunks) return;
+  constexpr size_t kMaxAhead = 4096;  // hints, not orders: past this many waiting, one is dropped
+  {
+    MutexLock lock(&d.mu);
+    if (d.stopping || d.ahead.size() >= kMaxAhead) return;
+    d.ahead.push_back(i);
+    if (!d.opener.joinable()) d.opener = std::thread([&d] { d.OpenAhead(); });
+  }
+  d.ahead_cv.Signal();
 }
 
 Status FieldSource::ReadChunk(uint64_t i, std::span<std::byte> dst) const {

@@ -51,7 +51,9 @@ void QuietErrors();
 std::string LastErrorText();
 
 // Registers gpufeed's zstd filter (id 32015) in this process if no zstd
-// filter is available yet. Idempotent and thread-safe.
+// filter is available yet, and raises HDF5's limits on its free lists of
+// internal structures (below). Idempotent and thread-safe; every Dataset open
+// calls it first.
 void EnsureZstdFilterRegistered();
 
 // Paths of every dataset in the file, for "dataset not found" hints.

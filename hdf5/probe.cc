@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -42,18 +43,71 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Child messages: 'S' (4-byte index) before a file, 'D' (index) after it.
+// Child messages: 'S' (4-byte index) before a file, 'D' (index) after it,
+// and between them 'F' (index) with the spec's facts: a 4-byte length, then
+// dtype, is_bool, is_virtual and rank (a byte each), num_samples and the
+// sample shape (8 bytes each). Each message is one write() of at most
+// PIPE_BUF bytes, so it reaches the pipe whole or not at all.
 struct Msg {
   char tag;
   uint32_t index;
 } __attribute__((packed));
 
-void WriteMsg(int fd, char tag, uint32_t index) {
-  Msg m{tag, index};
+constexpr size_t kMaxRank = 32;  // HDF5's H5S_MAX_RANK
+constexpr size_t kMaxFactsBytes = 4 + 8 + 8 * kMaxRank;
+static_assert(sizeof(Msg) + 4 + kMaxFactsBytes <= PIPE_BUF);
+
+void WriteAll(int fd, const void* data, size_t n) {
   ssize_t r;
   do {
-    r = ::write(fd, &m, sizeof(m));
+    r = ::write(fd, data, n);
   } while (r < 0 && errno == EINTR);
+}
+
+void WriteMsg(int fd, char tag, uint32_t index) {
+  Msg m{tag, index};
+  WriteAll(fd, &m, sizeof(m));
+}
+
+void WriteFacts(int fd, uint32_t index, const Dataset& ds) {
+  const std::vector<uint64_t>& shape = ds.sample_shape();
+  if (shape.size() > kMaxRank) return;
+  std::byte buf[sizeof(Msg) + 4 + kMaxFactsBytes];
+  size_t at = 0;
+  auto put = [&](const void* p, size_t n) {
+    std::memcpy(buf + at, p, n);
+    at += n;
+  };
+  const Msg m{'F', index};
+  put(&m, sizeof(m));
+  const uint32_t len = static_cast<uint32_t>(4 + 8 + 8 * shape.size());
+  put(&len, 4);
+  const uint8_t head[4] = {static_cast<uint8_t>(ds.dtype()), static_cast<uint8_t>(ds.is_bool()),
+                           static_cast<uint8_t>(!ds.info().virtual_sources.empty()),
+                           static_cast<uint8_t>(shape.size())};
+  put(head, 4);
+  const uint64_t n = ds.num_samples();
+  put(&n, 8);
+  for (uint64_t d : shape) put(&d, 8);
+  WriteAll(fd, buf, at);
+}
+
+// The facts of an 'F' message's payload; nullopt when it does not parse
+// (the parent never trusts a child's bytes further than this).
+std::optional<SpecFacts> ParseFacts(const std::byte* p, size_t n) {
+  if (n < 12) return std::nullopt;
+  const uint8_t dtype = static_cast<uint8_t>(p[0]), is_bool = static_cast<uint8_t>(p[1]),
+                is_virtual = static_cast<uint8_t>(p[2]), rank = static_cast<uint8_t>(p[3]);
+  if (rank > kMaxRank || n != 12 + 8 * size_t{rank} || is_bool > 1 || is_virtual > 1) return std::nullopt;
+  if (dtype > static_cast<uint8_t>(DType::kFloat64)) return std::nullopt;
+  SpecFacts f;
+  f.dtype = static_cast<DType>(dtype);
+  f.is_bool = is_bool != 0;
+  f.is_virtual = is_virtual != 0;
+  std::memcpy(&f.num_samples, p + 4, 8);
+  f.sample_shape.resize(rank);
+  if (rank > 0) std::memcpy(f.sample_shape.data(), p + 12, 8 * size_t{rank});
+  return f;
 }
 
 // The child: opens each file of [first, last) as Dataset::Open does, then
@@ -89,6 +143,11 @@ Result<Forked> ForkWithPipe(const char* what) {
   return Forked{pid, fds[pid == 0 ? 1 : 0]};
 }
 
+std::string FileOf(const std::string& spec) {
+  auto s = DatasetSpec::Parse(spec);
+  return s.ok() ? s->file : spec;
+}
+
 [[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
                             const ProbeOptions& options) {
   BecomeSacrificialChild();
@@ -99,6 +158,7 @@ Result<Forked> ForkWithPipe(const char* what) {
       // This child is the probe: what it opens, it opens unprobed.
       const ProbedSpec spec = ProbedSpecIssuer::Issue(specs[i]);
       auto ds = Dataset::Open(spec, o);
+      if (ds.ok()) WriteFacts(fd, static_cast<uint32_t>(i), *ds);
       if (!ds.ok()) {
         // An encoded image field is a group (or an h5py vlen dataset):
         // opened as the loader opens it, its byte dataset and index too.
@@ -118,8 +178,12 @@ Result<Forked> ForkWithPipe(const char* what) {
           (void)ds->ReadSamples(0, n, buf);
         }
       }
-    }           // closes every handle: HDF5 has crashed while closing hostile files too
-    H5close();  // and while shutting down with them (the caller's exit would)
+    }  // closes every handle: HDF5 has crashed while closing hostile files too
+    // and while shutting down with them (the caller's exit would): once a
+    // file, after its last spec (the specs of a file are usually adjacent:
+    // FieldSource sorts them), as restarting HDF5 costs about as much as
+    // opening a small file.
+    if (i + 1 == last || FileOf(specs[i + 1]) != FileOf(specs[i])) H5close();
     WriteMsg(fd, 'D', static_cast<uint32_t>(i));
   }
   ::_exit(0);
@@ -142,11 +206,6 @@ struct Child {
   Clock::time_point file_start;
 };
 
-std::string FileOf(const std::string& spec) {
-  auto s = DatasetSpec::Parse(spec);
-  return s.ok() ? s->file : spec;
-}
-
 }  // namespace
 
 // The one maker of ProbedSpecs (a friend of the class).
@@ -157,8 +216,10 @@ std::atomic<uint64_t> g_specs_probed{0};
 
 uint64_t SpecsProbed() { return g_specs_probed.load(); }
 
-std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options) {
+std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options,
+                               std::vector<std::optional<SpecFacts>>* facts) {
   std::vector<Status> out(specs.size());
+  if (facts != nullptr) facts->assign(specs.size(), std::nullopt);
   if (specs.empty()) return out;
   g_specs_probed.fetch_add(specs.size());
   const size_t procs = std::clamp<size_t>(static_cast<size_t>(std::max(1, options.processes)), 1, specs.size());
@@ -223,6 +284,17 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
           } else if (m.tag == 'D') {
             c.next = m.index + 1;
             c.in_file = false;
+          } else if (m.tag == 'F') {
+            // The rest of the message is in the pipe already (one write).
+            uint32_t len = 0;
+            std::byte payload[kMaxFactsBytes];
+            if (::read(c.fd, &len, 4) != 4 || len > kMaxFactsBytes ||
+                ::read(c.fd, payload, len) != static_cast<ssize_t>(len)) {
+              ::kill(c.pid, SIGKILL);  // a child that writes nonsense is treated as one that died here
+              n = 0;
+              break;
+            }
+            if (facts != nullptr && c.in_file && m.index == c.next) (*facts)[m.index] = ParseFacts(payload, len);
           }
           pollfd one{c.fd, POLLIN, 0};
           if (::poll(&one, 1, 0) <= 0 || !(one.revents & POLLIN)) break;
@@ -280,14 +352,16 @@ Result<ProbedSpec> Probe(const std::string& spec, const OpenOptions& open) {
   return std::move(ProbeAll({spec}, po)[0]);
 }
 
-std::vector<Result<ProbedSpec>> ProbeAll(const std::vector<std::string>& specs, const ProbeOptions& options) {
+std::vector<Result<ProbedSpec>> ProbeAll(const std::vector<std::string>& specs, const ProbeOptions& options,
+                                         std::vector<std::optional<SpecFacts>>* facts) {
   std::vector<Result<ProbedSpec>> out;
   out.reserve(specs.size());
   if (TrustFiles(options.open)) {
+    if (facts != nullptr) facts->assign(specs.size(), std::nullopt);
     for (const std::string& s : specs) out.push_back(ProbedSpecIssuer::Issue(s));
     return out;
   }
-  std::vector<Status> probed = ProbeFiles(specs, options);
+  std::vector<Status> probed = ProbeFiles(specs, options, facts);
   for (size_t i = 0; i < specs.size(); ++i) {
     if (probed[i].ok()) {
       out.push_back(ProbedSpecIssuer::Issue(specs[i]));

@@ -14,6 +14,7 @@
 #ifndef GPUFEED_HDF5_PROBE_H_
 #define GPUFEED_HDF5_PROBE_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,17 @@
 #include "gpufeed/status.h"
 
 namespace gpufeed {
+
+// What a probe child saw of a spec it opened as a Dataset: enough for
+// FieldSource to place a file's samples without opening the file itself
+// (it checks them again when it does open it, before reading).
+struct SpecFacts {
+  DType dtype = DType::kUInt8;
+  bool is_bool = false;
+  bool is_virtual = false;  // a virtual dataset: its sources are opened by the caller
+  uint64_t num_samples = 0;
+  std::vector<uint64_t> sample_shape;
+};
 
 struct ProbeOptions {
   OpenOptions open;        // how the children open each spec (and whether the caller trusts files)
@@ -31,7 +43,11 @@ struct ProbeOptions {
 // One Status per spec, in order: Ok when HDF5 survived the file (its own
 // errors, if any, are left for the real Open to report), Corrupt when the
 // child crashed or hung on it.
-std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options = {});
+// facts (when given): one per spec, set for each spec a child opened as a
+// Dataset (an encoded image group, or a file HDF5 or gpufeed refuses, has
+// none: the caller's own open reports it).
+std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options = {},
+                               std::vector<std::optional<SpecFacts>>* facts = nullptr);
 
 // Specs this process has sent through ProbeFiles so far (for the tests that
 // check a file is probed once).
@@ -47,8 +63,10 @@ bool TrustFiles(const OpenOptions& open);
 Result<ProbedSpec> Probe(const std::string& spec, const OpenOptions& open);
 
 // Many specs through the probe processes in one pass (ProbeFiles; none when
-// TrustFiles(options.open)): one result per spec, in order.
-std::vector<Result<ProbedSpec>> ProbeAll(const std::vector<std::string>& specs, const ProbeOptions& options);
+// TrustFiles(options.open)): one result per spec, in order; facts as
+// ProbeFiles's (none at all when the files are trusted: nothing probed).
+std::vector<Result<ProbedSpec>> ProbeAll(const std::vector<std::string>& specs, const ProbeOptions& options,
+                                         std::vector<std::optional<SpecFacts>>* facts = nullptr);
 
 // The datasets of `file` ("/a", "/g/b"), listed by HDF5 in a forked child
 // with a time limit: a listing walks every object header of the file, which

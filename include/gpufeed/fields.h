@@ -84,6 +84,9 @@ class FieldSource final : public ChunkSource {
   uint64_t samples_in_chunk(uint64_t i) const override;
   uint64_t stored_chunk_bytes(uint64_t i) const override;  // decoded size (an estimate)
   Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override;
+  // Opens unit i's files ahead of its read, on a thread of this source's
+  // (within max_open_files), and passes the hint on to their datasets.
+  void WillRead(uint64_t i) const override;
   const std::vector<int64_t>& labels() const override;  // empty: labels are a field here
   std::string name() const override;
   std::vector<FieldInfo> fields() const override;
@@ -100,6 +103,9 @@ class FieldSource final : public ChunkSource {
 
  private:
   explicit FieldSource(std::unique_ptr<Impl> impl);
+  // Open, with `seed` holding the specs (and the probe's facts) known already.
+  static Result<std::unique_ptr<FieldSource>> OpenSeeded(std::string_view data, const OpenOptions& options,
+                                                         std::unique_ptr<Impl> seed);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -8,13 +8,17 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "gpufeed/loader.h"
 #include "hdf5/h5_util.h"
+#include "hdf5/probe.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {
@@ -357,8 +361,14 @@ TEST(FieldSourceTest, FieldsOfDifferentLengthsNameBoth) {
   EXPECT_NE(m.find("'data' (/data) has 10"), std::string::npos) << m;
 }
 
-TEST(FieldSourceTest, FileThatDisagreesIsNamed) {
-  const std::string dir = MakeTempDir("fields_mismatch");
+// Trusted, every file is opened here at Open; probed, the files past the
+// first are checked against what the probe's children saw of them, and a
+// file the children could not open as a Dataset (a missing field) is opened
+// here for its error. The same errors either way.
+class FileThatDisagrees : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FileThatDisagrees, IsNamed) {
+  const std::string dir = MakeTempDir(GetParam() ? "fields_mismatch_trusted" : "fields_mismatch_probed");
   std::vector<FieldDef> defs = {{"data", "/data", H5T_NATIVE_FLOAT, {2, 3}, {}}};
   std::vector<FieldDef> other = {{"data", "/data", H5T_NATIVE_FLOAT, {3, 2}, {}}};
   std::vector<FieldDef> wrong_type = {{"data", "/data", H5T_NATIVE_DOUBLE, {2, 3}, {}}};
@@ -366,7 +376,7 @@ TEST(FieldSourceTest, FileThatDisagreesIsNamed) {
   WriteFile(dir + "/b.h5", other, 2, 2);
   OpenOptions o;
   o.fields = Specs(defs);
-  o.trust_files = true;
+  o.trust_files = GetParam();
   auto src = FieldSource::Open(dir + "/*.h5", o);
   ASSERT_FALSE(src.ok());
   EXPECT_NE(src.status().message().find(dir + "/b.h5:/data"), std::string::npos) << src.status().message();
@@ -382,6 +392,87 @@ TEST(FieldSourceTest, FileThatDisagreesIsNamed) {
   ASSERT_FALSE(src.ok());
   EXPECT_EQ(src.status().code(), StatusCode::kNotFound);
   EXPECT_NE(src.status().message().find(dir + "/b.h5:/data"), std::string::npos) << src.status().message();
+  // An h5py bool where the first file has int8.
+  std::vector<FieldDef> as_int8 = {{"data", "/data", H5T_NATIVE_INT8, {2, 3}, {}}};
+  std::vector<FieldDef> as_bool = {{"data", "/data", 0, {2, 3}, {}, -1, false, -1, true}};
+  WriteFile(dir + "/a.h5", as_int8, 0, 2);
+  WriteFile(dir + "/b.h5", as_bool, 2, 2);
+  src = FieldSource::Open(dir + "/*.h5", o);
+  ASSERT_FALSE(src.ok());
+  EXPECT_NE(src.status().message().find(dir + "/b.h5:/data"), std::string::npos) << src.status().message();
+  EXPECT_NE(src.status().message().find("(bool)"), std::string::npos) << src.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(TrustedAndProbed, FileThatDisagrees, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Trusted" : "Probed"; });
+
+// Probed files past the first are placed from what the probe saw, and
+// opened by their first read (or ahead of it, by WillRead): Open itself
+// opens one file however many there are, every file is opened once when
+// they all fit under max_open_files, and the bytes are the files'.
+TEST(FieldSourceTest, ProbedFilesAreOpenedByTheirReadsNotByOpen) {
+  const std::string dir = MakeTempDir("fields_lazy");
+  std::vector<FieldDef> defs = {{"x", "/x", H5T_NATIVE_INT16, {2, 3}, {4, 2, 3}, 4},
+                                {"y", "/y", H5T_NATIVE_FLOAT, {}, {}}};
+  constexpr int kFiles = 12;
+  for (int f = 0; f < kFiles; ++f) WriteFile(dir + "/f" + std::to_string(100 + f) + ".h5", defs, f * 8, 8);
+  OpenOptions o;
+  o.fields = Specs(defs);
+  auto src = FieldSource::Open(dir + "/*.h5", o);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  EXPECT_EQ((*src)->num_samples(), 8u * kFiles);
+  EXPECT_EQ((*src)->open_costs().opens, 1u);  // the first file, for the fields' types and shapes
+  EXPECT_EQ((*src)->open_files(), 1u);
+  // Announced units are opened ahead on the source's own thread.
+  for (uint64_t i = 0; i < (*src)->num_chunks(); ++i) (*src)->WillRead(i);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((*src)->open_files() < kFiles && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ((*src)->open_files(), size_t{kFiles});
+  // Reads from several threads at once, each unit by two threads: a part
+  // another thread is opening is waited for, not opened twice.
+  std::vector<std::thread> readers;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      std::vector<std::byte> buf((*src)->chunk_samples() * (*src)->sample_bytes());
+      for (uint64_t i = static_cast<uint64_t>(t % 2); i < (*src)->num_chunks(); i += 1) {
+        if (!(*src)->ReadChunk(i, buf).ok()) bad.fetch_add(1);
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ((*src)->open_costs().opens, uint64_t{kFiles});
+  ExpectEveryFieldOfEverySampleOnce(**src, defs);
+  EXPECT_EQ((*src)->open_costs().opens, uint64_t{kFiles});  // still open: nothing reopened
+}
+
+// The probe saw one file; the file a read opens later is another (rewritten
+// in between): the read's error says what changed, and no bytes of the new
+// file are delivered as the old one's.
+TEST(FieldSourceTest, AFileChangedAfterTheProbeIsAnErrorAtItsFirstRead) {
+  const std::string dir = MakeTempDir("fields_changed");
+  std::vector<FieldDef> defs = {{"data", "/data", H5T_NATIVE_FLOAT, {4}, {}}};
+  std::vector<FieldDef> as_double = {{"data", "/data", H5T_NATIVE_DOUBLE, {4}, {}}};
+  for (int f = 0; f < 4; ++f) WriteFile(dir + "/f" + std::to_string(f) + ".h5", defs, f * 3, 3);
+  OpenOptions o;
+  o.fields = Specs(defs);
+  auto src = FieldSource::Open(dir + "/*.h5", o);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  WriteFile(dir + "/f2.h5", defs, 6, 5);       // more samples than the probe saw
+  WriteFile(dir + "/f3.h5", as_double, 9, 3);  // another dtype
+  std::vector<std::byte> buf(3 * 4 * sizeof(float));
+  EXPECT_TRUE((*src)->ReadChunk(1, buf).ok());
+  Status s = (*src)->ReadChunk(2, buf);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("f2.h5"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("now has 5 samples, had 3"), std::string::npos) << s.ToString();
+  s = (*src)->ReadChunk(3, buf);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("f3.h5"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("float64"), std::string::npos) << s.ToString();
 }
 
 TEST(FieldSourceTest, FileThatVanishesAfterOpenIsAnErrorAtItsUnit) {
@@ -414,6 +505,39 @@ TEST(FieldSourceTest, FileThatVanishesAfterOpenIsAnErrorAtItsUnit) {
   ASSERT_FALSE(failure.ok()) << "the epoch ended without reporting the missing file";
   EXPECT_NE(failure.message().find("f2.h5"), std::string::npos) << failure.ToString();
   EXPECT_NE(failure.message().find("unit 2"), std::string::npos) << failure.ToString();
+}
+
+// The probe's children report what they saw of each spec they opened as a
+// Dataset; a spec they could not open has no facts (and is not a failure of
+// the probe: the caller's own open names what is wrong).
+TEST(FieldSourceTest, TheProbeReportsWhatItSaw) {
+  const std::string dir = MakeTempDir("probe_facts");
+  std::vector<FieldDef> defs = {{"data", "/g/data", H5T_NATIVE_FLOAT, {2, 3}, {4, 2, 3}, 4},
+                                {"flag", "/flag", 0, {5}, {}, -1, false, -1, true},
+                                {"id", "/id", H5T_NATIVE_UINT16, {}, {}}};
+  WriteFile(dir + "/a.h5", defs, 0, 7);
+  const std::vector<std::string> specs = {dir + "/a.h5:/g/data", dir + "/a.h5:/flag", dir + "/a.h5:/id",
+                                          dir + "/a.h5:/missing"};
+  ProbeOptions po;
+  po.processes = 2;
+  std::vector<std::optional<SpecFacts>> facts;
+  const std::vector<Status> r = ProbeFiles(specs, po, &facts);
+  ASSERT_EQ(r.size(), 4u);
+  ASSERT_EQ(facts.size(), 4u);
+  for (const Status& s : r) EXPECT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(facts[0] && facts[1] && facts[2]);
+  EXPECT_EQ(facts[0]->dtype, DType::kFloat32);
+  EXPECT_EQ(facts[0]->sample_shape, (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(facts[0]->num_samples, 7u);
+  EXPECT_FALSE(facts[0]->is_bool);
+  EXPECT_FALSE(facts[0]->is_virtual);
+  EXPECT_EQ(facts[1]->dtype, DType::kUInt8);
+  EXPECT_TRUE(facts[1]->is_bool);
+  EXPECT_EQ(facts[1]->sample_shape, (std::vector<uint64_t>{5}));
+  EXPECT_EQ(facts[2]->dtype, DType::kUInt16);
+  EXPECT_TRUE(facts[2]->sample_shape.empty());
+  EXPECT_EQ(facts[2]->num_samples, 7u);
+  EXPECT_FALSE(facts[3].has_value());
 }
 
 TEST(FieldSourceTest, BadFieldSpecsAndEmptyInputs) {
