@@ -28,6 +28,16 @@
 // against what Open saw, and a file that vanished is an error naming it and
 // the unit.
 //
+// Many files. Open probes every (file, field) in a few processes, which
+// report what they saw; it opens only the first file itself, and places the
+// others from those reports (a file whose report is missing, or whose field
+// is virtual, it opens). Each file is opened by its first read, which checks
+// it against what Open saw. Once reads run, one thread of the source opens
+// files: a reader whose file is not open asks it and waits (HDF5 opens one
+// file at a time in a process), and between requests it opens the files of
+// the units WillRead announces, at most max_open_files / 2 ahead of their
+// reads.
+//
 // Virtual datasets. A field that is an HDF5 virtual dataset (h5py's
 // VirtualLayout: sources concatenated or stacked along axis 0) is read from
 // its sources (DatasetInfo::virtual_sources), each a Dataset of its own;
