@@ -14,7 +14,6 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
-#include <set>
 #include <thread>
 
 #include "common/clock.h"
@@ -144,10 +143,8 @@ struct FieldSource::Impl {
     return Dataset::Open(it->second, reopen);
   }
 
-  // Probes the specs not probed yet (in one pass of probe processes). A spec
-  // in `optional` that fails is left unprobed instead of failing the pass (a
-  // later pass that needs it probes it again and reports the failure).
-  Status ProbeMissing(std::vector<std::string> specs, int timeout_ms, const std::set<std::string>& optional = {}) {
+  // Probes the specs not probed yet (in one pass of probe processes).
+  Status ProbeMissing(std::vector<std::string> specs, int timeout_ms) {
     std::sort(specs.begin(), specs.end());
     specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
     std::erase_if(specs, [&](const std::string& s) { return probed.count(s) != 0; });
@@ -166,7 +163,6 @@ struct FieldSource::Impl {
     }
     for (size_t i = 0; i < got.size(); ++i) {
       Result<ProbedSpec>& r = got[i];
-      if (!r.ok() && optional.count(specs[i]) != 0) continue;
       if (!r.ok()) return r.status();
       std::string key = r->text();
       if (i < seen.size() && seen[i]) facts.emplace(key, std::move(*seen[i]));
@@ -526,15 +522,15 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
     for (const std::string& f : d->files) {
       for (const FieldSpec& s : d->specs) probe_specs.push_back(f + ":" + s.path);
     }
-    // Every file's /labels in the same pass (one probe of each file, not
-    // two): needed only when the first file has it, so the others' failures
-    // wait for the pass below.
-    std::set<std::string> maybe;
+    // Every file's /labels in the same pass: a probe restarts HDF5 once a
+    // file, not once a spec. A file whose /labels crashes or hangs HDF5 is
+    // refused even when the labels go unused (the first file has none): the
+    // probe restarts HDF5 after the file's last spec, so such a crash may
+    // come from what an earlier spec of the file left behind.
     if (default_fields) {
-      probe_specs.push_back(d->files[0] + ":/labels");
-      for (size_t f = 1; f < d->files.size(); ++f) maybe.insert(probe_specs.emplace_back(d->files[f] + ":/labels"));
+      for (const std::string& f : d->files) probe_specs.push_back(f + ":/labels");
     }
-    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(probe_specs), options.probe_timeout_ms, maybe));
+    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(probe_specs), options.probe_timeout_ms));
   }
   if (default_fields && d->OpenProbed(d->files[0] + ":/labels").ok()) {
     d->specs.push_back({"labels", "/labels"});
