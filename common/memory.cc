@@ -24,10 +24,6 @@ bool ReadNumber(const char* path, uint64_t* out) {
   return true;
 }
 
-}  // namespace
-
-namespace {
-
 uint64_t ReadAvailableMemoryBytes() {
   uint64_t avail = UINT64_MAX;
   {

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
-#include <deque>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -281,8 +281,6 @@ struct FieldSource::Impl {
 
   // Part p's datasets, open: at once when they are, else from the opener.
   Result<std::shared_ptr<const OpenFile>> Acquire(size_t p) const EXCLUDES(mu) {
-    auto req = std::make_shared<OpenRequest>();
-    req->part = p;
     MutexLock lock(&mu);
     if (open[p]) {
       last_use[p] = ++clock;
@@ -290,6 +288,8 @@ struct FieldSource::Impl {
       return open[p];
     }
     if (stopping) return Status::Internal(what + ": closed while a read waited for " + files[parts[p].file]);
+    auto req = std::make_shared<OpenRequest>();
+    req->part = p;
     wanted.push_back(req);
     StartOpener();
     work_cv.Signal();
@@ -565,27 +565,14 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
     // A file past the first that the probe saw whole is placed from what it
     // saw: its first read opens it (Acquire checks it against these facts),
     // so many files cost the probe's processes, not as many opens here.
-    if (f > 0) {
-      if (auto seen = d->ProbedFacts(f)) {
-        GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, *seen));
-        const uint64_t n = seen->front().num_samples;
-        const auto total = CheckedAdd(d->file_first.back(), n);
-        if (!total) return Status::Unsupported(d->files[f] + ": the files' sample counts overflow 64 bits");
-        d->file_first.push_back(*total);
-        if (n == 0) continue;
-        Part part;
-        part.file = f;
-        part.count = n;
-        for (size_t j = 0; j < d->specs.size(); ++j) {
-          part.pieces.push_back(Piece{d->files[f], d->specs[j].path, 0, false, "", 1, (*seen)[j].num_samples});
-        }
-        d->parts.push_back(std::move(part));
-        checked.push_back(true);
-        continue;
-      }
+    std::optional<std::vector<SpecFacts>> seen = f > 0 ? d->ProbedFacts(f) : std::nullopt;
+    std::optional<OpenFile> ds;  // the file's fields, when opened here
+    if (!seen) {
+      auto opened = d->OpenFields(f);
+      if (!opened.ok()) return opened.status();
+      ds = std::move(*opened);
+      seen = Impl::FactsOf(*ds);
     }
-    auto ds = d->OpenFields(f);
-    if (!ds.ok()) return ds.status();
     if (f == 0) {
       uint64_t offset = 0;
       for (size_t j = 0; j < ds->size(); ++j) {
@@ -609,15 +596,26 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
         if (d->fields[j].sample_bytes > d->fields[largest].sample_bytes) largest = j;
       }
     }
-    GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, Impl::FactsOf(*ds)));
-    const uint64_t n = ds->front().num_samples();
+    GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, *seen));
+    const uint64_t n = seen->front().num_samples;
     const auto total = CheckedAdd(d->file_first.back(), n);
     if (!total) return Status::Unsupported(d->files[f] + ": the files' sample counts overflow 64 bits");
     d->file_first.push_back(*total);
+    if (!ds) {  // placed from the probe's facts: one part, no virtual field
+      if (n > 0) {
+        Part part{f, n, {}};
+        for (size_t j = 0; j < d->specs.size(); ++j) {
+          part.pieces.push_back(Piece{d->files[f], d->specs[j].path, 0, false, "", 1, (*seen)[j].num_samples});
+        }
+        d->parts.push_back(std::move(part));
+      }
+      checked.resize(d->parts.size(), true);
+      continue;
+    }
     const size_t before = d->parts.size();
     GPUFEED_RETURN_IF_ERROR(d->AddParts(f, *ds));
     bool is_virtual = false;
-    for (const Dataset& x : *ds) is_virtual = is_virtual || !x.info().virtual_sources.empty();
+    for (const SpecFacts& x : *seen) is_virtual = is_virtual || x.is_virtual;
     any_virtual = any_virtual || is_virtual;
     checked.resize(d->parts.size(), false);
     {
