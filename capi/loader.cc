@@ -411,6 +411,7 @@ gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_e
     add("source_probe_seconds", s.source_probe_seconds);
     add("source_open_seconds", s.source_open_seconds);
     add("source_opens", double(s.source_opens));
+    add("source_planned_opens", double(s.source_planned_opens));
     add("host_decode_share", s.host_decode_share);
     add("consumer_wait_seconds", s.consumer_wait_seconds);
     add("wall_seconds", s.wall_seconds);

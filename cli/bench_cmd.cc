@@ -297,10 +297,10 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
               static_cast<unsigned long long>(s.prefetched), s.read_amplification());
   if (s.source_opens > 0) {
     std::printf(
-        "  files: %llu opened in %.3f s, probed in %.3f s (since the source was opened; summed over threads); the "
-        "data opened in %.3f s, the first epoch's first batch %.3f s after\n",
-        static_cast<unsigned long long>(s.source_opens), s.source_open_seconds, s.source_probe_seconds, r->open_seconds,
-        r->first_epoch_first_batch_seconds);
+        "  files: %llu opened (%llu from the probe's plan, without HDF5) in %.3f s, probed in %.3f s (since the source "
+        "was opened; summed over threads); the data opened in %.3f s, the first epoch's first batch %.3f s after\n",
+        static_cast<unsigned long long>(s.source_opens), static_cast<unsigned long long>(s.source_planned_opens),
+        s.source_open_seconds, s.source_probe_seconds, r->open_seconds, r->first_epoch_first_batch_seconds);
   }
   return 0;
 }

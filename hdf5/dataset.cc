@@ -222,6 +222,7 @@ struct Dataset::Impl {
   // O_DIRECT with its read-ahead in the loader's order (WillRead), as
   // ChooseIo decided.
   std::unique_ptr<io::RandomAccessFile> bytes;
+  io::FileIdentity identity;  // of `bytes`' file, when opened (a plan's check: Plan, OpenPlanned)
   bool contiguous = false;
   bool no_sample_axis = false;  // OpenOptions::no_sample_axis: axis 0 (extent 1) is not in the file
   uint64_t contiguous_addr = 0;
@@ -249,6 +250,10 @@ struct Dataset::Impl {
   Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) EXCLUDES(h5_mu);
   Result<std::string> PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size);
   Status ChooseIo(IoMode asked, uint64_t file_size);
+  void SetContiguousUnit() {
+    chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, sample_bytes), 1,
+                                         std::max<uint64_t>(1, num_samples));
+  }
   std::shared_ptr<Logger> logger;  // OpenOptions::logger
 };
 
@@ -277,7 +282,7 @@ Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
   const unsigned depth = std::clamp(std::thread::hardware_concurrency(), 4u, 32u);
   std::string what_io;
   bool fell_back = false;
-  auto opened = io::OpenRandomAccessFile(info.file, mode == IoMode::kDirect, depth, &what_io, &fell_back);
+  auto opened = io::OpenRandomAccessFile(info.file, mode == IoMode::kDirect, depth, &what_io, &fell_back, &identity);
   if (!opened.ok()) return opened.status();
   bytes = std::move(*opened);
   if (fell_back) {
@@ -498,8 +503,7 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
                              " bytes of data at byte " + std::to_string(d.contiguous_addr) + ", file has " +
                              std::to_string(file_size) + ")");
     }
-    d.chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d.sample_bytes), 1,
-                                           std::max<uint64_t>(1, d.num_samples));
+    d.SetContiguousUnit();
     return std::string();
   }
   if (layout != H5D_CHUNKED) return std::string("unknown storage layout");
@@ -857,8 +861,7 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
           "the dataset's chunks span too much of each sample; rechunk it with gpufeed convert"));
       cache_bytes = std::max(cache_bytes, *needed);
     } else {
-      d->chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, d->sample_bytes), 1,
-                                              std::max<uint64_t>(1, d->num_samples));
+      d->SetContiguousUnit();
     }
     h5::Id dapl(H5Pcreate(H5P_DATASET_ACCESS));
     if (chunk_nbytes > 0) {
@@ -962,6 +965,87 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
     if (!ignored.empty()) LoggerOr(options.logger).Log(LogLevel::kWarning, "stats_sidecar_ignored", ignored);
   }
   H5Eclear2(H5E_DEFAULT);
+  return Dataset(std::move(d));
+}
+
+bool Dataset::Plan(DirectPlan* out) const {
+  const Impl& d = *impl_;
+  if (d.info.read_path != ReadPath::kDirect || !d.bytes || !d.info.unreadable.empty() ||
+      !d.info.virtual_sources.empty()) {
+    return false;
+  }
+  out->identity = d.identity;
+  out->contiguous = d.contiguous;
+  out->contiguous_addr = d.contiguous_addr;
+  out->chunk_samples = d.chunk_samples;
+  out->pipeline = d.pipeline;
+  out->chunk_addr = d.chunk_addr;
+  out->chunk_size = d.chunk_size;
+  out->chunk_mask = d.chunk_mask;
+  return true;
+}
+
+// The plan was checked for form and bounds when the probe's report was
+// parsed (hdf5/probe.cc, ParsePlan); what is left to check is that the file
+// opened is the one it was made from.
+Result<Dataset> Dataset::OpenPlanned(const ProbedSpec& probed, const SpecFacts& facts, const OpenOptions& options,
+                                     bool* changed) {
+  *changed = false;
+  auto spec = DatasetSpec::Parse(probed.text());
+  if (!spec.ok()) return spec.status();
+  if (!facts.plan) return Status::Internal(probed.text() + ": opened from a plan the probe did not make");
+  const DirectPlan& plan = *facts.plan;
+  auto d = std::make_unique<Impl>();
+  d->logger = options.logger;
+  d->what = spec->file + ":" + spec->images;
+  d->info.file = spec->file;
+  d->info.images_path = spec->images;
+  d->dtype = facts.dtype;
+  d->is_bool = facts.is_bool;
+  d->num_samples = facts.num_samples;
+  d->sample_shape = facts.sample_shape;
+  d->no_sample_axis = options.no_sample_axis;
+  d->info.no_sample_axis = options.no_sample_axis;
+  d->info.shape = facts.sample_shape;
+  d->info.shape.insert(d->info.shape.begin(), facts.num_samples);
+  const auto sample_bytes = CheckedProduct(DTypeSize(d->dtype), d->sample_shape);
+  const auto raw_bytes = sample_bytes ? CheckedMul(d->num_samples, *sample_bytes) : std::nullopt;
+  if (!raw_bytes) return Status::Internal(d->what + ": a plan whose size overflows (the probe checks it)");
+  d->sample_bytes = *sample_bytes;
+  d->info.raw_bytes = *raw_bytes;
+  GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(d->sample_bytes,
+                                            d->what + ": one sample of shape " + ShapeText(d->sample_shape),
+                                            "gpufeed reads whole samples; is the file's shape right?"));
+  d->info.read_path = ReadPath::kDirect;
+  d->contiguous = plan.contiguous;
+  d->info.storage = plan.contiguous ? "contiguous" : "chunked";
+  if (plan.contiguous) {
+    d->contiguous_addr = plan.contiguous_addr;
+    d->SetContiguousUnit();
+    d->info.stored_bytes = *raw_bytes;
+  } else {
+    d->chunk_samples = plan.chunk_samples;
+    d->info.hdf5_chunk_shape = d->info.shape;
+    d->info.hdf5_chunk_shape[0] = plan.chunk_samples;
+    d->chunk_addr = plan.chunk_addr;
+    d->chunk_size = plan.chunk_size;
+    d->chunk_mask = plan.chunk_mask;
+    d->pipeline = plan.pipeline;
+    for (uint64_t s : plan.chunk_size) d->info.stored_bytes += s;
+    for (const codec::FilterStep& f : plan.pipeline) d->info.filters.push_back({f.id, FilterName(f.id, ""), {}});
+  }
+  d->num_chunks = d->num_samples == 0 ? 0 : (d->num_samples + d->chunk_samples - 1) / d->chunk_samples;
+  if (!plan.contiguous && d->chunk_addr.size() != d->num_chunks) {
+    return Status::Internal(d->what + ": a plan of " + std::to_string(d->chunk_addr.size()) + " chunks for " +
+                            std::to_string(d->num_chunks) + " (the probe checks it)");
+  }
+  GPUFEED_RETURN_IF_ERROR(d->ChooseIo(options.io, plan.identity.size));
+  if (!(d->identity == plan.identity)) {
+    *changed = true;
+    return Status::Corrupt(spec->file + ": changed since the probe read it (size " +
+                           std::to_string(plan.identity.size) + " then, " + std::to_string(d->identity.size) +
+                           " now, or its inode or times)");
+  }
   return Dataset(std::move(d));
 }
 

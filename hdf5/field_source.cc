@@ -86,7 +86,10 @@ struct FieldSource::Impl {
   size_t max_open = 256;
 
   // open_costs(): nanoseconds in the probe and in opens, and the opens.
-  mutable std::atomic<uint64_t> probe_ns{0}, open_ns{0}, opens{0};
+  mutable std::atomic<uint64_t> probe_ns{0}, open_ns{0}, opens{0}, planned_opens{0};
+  // Per part: every piece has the probe's plan, so a reader opens it on its
+  // own thread (no HDF5, nothing to serialize) instead of asking the opener.
+  std::vector<uint8_t> planned;
   // Open parts, least recently used first out. A reader holds a shared_ptr,
   // so closing one here never pulls it from under a read.
   mutable Mutex mu;
@@ -213,7 +216,7 @@ struct FieldSource::Impl {
     std::vector<SpecFacts> out;
     for (const Dataset& x : ds) {
       out.push_back(
-          SpecFacts{x.dtype(), x.is_bool(), !x.info().virtual_sources.empty(), x.num_samples(), x.sample_shape()});
+          SpecFacts{x.dtype(), x.is_bool(), !x.info().virtual_sources.empty(), x.num_samples(), x.sample_shape(), {}});
     }
     return out;
   }
@@ -231,16 +234,36 @@ struct FieldSource::Impl {
     return out;
   }
 
-  // Opens the dataset of every field of part p.
+  // The probe's plan of a spec, if it made one.
+  const SpecFacts* PlannedFacts(const std::string& spec) const {
+    auto it = facts.find(spec);
+    return it != facts.end() && it->second.plan ? &it->second : nullptr;
+  }
+
+  // Opens the dataset of every field of part p: from the probe's plan where
+  // it made one and the file is still the one it saw, else through HDF5.
   Result<OpenFile> OpenPart(size_t p) const {
     opens.fetch_add(1, std::memory_order_relaxed);
     ScopedNanos timed(&open_ns);
     OpenFile out;
+    bool all_planned = true;
     for (const Piece& pc : parts[p].pieces) {
-      auto ds = OpenProbed(pc.file + ":" + pc.path);
-      if (!ds.ok()) return pc.via.empty() ? ds.status() : ds.status().WithContext("source of " + pc.via);
-      out.push_back(std::move(*ds));
+      const std::string spec = pc.file + ":" + pc.path;
+      std::optional<Result<Dataset>> ds;
+      if (const SpecFacts* seen = PlannedFacts(spec)) {
+        auto it = probed.find(spec);
+        bool changed = false;
+        if (it != probed.end()) ds = Dataset::OpenPlanned(it->second, *seen, reopen, &changed);
+        if (changed) ds.reset();  // rewritten since the probe: HDF5 opens it, CheckPart checks it
+      }
+      if (!ds) {
+        all_planned = false;
+        ds = OpenProbed(spec);
+      }
+      if (!ds->ok()) return pc.via.empty() ? ds->status() : ds->status().WithContext("source of " + pc.via);
+      out.push_back(std::move(**ds));
     }
+    if (all_planned) planned_opens.fetch_add(1, std::memory_order_relaxed);
     return out;
   }
 
@@ -279,15 +302,32 @@ struct FieldSource::Impl {
     return Status::Ok();
   }
 
-  // Part p's datasets, open: at once when they are, else from the opener.
+  // Part p's datasets, open: at once when they are; else opened here when
+  // the probe planned them, from the opener when HDF5 must open them.
   Result<std::shared_ptr<const OpenFile>> Acquire(size_t p) const EXCLUDES(mu) {
-    MutexLock lock(&mu);
-    if (open[p]) {
-      last_use[p] = ++clock;
-      Taken(p);
-      return open[p];
+    {
+      MutexLock lock(&mu);
+      if (open[p]) {
+        last_use[p] = ++clock;
+        Taken(p);
+        return open[p];
+      }
+      if (stopping) return Status::Internal(what + ": closed while a read waited for " + files[parts[p].file]);
+      if (!planned[p]) return FromOpener(p);
     }
-    if (stopping) return Status::Internal(what + ": closed while a read waited for " + files[parts[p].file]);
+    auto ds = OpenPart(p);
+    const Status st = ds.ok() ? CheckPart(p, *ds, nullptr) : ds.status();
+    if (!st.ok()) return st;
+    auto file = std::make_shared<const OpenFile>(std::move(*ds));
+    MutexLock lock(&mu);
+    if (!open[p]) Insert(p, std::move(file));  // else another reader's open is kept, this one closed
+    last_use[p] = ++clock;
+    Taken(p);
+    return open[p];
+  }
+
+  // Part p from the opener: asks it and waits.
+  Result<std::shared_ptr<const OpenFile>> FromOpener(size_t p) const REQUIRES(mu) {
     auto req = std::make_shared<OpenRequest>();
     req->part = p;
     wanted.push_back(req);
@@ -653,6 +693,11 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
     if (!opened.ok()) return opened.status();
     GPUFEED_RETURN_IF_ERROR(first_open(p, std::make_shared<const OpenFile>(std::move(*opened))));
   }
+  d->planned.assign(d->parts.size(), 0);
+  for (size_t p = 0; p < d->parts.size(); ++p) {
+    d->planned[p] = std::all_of(d->parts[p].pieces.begin(), d->parts[p].pieces.end(),
+                                [&](const Piece& pc) { return d->PlannedFacts(pc.file + ":" + pc.path) != nullptr; });
+  }
   // Units never span parts: every part but the last holds whole units (the
   // last may end in a short one, as a single file's last chunk).
   for (size_t p = 0; p + 1 < d->parts.size(); ++p) unit = std::gcd(unit, d->parts[p].count);
@@ -706,6 +751,7 @@ ChunkSource::OpenCosts FieldSource::open_costs() const {
   c.probe_seconds = impl_->probe_ns.load(std::memory_order_relaxed) * 1e-9;
   c.open_seconds = impl_->open_ns.load(std::memory_order_relaxed) * 1e-9;
   c.opens = impl_->opens.load(std::memory_order_relaxed);
+  c.planned_opens = impl_->planned_opens.load(std::memory_order_relaxed);
   return c;
 }
 

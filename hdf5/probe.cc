@@ -46,16 +46,28 @@ using Clock = std::chrono::steady_clock;
 // Child messages: 'S' (4-byte index) before a file, 'D' (index) after it,
 // and between them 'F' (index) with the spec's facts: a 4-byte length, then
 // dtype, is_bool, is_virtual and rank (a byte each), num_samples and the
-// sample shape (8 bytes each). Each message is one write() of at most
-// PIPE_BUF bytes, so it reaches the pipe whole or not at all.
+// sample shape (8 bytes each); then, when the payload is longer, the direct
+// path's plan (DirectPlan): the file's identity (device, inode, size, mtime
+// and ctime in ns), contiguous and the filter count (a byte each, two zero
+// bytes), the contiguous address, chunk_samples and the chunk count, each
+// filter (id 4 bytes, element size 8, block 8, compression 4) and each chunk
+// (address 8, stored size 8, mask 4). Each message is one write() of at
+// most PIPE_BUF bytes, so it reaches the pipe whole or not at all; a plan
+// that would not fit is not sent (a file of more chunks than about 180 is
+// opened through HDF5, whose open costs little beside reading it).
 struct Msg {
   char tag;
   uint32_t index;
 } __attribute__((packed));
 
 constexpr size_t kMaxRank = 32;  // HDF5's H5S_MAX_RANK
-constexpr size_t kMaxFactsBytes = 4 + 8 + 8 * kMaxRank;
-static_assert(sizeof(Msg) + 4 + kMaxFactsBytes <= PIPE_BUF);
+constexpr size_t kMaxPayloadBytes = PIPE_BUF - sizeof(Msg) - 4;
+constexpr size_t kFactsHeadBytes = 4 + 8;
+constexpr size_t kPlanHeadBytes = 5 * 8 + 4 + 3 * 8;
+constexpr size_t kPlanStepBytes = 4 + 8 + 8 + 4;
+constexpr size_t kPlanChunkBytes = 8 + 8 + 4;
+constexpr size_t kMaxPlanSteps = 8;
+static_assert(kFactsHeadBytes + 8 * kMaxRank + kPlanHeadBytes + kPlanStepBytes * kMaxPlanSteps <= kMaxPayloadBytes);
 
 void WriteAll(int fd, const void* data, size_t n) {
   ssize_t r;
@@ -72,7 +84,7 @@ void WriteMsg(int fd, char tag, uint32_t index) {
 void WriteFacts(int fd, uint32_t index, const Dataset& ds) {
   const std::vector<uint64_t>& shape = ds.sample_shape();
   if (shape.size() > kMaxRank) return;
-  std::byte buf[sizeof(Msg) + 4 + kMaxFactsBytes];
+  std::byte buf[sizeof(Msg) + 4 + kMaxPayloadBytes];
   size_t at = 0;
   auto put = [&](const void* p, size_t n) {
     std::memcpy(buf + at, p, n);
@@ -80,7 +92,16 @@ void WriteFacts(int fd, uint32_t index, const Dataset& ds) {
   };
   const Msg m{'F', index};
   put(&m, sizeof(m));
-  const uint32_t len = static_cast<uint32_t>(4 + 8 + 8 * shape.size());
+  const size_t facts_bytes = kFactsHeadBytes + 8 * shape.size();
+  // A contiguous dataset's plan has no chunk list, whatever its size.
+  const size_t max_chunks =
+      (kMaxPayloadBytes - facts_bytes - kPlanHeadBytes - kPlanStepBytes * kMaxPlanSteps) / kPlanChunkBytes;
+  DirectPlan plan;
+  const bool planned = (ds.info().storage == "contiguous" || ds.num_chunks() <= max_chunks) && ds.Plan(&plan) &&
+                       plan.pipeline.size() <= kMaxPlanSteps && plan.chunk_addr.size() <= max_chunks;
+  const size_t nchunks = plan.chunk_addr.size();
+  const uint32_t len = static_cast<uint32_t>(
+      facts_bytes + (planned ? kPlanHeadBytes + kPlanStepBytes * plan.pipeline.size() + kPlanChunkBytes * nchunks : 0));
   put(&len, 4);
   const uint8_t head[4] = {static_cast<uint8_t>(ds.dtype()), static_cast<uint8_t>(ds.is_bool()),
                            static_cast<uint8_t>(!ds.info().virtual_sources.empty()),
@@ -89,16 +110,115 @@ void WriteFacts(int fd, uint32_t index, const Dataset& ds) {
   const uint64_t n = ds.num_samples();
   put(&n, 8);
   for (uint64_t d : shape) put(&d, 8);
+  if (planned) {
+    const io::FileIdentity& id = plan.identity;
+    put(&id.dev, 8);
+    put(&id.ino, 8);
+    put(&id.size, 8);
+    put(&id.mtime_ns, 8);
+    put(&id.ctime_ns, 8);
+    const uint8_t form[4] = {static_cast<uint8_t>(plan.contiguous), static_cast<uint8_t>(plan.pipeline.size()), 0, 0};
+    put(form, 4);
+    const uint64_t count = nchunks;
+    put(&plan.contiguous_addr, 8);
+    put(&plan.chunk_samples, 8);
+    put(&count, 8);
+    for (const codec::FilterStep& s : plan.pipeline) {
+      const int32_t id32 = s.id, compression = s.compression;
+      const uint64_t elem = s.elem_size;
+      put(&id32, 4);
+      put(&elem, 8);
+      put(&s.block, 8);
+      put(&compression, 4);
+    }
+    for (size_t i = 0; i < nchunks; ++i) {
+      put(&plan.chunk_addr[i], 8);
+      put(&plan.chunk_size[i], 8);
+      put(&plan.chunk_mask[i], 4);
+    }
+  }
   WriteAll(fd, buf, at);
 }
 
+// A plan's payload (after the facts): nullptr when it does not parse or does
+// not hold together: filters the direct path does not decode, chunks that do
+// not tile the facts' samples or lie past the file's end.
+std::shared_ptr<const DirectPlan> ParsePlan(const SpecFacts& f, const std::byte* p, size_t n) {
+  if (n < kPlanHeadBytes || f.is_virtual) return nullptr;
+  auto plan = std::make_shared<DirectPlan>();
+  size_t at = 0;
+  auto get = [&](void* out, size_t k) {
+    std::memcpy(out, p + at, k);
+    at += k;
+  };
+  io::FileIdentity& id = plan->identity;
+  get(&id.dev, 8);
+  get(&id.ino, 8);
+  get(&id.size, 8);
+  get(&id.mtime_ns, 8);
+  get(&id.ctime_ns, 8);
+  uint8_t form[4];
+  get(form, 4);
+  uint64_t count = 0;
+  get(&plan->contiguous_addr, 8);
+  get(&plan->chunk_samples, 8);
+  get(&count, 8);
+  const size_t steps = form[1];
+  if (form[0] > 1 || steps > kMaxPlanSteps || form[2] != 0 || form[3] != 0) return nullptr;
+  if (count > kMaxPayloadBytes / kPlanChunkBytes ||
+      n != kPlanHeadBytes + kPlanStepBytes * steps + kPlanChunkBytes * count) {
+    return nullptr;
+  }
+  plan->contiguous = form[0] != 0;
+  for (size_t k = 0; k < steps; ++k) {
+    int32_t id32 = 0, compression = 0;
+    uint64_t elem = 0, block = 0;
+    get(&id32, 4);
+    get(&elem, 8);
+    get(&block, 8);
+    get(&compression, 4);
+    if (!codec::DirectPathDecodes(id32) || elem == 0 || elem > (1u << 16) || block > (uint64_t{1} << 32) ||
+        (compression != 0 && !(id32 == codec::kFilterBitshuffle && compression == 2))) {
+      return nullptr;
+    }
+    plan->pipeline.push_back(codec::FilterStep{id32, static_cast<size_t>(elem), block, compression});
+  }
+  if (!codec::DirectPathCanDecode(plan->pipeline)) return nullptr;
+  const auto sample_bytes = CheckedProduct(DTypeSize(f.dtype), f.sample_shape);
+  const auto raw_bytes = sample_bytes ? CheckedMul(f.num_samples, *sample_bytes) : std::nullopt;
+  if (!raw_bytes) return nullptr;
+  if (plan->contiguous) {
+    const auto end = CheckedAdd(plan->contiguous_addr, *raw_bytes);
+    if (steps != 0 || count != 0 || !end || *end > id.size) return nullptr;
+    return plan;
+  }
+  const uint64_t cs = plan->chunk_samples;
+  const auto chunk_bytes = CheckedMul(cs, *sample_bytes);
+  if (cs == 0 || !chunk_bytes || *chunk_bytes >= (uint64_t{1} << 32)) return nullptr;
+  if (count != (f.num_samples + cs - 1) / cs) return nullptr;
+  plan->chunk_addr.resize(count);
+  plan->chunk_size.resize(count);
+  plan->chunk_mask.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    get(&plan->chunk_addr[i], 8);
+    get(&plan->chunk_size[i], 8);
+    get(&plan->chunk_mask[i], 4);
+    const auto end = CheckedAdd(plan->chunk_addr[i], plan->chunk_size[i]);
+    if (!end || *end > id.size) return nullptr;
+  }
+  return plan;
+}
+
 // The facts of an 'F' message's payload; nullopt when it does not parse
-// (the parent never trusts a child's bytes further than this).
+// (the parent never trusts a child's bytes further than this). A plan that
+// does not parse is dropped (the file is then opened through HDF5).
 std::optional<SpecFacts> ParseFacts(const std::byte* p, size_t n) {
-  if (n < 12) return std::nullopt;
+  if (n < kFactsHeadBytes) return std::nullopt;
   const uint8_t dtype = static_cast<uint8_t>(p[0]), is_bool = static_cast<uint8_t>(p[1]),
                 is_virtual = static_cast<uint8_t>(p[2]), rank = static_cast<uint8_t>(p[3]);
-  if (rank > kMaxRank || n != 12 + 8 * size_t{rank} || is_bool > 1 || is_virtual > 1) return std::nullopt;
+  const size_t facts_bytes = kFactsHeadBytes + 8 * size_t{rank};
+  if (rank > kMaxRank || n < facts_bytes || is_bool > 1 || is_virtual > 1) return std::nullopt;
+  if (n != facts_bytes && n < facts_bytes + kPlanHeadBytes) return std::nullopt;
   if (dtype > static_cast<uint8_t>(DType::kFloat64)) return std::nullopt;
   SpecFacts f;
   f.dtype = static_cast<DType>(dtype);
@@ -106,7 +226,8 @@ std::optional<SpecFacts> ParseFacts(const std::byte* p, size_t n) {
   f.is_virtual = is_virtual != 0;
   std::memcpy(&f.num_samples, p + 4, 8);
   f.sample_shape.resize(rank);
-  if (rank > 0) std::memcpy(f.sample_shape.data(), p + 12, 8 * size_t{rank});
+  if (rank > 0) std::memcpy(f.sample_shape.data(), p + kFactsHeadBytes, 8 * size_t{rank});
+  if (n > facts_bytes) f.plan = ParsePlan(f, p + facts_bytes, n - facts_bytes);
   return f;
 }
 
@@ -148,8 +269,13 @@ std::string FileOf(const std::string& spec) {
   return s.ok() ? s->file : spec;
 }
 
+// careful: HDF5 restarted (H5close) after each file, so that a crash is the
+// file's own, never what an earlier file left in the library; else once, at
+// the end (half the probe's time for small files). A crash or hang in a
+// child that was not careful and had probed files before is probed again,
+// carefully, from its first file (ProbeFiles).
 [[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
-                            const ProbeOptions& options) {
+                            const ProbeOptions& options, bool careful) {
   BecomeSacrificialChild();
   const OpenOptions& o = options.open;
   for (size_t i = first; i < last; ++i) {
@@ -179,13 +305,14 @@ std::string FileOf(const std::string& spec) {
         }
       }
     }  // closes every handle: HDF5 has crashed while closing hostile files too
-    // and while shutting down with them (the caller's exit would): once a
-    // file, after its last spec (the specs of a file are usually adjacent:
-    // FieldSource sorts them), as restarting HDF5 costs about as much as
-    // opening a small file.
-    if (i + 1 == last || FileOf(specs[i + 1]) != FileOf(specs[i])) H5close();
+    // and while shutting down with them (the caller's exit would). Careful:
+    // once a file, after its last spec (the specs of a file are usually
+    // adjacent: FieldSource sorts them), as restarting HDF5 costs about as
+    // much as opening a small file.
+    if (careful && (i + 1 == last || FileOf(specs[i + 1]) != FileOf(specs[i]))) H5close();
     WriteMsg(fd, 'D', static_cast<uint32_t>(i));
   }
+  if (!careful) H5close();  // a crash here is seen by the exit status: probed again, carefully
   ::_exit(0);
 }
 
@@ -201,8 +328,10 @@ std::string SignalText(int status) {
 struct Child {
   pid_t pid = -1;
   int fd = -1;
+  size_t first = 0;           // the first file it probed (HDF5 was fresh there)
   size_t next = 0, last = 0;  // files [next, last) not yet finished
   bool in_file = false;       // 'S' seen for `next`, no 'D' yet
+  bool careful = false;       // ChildMain's: HDF5 restarted after each file
   Clock::time_point file_start;
 };
 
@@ -224,27 +353,33 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
   g_specs_probed.fetch_add(specs.size());
   const size_t procs = std::clamp<size_t>(static_cast<size_t>(std::max(1, options.processes)), 1, specs.size());
   // Contiguous shares, refilled by a fresh child after a crash or a hang.
-  std::vector<std::pair<size_t, size_t>> todo;
+  struct Share {
+    size_t first, last;
+    bool careful;
+  };
+  std::vector<Share> todo;
   for (size_t p = 0; p < procs; ++p) {
-    todo.emplace_back(specs.size() * p / procs, specs.size() * (p + 1) / procs);
+    todo.push_back({specs.size() * p / procs, specs.size() * (p + 1) / procs, false});
   }
   std::vector<Child> live;
-  auto spawn = [&](size_t first, size_t last) -> Status {
+  auto spawn = [&](size_t first, size_t last, bool careful) -> Status {
     auto forked = ForkWithPipe("probe");
     if (!forked.ok()) return forked.status();
-    if (forked->pid == 0) ChildMain(forked->fd, specs, first, last, options);
+    if (forked->pid == 0) ChildMain(forked->fd, specs, first, last, options, careful);
     Child c;
     c.pid = forked->pid;
     c.fd = forked->fd;
+    c.first = first;
     c.next = first;
     c.last = last;
+    c.careful = careful;
     c.file_start = Clock::now();
     live.push_back(c);
     return Status::Ok();
   };
-  for (auto [a, b] : todo) {
+  for (auto [a, b, careful] : todo) {
     if (a < b) {
-      if (Status st = spawn(a, b); !st.ok()) {
+      if (Status st = spawn(a, b, careful); !st.ok()) {
         for (Child& c : live) {
           ::kill(c.pid, SIGKILL);
           ::waitpid(c.pid, nullptr, 0);
@@ -269,7 +404,22 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
     if (r < 0 && errno != EINTR) break;
     now = Clock::now();
     std::vector<Child> still;
-    std::vector<std::pair<size_t, size_t>> respawn;
+    std::vector<Share> respawn;
+    // A crash or hang at spec c.next is that file's own when HDF5 saw no
+    // other file in the child before it; else the child's files are probed
+    // again, each after a restart of HDF5, and the rest go on as before.
+    auto own = [&](const Child& c) {
+      if (c.careful) return true;
+      for (size_t i = c.first; i < c.next; ++i) {
+        if (FileOf(specs[i]) != FileOf(specs[c.next])) return false;
+      }
+      return true;
+    };
+    auto again_carefully = [&](const Child& c) {
+      const size_t end = std::min(c.next + 1, c.last);
+      respawn.push_back({c.first, end, true});
+      if (end < c.last) respawn.push_back({end, c.last, false});
+    };
     for (size_t k = 0; k < live.size(); ++k) {
       Child c = live[k];
       bool ended = false;
@@ -287,8 +437,8 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
           } else if (m.tag == 'F') {
             // The rest of the message is in the pipe already (one write).
             uint32_t len = 0;
-            std::byte payload[kMaxFactsBytes];
-            if (::read(c.fd, &len, 4) != 4 || len > kMaxFactsBytes ||
+            std::byte payload[kMaxPayloadBytes];
+            if (::read(c.fd, &len, 4) != 4 || len > kMaxPayloadBytes ||
                 ::read(c.fd, payload, len) != static_cast<ssize_t>(len)) {
               ::kill(c.pid, SIGKILL);  // a child that writes nonsense is treated as one that died here
               n = 0;
@@ -305,12 +455,16 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
         ::kill(c.pid, SIGKILL);
         ::waitpid(c.pid, nullptr, 0);
         ::close(c.fd);
+        if (!own(c)) {
+          again_carefully(c);
+          continue;
+        }
         out[c.next] = Status::Corrupt(
             FileOf(specs[c.next]) + ": HDF5 did not finish reading this file's metadata within " +
             std::to_string(limit.count()) +
             " ms (in a probe process): damaged or hostile file; if you trust it and it is only slow, pass "
             "--trust-files (OpenOptions::trust_files) to skip the probe");
-        if (c.next + 1 < c.last) respawn.emplace_back(c.next + 1, c.last);
+        if (c.next + 1 < c.last) respawn.push_back({c.next + 1, c.last, c.careful});
         continue;
       }
       if (!ended) {
@@ -321,17 +475,25 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
       ::waitpid(c.pid, &status, 0);
       ::close(c.fd);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && c.next >= c.last) continue;
-      // Died: the file it was in (or was about to start) is the culprit.
-      if (c.next < c.last) {
-        out[c.next] = Status::Corrupt(FileOf(specs[c.next]) + ": HDF5 crashed reading this file's metadata (" +
-                                      SignalText(status) +
-                                      " in a probe process): damaged or hostile file; gpufeed will not open it");
-        if (c.next + 1 < c.last) respawn.emplace_back(c.next + 1, c.last);
+      if (c.next >= c.last) {
+        // Died in HDF5's shutdown after its last file: careful children
+        // shut down after each file, inside it, so this one was not.
+        if (!c.careful) respawn.push_back({c.first, c.last, true});
+        continue;
       }
+      if (!own(c)) {
+        again_carefully(c);
+        continue;
+      }
+      // Died: the file it was in (or was about to start) is the culprit.
+      out[c.next] =
+          Status::Corrupt(FileOf(specs[c.next]) + ": HDF5 crashed reading this file's metadata (" + SignalText(status) +
+                          " in a probe process): damaged or hostile file; gpufeed will not open it");
+      if (c.next + 1 < c.last) respawn.push_back({c.next + 1, c.last, c.careful});
     }
     live = std::move(still);
-    for (auto [a, b] : respawn) {
-      if (Status st = spawn(a, b); !st.ok()) {
+    for (auto [a, b, careful] : respawn) {
+      if (Status st = spawn(a, b, careful); !st.ok()) {
         for (size_t i = a; i < b; ++i) out[i] = st;
       }
     }

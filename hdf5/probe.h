@@ -10,18 +10,39 @@
 // Many files are probed in one pass by a few processes (not a fork per
 // file): each child walks a share of the list and reports each file's start
 // and end on a pipe, so a crash names its file and a fresh child continues
-// after it.
+// after it. A child restarts HDF5 only at the end of its share (a restart
+// costs as much as opening a small file); when one crashes or hangs after
+// other files, the files it had probed are probed again with HDF5 restarted
+// after each, so that the file named is the one HDF5 failed on, not one
+// that follows what an earlier file left in the library.
 #ifndef GPUFEED_HDF5_PROBE_H_
 #define GPUFEED_HDF5_PROBE_H_
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "codec/codec.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/status.h"
+#include "io/file.h"
 
 namespace gpufeed {
+
+// The direct path's reads of a dataset as the probe child that opened it
+// planned them: where each chunk is, its stored size and filter mask, and
+// the filters. With it the caller reads the dataset with pread alone
+// (Dataset::OpenPlanned), while the file is still `identity`.
+struct DirectPlan {
+  io::FileIdentity identity;  // the file the child parsed
+  bool contiguous = false;
+  uint64_t contiguous_addr = 0;  // contiguous: the data's first byte
+  uint64_t chunk_samples = 1;    // chunked: the file's chunk extent on axis 0
+  std::vector<codec::FilterStep> pipeline;
+  std::vector<uint64_t> chunk_addr, chunk_size;  // chunked: absolute offsets, stored bytes
+  std::vector<uint32_t> chunk_mask;              // chunked: HDF5's filter masks
+};
 
 // What a probe child saw of a spec it opened as a Dataset: enough for
 // FieldSource to place a file's samples without opening the file itself
@@ -32,6 +53,11 @@ struct SpecFacts {
   bool is_virtual = false;  // a virtual dataset: its sources are opened by the caller
   uint64_t num_samples = 0;
   std::vector<uint64_t> sample_shape;
+  // The direct path's plan, for a dataset whose chunks fit in the child's
+  // report (a small file: where opening through HDF5 costs more than
+  // reading it); null otherwise. Checked for form, order and bounds by the
+  // parent before it is kept.
+  std::shared_ptr<const DirectPlan> plan;
 };
 
 struct ProbeOptions {

@@ -3,6 +3,7 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -74,6 +75,17 @@ class DirectFile final : public RandomAccessFile {
   const unsigned depth_;
 };
 
+Status IdentityOf(int fd, const std::string& path, FileIdentity* out) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Status::IOError(path + ": cannot stat: " + std::strerror(errno));
+  out->dev = static_cast<uint64_t>(st.st_dev);
+  out->ino = static_cast<uint64_t>(st.st_ino);
+  out->size = static_cast<uint64_t>(st.st_size);
+  out->mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  out->ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
+  return Status::Ok();
+}
+
 struct WrapperHook {
   Mutex mu;
   FileWrapper wrap GUARDED_BY(mu);
@@ -92,7 +104,8 @@ void SetFileWrapperForTests(FileWrapper wrap) {
 }
 
 Result<std::unique_ptr<RandomAccessFile>> OpenRandomAccessFile(const std::string& path, bool direct, unsigned depth,
-                                                               std::string* note, bool* fell_back) {
+                                                               std::string* note, bool* fell_back,
+                                                               FileIdentity* identity) {
   note->clear();
   *fell_back = false;
   std::unique_ptr<RandomAccessFile> out;
@@ -100,6 +113,12 @@ Result<std::unique_ptr<RandomAccessFile>> OpenRandomAccessFile(const std::string
     std::string why;
     const int fd = OpenDirect(path, &why);
     if (fd >= 0) {
+      if (identity != nullptr) {
+        if (Status st = IdentityOf(fd, path, identity); !st.ok()) {
+          ::close(fd);
+          return st;
+        }
+      }
       std::string ring_why;
       auto ahead = UringReadAhead::Create(fd, depth, &ring_why);
       *note = ahead ? "io_uring read-ahead, " + std::to_string(depth) + " chunks deep"
@@ -114,6 +133,7 @@ Result<std::unique_ptr<RandomAccessFile>> OpenRandomAccessFile(const std::string
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Status::IOError(path + ": cannot open for reading: " + std::strerror(errno));
     out = std::make_unique<BufferedFile>(fd);
+    if (identity != nullptr) GPUFEED_RETURN_IF_ERROR(IdentityOf(fd, path, identity));
   }
   WrapperHook& h = Hook();
   MutexLock lock(&h.mu);

@@ -37,13 +37,25 @@ class RandomAccessFile {
   virtual unsigned read_ahead() const = 0;
 };
 
+// Which file a descriptor or path is, and whether it changed: device,
+// inode, size and the modification and status-change times. A plan of a
+// file's bytes made in another process (the probe's, hdf5/probe.h) is used
+// only while the file it opens is still the one the plan was made from.
+struct FileIdentity {
+  uint64_t dev = 0, ino = 0, size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
 // `path` opened for ReadAt. direct: O_DIRECT, with an io_uring read-ahead
 // `depth` deep where the kernel has it; where O_DIRECT is refused (some
 // tmpfs, FUSE and container file systems), the page cache, *fell_back set
 // and *note saying why. *note also says how reads are made. IOError naming
-// the file when it cannot be opened.
+// the file when it cannot be opened. identity (when given): the opened
+// file's, from its descriptor.
 Result<std::unique_ptr<RandomAccessFile>> OpenRandomAccessFile(const std::string& path, bool direct, unsigned depth,
-                                                               std::string* note, bool* fell_back);
+                                                               std::string* note, bool* fell_back,
+                                                               FileIdentity* identity = nullptr);
 
 // Tests: every file opened from now on is handed to `wrap` (with its path),
 // which returns what the reader reads through; null: none. Set it before the

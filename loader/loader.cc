@@ -510,6 +510,7 @@ LoaderStats LocalStream::stats() const {
   st.source_probe_seconds = oc.probe_seconds;
   st.source_open_seconds = oc.open_seconds;
   st.source_opens = oc.opens;
+  st.source_planned_opens = oc.planned_opens;
   st.host_decode_share = s.host_decode_share.load();
   st.consumer_wait_seconds = s.core.wait_seconds();
   st.queue_depth_sum = s.core.depth_sum();

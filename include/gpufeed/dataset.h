@@ -207,6 +207,9 @@ struct DatasetInfo {
   std::string stats_from;
 };
 
+struct SpecFacts;   // hdf5/probe.h: what a probe child saw of a spec
+struct DirectPlan;  // hdf5/probe.h: the direct path's reads, as a probe child planned them
+
 // A read-only view of one images dataset and its labels.
 //
 // Thread safety: every const member may be called from any number of threads
@@ -221,6 +224,16 @@ class Dataset final : public ChunkSource {
   static Result<Dataset> Open(std::string_view spec, const OpenOptions& options = {});
   // As above, for a spec through the probe already: no second probe.
   static Result<Dataset> Open(const ProbedSpec& spec, const OpenOptions& options = {});
+  // Opens `spec` from what a probe child saw and planned of it (facts.plan):
+  // the file with open(2), no HDF5 in this process, when it is still the
+  // file the child parsed (FileIdentity: device, inode, size, times). When
+  // it is not, *changed is set and an error returned: the caller opens it
+  // with Open instead. No labels (OpenOptions::labels_path is not read).
+  static Result<Dataset> OpenPlanned(const ProbedSpec& spec, const SpecFacts& facts, const OpenOptions& options,
+                                     bool* changed);
+  // What OpenPlanned reads by, for the probe child to hand over; false when
+  // there is none: the hdf5 path, a virtual or unreadable dataset.
+  bool Plan(DirectPlan* out) const;
 
   Dataset(Dataset&&) noexcept;
   Dataset& operator=(Dataset&&) noexcept;

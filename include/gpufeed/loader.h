@@ -270,9 +270,10 @@ struct LoaderStats {
   // keeping chunks in a cache in epoch 1), major ones reads from disk.
   uint64_t minor_faults = 0, major_faults = 0;
   // The source's ChunkSource::open_costs(), since it was opened (not this
-  // epoch's alone): the probe's and the opens' seconds, and the opens.
+  // epoch's alone): the probe's and the opens' seconds, and the opens (of
+  // them, those made from the probe's plan, without HDF5).
   double source_probe_seconds = 0, source_open_seconds = 0;
-  uint64_t source_opens = 0;
+  uint64_t source_opens = 0, source_planned_opens = 0;
   double plan_seconds = 0;           // busy time per stage, summed over threads
   double fetch_seconds = 0;          // read + decode
   double assemble_seconds = 0;       // copying samples into batches

@@ -430,8 +430,8 @@ TEST(FieldSourceTest, ProbedFilesAreOpenedByTheirReadsNotByOpen) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ((*src)->open_files(), size_t{kFiles});
-  // Reads from several threads at once, each unit by two threads: a part
-  // another thread is opening is waited for, not opened twice.
+  // Reads from several threads at once, each unit by two threads: what was
+  // opened ahead is read, not opened again.
   std::vector<std::thread> readers;
   std::atomic<int> bad{0};
   for (int t = 0; t < 4; ++t) {
@@ -538,6 +538,87 @@ TEST(FieldSourceTest, TheProbeReportsWhatItSaw) {
   EXPECT_TRUE(facts[2]->sample_shape.empty());
   EXPECT_EQ(facts[2]->num_samples, 7u);
   EXPECT_FALSE(facts[3].has_value());
+  // And how the direct path reads each: deflate chunks of 4 samples (two
+  // for 7), a contiguous array, of the file it parsed.
+  ASSERT_TRUE(facts[0]->plan && facts[2]->plan);
+  const DirectPlan& chunked = *facts[0]->plan;
+  EXPECT_FALSE(chunked.contiguous);
+  EXPECT_EQ(chunked.chunk_samples, 4u);
+  EXPECT_EQ(chunked.chunk_addr.size(), 2u);
+  ASSERT_EQ(chunked.pipeline.size(), 1u);
+  EXPECT_EQ(chunked.pipeline[0].id, 1);  // deflate
+  EXPECT_EQ(chunked.identity.size, std::filesystem::file_size(dir + "/a.h5"));
+  EXPECT_TRUE(facts[2]->plan->contiguous);
+  EXPECT_TRUE(facts[2]->plan->chunk_addr.empty());
+  EXPECT_EQ(facts[2]->plan->identity, chunked.identity);
+  // What HDF5 must read itself has no plan (forced here).
+  po.open.force_hdf5_path = true;
+  ProbeFiles({specs[0]}, po, &facts);
+  ASSERT_TRUE(facts[0]);
+  EXPECT_FALSE(facts[0]->plan);
+}
+
+// Files past the first are opened from the probe's plan: with open(2) in
+// this process, no HDF5, for every layout the direct path reads (contiguous,
+// raw chunks, deflate, shuffle + zstd, h5py bool), again after each eviction
+// (max_open_files 2), and the bytes are the files'. A file of more chunks
+// than the probe's report holds is opened through HDF5, as before.
+TEST(FieldSourceTest, SmallFilesAreOpenedFromTheProbesPlanWithoutHdf5) {
+  const std::string dir = MakeTempDir("fields_planned");
+  const std::vector<FieldDef> defs = MixedFields();
+  constexpr int kFiles = 6;
+  for (int f = 0; f < kFiles; ++f) WriteFile(dir + "/f" + std::to_string(f) + ".h5", defs, f * 10, 10);
+  OpenOptions o;
+  o.fields = Specs(defs);
+  o.max_open_files = 2;
+  auto src = FieldSource::Open(dir + "/*.h5", o);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ExpectEveryFieldOfEverySampleOnce(**src, defs);
+  const ChunkSource::OpenCosts c = (*src)->open_costs();
+  EXPECT_GT(c.opens, uint64_t{2 * kFiles});  // evicted and opened again
+  EXPECT_EQ(c.planned_opens, c.opens - 1);   // all but the first file's at Open
+
+  // 400 chunks of one sample: more than a report holds.
+  const std::string many = MakeTempDir("fields_unplanned");
+  const std::vector<FieldDef> fine = {{"v", "/v", H5T_NATIVE_INT32, {3}, {1, 3}}};
+  for (int f = 0; f < 3; ++f) WriteFile(many + "/f" + std::to_string(f) + ".h5", fine, f * 400, 400);
+  OpenOptions m;
+  m.fields = Specs(fine);
+  auto unplanned = FieldSource::Open(many + "/*.h5", m);
+  ASSERT_TRUE(unplanned.ok()) << unplanned.status().ToString();
+  std::vector<std::byte> buf((*unplanned)->chunk_samples() * (*unplanned)->sample_bytes());
+  for (uint64_t i = 0; i < (*unplanned)->num_chunks(); ++i) {
+    ASSERT_TRUE((*unplanned)->ReadChunk(i, buf).ok());
+    const uint64_t k = i * (*unplanned)->chunk_samples();
+    const auto want = SampleBytes(fine[0], 0, k);
+    ASSERT_EQ(0, std::memcmp(buf.data(), want.data(), want.size())) << "sample " << k;
+  }
+  EXPECT_EQ((*unplanned)->open_costs().opens, 3u);
+  EXPECT_EQ((*unplanned)->open_costs().planned_opens, 0u);
+}
+
+// A file rewritten after the probe with the same size and layout (only its
+// times differ) is not read by the old plan: it is opened through HDF5 and
+// its bytes now are what a read delivers.
+TEST(FieldSourceTest, AFileRewrittenAfterTheProbeIsNotReadByItsOldPlan) {
+  const std::string dir = MakeTempDir("fields_stale_plan");
+  const std::vector<FieldDef> defs = {{"x", "/x", H5T_NATIVE_INT16, {2, 3}, {2, 2, 3}, 4, true},
+                                      {"y", "/y", H5T_NATIVE_FLOAT, {}, {}}};
+  for (int f = 0; f < 3; ++f) WriteFile(dir + "/f" + std::to_string(f) + ".h5", defs, f * 4, 4);
+  OpenOptions o;
+  o.fields = Specs(defs);
+  auto src = FieldSource::Open(dir + "/*.h5", o);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const auto size = std::filesystem::file_size(dir + "/f1.h5");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // past the file system's time granularity
+  WriteFile(dir + "/f1.h5", defs, 100, 4);                     // samples 100..103 in place of 4..7
+  ASSERT_EQ(std::filesystem::file_size(dir + "/f1.h5"), size);
+  std::vector<std::byte> buf((*src)->chunk_samples() * (*src)->sample_bytes());
+  const uint64_t unit = 4 / (*src)->chunk_samples();  // f1's first unit
+  ASSERT_TRUE((*src)->ReadChunk(unit, buf).ok());
+  const auto want = SampleBytes(defs[0], 0, 100);
+  EXPECT_EQ(0, std::memcmp(buf.data(), want.data(), want.size()));
+  EXPECT_EQ((*src)->open_costs().planned_opens, 0u);
 }
 
 TEST(FieldSourceTest, BadFieldSpecsAndEmptyInputs) {
