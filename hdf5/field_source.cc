@@ -221,6 +221,22 @@ struct FieldSource::Impl {
     return out;
   }
 
+  // Input file f's fields, opened here (HDF5 in this process: trusted files,
+  // the first file, a file the probe reported nothing of): where the direct
+  // path reads a field by a plan of at most kMaxKeptPlanChunks chunks, that
+  // plan, so a reopen after eviction needs no HDF5 either (OpenPart).
+  static constexpr size_t kMaxKeptPlanChunks = 4096;
+  void KeepPlans(size_t f, const OpenFile& ds, const std::vector<SpecFacts>& seen) {
+    for (size_t j = 0; j < ds.size() && j < specs.size(); ++j) {
+      if (ds[j].info().storage != "contiguous" && ds[j].num_chunks() > kMaxKeptPlanChunks) continue;
+      auto plan = std::make_shared<DirectPlan>();
+      if (!ds[j].Plan(plan.get())) continue;
+      SpecFacts kept = seen[j];
+      kept.plan = std::move(plan);
+      facts[files[f] + ":" + specs[j].path] = std::move(kept);
+    }
+  }
+
   // Input file f's fields as the probe saw them: none unless every field has
   // facts and none is virtual (a virtual field's sources are placed from its
   // mapping, which only an open here reads).
@@ -612,6 +628,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
       if (!opened.ok()) return opened.status();
       ds = std::move(*opened);
       seen = Impl::FactsOf(*ds);
+      d->KeepPlans(f, *ds, *seen);
     }
     if (f == 0) {
       uint64_t offset = 0;

@@ -133,11 +133,11 @@ def verify_gpufeed(gpufeed, h5py, np, data, where, fields, threads, batch_size):
 
 
 def time_gpufeed(gpufeed, data, fields, n, threads, batch_size, epochs, order, cache_bytes, pin_memory=True,
-                 pool_bytes=None):
+                 pool_bytes=None, trust_files=True):
     kw = {} if pool_bytes is None else {"pool_bytes": pool_bytes}
     loader = gpufeed.Loader(data, fields=[f + "=" + p for f, p in fields], batch_size=batch_size, order=order,
-                            seed=1, threads=threads, cache_bytes=cache_bytes, trust_files=True, output="torch",
-                            pin_memory=pin_memory, **kw)
+                            seed=1, threads=threads, cache_bytes=cache_bytes, trust_files=trust_files,
+                            output="torch", pin_memory=pin_memory, **kw)
     result = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -168,6 +168,9 @@ def main():
     ap.add_argument("--pin", type=int, default=1, help="gpufeed's pin_memory (1: its default where CUDA is; the "
                     "DataLoader peers do not pin)")
     ap.add_argument("--pool-bytes", type=int, default=None, help="gpufeed's pool_bytes (default: its own)")
+    ap.add_argument("--trust-files", type=int, default=1,
+                    help="gpufeed's trust_files for the timed loader (1: no probe, as h5py has none; 0: its default, "
+                         "every file probed in forked processes at open, outside the timed epochs)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     try:
@@ -195,7 +198,7 @@ def main():
         verify_gpufeed(gpufeed, h5py, np, data_glob, where, fields, a.workers, a.batch_size)
         out["gpufeed_verified"] = "every sample once, every field byte-identical to h5py"
         out["gpufeed"] = time_gpufeed(gpufeed, data_glob, fields, n, a.workers, a.batch_size, a.epochs, a.order,
-                                      a.cache_bytes, bool(a.pin), a.pool_bytes)
+                                      a.cache_bytes, bool(a.pin), a.pool_bytes, bool(a.trust_files))
     if "h5py" not in skip:
         out["h5py"] = time_torch(torch, make_h5py_dataset(torch, h5py, where, fields, per_file), n, a.workers,
                                  a.batch_size, a.epochs)

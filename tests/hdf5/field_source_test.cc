@@ -578,6 +578,17 @@ TEST(FieldSourceTest, SmallFilesAreOpenedFromTheProbesPlanWithoutHdf5) {
   EXPECT_GT(c.opens, uint64_t{2 * kFiles});  // evicted and opened again
   EXPECT_EQ(c.planned_opens, c.opens - 1);   // all but the first file's at Open
 
+  // Trusted files are all opened through HDF5 at Open (no probe); what is
+  // opened again after an eviction is opened by the plan kept from then.
+  o.trust_files = true;
+  auto trusted = FieldSource::Open(dir + "/*.h5", o);
+  ASSERT_TRUE(trusted.ok()) << trusted.status().ToString();
+  EXPECT_EQ((*trusted)->open_costs().opens, uint64_t{kFiles});
+  ExpectEveryFieldOfEverySampleOnce(**trusted, defs);
+  const ChunkSource::OpenCosts t = (*trusted)->open_costs();
+  EXPECT_GT(t.opens, uint64_t{2 * kFiles});
+  EXPECT_EQ(t.planned_opens, t.opens - kFiles);
+
   // 400 chunks of one sample: more than a report holds.
   const std::string many = MakeTempDir("fields_unplanned");
   const std::vector<FieldDef> fine = {{"v", "/v", H5T_NATIVE_INT32, {3}, {1, 3}}};
