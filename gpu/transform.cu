@@ -154,7 +154,12 @@ struct InT<DType::kFloat32> {
 // layout, so that each gets the registers its own path needs (with both
 // paths in one kernel, the NCHW read forms cost the NHWC path 4 points); the
 // other input types, one kernel for either layout (the bundle's size).
-constexpr int kNchwOut = 0, kNhwcOut = 1, kAnyOut = 2;
+// kNhwc3Out: NHWC output of 3 channels (RGB) from uint8: a thread takes kVec
+// whole pixels a step (3 x kVec elements), so each channel's constants stay
+// in registers and every load is a constant offset from one of three
+// pointers, with no channel carried element by element (the generic NHWC
+// path's cost: docs/benchmarks.md).
+constexpr int kNchwOut = 0, kNhwcOut = 1, kAnyOut = 2, kNhwc3Out = 3;
 template <DType kOut, DType kIn, int kLayout>
 __global__ void __launch_bounds__(kThreads)
     TransformKernel(TransformParams p, Geometry g, const uint8_t* __restrict__ src_bytes,
@@ -257,6 +262,56 @@ __global__ void __launch_bounds__(kThreads)
         };
         ReadInForm<kIn == DType::kUInt8>(a.flip, nchw_in, read);
       };
+      if constexpr (kLayout == kNhwc3Out) {
+        // e0 counts pixels here: the vector is pixels [e0, e0 + kVec) of its row.
+        const int y = static_cast<int>(row), sy = y + a.dy;
+        const bool row_in = sy >= 0 && sy < H;
+        const uint32_t w_in = row_in ? uint32_t(W) : 0u;
+        const uint32_t sy_row = uint32_t(row_in ? sy : 0);
+        const In* srow = sample + (nchw_in ? sy_row * W : sy_row * W * 3u);
+        const int sx0 = (a.flip ? W - 1 - int(e0) : int(e0)) + a.dx;
+        const float m0 = s_mean[0], m1 = s_mean[1], m2 = s_mean[2];
+        const float i0 = s_inv_std[0], i1 = s_inv_std[1], i2 = s_inv_std[2];
+        float v3[3 * kVec];
+        auto read = [&](auto dir_c, auto planar_c) {
+          const int kDir = dir_c.value;
+          const bool kPlanar = planar_c.value;
+          // Channel c of pixel j: q[c] + j * step, step compile-time.
+          const int step = kPlanar ? kDir : 3 * kDir;
+          const uint32_t plane = uint32_t(H) * uint32_t(W);
+          const In* q0 = srow + (kPlanar ? sx0 : 3 * sx0);
+          const In* q1 = q0 + (kPlanar ? plane : 1u);
+          const In* q2 = q0 + (kPlanar ? 2u * plane : 2u);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const bool in = e0 + j < uint32_t(W) && uint32_t(sx0 + j * kDir) < w_in;
+            const float p0 = in ? InT<kIn>::Load(q0 + j * step) : 0.0f;
+            const float p1 = in ? InT<kIn>::Load(q1 + j * step) : 0.0f;
+            const float p2 = in ? InT<kIn>::Load(q2 + j * step) : 0.0f;
+            v3[3 * j] = (p0 - m0) * i0;
+            v3[3 * j + 1] = (p1 - m1) * i1;
+            v3[3 * j + 2] = (p2 - m2) * i2;
+          }
+        };
+        ReadInForm<true>(a.flip, nchw_in, read);
+        Scalar* o = out + row * g.row_len + 3u * e0;
+        if (e0 + kVec <= uint32_t(W) && (g.row_len & 1) == 0) {
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            if constexpr (kVec == 8) {
+              T::Store8(o + k * kVec, v3 + k * kVec);
+            } else {
+              T::Store4(o + k * kVec, v3 + k * kVec);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 3 * kVec; ++j) {
+            if (e0 + uint32_t(j / 3) < uint32_t(W)) o[j] = T::Cvt(v3[j]);
+          }
+        }
+        continue;
+      }
       if constexpr (kLayout == kAnyOut) {
         nchw_out ? nchw_row() : nhwc_row();
       } else if constexpr (kLayout == kNchwOut) {
@@ -285,13 +340,15 @@ using KernelFn = void (*)(TransformParams, Geometry, const uint8_t*, const int64
 
 // A block per chunk of kThreads x kStepsPerBlock vectors of a sample
 // (grid.x), the samples along grid.y (strided past 65,535).
+// whole_pixels: the kNhwc3Out kernel, whose vectors are kVec pixels of 3
+// elements each (a row's vectors counted in pixels).
 Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
-              void* dst_labels, cudaStream_t s) {
+              void* dst_labels, cudaStream_t s, bool whole_pixels = false) {
   const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
   const uint32_t vec = p.out_dtype == DType::kFloat32 ? 4 : 8;  // kVecOf the output
   Geometry g;
   g.row_len = nchw_out ? uint32_t(p.width) : uint32_t(p.width) * uint32_t(p.channels);
-  const uint32_t per_row = (g.row_len + vec - 1) / vec;
+  const uint32_t per_row = ((whole_pixels ? uint32_t(p.width) : g.row_len) + vec - 1) / vec;
   g.vectors = FastDiv::For(per_row);
   g.rows = FastDiv::For(uint32_t(p.height));
   g.channels = FastDiv::For(uint32_t(p.channels));
@@ -304,14 +361,16 @@ Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, con
   return Status::Ok();
 }
 
-// The kernel for the output layout: one a layout for uint8 inputs, one for
-// either otherwise (kLayout above).
+// The kernel for the output layout: one a layout for uint8 inputs (and one
+// for 3-channel NHWC output), one for either otherwise (kLayout above).
 template <DType kOut, DType kIn>
-KernelFn KernelFor(bool nchw) {
+KernelFn KernelFor(bool nchw, bool rgb_nhwc) {
   if constexpr (kIn == DType::kUInt8) {
+    if (rgb_nhwc) return TransformKernel<kOut, kIn, kNhwc3Out>;
     return nchw ? TransformKernel<kOut, kIn, kNchwOut> : TransformKernel<kOut, kIn, kNhwcOut>;
   } else {
     (void)nchw;
+    (void)rgb_nhwc;
     return TransformKernel<kOut, kIn, kAnyOut>;
   }
 }
@@ -320,13 +379,14 @@ template <DType kIn>
 Status LaunchOut(const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst, void* dst_labels,
                  cudaStream_t s) {
   const bool nchw = p.out_layout == TensorLayout::kNCHW;
+  const bool rgb_nhwc = kIn == DType::kUInt8 && !nchw && p.channels == 3;
   switch (p.out_dtype) {
     case DType::kFloat32:
-      return Launch(KernelFor<DType::kFloat32, kIn>(nchw), p, src, src_labels, dst, dst_labels, s);
+      return Launch(KernelFor<DType::kFloat32, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s, rgb_nhwc);
     case DType::kFloat16:
-      return Launch(KernelFor<DType::kFloat16, kIn>(nchw), p, src, src_labels, dst, dst_labels, s);
+      return Launch(KernelFor<DType::kFloat16, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s, rgb_nhwc);
     default:
-      return Launch(KernelFor<DType::kBFloat16, kIn>(nchw), p, src, src_labels, dst, dst_labels, s);
+      return Launch(KernelFor<DType::kBFloat16, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s, rgb_nhwc);
   }
 }
 

@@ -308,9 +308,11 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
   int cases = 0;
   // Odd width: scalar stores; even: the kernel's vector stores; 64: rows
   // 16-byte aligned (16-byte stores of 16-bit outputs) and uint8 rows read
-  // as aligned words.
-  for (const int W : {29, 30, 64}) {
-    const int B = 9, C = 3, H = 37;
+  // as aligned words. 3 channels: NHWC output a whole pixel at a time (its
+  // own kernel); 4: an element at a time.
+  constexpr std::pair<int, int> kShapes[] = {{29, 3}, {30, 3}, {64, 3}, {29, 4}, {30, 4}};  // width, channels
+  for (const auto& [W, C] : kShapes) {
+    const int B = 9, H = 37;
     const size_t n = size_t(B) * C * H * W;
     const auto src = RandomBytes(n * 2, 3);  // a super-batch of 2B samples, for the echo gather
     std::vector<int64_t> labels(2 * B);
@@ -338,7 +340,7 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
               p.in_layout = in;
               p.out_layout = out;
               p.labels_int32 = perm;
-              const float mean[3] = {125.3f, 122.9f, 113.8f}, sd[3] = {62.99f, 62.08f, 66.7f};
+              const float mean[4] = {125.3f, 122.9f, 113.8f, 101.1f}, sd[4] = {62.99f, 62.08f, 66.7f, 58.3f};
               for (int k = 0; k < C; ++k) {
                 p.mean[k] = mean[k];
                 p.inv_std[k] = 1 / sd[k];
@@ -371,7 +373,7 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
       }
     }
   }
-  EXPECT_EQ(cases, 144);  // 3 widths x 3 dtypes x 4 layouts x 2 augmentations x 2 permutations
+  EXPECT_EQ(cases, 240);  // 5 shapes x 3 dtypes x 4 layouts x 2 augmentations x 2 permutations
 }
 
 // Batches over 65,535 samples: the kernel's grid holds at most that many
