@@ -154,11 +154,13 @@ struct InT<DType::kFloat32> {
 // layout, so that each gets the registers its own path needs (with both
 // paths in one kernel, the NCHW read forms cost the NHWC path 4 points); the
 // other input types, one kernel for either layout (the bundle's size).
-// kNhwc3Out: NHWC output of 3 channels (RGB) from uint8: a thread takes kVec
-// whole pixels a step (3 x kVec elements), so each channel's constants stay
-// in registers and every load is a constant offset from one of three
-// pointers, with no channel carried element by element (the generic NHWC
-// path's cost: docs/benchmarks.md).
+// kNhwc3Out: NHWC output of 3 channels (RGB) from uint8. Element 3k + r of
+// a vector is channel (c0 + r) % 3 of the pixel k + (c0 + r) / 3 past the
+// vector's first, c0 its first element's channel: three pointers, columns
+// and channel constants set once a vector (one per r), then every element a
+// compile-time offset from its r's, with no channel carried element by
+// element (the generic NHWC path's cost: docs/benchmarks.md). Vectors and
+// stores are the generic path's (consecutive lanes, consecutive 16 bytes).
 constexpr int kNchwOut = 0, kNhwcOut = 1, kAnyOut = 2, kNhwc3Out = 3;
 template <DType kOut, DType kIn, int kLayout>
 __global__ void __launch_bounds__(kThreads)
@@ -262,57 +264,47 @@ __global__ void __launch_bounds__(kThreads)
         };
         ReadInForm<kIn == DType::kUInt8>(a.flip, nchw_in, read);
       };
-      if constexpr (kLayout == kNhwc3Out) {
-        // e0 counts pixels here: the vector is pixels [e0, e0 + kVec) of its row.
+      auto nhwc3_row = [&] {
         const int y = static_cast<int>(row), sy = y + a.dy;
         const bool row_in = sy >= 0 && sy < H;
-        const uint32_t w_in = row_in ? uint32_t(W) : 0u;
         const uint32_t sy_row = uint32_t(row_in ? sy : 0);
         const In* srow = sample + (nchw_in ? sy_row * W : sy_row * W * 3u);
-        const int sx0 = (a.flip ? W - 1 - int(e0) : int(e0)) + a.dx;
-        const float m0 = s_mean[0], m1 = s_mean[1], m2 = s_mean[2];
-        const float i0 = s_inv_std[0], i1 = s_inv_std[1], i2 = s_inv_std[2];
-        float v3[3 * kVec];
+        const int x = static_cast<int>(g.channels.Div(e0)), c0 = static_cast<int>(e0) - x * 3;
+        const uint32_t w_in = row_in ? uint32_t(W) : 0u;
+        const int sx0 = (a.flip ? W - 1 - x : x) + a.dx;
+        int ch[3], ahead[3];  // per r: the channel, and the pixels past the first
+#pragma unroll
+        for (int r = 0; r < 3; ++r) {
+          ch[r] = c0 + r >= 3 ? c0 + r - 3 : c0 + r;
+          ahead[r] = c0 + r >= 3 ? 1 : 0;
+        }
+        const float m[3] = {s_mean[ch[0]], s_mean[ch[1]], s_mean[ch[2]]};
+        const float is[3] = {s_inv_std[ch[0]], s_inv_std[ch[1]], s_inv_std[ch[2]]};
         auto read = [&](auto dir_c, auto planar_c) {
           const int kDir = dir_c.value;
           const bool kPlanar = planar_c.value;
-          // Channel c of pixel j: q[c] + j * step, step compile-time.
-          const int step = kPlanar ? kDir : 3 * kDir;
           const uint32_t plane = uint32_t(H) * uint32_t(W);
-          const In* q0 = srow + (kPlanar ? sx0 : 3 * sx0);
-          const In* q1 = q0 + (kPlanar ? plane : 1u);
-          const In* q2 = q0 + (kPlanar ? 2u * plane : 2u);
+          const int pixel_step = kPlanar ? kDir : 3 * kDir;
+          int sx[3];
+          const In* q[3];
+#pragma unroll
+          for (int r = 0; r < 3; ++r) {
+            sx[r] = sx0 + kDir * ahead[r];
+            q[r] = srow + (kPlanar ? ptrdiff_t(uint32_t(ch[r]) * plane) + sx[r] : ptrdiff_t(3 * sx[r] + ch[r]));
+          }
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            const bool in = e0 + j < uint32_t(W) && uint32_t(sx0 + j * kDir) < w_in;
-            const float p0 = in ? InT<kIn>::Load(q0 + j * step) : 0.0f;
-            const float p1 = in ? InT<kIn>::Load(q1 + j * step) : 0.0f;
-            const float p2 = in ? InT<kIn>::Load(q2 + j * step) : 0.0f;
-            v3[3 * j] = (p0 - m0) * i0;
-            v3[3 * j + 1] = (p1 - m1) * i1;
-            v3[3 * j + 2] = (p2 - m2) * i2;
+            const int r = j % 3, k = j / 3;
+            const bool in = e0 + j < g.row_len && uint32_t(sx[r] + k * kDir) < w_in;
+            const float px = in ? InT<kIn>::Load(q[r] + k * pixel_step) : 0.0f;
+            v[j] = (px - m[r]) * is[r];
           }
         };
         ReadInForm<true>(a.flip, nchw_in, read);
-        Scalar* o = out + row * g.row_len + 3u * e0;
-        if (e0 + kVec <= uint32_t(W) && (g.row_len & 1) == 0) {
-#pragma unroll
-          for (int k = 0; k < 3; ++k) {
-            if constexpr (kVec == 8) {
-              T::Store8(o + k * kVec, v3 + k * kVec);
-            } else {
-              T::Store4(o + k * kVec, v3 + k * kVec);
-            }
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < 3 * kVec; ++j) {
-            if (e0 + uint32_t(j / 3) < uint32_t(W)) o[j] = T::Cvt(v3[j]);
-          }
-        }
-        continue;
-      }
-      if constexpr (kLayout == kAnyOut) {
+      };
+      if constexpr (kLayout == kNhwc3Out) {
+        nhwc3_row();
+      } else if constexpr (kLayout == kAnyOut) {
         nchw_out ? nchw_row() : nhwc_row();
       } else if constexpr (kLayout == kNchwOut) {
         nchw_row();
@@ -340,15 +332,13 @@ using KernelFn = void (*)(TransformParams, Geometry, const uint8_t*, const int64
 
 // A block per chunk of kThreads x kStepsPerBlock vectors of a sample
 // (grid.x), the samples along grid.y (strided past 65,535).
-// whole_pixels: the kNhwc3Out kernel, whose vectors are kVec pixels of 3
-// elements each (a row's vectors counted in pixels).
 Status Launch(KernelFn kernel, const TransformParams& p, const uint8_t* src, const int64_t* src_labels, void* dst,
-              void* dst_labels, cudaStream_t s, bool whole_pixels = false) {
+              void* dst_labels, cudaStream_t s) {
   const bool nchw_out = p.out_layout == TensorLayout::kNCHW;
   const uint32_t vec = p.out_dtype == DType::kFloat32 ? 4 : 8;  // kVecOf the output
   Geometry g;
   g.row_len = nchw_out ? uint32_t(p.width) : uint32_t(p.width) * uint32_t(p.channels);
-  const uint32_t per_row = ((whole_pixels ? uint32_t(p.width) : g.row_len) + vec - 1) / vec;
+  const uint32_t per_row = (g.row_len + vec - 1) / vec;
   g.vectors = FastDiv::For(per_row);
   g.rows = FastDiv::For(uint32_t(p.height));
   g.channels = FastDiv::For(uint32_t(p.channels));
@@ -382,11 +372,11 @@ Status LaunchOut(const TransformParams& p, const uint8_t* src, const int64_t* sr
   const bool rgb_nhwc = kIn == DType::kUInt8 && !nchw && p.channels == 3;
   switch (p.out_dtype) {
     case DType::kFloat32:
-      return Launch(KernelFor<DType::kFloat32, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s, rgb_nhwc);
+      return Launch(KernelFor<DType::kFloat32, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s);
     case DType::kFloat16:
-      return Launch(KernelFor<DType::kFloat16, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s, rgb_nhwc);
+      return Launch(KernelFor<DType::kFloat16, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s);
     default:
-      return Launch(KernelFor<DType::kBFloat16, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s, rgb_nhwc);
+      return Launch(KernelFor<DType::kBFloat16, kIn>(nchw, rgb_nhwc), p, src, src_labels, dst, dst_labels, s);
   }
 }
 
