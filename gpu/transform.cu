@@ -229,7 +229,10 @@ __global__ void __launch_bounds__(kThreads)
           const In* q = srow + sx0 * (kUnit ? 1 : C);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            const bool in = e0 + j < g.row_len && uint32_t(sx0 + j * kDir) < w_in;  // sx < 0 wraps past w_in
+            // sx < 0 wraps past w_in. An element past the row's end (the
+            // last vector of a row) is never stored: it may read any pixel
+            // of its source row, so its load is not tested for the row.
+            const bool in = uint32_t(sx0 + j * kDir) < w_in;
             const float px = in ? InT<kIn>::Load(q + j * step) : 0.0f;
             v[j] = (px - m) * is;
           }
@@ -252,7 +255,7 @@ __global__ void __launch_bounds__(kThreads)
           int c = c0, sx = sx0;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            const bool in = e0 + j < g.row_len && uint32_t(sx) < w_in;
+            const bool in = uint32_t(sx) < w_in;  // past the row's end: never stored (nchw_row)
             const uint32_t off = kPlanar ? uint32_t(c) * plane + uint32_t(sx) : uint32_t(sx) * C + uint32_t(c);
             const float px = in ? InT<kIn>::Load(srow + off) : 0.0f;
             v[j] = (px - s_mean[c]) * s_inv_std[c];
@@ -295,7 +298,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const int r = j % 3, k = j / 3;
-            const bool in = e0 + j < g.row_len && uint32_t(sx[r] + k * kDir) < w_in;
+            const bool in = uint32_t(sx[r] + k * kDir) < w_in;  // past the row's end: never stored (nchw_row)
             const float px = in ? InT<kIn>::Load(q[r] + k * pixel_step) : 0.0f;
             v[j] = (px - m[r]) * is[r];
           }
