@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -131,16 +132,18 @@ Result<double> ResidentFraction(const std::string& path) {
 namespace {
 constexpr auto kIoTimeout = std::chrono::seconds(60);
 constexpr long kReapSliceNs = 100'000'000;  // a reaper re-checks its deadline every 100 ms
+constexpr auto kAbandonedAfter = std::chrono::seconds(2);
 }  // namespace
 
 struct UringReadAhead::Impl {
   enum class State { kFree, kInFlight, kDone, kClaimed };
   struct Slot {
     State state = State::kFree;
-    uint64_t key = 0, offset = 0, n = 0;  // the range asked for
-    uint64_t start = 0;                   // aligned start of the read
-    int64_t res = 0;                      // bytes read from `start`, or -errno
-    uint64_t seq = 0;                     // Start order: the oldest unclaimed is reused first
+    uint64_t key = 0, offset = 0, n = 0;            // the range asked for
+    uint64_t start = 0;                             // aligned start of the read
+    int64_t res = 0;                                // bytes read from `start`, or -errno
+    uint64_t seq = 0;                               // Start order
+    std::chrono::steady_clock::time_point done_at;  // when its read completed (kDone)
     std::unique_ptr<std::byte, FreeDeleter> buf;
     size_t cap = 0;
   };
@@ -156,6 +159,10 @@ struct UringReadAhead::Impl {
   bool reaping GUARDED_BY(mu) = false;  // one thread at a time consumes completions
   unsigned inflight GUARDED_BY(mu) = 0;
   uint64_t seq GUARDED_BY(mu) = 0;
+  // Reads started, taken, and hints dropped with every slot busy (the read
+  // is then made synchronously when it is wanted); GPUFEED_IO_STATS=1 prints
+  // them when the file closes.
+  uint64_t started GUARDED_BY(mu) = 0, taken GUARDED_BY(mu) = 0, dropped GUARDED_BY(mu) = 0;
 
   // Marks the slots whose reads completed. Requires the reaper role too.
   void HandleCompletions() REQUIRES(mu) {
@@ -165,6 +172,7 @@ struct UringReadAhead::Impl {
       if (idx < slots.size() && slots[idx].state == State::kInFlight) {
         slots[idx].res = cqe->res;
         slots[idx].state = State::kDone;
+        slots[idx].done_at = std::chrono::steady_clock::now();
         inflight -= 1;
       }
       io_uring_cqe_seen(&ring, cqe);
@@ -223,6 +231,12 @@ UringReadAhead::~UringReadAhead() {
   Impl& d = *impl_;
   {
     MutexLock lock(&d.mu);
+    if (const char* e = std::getenv("GPUFEED_IO_STATS"); e != nullptr && std::string_view(e) == "1") {
+      std::fprintf(stderr,
+                   "gpufeed io_uring read-ahead: %llu reads started, %llu taken, %llu hints dropped (%zu slots)\n",
+                   static_cast<unsigned long long>(d.started), static_cast<unsigned long long>(d.taken),
+                   static_cast<unsigned long long>(d.dropped), d.slots.size());
+    }
     const auto deadline = std::chrono::steady_clock::now() + kIoTimeout;
     while (d.inflight > 0 && std::chrono::steady_clock::now() < deadline) d.WaitSome();
     if (d.inflight > 0) {
@@ -255,12 +269,25 @@ void UringReadAhead::Start(uint64_t key, uint64_t offset, size_t n) {
       break;
     }
   }
-  if (slot == nullptr) {  // reuse the oldest completed read nobody took
+  // Every slot busy: the hint is dropped. A completed read nobody took yet
+  // is not given up for it while it may still be wanted: hints come in the
+  // order of the reads, so the oldest completed read is the one wanted
+  // soonest (giving it up read the same bytes twice, once here and once
+  // synchronously). One untaken for kAbandonedAfter was hinted and never
+  // read (a cache hit, an epoch's end): its slot is reused.
+  if (slot == nullptr) {
+    const auto now = std::chrono::steady_clock::now();
     for (Impl::Slot& s : d.slots) {
-      if (s.state == Impl::State::kDone && (slot == nullptr || s.seq < slot->seq)) slot = &s;
+      if (s.state == Impl::State::kDone && now - s.done_at > kAbandonedAfter &&
+          (slot == nullptr || s.seq < slot->seq)) {
+        slot = &s;
+      }
     }
   }
-  if (slot == nullptr) return;
+  if (slot == nullptr) {
+    d.dropped += 1;
+    return;
+  }
   if (slot->cap < span) {
     void* p = nullptr;
     if (posix_memalign(&p, kDirectAlign, span) != 0) return;
@@ -282,6 +309,7 @@ void UringReadAhead::Start(uint64_t key, uint64_t offset, size_t n) {
   slot->start = start;
   slot->seq = ++d.seq;
   d.inflight += 1;
+  d.started += 1;
 }
 
 std::optional<int64_t> UringReadAhead::Take(uint64_t key, std::byte* dst, size_t n, uint64_t offset) {
@@ -305,10 +333,11 @@ std::optional<int64_t> UringReadAhead::Take(uint64_t key, std::byte* dst, size_t
       if (std::chrono::steady_clock::now() >= deadline) return -ETIMEDOUT;
       d.WaitSome();
     }
-    // Reused for another read while this thread waited (Start takes the oldest
-    // completed slot when all are busy): read synchronously instead.
+    // Reused for another read while this thread waited (Start takes a
+    // completed read untaken for kAbandonedAfter): read synchronously instead.
     if (slot->state != Impl::State::kDone || slot->seq != seq) return std::nullopt;
     slot->state = Impl::State::kClaimed;
+    d.taken += 1;
     res = slot->res;
     skip = offset - slot->start;
   }

@@ -50,9 +50,11 @@ Result<double> ResidentFraction(const std::string& path);
 // preads would leave the device idle.
 //
 // Bounded: at most `depth` buffers (each as large as the largest read); a
-// Start() that finds every buffer in flight or claimed is dropped (the read
-// then happens synchronously in Take's caller), and a completed read nobody
-// took is the first to be reused. Thread-safe: any thread may Start or Take;
+// Start() that finds every buffer in flight, claimed or holding a read not
+// yet taken is dropped (the read then happens synchronously in Take's
+// caller): hints come in the order of the reads, so the oldest completed
+// read is the one wanted soonest. A completed read untaken for 2 s (hinted,
+// then never read: a cache hit, an epoch's end) gives its buffer up. Thread-safe: any thread may Start or Take;
 // one mutex guards the slots and the submission queue, and one thread at a
 // time reaps completions. Every wait has a timeout (an I/O that does not
 // complete in 60 s is an error, not a hang). The destructor waits for reads

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -230,6 +231,51 @@ TEST(DirectIoTest, ReadAheadDeliversTheSameBytesInAnyOrder) {
     EXPECT_TRUE(got == want);
     ds->WillRead(nc - 1);  // left in flight or unclaimed at destruction: waited for, no leak
   }
+}
+
+// With every buffer holding a read, a new hint is dropped (its read is then
+// made by the reader): a completed read is not given up for it until it has
+// gone untaken for 2 s, so a read hinted in order is never made twice.
+TEST(DirectIoTest, ReadAheadKeepsCompletedReadsUntilTakenOrAbandoned) {
+  const std::string dir = testing::MakeTempDir("direct_io_slots");
+  const std::string path = dir + "/f.bin";
+  std::vector<std::byte> bytes(4 * io::kDirectAlign);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i * 7 / 4096 + i);
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  std::string why;
+  const int fd = io::OpenDirect(path, &why);
+  if (fd < 0) GTEST_SKIP() << "O_DIRECT refused here: " << why;
+  std::string ring_why;
+  auto ring = io::UringReadAhead::Create(fd, 2, &ring_why);
+  if (!ring) {
+    ::close(fd);
+    GTEST_SKIP() << ring_why;
+  }
+  const size_t b = io::kDirectAlign;
+  std::vector<std::byte> got(b);
+  auto block = [&](uint64_t k) { return std::vector<std::byte>(bytes.begin() + k * b, bytes.begin() + (k + 1) * b); };
+  ring->Start(0, 0, b);
+  ring->Start(1, b, b);
+  ring->Start(2, 2 * b, b);  // both buffers hold reads: dropped
+  EXPECT_FALSE(ring->Take(2, got.data(), b, 2 * b).has_value());
+  auto r0 = ring->Take(0, got.data(), b, 0);  // not given up for block 2
+  ASSERT_TRUE(r0.has_value());
+  EXPECT_EQ(*r0, int64_t(b));
+  EXPECT_TRUE(got == block(0));
+  ring->Start(3, 3 * b, b);  // block 0's buffer is free again
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  ring->Start(2, 2 * b, b);  // block 1, untaken 2 s: abandoned
+  EXPECT_FALSE(ring->Take(1, got.data(), b, b).has_value());
+  for (uint64_t k : {2, 3}) {
+    auto r = ring->Take(k, got.data(), b, k * b);
+    ASSERT_TRUE(r.has_value()) << k;
+    EXPECT_TRUE(got == block(k)) << k;
+  }
+  ring.reset();
+  ::close(fd);
 }
 
 TEST(DirectIoTest, IoUringCanBeTurnedOffAndSaysSo) {
