@@ -14,7 +14,9 @@
 // costs as much as opening a small file); when one crashes or hangs after
 // other files, the files it had probed are probed again with HDF5 restarted
 // after each, so that the file named is the one HDF5 failed on, not one
-// that follows what an earlier file left in the library.
+// that follows what an earlier file left in the library (a file whose
+// handles crash HDF5 only at its shutdown, cve-2025-6269-1, is caught so).
+// A hang after other files therefore costs the time limit twice.
 #ifndef GPUFEED_HDF5_PROBE_H_
 #define GPUFEED_HDF5_PROBE_H_
 
