@@ -914,11 +914,18 @@ TEST(TrainerTest, CpuMlpLearnsFashionMnist) {
   o.lr = 2e-3f;
   o.warmup_epochs = 0.1f;
   o.loader.threads = 2;
+  double want = 0.85;
+#if defined(__SANITIZE_THREAD__)
+  // Under ThreadSanitizer (CI's second pass) one epoch, 40 s instead of 80:
+  // the threads are the same in each epoch.
+  o.epochs = 1;
+  want = 0.80;
+#endif
   auto r = Train(*train, &*test, o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   std::printf("fashion-mnist cpu mlp: test accuracy %.4f after %d epochs, %.1f s\n", r->epochs.back().test_accuracy,
               o.epochs, r->wall_seconds);
-  EXPECT_GE(r->epochs.back().test_accuracy, 0.85);
+  EXPECT_GE(r->epochs.back().test_accuracy, want);
   std::filesystem::remove_all(dir);
 }
 
