@@ -32,11 +32,13 @@
 // report what they saw; it opens only the first file itself, and places the
 // others from those reports (a file whose report is missing, or whose field
 // is virtual, it opens). Each file is opened by its first read, which checks
-// it against what Open saw. Once reads run, one thread of the source opens
-// files: a reader whose file is not open asks it and waits (HDF5 opens one
-// file at a time in a process), and between requests it opens the files of
-// the units WillRead announces, at most max_open_files / 2 ahead of their
-// reads.
+// it against what Open saw. Where the report also holds the direct path's
+// reads of every field (small files: hdf5/probe.h, DirectPlan), a reader
+// opens the file itself with open(2), no HDF5, if it is still the file the
+// probe parsed. Otherwise one thread of the source opens files: a reader
+// whose file is not open asks it and waits (HDF5 opens one file at a time in
+// a process). Between requests that thread opens the files of the units
+// WillRead announces, at most max_open_files / 2 ahead of their reads.
 //
 // Virtual datasets. A field that is an HDF5 virtual dataset (h5py's
 // VirtualLayout: sources concatenated or stacked along axis 0) is read from
