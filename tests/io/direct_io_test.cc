@@ -234,9 +234,10 @@ TEST(DirectIoTest, ReadAheadDeliversTheSameBytesInAnyOrder) {
 }
 
 // With every buffer holding a read, a new hint is dropped (its read is then
-// made by the reader): a completed read is not given up for it until it has
-// gone untaken for 2 s, so a read hinted in order is never made twice.
-TEST(DirectIoTest, ReadAheadKeepsCompletedReadsUntilTakenOrAbandoned) {
+// made by the reader): a read hinted in order is never given up for a later
+// one, so it is never made twice. (The 2 s abandonment is not tested here:
+// when a completion is reaped depends on the readers' timing.)
+TEST(DirectIoTest, ReadAheadKeepsCompletedReadsUntilTaken) {
   const std::string dir = testing::MakeTempDir("direct_io_slots");
   const std::string path = dir + "/f.bin";
   std::vector<std::byte> bytes(4 * io::kDirectAlign);
@@ -265,11 +266,8 @@ TEST(DirectIoTest, ReadAheadKeepsCompletedReadsUntilTakenOrAbandoned) {
   ASSERT_TRUE(r0.has_value());
   EXPECT_EQ(*r0, int64_t(b));
   EXPECT_TRUE(got == block(0));
-  ring->Start(3, 3 * b, b);  // block 0's buffer is free again
-  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
-  ring->Start(2, 2 * b, b);  // block 1, untaken 2 s: abandoned
-  EXPECT_FALSE(ring->Take(1, got.data(), b, b).has_value());
-  for (uint64_t k : {2, 3}) {
+  ring->Start(3, 3 * b, b);    // block 0's buffer is free again
+  for (uint64_t k : {1, 3}) {  // block 1 was kept for its reader
     auto r = ring->Take(k, got.data(), b, k * b);
     ASSERT_TRUE(r.has_value()) << k;
     EXPECT_TRUE(got == block(k)) << k;
