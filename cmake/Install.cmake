@@ -22,7 +22,9 @@ target_include_directories(gpufeed_shared INTERFACE $<INSTALL_INTERFACE:${CMAKE_
 install(TARGETS gpufeed ${GPUFEED_MODULES} gpufeed_shared EXPORT gpufeedTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS gpufeed_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(GPUFEED_BUILD_CLI)
+  install(TARGETS gpufeed_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 install(TARGETS gpufeed_h5zstd LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/gpufeed/hdf5-plugins)
 # Where HDF5 looks without HDF5_PLUGIN_PATH (its H5_DEFAULT_PLUGINDIR; Debian:
 # /usr/lib/x86_64-linux-gnu/hdf5/serial/plugins): an install into the
