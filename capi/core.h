@@ -111,6 +111,18 @@ struct Core {
   // builds its model): the first start of epoch 0 at batch 0 takes it as it
   // is, any other start restarts it (StartEpoch). Consumer thread only.
   std::shared_ptr<FeedState> warm_feed;
+  // The epoch after an ended one, started when it ended (its first batches
+  // are read, and decoded and uploaded by the feed, while the caller
+  // finishes the ended epoch's steps and starts the next): the live stream
+  // or feeder is then that epoch's. A start of exactly (next_epoch, 0) takes
+  // it; any other start restarts as before. next_epoch is the last epoch
+  // plus the last step between started epochs (1, or 0 for a caller that
+  // reruns one epoch). Until that start, next() answers GPUFEED_END and the
+  // statistics are the ended epoch's (ended_stats). Consumer thread only.
+  bool next_started = false;
+  uint64_t next_epoch = 0;
+  uint64_t epoch_step = 1;
+  std::string ended_stats;
   std::unique_ptr<gpufeed::gpu::DeviceOps> device_ops;  // stream waits for device batches
   // Host batches' release after a stream: CUDA ops made on first use (null
   // where there is no CUDA), and the callbacks still pending.

@@ -29,6 +29,26 @@ gpufeed::Result<std::shared_ptr<FeedState>> MakeFeed(Core& c, uint64_t epoch, ui
   return st;
 }
 
+// GPUFEED_FEED_RESTART=0 makes a new feeder every epoch, as before Restart
+// existed: the benchmarks' A/B switch (scripts/gpu-host-node).
+bool RestartFeeders() {
+  static const bool restart = [] {
+    const char* v = std::getenv("GPUFEED_FEED_RESTART");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return restart;
+}
+
+// GPUFEED_NEXT_EPOCH_EARLY=0: the next epoch starts only when asked, as
+// before (the A/B switch of the benchmarks).
+bool NextEpochEarly() {
+  static const bool early = [] {
+    const char* v = std::getenv("GPUFEED_NEXT_EPOCH_EARLY");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return early;
+}
+
 gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_error** error) {
   std::shared_ptr<FeedState> old_feed;
   {
@@ -39,19 +59,22 @@ gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_e
   // restarted below.
   const bool take_warm = c.warm_feed && epoch == 0 && start_batch == 0;
   if (c.warm_feed) old_feed = std::move(c.warm_feed);
+  // The epoch started when the last one ended: taken as it is, or
+  // restarted below.
+  const bool take_next = c.next_started && epoch == c.next_epoch && start_batch == 0;
+  c.next_started = false;
+  c.ended_stats.clear();
+  if (c.started) c.epoch_step = epoch == c.epoch ? 0 : 1;
   c.epoch = epoch;
   c.start_batch = start_batch;
   c.delivered = 0;
   c.ended = false;
   c.started = true;
-  // GPUFEED_FEED_RESTART=0 makes a new feeder every epoch, as before
-  // Restart existed: the benchmarks' A/B switch (scripts/gpu-host-node).
-  static const bool restart = [] {
-    const char* v = std::getenv("GPUFEED_FEED_RESTART");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  if (take_warm) {
-    // Made at open for this very start: its first upload may be done.
+  const bool restart = RestartFeeders();
+  if (take_next && !c.feed) {
+    // The stream is this epoch's already.
+  } else if (take_warm || (take_next && old_feed)) {
+    // Made (or restarted) for this very start: its first upload may be done.
     gpufeed::MutexLock lock(&c.interrupt_mu);
     c.feed_state = std::move(old_feed);
   } else if (restart && c.feed && old_feed && !old_feed->feeder->fields().empty()) {
@@ -104,6 +127,96 @@ char* CopyString(const std::string& s) {
   char* p = static_cast<char*>(std::malloc(s.size() + 1));
   if (p != nullptr) std::memcpy(p, s.c_str(), s.size() + 1);
   return p;
+}
+
+// The statistics of the live epoch, as JSON (gpufeed_loader_stats_json).
+std::string StatsJson(Core& c) {
+  gpufeed::LoaderStats s;
+  std::string j = "{";
+  auto add = [&](const char* k, double v) {
+    if (j.size() > 1) j += ", ";
+    j += std::string("\"") + k + "\": " + JsonNumber(v);
+  };
+  if (c.feed && c.feed_state) {
+    std::lock_guard<std::mutex> lock(c.feed_state->mu);
+    s = c.feed_state->feeder->loader_stats();
+    const gpufeed::FeedStats f = c.feed_state->feeder->stats();
+    add("feed_fresh_batches", double(f.fresh_batches));
+    add("feed_echoed_batches", double(f.echoed_batches));
+    add("feed_fresh_samples", double(f.fresh_samples));
+    add("feed_echoed_samples", double(f.echoed_samples));
+    add("feed_uploads", double(f.uploads));
+    add("feed_bytes_uploaded", double(f.bytes_uploaded));
+    add("feed_data_wait_seconds", f.data_wait_seconds);
+    add("feed_wall_seconds", f.wall_seconds);
+    add("feed_echo", f.echo);
+    add("feed_on_gpu", f.on_gpu ? 1 : 0);
+    add("feed_decoded_on_device", double(f.decoded_on_device));
+    add("feed_decoded_by_loader", double(f.decoded_by_loader));
+    add("feed_decode_fallbacks", double(f.decode_fallbacks));
+    add("feed_decode_skipped", double(f.decode_skipped));
+    add("feed_decode_seconds", f.decode_seconds);
+  } else if (c.stream) {
+    s = c.stream->stats();
+  }
+  add("batches", double(s.batches));
+  add("samples", double(s.samples));
+  add("bytes_delivered", double(s.bytes_delivered));
+  add("chunk_reads", double(s.chunk_reads));
+  add("bytes_read", double(s.bytes_read));
+  add("bytes_decoded", double(s.bytes_decoded));
+  add("chunk_hits", double(s.chunk_hits));
+  add("chunk_misses", double(s.chunk_misses));
+  add("prefetched", double(s.prefetched));
+  add("chunk_shared_hits", double(s.chunk_shared_hits));
+  add("chunk_reads_ahead", double(s.chunk_reads_ahead));
+  add("plan_seconds", s.plan_seconds);
+  add("fetch_seconds", s.fetch_seconds);
+  add("assemble_seconds", s.assemble_seconds);
+  add("deferred_samples", double(s.deferred_samples));
+  add("host_decoded_samples", double(s.host_decoded_samples));
+  add("balanced_samples", double(s.balanced_samples));
+  add("skipped_samples", double(s.skipped_samples));
+  add("minor_faults", double(s.minor_faults));
+  add("major_faults", double(s.major_faults));
+  add("source_probe_seconds", s.source_probe_seconds);
+  add("source_open_seconds", s.source_open_seconds);
+  add("source_opens", double(s.source_opens));
+  add("source_planned_opens", double(s.source_planned_opens));
+  add("host_decode_share", s.host_decode_share);
+  add("consumer_wait_seconds", s.consumer_wait_seconds);
+  add("wall_seconds", s.wall_seconds);
+  add("hit_rate", s.hit_rate());
+  add("read_amplification", s.read_amplification());
+  add("samples_per_second", s.samples_per_second());
+  add("mean_queue_depth", s.mean_queue_depth());
+  j += "}";
+  return j;
+}
+
+// Starts the epoch after the one that just ended (Core::next_started).
+void StartNextEpochEarly(Core& c) {
+  if (!NextEpochEarly() || c.opened->remote()) return;
+  const uint64_t next = c.epoch + c.epoch_step;
+  if (c.feed) {
+    if (!RestartFeeders() || !c.feed_state || c.feed_state->feeder->fields().empty()) return;
+    c.ended_stats = StatsJson(c);
+    std::lock_guard<std::mutex> lock(c.feed_state->mu);
+    // A failure here is the start's to report: it restarts the feeder again.
+    if (!c.feed_state->feeder->Restart(next, 0).ok()) return;
+  } else {
+    if (!c.stream) return;
+    c.ended_stats = StatsJson(c);
+    {
+      gpufeed::MutexLock lock(&c.interrupt_mu);
+      c.stream.reset();
+    }
+    gpufeed::EpochStream s = c.opened->source().Epoch(next, 0);
+    gpufeed::MutexLock lock(&c.interrupt_mu);
+    c.stream.emplace(std::move(s));
+  }
+  c.next_started = true;
+  c.next_epoch = next;
 }
 
 }  // namespace
@@ -259,6 +372,7 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
     if (!c.started) {
       return Fail(error, GPUFEED_INVALID_ARGUMENT, c.name + ": no epoch started (gpufeed_loader_start_epoch)");
     }
+    if (c.next_started) return GPUFEED_END;    // the live stream is the next epoch's, not yet started
     if (c.feed ? !c.feed_state : !c.stream) {  // the last start failed before its stream existed
       return Fail(error, GPUFEED_INVALID_ARGUMENT,
                   c.name + ": the last gpufeed_loader_start_epoch failed (its error said why); start an epoch again");
@@ -300,6 +414,7 @@ gpufeed_code gpufeed_loader_next(gpufeed_loader* l, int timeout_ms, gpufeed_batc
     if (!f.status.ok()) return Fail(error, f.status);  // the consumer holding every slot can continue
     if (!f.host && !f.device) {
       c.ended = true;
+      StartNextEpochEarly(c);
       return GPUFEED_END;
     }
     ++c.delivered;
@@ -360,67 +475,8 @@ gpufeed_code gpufeed_loader_restore_state(gpufeed_loader* l, const void* bytes, 
 gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_error** error) {
   return Guard(error, [&]() -> gpufeed_code {
     Core& c = *l->core;
-    gpufeed::LoaderStats s;
-    std::string j = "{";
-    auto add = [&](const char* k, double v) {
-      if (j.size() > 1) j += ", ";
-      j += std::string("\"") + k + "\": " + JsonNumber(v);
-    };
-    if (c.feed && c.feed_state) {
-      std::lock_guard<std::mutex> lock(c.feed_state->mu);
-      s = c.feed_state->feeder->loader_stats();
-      const gpufeed::FeedStats f = c.feed_state->feeder->stats();
-      add("feed_fresh_batches", double(f.fresh_batches));
-      add("feed_echoed_batches", double(f.echoed_batches));
-      add("feed_fresh_samples", double(f.fresh_samples));
-      add("feed_echoed_samples", double(f.echoed_samples));
-      add("feed_uploads", double(f.uploads));
-      add("feed_bytes_uploaded", double(f.bytes_uploaded));
-      add("feed_data_wait_seconds", f.data_wait_seconds);
-      add("feed_wall_seconds", f.wall_seconds);
-      add("feed_echo", f.echo);
-      add("feed_on_gpu", f.on_gpu ? 1 : 0);
-      add("feed_decoded_on_device", double(f.decoded_on_device));
-      add("feed_decoded_by_loader", double(f.decoded_by_loader));
-      add("feed_decode_fallbacks", double(f.decode_fallbacks));
-      add("feed_decode_skipped", double(f.decode_skipped));
-      add("feed_decode_seconds", f.decode_seconds);
-    } else if (c.stream) {
-      s = c.stream->stats();
-    }
-    add("batches", double(s.batches));
-    add("samples", double(s.samples));
-    add("bytes_delivered", double(s.bytes_delivered));
-    add("chunk_reads", double(s.chunk_reads));
-    add("bytes_read", double(s.bytes_read));
-    add("bytes_decoded", double(s.bytes_decoded));
-    add("chunk_hits", double(s.chunk_hits));
-    add("chunk_misses", double(s.chunk_misses));
-    add("prefetched", double(s.prefetched));
-    add("chunk_shared_hits", double(s.chunk_shared_hits));
-    add("chunk_reads_ahead", double(s.chunk_reads_ahead));
-    add("plan_seconds", s.plan_seconds);
-    add("fetch_seconds", s.fetch_seconds);
-    add("assemble_seconds", s.assemble_seconds);
-    add("deferred_samples", double(s.deferred_samples));
-    add("host_decoded_samples", double(s.host_decoded_samples));
-    add("balanced_samples", double(s.balanced_samples));
-    add("skipped_samples", double(s.skipped_samples));
-    add("minor_faults", double(s.minor_faults));
-    add("major_faults", double(s.major_faults));
-    add("source_probe_seconds", s.source_probe_seconds);
-    add("source_open_seconds", s.source_open_seconds);
-    add("source_opens", double(s.source_opens));
-    add("source_planned_opens", double(s.source_planned_opens));
-    add("host_decode_share", s.host_decode_share);
-    add("consumer_wait_seconds", s.consumer_wait_seconds);
-    add("wall_seconds", s.wall_seconds);
-    add("hit_rate", s.hit_rate());
-    add("read_amplification", s.read_amplification());
-    add("samples_per_second", s.samples_per_second());
-    add("mean_queue_depth", s.mean_queue_depth());
-    j += "}";
-    *json = CopyString(j);
+    // The ended epoch's while the next one runs ahead of its start.
+    *json = CopyString(c.next_started ? c.ended_stats : StatsJson(c));
     if (*json == nullptr) return Fail(error, GPUFEED_INTERNAL, "gpufeed_loader_stats_json: out of memory");
     return GPUFEED_OK;
   });

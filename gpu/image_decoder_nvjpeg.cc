@@ -8,7 +8,10 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -103,6 +106,14 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       : shape_(shape), device_(device), ops_(ops) {}
   ~NvjpegDecoder() override {
     const NvjpegLib& l = Lib();
+    if (const char* e = std::getenv("GPUFEED_NVJPEG_STATS"); e != nullptr && std::string_view(e) == "1") {
+      std::fprintf(stderr,
+                   "gpufeed nvjpeg: %llu calls, %llu images; seconds: ring waits %.3f, initialize %.3f (%llu), "
+                   "nvjpegDecodeBatched %.3f, the rest %.3f, all %.3f\n",
+                   static_cast<unsigned long long>(t_.calls), static_cast<unsigned long long>(c_.device_samples),
+                   t_.ring_wait, t_.init, static_cast<unsigned long long>(t_.inits), t_.call,
+                   c_.decode_seconds - t_.ring_wait - t_.init - t_.call, c_.decode_seconds);
+    }
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
     if (resample_) cudaStreamSynchronize(resample_);
@@ -179,7 +190,9 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       // on its stream has run, so a stream wait would not keep it off a
       // buffer still being read (seen by torchvision and TorchCodec on H100,
       // pytorch/vision#9606, meta-pytorch/torchcodec#1634).
+      double tw = NowSeconds();
       if (r.consumed_recorded) GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.consumed));
+      t_.ring_wait += NowSeconds() - tw;
       if (scratch_bytes > r.scratch_capacity || size_t(m) > r.jobs_capacity) {
         // The old buffer is freed before the larger one is made.
         if (scratch_bytes > r.scratch_capacity) {
@@ -202,7 +215,9 @@ class NvjpegDecoder final : public ImageBatchDecoder {
         }
       } else if (r.decoded_recorded) {
         // jobs_host fed the copy recorded by `decoded` kRing batches back.
+        tw = NowSeconds();
         GPUFEED_CUDA_RETURN(cudaEventSynchronize(r.decoded));
+        t_.ring_wait += NowSeconds() - tw;
       }
       data_.resize(m);
       lengths_.resize(m);
@@ -226,11 +241,17 @@ class NvjpegDecoder final : public ImageBatchDecoder {
       const NvjpegLib& l = Lib();
       nvj::Status s = nvj::kSuccess;
       if (initialized_batch_ != m) {
+        tw = NowSeconds();
         s = l.batched_initialize(handle_, state_, m, 1, nvj::kOutputRgbi);
         initialized_batch_ = s == nvj::kSuccess ? m : -1;
+        t_.init += NowSeconds() - tw;
+        ++t_.inits;
       }
       if (s == nvj::kSuccess) {
+        tw = NowSeconds();
         s = l.decode_batched(handle_, state_, data_.data(), lengths_.data(), images_.data(), stream_);
+        t_.call += NowSeconds() - tw;
+        ++t_.calls;
       }
       if (s == nvj::kSuccess) {
         c_.device_samples += m;
@@ -326,6 +347,11 @@ class NvjpegDecoder final : public ImageBatchDecoder {
   std::vector<size_t> lengths_;
   std::vector<nvj::Image> images_;
   ImageDecodeCounters c_;
+  // Where Decode's time goes (GPUFEED_NVJPEG_STATS=1 prints it at the end).
+  struct {
+    double ring_wait = 0, init = 0, call = 0;
+    uint64_t inits = 0, calls = 0;
+  } t_;
 };
 
 }  // namespace

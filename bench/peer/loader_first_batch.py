@@ -30,6 +30,8 @@ def main():
     p.add_argument("--prefetch", default="8", help="prefetch values to try, comma-separated")
     p.add_argument("--wait", type=float, default=0.0, help="seconds between making the Loader and its first epoch")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--between", type=float, default=0.0,
+                   help="seconds between an epoch's end and the next epoch's start (validation, a checkpoint)")
     a = p.parse_args()
     if a.device == "cuda":
         import torch
@@ -52,6 +54,8 @@ def main():
             n = loader.num_samples
             out = []
             for e in range(a.epochs):
+                if e > 0:
+                    time.sleep(a.between)
                 loader.set_epoch(e)
                 if a.device == "cuda":
                     torch.cuda.synchronize()
@@ -71,8 +75,9 @@ def main():
                 out.append("epoch %d %.3f s (%.1f samples/s), first batch %.3f s" % (e + 1, took, n / took, first))
             stats = loader.stats()
             loader.close()
-            print("pin_memory=%s prefetch=%d, made in %.3f s, waited %.1f s: %s; last epoch's minor faults %s" % (
-                pin, prefetch, made, a.wait, "; ".join(out), stats.get("minor_faults")), flush=True)
+            print("pin_memory=%s prefetch=%d, made in %.3f s, waited %.1f s (%.1f s between epochs): %s; last epoch's "
+                  "minor faults %s" % (pin, prefetch, made, a.wait, a.between, "; ".join(out), stats.get("minor_faults")),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -529,3 +529,49 @@ def test_later_epochs_of_one_feed_equal_fresh_loaders(index_file):
             np.testing.assert_array_equal(gl, wl)
             np.testing.assert_array_equal(gx, wx)
         assert loader.stats()["feed_fresh_batches"] == len(loader)  # this epoch's own
+
+
+@pytest.mark.parametrize("feed", [False, True])
+def test_next_epoch_started_at_the_end_is_only_taken_when_asked(index_file, feed):
+    """When an epoch ends, the next one starts at once (its first batches are
+    read, and with the feed uploaded, while the caller finishes its steps).
+    Whatever epoch is asked next, each equals a fresh Loader's for it: the
+    one after (taken as started), the same one again, or another (started
+    over); after the end, next() says end again and the statistics stay the
+    ended epoch's."""
+    opts = dict(OPTS, dtype=torch.float32, crop_padding=1, flip=True) if feed else dict(OPTS)
+
+    def epoch_of(loader):
+        return [(b["labels"].numpy().copy(), b["images"].numpy().copy()) for b in loader.batches()]
+
+    loader = gpufeed.Loader(index_file, **opts)
+    wants = {}
+    for epoch in [0, 1, 2, 2, 2, 5, 0, 1]:
+        loader.set_epoch(epoch)
+        got = epoch_of(loader)
+        assert loader._next() is None, "a next() after the end must say end, not start the next epoch"
+        stats = loader.stats()
+        assert stats["samples"] == N_SAMPLES and stats["batches"] == len(loader), stats
+        if epoch not in wants:
+            fresh = gpufeed.Loader(index_file, **opts)
+            fresh.set_epoch(epoch)
+            wants[epoch] = epoch_of(fresh)
+            fresh.close()
+        want = wants[epoch]
+        assert len(got) == len(want) == len(loader)
+        for (gl, gx), (wl, wx) in zip(got, want):
+            np.testing.assert_array_equal(gl, wl)
+            np.testing.assert_array_equal(gx, wx)
+    # A resume after an early-started epoch: the state's epoch and batch.
+    loader.set_epoch(3)
+    it = loader.batches()
+    next(it)
+    state = loader.state_dict()
+    rest = [(b["labels"].numpy().copy(), b["images"].numpy().copy()) for b in it]
+    loader.load_state_dict(state)
+    again = epoch_of(loader)
+    assert len(again) == len(rest) == len(loader) - 1
+    for (gl, gx), (wl, wx) in zip(again, rest):
+        np.testing.assert_array_equal(gl, wl)
+        np.testing.assert_array_equal(gx, wx)
+    loader.close()
