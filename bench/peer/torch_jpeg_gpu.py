@@ -127,6 +127,7 @@ def main():
     ap.add_argument("--train-decode", default="gpu,auto",
                     help="train: gpufeed's decode= values to train with, each (gpu: the engine alone; auto: the "
                          "loader's threads take a measured share)")
+    ap.add_argument("--loader-kw", default="{}", help="more gpufeed.Loader arguments, as JSON (experiments)")
     ap.add_argument("--json")
     a = ap.parse_args()
     import numpy as np
@@ -146,6 +147,7 @@ def main():
                                                          out["device"], os.cpu_count()), flush=True)
 
     def make_loader(decode, threads, **kw):
+        kw = dict(json.loads(a.loader_kw), **kw)
         return gpufeed.Loader(a.data, batch_size=a.batch_size, device="cuda", dtype=torch.bfloat16,
                               layout="NHWC", threads=threads, decode=decode, order=order, seed=1,
                               mean=mean, std=std, **kw)
