@@ -293,7 +293,13 @@ GPUFEED_C_EXPORT int gpufeed_loader_started_node_server(const gpufeed_loader* l)
  * a resumed epoch delivers exactly the batches a full one would from there.
  * With the feed on, start_batch counts loader batches and must be a multiple
  * of the feed's super_batch, with a fixed echo (not 0). Errors of the stream
- * (bad options, unreachable daemon) may also surface from the first next. */
+ * (bad options, unreachable daemon) may also surface from the first next.
+ * When next returns GPUFEED_END, a local loader starts the following epoch
+ * at once (the last epoch + 1, or the same one if the last two starts were
+ * of one epoch) so that its first batches are ready when it is asked for;
+ * starting exactly that epoch at batch 0 takes it, any other start begins
+ * anew. Until then next returns GPUFEED_END again and the statistics are the
+ * ended epoch's. GPUFEED_NEXT_EPOCH_EARLY=0 in the environment turns it off. */
 GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch,
                                                          gpufeed_error** error);
 
