@@ -12,7 +12,7 @@ if(GPUFEED_FUZZ)
     message(FATAL_ERROR "GPUFEED_FUZZ brings its own sanitizers; leave GPUFEED_SANITIZE empty")
   endif()
   add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-                      -fno-omit-frame-pointer)
+                      -fno-omit-frame-pointer -O1 -gline-tables-only)
   add_link_options(-fsanitize=address,undefined)
 endif()
 
