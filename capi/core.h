@@ -123,6 +123,10 @@ struct Core {
   uint64_t next_epoch = 0;
   uint64_t epoch_step = 1;
   std::string ended_stats;
+  // The live epoch came from gpufeed_loader_restore_state: its successor
+  // starts only when asked (a resume at another world size reshards the
+  // loader, and the next start undoes that, stopping whatever runs).
+  bool resumed = false;
   std::unique_ptr<gpufeed::gpu::DeviceOps> device_ops;  // stream waits for device batches
   // Host batches' release after a stream: CUDA ops made on first use (null
   // where there is no CUDA), and the callbacks still pending.

@@ -64,7 +64,7 @@ gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_e
   const bool take_next = c.next_started && epoch == c.next_epoch && start_batch == 0;
   c.next_started = false;
   c.ended_stats.clear();
-  if (c.started) c.epoch_step = epoch == c.epoch ? 0 : 1;
+  if (c.started) c.epoch_step = epoch == c.epoch && start_batch == 0 ? 0 : 1;
   c.epoch = epoch;
   c.start_batch = start_batch;
   c.delivered = 0;
@@ -196,7 +196,7 @@ std::string StatsJson(Core& c) {
 
 // Starts the epoch after the one that just ended (Core::next_started).
 void StartNextEpochEarly(Core& c) {
-  if (!NextEpochEarly() || c.opened->remote()) return;
+  if (!NextEpochEarly() || c.opened->remote() || c.resumed) return;
   const uint64_t next = c.epoch + c.epoch_step;
   if (c.feed) {
     if (!RestartFeeders() || !c.feed_state || c.feed_state->feeder->fields().empty()) return;
@@ -360,6 +360,7 @@ gpufeed_code gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint6
     // An epoch of its own, not a resumed one (SetReshard may stop the
     // running stream: nothing waits in it, this is the consumer's thread).
     l->core->opened->source().SetReshard({});
+    l->core->resumed = false;
     return StartEpoch(*l->core, epoch, start_batch, error);
   });
 }
@@ -468,6 +469,10 @@ gpufeed_code gpufeed_loader_restore_state(gpufeed_loader* l, const void* bytes, 
     l->core->warm_feed.reset();
     auto start = l->core->opened->source().PrepareResume(*st);
     if (!start.ok()) return Fail(error, start.status().WithContext(l->core->name));
+    // An epoch started early is not taken: the reshard may have stopped its
+    // stream, and the start below makes the resumed epoch's anew.
+    l->core->next_started = false;
+    l->core->resumed = true;
     return StartEpoch(*l->core, st->epoch, *start, error);
   });
 }

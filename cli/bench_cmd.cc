@@ -168,7 +168,7 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"gb_per_s", r->gb_per_s()}, {"epochs", a.bench.epochs}, {"first_epoch_seconds", r->first_epoch_seconds},
         {"open_seconds", r->open_seconds}, {"first_epoch_first_batch_seconds", r->first_epoch_first_batch_seconds},
         {"first_batch_seconds", r->first_batch_seconds}, {"full_epoch", r->full_epoch}, {"spot_checked", r->spot_checked},
-        {"verified", true}, {"bytes_verified", r->bytes_verified}, {"bytes_verified", r->bytes_verified},
+        {"verified", true}, {"bytes_verified", r->bytes_verified},
         {"encoded", r->encoded}, {"stored_bytes", r->stored_bytes}, {"skipped", r->skipped},
         {"decode_one_core_per_s", r->decode_one_core_per_s},
         {"transform_one_core_per_s", r->transform_one_core_per_s},

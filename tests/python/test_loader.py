@@ -574,4 +574,17 @@ def test_next_epoch_started_at_the_end_is_only_taken_when_asked(index_file, feed
     for (gl, gx), (wl, wx) in zip(again, rest):
         np.testing.assert_array_equal(gl, wl)
         np.testing.assert_array_equal(gx, wx)
+    # After the resumed epoch (nothing started early for it), the next ones as ever.
+    for epoch in [4, 5]:
+        loader.set_epoch(epoch)
+        got = epoch_of(loader)
+        if epoch not in wants:
+            fresh = gpufeed.Loader(index_file, **opts)
+            fresh.set_epoch(epoch)
+            wants[epoch] = epoch_of(fresh)
+            fresh.close()
+        assert len(got) == len(wants[epoch])
+        for (gl, gx), (wl, wx) in zip(got, wants[epoch]):
+            np.testing.assert_array_equal(gl, wl)
+            np.testing.assert_array_equal(gx, wx)
     loader.close()
