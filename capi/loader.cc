@@ -29,24 +29,21 @@ gpufeed::Result<std::shared_ptr<FeedState>> MakeFeed(Core& c, uint64_t epoch, ui
   return st;
 }
 
-// GPUFEED_FEED_RESTART=0 makes a new feeder every epoch, as before Restart
-// existed: the benchmarks' A/B switch (scripts/gpu-host-node).
-bool RestartFeeders() {
-  static const bool restart = [] {
-    const char* v = std::getenv("GPUFEED_FEED_RESTART");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return restart;
+// The benchmarks' A/B switches: on unless the variable is "0".
+bool SwitchOn(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string_view(v) != "0";
 }
-
-// GPUFEED_NEXT_EPOCH_EARLY=0: the next epoch starts only when asked, as
-// before (the A/B switch of the benchmarks).
+// GPUFEED_FEED_RESTART=0 makes a new feeder every epoch, as before Restart
+// existed (scripts/gpu-host-node).
+bool RestartFeeders() {
+  static const bool on = SwitchOn("GPUFEED_FEED_RESTART");
+  return on;
+}
+// GPUFEED_NEXT_EPOCH_EARLY=0: the next epoch starts only when asked, as before.
 bool NextEpochEarly() {
-  static const bool early = [] {
-    const char* v = std::getenv("GPUFEED_NEXT_EPOCH_EARLY");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return early;
+  static const bool on = SwitchOn("GPUFEED_NEXT_EPOCH_EARLY");
+  return on;
 }
 
 gpufeed_code StartEpoch(Core& c, uint64_t epoch, uint64_t start_batch, gpufeed_error** error) {

@@ -544,24 +544,31 @@ def test_next_epoch_started_at_the_end_is_only_taken_when_asked(index_file, feed
     def epoch_of(loader):
         return [(b["labels"].numpy().copy(), b["images"].numpy().copy()) for b in loader.batches()]
 
-    loader = gpufeed.Loader(index_file, **opts)
     wants = {}
+
+    def fresh_epoch(epoch):
+        if epoch not in wants:
+            fresh = gpufeed.Loader(index_file, **opts)
+            fresh.set_epoch(epoch)
+            wants[epoch] = epoch_of(fresh)
+            fresh.close()
+        return wants[epoch]
+
+    def assert_same(got, want):
+        for (gl, gx), (wl, wx) in zip(got, want):
+            np.testing.assert_array_equal(gl, wl)
+            np.testing.assert_array_equal(gx, wx)
+
+    loader = gpufeed.Loader(index_file, **opts)
     for epoch in [0, 1, 2, 2, 2, 5, 0, 1]:
         loader.set_epoch(epoch)
         got = epoch_of(loader)
         assert loader._next() is None, "a next() after the end must say end, not start the next epoch"
         stats = loader.stats()
         assert stats["samples"] == N_SAMPLES and stats["batches"] == len(loader), stats
-        if epoch not in wants:
-            fresh = gpufeed.Loader(index_file, **opts)
-            fresh.set_epoch(epoch)
-            wants[epoch] = epoch_of(fresh)
-            fresh.close()
-        want = wants[epoch]
+        want = fresh_epoch(epoch)
         assert len(got) == len(want) == len(loader)
-        for (gl, gx), (wl, wx) in zip(got, want):
-            np.testing.assert_array_equal(gl, wl)
-            np.testing.assert_array_equal(gx, wx)
+        assert_same(got, want)
     # A resume after an early-started epoch: the state's epoch and batch.
     loader.set_epoch(3)
     it = loader.batches()
@@ -571,20 +578,11 @@ def test_next_epoch_started_at_the_end_is_only_taken_when_asked(index_file, feed
     loader.load_state_dict(state)
     again = epoch_of(loader)
     assert len(again) == len(rest) == len(loader) - 1
-    for (gl, gx), (wl, wx) in zip(again, rest):
-        np.testing.assert_array_equal(gl, wl)
-        np.testing.assert_array_equal(gx, wx)
+    assert_same(again, rest)
     # After the resumed epoch (nothing started early for it), the next ones as ever.
     for epoch in [4, 5]:
         loader.set_epoch(epoch)
         got = epoch_of(loader)
-        if epoch not in wants:
-            fresh = gpufeed.Loader(index_file, **opts)
-            fresh.set_epoch(epoch)
-            wants[epoch] = epoch_of(fresh)
-            fresh.close()
-        assert len(got) == len(wants[epoch])
-        for (gl, gx), (wl, wx) in zip(got, wants[epoch]):
-            np.testing.assert_array_equal(gl, wl)
-            np.testing.assert_array_equal(gx, wx)
+        assert len(got) == len(fresh_epoch(epoch))
+        assert_same(got, fresh_epoch(epoch))
     loader.close()
