@@ -431,6 +431,10 @@ Status Dataset::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
   return impl_->ReadHdf5(i * impl_->chunk_samples, n, dst);
 }
 
+uint32_t Dataset::read_ahead_chunks() const {
+  return impl_->info.read_path == ReadPath::kDirect ? impl_->info.read_ahead_chunks : 0;
+}
+
 void Dataset::WillRead(uint64_t i) const {
   const Impl& d = *impl_;
   if (d.info.read_path != ReadPath::kDirect || !d.bytes || i >= d.num_chunks) return;

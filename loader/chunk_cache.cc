@@ -35,6 +35,7 @@ ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t 
     : source_(source),
       budget_(budget_bytes),
       planar_fields_(source.fields().size() > 1),
+      read_ahead_(source.read_ahead_chunks()),
       buffers_(
           std::make_shared<ChunkBufferPool>(std::max<uint64_t>(1, source.max_chunk_buffer_bytes()), spare_buffers)) {}
 
@@ -68,7 +69,7 @@ void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch, const E
   }
   counters_.reads = counters_.bytes_read = counters_.bytes_decoded = 0;
   counters_.hits = counters_.misses = counters_.prefetched = counters_.fetch_ns = 0;
-  counters_.shared_hits = counters_.reads_ahead = counters_.bytes_read_ahead = 0;
+  counters_.shared_hits = counters_.reads_ahead = counters_.bytes_read_ahead = counters_.read_hints = 0;
 }
 
 void ChunkCache::Insert(const std::shared_ptr<ChunkEntry>& e) {
@@ -279,17 +280,31 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
     if (!shared && shared_) shared_->Publish(e);
     handles[j] = std::move(e);
   }
-  // Prefetch what the next batches need — on into the next epoch's first
-  // batches near the end of this one — as long as each is needed sooner
-  // than what it would displace, keeping up to max_pending decodes going.
+  Prefetch(b, max_pending, tasks);
+  HintReads(b);
+  return handles;
+}
+
+const std::vector<uint32_t>& ChunkCache::ChunksOfBatch(uint64_t b2) const {
+  return b2 < plan_->num_batches ? plan_->batch_chunks[b2] : next_plan_->batch_chunks[b2 - plan_->num_batches];
+}
+
+uint64_t ChunkCache::LookaheadEnd(uint64_t b) const {
   const uint64_t next_batches = next_plan_ != nullptr ? next_plan_->num_batches : 0;
-  const uint64_t horizon = std::min<uint64_t>(plan.num_batches + next_batches, b + 1 + kMaxLookaheadBatches);
+  return std::min<uint64_t>(plan_->num_batches + next_batches, b + 1 + kMaxLookaheadBatches);
+}
+
+void ChunkCache::Prefetch(uint64_t b, uint64_t max_pending, tbb::task_group& tasks) {
+  // What the next batches need — on into the next epoch's first batches near
+  // the end of this one — as long as each is needed sooner than what it
+  // would displace, keeping up to max_pending decodes going.
+  const EpochPlan& plan = *plan_;
+  const uint64_t horizon = LookaheadEnd(b);
   for (uint64_t b2 = b + 1; b2 < horizon; ++b2) {
-    const auto& ahead = b2 < plan.num_batches ? plan.batch_chunks[b2] : next_plan_->batch_chunks[b2 - plan.num_batches];
-    for (uint32_t c : ahead) {
-      if (pending_decodes_->load() >= max_pending) return handles;
+    for (uint32_t c : ChunksOfBatch(b2)) {
+      if (pending_decodes_->load() >= max_pending) return;
       if (resident_.count(c)) continue;
-      if (!Admit(ChunkBytes(c), NextUse(c))) return handles;
+      if (!Admit(ChunkBytes(c), NextUse(c))) return;
       bool shared = false;
       auto e = NewOrShared(c, &shared);
       Insert(e);
@@ -301,7 +316,31 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
       }
     }
   }
-  return handles;
+}
+
+void ChunkCache::HintReads(uint64_t b) {
+  if (read_ahead_ == 0 || shared_) return;
+  // The next read_ahead_ chunks the coming batches read, in the plan's order:
+  // those not resident (read when their batch or a later prefetch gets
+  // them), and those queued for a decode that has not read them yet (their
+  // hint at Spawn was dropped if every read-ahead buffer was busy then).
+  // Resident chunks being decoded or decoded are read already. The source
+  // starts what it has room for and ignores what it started already.
+  std::vector<uint32_t> hinted;
+  hinted.reserve(read_ahead_);
+  const uint64_t horizon = LookaheadEnd(b);
+  for (uint64_t b2 = b + 1; b2 < horizon; ++b2) {
+    for (uint32_t c : ChunksOfBatch(b2)) {
+      if (auto it = resident_.find(c); it != resident_.end() && it->second->state.load() != ChunkEntry::kQueued) {
+        continue;
+      }
+      if (std::find(hinted.begin(), hinted.end(), c) != hinted.end()) continue;
+      hinted.push_back(c);
+      source_.WillRead(c);
+      counters_.read_hints += 1;
+      if (hinted.size() >= read_ahead_) return;
+    }
+  }
 }
 
 std::vector<uint32_t> ChunkCache::ResidentChunks() const {

@@ -123,6 +123,7 @@ struct CacheCounters {
   std::atomic<uint64_t> shared_hits{0};  // misses served by another cache's entry (counted in hits)
   std::atomic<uint64_t> reads_ahead{0}, bytes_read_ahead{0};  // for the next epoch (not in reads)
   std::atomic<uint64_t> fetch_ns{0};
+  std::atomic<uint64_t> read_hints{0};  // HintReads' hints to the source (for tests)
 };
 
 class ChunkCache {
@@ -150,7 +151,10 @@ class ChunkCache {
   // freed with the last handle). Starts decoding admitted misses on `tasks`,
   // then prefetches the chunks of the following batches (at most
   // kMaxLookaheadBatches ahead) until `max_pending` decodes are queued or
-  // running, or the budget is full.
+  // running, or the budget is full. Then, where the source reads ahead
+  // (read_ahead_chunks() > 0), hints it the next that many chunks of the
+  // plan still to be read, admitted or not: the reads run ahead of the
+  // decodes, bounded by the source's read-ahead buffers, not the budget.
   std::vector<std::shared_ptr<ChunkEntry>> Acquire(uint64_t b, uint64_t max_pending, tbb::task_group& tasks);
   static constexpr uint64_t kMaxLookaheadBatches = 64;
 
@@ -183,6 +187,14 @@ class ChunkCache {
   void Insert(const std::shared_ptr<ChunkEntry>& e) REQUIRES(mu_);
   void Erase(uint32_t c) REQUIRES(mu_);
   void Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& tasks);
+  // Acquire's steps after batch b's own chunks: decodes started ahead within
+  // the budget, then the source's read-ahead fed from the plan.
+  void Prefetch(uint64_t b, uint64_t max_pending, tbb::task_group& tasks) REQUIRES(mu_);
+  void HintReads(uint64_t b) REQUIRES(mu_);
+  // Batch b2's chunks, counting the next plan's batches after this plan's.
+  const std::vector<uint32_t>& ChunksOfBatch(uint64_t b2) const REQUIRES(mu_);
+  // One past the last batch Acquire(b) looks ahead to.
+  uint64_t LookaheadEnd(uint64_t b) const REQUIRES(mu_);
   // Runs the decode if `e` is still queued; true if this call ran it.
   bool TryDecode(ChunkEntry& e);
 
@@ -191,6 +203,8 @@ class ChunkCache {
   // Several fields: read units are laid out for chunk_samples() samples
   // (planar, chunk_source.h), also the short last one.
   const bool planar_fields_;
+  // source_.read_ahead_chunks(): how far HintReads hints.
+  const uint32_t read_ahead_;
   std::shared_ptr<ChunkBufferPool> buffers_;
   CacheCounters counters_;
 

@@ -187,6 +187,7 @@ class LabeledImages final : public ChunkSource {
   uint64_t stored_chunk_bytes(uint64_t i) const override { return images_->stored_chunk_bytes(i); }
   Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override { return images_->ReadChunk(i, dst); }
   void WillRead(uint64_t i) const override { images_->WillRead(i); }
+  uint32_t read_ahead_chunks() const override { return images_->read_ahead_chunks(); }
   const std::vector<int64_t>& labels() const override { return labels_; }
   std::string name() const override { return images_->name(); }
   std::vector<FieldInfo> fields() const override { return images_->fields(); }

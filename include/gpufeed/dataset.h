@@ -261,9 +261,11 @@ class Dataset final : public ChunkSource {
   // decompress, or decompress to the wrong size. Thread-safe.
   Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override;
   // Buffered I/O: posix_fadvise(WILLNEED) over chunk i's stored bytes, so the
-  // kernel reads it while earlier chunks decode. Direct I/O: nothing (the
-  // page cache is bypassed).
+  // kernel reads it while earlier chunks decode. Direct I/O: starts its read
+  // in the io_uring read-ahead (info().read_ahead_chunks deep), which
+  // ReadChunk(i) then takes.
   void WillRead(uint64_t i) const override;
+  uint32_t read_ahead_chunks() const override;
 
   // Decodes samples [first, first + count) into dst (count * sample_bytes()),
   // crossing chunk boundaries as needed. Thread-safe. For rechunking.

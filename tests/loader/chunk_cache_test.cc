@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "tests/testing/sources.h"
 
 namespace gpufeed::loader {
@@ -151,6 +155,51 @@ TEST(ChunkCacheTest, PrefetchRunsIntoTheNextEpoch) {
   tasks.wait();
   // 1 is not used again in either plan: it stays only because there is room.
   EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1, 4, 5}));
+}
+
+// A source that reads `depth` chunks ahead (as O_DIRECT's ring does),
+// recording the hints it is given.
+class ReadAheadSource : public testing::InMemorySource {
+ public:
+  ReadAheadSource(uint64_t n, uint32_t depth) : InMemorySource(n, 100, 1), depth_(depth) {}
+  uint32_t read_ahead_chunks() const override { return depth_; }
+  void WillRead(uint64_t i) const override { hints_.push_back(i); }  // from Acquire's thread only
+  std::vector<uint64_t> TakeHints() const { return std::exchange(hints_, {}); }
+
+ private:
+  const uint32_t depth_;
+  mutable std::vector<uint64_t> hints_;
+};
+
+// The read-ahead is fed from the plan, not from what the budget admits: with
+// room for 3 chunks and no decodes started ahead, each batch still hints the
+// next 3 chunks to read, in the plan's order, and the next epoch's hints skip
+// the chunks the cache kept. A source that does not read ahead gets none.
+TEST(ChunkCacheTest, ReadAheadHintsFollowThePlanBeyondTheBudget) {
+  EpochPlan e1 = PlanOf({{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}, 8);
+  EpochPlan e2 = PlanOf({{0}, {3}, {1}, {4}, {2}, {5}}, 8);
+  for (uint32_t depth : {0u, 3u}) {
+    SCOPED_TRACE(depth);
+    ReadAheadSource src(8, depth);
+    ChunkCache cache(src, 300);
+    tbb::task_group tasks;
+    cache.BeginEpoch(&e1, 0);
+    for (uint64_t b = 0; b < e1.num_batches; ++b) {
+      auto h = cache.Acquire(b, /*max_pending=*/0, tasks);
+      std::vector<uint64_t> want;
+      for (uint64_t c = b + 1; c < std::min<uint64_t>(b + 1 + depth, 8); ++c) want.push_back(c);
+      EXPECT_EQ(src.TakeHints(), want) << "batch " << b;
+      for (auto& e : h) ASSERT_TRUE(cache.Ensure(*e).ok());
+    }
+    // Kept in free room: 0, 1 and 2, decoded. Epoch 2 hints past them.
+    EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1, 2}));
+    cache.BeginEpoch(&e2, 0);
+    auto h = cache.Acquire(0, /*max_pending=*/0, tasks);
+    EXPECT_EQ(src.TakeHints(), depth == 0 ? std::vector<uint64_t>{} : (std::vector<uint64_t>{3, 4, 5}));
+    for (auto& e : h) ASSERT_TRUE(cache.Ensure(*e).ok());
+    tasks.wait();
+    EXPECT_EQ(src.reads(), 8u);  // the hints change no read
+  }
 }
 
 }  // namespace
