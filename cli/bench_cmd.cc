@@ -1,6 +1,7 @@
 // `gpufeed bench ...`: benchmarks that verify what they read before timing.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -712,6 +713,8 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", *json, "print as JSON");
   cmd->callback([json, exit_code] {
     const GpuReport r = QueryGpus();
+    const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");  // main() sets it unless the job did
+    const std::string conn = connections != nullptr ? connections : "";
     if (*json) {
       nlohmann::json devs = nlohmann::json::array();
       for (const GpuDevice& d : r.devices) {
@@ -724,12 +727,13 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
                                           {"driver_version", r.driver_version},
                                           {"runtime_version", r.runtime_version},
                                           {"devices", devs},
+                                          {"cuda_device_max_connections", conn},
                                           {"reason", r.reason}})
                               .dump(2)
                               .c_str());
     } else {
-      std::printf("built with CUDA: %s (runtime %d), driver %d\n", r.built_with_cuda ? "yes" : "no", r.runtime_version,
-                  r.driver_version);
+      std::printf("built with CUDA: %s (runtime %d), driver %d; CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
+                  r.built_with_cuda ? "yes" : "no", r.runtime_version, r.driver_version, conn.c_str());
       for (const GpuDevice& d : r.devices) {
         std::printf("  %d: %s, %.1f GiB, sm_%d%d\n", d.index, d.name.c_str(), d.memory_bytes / 1073741824.0, d.cc_major,
                     d.cc_minor);

@@ -63,6 +63,12 @@ void RefuseNegativeCounts(CLI::App* app) {
 }  // namespace gpufeed::cli
 
 int main(int argc, char** argv) {
+  // CUDA's hardware work queues, 32 (the most) rather than 8 unless the job
+  // set them, before any CUDA context: with 8, the GPU decoder's streams
+  // (nvJPEG's, the feed's) share queues with the model's and NCCL's, and
+  // their work waits behind a training step (as the Python package does,
+  // python/gpufeed/__init__.py; `gpufeed devices` shows the value).
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
   CLI::App app{"gpufeed: keeps GPUs fed from HDF5 datasets"};
   app.require_subcommand(1);
   app.fallthrough();  // app-level flags (--trust-files) may follow the subcommand too

@@ -279,7 +279,18 @@ Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
   // disk (cold celeba-deflate on the H200: 0.55 of the O_DIRECT ceiling).
   // Buffered: the loader's WillRead hints (posix_fadvise WILLNEED) carry the
   // plan's order to the kernel's read-ahead.
-  const unsigned depth = std::clamp(std::thread::hardware_concurrency(), 4u, 32u);
+  // GPUFEED_IO_DEPTH sets it (a fast NVMe drive may want more reads queued).
+  unsigned depth = std::clamp(std::thread::hardware_concurrency(), 4u, 32u);
+  if (const char* d = std::getenv("GPUFEED_IO_DEPTH"); d != nullptr && d[0] != '\0') {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(d, &end, 10);
+    if (*end != '\0' || d[0] == '-' || v < 1 || v > 256) {
+      return Status::InvalidArgument(std::string("GPUFEED_IO_DEPTH='") + d +
+                                     "': expected a number of chunks from 1 to 256 (the direct I/O read-ahead's "
+                                     "depth; unset: one per hardware thread, 4 to 32)");
+    }
+    depth = static_cast<unsigned>(v);
+  }
   std::string what_io;
   bool fell_back = false;
   auto opened = io::OpenRandomAccessFile(info.file, mode == IoMode::kDirect, depth, &what_io, &fell_back, &identity);

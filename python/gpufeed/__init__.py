@@ -11,7 +11,20 @@ zero-copy PyTorch tensors, NumPy arrays or DLPack arrays.
 Pure Python over libgpufeed.so's C API (ctypes), standard library only;
 torch and NumPy are used when importable. See docs/python.md.
 """
-from ._lib import lib as _lib_handle
+import os as _os
+
+# CUDA's hardware work queues: a device takes CUDA_DEVICE_MAX_CONNECTIONS
+# of them (8 unless set), and streams beyond that share a queue, where each
+# operation waits for the one queued before it whatever its stream. nvJPEG's
+# internal streams, the feed's, the model's and NCCL's are more than 8, so the
+# GPU decoder's copies and kernels waited behind a training step's: two H200s
+# under torchrun fed ResNet-18 at 0.76 of its ceiling with 8 and 0.84-0.90
+# with 32 (docs/benchmarks.md). 32, the most, where the job has not chosen;
+# it applies to CUDA contexts made after this import (import gpufeed before
+# the first CUDA call; a value in the environment is left as it is).
+_os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+from ._lib import lib as _lib_handle  # noqa: E402
 from ._dlpack import Array
 from .errors import (CorruptError, Error, InternalError, InvalidArgumentError, IOFailureError, NotFoundError,
                      UnsupportedError)

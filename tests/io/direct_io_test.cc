@@ -164,6 +164,25 @@ TEST(DirectIoTest, EnvironmentChoosesTheModeAndAutoExplainsItself) {
     EXPECT_NE(ds.status().message().find("GPUFEED_IO"), std::string::npos);
     EXPECT_NE(ds.status().message().find("auto, direct, buffered"), std::string::npos);
   }
+  // The read-ahead's depth: GPUFEED_IO_DEPTH, checked.
+  {
+    EnvGuard env("GPUFEED_IO_DEPTH", "5");
+    auto ds = Dataset::Open(path, Opts(IoMode::kDirect));
+    ASSERT_TRUE(ds.ok());
+    if (ds->info().io_note.find("io_uring read-ahead") != std::string::npos) {
+      EXPECT_EQ(ds->read_ahead_chunks(), 5u) << ds->info().io_note;
+    }
+    auto b = Dataset::Open(path, Opts(IoMode::kBuffered));
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(b->read_ahead_chunks(), 0u);  // the kernel reads ahead through the page cache
+  }
+  for (const char* bad : {"0", "257", "-3", "8x"}) {
+    EnvGuard env("GPUFEED_IO_DEPTH", bad);
+    auto ds = Dataset::Open(path, Opts(IoMode::kDirect));
+    ASSERT_FALSE(ds.ok()) << bad;
+    EXPECT_NE(ds.status().message().find("GPUFEED_IO_DEPTH='" + std::string(bad) + "'"), std::string::npos)
+        << ds.status().message();
+  }
 }
 
 TEST(DirectIoTest, DirectModeLeavesThePageCacheAlone) {

@@ -586,3 +586,14 @@ def test_next_epoch_started_at_the_end_is_only_taken_when_asked(index_file, feed
         assert len(got) == len(fresh_epoch(epoch))
         assert_same(got, fresh_epoch(epoch))
     loader.close()
+
+
+def test_import_gives_cuda_its_most_connections_unless_the_job_chose():
+    # Set at import, before any CUDA context (the GPU decoder's streams
+    # otherwise share CUDA's 8 hardware queues with the model's and NCCL's).
+    code = ("import os\n"
+            "os.environ.pop('CUDA_DEVICE_MAX_CONNECTIONS', None) if os.environ.get('KEEP') != '1' else None\n"
+            "import gpufeed\n"
+            "print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))\n")
+    assert run_python(code).strip() == "32"
+    assert run_python(code, env={"KEEP": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}).strip() == "1"
