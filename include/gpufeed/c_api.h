@@ -26,6 +26,12 @@
  * message is the C++ Status's: it names the file, dataset, chunk or daemon
  * and the cause. Passing NULL for `error` is allowed (the code alone).
  *
+ * CUDA. The library does not change the process's environment. A program
+ * that decodes on the GPU beside a model does best with CUDA's 32 hardware
+ * queues rather than its default 8: set CUDA_DEVICE_MAX_CONNECTIONS=32
+ * before its first CUDA call, as the Python package (at import) and the
+ * gpufeed CLI do (docs/python.md).
+ *
  * Threads. Unless a call says otherwise, the calls on one gpufeed_loader are
  * made from one thread at a time (the consumer's, as with the C++ Loader).
  * gpufeed_loader_interrupt, gpufeed_batch_destroy and DLPack deleters may be
