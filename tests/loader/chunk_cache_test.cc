@@ -196,6 +196,7 @@ TEST(ChunkCacheTest, ReadAheadHintsFollowThePlanBeyondTheBudget) {
     cache.BeginEpoch(&e2, 0);
     auto h = cache.Acquire(0, /*max_pending=*/0, tasks);
     EXPECT_EQ(src.TakeHints(), depth == 0 ? std::vector<uint64_t>{} : (std::vector<uint64_t>{3, 4, 5}));
+    EXPECT_EQ(cache.counters().read_hints.load(), depth);  // counted from the epoch's start
     for (auto& e : h) ASSERT_TRUE(cache.Ensure(*e).ok());
     tasks.wait();
     EXPECT_EQ(src.reads(), 8u);  // the hints change no read
