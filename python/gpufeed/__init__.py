@@ -22,7 +22,18 @@ import os as _os
 # with 32 (docs/benchmarks.md). 32, the most, where the job has not chosen;
 # it applies to CUDA contexts made after this import (import gpufeed before
 # the first CUDA call; a value in the environment is left as it is).
-_os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+if "CUDA_DEVICE_MAX_CONNECTIONS" not in _os.environ:
+    _os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
+    # Too late for a context torch has made already: say so (torch is not
+    # imported here; a program that made a context has imported it).
+    _torch = __import__("sys").modules.get("torch")
+    _cuda = getattr(_torch, "cuda", None)
+    if _cuda is not None and getattr(_cuda, "is_initialized", lambda: False)():
+        import warnings as _warnings
+        _warnings.warn("gpufeed was imported after CUDA started: its default CUDA_DEVICE_MAX_CONNECTIONS=32 (CUDA's "
+                       "hardware queues; 8 otherwise, which slows the GPU decoder beside a model) applies only to "
+                       "contexts made later. Import gpufeed before the first CUDA call, or set the variable in the "
+                       "job's environment.", RuntimeWarning, stacklevel=2)
 
 from ._lib import lib as _lib_handle  # noqa: E402
 from ._dlpack import Array

@@ -597,3 +597,20 @@ def test_import_gives_cuda_its_most_connections_unless_the_job_chose():
             "print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))\n")
     assert run_python(code).strip() == "32"
     assert run_python(code, env={"KEEP": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}).strip() == "1"
+
+
+def test_import_after_cuda_started_says_the_default_comes_too_late():
+    # A stand-in torch whose CUDA has started (this machine may have none).
+    code = ("import os, sys, types, warnings\n"
+            "os.environ.pop('CUDA_DEVICE_MAX_CONNECTIONS', None) if os.environ.get('KEEP') != '1' else None\n"
+            "torch = types.ModuleType('torch'); torch.cuda = types.SimpleNamespace(is_initialized=lambda: True)\n"
+            "sys.modules['torch'] = torch\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import gpufeed\n"
+            "print([str(x.message) for x in w if issubclass(x.category, RuntimeWarning)])\n")
+    out = run_python(code)
+    assert "imported after CUDA started" in out and "Import gpufeed before the first CUDA call" in out, out
+    # The job's own value: nothing to say.
+    out = run_python(code, env={"KEEP": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
+    assert out.strip() == "[]", out
