@@ -18,7 +18,7 @@ import os as _os
 # operation waits for the one queued before it whatever its stream. nvJPEG's
 # internal streams, the feed's, the model's and NCCL's are more than 8, so the
 # GPU decoder's copies and kernels waited behind a training step's: two H200s
-# under torchrun fed ResNet-18 at 0.76 of its ceiling with 8 and 0.84-0.90
+# under torchrun fed ResNet-18 at 0.76 of its ceiling with 8 and 0.84-0.91
 # with 32 (docs/benchmarks.md). 32, the most, where the job has not chosen;
 # it applies to CUDA contexts made after this import (import gpufeed before
 # the first CUDA call; a value in the environment is left as it is).
@@ -34,6 +34,7 @@ if "CUDA_DEVICE_MAX_CONNECTIONS" not in _os.environ:
                        "hardware queues; 8 otherwise, which slows the GPU decoder beside a model) applies only to "
                        "contexts made later. Import gpufeed before the first CUDA call, or set the variable in the "
                        "job's environment.", RuntimeWarning, stacklevel=2)
+    del _torch, _cuda
 
 from ._lib import lib as _lib_handle  # noqa: E402
 from ._dlpack import Array
