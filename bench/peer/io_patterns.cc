@@ -81,9 +81,12 @@ int main(int argc, char** argv) {
       });
     for (auto& t : th) t.join();
   } else {
+    const size_t per = chunk / split;  // SQEs a chunk
     io_uring ring;
-    io_uring_queue_init(1024, &ring, 0);
-    size_t per = chunk / split;  // SQEs a chunk
+    if (io_uring_queue_init(static_cast<unsigned>(std::max<size_t>(per * par, 2)), &ring, 0) < 0) {
+      std::fprintf(stderr, "io_patterns: io_uring refused %zu entries\n", per * par);
+      return 1;
+    }
     std::vector<void*> bufs(par);
     for (auto& b : bufs) posix_memalign(&b, 4096, chunk);
     std::vector<int> pending(par, 0);

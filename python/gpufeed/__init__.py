@@ -12,6 +12,7 @@ Pure Python over libgpufeed.so's C API (ctypes), standard library only;
 torch and NumPy are used when importable. See docs/python.md.
 """
 import os as _os
+import sys as _sys
 
 # CUDA's hardware work queues: a device takes CUDA_DEVICE_MAX_CONNECTIONS
 # of them (8 unless set), and streams beyond that share a queue, where each
@@ -26,7 +27,7 @@ if "CUDA_DEVICE_MAX_CONNECTIONS" not in _os.environ:
     _os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
     # Too late for a context torch has made already: say so (torch is not
     # imported here; a program that made a context has imported it).
-    _torch = __import__("sys").modules.get("torch")
+    _torch = _sys.modules.get("torch")
     _cuda = getattr(_torch, "cuda", None)
     if _cuda is not None and getattr(_cuda, "is_initialized", lambda: False)():
         import warnings as _warnings
