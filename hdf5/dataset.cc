@@ -247,6 +247,16 @@ struct Dataset::Impl {
   std::string ChunkWhat(uint64_t i) const { return what + " chunk " + std::to_string(i); }
 
   Status ReadDirect(uint64_t i, std::span<std::byte> dst) const;
+  // Chunk i (direct path) is stored exactly as it reads: contiguous, or
+  // unfiltered at its full decoded size.
+  bool RawChunk(uint64_t i) const {
+    if (contiguous) return true;
+    if (i >= chunk_size.size()) return false;
+    const bool unfiltered = pipeline.empty() || chunk_mask[i] == (1u << pipeline.size()) - 1;
+    return unfiltered && chunk_size[i] == chunk_samples * sample_bytes;
+  }
+  // dst.size() bytes from byte `skip` of raw chunk i (RawChunk(i)).
+  Status ReadRawPart(uint64_t i, uint64_t skip, std::span<std::byte> dst) const;
   Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) EXCLUDES(h5_mu);
   Result<std::string> PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size);
   Status ChooseIo(IoMode asked, uint64_t file_size);
@@ -349,6 +359,18 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
   }
   return codec::DecodeChunk(pipeline, chunk_mask[i], std::span(raw.data(), stored), decoded, dst, scratch,
                             ChunkWhat(i));
+}
+
+Status Dataset::Impl::ReadRawPart(uint64_t i, uint64_t skip, std::span<std::byte> dst) const {
+  const uint64_t base = contiguous ? contiguous_addr + i * chunk_samples * sample_bytes : chunk_addr[i];
+  const uint64_t off = base + skip;
+  const int64_t r = ReadAt(i, dst.data(), dst.size(), off);
+  if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
+  if (static_cast<uint64_t>(r) != dst.size()) {
+    return Status::Corrupt(ChunkWhat(i) + ": file is truncated (needed " + std::to_string(dst.size()) +
+                           " bytes at offset " + std::to_string(off) + ", got " + std::to_string(r) + ")");
+  }
+  return Status::Ok();
 }
 
 Status Dataset::Impl::ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) {
@@ -484,6 +506,10 @@ Status Dataset::ReadSamples(uint64_t first, uint64_t count, std::span<std::byte>
     std::byte* out = dst.data() + (s - first) * sb;
     if (s == c_first && take == c_n) {
       GPUFEED_RETURN_IF_ERROR(ReadChunk(c, std::span(out, take * sb)));
+    } else if (impl_->info.read_path == ReadPath::kDirect && impl_->info.unreadable.empty() && impl_->RawChunk(c)) {
+      // Part of a chunk stored as it reads (an encoded sample's bytes in
+      // a 256 KiB byte chunk): those bytes alone, not the whole chunk.
+      GPUFEED_RETURN_IF_ERROR(impl_->ReadRawPart(c, (s - c_first) * sb, std::span(out, take * sb)));
     } else {
       if (tmp.size() < c_n * sb) tmp.resize(c_n * sb);
       GPUFEED_RETURN_IF_ERROR(ReadChunk(c, std::span(tmp.data(), c_n * sb)));

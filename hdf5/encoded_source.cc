@@ -137,16 +137,21 @@ class EncodedSourceImpl final : public EncodedImageSource {
 
   Result<std::unique_ptr<EncodedImageSource>> WithDecodeOptions(const DecodeOptions& decode) const override {
     GPUFEED_RETURN_IF_ERROR(ValidateDecodeOptions(decode));
-    auto s = std::make_unique<EncodedSourceImpl>(index_);
-    s->storage_ = storage_;
-    s->file_ = file_;
-    s->path_ = path_;
-    s->name_ = name_;
-    s->n_ = n_;
+    auto s = SameSamples();
     s->group_ = group_;
     s->max_chunk_bytes_ = max_chunk_bytes_;
     GPUFEED_RETURN_IF_ERROR(s->SetDecode(decode));
     return std::unique_ptr<EncodedImageSource>(std::move(s));
+  }
+
+  std::unique_ptr<EncodedImageSource> WithReadUnit(uint64_t samples) const override {
+    auto s = SameSamples();
+    s->decoder_ = decoder_;
+    s->decode_ = decode_;
+    s->shape_ = shape_;
+    s->sample_bytes_ = sample_bytes_;
+    s->SetGroup(std::clamp<uint64_t>(samples, 1, kMaxChunkSamples));
+    return s;
   }
 
   Status ReadEncoded(uint64_t k, std::vector<uint8_t>* out) const override {
@@ -232,12 +237,27 @@ class EncodedSourceImpl final : public EncodedImageSource {
     }
     // Group samples into loader chunks of about kTargetChunkBytes.
     const uint64_t avg = std::max<uint64_t>(1, offsets_.back() / n_);
-    group_ = std::clamp<uint64_t>(kTargetChunkBytes / avg, 1, kMaxChunkSamples);
-    for (uint64_t c = 0; c < num_chunks(); ++c) max_chunk_bytes_ = std::max(max_chunk_bytes_, chunk_buffer_bytes(c));
+    SetGroup(std::clamp<uint64_t>(kTargetChunkBytes / avg, 1, kMaxChunkSamples));
     return Status::Ok();
   }
 
  private:
+  // A source over this one's samples (index, storage, names), its read unit
+  // and decoder still to set.
+  std::unique_ptr<EncodedSourceImpl> SameSamples() const {
+    auto s = std::make_unique<EncodedSourceImpl>(index_);
+    s->storage_ = storage_;
+    s->file_ = file_;
+    s->path_ = path_;
+    s->name_ = name_;
+    s->n_ = n_;
+    return s;
+  }
+  void SetGroup(uint64_t group) {
+    group_ = group;
+    max_chunk_bytes_ = 0;
+    for (uint64_t c = 0; c < num_chunks(); ++c) max_chunk_bytes_ = std::max(max_chunk_bytes_, chunk_buffer_bytes(c));
+  }
   Status SetDecode(const DecodeOptions& decode) {
     auto decoder = MakeImageDecoder(decode);
     if (!decoder.ok()) return decoder.status();

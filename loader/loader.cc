@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -29,6 +30,8 @@
 #include "common/trace.h"
 #include "common/host_buffer.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/encoded.h"
+#include "gpufeed/sample_decoder.h"
 #include "loader/batch_pool.h"
 #include "loader/chunk_cache.h"
 #include "loader/decode_stage.h"
@@ -54,7 +57,30 @@ void ProcessFaults(uint64_t* minor, uint64_t* major) {
 
 struct LocalStream;
 
+// The read unit of an encoded source under `o`: null to read the source's
+// own runs (about 4 MiB of consecutive samples), or a view whose read unit
+// is one sample. A uniform shuffle (Order::kRandom) meets a run's samples at
+// random points of the epoch: unless the cache holds every run, each of
+// them costs the whole run (40 samples read to decode one). One sample's
+// bytes a read makes an encoded sample cost its own bytes in any order, and
+// the cache keeps the samples, not runs, across epochs. Not with
+// skip_corrupt: a corrupt sample's replacement comes from its own read unit.
+// GPUFEED_SAMPLE_READS=0 keeps the runs (for A/B measurements).
+namespace {
+std::unique_ptr<ChunkSource> SampleReadUnits(const ChunkSource& s, const LoaderOptions& o) {
+  if (o.order != Order::kRandom || !s.decodes_samples() || s.chunk_samples() <= 1) return nullptr;
+  if (const char* ab = std::getenv("GPUFEED_SAMPLE_READS"); ab != nullptr && std::string_view(ab) == "0") {
+    return nullptr;
+  }
+  const auto* encoded = dynamic_cast<const EncodedImageSource*>(&s);
+  const auto decoder = s.sample_decoder();
+  if (encoded == nullptr || decoder == nullptr || decoder->replaces_corrupt()) return nullptr;
+  return encoded->WithReadUnit(1);
+}
+}  // namespace
+
 struct Loader::Impl {
+  std::unique_ptr<ChunkSource> sample_units;  // SampleReadUnits: before `source`, which may name it
   const ChunkSource& source;
   LoaderOptions options;
   BatchSourceInfo info;
@@ -95,7 +121,9 @@ struct Loader::Impl {
     return host / (host + device);
   }
 
-  Impl(const ChunkSource& s, const LoaderOptions& o) : source(s), options(o) {
+  Impl(const ChunkSource& given, const LoaderOptions& o)
+      : sample_units(SampleReadUnits(given, o)), source(sample_units ? *sample_units : given), options(o) {
+    const ChunkSource& s = source;
     // A batch larger than the rank's share only costs memory (its pool is
     // prefetch + 1 such batches): clamp it.
     const uint64_t world = static_cast<uint64_t>(std::max(1, o.world_size));

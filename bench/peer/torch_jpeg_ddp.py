@@ -35,6 +35,10 @@ def main():
     p.add_argument("--threads", type=int, default=4, help="loader threads a rank")
     p.add_argument("--decode", default="auto", choices=["auto", "gpu", "cpu"])
     p.add_argument("--model", default="resnet18")
+    p.add_argument("--order", default="block", choices=["block", "random", "sequential"])
+    p.add_argument("--share", default="auto", choices=["auto", "none", "node"])
+    p.add_argument("--loader-first", action="store_true",
+                   help="make the Loader before the model and the ceiling, as training scripts do")
     p.add_argument("--json")
     a = p.parse_args()
     dist.init_process_group("nccl")
@@ -46,6 +50,15 @@ def main():
         labels = f["labels"][()]
     n, want = len(labels), int(labels.sum())
     classes = int(labels.max()) + 1
+    mean = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+    std = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+
+    def make_loader():
+        return gpufeed.Loader(a.data, batch_size=a.batch_size, device="cuda", dtype=torch.bfloat16, layout="NHWC",
+                              threads=a.threads, decode=a.decode, seed=1, mean=mean, std=std, order=a.order,
+                              share=a.share)
+
+    loader = make_loader() if a.loader_first else None
     torch.manual_seed(0)
     model = getattr(torchvision.models, a.model)(num_classes=classes).to(dev).to(memory_format=torch.channels_last)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
@@ -77,10 +90,8 @@ def main():
     ceiling = steps * a.batch_size * world / wall.item()
     del xs, ys
 
-    mean = [0.485 * 255, 0.456 * 255, 0.406 * 255]
-    std = [0.229 * 255, 0.224 * 255, 0.225 * 255]
-    loader = gpufeed.Loader(a.data, batch_size=a.batch_size, device="cuda", dtype=torch.bfloat16, layout="NHWC",
-                            threads=a.threads, decode=a.decode, seed=1, mean=mean, std=std)
+    if loader is None:
+        loader = make_loader()
     rates = []
     for e in range(a.epochs):
         loader.set_epoch(e)
@@ -105,12 +116,13 @@ def main():
         rates.append(n / wall.item())
     st = loader.stats()
     split = {k: st.get(k) for k in ("feed_decoded_on_device", "feed_decoded_by_loader", "balanced_samples",
-                                    "host_decode_share", "feed_decode_seconds", "feed_data_wait_seconds")}
+                                    "host_decode_share", "feed_decode_seconds", "feed_data_wait_seconds",
+                                    "chunk_reads", "bytes_read")}
     splits = [None] * world
     dist.all_gather_object(splits, split)
     if rank == 0:
-        print("%s x %d GPUs (%s), %d loader threads a rank, decode=%s [%s]: ceiling %.0f images/s; epochs %s "
-              "images/s = %s of the ceiling" % (a.model, world, torch.cuda.get_device_name(0), a.threads, a.decode,
+        print("%s x %d GPUs (%s), %d loader threads a rank, order=%s, share=%s, decode=%s [%s]: ceiling %.0f images/s; epochs %s "
+              "images/s = %s of the ceiling" % (a.model, world, torch.cuda.get_device_name(0), a.threads, a.order, loader.share, a.decode,
                                                 loader.decode, ceiling, " ".join("%.0f" % r for r in rates),
                                                 " ".join("%.3f" % (r / ceiling) for r in rates)), flush=True)
         for r, s in enumerate(splits):
@@ -118,6 +130,7 @@ def main():
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"model": a.model, "gpus": world, "threads": a.threads, "decode": loader.decode,
+                           "order": a.order, "share": loader.share, "loader_first": a.loader_first,
                            "ceiling": ceiling, "rates": rates, "splits": splits}, f, indent=1)
     loader.close()
     dist.destroy_process_group()

@@ -73,6 +73,15 @@ class EncodedImageSource : public ChunkSource {
   // InvalidArgument as ValidateDecodeOptions. Thread-safe; either source may
   // be destroyed first.
   virtual Result<std::unique_ptr<EncodedImageSource>> WithDecodeOptions(const DecodeOptions& decode) const = 0;
+  // A source over the same stored samples and decoder whose loader chunks
+  // (read units) hold `samples` consecutive samples (at least 1; 1: each
+  // sample is its own read, of its own bytes only). The default groups
+  // about 4 MiB of consecutive samples: one read serves a block-order
+  // window's samples; a uniform shuffle (Order::kRandom) touches one sample
+  // of a run at a time, and there a run costs its whole 4 MiB for one
+  // sample (the Loader takes units of one sample then). Shares the index
+  // as WithDecodeOptions does. Thread-safe.
+  virtual std::unique_ptr<EncodedImageSource> WithReadUnit(uint64_t samples) const = 0;
 };
 
 // Opens the encoded field at spec (DetectEncoded must not say kNone:

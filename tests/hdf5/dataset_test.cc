@@ -94,6 +94,13 @@ TEST_P(DatasetLayoutTest, ReadsBackExactlyOnBothPaths) {
   std::vector<std::byte> part(9 * sample_bytes);
   ASSERT_TRUE(ds->ReadSamples(5, 9, part).ok());
   EXPECT_TRUE(std::equal(part.begin(), part.end(), data.begin() + 5 * sample_bytes));
+  // Each sample alone (a raw chunk's part is read by itself), the last
+  // chunk's partial tail included.
+  std::vector<std::byte> one(sample_bytes);
+  for (uint64_t k = 0; k < kN; ++k) {
+    ASSERT_TRUE(ds->ReadSamples(k, 1, one).ok()) << k;
+    ASSERT_TRUE(std::equal(one.begin(), one.end(), data.begin() + k * sample_bytes)) << "sample " << k;
+  }
 
   OpenOptions forced;
   forced.force_hdf5_path = true;

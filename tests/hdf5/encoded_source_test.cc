@@ -226,6 +226,69 @@ TEST(EncodedSourceTest, ConvertAndLoaderRoundTripEveryKind) {
   }
 }
 
+// A uniform shuffle reads each sample's own bytes: the loader takes read
+// units of one sample (EncodedImageSource::WithReadUnit), so a cache far
+// smaller than the data costs no sample more than its stored bytes, where
+// runs of consecutive samples would be read again for every batch.
+TEST(EncodedSourceTest, RandomOrderReadsEachSampleItsOwnBytes) {
+  const uint64_t n = 35;
+  Folder f = MakeFolder("enc_units", n);
+  const std::string path = Convert(f, "x.h5");
+  DecodeOptions d;
+  d.height = 24;
+  d.width = 32;
+  d.transform = ImageTransform::kCenterCrop;
+  auto src = OpenEncodedImages(path, {}, d);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ASSERT_GT((*src)->chunk_samples(), 7u) << "the files must share a run for this test to mean anything";
+
+  // The view: sample k is chunk k, its bytes alone, decoded as before.
+  auto one = (*src)->WithReadUnit(1);
+  ASSERT_EQ(one->num_chunks(), n);
+  ASSERT_EQ(one->chunk_samples(), 1u);
+  EXPECT_EQ(one->sample_bytes(), (*src)->sample_bytes());
+  EXPECT_EQ((*src)->WithReadUnit(4)->num_chunks(), (n + 3) / 4);
+  for (uint64_t k = 0; k < n; ++k) {
+    ASSERT_EQ(one->chunk_buffer_bytes(k), f.files[k].size());
+    std::vector<std::byte> buf(one->chunk_buffer_bytes(k));
+    ASSERT_TRUE(one->ReadChunk(k, buf).ok());
+    auto bytes = one->EncodedBytes(buf, k, k);
+    ASSERT_TRUE(bytes.ok());
+    ASSERT_TRUE(std::equal(bytes->begin(), bytes->end(), reinterpret_cast<const std::byte*>(f.files[k].data())))
+        << "sample " << k;
+  }
+
+  auto epoch_stats = [&](Order order, uint64_t cache_bytes) {
+    LoaderOptions lo = Opts(2);
+    lo.order = order;
+    lo.cache_bytes = cache_bytes;
+    Loader loader(**src, lo);
+    EpochStream stream = loader.Epoch(0);
+    std::set<uint64_t> seen;
+    for (;;) {
+      auto b = stream.Next();
+      EXPECT_TRUE(b.ok()) << b.status().ToString();
+      if (!b.ok() || !b->has_value()) break;
+      for (uint64_t i = 0; i < (*b)->size(); ++i) {
+        const uint64_t k = (*b)->indices()[i];
+        EXPECT_TRUE(seen.insert(k).second) << "sample " << k << " twice";
+        const auto m = MeanColor((*b)->images().data() + i * (*b)->sample_bytes(), 24, 32);
+        const auto c = ColorOf(k);
+        EXPECT_NEAR(m[0], c[0], 4.0) << "sample " << k;  // red: greyscale JPEGs hold it too
+      }
+    }
+    EXPECT_EQ(seen.size(), n);
+    return stream.stats();
+  };
+  const LoaderStats random = epoch_stats(Order::kRandom, 1);  // nothing kept: every use is a read
+  EXPECT_EQ(random.chunk_reads, n);
+  EXPECT_EQ(random.bytes_read, (*src)->stored_bytes());
+  // Block order keeps its runs: one read serves a window's samples.
+  const LoaderStats block = epoch_stats(Order::kBlock, 64 << 20);
+  EXPECT_EQ(block.chunk_reads, (*src)->num_chunks());
+  EXPECT_EQ(block.bytes_read, (*src)->stored_bytes());
+}
+
 TEST(EncodedSourceTest, CropIsAPureFunctionOfSeedEpochAndSample) {
   // Textured images, so different crops give different bytes.
   const fs::path dir = fs::path(testing::MakeTempDir("enc_det")) / "images";
