@@ -52,6 +52,10 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--lease-file", o->lease_file,
                   "stop once no process holds a shared flock on this file (how gpufeed.Loader(share=\"node\") "
                   "ends the node's server with the job's last rank)");
+  cmd->add_option("--lease-lock", o->lease_lock_file,
+                  "the clients' start-up lock: when the lease ends and this lock is free, the lease file, this "
+                  "file and the --lease-remove files are removed");
+  cmd->add_option("--lease-remove", o->lease_remove, "a file to remove with the lease file (see --lease-lock)");
   cmd->callback([o, exit_code, cmd, data_opt, field_opt, field_args, no_axis_opt, no_axis_count] {
     // Each --field and --no-sample-axis belongs to the --data before it
     // (CLI11 records every value's and flag's option in command-line order).

@@ -31,9 +31,24 @@ Result<JobRanks> JobRanksFromEnv();
 // and MASTER_PORT, else the process group.
 std::string JobId(bool per_node);
 
-// A writable directory for the node's sockets and rendezvous files:
-// $GPUFEED_NODE_DIR, else $XDG_RUNTIME_DIR, else $TMPDIR, else /tmp.
+// The node's private directory for sockets and rendezvous files (this
+// user's, shared by all of this user's jobs on the host): $GPUFEED_NODE_DIR,
+// else $XDG_RUNTIME_DIR/gpufeed, else gpufeed-<euid> in $TMPDIR, else in
+// /tmp. Created with mode 0700 when absent, then checked (lstat, then
+// open(O_DIRECTORY|O_NOFOLLOW) and fstat): a directory, not a symbolic link,
+// owned by this process's effective uid, mode exactly 0700. Anything else is
+// InvalidArgument naming the path, what is wrong and the fix (remove it, or
+// set GPUFEED_NODE_DIR); no writable place at all is IOError. Another local
+// user can then neither plant a server or a link where a rank looks, nor
+// read what is there (STYLE.md practice 24).
 Result<std::string> NodeDir();
+
+// Opens `path` (a file in NodeDir()) with `flags` | O_NOFOLLOW | O_CLOEXEC,
+// mode 0600 when created, and checks what was opened: a regular file owned
+// by this process's effective uid with no group or other bits. A symbolic
+// link is refused (IOError, ELOOP), never followed; the rest is
+// InvalidArgument naming the path. Returns the descriptor, the caller's.
+Result<int> OpenPrivateFile(const std::string& path, int flags);
 
 }  // namespace gpufeed
 

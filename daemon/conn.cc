@@ -79,9 +79,32 @@ Result<Conn> Conn::Connect(const Address& a, int timeout_ms) {
     return Status::IOError(c.peer_ + ": connect: " + Errno(r < 0 ? errno : err) +
                            " (is `gpufeed serve` listening there?)");
   }
+  if (a.kind == Address::Kind::kUnix) GPUFEED_RETURN_IF_ERROR(c.CheckPeerUid());
   int buf = 4 << 20;  // a batch or more in flight per syscall
   ::setsockopt(c.fd_, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
   return c;
+}
+
+// Whoever can create a socket file where this process looks (a shared
+// directory, a path another user guessed) could otherwise receive the HELLO
+// with its token, a shared-memory descriptor and the client's trust in its
+// error text. The kernel's record of the listener's uid settles it before
+// any byte is sent. Root gets no exception: a root daemon's socket is 0600
+// too, so only root's own clients could reach it.
+Status Conn::CheckPeerUid() const {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    return Status::IOError(peer_ + ": cannot read the server's uid (SO_PEERCRED): " + Errno(errno) +
+                           "; nothing was sent");
+  }
+  if (peer.uid != ::geteuid()) {
+    return Status::InvalidArgument(peer_ + ": the process listening there runs as uid " + std::to_string(peer.uid) +
+                                   ", not as this process's uid " + std::to_string(::geteuid()) +
+                                   "; nothing was sent. A Unix socket's server must be your own: remove the "
+                                   "socket or connect to a daemon you started");
+  }
+  return Status::Ok();
 }
 
 Status Conn::SendAll(std::span<const std::byte> bytes, int timeout_ms) {

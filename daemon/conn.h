@@ -24,6 +24,8 @@ class Conn {
   Conn(Conn&& o) noexcept;
   Conn& operator=(Conn&& o) noexcept;
 
+  // On a unix: address, refuses (InvalidArgument, nothing sent) a server
+  // that runs as another uid than this process's effective uid.
   static Result<Conn> Connect(const Address& a, int timeout_ms);
   bool is_open() const { return fd_ >= 0; }
   const std::string& peer() const { return peer_; }
@@ -51,6 +53,9 @@ class Conn {
 
  private:
   Status Gone(const std::string& what) const;
+  // A Unix socket's listener runs as this process's effective uid
+  // (SO_PEERCRED); else InvalidArgument naming the socket and both uids.
+  Status CheckPeerUid() const;
   Status ForeignVersionError(const HeaderBytes& hb, uint16_t theirs, const Status& mismatch, int timeout_ms);
   int fd_ = -1;
   std::string peer_;

@@ -127,7 +127,9 @@ class Fd {  // closes on scope exit
   int fd_;
 };
 
-Status Spawn(const std::vector<std::string>& args, const std::string& log, pid_t* pid) {
+// Starts `args` with stdin and stdout on /dev/null and stderr on `log_fd`
+// (a private file this rank just created: no path is opened in the child).
+Status Spawn(const std::vector<std::string>& args, int log_fd, pid_t* pid) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -137,7 +139,7 @@ Status Spawn(const std::vector<std::string>& args, const std::string& log, pid_t
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, log_fd, 2);  // dup2 clears FD_CLOEXEC on 2
   posix_spawn_file_actions_addclosefrom_np(&fa, 3);  // nothing of this process's, its lease above all
   // A session of its own: the terminal's Ctrl-C and the launcher's signals
   // to the ranks' group do not reach it; the lease ends it.
@@ -147,6 +149,50 @@ Status Spawn(const std::vector<std::string>& args, const std::string& log, pid_t
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return Status::IOError("share=node: could not start " + args[0] + ": " + std::strerror(rc));
   return Status::Ok();
+}
+
+// OK when `path` is absent or a file of type `type` (S_IFSOCK, S_IFREG)
+// owned by this uid; anything else (a symbolic link above all) is refused,
+// naming it, before anything is opened, connected to or removed there.
+Status CheckOwn(const std::string& path, mode_t type) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return Status::Ok();
+  if ((st.st_mode & S_IFMT) != type || st.st_uid != ::geteuid()) {
+    return Status::InvalidArgument(
+        "share=node: " + path + " is " +
+        (S_ISLNK(st.st_mode) ? std::string("a symbolic link")
+                             : "not a " + std::string(type == S_IFSOCK ? "socket" : "file") + " of this uid's") +
+        " where the node's server keeps its " + (type == S_IFSOCK ? "socket" : "log") +
+        "; nothing was opened through it. Remove it");
+  }
+  return Status::Ok();
+}
+
+// The start-up mutex: PREFIX.lock, locked exclusively and still the file at
+// its path. A server that ends its job removes the job's files while it
+// holds this lock (ServerOptions::lease_lock_file); a rank that opened the
+// file before and locked it after holds a removed file, which locks nothing
+// anyone else will see, so it sees that (the path names another file or
+// none) and opens the path again. The other files (.lease, .log, .sock)
+// are made and removed under this lock too (but for a stopping server's
+// own socket, removed while it holds the lease exclusively, so while no
+// rank can get past the lease), so they stay what its holder found.
+Result<int> LockStartup(const std::string& path) {
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    auto opened = OpenPrivateFile(path, O_RDWR | O_CREAT);
+    if (!opened.ok()) return opened.status().WithContext("share=node");
+    Fd lock(*opened);
+    if (::flock(lock.get(), LOCK_EX) != 0) {
+      return Status::IOError("share=node: flock on " + path + ": " + std::strerror(errno));
+    }
+    struct stat held {};
+    struct stat now {};
+    if (::fstat(lock.get(), &held) == 0 && ::lstat(path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+        held.st_ino == now.st_ino) {
+      return lock.release();
+    }
+  }
+  return Status::Internal("share=node: " + path + " was removed under this rank 1000 times in a row");
 }
 
 }  // namespace
@@ -181,41 +227,67 @@ Result<Share> ResolveShare(const SourceOptions& o) {
   return Share::kNone;
 }
 
-Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
-  Reap();
+Result<std::string> NodePrefix(const SourceOptions& o) {
   auto dir = NodeDir();
   if (!dir.ok()) return dir.status().WithContext("share=node");
-  const std::string spec = CanonicalSpec(o.data);
-  const int local = LocalWorldSize();
-  const int node_threads = o.loader.threads > 0 ? o.loader.threads * local : 0;  // 0: every core
-  std::string key = JobId(true) + "|" + spec + "|" + (o.open.no_sample_axis ? "1" : "0") + "|" +
+  const int node_threads = o.loader.threads > 0 ? o.loader.threads * LocalWorldSize() : 0;  // 0: every core
+  std::string key = JobId(true) + "|" + CanonicalSpec(o.data) + "|" + (o.open.no_sample_axis ? "1" : "0") + "|" +
                     (o.open.trust_files ? "1" : "0") + "|" + std::to_string(node_threads) + "|" +
                     std::to_string(o.loader.cache_bytes) + "|" + std::to_string(o.loader.prefetch);
   for (const std::string& f : o.open.fields) key += "|" + f;
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
-  const std::string prefix = *dir + "/gpufeed-" + std::to_string(::getuid()) + "-" + hash;
-  const std::string sock = prefix + ".sock", lease_path = prefix + ".lease", log = prefix + ".log";
-  if (sock.size() >= sizeof(sockaddr_un{}.sun_path)) {
-    return Status::InvalidArgument("share=node: the socket path " + sock +
-                                   " is too long for a Unix socket; set GPUFEED_NODE_DIR to a shorter directory");
+  const std::string prefix = *dir + "/gpufeed-" + std::to_string(::geteuid()) + "-" + hash;
+  if (prefix.size() + std::strlen(".sock") >= sizeof(sockaddr_un{}.sun_path)) {
+    return Status::InvalidArgument("share=node: the socket path " + prefix +
+                                   ".sock is too long for a Unix socket; set GPUFEED_NODE_DIR to a shorter directory");
   }
+  return prefix;
+}
+
+Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
+  Reap();
+  auto named = NodePrefix(o);
+  if (!named.ok()) return named.status();
+  const std::string& prefix = *named;
+  const std::string spec = CanonicalSpec(o.data);
+  const int local = LocalWorldSize();
+  const int node_threads = o.loader.threads > 0 ? o.loader.threads * local : 0;  // 0: every core
+  const std::string sock = prefix + ".sock", lease_path = prefix + ".lease", log = prefix + ".log",
+                    lock_path = prefix + ".lock";
   auto lease = std::unique_ptr<NodeLease>(new NodeLease());
   lease->address_ = "unix:" + sock;
   lease->dataset_ = spec;
-  Fd lock(::open((prefix + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  Fd held(::open(lease_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (lock.get() < 0 || held.get() < 0) {
-    return Status::IOError("share=node: " + prefix + ".lock/.lease: " + std::strerror(errno) +
-                           " (set GPUFEED_NODE_DIR to a writable directory)");
-  }
   // The start-up mutex, held until this function returns (Fd closes it);
   // then the shared lease, which waits while a server that found no holder
   // is stopping (it holds the lease exclusively until it exits).
-  if (::flock(lock.get(), LOCK_EX) != 0 || ::flock(held.get(), LOCK_SH) != 0) {
-    return Status::IOError("share=node: flock on " + prefix + ": " + std::strerror(errno));
+  auto locked = LockStartup(lock_path);
+  if (!locked.ok()) return locked.status();
+  Fd lock(*locked);
+  auto opened = OpenPrivateFile(lease_path, O_RDWR | O_CREAT);
+  if (!opened.ok()) return opened.status().WithContext("share=node");
+  Fd held(*opened);
+  if (::flock(held.get(), LOCK_SH) != 0) {
+    return Status::IOError("share=node: flock on " + lease_path + ": " + std::strerror(errno));
   }
+  GPUFEED_RETURN_IF_ERROR(CheckOwn(sock, S_IFSOCK));
   if (!Accepts(sock)) {
+    // No server: this rank starts one. Until it listens, a failure removes
+    // what this rank made but the log, which the error names (the ranks
+    // waiting for the lock then find no files and try again themselves).
+    bool remove_log = false;  // true while the log is this rank's, new and empty
+    struct Unmake {
+      const std::string &lock, &lease, &log, &sock;
+      const bool& remove_log;
+      bool armed = true;
+      ~Unmake() {
+        if (!armed) return;
+        ::unlink(sock.c_str());  // a server that bound and died (or was killed) before it listened
+        ::unlink(lease.c_str());
+        if (remove_log) ::unlink(log.c_str());
+        ::unlink(lock.c_str());  // last: the lock is still held (Fd `lock` closes after this)
+      }
+    } unmake{lock_path, lease_path, log, sock, remove_log};
     auto cli = CliPath();
     if (!cli.ok()) return cli.status();
     uint64_t budget = std::max<uint64_t>(
@@ -226,18 +298,29 @@ Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
     std::vector<std::string> args{*cli, "serve", "--data", spec};
     for (const std::string& f : o.open.fields) args.insert(args.end(), {"--field", f});
     if (o.open.no_sample_axis) args.push_back("--no-sample-axis");
-    args.insert(args.end(), {"--listen", lease->address_, "--lease-file", lease_path, "--cache-bytes",
-                             std::to_string(o.loader.cache_bytes), "--prefetch", std::to_string(o.loader.prefetch),
-                             "--memory-bytes", std::to_string(budget), "--log-level", "warn"});
+    args.insert(args.end(),
+                {"--listen", lease->address_, "--lease-file", lease_path, "--lease-lock", lock_path, "--lease-remove",
+                 log, "--cache-bytes", std::to_string(o.loader.cache_bytes), "--prefetch",
+                 std::to_string(o.loader.prefetch), "--memory-bytes", std::to_string(budget), "--log-level", "warn"});
     if (node_threads > 0) args.insert(args.end(), {"--threads", std::to_string(node_threads)});
     if (o.open.trust_files) args.push_back("--trust-files");
-    ::unlink(sock.c_str());  // a server that died without cleaning up
+    // What a server that died (or failed to start) left goes; anything
+    // else there is not this rank's to remove.
+    GPUFEED_RETURN_IF_ERROR(CheckOwn(log, S_IFREG));
+    ::unlink(sock.c_str());
+    ::unlink(log.c_str());
+    // O_EXCL with O_NOFOLLOW: a new file, never one reached through a link.
+    auto log_opened = OpenPrivateFile(log, O_WRONLY | O_CREAT | O_EXCL);
+    if (!log_opened.ok()) return log_opened.status().WithContext("share=node: the server's log");
+    Fd log_fd(*log_opened);
+    remove_log = true;
     pid_t pid = 0;
-    GPUFEED_RETURN_IF_ERROR(Spawn(args, log, &pid));
+    GPUFEED_RETURN_IF_ERROR(Spawn(args, log_fd.get(), &pid));
     {
       MutexLock g(&started_mu);
       started.push_back(pid);
     }
+    remove_log = false;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kStartTimeoutMs);
     while (!Accepts(sock)) {
       int status = 0;
@@ -246,15 +329,16 @@ Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
         for (const std::string& a : args) cmd += (cmd.empty() ? "" : " ") + a;
         return Status::Internal("share=node: the node's server (" + cmd + ") exited with " +
                                 std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) +
-                                ": " + Tail(log));
+                                ": " + Tail(log) + " (its log: " + log + ")");
       }
       if (std::chrono::steady_clock::now() > deadline) {
         ::kill(pid, SIGKILL);
         return Status::IOError("share=node: the node's server did not listen on " + sock + " within " +
-                               std::to_string(kStartTimeoutMs / 1000) + " s: " + Tail(log));
+                               std::to_string(kStartTimeoutMs / 1000) + " s: " + Tail(log) + " (its log: " + log + ")");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    unmake.armed = false;
     lease->started_here_ = true;
   }
   lease->lease_fd_ = held.release();

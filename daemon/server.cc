@@ -74,6 +74,7 @@ struct Server::Impl {
   // timer that polls it runs on `control`.
   int lease_fd = -1;
   asio::steady_timer lease_timer{control};
+  std::atomic<bool> lease_ended{false};  // stopped because no client held the lease
 
   ~Impl() {
     if (lease_fd >= 0) ::close(lease_fd);
@@ -82,6 +83,7 @@ struct Server::Impl {
   Status Bind();
   Status OpenLease(const std::string& path);
   void PollLease();  // on `control`
+  void RemoveLeaseFiles();
   void Accept();
   void Reject(GenericProto::socket socket, const std::string& why);
   void DoStop();  // on `control`
@@ -98,9 +100,10 @@ Status Server::Impl::Bind() {
         return Status::InvalidArgument(path + " exists and is not a socket; choose another --listen path");
       }
       // A live daemon answers a connect; a stale socket file does not.
-      if (daemon::Conn::Connect(address, 200).ok()) {
-        return Status::InvalidArgument("another daemon is listening on " + path);
-      }
+      // One of another user's (refused by the peer check) is live too.
+      auto probe = daemon::Conn::Connect(address, 200);
+      if (probe.ok()) return Status::InvalidArgument("another daemon is listening on " + path);
+      if (probe.status().code() == StatusCode::kInvalidArgument) return probe.status();
       ::unlink(path.c_str());
     }
     GenericProto::endpoint ep{asio::local::stream_protocol::endpoint(path)};
@@ -274,12 +277,36 @@ std::string Server::Impl::Metrics() const {
 }
 
 Status Server::Impl::OpenLease(const std::string& path) {
-  lease_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  lease_fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (lease_fd < 0) {
     return Status::InvalidArgument("serve: lease file " + path + ": " + std::strerror(errno) +
                                    " (--lease-file names a file the clients hold a shared lock on; create it first)");
   }
   return Status::Ok();
+}
+
+// ServerOptions::lease_lock_file: the lease is held exclusively here (no
+// client holds it, and one that asks waits until this process exits), the
+// socket is gone. A client holding the start-up lock is starting a server
+// that will use these files: they stay. Otherwise they go while the lock is
+// held; a client blocked on the lock then holds a removed file, sees that
+// its path names another file or none, and makes them anew (node_share.cc).
+void Server::Impl::RemoveLeaseFiles() {
+  const ServerOptions& o = core.options;
+  if (o.lease_lock_file.empty()) return;
+  const int fd = ::open(o.lease_lock_file.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat held {};
+  struct stat now {};
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    core.Log("info", "lease_files_kept", daemon::Kv("reason", "a client is starting a server"));
+  } else if (::fstat(fd, &held) == 0 && ::lstat(o.lease_lock_file.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+             held.st_ino == now.st_ino) {
+    ::unlink(o.lease_file.c_str());
+    for (const std::string& f : o.lease_remove) ::unlink(f.c_str());
+    ::unlink(o.lease_lock_file.c_str());
+  }
+  ::close(fd);
 }
 
 // No client holds the lease when an exclusive lock is granted at once: then
@@ -289,6 +316,7 @@ void Server::Impl::PollLease() {
   if (stop_requested) return;
   if (::flock(lease_fd, LOCK_EX | LOCK_NB) == 0) {
     core.Log("info", "lease_released", daemon::Kv("sessions", core.Sessions().size()));
+    lease_ended = true;
     stop_requested = true;
     DoStop();
     return;
@@ -431,6 +459,7 @@ Status Server::Wait() {
   impl_->threads.clear();
   impl_->waited = true;
   if (impl_->address.kind == daemon::Address::Kind::kUnix) ::unlink(impl_->address.path.c_str());
+  if (impl_->lease_ended) impl_->RemoveLeaseFiles();
   impl_->core.Log("info", "stopped",
                   daemon::Kv("batches_sent", impl_->core.batches_sent.load()) + " " +
                       daemon::Kv("bytes_sent", impl_->core.bytes_sent.load()));

@@ -111,6 +111,20 @@ struct ServerOptions {
   // no lease, the server runs until Stop() or a signal.
   std::string lease_file;
   int lease_poll_ms = 200;
+  // With lease_file, for a server its clients start on demand (CLI
+  // --lease-lock, --lease-remove): the file they flock exclusively while they
+  // find or start a server (their start-up mutex), and other files of
+  // theirs. When the server stops because no client holds the lease, it
+  // removes its socket and then, if it takes this lock at once (no client
+  // is starting a server meanwhile, which would reuse the files), removes
+  // lease_file, the lease_remove files and this one, holding the lock as it
+  // does: a finished job leaves nothing behind. A client that opened the
+  // lock before and locks it after must check that the path still names the
+  // file it locked and open it again if not (daemon/node_share.cc does).
+  // Stopped any other way (Stop(), a signal), the server removes only its
+  // socket. Empty: no file is removed.
+  std::string lease_lock_file;
+  std::vector<std::string> lease_remove;
   // Receives one structured line per event ("ts=... level=info event=accept
   // ..."); called from any thread, one call at a time. Default: stderr.
   std::function<void(std::string_view)> log;
