@@ -23,6 +23,8 @@ struct gpufeed_options {
   gpufeed::SourceOptions source;
   std::string order = "block";
   std::string io;  // "" : OpenOptions' default (auto, or GPUFEED_IO)
+  // OpenOptions::allow_paths, ':'-separated (split at open).
+  std::string allow_paths;
   bool feed = false;
   gpufeed::FeedOptions feed_options;
   std::string dtype = "float32", layout = "NCHW", input_layout = "NCHW";

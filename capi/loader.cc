@@ -1,5 +1,6 @@
 // The C API's loader (include/gpufeed/c_api.h, "loader"): open, epochs,
 // next and interrupt, position and state, statistics.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -237,6 +238,11 @@ gpufeed_loader* gpufeed_loader_open(const char* data, const gpufeed_options* opt
       auto io = gpufeed::ParseIoMode(options->io);
       if (!io.ok()) return Fail(error, io.status());
       so.open.io = *io;
+    }
+    for (size_t at = 0; at < options->allow_paths.size();) {
+      const size_t colon = std::min(options->allow_paths.find(':', at), options->allow_paths.size());
+      if (colon > at) so.open.allow_paths.push_back(options->allow_paths.substr(at, colon - at));
+      at = colon + 1;
     }
     auto transform = gpufeed::ImageTransformFromName(options->image_transform);
     if (!transform.ok()) return Fail(error, transform.status());

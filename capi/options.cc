@@ -56,6 +56,8 @@ constexpr Range kAny{};
   X(io, STR, io, kAny, "direct-path I/O: auto, direct or buffered")                                           \
   X(max_open_files, INT, source.open.max_open_files, R(1, kMaxInt), "open files")                             \
   X(no_sample_axis, BOOL, source.open.no_sample_axis, kAny, "each file is one sample without a sample axis")  \
+  X(allow_paths, STR, allow_paths, kAny,                                                                      \
+    "directories (DIR:DIR) a file's external data, virtual sources and links may lie in, besides its own")    \
   X(share, STR, share, kAny, "where a node's ranks make batches: auto, node or none")                         \
   X(image_height, U32, source.decode.height, kAny, "decoded image height")                                    \
   X(image_width, U32, source.decode.width, kAny, "decoded image width")                                       \

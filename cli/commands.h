@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "gpufeed/encoded.h"
 #include "gpufeed/status.h"
@@ -42,10 +43,13 @@ CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, T* target, c
     return AddTableOption(cmd, option, static_cast<void*>(target), 'b', remark);
   } else if constexpr (std::is_same_v<T, std::string>) {
     return AddTableOption(cmd, option, static_cast<void*>(target), 's', remark);
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return AddTableOption(cmd, option, static_cast<void*>(target), 'v', remark);  // repeatable
   } else if constexpr (std::is_same_v<T, int>) {
     return AddTableOption(cmd, option, static_cast<void*>(target), 'i', remark);
   } else {
-    static_assert(std::is_same_v<T, uint64_t>, "AddTableOption: bool, std::string, int or uint64_t");
+    static_assert(std::is_same_v<T, uint64_t>,
+                  "AddTableOption: bool, std::string, std::vector<std::string>, int or uint64_t");
     return AddTableOption(cmd, option, static_cast<void*>(target), 'u', remark);
   }
 }

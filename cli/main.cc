@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "common/atomic_file.h"
@@ -87,6 +88,17 @@ int main(int argc, char** argv) {
          "how chunks are read: auto (direct when the file exceeds the memory available to the page cache), "
          "direct (O_DIRECT, page cache left alone; falls back to pread where refused) or buffered (pread)")
       ->check(CLI::IsMember({"auto", "direct", "buffered"}));
+  // Where the files a dataset names may lie besides its own directory
+  // (OpenOptions::allow_paths), for every dataset this process opens: an
+  // environment variable, as --io, so serve, train and inspect take it.
+  std::vector<std::string> allow_paths;
+  gpufeed::cli::AddTableOption(&app, "allow_paths", &allow_paths, "repeatable; GPUFEED_ALLOW_PATHS")
+      ->each([](const std::string& dir) {
+        const char* had = std::getenv("GPUFEED_ALLOW_PATHS");
+        const std::string list = had != nullptr && had[0] != '\0' ? std::string(had) + ":" + dir : dir;
+        ::setenv("GPUFEED_ALLOW_PATHS", list.c_str(), 1);
+      })
+      ->type_name("DIR");
   // convert, inspect and train remove their temporary output on Ctrl-C.
   gpufeed::RemoveTempFilesOnSignal();
   gpufeed::cli::AddConvertCommand(app, &exit_code);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cli/commands.h"
 #include "gpufeed/c_api.h"
@@ -29,6 +30,11 @@ CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, void* target
   if (type == 'b') return cmd->add_flag(flag, *static_cast<bool*>(target), help);
   CLI::Option* opt = nullptr;
   if (type == 's') return cmd->add_option(flag, *static_cast<std::string*>(target), help);
+  // One value an occurrence (repeat the flag for more), so that a value
+  // does not swallow the positional arguments after it.
+  if (type == 'v') {
+    return cmd->add_option(flag, *static_cast<std::vector<std::string>*>(target), help)->allow_extra_args(false);
+  }
   if (type == 'i') opt = cmd->add_option(flag, *static_cast<int*>(target), help);
   if (type == 'u') opt = cmd->add_option(flag, *static_cast<uint64_t*>(target), help);
   int64_t least = 0;

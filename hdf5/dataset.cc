@@ -20,9 +20,11 @@
 #include "common/sizes.h"
 #include "codec/codec.h"
 #include "io/file.h"
+#include "hdf5/chunk_index.h"
 #include "hdf5/fork_gate.h"
 #include "hdf5/h5_util.h"
 #include "hdf5/probe.h"
+#include "hdf5/reach.h"
 #include "hdf5/virtual.h"
 
 namespace gpufeed {
@@ -520,6 +522,22 @@ Status Dataset::ReadSamples(uint64_t first, uint64_t count, std::span<std::byte>
   return Status::Ok();
 }
 
+// The Corrupt status of a chunk index whose entries are not one at each of
+// the extent's chunk positions: the entry at fault named when the index is
+// small enough to list (h5::ReadChunkKeys), else the counts.
+static Status DamagedChunkIndex(hid_t dset, uint64_t entries, uint64_t positions, const std::vector<uint64_t>& extent,
+                                const std::vector<uint64_t>& chunk, const std::string& what) {
+  constexpr uint64_t kMaxEntriesListed = 4096;  // each costs a walk of the index
+  if (entries <= kMaxEntriesListed) {
+    auto keys = h5::ReadChunkKeys(dset, kMaxEntriesListed);
+    if (!keys.ok()) return keys.status().WithContext(what);
+    GPUFEED_RETURN_IF_ERROR(h5::CheckChunkKeys(*keys, extent, chunk, what));
+  }
+  return Status::Corrupt(what + ": the chunk index holds " + std::to_string(entries) + " entries for the " +
+                         std::to_string(positions) + " chunk positions of the extent " + ShapeText(extent) +
+                         ", not one at each (a damaged chunk index)");
+}
+
 // Picks the read path of a dataset and fills the direct-path chunk index.
 // Returns the reason for the hdf5 path, or "" for the direct path.
 Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size) {
@@ -587,6 +605,14 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     return std::to_string(n_chunks - allocated) + " of " + std::to_string(n_chunks) +
            " chunks are not allocated (they read as the fill value)";
   }
+  // The file's own coordinates (no_sample_axis adds an axis it lacks).
+  const size_t skip = d.no_sample_axis ? 1 : 0;
+  const std::vector<uint64_t> file_extent(d.info.shape.begin() + skip, d.info.shape.end());
+  const std::vector<uint64_t> file_chunk(cs.begin() + skip, cs.end());
+  // More entries than the extent has chunk positions: one lies outside it,
+  // off the grid or on another's position.
+  if (allocated > n_chunks)
+    return DamagedChunkIndex(d.dset.get(), allocated, n_chunks, file_extent, file_chunk, d.what);
   if (const auto chunk_bytes = CheckedMul(cs[0], d.sample_bytes); !chunk_bytes || *chunk_bytes >= (uint64_t{1} << 32)) {
     return Status::Corrupt(d.what + ": damaged layout: a chunk of " + std::to_string(cs[0]) +
                            " samples exceeds HDF5's 4 GiB chunk limit");
@@ -605,8 +631,24 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
       return Status::Corrupt(d.ChunkWhat(i) + ": chunk index unreadable: " + h5::LastErrorText());
     }
     if (addr == HADDR_UNDEF) {
-      d.chunk_addr.clear();
-      return "chunk " + std::to_string(i) + " is not allocated (reads as the fill value)";
+      // As many entries as positions, yet none here: one is elsewhere.
+      return DamagedChunkIndex(d.dset.get(), allocated, n_chunks, file_extent, file_chunk, d.what);
+    }
+    // The walk of the index above matched this entry to the position; HDF5
+    // reads through its own lookup, which must find the same chunk (a key
+    // that disagrees with its place in a B-tree is found by the one and not
+    // the other).
+    const std::vector<hsize_t> file_offset(offset.begin() + skip, offset.end());
+    auto found = h5::LookupChunkBytes(d.dset.get(), file_offset);
+    if (!found.ok() || *found != size) {
+      return Status::Corrupt(d.ChunkWhat(i) + ": the chunk index lists " + std::to_string(size) + " bytes at byte " +
+                             std::to_string(addr) + " for offset " +
+                             ShapeText(std::vector<uint64_t>(file_offset.begin(), file_offset.end())) +
+                             ", but HDF5's lookup of that offset finds " +
+                             (!found.ok()   ? "nothing (" + found.status().message() + ")"
+                              : *found == 0 ? std::string("no chunk (it would read the fill value there)")
+                                            : std::to_string(*found) + " bytes") +
+                             ": a damaged chunk index (a key that disagrees with its place)");
     }
     d.chunk_addr[i] = userblock + addr;
     d.chunk_size[i] = size;
@@ -728,6 +770,11 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
     }
     return Status::InvalidArgument(d->what + ": not a dataset: " + NotADatasetReason(d->file.get(), spec));
   }
+  // What the dataset names beside this file (external raw data, virtual
+  // sources, the file an external link leads to) lies under its directory
+  // or an allowed one, before a byte of it is read (hdf5/reach.h).
+  const h5::Reach reach(spec.file, options);
+  GPUFEED_RETURN_IF_ERROR(reach.CheckDataset(d->dset.get(), d->what));
   // Behind an external link the dataset lives in another file: its chunk
   // addresses are offsets in that file, not in spec.file.
   std::string linked_file;
@@ -955,6 +1002,7 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
     const std::string lwhat = spec.file + ":" + labels_path;
     h5::Id ldset(H5Dopen2(d->file.get(), labels_path.c_str(), H5P_DEFAULT));
     if (!ldset.valid()) return Status::InvalidArgument(lwhat + ": not a dataset: " + h5::LastErrorText());
+    GPUFEED_RETURN_IF_ERROR(reach.CheckDataset(ldset.get(), lwhat));
     h5::Id ltype(H5Dget_type(ldset.get()));
     if (H5Tget_class(ltype.get()) != H5T_INTEGER) {
       return Status::Unsupported(

@@ -15,6 +15,7 @@
 #include "hdf5/h5_util.h"
 #include "image/image_decode.h"
 #include "hdf5/probe.h"
+#include "hdf5/reach.h"
 
 namespace gpufeed {
 namespace {
@@ -65,9 +66,10 @@ Result<EncodedStorage> DetectIn(hid_t file, const std::string& path) {
 // element count against `expect` (0: any) and against the file's size.
 template <typename T>
 Status ReadInts(hid_t file, const std::string& path, const std::string& what, uint64_t expect, uint64_t file_bytes,
-                std::vector<T>* out) {
+                const h5::Reach& reach, std::vector<T>* out) {
   h5::Id d(H5Dopen2(file, path.c_str(), H5P_DEFAULT));
   if (!d.valid()) return Status::NotFound(what + ": no such dataset");
+  GPUFEED_RETURN_IF_ERROR(reach.CheckDataset(d.get(), what));
   h5::Id type(H5Dget_type(d.get()));
   if (H5Tget_class(type.get()) != H5T_INTEGER) return Status::Corrupt(what + ": not an integer dataset");
   h5::Id space(H5Dget_space(d.get()));
@@ -184,9 +186,10 @@ class EncodedSourceImpl final : public EncodedImageSource {
     GPUFEED_RETURN_IF_ERROR(SetDecode(decode));
     hsize_t file_bytes = 0;
     H5Fget_filesize(file, &file_bytes);
+    const h5::Reach reach(spec.file, open);  // what the index, labels and vlen data may name
     if (storage == EncodedStorage::kOffsets) {
       GPUFEED_RETURN_IF_ERROR(
-          ReadInts<uint64_t>(file, spec.path + "/offsets", name_ + "/offsets", 0, file_bytes, &offsets_));
+          ReadInts<uint64_t>(file, spec.path + "/offsets", name_ + "/offsets", 0, file_bytes, reach, &offsets_));
       if (offsets_.size() < 2) return Status::Corrupt(name_ + "/offsets: needs N + 1 >= 2 entries");
       n_ = offsets_.size() - 1;
       OpenOptions bo = open;
@@ -216,6 +219,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
     } else {
       vlen_ = h5::Id(H5Dopen2(file, spec.path.c_str(), H5P_DEFAULT));
       if (!vlen_.valid()) return Status::NotFound(name_ + ": cannot open: " + h5::LastErrorText());
+      GPUFEED_RETURN_IF_ERROR(reach.CheckDataset(vlen_.get(), name_));
       h5::Id space(H5Dget_space(vlen_.get()));
       if (H5Sget_simple_extent_ndims(space.get()) != 1) return Status::Corrupt(name_ + ": vlen dataset must be 1-D");
       hsize_t n = 0;
@@ -233,7 +237,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
     if (lp.empty()) lp = H5Lexists(file, "labels", H5P_DEFAULT) > 0 ? "/labels" : "";
     if (lp == "none") lp.clear();
     if (!lp.empty()) {
-      GPUFEED_RETURN_IF_ERROR(ReadInts<int64_t>(file, lp, spec.file + ":" + lp, n_, file_bytes, &labels_));
+      GPUFEED_RETURN_IF_ERROR(ReadInts<int64_t>(file, lp, spec.file + ":" + lp, n_, file_bytes, reach, &labels_));
     }
     // Group samples into loader chunks of about kTargetChunkBytes.
     const uint64_t avg = std::max<uint64_t>(1, offsets_.back() / n_);

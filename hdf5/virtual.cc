@@ -213,18 +213,13 @@ std::string DescribeVirtualSource(const VirtualSource& s) {
          RangeText(s.first, s.first + s.count);
 }
 
-Result<std::string> ResolveVirtualSourceFile(const std::string& name, const std::string& vds_file,
-                                             const std::string& what) {
+std::vector<std::string> VirtualSourceCandidates(const std::string& name, const std::string& vds_file) {
   namespace fs = std::filesystem;
-  if (name == ".") return vds_file;
+  if (name == ".") return {vds_file};
   const fs::path p(name);
   const fs::path dir = fs::path(vds_file).parent_path();
-  std::vector<std::string> tried;
-  auto found = [&](const fs::path& c) {
-    tried.push_back(c.string());
-    return IsFile(c.string());
-  };
-  if (p.is_absolute() && found(p)) return p.string();
+  std::vector<std::string> out;
+  if (p.is_absolute()) out.push_back(p.string());
   // An absolute name that is not there is looked for by its base name.
   const fs::path rel = p.is_absolute() ? p.filename() : p;
   if (const char* env = std::getenv("HDF5_VDS_PREFIX"); env != nullptr && env[0] != '\0') {
@@ -237,11 +232,20 @@ Result<std::string> ResolveVirtualSourceFile(const std::string& name, const std:
       if (const size_t o = prefix.find("${ORIGIN}"); o != std::string::npos) {
         prefix.replace(o, 9, dir.empty() ? "." : dir.string());
       }
-      if (found(fs::path(prefix) / rel)) return (fs::path(prefix) / rel).string();
+      out.push_back((fs::path(prefix) / rel).string());
     }
   }
-  if (!dir.empty() && found(dir / rel)) return (dir / rel).string();
-  if (found(rel)) return rel.string();
+  if (!dir.empty()) out.push_back((dir / rel).string());
+  out.push_back(rel.string());
+  return out;
+}
+
+Result<std::string> ResolveVirtualSourceFile(const std::string& name, const std::string& vds_file,
+                                             const std::string& what) {
+  const std::vector<std::string> tried = VirtualSourceCandidates(name, vds_file);
+  for (const std::string& c : tried) {
+    if (name == "." || IsFile(c)) return c;
+  }
   std::string list;
   for (const std::string& t : tried) list += (list.empty() ? "" : ", ") + t;
   return Status::NotFound(what + ": source file '" + name + "' of the virtual dataset not found (tried " + list +

@@ -39,6 +39,10 @@ Result<std::vector<VirtualSource>> ResolveVirtualSources(hid_t dcpl, hid_t ftype
 // vds_file's directory) joined with the name (its base name when absolute),
 // vds_file's directory joined with it, and the name as given (relative to
 // the working directory). NotFound lists the places tried.
+// Every path HDF5 may try for source file name `name`, in that order (it
+// opens the first that is an HDF5 file): what ResolveVirtualSourceFile
+// picks from, and what Reach (hdf5/reach.h) judges.
+std::vector<std::string> VirtualSourceCandidates(const std::string& name, const std::string& vds_file);
 Result<std::string> ResolveVirtualSourceFile(const std::string& name, const std::string& vds_file,
                                              const std::string& what);
 

@@ -191,6 +191,13 @@ GPUFEED_C_EXPORT void gpufeed_options_set_max_open_files(gpufeed_options* o, int
  * reference files: /climate/data [768, 1152, 16]); OpenOptions::no_sample_axis.
  * Default 0. */
 GPUFEED_C_EXPORT void gpufeed_options_set_no_sample_axis(gpufeed_options* o, int v);
+/* Directories, ':'-separated ("DIR:DIR"), that the files a dataset names
+ * (external raw data, virtual-dataset sources, external links) may lie in
+ * besides the dataset file's own (OpenOptions::allow_paths; also the
+ * environment variable GPUFEED_ALLOW_PATHS). Default "": only the file's
+ * own directory; a file reaching elsewhere fails gpufeed_loader_open with
+ * INVALID_ARGUMENT naming the path. */
+GPUFEED_C_EXPORT void gpufeed_options_set_allow_paths(gpufeed_options* o, const char* dirs);
 /* Where a file's batches are made when a job runs several ranks on one host
  * (C++ SourceOptions::share): "node" (one node-local `gpufeed serve` for the
  * host's ranks, started by the first and ended after the last), "none" (a

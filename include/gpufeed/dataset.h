@@ -112,6 +112,17 @@ struct OpenOptions {
   // extent 1; /labels is not looked for (name a label as a field, or
   // labels_path a one-element dataset). CLI: --no-sample-axis.
   bool no_sample_axis = false;
+  // Directories, besides the dataset file's own, that the files a dataset
+  // names may lie in: its external raw-data files (HDF5's H5Pset_external),
+  // its virtual-dataset sources and the file an external link leads to. Each
+  // is judged by its real path (symbolic links by their target); one
+  // outside every allowed directory fails Open with InvalidArgument naming
+  // it and this option, before any byte is read. Default: none, so a
+  // hostile file cannot make gpufeed (or a daemon serving it) read
+  // /etc/passwd. "/" allows everything. Also taken from the environment
+  // variable GPUFEED_ALLOW_PATHS (DIR:DIR...), which the CLI's
+  // --allow-paths sets for every command (docs/reliability.md, "Security").
+  std::vector<std::string> allow_paths;
   // Where opening says what is no error (direct I/O unavailable, a stats
   // sidecar that does not match the file); null: stderr (gpufeed/logger.h).
   std::shared_ptr<Logger> logger;

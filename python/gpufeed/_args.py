@@ -4,6 +4,7 @@ setters, no silent truncation of floats or bools), sizes as bytes or
 "512MiB"/"1GiB", each error naming the keyword as the caller wrote it and
 what it takes."""
 import operator
+import os
 import re
 
 from . import _lib, errors
@@ -43,6 +44,22 @@ def integer(name, value):
     if not least <= v <= most:
         raise _bad(name, value, takes)
     return v
+
+
+def directories(name, value):
+    """A list of directories (str or os.PathLike; one alone, or "DIR:DIR") as
+    the ':'-separated text the option table takes, or InvalidArgumentError."""
+    takes = "a directory or a list of directories (str or os.PathLike), none holding ':'"
+    items = [value] if isinstance(value, (str, bytes, os.PathLike)) else value
+    try:
+        items = [os.fsdecode(os.fspath(v)) for v in items]
+    except TypeError:
+        raise _bad(name, value, takes) from None
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return items[0]
+    if any(":" in v or not v for v in items):
+        raise _bad(name, value, takes)
+    return ":".join(items)
 
 
 def size_bytes(name, value):

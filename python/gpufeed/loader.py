@@ -134,6 +134,11 @@ class Loader:
     files (OpenOptions::trust_files; GPUFEED_TRUST_FILES=1 does the same);
     io: "auto", "direct" (O_DIRECT, the page cache left alone; pread where
     refused) or "buffered" (OpenOptions::io; default: auto, or GPUFEED_IO).
+    allow_paths: directories (one, or a list) that the files a dataset names
+    (external raw data, virtual-dataset sources, external links) may lie in
+    besides the dataset file's own; anything else is refused with
+    InvalidArgumentError naming it (OpenOptions::allow_paths; default: none;
+    GPUFEED_ALLOW_PATHS=DIR:DIR does the same).
 
     Encoded image datasets (JPEG/PNG files stored by `gpufeed convert DIR
     --keep-encoded`, or h5py vlen uint8), decoded by the loader's threads:
@@ -209,7 +214,7 @@ class Loader:
               std, echo, super_batch, crop_padding, flip, augment_seed, slots, labels_int32, token, token_file,
               client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms, keepalive_ms, output, poll_ms,
               fields, max_open_files, image_size, transform, image_layout, skip_corrupt, no_sample_axis, share,
-              decode):
+              decode, allow_paths):
         self._handle = None
         self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
         kind, index = _parse_device(device)
@@ -228,6 +233,8 @@ class Loader:
             augment_seed = _args.integer("augment_seed", augment_seed)
         if max_open_files is not None:
             max_open_files = _args.integer("max_open_files", max_open_files)
+        if allow_paths is not None:
+            allow_paths = _args.directories("allow_paths", allow_paths)
         cache_bytes = _args.size_bytes("cache_bytes", cache_bytes)
         pool_bytes = _args.size_bytes("pool_bytes", pool_bytes)
         image_size = _args.image_size(image_size)
@@ -247,7 +254,7 @@ class Loader:
             "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,
             "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
             "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),
-            "max_open_files": max_open_files,
+            "max_open_files": max_open_files, "allow_paths": allow_paths,
             "image_height": image_size[0], "image_width": image_size[1],
             "image_transform": transform, "image_layout": image_layout, "skip_corrupt": skip_corrupt,
             "no_sample_axis": no_sample_axis, "share": share, "decode": decode,

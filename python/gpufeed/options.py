@@ -45,6 +45,7 @@ class OpenOptions:
     fields: Any = None
     max_open_files: Optional[int] = None
     no_sample_axis: bool = False
+    allow_paths: Any = None
 
 
 @dataclasses.dataclass
