@@ -635,9 +635,13 @@ Result<uint64_t> BatchSource::PrepareResume(const LoaderState& state) {
   auto r = ReshardFor(state, o);
   if (!r.ok()) return r.status();
   SetReshard(*r);
-  // Resharded here: the epoch's samples left, split anew, from its start.
-  const bool split_here = r->world_size > 0 && state.world_size != static_cast<uint32_t>(std::max(1, o.world_size));
-  return split_here ? 0 : state.next_batch;
+  // Resharded here (another world size or batch size): the epoch's samples
+  // left, split anew, from its start. Else the epoch as it was, from its
+  // batch.
+  const LoaderOptions::Reshard& was = state.base;
+  const bool as_saved =
+      r->world_size == was.world_size && r->epoch == was.epoch && r->share == was.share && r->consumed == was.consumed;
+  return r->world_size > 0 && !as_saved ? 0 : state.next_batch;
 }
 
 EpochStream BatchSource::Resume(const LoaderState& state) {

@@ -192,10 +192,21 @@ void DescribeShard(uint64_t num_samples, const LoaderOptions& o, LoaderState* s)
 
 Result<LoaderOptions::Reshard> ReshardFor(const LoaderState& s, const LoaderOptions& o) {
   const auto world = static_cast<uint32_t>(std::max(1, o.world_size));
-  if (s.world_size == 0 || s.world_size == world) {
-    // The same world size (or an old state that does not say): the same
-    // shares, the epoch from its batch; a resharded epoch as it was.
+  // Batches of another size: the saved batch count no longer says how many
+  // samples were received (next_batch x 256 is not next_batch x 100).
+  const bool batch_moved =
+      s.world_size > 0 && s.consumed < s.share && std::min(s.next_batch * o.batch_size, s.share) != s.consumed;
+  if (s.world_size == 0 || (s.world_size == world && !batch_moved)) {
+    // The same world size and batch size (or an old state that does not
+    // say): the same shares, the epoch from its batch; a resharded epoch as
+    // it was.
     return s.world_size == world ? s.base : LoaderOptions::Reshard{};
+  }
+  if (s.base.world_size > 0 && s.world_size == world) {
+    return Status::InvalidArgument("loader: the state was saved at " + std::to_string(s.consumed) + " samples after " +
+                                   std::to_string(s.next_batch) + " batches, mid-way through an epoch that itself " +
+                                   "resumed another run; resume it at that batch size, or from a state saved at " +
+                                   "the end of an epoch");
   }
   if (s.base.world_size > 0) {
     return Status::InvalidArgument(

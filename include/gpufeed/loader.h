@@ -162,11 +162,13 @@ struct LoaderState {
 // (batch_size as delivered), for a source of `num_samples`.
 void DescribeShard(uint64_t num_samples, const LoaderOptions& options, LoaderState* state);
 
-// The reshard that resuming `state` at `options`' world size needs, or
-// world_size 0 when Epoch(state.epoch, state.next_batch) resumes it (the
-// same world size and share, or a state without shard fields).
-// InvalidArgument for a state saved mid-way through a resharded epoch at
-// another world size.
+// The reshard that resuming `state` at `options`' world size and batch size
+// needs, or world_size 0 when Epoch(state.epoch, state.next_batch) resumes
+// it (the same world size, share and batch size, or a state without shard
+// fields). Another batch size resumes by samples received, not batches (the
+// epoch's samples left, split among the same ranks). InvalidArgument for a
+// state saved mid-way through a resharded epoch at another world size or
+// batch size.
 Result<LoaderOptions::Reshard> ReshardFor(const LoaderState& state, const LoaderOptions& options);
 
 // One delivered batch. Move-only; its buffer returns to the loader's pool when
