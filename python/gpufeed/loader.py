@@ -12,6 +12,8 @@ Contracts (docs/python.md has them in full):
   output) once torch has initialized CUDA: likewise, so that
   x.cuda(non_blocking=True) on the current stream may outlive x; copies on
   another stream must finish (or keep x) before x is freed.
+- One iteration at a time: a second one started while one runs (zip(loader,
+  loader)) raises RuntimeError; make a second Loader for another pass.
 - Threads: iterate a Loader from one thread. The blocking wait runs in the
   library with the GIL released, in slices of `poll_ms`, so Ctrl-C raises
   KeyboardInterrupt within that time and other threads keep running.
@@ -291,7 +293,8 @@ class Loader:
         self._epoch = 0
         self._pending = None     # (epoch, saved state bytes) from load_state_dict
         self._started = False
-        self._generation = 0     # the live iteration; older generators stop
+        self._generation = 0     # bumped by close(): a live generator then stops
+        self._live = False       # an iteration is running (_iterate)
         self._torch = None
         if self._output == "torch":
             import torch
@@ -437,14 +440,27 @@ class Loader:
         return self._iterate(None)
 
     def _iterate(self, names):
-        self._start()
-        self._generation += 1
-        generation = self._generation
-        while generation == self._generation:
-            handle = self._next()
-            if handle is None:
-                return
-            yield self._convert(handle, names)
+        # One live iteration at a time: the library has one stream, so a
+        # second iteration would restart it under the first (zip(loader,
+        # loader) gave 1 pair of 235). Live: started (a first next()) and not
+        # yet ended, closed or freed; a loop left by `break` frees its own.
+        if self._live:
+            raise RuntimeError(
+                "gpufeed.Loader: a second iteration while one is running (zip(loader, loader), or two iter()s "
+                "both in use); iterate one at a time: finish, break out of or close() the first (it.close(), or "
+                "del it), or make a second gpufeed.Loader for another pass over the data")
+        self._live = True
+        try:
+            self._start()
+            self._generation += 1
+            generation = self._generation
+            while generation == self._generation:
+                handle = self._next()
+                if handle is None:
+                    return
+                yield self._convert(handle, names)
+        finally:
+            self._live = False
 
     def _start(self):
         err = ctypes.c_void_p()
