@@ -433,6 +433,24 @@ class Loader:
         for arrays in self._iterate(("images", "labels")):
             yield arrays.get("images"), arrays.get("labels")
 
+    def __getitem__(self, index):
+        # torch's DataLoader takes what is not an IterableDataset as a
+        # map-style dataset and indexes it ("'Loader' object is not
+        # subscriptable"): say what it takes instead.
+        raise TypeError("gpufeed.Loader is iterated, not indexed; for torch's DataLoader (and Lightning) pass "
+                        "loader.as_dataset(): DataLoader(loader.as_dataset(), batch_size=None, num_workers=0)")
+
+    def as_dataset(self):
+        """This loader as a torch.utils.data.IterableDataset, for code that
+        wants a DataLoader (Lightning, many training scripts):
+        torch.utils.data.DataLoader(loader.as_dataset(), batch_size=None,
+        num_workers=0) yields exactly the loader's batches (batch_size=None:
+        they are batched already; num_workers=0: the loader's own threads
+        read in parallel, and a worker process could not use them). The
+        dataset's len(), set_epoch, state_dict and load_state_dict are the
+        loader's; it shares the loader's one iteration at a time."""
+        return _dataset_class()(self)
+
     def batches(self):
         """Every array of every batch, as dicts {name: tensor}: "images",
         "labels" and, for host batches, "indices" (the global sample index
@@ -588,3 +606,50 @@ class Loader:
             return "gpufeed.Loader(closed)"
         return "gpufeed.Loader(%r, %d samples, batch_size=%d, %d batches)" % (
             self.name, self.num_samples, self.batch_size, len(self))
+
+
+_DATASET_CLASS = None
+
+
+def _dataset_class():
+    """LoaderDataset, made at its first use: torch is imported only then."""
+    global _DATASET_CLASS
+    if _DATASET_CLASS is not None:
+        return _DATASET_CLASS
+    import torch.utils.data
+
+    class LoaderDataset(torch.utils.data.IterableDataset):
+        """A gpufeed.Loader as a torch IterableDataset (Loader.as_dataset())."""
+
+        def __init__(self, loader):
+            super().__init__()
+            self.loader = loader
+
+        def __iter__(self):
+            if torch.utils.data.get_worker_info() is not None:
+                raise RuntimeError(
+                    "gpufeed.Loader.as_dataset() in a DataLoader worker process: use num_workers=0 (the loader "
+                    "reads with its own threads, which a worker process does not have; threads= sets how many)")
+            return iter(self.loader)
+
+        def __len__(self):
+            return len(self.loader)
+
+        def __reduce__(self):
+            raise TypeError("gpufeed.Loader.as_dataset() cannot go to DataLoader worker processes: use "
+                            "num_workers=0 (the loader reads with its own threads)")
+
+        def set_epoch(self, epoch):
+            self.loader.set_epoch(epoch)
+
+        def state_dict(self):
+            return self.loader.state_dict()
+
+        def load_state_dict(self, state):
+            self.loader.load_state_dict(state)
+
+        def __repr__(self):
+            return "LoaderDataset(%r)" % (self.loader,)
+
+    _DATASET_CLASS = LoaderDataset
+    return LoaderDataset

@@ -52,3 +52,35 @@ def test_two_loaders_iterate_independently(index_file):
     a, b = gpufeed.Loader(index_file, **OPTS), gpufeed.Loader(index_file, **OPTS)
     pairs = [(index_of(x[0].numpy()), index_of(y[0].numpy())) for (x, _), (y, _) in zip(a, b)]
     assert len(pairs) == len(a) and all(i == j for i, j in pairs)
+
+
+# -- a torch IterableDataset ---------------------------------------------------------
+def test_a_loader_as_a_dataset_for_torch_dataloader(index_file):
+    loader = gpufeed.Loader(index_file, **OPTS)
+    dataset = loader.as_dataset()
+    assert isinstance(dataset, torch.utils.data.IterableDataset)
+    dl = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=0)
+    assert len(dl) == len(loader)
+    want = indices(gpufeed.Loader(index_file, **OPTS))
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        got = indices(dl)
+        if epoch == 0:
+            assert got == want
+        assert sorted(k for b in got for k in b) == list(range(N_SAMPLES))
+    assert got != want  # epoch 1's order, set through the dataset
+    # Its state is the loader's.
+    assert dataset.state_dict()["epoch"] == 1
+
+
+def test_the_loader_itself_in_a_dataloader_names_as_dataset(index_file):
+    loader = gpufeed.Loader(index_file, **OPTS)
+    with pytest.raises(TypeError, match=r"as_dataset\(\)"):
+        next(iter(torch.utils.data.DataLoader(loader, batch_size=None)))
+
+
+def test_dataloader_workers_are_refused_naming_threads(index_file):
+    dataset = gpufeed.Loader(index_file, **OPTS).as_dataset()
+    dl = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(Exception, match="num_workers=0"):
+        next(iter(dl))
