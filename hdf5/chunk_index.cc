@@ -76,7 +76,7 @@ Result<std::vector<ChunkKey>> ReadChunkKeys(hid_t dset, uint64_t max) {
     if (H5Dget_chunk_info(dset, space.get(), i, offset.data(), &mask, &addr, &size) < 0) {
       return Status::Corrupt("chunk index entry " + std::to_string(i) + " unreadable: " + LastErrorText());
     }
-    out.push_back({std::vector<uint64_t>(offset.begin(), offset.end()), addr, size});
+    out.push_back({std::vector<uint64_t>(offset.begin(), offset.end()), addr, size, mask});
   }
   return out;
 }

@@ -23,6 +23,7 @@ struct ChunkKey {
   std::vector<uint64_t> offset;
   uint64_t addr = 0;
   uint64_t size = 0;
+  uint32_t mask = 0;  // HDF5's filter mask (bit k: filter k skipped)
 };
 
 // Ok when every key lies inside `extent`, on the grid of `chunk` (each

@@ -20,6 +20,7 @@
 #include "common/sizes.h"
 #include "codec/codec.h"
 #include "io/file.h"
+#include "hdf5/chunk_btree.h"
 #include "hdf5/chunk_index.h"
 #include "hdf5/fork_gate.h"
 #include "hdf5/h5_util.h"
@@ -620,14 +621,51 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
   d.chunk_addr.resize(n_chunks);
   d.chunk_size.resize(n_chunks);
   d.chunk_mask.resize(n_chunks);
+  // The index in one pass where it is a version 1 B-tree (HDF5's default
+  // format): each entry to its position, checked as below. Else (another
+  // index kind) HDF5 finds each position's entry, walking the index for each
+  // (quadratic in the chunks).
+  std::vector<const h5::ChunkKey*> at_position;
+  std::vector<h5::ChunkKey> walked;
+  if (!d.no_sample_axis) {
+    auto keys = h5::WalkChunkBTree(d.dset.get(), d.info.file, userblock, allocated, d.what);
+    if (keys.ok() && keys->size() == n_chunks) {
+      GPUFEED_RETURN_IF_ERROR(h5::CheckChunkKeys(*keys, file_extent, file_chunk, d.what));
+      walked = std::move(*keys);
+      at_position.assign(n_chunks, nullptr);
+      for (const h5::ChunkKey& k : walked) at_position[k.offset[0] / cs[0]] = &k;
+      // The first, middle and last entries as HDF5 finds them (a walk each):
+      // where they differ, HDF5's answer for every chunk.
+      for (uint64_t i : {uint64_t{0}, n_chunks / 2, n_chunks - 1}) {
+        std::vector<hsize_t> at(cs.size(), 0);
+        at[0] = i * cs[0];
+        unsigned mask = 0;
+        haddr_t addr = HADDR_UNDEF;
+        hsize_t size = 0;
+        const h5::ChunkKey& k = *at_position[i];
+        if (H5Dget_chunk_info_by_coord(d.dset.get(), at.data(), &mask, &addr, &size) < 0 || addr != k.addr ||
+            size != k.size || mask != k.mask) {
+          H5Eclear2(H5E_DEFAULT);
+          at_position.clear();
+          break;
+        }
+      }
+    } else if (!keys.ok() && keys.status().code() != StatusCode::kUnsupported) {
+      return keys.status();
+    }
+  }
   std::vector<hsize_t> offset(cs.size(), 0);
   for (uint64_t i = 0; i < n_chunks; ++i) {
     offset[0] = i * cs[0];
     unsigned mask = 0;
     haddr_t addr = HADDR_UNDEF;
     hsize_t size = 0;
-    // The file's coordinates lack the axis no_sample_axis adds.
-    if (H5Dget_chunk_info_by_coord(d.dset.get(), offset.data() + (d.no_sample_axis ? 1 : 0), &mask, &addr, &size) < 0) {
+    if (!at_position.empty()) {
+      const h5::ChunkKey& k = *at_position[i];  // one at each position: checked above
+      mask = k.mask, addr = k.addr, size = k.size;
+    } else if (H5Dget_chunk_info_by_coord(d.dset.get(), offset.data() + (d.no_sample_axis ? 1 : 0), &mask, &addr,
+                                          &size) < 0) {
+      // The file's coordinates lack the axis no_sample_axis adds.
       return Status::Corrupt(d.ChunkWhat(i) + ": chunk index unreadable: " + h5::LastErrorText());
     }
     if (addr == HADDR_UNDEF) {
