@@ -92,7 +92,7 @@ def main():
 
     if loader is None:
         loader = make_loader()
-    rates = []
+    rates, firsts = [], []  # images/s of the node; this rank's seconds to each epoch's first batch
     for e in range(a.epochs):
         loader.set_epoch(e)
         torch.cuda.synchronize()
@@ -100,7 +100,11 @@ def main():
         t0 = time.perf_counter()
         count = torch.zeros((), dtype=torch.int64, device=dev)
         lsum = torch.zeros((), dtype=torch.int64, device=dev)
+        first = None
         for images, lab in loader:
+            if first is None:
+                first = time.perf_counter() - t0
+                firsts.append(first)
             lab = lab.long()
             step(images.permute(0, 3, 1, 2), lab)
             count += lab.numel()
@@ -118,6 +122,7 @@ def main():
     split = {k: st.get(k) for k in ("feed_decoded_on_device", "feed_decoded_by_loader", "balanced_samples",
                                     "host_decode_share", "feed_decode_seconds", "feed_data_wait_seconds",
                                     "chunk_reads", "bytes_read")}
+    split["first_batch_seconds"] = [round(f, 3) for f in firsts]
     splits = [None] * world
     dist.all_gather_object(splits, split)
     if rank == 0:
