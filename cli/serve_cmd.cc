@@ -35,13 +35,27 @@ void AddServeCommand(CLI::App& app, int* exit_code) {
   AddTableOption(cmd, "threads", &o->loader_threads, "shared by the streams' loaders; here 0 is all cores");
   cmd->add_option("--io-threads", o->io_threads, "Asio threads")->capture_default_str();
   AddTableOption(cmd, "prefetch", &o->prefetch, "of each stream's loader")->capture_default_str();
-  cmd->add_option("--cache-bytes", o->cache_bytes, "decoded-chunk cache of each stream")->capture_default_str();
-  cmd->add_option("--memory-bytes", o->memory_bytes, "budget for all streams' memory bounds")->capture_default_str();
+  AddCacheBytesOption(cmd, &o->cache_bytes, "decoded-chunk cache of each stream (default 256 MiB)");
+  AddBytesOption(cmd, "--memory-bytes", &o->memory_bytes, "budget for all streams' memory bounds (a size: 64GiB)")
+      ->default_str(std::to_string(o->memory_bytes));
   cmd->add_option("--token-file", o->token_file, "shared secret clients must send (required for TCP)");
-  cmd->add_option("--metrics", o->metrics_listen, "HOST:PORT for Prometheus GET /metrics");
-  cmd->add_option("--max-connections", o->max_connections, "connections beyond this are refused")
+  cmd->add_option("--metrics", o->metrics_listen,
+                  "PORT (on 127.0.0.1) or HOST:PORT for Prometheus GET /metrics; plain HTTP, for trusted networks");
+  cmd->add_flag_function(
+      "--metrics-without-token", [o](int64_t) { o->metrics_require_token = false; },
+      "with --token-file, /metrics answers without \"Authorization: Bearer <token>\" (default: 401)");
+  cmd->add_option("--max-connections", o->max_connections,
+                  "connections past a valid HELLO; beyond this one is refused at its HELLO")
       ->capture_default_str();
-  cmd->add_option("--handshake-timeout-ms", o->handshake_timeout_ms, "accept to HELLO")->capture_default_str();
+  cmd->add_option("--max-pending-handshakes", o->max_pending_handshakes,
+                  "connections without a valid HELLO yet; beyond this the oldest is dropped")
+      ->capture_default_str();
+  cmd->add_option("--handshake-timeout-ms", o->handshake_timeout_ms, "accept to a valid HELLO")->capture_default_str();
+  cmd->add_option("--max-parked", o->max_parked, "warm Loaders kept for clients' next epochs; beyond, the oldest go")
+      ->capture_default_str();
+  cmd->add_option("--max-parked-bytes", o->max_parked_bytes,
+                  "memory the parked Loaders may keep reserved (0: half of --memory-bytes)")
+      ->capture_default_str();
   cmd->add_option("--idle-timeout-ms", o->idle_timeout_ms, "silence from a client before it is dropped")
       ->capture_default_str();
   cmd->add_option("--write-timeout-ms", o->write_timeout_ms, "a client that takes no frame this long is dropped")

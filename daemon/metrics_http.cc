@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "daemon/address.h"
+#include "daemon/protocol.h"
 
 namespace gpufeed::daemon {
 
@@ -18,8 +19,8 @@ namespace {
 class Exchange : public std::enable_shared_from_this<Exchange> {
  public:
   Exchange(asio::ip::tcp::socket socket, std::function<std::string()> render,
-           std::function<void(const std::string&)> on_error)
-      : stream_(std::move(socket)), render_(std::move(render)), on_error_(std::move(on_error)) {}
+           std::function<void(const std::string&)> on_error, const std::string& token)
+      : stream_(std::move(socket)), render_(std::move(render)), on_error_(std::move(on_error)), token_(token) {}
 
   void Start() {
     parser_.header_limit(MetricsHttp::kMaxHeaderBytes);
@@ -42,6 +43,19 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
                    too_big ? "request headers too large\n" : "malformed request: try GET /metrics\n", 11);
     }
     const auto& req = parser_.get();
+    if (!token_.empty()) {
+      // Only the Bearer scheme, the whole token, compared in constant time.
+      const beast::string_view field = req[http::field::authorization];
+      const std::string_view given(field.data(), field.size());
+      constexpr std::string_view kScheme = "Bearer ";
+      const bool ok = given.size() > kScheme.size() && given.substr(0, kScheme.size()) == kScheme &&
+                      ConstantTimeEquals(token_, given.substr(kScheme.size()));
+      if (!ok) {
+        on_error_(given.empty() ? "metrics request without a token" : "metrics request with a wrong token");
+        return Reply(http::status::unauthorized,
+                     "the daemon has a token: send \"Authorization: Bearer <token>\" (--token-file)\n", req.version());
+      }
+    }
     if (parser_.content_length().value_or(0) != 0 || parser_.chunked()) {
       return Reply(http::status::bad_request, "a request body is not accepted: try GET /metrics\n", req.version());
     }
@@ -60,6 +74,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     response_.set(http::field::server, "gpufeed");
     response_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     if (status == http::status::method_not_allowed) response_.set(http::field::allow, "GET, HEAD");
+    if (status == http::status::unauthorized) response_.set(http::field::www_authenticate, "Bearer realm=\"gpufeed\"");
     response_.keep_alive(false);
     response_.body() = std::move(body);
     response_.prepare_payload();
@@ -79,6 +94,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   http::response<http::string_body> response_;
   std::function<std::string()> render_;
   std::function<void(const std::string&)> on_error_;
+  const std::string token_;  // empty: none required
 };
 
 }  // namespace
@@ -92,7 +108,10 @@ MetricsHttp::MetricsHttp(asio::io_context& io, Strand control, std::function<std
       on_error_(std::move(on_error)) {}
 
 Status MetricsHttp::Bind(const std::string& listen) {
-  auto a = ParseHostPort(listen);
+  // A port alone binds loopback: /metrics names every client, and reaching
+  // it from elsewhere is a choice to write out ("0.0.0.0:9108").
+  const bool port_only = !listen.empty() && listen.find_first_not_of("0123456789") == std::string::npos;
+  auto a = ParseHostPort(port_only ? ":" + listen : listen);
   if (!a.ok()) return a.status().WithContext("--metrics");
   boost::system::error_code ec;
   const auto ip = asio::ip::make_address(a->host, ec);
@@ -114,7 +133,7 @@ void MetricsHttp::Accept() {
       asio::make_strand(io_),
       asio::bind_executor(control_, [this](const boost::system::error_code& ec, asio::ip::tcp::socket socket) {
         if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-        if (!ec) std::make_shared<Exchange>(std::move(socket), render_, on_error_)->Start();
+        if (!ec) std::make_shared<Exchange>(std::move(socket), render_, on_error_, token_)->Start();
         Accept();
       }));
 }

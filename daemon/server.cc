@@ -1,5 +1,6 @@
-// Server: binds the listening socket, accepts sessions (within the
-// connection cap), renders /metrics (served by daemon/metrics_http.cc), and
+// Server: binds the listening socket, accepts sessions (pending ones
+// capped by dropping the oldest, admitted ones capped at their HELLO:
+// ServerOptions), renders /metrics (served by daemon/metrics_http.cc), and
 // stops gracefully on Stop() or a signal. The registry of datasets, sessions
 // and parked Loaders and the memory budget are ServerCore
 // (daemon/server_core.cc); sessions do the rest (daemon/session*.cc).
@@ -150,9 +151,14 @@ void Server::Impl::Accept() {
           Accept();
           return;
         }
-        if (core.open.load() >= static_cast<uint64_t>(core.options.max_connections)) {
-          Reject(std::move(socket),
-                 "too many connections (cap " + std::to_string(core.options.max_connections) + "); retry later");
+        // Admitted connections are capped at their HELLO and pending ones
+        // by dropping the oldest (below); this bounds the descriptors of
+        // both, with room for those closing (each within its 2 s grace).
+        const uint64_t hard_cap = static_cast<uint64_t>(core.options.max_connections) +
+                                  2 * static_cast<uint64_t>(core.options.max_pending_handshakes);
+        if (core.open.load() >= hard_cap) {
+          Reject(std::move(socket), "too many connections (" + std::to_string(hard_cap) +
+                                        " open, --max-connections and --max-pending-handshakes); retry later");
         } else {
           boost::system::error_code oec;
           if (address.kind == daemon::Address::Kind::kTcp) {
@@ -178,7 +184,17 @@ void Server::Impl::Accept() {
           }();
           auto session = std::make_shared<Session>(core, std::move(socket), id, std::move(peer));
           core.Register(session);
+          // Pending until its HELLO is valid. Over the cap, the oldest
+          // pending connection makes room: connections that never send a
+          // valid HELLO cannot keep out one that does (server.h).
+          std::shared_ptr<Session> drop = core.AddPending(session);
           asio::post(session->executor(), [session] { session->Start(); });
+          if (drop) {
+            const std::string why = std::to_string(core.options.max_pending_handshakes) +
+                                    " connections were waiting for a HELLO (--max-pending-handshakes); this one, "
+                                    "the oldest, is dropped for a newer one";
+            asio::post(drop->executor(), [drop, why] { drop->DropPending(why); });
+          }
         }
         Accept();
       }));
@@ -214,12 +230,28 @@ std::string Server::Impl::Metrics() const {
   metric("gpufeed_connections_open", "gauge", "Connections open now.", u(core.open));
   metric("gpufeed_connections_accepted_total", "counter", "Connections accepted.", u(core.accepted));
   metric("gpufeed_connections_rejected_total", "counter", "Connections refused at the cap.", u(core.rejected));
+  metric("gpufeed_connections_admitted", "gauge", "Connections past a valid HELLO (capped by --max-connections).",
+         u(core.admitted));
+  metric("gpufeed_handshakes_pending", "gauge",
+         "Connections not yet past a valid HELLO (capped by --max-pending-handshakes).", u(core.pending()));
+  metric("gpufeed_handshakes_dropped_total", "counter",
+         "Pending connections dropped, the oldest first, to admit newer ones.", u(core.handshakes_dropped));
   metric("gpufeed_protocol_errors_total", "counter", "Malformed frames, wrong tokens, handshake timeouts.",
          u(core.protocol_errors));
   metric("gpufeed_streams_active", "gauge", "Streams with a running Loader.", u(core.streams_active));
   metric("gpufeed_loaders_parked", "gauge", "Warm Loaders kept for a client's next epoch or reconnect.",
          u(core.parked()));
-  metric("gpufeed_memory_reserved_bytes", "gauge", "Sum of admitted streams' memory bounds.", u(core.reserved()));
+  metric("gpufeed_loaders_parked_bytes", "gauge", "What the parked Loaders hold, within the memory reserved.",
+         u(core.parked_bytes()));
+  metric("gpufeed_loaders_parked_max", "gauge", "--max-parked.",
+         u(static_cast<uint64_t>(std::max(0, core.options.max_parked))));
+  metric("gpufeed_loaders_parked_max_bytes", "gauge", "--max-parked-bytes (0 given: half the memory budget).",
+         u(core.ParkedBytesLimit()));
+  metric("gpufeed_loaders_parked_evicted_total", "counter",
+         "Parked Loaders dropped, the oldest first: beyond the bounds or for a new stream's room.",
+         u(core.parked_evicted));
+  metric("gpufeed_memory_reserved_bytes", "gauge",
+         "Sum of admitted streams' memory bounds and parked Loaders' holdings.", u(core.reserved()));
   metric("gpufeed_memory_budget_bytes", "gauge", "--memory-bytes.", u(core.options.memory_bytes));
   metric("gpufeed_queued_frames", "gauge", "Batch frames waiting for client sockets.", u(core.queued));
   metric("gpufeed_batches_sent_total", "counter", "Batches written to clients.", u(core.batches_sent));
@@ -353,10 +385,12 @@ Server::~Server() {
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   if (o.data.empty()) return Status::InvalidArgument("serve: no dataset (--data FILE)");
-  if (o.io_threads < 1 || o.prefetch < 1 || o.max_connections < 1 || o.handshake_timeout_ms < 1 ||
-      o.idle_timeout_ms < 1 || o.write_timeout_ms < 1 || o.shutdown_grace_ms < 0) {
-    return Status::InvalidArgument("serve: threads, prefetch, max connections and timeouts must be positive");
+  if (o.io_threads < 1 || o.prefetch < 1 || o.max_connections < 1 || o.max_pending_handshakes < 1 ||
+      o.handshake_timeout_ms < 1 || o.idle_timeout_ms < 1 || o.write_timeout_ms < 1 || o.shutdown_grace_ms < 0) {
+    return Status::InvalidArgument(
+        "serve: threads, prefetch, max connections, max pending handshakes and timeouts must be positive");
   }
+  if (o.max_parked < 0) return Status::InvalidArgument("serve: --max-parked must be 0 or more");
   auto addr = daemon::ParseAddress(o.listen);
   if (!addr.ok()) return addr.status().WithContext("--listen");
   auto log = daemon::EventLog::Create(o.log_format, o.log_level, o.log);
@@ -399,6 +433,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     }
   }
   GPUFEED_RETURN_IF_ERROR(impl->Bind());
+  if (o.metrics_require_token) impl->metrics.RequireToken(core.token);  // empty: none to require
   Status st = o.metrics_listen.empty() ? Status::Ok() : impl->metrics.Bind(o.metrics_listen);
   if (!st.ok()) {
     if (addr->kind == daemon::Address::Kind::kUnix) ::unlink(addr->path.c_str());
@@ -424,7 +459,9 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
                daemon::Kv("data", data) + " " + daemon::Kv("io_threads", static_cast<uint64_t>(o.io_threads)) + " " +
                daemon::Kv("loader_threads", static_cast<uint64_t>(core.loader_threads)) + " " +
                daemon::Kv("memory_bytes", o.memory_bytes) + " " +
-               daemon::Kv("token", core.token.empty() ? "no" : "yes"));
+               daemon::Kv("token", core.token.empty() ? "no" : "yes") + " " +
+               daemon::Kv("metrics_token",
+                          !raw->metrics.endpoint().empty() && raw->metrics.requires_token() ? "yes" : "no"));
   for (int i = 0; i < o.io_threads; ++i) {
     raw->threads.emplace_back([raw] {
       // Handlers catch what they can; anything escaping is logged, and the
@@ -472,6 +509,10 @@ ServerStats Server::stats() const {
   s.connections_accepted = c.accepted;
   s.connections_rejected = c.rejected;
   s.connections_open = c.open;
+  s.handshakes_pending = c.pending();
+  s.handshakes_dropped = c.handshakes_dropped;
+  s.loaders_parked = c.parked();
+  s.parked_bytes = c.parked_bytes();
   s.streams_active = c.streams_active;
   s.batches_sent = c.batches_sent;
   s.bytes_sent = c.bytes_sent;

@@ -55,11 +55,7 @@ bool ServerCore::Reserve(uint64_t bytes, uint64_t* after) {
   bool ok = false;
   {
     MutexLock lock(&mu_);
-    while (reserved_ + bytes > options.memory_bytes && !parked_.empty()) {
-      reserved_ -= parked_.front().reserved_bytes;
-      evicted.push_back(std::move(parked_.front()));
-      parked_.erase(parked_.begin());
-    }
+    while (reserved_ + bytes > options.memory_bytes && !parked_.empty()) EvictOldestLocked(&evicted);
     if (reserved_ + bytes <= options.memory_bytes) {
       reserved_ += bytes;
       *after = reserved_;
@@ -76,12 +72,25 @@ void ServerCore::Park(const std::string& key, std::unique_ptr<Loader> loader, ui
     MutexLock lock(&mu_);
     if (expected) EndExpectedLocked(key);
     parked_.push_back({key, std::move(shm), std::move(loader), reserved_bytes});
-    while (parked_.size() > kMaxParked) {
-      reserved_ -= parked_.front().reserved_bytes;
-      evicted.push_back(std::move(parked_.front()));
-      parked_.erase(parked_.begin());
+    parked_bytes_ += reserved_bytes;
+    const size_t max_count = static_cast<size_t>(std::max(0, options.max_parked));
+    const uint64_t max_bytes = ParkedBytesLimit();
+    while (!parked_.empty() && (parked_.size() > max_count || parked_bytes_ > max_bytes)) {
+      EvictOldestLocked(&evicted);
     }
   }
+}
+
+void ServerCore::EvictOldestLocked(std::vector<Parked>* out) {
+  reserved_ -= parked_.front().reserved_bytes;
+  parked_bytes_ -= parked_.front().reserved_bytes;
+  parked_evicted += 1;
+  out->push_back(std::move(parked_.front()));
+  parked_.erase(parked_.begin());
+}
+
+uint64_t ServerCore::ParkedBytesLimit() const {
+  return options.max_parked_bytes > 0 ? options.max_parked_bytes : options.memory_bytes / 2;
 }
 
 std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reserved_bytes,
@@ -99,6 +108,7 @@ std::unique_ptr<Loader> ServerCore::Take(const std::string& key, uint64_t* reser
   if (pick == parked_.rend()) return nullptr;
   std::unique_ptr<Loader> l = std::move(pick->loader);
   *reserved_bytes = pick->reserved_bytes;
+  parked_bytes_ -= pick->reserved_bytes;
   if (shm != nullptr) *shm = std::move(pick->shm);
   parked_.erase(std::next(pick).base());
   return l;
@@ -129,10 +139,16 @@ size_t ServerCore::parked() const {
   return parked_.size();
 }
 
+uint64_t ServerCore::parked_bytes() const {
+  MutexLock lock(&mu_);
+  return parked_bytes_;
+}
+
 void ServerCore::DropParked() {
-  std::vector<Parked> dropped;
+  std::vector<Parked> dropped;  // destroyed outside the lock
   MutexLock lock(&mu_);
   for (Parked& p : parked_) reserved_ -= p.reserved_bytes;
+  parked_bytes_ = 0;
   dropped = std::move(parked_);
   parked_.clear();
 }
@@ -153,6 +169,38 @@ void ServerCore::Unregister(uint64_t id) {
   MutexLock lock(&mu_);
   sessions_.erase(id);
 }
+std::shared_ptr<Session> ServerCore::AddPending(const std::shared_ptr<Session>& s) {
+  MutexLock lock(&mu_);
+  pending_[s->id()] = s;
+  const auto cap = static_cast<size_t>(std::max(1, options.max_pending_handshakes));
+  while (pending_.size() > cap) {
+    auto oldest = pending_.begin();
+    std::shared_ptr<Session> drop = oldest->second.lock();
+    pending_.erase(oldest);
+    if (drop) return drop;  // one gone already is not counted: look further
+  }
+  return nullptr;
+}
+
+void ServerCore::LeavePending(uint64_t id) {
+  MutexLock lock(&mu_);
+  pending_.erase(id);
+}
+
+size_t ServerCore::pending() const {
+  MutexLock lock(&mu_);
+  return pending_.size();
+}
+
+bool ServerCore::Admit() {
+  const auto cap = static_cast<uint64_t>(options.max_connections);
+  uint64_t now = admitted.load();
+  while (now < cap) {
+    if (admitted.compare_exchange_weak(now, now + 1)) return true;
+  }
+  return false;
+}
+
 std::vector<std::shared_ptr<Session>> ServerCore::Sessions() const {
   MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Session>> v;

@@ -49,8 +49,11 @@ class ServerCore {
 
   // Loaders of ended streams, kept warm (cache, pool) for the next
   // connection with the same stream identity `key` (a client's next epoch,
-  // or its reconnect). A parked Loader keeps its reservation; Take() hands
-  // both over. Thread-safe.
+  // or its reconnect). A parked Loader keeps `reserved_bytes` of the budget
+  // (the session passes what an idle Loader holds, having given back the
+  // rest); Take() hands both over. At most options.max_parked Loaders and
+  // ParkedBytesLimit() bytes are parked: beyond, the oldest go (Park
+  // evicts them, counted in parked_evicted). Thread-safe.
   // A shared-memory stream's Loader is parked with its ShmPool (the Loader
   // fills that pool); Take() prefers the one mapping the client's memfd
   // `shm_inode` and hands the ShmPool over through `shm`.
@@ -60,7 +63,9 @@ class ServerCore {
   std::unique_ptr<Loader> Take(const std::string& key, uint64_t* reserved_bytes,
                                std::unique_ptr<ShmPool>* shm = nullptr, uint64_t shm_inode = 0);
   size_t parked() const;
-  void DropParked();  // at shutdown
+  uint64_t parked_bytes() const;
+  uint64_t ParkedBytesLimit() const;  // options.max_parked_bytes, or memory_bytes / 2 when 0
+  void DropParked();                  // at shutdown
   // A stream that ends its epoch parks its Loader when its session goes,
   // which is a moment after the END frame is on its way: the client's next
   // epoch may connect in between. The session announces the park when it
@@ -75,6 +80,18 @@ class ServerCore {
   void Register(const std::shared_ptr<Session>& s);
   void Unregister(uint64_t id);
   std::vector<std::shared_ptr<Session>> Sessions() const;
+
+  // Admission (server.h, ServerOptions::max_pending_handshakes). A session
+  // is pending from accept (AddPending) until its HELLO is valid or it
+  // closes (LeavePending; idempotent). AddPending returns the oldest pending
+  // session when there are more than the cap: the caller drops it (it is no
+  // longer counted as pending). Admit() takes one of max_connections slots
+  // for a session past a valid HELLO (false: full); Unadmit() gives it back.
+  std::shared_ptr<Session> AddPending(const std::shared_ptr<Session>& s);
+  void LeavePending(uint64_t id);
+  size_t pending() const;
+  bool Admit();
+  void Unadmit() { admitted -= 1; }
 
   const ServerOptions options;
   boost::asio::io_context io;
@@ -95,12 +112,17 @@ class ServerCore {
   uint64_t RecentPeakStreams();
   static constexpr std::chrono::seconds kPeakWindow{30};
   std::atomic<uint64_t> batches_sent{0}, bytes_sent{0}, protocol_errors{0}, queued{0};
+  std::atomic<uint64_t> admitted{0};            // sessions past a valid HELLO, not yet closed
+  std::atomic<uint64_t> handshakes_dropped{0};  // pending sessions dropped for newer ones
+  std::atomic<uint64_t> parked_evicted{0};      // parked Loaders dropped by the bounds or for room
 
  private:
   void EndExpectedLocked(const std::string& key) REQUIRES(mu_);
   mutable Mutex mu_;
   std::map<uint64_t, std::weak_ptr<Session>> sessions_ GUARDED_BY(mu_);
+  std::map<uint64_t, std::weak_ptr<Session>> pending_ GUARDED_BY(mu_);  // by id: oldest first
   uint64_t reserved_ GUARDED_BY(mu_) = 0;
+  uint64_t parked_bytes_ GUARDED_BY(mu_) = 0;  // the parked_ entries' reserved_bytes, summed
   struct Parked {
     std::string key;
     std::unique_ptr<ShmPool> shm;  // before loader: the Loader (pointing into it) goes first
@@ -109,7 +131,8 @@ class ServerCore {
   };
   std::vector<Parked> parked_ GUARDED_BY(mu_);                 // oldest first
   std::map<std::string, int> parks_expected_ GUARDED_BY(mu_);  // key -> sessions about to park
-  static constexpr size_t kMaxParked = 64;
+  // Removes parked_.front() from the budget and the list into `out`.
+  void EvictOldestLocked(std::vector<Parked>* out) REQUIRES(mu_);
   Mutex peak_mu_;
   uint64_t peak_streams_ GUARDED_BY(peak_mu_) = 0;
   std::chrono::steady_clock::time_point peak_time_ GUARDED_BY(peak_mu_);  // when last reached

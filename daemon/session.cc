@@ -6,6 +6,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -41,12 +42,17 @@ Session::~Session() {
   out_.clear();  // batches back to the Loader's pool before the Loader goes
   shm_sent_.clear();
   bool parked = false;
+  if (pending_) server_.LeavePending(id_);
+  if (admitted_) server_.Unadmit();
   if (reserved_bytes_ > 0) {
     server_.streams_active -= 1;
-    if (loader_ && loader_ok_ && !server_.stopping) {
-      // Warm for this client's next epoch or reconnect; its reservation (and
-      // shared memory) goes along.
-      server_.Park(stream_key_, std::move(loader_), reserved_bytes_, std::move(shm_pool_), park_expected_);
+    if (loader_ && loader_ok_ && !no_park_ && !server_.stopping) {
+      // Warm for this client's next epoch or reconnect, keeping in the
+      // budget what it holds (and its shared memory); the rest of the
+      // stream's bound (in-flight chunk buffers, compressed copies) goes back.
+      const uint64_t keep = std::min(reserved_bytes_, held_bytes_);
+      if (keep < reserved_bytes_) server_.Unreserve(reserved_bytes_ - keep);
+      server_.Park(stream_key_, std::move(loader_), keep, std::move(shm_pool_), park_expected_);
       parked = true;
     } else {
       loader_.reset();
@@ -93,6 +99,7 @@ void Session::ArmIdle() {
 void Session::Fail(const Status& st, bool protocol_error, uint16_t version) {
   if (state_ == State::kClosed || state_ == State::kClosing) return;
   if (protocol_error) server_.protocol_errors += 1;
+  no_park_ = true;
   Log(protocol_error ? "warn" : "info", "error",
       Kv("code", std::string(StatusCodeName(st.code()))) + " " + Kv("message", st.message()));
   state_ = State::kClosing;
@@ -118,6 +125,14 @@ void Session::Fail(const Status& st, bool protocol_error, uint16_t version) {
 void Session::CloseNow(const std::string& reason) {
   if (state_ == State::kClosed) return;
   state_ = State::kClosed;
+  if (pending_) {
+    pending_ = false;
+    server_.LeavePending(id_);
+  }
+  if (admitted_) {
+    admitted_ = false;
+    server_.Unadmit();
+  }
   if (counted_open_) {
     counted_open_ = false;
     server_.StreamClosed();
@@ -162,6 +177,13 @@ void Session::BeginShutdown() {
     if (!ec) self->CloseNow("shutdown grace expired before the client took its frames");
   });
   MaybeFinishDrain();
+}
+
+void Session::DropPending(const std::string& why) {
+  pending_ = false;  // ServerCore::AddPending took it off its list
+  if (state_ != State::kHandshake) return;
+  server_.handshakes_dropped += 1;
+  Fail(Status::Unsupported(why), false);
 }
 
 void Session::MaybeFinishDrain() {

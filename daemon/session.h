@@ -12,7 +12,12 @@
 //
 // Lifetime. Pending Asio handlers hold the session (shared_ptr); while the
 // producer runs, the session also holds itself and a work guard on the
-// io_context, released by OnProducerDone() once the thread is joined.
+// io_context, released by OnProducerDone() once the thread is joined. A read
+// is pending for as long as the session streams (a closed client is seen at
+// once, even mid-write); a protocol violation fails the session on the spot
+// (error frame, producer stopped, close once the frame is written or after
+// at most 2 s). The destructor gives back the reservation, or parks the
+// Loader with only what it holds (not after an error: no_park_).
 #ifndef GPUFEED_DAEMON_SESSION_H_
 #define GPUFEED_DAEMON_SESSION_H_
 
@@ -63,6 +68,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Start();          // call on the strand (post)
   void BeginShutdown();  // call on the strand (post): drain, SHUTDOWN, close
+  // Call on the strand (post): the server dropped this pending connection
+  // for a newer one (ServerCore::AddPending). Error frame, close; nothing if
+  // it got past its HELLO meanwhile.
+  void DropPending(const std::string& why);
   uint64_t id() const { return id_; }
   // Any thread (the /metrics handler reads it while the strand sets it at
   // the handshake).
@@ -129,7 +138,16 @@ class Session : public std::enable_shared_from_this<Session> {
   bool awaiting_park_ = false;  // StartProducer waits for another session's Loader (AwaitPark)
   std::chrono::steady_clock::time_point park_deadline_;
   bool counted_open_ = false;  // in server_.streams_open
+  bool pending_ = true;        // in server_'s pending handshakes (until a valid HELLO or the close)
+  bool admitted_ = false;      // holds one of server_'s max_connections slots (from a valid HELLO to the close)
+  // Ended by an error frame (a protocol violation, a timeout, a refusal) or
+  // a write timeout: the client is hostile or dead, its Loader is not parked.
+  bool no_park_ = false;
   uint64_t reserved_bytes_ = 0;
+  // Of reserved_bytes_, what the Loader holds once its stream has ended
+  // (cache, pool or mapping, spare chunk buffers): what a parked Loader
+  // keeps in the budget. Set with reserved_bytes_ in StartProducer.
+  uint64_t held_bytes_ = 0;
   std::shared_ptr<Session> keep_alive_;  // while the producer runs
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
 

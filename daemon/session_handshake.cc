@@ -99,16 +99,27 @@ void Session::OnHeader() {
       Fail(h.status(), true);
       return;
     }
-    // Its HELLO's payload is read first (within the control limit): closing
-    // a TCP socket with unread bytes resets it, and the client could lose
-    // the ERROR before reading it.
+    // Its frame's payload is read (within the control limit): closing a TCP
+    // socket with unread bytes resets it, and the client could lose the
+    // ERROR before reading it. In the handshake the ERROR waits for it (the
+    // handshake deadline bounds the wait); while streaming, the stream
+    // stops at once and the payload is read meanwhile (the close after the
+    // ERROR, or the 2 s grace, bounds it). Either way the session ends:
+    // before, a streaming session read no further and kept its stream and
+    // reservation until the idle timeout.
     uint32_t declared = 0;
     std::memcpy(&declared, in_header_.data() + 12, 4);
     in_payload_.resize(std::min(declared, kMaxControlPayload));
     auto self = shared_from_this();
     const Status mismatch = h.status();
+    const bool streaming = state_ == State::kStreaming;
+    if (streaming) Fail(mismatch, true, theirs);
     asio::async_read(socket_, asio::buffer(in_payload_),
-                     [self, mismatch, theirs](const boost::system::error_code&, size_t) {
+                     [self, mismatch, theirs, streaming](const boost::system::error_code& ec, size_t) {
+                       if (streaming) {  // failed already; a client gone meanwhile is closed now
+                         if (ec && ec != asio::error::operation_aborted) self->CloseNow("client closed the connection");
+                         return;
+                       }
                        if (self->state_ != State::kHandshake) return;
                        self->Fail(mismatch, true, theirs);
                      });
@@ -172,6 +183,18 @@ void Session::HandleHello(std::span<const std::byte> payload) {
     Fail(Status::InvalidArgument("wrong token (see --token-file)"), true);
     return;
   }
+  // Past a valid HELLO: out of the pending handshakes, into the capped
+  // admitted connections (ServerOptions::max_connections).
+  pending_ = false;
+  server_.LeavePending(id_);
+  if (!server_.Admit()) {
+    server_.rejected += 1;
+    Fail(Status::Unsupported("too many connections (cap " + std::to_string(server_.options.max_connections) +
+                             ", --max-connections); retry later"),
+         false);
+    return;
+  }
+  admitted_ = true;
   auto ds = server_.datasets.Find(hello->dataset, hello->decode);
   if (!ds.ok()) {
     Fail(ds.status(), false);

@@ -55,6 +55,18 @@ void Session::StartProducer() {
         std::min<uint64_t>(2 * static_cast<uint64_t>(t) + 4, std::max<uint64_t>(1, src.num_chunks()));
     return SaturatingAdd(fixed, SaturatingMul(buffers, chunk));
   };
+  // What the Loader still holds once its stream has ended (what a parked
+  // one keeps in the budget): its cache and pool (or the mapped slots), and
+  // the spare chunk buffers its cache keeps (the loader's threads + 4, no
+  // more than the stream ever had); not the compressed copies.
+  auto held_for = [&](int t) {
+    const uint64_t pool =
+        SaturatingAdd(std::min(lo.cache_bytes, all_chunks), SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb));
+    const uint64_t spares =
+        std::min<uint64_t>({2 * static_cast<uint64_t>(t) + 4, std::max<uint64_t>(1, src.num_chunks()),
+                            static_cast<uint64_t>(server_.loader_threads) + 4});
+    return SaturatingAdd(pool, SaturatingMul(spares, chunk));
+  };
   uint64_t divided_among = 1;
   int threads = ThreadShare(&divided_among);
   stream_key_ = src.name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
@@ -134,6 +146,7 @@ void Session::StartProducer() {
             Kv("mapping", reuse ? "reused" : "new"));
   }
   parked_shm.reset();  // someone else's (the Loader no longer points into it)
+  held_bytes_ = held_for(threads);
   LoaderInternal::SetThreads(*loader_, threads);
   Log("info", "stream_threads",
       Kv("threads", static_cast<uint64_t>(threads)) + " " + Kv("divided_among", divided_among));

@@ -60,6 +60,7 @@ void Session::WriteNext() {
   write_timer_.expires_after(milliseconds(server_.options.write_timeout_ms));
   write_timer_.async_wait([self, seq](const boost::system::error_code& ec) {
     if (!ec && self->writing_ && self->write_seq_ == seq) {
+      self->no_park_ = true;  // a dead client: its Loader is not kept
       self->CloseNow("write timeout: the client accepted no frame for " +
                      std::to_string(self->server_.options.write_timeout_ms) + " ms");
     }

@@ -42,9 +42,12 @@
 // (the Loader's bound, loader.h), and the frames it has queued for the
 // socket are batches of that pool (uncompressed) or at most 2 compressed
 // copies. A stream's Loader exists only once its client has granted credit;
-// a stream is admitted only while the sum of admitted streams' bounds stays
+// a stream is admitted only while the sum of admitted streams' bounds (and
+// of parked Loaders' holdings, which are evicted first to make room) stays
 // within `memory_bytes` (otherwise the client gets an error frame naming the
-// budget). Idle connections hold a few KiB. A client that stops reading
+// budget). Idle connections hold a few KiB. A session ends when its client
+// does: a closed connection, or a protocol violation (the connection is
+// closed at once), frees its stream and reservation. A client that stops reading
 // stalls only its own stream: the server never queues more than
 // min(credits, 2) batches for a client, and the Loader's pipeline then
 // blocks on its pool.
@@ -88,19 +91,46 @@ struct ServerOptions {
   // A file holding the shared secret (trailing whitespace ignored). Required
   // for TCP; optional for a Unix socket (then checked as well).
   std::string token_file;
-  // "HOST:PORT" for the Prometheus text endpoint GET /metrics; empty: none.
+  // The Prometheus text endpoint GET /metrics: "PORT" or ":PORT" binds
+  // 127.0.0.1 (loopback: the default, since the text names every client);
+  // "HOST:PORT" binds HOST as given (0.0.0.0 only when asked for). Empty:
+  // none. Plain HTTP, like the daemon's TCP transport: for trusted networks.
   std::string metrics_listen;
+  // With a token (token_file), GET /metrics must carry it as
+  // "Authorization: Bearer <token>" (Prometheus: `authorization:
+  // credentials_file:`), else 401. Not in the URL: query strings end up in
+  // logs. false: /metrics answers anyone who can reach its address.
+  bool metrics_require_token = true;
   int io_threads = 2;                   // Asio threads
   int loader_threads = 0;               // TBB threads, shared by the streams (see above); 0: all cores
   int prefetch = 4;                     // each stream's Loader prefetch
   uint64_t cache_bytes = 256ull << 20;  // each stream's decoded-chunk cache
   uint64_t memory_bytes = 8ull << 30;   // budget for all admitted streams (see above)
-  int max_connections = 64;             // beyond this a connection gets an error frame and is closed
-  int handshake_timeout_ms = 5000;      // from accept to a valid HELLO
-  int idle_timeout_ms = 300000;         // no frame from the client and nothing to send
-  int write_timeout_ms = 60000;         // one frame not accepted by the socket for this long: the client is dead
-  int shutdown_grace_ms = 10000;        // Stop(): time for frames in flight to drain
-  bool handle_signals = false;          // SIGINT/SIGTERM call Stop() (the CLI sets it)
+  // Admission. A connection is pending from accept until its HELLO is valid
+  // (decoded, the token right); then it is admitted. Pending connections
+  // have their own cap and a short deadline, so connections that never
+  // authenticate cannot keep out one that does: when a connection arrives
+  // and max_pending_handshakes are pending, the oldest pending one gets an
+  // error frame and is closed (a client that sends its HELLO at once is the
+  // youngest, so it gets in unless that many connections arrive before its
+  // HELLO does). Admitted connections beyond max_connections are refused
+  // at their HELLO with an error frame ("too many connections").
+  int max_connections = 64;         // admitted connections (past a valid HELLO)
+  int max_pending_handshakes = 16;  // connections not yet past a valid HELLO
+  int handshake_timeout_ms = 2000;  // from accept to a valid HELLO; then an error frame and close
+  int idle_timeout_ms = 300000;     // no frame from the client and nothing to send
+  int write_timeout_ms = 60000;     // one frame not accepted by the socket for this long: the client is dead
+  int shutdown_grace_ms = 10000;    // Stop(): time for frames in flight to drain
+  // Loaders of ended streams kept warm for the same client's next epoch or
+  // reconnect (a stream that ended in an error, a protocol violation or a
+  // timeout is not kept). A parked Loader keeps in the budget only what an
+  // idle Loader holds (its cache, batch pool or mapped shared memory, spare
+  // chunk buffers), and the parked ones are bounded: beyond max_parked
+  // Loaders or max_parked_bytes of them, the oldest go. A new stream that
+  // needs room evicts them too. max_parked_bytes 0: memory_bytes / 2.
+  int max_parked = 16;
+  uint64_t max_parked_bytes = 0;
+  bool handle_signals = false;  // SIGINT/SIGTERM call Stop() (the CLI sets it)
   // A node-local server's lifetime (gpufeed.Loader(share="node"); CLI
   // --lease-file): every client process holds a shared flock(2) on this
   // file for as long as it may use the server, and the server stops once
@@ -134,11 +164,14 @@ struct ServerOptions {
 
 struct ServerStats {
   uint64_t connections_accepted = 0, connections_rejected = 0, connections_open = 0;
-  uint64_t streams_active = 0;  // admitted streams with a Loader
+  uint64_t handshakes_pending = 0;  // connections not yet past a valid HELLO
+  uint64_t handshakes_dropped = 0;  // pending connections closed for a newer one (max_pending_handshakes)
+  uint64_t streams_active = 0;      // admitted streams with a Loader
   uint64_t batches_sent = 0, bytes_sent = 0;
-  uint64_t protocol_errors = 0;  // malformed frames, bad tokens, timeouts
-  uint64_t reserved_bytes = 0;   // sum of admitted streams' memory bounds
-  uint64_t queued_frames = 0;    // frames waiting for sockets, all clients
+  uint64_t protocol_errors = 0;                   // malformed frames, bad tokens, timeouts
+  uint64_t reserved_bytes = 0;                    // sum of admitted streams' memory bounds and parked Loaders' holdings
+  uint64_t loaders_parked = 0, parked_bytes = 0;  // parked Loaders and their part of reserved_bytes
+  uint64_t queued_frames = 0;                     // frames waiting for sockets, all clients
 };
 
 class Server {

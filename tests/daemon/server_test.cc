@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -565,22 +566,187 @@ TEST_F(DaemonTest, SharedMemoryStreamsAndHostileRegions) {
   EXPECT_EQ(server->stats().streams_active, 0u);
 }
 
+// Admission (issue 49, finding 4): connections past a valid HELLO are capped
+// at max_connections (the one beyond is refused at its HELLO); silent ones
+// are capped apart, the oldest dropped for a newer one, and the rest end at
+// the handshake deadline.
 TEST_F(DaemonTest, HandshakeTimeoutAndConnectionCap) {
   ServerOptions o = Options();
   o.handshake_timeout_ms = 300;
   o.max_connections = 2;
+  o.max_pending_handshakes = 2;
   auto server = StartServer(o);
   ASSERT_TRUE(server);
-  Conn a = RawConnect(server->endpoint());
-  Conn b = RawConnect(server->endpoint());
-  ASSERT_TRUE(Eventually([&] { return server->stats().connections_open == 2; }));
-  Conn c = RawConnect(server->endpoint());
+  auto admitted = [&] {
+    Conn c = RawConnect(server->endpoint());
+    EXPECT_TRUE(c.SendFrame(FrameType::kHello, HelloBytes(StreamOptions()), 2000).ok());
+    return c;
+  };
+  Conn a = admitted(), b = admitted();
+  for (Conn* c : {&a, &b}) {
+    Conn::Frame ok;
+    ASSERT_TRUE(c->RecvFrame(&ok, daemon::kMaxControlPayload, 3000).ok());
+    EXPECT_EQ(ok.header.type, FrameType::kHelloOk);
+  }
+  Conn c = admitted();
   EXPECT_NE(ReadError(c).find("too many connections"), std::string::npos);
   EXPECT_EQ(server->stats().connections_rejected, 1u);
-  // The silent two are dropped after the handshake timeout.
-  EXPECT_NE(ReadError(a).find("no valid HELLO"), std::string::npos);
-  EXPECT_NE(ReadError(b).find("no valid HELLO"), std::string::npos);
+  // Silent connections: two pending; a third drops the oldest of them.
+  Conn d = RawConnect(server->endpoint());
+  ASSERT_TRUE(Eventually([&] { return server->stats().handshakes_pending == 1; }));
+  Conn e = RawConnect(server->endpoint());
+  ASSERT_TRUE(Eventually([&] { return server->stats().handshakes_pending == 2; }));
+  Conn f = RawConnect(server->endpoint());
+  EXPECT_NE(ReadError(d).find("the oldest, is dropped"), std::string::npos);
+  EXPECT_EQ(server->stats().handshakes_dropped, 1u);
+  EXPECT_LE(server->stats().handshakes_pending, 2u);
+  // The silent others are dropped after the handshake timeout.
+  EXPECT_NE(ReadError(e).find("no valid HELLO"), std::string::npos);
+  EXPECT_NE(ReadError(f).find("no valid HELLO"), std::string::npos);
+  a.Close();
+  b.Close();
   EXPECT_TRUE(Eventually([&] { return server->stats().connections_open == 0; }));
+  EXPECT_EQ(server->stats().handshakes_pending, 0u);
+}
+
+// Issue 49, finding 4: 70 idle TCP connections that never send a HELLO used
+// to fill the 64-connection cap, and a client with the right token was
+// refused until the handshake timeout (5 s) freed a slot. Now it is admitted
+// at once, with the timeout still 5 s.
+TEST_F(DaemonTest, IdleConnectionsDoNotKeepOutAnAuthenticatedClient) {
+  ServerOptions o = Options();
+  o.listen = "tcp://127.0.0.1:0";
+  { std::ofstream(dir_ + "/token") << "correct horse\n"; }
+  o.token_file = dir_ + "/token";
+  o.handshake_timeout_ms = 5000;
+  o.max_connections = 64;
+  o.max_pending_handshakes = 16;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  std::vector<Conn> idle;
+  for (int i = 0; i < 70; ++i) idle.push_back(RawConnect(server->endpoint()));
+  ASSERT_TRUE(Eventually([&] { return server->stats().connections_accepted >= 70; }, 3000));
+  EXPECT_LE(server->stats().handshakes_pending, 16u);
+  const auto t0 = std::chrono::steady_clock::now();
+  RemoteLoaderOptions c = Client(server->endpoint(), StreamOptions());
+  c.token_file = dir_ + "/token";
+  c.io_timeout_ms = 3000;
+  auto remote = RemoteLoader::Connect(c);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  EpochStream s = (*remote)->Epoch(0);
+  Delivered got;
+  ASSERT_TRUE(Drain(s, &got, 1).ok());
+  ASSERT_EQ(got.batch_index.size(), 1u);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(waited, std::chrono::milliseconds(1500)) << "admitted only after the idle ones timed out?";
+  EXPECT_GE(server->stats().handshakes_dropped, 54u);
+}
+
+// Issue 49, finding 3: a client that sent a frame of another protocol
+// version while streaming made the daemon stop reading it; once it closed,
+// its session kept its stream and reservation until the idle timeout. Now
+// the violation ends the session at once and its Loader is not parked: the
+// reservation is back to what it was within a second.
+TEST_F(DaemonTest, AVersionMismatchMidStreamEndsTheSessionAndFreesItsReservation) {
+  ServerOptions o = Options();
+  o.idle_timeout_ms = 30000;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  const uint64_t baseline = server->stats().reserved_bytes;  // the dataset's shared chunk cache
+  const std::array<std::byte, 0> none{};
+  const daemon::HeaderBytes foreign =
+      daemon::MakeHeader(FrameType::kPing, 0, 0, {std::span<const std::byte>(none)}, daemon::kVersion + 1);
+  for (bool read_the_error : {false, true}) {
+    SCOPED_TRACE(read_the_error ? "the client reads its error" : "the client closes at once");
+    const uint64_t sent = server->stats().batches_sent;
+    Conn c = RawConnect(server->endpoint());
+    ASSERT_TRUE(c.SendFrame(FrameType::kHello, HelloBytes(StreamOptions()), 2000).ok());
+    Conn::Frame ok;
+    ASSERT_TRUE(c.RecvFrame(&ok, daemon::kMaxControlPayload, 3000).ok());
+    ASSERT_TRUE(c.SendFrame(FrameType::kCredit, daemon::EncodeCredit(2), 2000).ok());
+    ASSERT_TRUE(Eventually([&] { return server->stats().batches_sent > sent; }));
+    ASSERT_GT(server->stats().reserved_bytes, baseline);
+    ASSERT_TRUE(c.SendAll(foreign, 2000).ok());
+    if (read_the_error) {
+      // Batches sent before, then the ERROR in the client's own version.
+      Status st;
+      for (int i = 0; i < 10 && st.ok(); ++i) {
+        Conn::Frame f;
+        st = c.RecvFrame(&f, 16 << 20, 3000);
+      }
+      EXPECT_NE(st.message().find("version"), std::string::npos) << st.ToString();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    c.Close();
+    EXPECT_TRUE(Eventually(
+        [&] {
+          const ServerStats st = server->stats();
+          return st.reserved_bytes == baseline && st.connections_open == 0 && st.streams_active == 0;
+        },
+        1000))
+        << server->stats().reserved_bytes << " bytes reserved against " << baseline << " before";
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    EXPECT_EQ(server->stats().loaders_parked, 0u);  // a violator's Loader is not kept
+  }
+  EXPECT_GE(server->stats().protocol_errors, 2u);
+}
+
+// Parked Loaders (kept for a client's next epoch or reconnect) keep in the
+// budget only what an idle Loader holds, and are bounded in count and bytes,
+// the oldest going first; /metrics reports them.
+TEST_F(DaemonTest, ParkedLoadersAreBoundedAndKeepOnlyWhatTheyHold) {
+  auto stream_and_leave = [&](Server& server, uint64_t seed, bool compress, uint64_t* reserved_while) {
+    const uint64_t before = server.stats().reserved_bytes;
+    Conn c = RawConnect(server.endpoint());
+    daemon::Hello h;
+    h.loader = StreamOptions();
+    h.loader.seed = seed;  // another stream identity: another parked Loader
+    h.compress = compress;
+    ASSERT_TRUE(c.SendFrame(FrameType::kHello, daemon::EncodeHello(h), 2000).ok());
+    Conn::Frame ok;
+    ASSERT_TRUE(c.RecvFrame(&ok, daemon::kMaxControlPayload, 3000).ok());
+    ASSERT_TRUE(c.SendFrame(FrameType::kCredit, daemon::EncodeCredit(1), 2000).ok());
+    Conn::Frame batch;
+    ASSERT_TRUE(c.RecvFrame(&batch, 16 << 20, 3000).ok());
+    if (reserved_while != nullptr) *reserved_while = server.stats().reserved_bytes - before;
+    c.Close();  // mid-epoch: its Loader is parked for a reconnect
+    ASSERT_TRUE(Eventually([&] { return server.stats().connections_open == 0; }));
+  };
+  ServerOptions o = Options();
+  o.max_parked = 2;
+  o.memory_bytes = 1ull << 30;
+  o.max_parked_bytes = 512ull << 20;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  const uint64_t baseline = server->stats().reserved_bytes;
+  uint64_t streaming = 0;
+  stream_and_leave(*server, 1, /*compress=*/true, &streaming);
+  ASSERT_EQ(server->stats().loaders_parked, 1u);
+  const uint64_t parked = server->stats().parked_bytes;
+  EXPECT_GT(parked, 0u);
+  EXPECT_LT(parked, streaming) << "the compressed copies are not held by a parked Loader";
+  EXPECT_EQ(server->stats().reserved_bytes, baseline + parked);
+  for (uint64_t seed = 2; seed <= 4; ++seed) stream_and_leave(*server, seed, false, nullptr);
+  EXPECT_EQ(server->stats().loaders_parked, 2u);  // the two oldest went
+  EXPECT_EQ(server->stats().reserved_bytes, baseline + server->stats().parked_bytes);
+  const std::string m = server->MetricsText();
+  EXPECT_NE(m.find("gpufeed_loaders_parked 2\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("gpufeed_loaders_parked_evicted_total 2\n"), std::string::npos);
+  EXPECT_NE(m.find("gpufeed_loaders_parked_max 2\n"), std::string::npos);
+  EXPECT_NE(m.find("gpufeed_loaders_parked_bytes " + std::to_string(server->stats().parked_bytes) + "\n"),
+            std::string::npos);
+  server.reset();
+
+  // In bytes: room for one parked Loader only.
+  o.max_parked = 16;
+  o.max_parked_bytes = parked + parked / 2;
+  o.listen = "unix:" + dir_ + "/d2.sock";
+  server = StartServer(o);
+  ASSERT_TRUE(server);
+  for (uint64_t seed = 1; seed <= 3; ++seed) stream_and_leave(*server, seed, true, nullptr);
+  EXPECT_EQ(server->stats().loaders_parked, 1u);
+  EXPECT_LE(server->stats().parked_bytes, o.max_parked_bytes);
+  EXPECT_NE(server->MetricsText().find("gpufeed_loaders_parked_evicted_total 2\n"), std::string::npos);
 }
 
 TEST_F(DaemonTest, StalledAndIdleClientsAreBoundedAndDoNotBlockOthers) {
@@ -856,6 +1022,55 @@ TEST_F(DaemonTest, MetricsEndpointClosesASilentClientAtTheDeadline) {
   EXPECT_FALSE(silent.RecvAll(one, 15000).ok());  // closed by the server, before this wait's own limit
   const auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_LT(waited, std::chrono::seconds(10));
+}
+
+// Issue 49, finding 4: /metrics names every client, so a port alone binds
+// loopback, and with a token it must be asked for with it
+// ("Authorization: Bearer <token>"): 401 without it or with another.
+TEST_F(DaemonTest, MetricsBindLoopbackByDefaultAndRequireTheToken) {
+  auto ask = [&](Server& server, const std::string& auth) {
+    Conn m = RawConnect("tcp://" + server.metrics_endpoint());
+    const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n";
+    (void)m.SendAll(std::as_bytes(std::span(req.data(), req.size())), 2000);
+    std::string resp;
+    for (int i = 0; i < 200000; ++i) {
+      std::byte b[1];
+      if (!m.RecvAll(b, 3000).ok()) break;
+      resp += static_cast<char>(b[0]);
+    }
+    return resp;
+  };
+  ServerOptions o = Options();
+  for (const char* port_only : {"0", ":0"}) {
+    o.metrics_listen = port_only;
+    auto server = StartServer(o);
+    ASSERT_TRUE(server);
+    EXPECT_EQ(server->metrics_endpoint().rfind("127.0.0.1:", 0), 0u) << server->metrics_endpoint();
+    EXPECT_EQ(ask(*server, "").rfind("HTTP/1.1 200", 0), 0u);  // no token: none asked
+  }
+  { std::ofstream(dir_ + "/token") << "correct horse\n"; }
+  o.token_file = dir_ + "/token";
+  o.listen = "tcp://127.0.0.1:0";
+  o.metrics_listen = "0";
+  {
+    auto server = StartServer(o);
+    ASSERT_TRUE(server);
+    const std::string none = ask(*server, "");
+    EXPECT_EQ(none.rfind("HTTP/1.1 401", 0), 0u) << none.substr(0, 200);
+    EXPECT_NE(none.find("WWW-Authenticate: Bearer"), std::string::npos);
+    EXPECT_EQ(none.find("gpufeed_connections_open"), std::string::npos);
+    EXPECT_EQ(ask(*server, "Authorization: Bearer wrong horse\r\n").rfind("HTTP/1.1 401", 0), 0u);
+    EXPECT_EQ(ask(*server, "Authorization: Basic correct horse\r\n").rfind("HTTP/1.1 401", 0), 0u);
+    EXPECT_EQ(ask(*server, "Authorization: Bearer correct horse \r\n").rfind("HTTP/1.1 200", 0), 0u)
+        << "HTTP drops the value's trailing space";
+    const std::string ok = ask(*server, "Authorization: Bearer correct horse\r\n");
+    EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok.substr(0, 200);
+    EXPECT_NE(ok.find("gpufeed_connections_open"), std::string::npos);
+  }
+  o.metrics_require_token = false;  // --metrics-without-token
+  auto open = StartServer(o);
+  ASSERT_TRUE(open);
+  EXPECT_EQ(ask(*open, "").rfind("HTTP/1.1 200", 0), 0u);
 }
 
 // The log in JSON: one object a line with ts, level, event and every field
