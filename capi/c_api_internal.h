@@ -5,7 +5,9 @@
 
 #include <exception>
 #include <new>
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "gpufeed/c_api.h"
 #include "gpufeed/gpu_feed.h"
@@ -62,6 +64,18 @@ gpufeed_code Guard(gpufeed_error** error, F&& body) {
 // the typed setters cannot fail. InvalidArgument names the setter and the
 // value it was given (-1 through an unsigned setter shows as -1).
 Status CheckIntegerOptions(const gpufeed_options& o);
+
+// Bytes from a size as every door takes it: a whole number ("1073741824"),
+// or a number (a fraction too: "1.5GiB") and a unit, binary (K, KiB, M,
+// MiB, G, GiB, T, TiB) or decimal (KB, MB, GB, TB), in any case, spaces
+// around. InvalidArgument saying what it takes (without the text: the
+// caller names its option and value).
+Result<uint64_t> ParseByteSize(std::string_view text);
+
+// Option `option` of the table (a size: pool_bytes, cache_bytes) from text:
+// ParseByteSize, "auto" where the option has a meaning for it, its range.
+// gpufeed_options_set (so Python) and the CLI's flags read sizes with it.
+Result<uint64_t> ParseBytesOption(std::string_view option, std::string_view text);
 
 }  // namespace gpufeed::capi
 

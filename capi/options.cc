@@ -10,10 +10,12 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "capi/c_api_internal.h"
 #include "gpufeed/c_api.h"
+#include "gpufeed/loader.h"
 
 using gpufeed::Status;
 using gpufeed::capi::Fail;
@@ -36,16 +38,20 @@ constexpr Range kAny{};
 // checked against their range by gpufeed_options_set, and for the typed
 // setters when the loader opens.
 // Types: U64 (uint64_t), U32 (uint32_t), INT (int), BOOL (int, nonzero is
-// true), STR (const char*).
+// true), STR (const char*), BYTES (uint64_t; by name also a size text, as
+// ParseByteSize reads it), BYTES_AUTO (BYTES, and "auto": AutoCacheBytes(),
+// half the memory available). Sizes are read here for every door: the C
+// API, Python (through gpufeed_options_set) and the CLI (ParseBytesOption).
 #define GPUFEED_OPTION_TABLE(X)                                                                               \
   X(batch_size, U64, source.loader.batch_size, R(1, kMax63), "samples per batch")                             \
   X(order, STR, order, kAny, "sample order: block, random or sequential")                                     \
   X(seed, U64, source.loader.seed, kAny, "shuffle seed")                                                      \
   X(threads, INT, source.loader.threads, R(0, 4096), "loader threads (0: this rank's share of the cores)")    \
   X(prefetch, INT, source.loader.prefetch, R(1, 4096), "batches in flight")                                   \
-  X(pool_bytes, U64, source.loader.pool_bytes, R(0, kMax63),                                                  \
+  X(pool_bytes, BYTES, source.loader.pool_bytes, R(0, kMax63),                                                \
     "bytes of batch buffers (prefetch + 1 of them, fewer where larger; 0: no bound)")                         \
-  X(cache_bytes, U64, source.loader.cache_bytes, R(0, kMax63), "bytes of decoded chunks kept across epochs")  \
+  X(cache_bytes, BYTES_AUTO, source.loader.cache_bytes, R(0, kMax63),                                         \
+    "bytes of decoded chunks kept across epochs (auto: half the memory available)")                           \
   X(shuffle_window, U64, source.loader.shuffle_window, R(1, kMax63), "chunks")                                \
   X(rank, INT, source.loader.rank, R(0, kMaxInt), "this rank: 0 to world_size - 1")                           \
   X(world_size, INT, source.loader.world_size, R(1, kMaxInt), "ranks")                                        \
@@ -88,9 +94,10 @@ constexpr Range kAny{};
   X(feed_labels_int32, BOOL, feed_options.labels_int32, kAny, "int32 labels")                                 \
   X(feed_force_cpu, BOOL, feed_options.force_cpu, kAny, "the feed's CPU twins even with a GPU")
 
-enum class Type { kU64, kU32, kInt, kBool, kStr };
+enum class Type { kU64, kU32, kInt, kBool, kStr, kBytes, kBytesAuto };
 constexpr Type kTypeU64 = Type::kU64, kTypeU32 = Type::kU32, kTypeINT = Type::kInt, kTypeBOOL = Type::kBool,
-               kTypeSTR = Type::kStr;
+               kTypeSTR = Type::kStr, kTypeBYTES = Type::kBytes, kTypeBYTES_AUTO = Type::kBytesAuto;
+bool IsBytes(Type t) { return t == Type::kBytes || t == Type::kBytesAuto; }
 
 const char* TypeName(Type t) {
   switch (t) {
@@ -104,6 +111,9 @@ const char* TypeName(Type t) {
       return "bool";
     case Type::kStr:
       return "string";
+    case Type::kBytes:
+    case Type::kBytesAuto:
+      return "bytes";
   }
   return "?";
 }
@@ -159,7 +169,7 @@ Status NoSuchOption(std::string_view name) {
 
 std::string RangeText(const Row& r) {
   if (r.ranged()) return std::to_string(r.range.least) + " to " + std::to_string(r.range.most);
-  if (r.type == Type::kU64) return "0 to " + std::to_string(UINT64_MAX);
+  if (r.type == Type::kU64 || IsBytes(r.type)) return "0 to " + std::to_string(UINT64_MAX);
   if (r.type == Type::kU32) return "0 to " + std::to_string(UINT32_MAX);
   return std::to_string(INT32_MIN) + " to " + std::to_string(INT32_MAX);
 }
@@ -203,6 +213,13 @@ Status Set(gpufeed_options* o, const Row& r, std::string_view value) {
       }
       return Status::InvalidArgument(call + ": " + r.what + ": 1/true/yes/on or 0/false/no/off");
     }
+    case Type::kBytes:
+    case Type::kBytesAuto: {
+      auto v = gpufeed::capi::ParseBytesOption(r.name, value);
+      if (!v.ok()) return Status::InvalidArgument(call + ": " + v.status().message());
+      *static_cast<uint64_t*>(field) = *v;
+      return Status::Ok();
+    }
     case Type::kU64:
     case Type::kU32:
     case Type::kInt: {
@@ -232,6 +249,8 @@ std::string Get(gpufeed_options* o, const Row& r) {
     case Type::kBool:
       return *static_cast<bool*>(field) ? "1" : "0";
     case Type::kU64:
+    case Type::kBytes:
+    case Type::kBytesAuto:
       return std::to_string(*static_cast<uint64_t*>(field));
     case Type::kU32:
       return std::to_string(*static_cast<uint32_t*>(field));
@@ -245,7 +264,7 @@ std::string Get(gpufeed_options* o, const Row& r) {
 // given to an unsigned setter shows as -1).
 int64_t IntegerValue(const gpufeed_options& o, const Row& r) {
   void* field = r.field(const_cast<gpufeed_options*>(&o));
-  if (r.type == Type::kU64) return static_cast<int64_t>(*static_cast<uint64_t*>(field));
+  if (r.type == Type::kU64 || IsBytes(r.type)) return static_cast<int64_t>(*static_cast<uint64_t*>(field));
   if (r.type == Type::kU32) return static_cast<int64_t>(*static_cast<uint32_t*>(field));
   return *static_cast<int*>(field);
 }
@@ -254,9 +273,80 @@ int64_t IntegerValue(const gpufeed_options& o, const Row& r) {
 
 namespace gpufeed::capi {
 
+namespace {
+constexpr char kSizeTakes[] = "a byte count, or a size such as 512MiB, 1GiB, 4G (binary) or 512MB, 2GB (decimal)";
+}  // namespace
+
+Result<uint64_t> ParseByteSize(std::string_view text) {
+  const auto bad = [] { return Status::InvalidArgument(kSizeTakes); };
+  auto is_space = [](char c) { return c == ' ' || c == '\t'; };
+  auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  size_t at = 0;
+  while (at < text.size() && is_digit(text[at])) ++at;
+  if (at == 0) return bad();  // no digits, or a sign
+  uint64_t whole = 0;
+  if (std::from_chars(text.data(), text.data() + at, whole).ec != std::errc()) {
+    return Status::InvalidArgument(std::string(kSizeTakes) + ", below 2^64");
+  }
+  // A fraction ("1.5GiB"), to 18 digits: what a unit multiplies exactly.
+  uint64_t frac = 0, frac_scale = 1;
+  if (at < text.size() && text[at] == '.') {
+    const size_t from = ++at;
+    for (; at < text.size() && is_digit(text[at]); ++at) {
+      if (frac_scale < uint64_t{1000000000000000000}) frac = frac * 10 + (text[at] - '0'), frac_scale *= 10;
+    }
+    if (at == from) return bad();
+  }
+  while (at < text.size() && is_space(text[at])) ++at;
+  std::string unit(text.substr(at));
+  for (char& c : unit) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  static constexpr std::pair<std::string_view, uint64_t> kUnits[] = {{"", 1},
+                                                                     {"b", 1},
+                                                                     {"k", 1ull << 10},
+                                                                     {"kib", 1ull << 10},
+                                                                     {"kb", 1000},
+                                                                     {"m", 1ull << 20},
+                                                                     {"mib", 1ull << 20},
+                                                                     {"mb", 1000000},
+                                                                     {"g", 1ull << 30},
+                                                                     {"gib", 1ull << 30},
+                                                                     {"gb", 1000000000},
+                                                                     {"t", 1ull << 40},
+                                                                     {"tib", 1ull << 40},
+                                                                     {"tb", 1000000000000ull}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit != name) continue;
+    const unsigned __int128 bytes =
+        static_cast<unsigned __int128>(whole) * scale + static_cast<unsigned __int128>(frac) * scale / frac_scale;
+    if (bytes > UINT64_MAX) return Status::InvalidArgument(std::string(kSizeTakes) + ", below 2^64 bytes");
+    return static_cast<uint64_t>(bytes);
+  }
+  return bad();
+}
+
+Result<uint64_t> ParseBytesOption(std::string_view option, std::string_view text) {
+  const Row* r = Find(option);
+  if (r == nullptr || !IsBytes(r->type)) {
+    return Status::Internal("ParseBytesOption: '" + std::string(option) + "' is no size option of the table");
+  }
+  const bool takes_auto = r->type == Type::kBytesAuto;
+  if (takes_auto && text == "auto") return AutoCacheBytes();
+  auto v = ParseByteSize(text);
+  const std::string or_auto = takes_auto ? ", or auto" : "";
+  if (!v.ok()) return Status::InvalidArgument(std::string(r->what) + ": " + v.status().message() + or_auto);
+  if (r->ranged() && (*v < static_cast<uint64_t>(r->range.least) || *v > static_cast<uint64_t>(r->range.most))) {
+    return Status::InvalidArgument(std::string(r->what) + ": " + kSizeTakes + or_auto + ", " + RangeText(*r) +
+                                   " bytes");
+  }
+  return v;
+}
+
 Status CheckIntegerOptions(const gpufeed_options& o) {
   for (const Row& r : kRows) {
-    if ((r.type != Type::kU64 && r.type != Type::kU32 && r.type != Type::kInt) || !r.ranged()) continue;
+    if ((r.type != Type::kU64 && r.type != Type::kU32 && r.type != Type::kInt && !IsBytes(r.type)) || !r.ranged())
+      continue;
     int64_t most = r.range.most;
     if (std::string_view(r.name) == "rank") most = std::max(0, o.source.loader.world_size - 1);
     const int64_t v = IntegerValue(o, r);
@@ -276,6 +366,8 @@ void gpufeed_options_destroy(gpufeed_options* o) { delete o; }
 // The typed setters (c_api.h), one per row.
 #define GPUFEED_SETTER_U64(name, member) \
   void gpufeed_options_set_##name(gpufeed_options* o, uint64_t v) { o->member = v; }
+#define GPUFEED_SETTER_BYTES(name, member) GPUFEED_SETTER_U64(name, member)
+#define GPUFEED_SETTER_BYTES_AUTO(name, member) GPUFEED_SETTER_U64(name, member)
 #define GPUFEED_SETTER_U32(name, member) \
   void gpufeed_options_set_##name(gpufeed_options* o, uint32_t v) { o->member = v; }
 #define GPUFEED_SETTER_INT(name, member) \
@@ -336,7 +428,7 @@ int gpufeed_option_range(int i, int64_t* least, uint64_t* most) {
   const Row& r = kRows[i];
   if (r.ranged()) {
     *least = r.range.least, *most = static_cast<uint64_t>(r.range.most);
-  } else if (r.type == Type::kU64) {
+  } else if (r.type == Type::kU64 || IsBytes(r.type)) {
     *least = 0, *most = UINT64_MAX;
   } else if (r.type == Type::kU32) {
     *least = 0, *most = UINT32_MAX;

@@ -608,7 +608,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   AddTableOption(scmd, "threads", &sa->o.loader.threads, "local, and each daemon stream");
   AddTableOption(scmd, "batch_size", &sa->o.loader.batch_size);
   AddTableOption(scmd, "prefetch", &sa->o.loader.prefetch);
-  scmd->add_option("--cache-bytes", sa->o.loader.cache_bytes, "decoded-chunk cache per loader");
+  AddCacheBytesOption(scmd, &sa->o.loader.cache_bytes, "decoded-chunk cache per loader");
   scmd->add_option("--epochs", sa->o.epochs, "epochs per run; the last is timed (default 2)");
   scmd->add_option("--clients", sa->o.clients, "concurrent clients (ranks of one world) (default 4)");
   scmd->add_flag("--compress", sa->o.compress, "zstd payloads (with --no-shared-memory)");

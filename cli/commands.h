@@ -24,9 +24,14 @@ void AddDevicesCommand(CLI::App& app, int* exit_code);
 void AddTrainCommand(CLI::App& app, int* exit_code);
 void AddServeCommand(CLI::App& app, int* exit_code);
 
-// Adds --cache-bytes: a byte count, or "auto" (gpufeed::AutoCacheBytes(),
-// reported by the command at start).
+// Adds --cache-bytes: a size as the option table reads it (1073741824,
+// 1GiB, 512MB; capi::ParseBytesOption, as Python's cache_bytes=), or "auto"
+// (gpufeed::AutoCacheBytes(), reported by the command at start).
 CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::string& help);
+
+// Adds `flag`: a size outside the option table, read as it reads sizes
+// (capi::ParseByteSize: 1073741824, 1GiB, 512MB).
+CLI::Option* AddBytesOption(CLI::App* cmd, const std::string& flag, uint64_t* bytes, const std::string& help);
 
 // A flag for option `option` of the C API's option table (capi/options.cc,
 // gpufeed_option_*): its name ("--" and the option's, dashed, without a

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "capi/c_api_internal.h"
 #include "cli/commands.h"
 #include "common/atomic_file.h"
 #include "gpufeed/loader.h"
@@ -15,30 +16,34 @@
 namespace gpufeed::cli {
 
 CLI::Option* AddCacheBytesOption(CLI::App* cmd, uint64_t* bytes, const std::string& help) {
+  // The option table's parser (capi/options.cc), as Python's cache_bytes=.
   return cmd
       ->add_option_function<std::string>(
           "--cache-bytes",
           [bytes](const std::string& v) {
+            auto n = capi::ParseBytesOption("cache_bytes", v);
+            if (!n.ok()) throw CLI::ValidationError("--cache-bytes", v + ": " + n.status().message());
+            *bytes = *n;
             if (v == "auto") {
-              *bytes = AutoCacheBytes();
               std::fprintf(stderr, "gpufeed: --cache-bytes auto: %llu bytes (%.1f GiB: half the memory available)\n",
                            static_cast<unsigned long long>(*bytes), *bytes / double(1ull << 30));
-              return;
             }
-            size_t used = 0;
-            unsigned long long n = 0;
-            try {
-              n = std::stoull(v, &used);
-            } catch (const std::exception&) {
-              used = 0;
-            }
-            if (used != v.size() || v.empty() || v[0] == '-') {
-              throw CLI::ValidationError("--cache-bytes", "a byte count or 'auto', not '" + v + "'");
-            }
-            *bytes = n;
           },
-          help + " (bytes, or 'auto': half the memory available)")
+          help + " (bytes, a size such as 512MiB or 1GiB, or auto: half the memory available)")
       ->type_name("BYTES|auto");
+}
+
+CLI::Option* AddBytesOption(CLI::App* cmd, const std::string& flag, uint64_t* bytes, const std::string& help) {
+  return cmd
+      ->add_option_function<std::string>(
+          flag,
+          [flag, bytes](const std::string& v) {
+            auto n = capi::ParseByteSize(v);
+            if (!n.ok()) throw CLI::ValidationError(flag, v + ": " + n.status().message());
+            *bytes = *n;
+          },
+          help)
+      ->type_name("BYTES");
 }
 
 // Counts, sizes and thread numbers are never negative: CLI11 converts "-5"

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "capi/c_api_internal.h"
 #include "cli/commands.h"
 #include "gpufeed/c_api.h"
 
@@ -34,6 +35,21 @@ CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, void* target
   // does not swallow the positional arguments after it.
   if (type == 'v') {
     return cmd->add_option(flag, *static_cast<std::vector<std::string>*>(target), help)->allow_extra_args(false);
+  }
+  if (type == 'u' && std::string_view(gpufeed_option_type(row)) == "bytes") {
+    // Sizes: 1073741824, 1GiB, 512MB (and auto where the row has it), read
+    // by the table's parser as gpufeed_options_set and Python read them.
+    auto* bytes = static_cast<uint64_t*>(target);
+    return cmd
+        ->add_option_function<std::string>(
+            flag,
+            [option = std::string(option), flag, bytes](const std::string& v) {
+              auto n = capi::ParseBytesOption(option, v);
+              if (!n.ok()) throw CLI::ValidationError(flag, v + ": " + n.status().message());
+              *bytes = *n;
+            },
+            help)
+        ->type_name("BYTES");
   }
   if (type == 'i') opt = cmd->add_option(flag, *static_cast<int*>(target), help);
   if (type == 'u') opt = cmd->add_option(flag, *static_cast<uint64_t*>(target), help);

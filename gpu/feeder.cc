@@ -45,6 +45,121 @@ Status Take(Result<T> made, T* out) {
   return Status::Ok();
 }
 
+// What the feed takes of a source, and the geometry it reads (Impl's
+// fields of the same names).
+struct InputGeometry {
+  bool named = false;   // several named fields: the first is the image
+  bool volume = false;  // rank-4 samples
+  DType image_dtype = DType::kUInt8;
+  std::vector<uint64_t> shape;  // the image's sample shape as stored
+  int C = 0, H = 0, W = 0;      // channels and the rows and columns normalized
+};
+
+// The checks of a feed over `src` with options `o` that need no device: its
+// input dtype and shape, channels, mean and std (taken into *options from the
+// dataset's attributes where unset), crop and pool. CheckFeedInput and Init.
+Status CheckInput(const BatchSourceInfo& src, FeedOptions* options, InputGeometry* g) {
+  FeedOptions& o = *options;
+  // Named fields: the first is the image; the others are classes, masks or
+  // passed through (ClassifyFields, after the image's shape is known).
+  g->named = src.fields.size() >= 2;
+  const bool named = g->named;
+  g->image_dtype = named ? src.fields[0].dtype : src.dtype;
+  if (gpu::InputElementBytes(g->image_dtype) == 0) {
+    // Worded for the device asked for: the CPU twins convert too.
+    const std::string dtype(DTypeName(g->image_dtype));
+    if (o.force_cpu) {
+      return Status::Unsupported(src.name + ": converting samples to " + std::string(DTypeName(o.dtype)) +
+                                 " on the CPU takes uint8, uint16, int16, float16 or float32 ones; the dataset's are " +
+                                 dtype +
+                                 " (for them as stored, read without FeedOptions::dtype, crop_padding or flip)");
+    }
+    return Status::Unsupported(src.name + ": the GPU feed (CUDA device " + std::to_string(o.device) +
+                               ") takes uint8, uint16, int16, float16 or float32 samples; the dataset's are " + dtype +
+                               " (read them as stored on the CPU, without FeedOptions::dtype, or convert the dataset)");
+  }
+  const auto& shape = named ? src.fields[0].sample_shape : src.sample_shape;
+  if (shape.size() != 3 && shape.size() != 4) {
+    return Status::InvalidArgument(src.name +
+                                   ": the GPU feed needs [C, H, W] or [H, W, C] samples (or volumes [C, D, H, W] or "
+                                   "[D, H, W, C]), got rank " +
+                                   std::to_string(shape.size()));
+  }
+  for (uint64_t dim : shape) {
+    if (dim == 0 || dim > (1ull << 30)) {
+      return Status::InvalidArgument(src.name + ": a sample dimension of " + std::to_string(dim));
+    }
+  }
+  const bool nchw = o.input_layout == Layout::kNCHW;
+  g->shape = shape;
+  // A volume is normalized as C planes of D x H rows: the same bytes, in
+  // either layout, as a [C, D*H, W] or [D*H, W, C] image.
+  g->volume = shape.size() == 4;
+  const bool volume = g->volume;
+  const uint64_t rows = volume ? (nchw ? shape[1] * shape[2] : shape[0] * shape[1]) : (nchw ? shape[1] : shape[0]);
+  if (volume && (o.crop_padding > 0 || o.flip)) {
+    return Status::InvalidArgument(src.name +
+                                   ": volume samples (rank 4) are normalized but not cropped or flipped (the "
+                                   "feed's augmentation is 2-D); turn crop_padding and flip off (--crop-padding 0, "
+                                   "no --flip)");
+  }
+  if (uint64_t(shape[0]) * shape[1] * shape[2] * (volume ? shape[3] : 1) >= (1ull << 32) || rows > INT32_MAX) {
+    return Status::InvalidArgument(src.name +
+                                   ": samples of 2^32 elements or more (or 2^31 rows), which the feed's "
+                                   "32-bit offsets cannot address");
+  }
+  const int C = g->C = static_cast<int>(volume ? (nchw ? shape[0] : shape[3]) : (nchw ? shape[0] : shape[2]));
+  const int H = g->H = static_cast<int>(rows);
+  const int W = g->W = static_cast<int>(volume ? (nchw ? shape[3] : shape[2]) : (nchw ? shape[2] : shape[1]));
+  if (C > gpu::kMaxChannels) {
+    return Status::Unsupported(src.name + ": " + std::to_string(C) + " channels, the feed normalizes at most " +
+                               std::to_string(gpu::kMaxChannels) + " (is input_layout right?)");
+  }
+  if (o.mean.empty() && o.stddev.empty()) {
+    // The dataset's attributes, as the local Loader or the daemon reports them.
+    if (src.mean.size() == static_cast<size_t>(C) && src.stddev.size() == static_cast<size_t>(C)) {
+      o.mean = src.mean;
+      o.stddev = src.stddev;
+      for (double& sd : o.stddev) sd = sd > 0 ? sd : 1.0;  // a constant channel: do not divide by 0
+    }
+  }
+  if (!o.mean.empty() && o.mean.size() != static_cast<size_t>(C)) {
+    return Status::InvalidArgument("feed: " + std::to_string(o.mean.size()) + " means for " + std::to_string(C) +
+                                   " channels");
+  }
+  if (!o.stddev.empty() && o.stddev.size() != static_cast<size_t>(C)) {
+    return Status::InvalidArgument("feed: " + std::to_string(o.stddev.size()) + " stds for " + std::to_string(C) +
+                                   " channels");
+  }
+  for (double s : o.stddev) {
+    if (!(s > 0)) return Status::InvalidArgument("feed: std must be > 0");
+  }
+  if (o.dtype != DType::kFloat32 && o.dtype != DType::kFloat16 && o.dtype != DType::kBFloat16) {
+    return Status::Unsupported("feed: output dtype " + std::string(DTypeName(o.dtype)) + " (fp32, fp16 or bf16)");
+  }
+  if (o.echo < 0 || o.super_batch < 1 || o.slots < 1) {
+    return Status::InvalidArgument("feed: echo >= 0, super_batch >= 1 and slots >= 1 required");
+  }
+  if (o.crop_padding < 0 || o.crop_padding >= std::min(H, W)) {
+    return Status::InvalidArgument("feed: crop padding " + std::to_string(o.crop_padding) + " for " +
+                                   std::to_string(H) + "x" + std::to_string(W) + " images; it must be in 0.." +
+                                   std::to_string(std::min(H, W) - 1) +
+                                   " (--crop-padding), or a crop could hold no image at all");
+  }
+  // The feeder holds the host batches of both input slots until their copies
+  // are done: up to 2 x super_batch loader batches, while the loader needs a
+  // free buffer to fill the next. Refused now rather than found as a hang.
+  const uint64_t held = 2 * static_cast<uint64_t>(o.super_batch);
+  if (src.pool_slots != 0 && src.pool_slots < held) {
+    return Status::InvalidArgument("feed: super_batch " + std::to_string(o.super_batch) + " holds up to " +
+                                   std::to_string(held) + " loader batches, but the loader's pool has " +
+                                   std::to_string(src.pool_slots) +
+                                   " (prefetch + 1); raise the loader's prefetch to at least " +
+                                   std::to_string(held - 1) + " (--prefetch) or lower super_batch (--super-batch)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 struct GpuFeeder::Impl {
@@ -206,94 +321,15 @@ struct GpuFeeder::Impl {
 
 Status GpuFeeder::Impl::Init() {
   const BatchSourceInfo& src = loader.info();
-  // Named fields: the first is the image; the others are classes, masks or
-  // passed through (ClassifyFields, after the image's shape is known).
-  named = src.fields.size() >= 2;
-  image_dtype = named ? src.fields[0].dtype : src.dtype;
-  if (gpu::InputElementBytes(image_dtype) == 0) {
-    return Status::Unsupported(src.name +
-                               ": the GPU feed takes uint8, uint16, int16, float16 or float32 samples, "
-                               "dataset is " +
-                               std::string(DTypeName(image_dtype)));
-  }
-  const auto& shape = named ? src.fields[0].sample_shape : src.sample_shape;
-  if (shape.size() != 3 && shape.size() != 4) {
-    return Status::InvalidArgument(src.name +
-                                   ": the GPU feed needs [C, H, W] or [H, W, C] samples (or volumes [C, D, H, W] or "
-                                   "[D, H, W, C]), got rank " +
-                                   std::to_string(shape.size()));
-  }
-  for (uint64_t dim : shape) {
-    if (dim == 0 || dim > (1ull << 30)) {
-      return Status::InvalidArgument(src.name + ": a sample dimension of " + std::to_string(dim));
-    }
-  }
-  const bool nchw = o.input_layout == Layout::kNCHW;
-  image_shape_in = shape;
-  // A volume is normalized as C planes of D x H rows: the same bytes, in
-  // either layout, as a [C, D*H, W] or [D*H, W, C] image.
-  volume = shape.size() == 4;
-  const uint64_t rows = volume ? (nchw ? shape[1] * shape[2] : shape[0] * shape[1]) : (nchw ? shape[1] : shape[0]);
-  if (volume && (o.crop_padding > 0 || o.flip)) {
-    return Status::InvalidArgument(src.name +
-                                   ": volume samples (rank 4) are normalized but not cropped or flipped (the "
-                                   "feed's augmentation is 2-D); turn crop_padding and flip off (--crop-padding 0, "
-                                   "no --flip)");
-  }
-  if (uint64_t(shape[0]) * shape[1] * shape[2] * (volume ? shape[3] : 1) >= (1ull << 32) || rows > INT32_MAX) {
-    return Status::InvalidArgument(src.name +
-                                   ": samples of 2^32 elements or more (or 2^31 rows), which the feed's "
-                                   "32-bit offsets cannot address");
-  }
-  C = static_cast<int>(volume ? (nchw ? shape[0] : shape[3]) : (nchw ? shape[0] : shape[2]));
-  H = static_cast<int>(rows);
-  W = static_cast<int>(volume ? (nchw ? shape[3] : shape[2]) : (nchw ? shape[2] : shape[1]));
-  if (C > gpu::kMaxChannels) {
-    return Status::Unsupported(src.name + ": " + std::to_string(C) + " channels, the feed normalizes at most " +
-                               std::to_string(gpu::kMaxChannels) + " (is input_layout right?)");
-  }
-  if (o.mean.empty() && o.stddev.empty()) {
-    // The dataset's attributes, as the local Loader or the daemon reports them.
-    if (src.mean.size() == static_cast<size_t>(C) && src.stddev.size() == static_cast<size_t>(C)) {
-      o.mean = src.mean;
-      o.stddev = src.stddev;
-      for (double& sd : o.stddev) sd = sd > 0 ? sd : 1.0;  // a constant channel: do not divide by 0
-    }
-  }
-  if (!o.mean.empty() && o.mean.size() != static_cast<size_t>(C)) {
-    return Status::InvalidArgument("feed: " + std::to_string(o.mean.size()) + " means for " + std::to_string(C) +
-                                   " channels");
-  }
-  if (!o.stddev.empty() && o.stddev.size() != static_cast<size_t>(C)) {
-    return Status::InvalidArgument("feed: " + std::to_string(o.stddev.size()) + " stds for " + std::to_string(C) +
-                                   " channels");
-  }
-  for (double s : o.stddev) {
-    if (!(s > 0)) return Status::InvalidArgument("feed: std must be > 0");
-  }
-  if (o.dtype != DType::kFloat32 && o.dtype != DType::kFloat16 && o.dtype != DType::kBFloat16) {
-    return Status::Unsupported("feed: output dtype " + std::string(DTypeName(o.dtype)) + " (fp32, fp16 or bf16)");
-  }
-  if (o.echo < 0 || o.super_batch < 1 || o.slots < 1) {
-    return Status::InvalidArgument("feed: echo >= 0, super_batch >= 1 and slots >= 1 required");
-  }
-  if (o.crop_padding < 0 || o.crop_padding >= std::min(H, W)) {
-    return Status::InvalidArgument("feed: crop padding " + std::to_string(o.crop_padding) + " for " +
-                                   std::to_string(H) + "x" + std::to_string(W) + " images; it must be in 0.." +
-                                   std::to_string(std::min(H, W) - 1) +
-                                   " (--crop-padding), or a crop could hold no image at all");
-  }
-  // The feeder holds the host batches of both input slots until their copies
-  // are done: up to 2 x super_batch loader batches, while the loader needs a
-  // free buffer to fill the next. Refused now rather than found as a hang.
-  const uint64_t held = 2 * static_cast<uint64_t>(o.super_batch);
-  if (src.pool_slots != 0 && src.pool_slots < held) {
-    return Status::InvalidArgument("feed: super_batch " + std::to_string(o.super_batch) + " holds up to " +
-                                   std::to_string(held) + " loader batches, but the loader's pool has " +
-                                   std::to_string(src.pool_slots) +
-                                   " (prefetch + 1); raise the loader's prefetch to at least " +
-                                   std::to_string(held - 1) + " (--prefetch) or lower super_batch (--super-batch)");
-  }
+  InputGeometry g;
+  GPUFEED_RETURN_IF_ERROR(CheckInput(src, &o, &g));
+  named = g.named;
+  volume = g.volume;
+  image_dtype = g.image_dtype;
+  image_shape_in = g.shape;
+  C = g.C;
+  H = g.H;
+  W = g.W;
   GPUFEED_RETURN_IF_ERROR(StartAt(start_batch));
   B = src.batch_size;
   fill_worker = src.encoded_batches;
@@ -1030,6 +1066,12 @@ void DeviceBatch::Release(void* consumer_stream) {
   owner_->ReleaseSlot(slot_, consumer_stream);
   owner_ = nullptr;
   slot_ = -1;
+}
+
+Status CheckFeedInput(const BatchSourceInfo& src, const FeedOptions& options) {
+  FeedOptions o = options;
+  InputGeometry g;
+  return CheckInput(src, &o, &g);
 }
 
 }  // namespace gpufeed

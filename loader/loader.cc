@@ -632,6 +632,7 @@ struct FailedStream final : EpochStream::Impl {
 
 Result<uint64_t> BatchSource::PrepareResume(const LoaderState& state) {
   const LoaderOptions o = sharding();
+  GPUFEED_RETURN_IF_ERROR(CheckStateFits(state, info().num_samples, o));
   auto r = ReshardFor(state, o);
   if (!r.ok()) return r.status();
   SetReshard(*r);

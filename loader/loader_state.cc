@@ -37,7 +37,10 @@ Result<Order> OrderFromName(std::string_view name) {
 
 namespace {
 constexpr char kStateMagic[8] = {'G', 'P', 'F', 'D', 'L', 'S', 'T', 'A'};
-constexpr uint32_t kStateVersion = 2;  // 2: the shard fields (world size, share, received, base)
+// 2: the shard fields (world size, share, received, base); 3: the run's
+// order (1 + Order, 0: unknown), shuffle window and dataset size.
+constexpr uint32_t kStateVersion = 3;
+constexpr size_t kFields[] = {0, 3, 10, 13};  // u64 fields after the header, by version
 
 void PutU64(std::string& s, uint64_t v) {
   for (int k = 0; k < 8; ++k) s += static_cast<char>((v >> (8 * k)) & 0xff);
@@ -52,8 +55,9 @@ uint64_t GetU64(std::string_view s, size_t at) {
 std::string LoaderState::Serialize() const {
   std::string s(kStateMagic, 8);
   for (int k = 0; k < 4; ++k) s += static_cast<char>((kStateVersion >> (8 * k)) & 0xff);
+  const uint64_t order_code = order ? static_cast<uint64_t>(*order) + 1 : 0;
   for (uint64_t v : {seed, epoch, next_batch, uint64_t{world_size}, share, consumed, base.epoch,
-                     uint64_t{base.world_size}, base.share, base.consumed}) {
+                     uint64_t{base.world_size}, base.share, base.consumed, order_code, shuffle_window, num_samples}) {
     PutU64(s, v);
   }
   return s;
@@ -65,11 +69,11 @@ Result<LoaderState> LoaderState::Deserialize(std::string_view bytes) {
   }
   uint32_t version = 0;
   for (int k = 0; k < 4; ++k) version |= uint32_t(uint8_t(bytes[8 + k])) << (8 * k);
-  if (version != 1 && version != kStateVersion) {
-    return Status::Unsupported("loader state: version " + std::to_string(version) + ", this build reads 1 and " +
+  if (version < 1 || version > kStateVersion) {
+    return Status::Unsupported("loader state: version " + std::to_string(version) + ", this build reads 1 to " +
                                std::to_string(kStateVersion));
   }
-  const size_t want = 12 + 8 * (version == 1 ? 3 : 10);
+  const size_t want = 12 + 8 * kFields[version];
   if (bytes.size() != want) return Status::Corrupt("loader state: wrong length " + std::to_string(bytes.size()));
   LoaderState s;
   s.seed = GetU64(bytes, 12);
@@ -88,6 +92,14 @@ Result<LoaderState> LoaderState::Deserialize(std::string_view bytes) {
   }
   s.world_size = static_cast<uint32_t>(world);
   s.base.world_size = static_cast<uint32_t>(base_world);
+  if (version == 2) return s;  // no order or dataset size: not checked at resume
+  const uint64_t order_code = GetU64(bytes, 92);
+  if (order_code > static_cast<uint64_t>(Order::kBlock) + 1) {
+    return Status::Corrupt("loader state: order code " + std::to_string(order_code) + " out of range");
+  }
+  if (order_code > 0) s.order = static_cast<Order>(order_code - 1);
+  s.shuffle_window = GetU64(bytes, 100);
+  s.num_samples = GetU64(bytes, 108);
   return s;
 }
 

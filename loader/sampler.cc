@@ -188,6 +188,35 @@ void DescribeShard(uint64_t num_samples, const LoaderOptions& o, LoaderState* s)
   uint64_t consumed = 0;
   s->consumed =
       __builtin_mul_overflow(s->next_batch, o.batch_size, &consumed) ? s->share : std::min(consumed, s->share);
+  s->order = o.order;
+  s->shuffle_window = o.shuffle_window;
+  s->num_samples = num_samples;
+}
+
+Status CheckStateFits(const LoaderState& s, uint64_t num_samples, const LoaderOptions& o) {
+  // Worded by option (LoaderOptions::seed): the C API, the CLI and Python
+  // each name it as their caller spells it.
+  const std::string fix = ": resume it with the run's options, or start this loader without the state";
+  if (s.seed != o.seed) {
+    return Status::InvalidArgument("loader: the state is of a run with seed " + std::to_string(s.seed) +
+                                   ", this loader has seed " + std::to_string(o.seed) + " (LoaderOptions::seed)" + fix);
+  }
+  if (s.order && *s.order != o.order) {
+    return Status::InvalidArgument("loader: the state is of a run with order '" + std::string(OrderName(*s.order)) +
+                                   "', this loader has order '" + std::string(OrderName(o.order)) +
+                                   "' (LoaderOptions::order)" + fix);
+  }
+  if (s.order == Order::kBlock && s.shuffle_window != 0 && s.shuffle_window != o.shuffle_window) {
+    return Status::InvalidArgument("loader: the state is of a run with shuffle window " +
+                                   std::to_string(s.shuffle_window) + ", this loader has " +
+                                   std::to_string(o.shuffle_window) + " (LoaderOptions::shuffle_window)" + fix);
+  }
+  if (s.num_samples != 0 && s.num_samples != num_samples) {
+    return Status::InvalidArgument("loader: the state is of a run over a dataset of " + std::to_string(s.num_samples) +
+                                   " samples, this loader's has " + std::to_string(num_samples) +
+                                   ": resume it over the run's dataset");
+  }
+  return Status::Ok();
 }
 
 Result<LoaderOptions::Reshard> ReshardFor(const LoaderState& s, const LoaderOptions& o) {

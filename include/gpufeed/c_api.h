@@ -131,9 +131,12 @@ GPUFEED_C_EXPORT void gpufeed_options_destroy(gpufeed_options* o); /* NULL is a 
  * choice ("order", "decode", ...) are checked when the loader opens.
  * gpufeed_options_get stores the option's value as text in *value (free
  * with gpufeed_free). The fields, feed_mean and feed_std have their own
- * setters below. The table is listed by index: name, type ("uint64",
- * "uint32", "int", "bool" or "string") and a line on what it is; NULL past
- * the end. */
+ * setters below. Sizes (type "bytes": pool_bytes, cache_bytes) take a
+ * byte count or a size as the CLI's flags do ("1GiB", "512MiB", "4G",
+ * "512MB", "2GB"; "auto" for cache_bytes: half the memory available), and
+ * gpufeed_options_get gives them back in bytes. The table is listed by
+ * index: name, type ("uint64", "uint32", "int", "bool", "string" or
+ * "bytes") and a line on what it is; NULL past the end. */
 GPUFEED_C_EXPORT gpufeed_code gpufeed_options_set(gpufeed_options* o, const char* name, const char* value,
                                                   gpufeed_error** error);
 GPUFEED_C_EXPORT gpufeed_code gpufeed_options_get(const gpufeed_options* o, const char* name, char** value,
@@ -338,16 +341,26 @@ GPUFEED_C_EXPORT void gpufeed_loader_interrupt(gpufeed_loader* l);
 GPUFEED_C_EXPORT void gpufeed_loader_position(const gpufeed_loader* l, uint64_t* epoch, uint64_t* next_batch);
 
 /* The position serialized (C++ LoaderState::Serialize: magic, version,
- * seed, epoch, batch) into a new buffer of *size bytes; free with
- * gpufeed_free. */
+ * seed, epoch, batch, the shard, the order and dataset size) into a new
+ * buffer of *size bytes; free with gpufeed_free. */
 GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_save_state(const gpufeed_loader* l, void** bytes, size_t* size,
                                                         gpufeed_error** error);
 /* Parses saved state and starts its epoch at its batch. Fails with Corrupt
- * on damaged bytes and InvalidArgument when the state's seed differs from
- * the loader's (another order: the batches would not be those that
- * remained). */
+ * on damaged bytes and InvalidArgument when the state is another run's:
+ * another seed, order (or shuffle window) or dataset size than the
+ * loader's (the batches would not be those that remained; states saved
+ * before the order and size were recorded are checked for the seed only),
+ * or a world size or batch size it cannot resume at (gpufeed/loader.h,
+ * ReshardFor). */
 GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_restore_state(gpufeed_loader* l, const void* bytes, size_t size,
                                                            gpufeed_error** error);
+/* The checks of gpufeed_loader_restore_state alone, starting nothing: for a
+ * caller that takes a state now and starts its epoch later (Python's
+ * load_state_dict), so that another run's state is refused when it is
+ * given. GPUFEED_OK when restore_state would take it; as the other loader
+ * calls, not concurrent with another call on `l`. */
+GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_check_state(const gpufeed_loader* l, const void* bytes, size_t size,
+                                                         gpufeed_error** error);
 
 /* The current epoch's statistics (C++ LoaderStats and, with the feed,
  * FeedStats) as a JSON object of numbers in a new string; free with

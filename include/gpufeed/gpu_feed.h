@@ -203,6 +203,15 @@ class DeviceBatch {
   uint64_t index_ = 0;
 };
 
+// Whether a feed with `options` takes the samples `source` describes: the
+// checks a GpuFeeder makes when it starts that need no device (input dtype
+// and shape, channels, mean and std, crop padding, the pool against
+// super_batch), worded for the device asked for (the CPU twins with
+// force_cpu, else the GPU). For callers that open a source now and start
+// the feed at the first batch (the C API's loader): a dtype the feed cannot
+// convert is refused when the loader is made, not seconds later.
+Status CheckFeedInput(const BatchSourceInfo& source, const FeedOptions& options);
+
 class GpuFeeder {
  public:
   // Streams epoch `epoch` of `loader` — a local Loader or a RemoteLoader —

@@ -143,7 +143,8 @@ std::vector<uint64_t> EpochOrder(uint64_t num_samples, uint64_t chunk_samples, O
 // Where a run is: resume with BatchSource::Resume(state) (at the same world
 // size: Epoch(state.epoch, state.next_batch)). Serialized with a magic and a
 // version (version 1, without the shard fields, is still read: it resumes
-// at the same world size only).
+// at the same world size only; versions 1 and 2, without the run's order
+// and dataset size, are not checked for those).
 struct LoaderState {
   uint64_t seed = 0;
   uint64_t epoch = 0;
@@ -154,13 +155,26 @@ struct LoaderState {
   uint64_t consumed = 0;  // of them received: min(next_batch x batch size, share)
   // The reshard this epoch itself ran under (world_size 0: none).
   LoaderOptions::Reshard base;
+  // The run's order and the dataset it read (version 3; DescribeShard):
+  // a resume into another order or dataset is refused (CheckStateFits).
+  std::optional<Order> order;   // nullopt: unknown (an older state)
+  uint64_t shuffle_window = 0;  // 0: unknown
+  uint64_t num_samples = 0;     // the whole dataset's samples; 0: unknown
   std::string Serialize() const;
   static Result<LoaderState> Deserialize(std::string_view bytes);
 };
 
 // Fills state's shard fields for its (epoch, next_batch) under `options`
-// (batch_size as delivered), for a source of `num_samples`.
+// (batch_size as delivered), for a source of `num_samples`, and the run's
+// order, shuffle window and dataset size.
 void DescribeShard(uint64_t num_samples, const LoaderOptions& options, LoaderState* state);
+
+// Whether `state` is one of a run this loader continues: the same seed and,
+// where the state says (version 3), the same order, shuffle window and
+// dataset size. InvalidArgument naming the option (LoaderOptions::seed) and
+// both values otherwise: another run's position would resume other
+// batches than those that remained. Resume and PrepareResume check it.
+Status CheckStateFits(const LoaderState& state, uint64_t num_samples, const LoaderOptions& options);
 
 // The reshard that resuming `state` at `options`' world size and batch size
 // needs, or world_size 0 when Epoch(state.epoch, state.next_batch) resumes

@@ -1,8 +1,9 @@
 """Loader(...)'s keyword arguments checked where they are given: integers of
 the right type and range (no wraparound through the C API's unsigned
-setters, no silent truncation of floats or bools), sizes as bytes or
-"512MiB"/"1GiB", each error naming the keyword as the caller wrote it and
-what it takes."""
+setters, no silent truncation of floats or bools), sizes as bytes or text
+read by the library's option table as the CLI reads them ("512MiB", "1GiB",
+"2GB", "auto" for cache_bytes), each error naming the keyword as the caller
+wrote it and what it takes."""
 import operator
 import os
 import re
@@ -25,9 +26,6 @@ OPTION_KEYWORD = {
 # keyword is given, exactly what the library would.
 INTS = {OPTION_KEYWORD.get(o, o): r + (_lib.OPTIONS[o][1],) for o, r in _lib.RANGES.items()}
 INTS["poll_ms"] = (1, _I32, "milliseconds of each blocking wait")  # Python's own: how long each wait polls
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-          "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
 
 
 def _bad(name, value, takes):
@@ -64,18 +62,18 @@ def directories(name, value):
 
 def size_bytes(name, value):
     """Bytes from an integer or a string such as "512MiB", "1GiB", "4G"
-    (binary; "GB", "MB" decimal)."""
+    (binary; "GB", "MB" decimal) or, for cache_bytes, "auto" (half the
+    memory available): text is read by the library's option table
+    (capi/options.cc), the one parser the CLI's --cache-bytes uses too."""
     takes = 'bytes: an integer >= 0 or a size such as "512MiB" or "1GiB"'
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _UNITS:
-            raise _bad(name, value, takes)
-        v = int(float(m.group(1)) * _UNITS[unit])
-    elif isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        v, why = _lib.option_from_text(name, value)
+        if why is not None:
+            raise _bad(name, value, why)
+        return v
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise _bad(name, value, takes)
-    else:
-        v = operator.index(value)
+    v = operator.index(value)
     least, most = INTS[name][:2]
     if not least <= v <= most:
         raise _bad(name, value, takes)

@@ -101,6 +101,7 @@ _SIGS = {
     "gpufeed_loader_save_state": (
         ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), _ERR]),
     "gpufeed_loader_restore_state": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t, _ERR]),
+    "gpufeed_loader_check_state": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_size_t, _ERR]),
     "gpufeed_loader_stats_json": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_void_p), _ERR]),
     "gpufeed_batch_epoch": (ctypes.c_uint64, [_P]),
     "gpufeed_batch_index": (ctypes.c_uint64, [_P]),
@@ -150,6 +151,29 @@ def _ranges():
 
 # An integer option's values (least, most), from the same table.
 RANGES = _ranges()
+
+
+def option_from_text(name, text):
+    """Option `name` as the library's table reads `text` (a size such as
+    "1GiB", or "auto", as bytes): (value, None), or (None, why) where the
+    table refuses it, `why` being its reason without the call's prefix."""
+    opts = lib.gpufeed_options_create()
+    err, out = ctypes.c_void_p(), ctypes.c_void_p()
+    try:
+        if lib.gpufeed_options_set(opts, name.encode(), text.encode(), ctypes.byref(err)) != 0:
+            message = lib.gpufeed_error_message(err).decode("utf-8", "replace") if err else ""
+            if err:
+                lib.gpufeed_error_destroy(err)
+            prefix = 'gpufeed_options_set("%s", "%s"): ' % (name, text)
+            return None, message[len(prefix):] if message.startswith(prefix) else message
+        check(lib.gpufeed_options_get(opts, name.encode(), ctypes.byref(out), ctypes.byref(err)), err)
+        try:
+            value = ctypes.string_at(out).decode()
+        finally:
+            lib.gpufeed_free(out)
+        return (int(value) if OPTIONS[name][0] != "string" else value), None
+    finally:
+        lib.gpufeed_options_destroy(opts)
 
 
 def set_option(opts, name, value):

@@ -401,12 +401,26 @@ class Loader:
 
     def load_state_dict(self, state):
         """The next iteration continues where `state` was taken: the same
-        remaining batches, in a new process too. The seed must match."""
+        remaining batches, in a new process too. A state of another run
+        (another seed, order or dataset, or a world size or batch size it
+        cannot resume at) is refused here, with InvalidArgumentError naming
+        the keyword, and the loader is left as it was."""
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise errors.InvalidArgumentError(errors.INVALID_ARGUMENT,
                                               "load_state_dict: not a %s state dict" % _STATE_FORMAT)
+        saved = state.get("state")
+        if saved is not None:
+            saved = bytes(saved)
+            err = ctypes.c_void_p()
+            _lib.check(lib.gpufeed_loader_check_state(self._h(), saved, len(saved), ctypes.byref(err)), err)
+        elif state.get("seed") is not None and int(state["seed"]) != self._seed:
+            # Saved before its first batch: an epoch and the seed only.
+            raise errors.InvalidArgumentError(
+                errors.INVALID_ARGUMENT, "load_state_dict: the state is of a run with seed=%d, this loader has "
+                "seed=%d: resume it with the run's options, or start this loader without the state"
+                % (int(state["seed"]), self._seed))
         self._epoch = int(state["epoch"])
-        self._pending = (self._epoch, bytes(state["state"])) if state.get("state") is not None else None
+        self._pending = (self._epoch, saved) if saved is not None else None
 
     def stats(self):
         """The current epoch's statistics (C++ LoaderStats, and FeedStats as

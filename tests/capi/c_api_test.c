@@ -171,6 +171,23 @@ static void TestOptionTable(void) {
   CHECK(gpufeed_options_set(o, "drop_last", "false", NULL) == GPUFEED_OK);
   CHECK(gpufeed_options_get(o, "drop_last", &got, NULL) == GPUFEED_OK && strcmp(got, "0") == 0);
   gpufeed_free(got);
+  /* Sizes by name as the CLI's flags and Python's keywords take them (issue
+   * 50: Python took "1GiB" but not "auto", the CLI "auto" but not "1GiB"). */
+  struct {
+    const char *name, *value, *bytes;
+  } sizes[] = {
+      {"cache_bytes", "1GiB", "1073741824"},   {"cache_bytes", "512MB", "512000000"},
+      {"pool_bytes", "1.5 GiB", "1610612736"}, {"pool_bytes", "4k", "4096"},
+      {"cache_bytes", "123", "123"},
+  };
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
+    CHECK(gpufeed_options_set(o, sizes[i].name, sizes[i].value, NULL) == GPUFEED_OK);
+    CHECK(gpufeed_options_get(o, sizes[i].name, &got, NULL) == GPUFEED_OK && strcmp(got, sizes[i].bytes) == 0);
+    gpufeed_free(got);
+  }
+  CHECK(gpufeed_options_set(o, "cache_bytes", "auto", NULL) == GPUFEED_OK); /* half the memory available */
+  CHECK(gpufeed_options_get(o, "cache_bytes", &got, NULL) == GPUFEED_OK && strtoull(got, NULL, 10) > 0);
+  gpufeed_free(got);
   struct {
     const char *name, *value, *says;
   } bad[] = {
@@ -181,6 +198,10 @@ static void TestOptionTable(void) {
       {"prefetch", "5000", "batches in flight, 1 to 4096"},
       {"drop_last", "maybe", "1/true/yes/on or 0/false/no/off"},
       {"image_height", "-3", "0 to 4294967295"},
+      {"cache_bytes", "1 parsec", "a size such as 512MiB, 1GiB"},
+      {"pool_bytes", "auto", "a size such as"}, /* auto only where it means something */
+      {"cache_bytes", "-1", "a byte count"},
+      {"cache_bytes", "99999999999TiB", "below 2^64"},
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
     err = NULL;

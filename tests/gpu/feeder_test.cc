@@ -779,6 +779,35 @@ TEST(FeederFieldsTest, AFloatMapOfTheImagesPixelsIsRefusedWithAugmentation) {
   }
 }
 
+// What a feed cannot take is said without a device and before a stream
+// starts (CheckFeedInput, which the C API calls when a loader opens), in the
+// words of the device asked for: a uint32 dataset with dtype float32 on the
+// CPU was refused at the first batch, seconds later, as "the GPU feed takes".
+TEST(FeederFieldsTest, CheckFeedInputRefusesADtypeInTheWordsOfItsDevice) {
+  BatchSourceInfo info;
+  info.name = "u32.h5:/images";
+  info.dtype = DType::kUInt32;
+  info.sample_shape = {3, 4, 4};
+  info.sample_bytes = 3 * 4 * 4 * 4;
+  FeedOptions cpu;
+  cpu.force_cpu = true;
+  const Status on_cpu = CheckFeedInput(info, cpu);
+  EXPECT_EQ(on_cpu.code(), StatusCode::kUnsupported);
+  EXPECT_NE(on_cpu.message().find("on the CPU"), std::string::npos) << on_cpu.message();
+  EXPECT_NE(on_cpu.message().find("uint32"), std::string::npos) << on_cpu.message();
+  EXPECT_EQ(on_cpu.message().find("GPU"), std::string::npos) << on_cpu.message();
+  FeedOptions gpu;
+  gpu.device = 1;
+  const Status on_gpu = CheckFeedInput(info, gpu);
+  EXPECT_NE(on_gpu.message().find("the GPU feed (CUDA device 1)"), std::string::npos) << on_gpu.message();
+  // What it takes passes, and so does the same check inside the feeder.
+  info.dtype = DType::kUInt16;
+  info.sample_bytes = 3 * 4 * 4 * 2;
+  EXPECT_TRUE(CheckFeedInput(info, cpu).ok());
+  info.sample_shape = {16};
+  EXPECT_EQ(CheckFeedInput(info, cpu).code(), StatusCode::kInvalidArgument);
+}
+
 // NextFor bounds the wait for the loader: a slow loader's first upload
 // times out with nothing taken, an interrupt ends a wait from another
 // thread, and then every sample arrives once, as through Next().

@@ -192,6 +192,64 @@ TEST(LoaderTest, ResumeGivesIdenticalBatches) {
   EXPECT_TRUE(std::equal(rest.indices.begin(), rest.indices.end(), whole.indices.begin() + 6 * 32));
 }
 
+// A state carries its run's seed, order, shuffle window and dataset size
+// (version 3): resuming it under others is refused at Resume, naming the
+// option, not taken as a position in another order (issue 50: a seed-7
+// state was accepted by a seed-8 loader). Versions 1 and 2 still resume.
+TEST(LoaderTest, ResumeOfAnotherRunsStateIsRefusedNamingTheOption) {
+  InMemorySource src(500, 40, 9);
+  const LoaderOptions run = Opts(Order::kBlock, 2, 2);
+  LoaderState saved;
+  {
+    Loader first(src, run);
+    EpochStream stream = first.Epoch(1);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(stream.Next().ok());
+    saved = first.state();
+  }
+  auto v3 = LoaderState::Deserialize(saved.Serialize());
+  ASSERT_TRUE(v3.ok());
+  EXPECT_EQ(v3->order, Order::kBlock);
+  EXPECT_EQ(v3->shuffle_window, run.shuffle_window);
+  EXPECT_EQ(v3->num_samples, 500u);
+  EXPECT_TRUE(CheckStateFits(*v3, 500, run).ok());
+
+  struct Case {
+    LoaderOptions options;
+    uint64_t samples;
+    std::string says;
+  };
+  LoaderOptions seed = run, order = run, window = run;
+  seed.seed = run.seed + 1;
+  order.order = Order::kRandom;
+  window.shuffle_window = run.shuffle_window + 1;
+  for (const Case& c : {Case{seed, 500, "LoaderOptions::seed"}, Case{order, 500, "order 'block'"},
+                        Case{window, 500, "LoaderOptions::shuffle_window"}, Case{run, 480, "500 samples"}}) {
+    const Status st = CheckStateFits(*v3, c.samples, c.options);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.says;
+    EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
+  }
+  Loader other(src, seed);
+  auto r = other.Resume(*v3).Next();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("seed"), std::string::npos) << r.status().message();
+
+  // A version-2 state (no order or size) is checked for the seed only, and
+  // resumes where it was.
+  std::string v2 = saved.Serialize().substr(0, 12 + 80);
+  v2[8] = 2;
+  auto old = LoaderState::Deserialize(v2);
+  ASSERT_TRUE(old.ok());
+  EXPECT_FALSE(old->order.has_value());
+  EXPECT_EQ(old->num_samples, 0u);
+  EXPECT_TRUE(CheckStateFits(*old, 480, run).ok());
+  EXPECT_FALSE(CheckStateFits(*old, 500, seed).ok());
+  Loader again(src, run);
+  EpochStream resumed = again.Resume(*old);
+  uint64_t batches = 0;
+  for (auto b = resumed.Next(); b.ok() && b->has_value(); b = resumed.Next()) ++batches;
+  EXPECT_EQ(batches + 3, again.num_batches());
+}
+
 // Rank `rank` of `world`, batches of 16: the ranks of the sharding tests.
 LoaderOptions RankOpts(Order order, int rank, int world) {
   LoaderOptions o = Opts(order, 2, 2);

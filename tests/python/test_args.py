@@ -194,3 +194,35 @@ def test_option_groups_refuse_conflicts_unknown_keywords_and_wrong_groups(index_
     # The same value both ways is no conflict.
     loader = gpufeed.Loader(index_file, batch_size=10, loader_options=gpufeed.LoaderOptions(batch_size=10), threads=2)
     assert loader.batch_size == 10
+
+
+# One parser of sizes for every door (issue 50: Python took "1GiB" but not
+# "auto", the CLI "auto" but not "1GiB"): the keyword and the flag read each
+# spelling to the same bytes, or both refuse it.
+SPELLINGS = ["1GiB", "512MB", "1.5 GiB", "64k", "123", "2TB", "auto", "1 parsec", "1e9", "0x10", "12 GiBs", ""]
+
+
+def test_python_and_the_cli_read_sizes_alike(index_file, gpufeed_cli):
+    import json
+    import subprocess
+    from gpufeed import _args
+    for text in SPELLINGS:
+        try:
+            ours = _args.size_bytes("cache_bytes", text)
+        except gpufeed.InvalidArgumentError as e:
+            assert str(e).startswith("cache_bytes=%r: " % text), str(e)
+            ours = None
+        p = subprocess.run([gpufeed_cli, "bench", "loader", "--data", index_file, "--threads", "1", "--epochs", "1",
+                            "--batches", "1", "--json", "--cache-bytes", text], capture_output=True, text=True,
+                           timeout=120)
+        theirs = json.loads(p.stdout)["cache_bytes"] if p.returncode == 0 else None
+        if ours is None or theirs is None:
+            assert ours is None and theirs is None, (text, ours, theirs, p.stderr)
+            assert "--cache-bytes" in p.stderr, p.stderr
+        elif text == "auto":  # half the memory available, read a moment apart
+            assert abs(ours - theirs) <= theirs // 10, (ours, theirs)
+        else:
+            assert ours == theirs, (text, ours, theirs)
+    assert _args.size_bytes("cache_bytes", "auto") > 0
+    with pytest.raises(gpufeed.InvalidArgumentError, match=r"^pool_bytes='auto': "):
+        _args.size_bytes("pool_bytes", "auto")  # no meaning for the pool: refused, not guessed

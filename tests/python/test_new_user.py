@@ -54,6 +54,67 @@ def test_two_loaders_iterate_independently(index_file):
     assert len(pairs) == len(a) and all(i == j for i, j in pairs)
 
 
+# -- states of another run refused at load_state_dict -----------------------------
+def saved_state(path, **opts):
+    loader = gpufeed.Loader(path, **dict(OPTS, **opts))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    loader.close()
+    return state
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(seed=8), r"seed 5, this loader has seed 8 \(seed=\)"),
+    (dict(order="sequential"), r"order 'block', this loader has order 'sequential' \(order=\)"),
+    (dict(shuffle_window=4), r"shuffle window 3, this loader has 4 \(shuffle_window=\)"),
+])
+def test_load_state_dict_refuses_another_run_at_once(index_file, change, words):
+    state = saved_state(index_file)
+    other = gpufeed.Loader(index_file, **dict(OPTS, **change))
+    with pytest.raises(gpufeed.InvalidArgumentError, match=words):
+        other.load_state_dict(state)
+    # Refused, the loader is as it was: its own epoch 0 from the start.
+    assert sum(1 for _ in other) == len(other)
+
+
+def test_load_state_dict_refuses_another_dataset(index_file, tmp_path):
+    from conftest import write_index_file
+    state = saved_state(index_file)
+    smaller = gpufeed.Loader(write_index_file(tmp_path / "smaller.h5", n=N_SAMPLES - 50), **OPTS)
+    with pytest.raises(gpufeed.InvalidArgumentError, match="dataset of %d samples, this loader's has %d" % (N_SAMPLES, N_SAMPLES - 50)):
+        smaller.load_state_dict(state)
+
+
+def test_load_state_dict_of_the_same_run_is_taken(index_file):
+    state = saved_state(index_file)
+    loader = gpufeed.Loader(index_file, **OPTS)
+    loader.load_state_dict(state)
+    assert sum(1 for _ in loader) == len(loader) - 1
+
+
+# -- dtype and device checked when the Loader is made --------------------------------
+@pytest.fixture(scope="module")
+def uint32_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("u32") / "u32.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=np.arange(64 * 3 * 4 * 4, dtype=np.uint32).reshape(64, 3, 4, 4),
+                         chunks=(16, 3, 4, 4))
+    return str(path)
+
+
+def test_a_dtype_the_cpu_feed_cannot_take_is_refused_at_construction(uint32_file):
+    with pytest.raises(gpufeed.UnsupportedError) as e:
+        gpufeed.Loader(uint32_file, batch_size=16, threads=1, device="cpu", dtype=torch.float32, output="numpy")
+    message = str(e.value)
+    assert "GPU" not in message and "on the CPU" in message and "uint32" in message, message
+    assert "dtype=" in message, message  # in the caller's terms: what to leave out
+    # Without dtype the stored samples come as they are.
+    images, _ = next(iter(gpufeed.Loader(uint32_file, batch_size=16, threads=1, output="numpy")))
+    assert images.dtype == np.uint32
+
+
 # -- a torch IterableDataset ---------------------------------------------------------
 def test_a_loader_as_a_dataset_for_torch_dataloader(index_file):
     loader = gpufeed.Loader(index_file, **OPTS)
@@ -84,3 +145,4 @@ def test_dataloader_workers_are_refused_naming_threads(index_file):
     dl = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
     with pytest.raises(Exception, match="num_workers=0"):
         next(iter(dl))
+
