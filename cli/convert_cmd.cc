@@ -1,11 +1,11 @@
 // `gpufeed convert`: any supported input → gpufeed's chunked HDF5.
 #include <sys/stat.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "capi/c_api_internal.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "gpufeed/convert.h"
@@ -20,42 +20,32 @@ bool IsDirectoryPath(const std::string& p) {
 }
 
 struct ConvertArgs {
-  std::string input, output, labels, size, layout = "NCHW", codec = "zstd", shard_size;
+  // The library's default codec (deflate: any HDF5 reader decodes it).
+  std::string input, output, labels, size, layout = "NCHW", codec = std::string(CodecName(WriteOptions{}.codec));
+  std::string shard_size;
   std::vector<std::string> class_names, fields;
   bool no_sample_axis = false;
   int level = -1, threads = 0;
   uint64_t chunk_samples = 0;
-  bool shuffle_filter = false, keep_encoded = false, json = false, skip_corrupt = false;
+  // --shuffle-filter / --no-shuffle-filter as given; neither: the library's
+  // default (on, for dtypes of 2 bytes or more).
+  bool shuffle_filter = false, no_shuffle_filter = false;
+  bool keep_encoded = false, json = false, skip_corrupt = false;
+  bool Shuffle() const { return !no_shuffle_filter && (shuffle_filter || WriteOptions{}.shuffle_filter); }
 };
 
-// "4GiB", "512MiB", "2GB", "1000000": bytes; 0 on anything else.
-uint64_t ParseByteSize(const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || errno != 0 || !(v > 0)) return 0;
-  const std::string unit(end);
-  static const std::pair<const char*, double> kUnits[] = {{"", 1},
-                                                          {"B", 1},
-                                                          {"K", 1024.0},
-                                                          {"KiB", 1024.0},
-                                                          {"KB", 1e3},
-                                                          {"M", 1048576.0},
-                                                          {"MiB", 1048576.0},
-                                                          {"MB", 1e6},
-                                                          {"G", 1073741824.0},
-                                                          {"GiB", 1073741824.0},
-                                                          {"GB", 1e9},
-                                                          {"T", 1099511627776.0},
-                                                          {"TiB", 1099511627776.0},
-                                                          {"TB", 1e12}};
-  for (const auto& [name, scale] : kUnits) {
-    if (unit == name) {
-      const double bytes = v * scale;
-      return bytes >= 1 && bytes < 1.8e19 ? static_cast<uint64_t>(bytes) : 0;
-    }
-  }
-  return 0;
+// What a reader of `output` needs besides HDF5 itself, said after a convert
+// that wrote a codec stock HDF5 builds do not decode (on stderr: --json
+// keeps stdout for its summary). h5dump prints an empty DATA {} and exits
+// 0 on such a file: the user hears it here, not from a colleague.
+void SayWhatReadersNeed(const std::string& codec, const std::string& output) {
+  if (codec != "zstd") return;
+  std::fprintf(stderr,
+               "gpufeed convert: %s is zstd-compressed (HDF5 filter 32015), which stock HDF5 does not decode: "
+               "h5py, h5dump and other HDF5 programs need a zstd filter plugin on HDF5_PLUGIN_PATH (gpufeed's "
+               "libgpufeed_h5zstd.so: build/hdf5-plugins, dist/gpufeed/lib/hdf5-plugins; the wheel installs it "
+               "for its environment; or hdf5plugin's). The default, --codec deflate, opens in any HDF5 reader.\n",
+               output.c_str());
 }
 
 bool EndsWith(const std::string& s, std::string_view suffix) {
@@ -81,16 +71,19 @@ int RunConvertFields(const ConvertArgs& a, const CLI::App& cmd, bool npy) {
   }
   FieldConvertOptions opts;
   if (!a.shard_size.empty()) {
-    opts.shard_bytes = ParseByteSize(a.shard_size);
-    if (opts.shard_bytes == 0) {
-      return refuse("--shard-size " + a.shard_size + ": expected a size such as 4GiB, 512MiB, 2GB or 1000000");
+    // Sizes as every option reads them (the option table's parser).
+    auto bytes = capi::ParseByteSize(a.shard_size);
+    if (!bytes.ok() || *bytes == 0) {
+      return refuse("--shard-size " + a.shard_size + ": " +
+                    (bytes.ok() ? std::string("more than 0 bytes") : bytes.status().message()));
     }
+    opts.shard_bytes = *bytes;
   }
   auto codec = CodecFromName(a.codec);
   if (!codec.ok()) return refuse(codec.status().message());
   opts.convert.write.codec = *codec;
   opts.convert.write.level = a.level;
-  opts.convert.write.shuffle_filter = a.shuffle_filter;
+  opts.convert.write.shuffle_filter = a.Shuffle();
   opts.convert.write.chunk_samples = a.chunk_samples;
   opts.convert.threads = a.threads;
   Progress progress("convert " + a.output);
@@ -121,6 +114,7 @@ int RunConvertFields(const ConvertArgs& a, const CLI::App& cmd, bool npy) {
     return 1;
   }
   const ConvertSummary& s = summary->totals;
+  SayWhatReadersNeed(a.codec, summary->outputs.front());
   const double ratio = s.output_bytes ? static_cast<double>(s.raw_bytes) / s.output_bytes : 0;
   const double mbps = s.seconds > 0 ? s.raw_bytes / s.seconds / 1e6 : 0;
   if (a.json) {
@@ -204,7 +198,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     return refuse("--shuffle-filter only helps a compressor; choose --codec deflate or zstd");
   }
   if (a.keep_encoded) {
-    for (const char* opt : {"--codec", "--level", "--shuffle-filter", "--chunk-samples"}) {
+    for (const char* opt : {"--codec", "--level", "--shuffle-filter", "--no-shuffle-filter", "--chunk-samples"}) {
       if (cmd.count(opt) > 0) return refuse(std::string(opt) + " does not apply with --keep-encoded");
     }
     if (!is_dir && cmd.count("--skip-corrupt") > 0) {
@@ -219,7 +213,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   }
   opts.write.codec = *codec;
   opts.write.level = a.level;
-  opts.write.shuffle_filter = a.shuffle_filter;
+  opts.write.shuffle_filter = a.Shuffle();
   opts.write.chunk_samples = a.chunk_samples;
   opts.write.class_names = a.class_names;
   opts.threads = a.threads;
@@ -273,6 +267,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     return 1;
   }
   const ConvertSummary& s = *summary;
+  if (!a.keep_encoded) SayWhatReadersNeed(a.codec, a.output);
   const double ratio = s.output_bytes ? static_cast<double>(s.raw_bytes) / s.output_bytes : 0;
   const double mbps = s.seconds > 0 ? s.raw_bytes / s.seconds / 1e6 : 0;
   if (a.json) {
@@ -342,10 +337,15 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
                 "image folders: leave out images that do not decode (named and counted) instead of failing");
   cmd->add_flag("--keep-encoded", args->keep_encoded, "image folders: store the JPEG files as they are (/jpeg)");
   cmd->add_option("--chunk-samples", args->chunk_samples, "samples per chunk (default: about 2 MiB a chunk)");
-  cmd->add_option("--codec", args->codec, "none, deflate or zstd")
-      ->check(CLI::IsMember({"none", "deflate", "gzip", "zstd"}));
+  cmd->add_option("--codec", args->codec,
+                  "deflate (the default: any HDF5 reader decodes it), zstd (readers need a filter plugin) or none")
+      ->check(CLI::IsMember({"none", "deflate", "gzip", "zstd"}))
+      ->capture_default_str();
   cmd->add_option("--level", args->level, "compression level (default: deflate 4, zstd 3)");
-  cmd->add_flag("--shuffle-filter", args->shuffle_filter, "apply HDF5's shuffle filter before compressing");
+  cmd->add_flag("--shuffle-filter", args->shuffle_filter,
+                "apply HDF5's shuffle filter before compressing (the default for dtypes of 2 bytes or more)");
+  cmd->add_flag("--no-shuffle-filter", args->no_shuffle_filter, "compress without the shuffle filter")
+      ->excludes("--shuffle-filter");
   cmd->add_option("--threads", args->threads, "compression threads (default: all cores)");
   cmd->add_flag("--json", args->json, "print the summary as JSON");
   cmd->callback([args, exit_code, cmd] { *exit_code = RunConvert(*args, *cmd); });

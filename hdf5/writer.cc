@@ -164,7 +164,7 @@ struct DatasetWriter::Impl {
     h5::Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
     H5Pset_chunk(dcpl.get(), rank, chunk.data());
     H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-    if (options.codec != Codec::kNone && options.shuffle_filter) {
+    if (options.codec != Codec::kNone && options.shuffle_filter && DTypeSize(dtype) > 1) {
       H5Pset_shuffle(dcpl.get());
       d.pipeline.push_back({codec::kFilterShuffle, DTypeSize(dtype)});
     }

@@ -25,14 +25,22 @@ std::string_view CodecName(Codec c);  // "none", "deflate", "zstd"
 Result<Codec> CodecFromName(std::string_view name);
 
 struct WriteOptions {
-  Codec codec = Codec::kZstd;
+  // Deflate: every HDF5 build decodes it (h5py, h5dump, MATLAB, ...), so a
+  // file a user shares opens anywhere. zstd (filter 32015) writes and reads
+  // faster (Fashion-MNIST, 2 threads: the direct path decodes 2.4 GB/s of
+  // zstd, 1.2 of deflate; the same size on disk), but a reader then needs
+  // a plugin (Debian's h5py: "required filter 'zstd' is not registered").
+  Codec codec = Codec::kDeflate;
   // Compression level; -1 picks the codec's default (deflate 4, zstd 3: both
   // decode at the same speed whatever the level, and these are where higher
   // levels stop paying for their encode time).
   int level = -1;
-  // HDF5 shuffle filter before the compressor. Helps multi-byte dtypes; a
-  // no-op for uint8.
-  bool shuffle_filter = false;
+  // HDF5 shuffle filter before the compressor, for dtypes of 2 bytes or
+  // more (for 1-byte ones it would change nothing, and is not written).
+  // With deflate 4 it shrinks a uint16 ramp-and-noise image 1.83x where
+  // plain deflate does 1.26x, smooth float32 fields 1.27x against 1.07x,
+  // and writes and reads faster besides (h5py, 64 samples of 128 x 128).
+  bool shuffle_filter = true;
   // Samples per chunk; 0 picks AutoChunkSamples: at most 2 MiB a chunk (pread
   // and the codecs are at full speed well before; a shuffle window of 16
   // chunks stays small), at least 64 KiB, and otherwise N / 256 samples, so

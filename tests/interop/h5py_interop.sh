@@ -92,4 +92,12 @@ if h5dump -d /images -s "3,0,0,0" -c "1,1,1,1" gf_zstd.h5 | grep -q "(3,0,0,0): 
 else
   echo "FAIL h5dump on gpufeed's zstd file"; fail=1
 fi
+# What convert writes by default opens in stock HDF5, with no plugin path
+# (issue 50: its zstd default printed as an empty DATA {} in h5dump).
+"$gpufeed" convert x.npy --labels y.npy -o gf_default.h5 --chunk-samples 20 >/dev/null 2>&1
+if env -u HDF5_PLUGIN_PATH h5dump -d /images -s "3,0,0,0" -c "1,1,1,1" gf_default.h5 | grep -q "(3,0,0,0): 3"; then
+  echo "ok   h5dump reads gpufeed's default file without a plugin"
+else
+  echo "FAIL h5dump without a plugin on gpufeed's default file"; fail=1
+fi
 exit $fail

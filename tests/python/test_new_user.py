@@ -146,3 +146,36 @@ def test_dataloader_workers_are_refused_naming_threads(index_file):
     with pytest.raises(Exception, match="num_workers=0"):
         next(iter(dl))
 
+
+# -- convert's default opens in any HDF5 reader ----------------------------------------
+READ_CHILD = r"""
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    print(int(f["images"][3].reshape(-1)[0]), int(f["images"][3].reshape(-1)[1]))
+"""
+
+
+def test_convert_by_default_writes_what_stock_hdf5_reads(index_file, gpufeed_cli, tmp_path):
+    import os
+    import subprocess
+    import sys
+    # No plugin path: h5py as a colleague's stock install has it.
+    env = {k: v for k, v in os.environ.items() if k != "HDF5_PLUGIN_PATH"}
+    out = tmp_path / "default.h5"
+    p = subprocess.run([gpufeed_cli, "convert", index_file, "-o", str(out)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "plugin" not in p.stderr, p.stderr
+    got = subprocess.run([sys.executable, "-c", READ_CHILD, str(out)], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["3", "0"], got.stdout  # sample 3's bytes: 3, then 3 >> 8
+    with h5py.File(out, "r") as f:
+        filters = f["images"].id.get_create_plist()
+        ids = [filters.get_filter(i)[0] for i in range(filters.get_nfilters())]
+    assert ids == [h5py.h5z.FILTER_DEFLATE], ids  # uint8: no shuffle, which would change nothing
+    # zstd stays one flag away, and convert says what a reader then needs.
+    p = subprocess.run([gpufeed_cli, "convert", index_file, "-o", str(tmp_path / "z.h5"), "--codec", "zstd"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "HDF5_PLUGIN_PATH" in p.stderr and "32015" in p.stderr, p.stderr

@@ -20,8 +20,9 @@ clean=(env -u PYTHONPATH -u GPUFEED_LIBRARY -u GPUFEED_CLI -u HDF5_PLUGIN_PATH -
        PATH="$work/venv/bin:/usr/bin:/bin")
 cd "$work"  # not the checkout: nothing of python/ on the path
 "${clean[@]}" gpufeed --version
+# zstd (not the default, deflate): the plugin the wheel installs is what lets h5py read it.
 "${clean[@]}" gpufeed convert /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz \
-  --labels /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz -o "$work/fm.h5" >/dev/null 2>&1
+  --labels /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz -o "$work/fm.h5" --codec zstd >/dev/null 2>&1
 "${clean[@]}" python - "$work/fm.h5" <<'PY'
 import os, sys
 import h5py, numpy as np
