@@ -27,31 +27,6 @@ import torchvision
 import gpufeed
 
 
-def gpu_local_cpus(device):
-    """The CPUs sysfs lists as local to the GPU's PCI device."""
-    bus = torch.cuda.get_device_properties(device).pci_bus_id.lower()  # 0000:18:00.0
-    with open("/sys/bus/pci/devices/%s/local_cpulist" % bus) as f:
-        text = f.read().strip()
-    cpus = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def bind_to_gpu_cores(local):
-    """This process on its GPU's local cores, split among the local ranks
-    whose GPUs share them."""
-    n = torch.cuda.device_count()
-    mine = gpu_local_cpus(local)
-    sharing = [d for d in range(min(n, int(os.environ.get("LOCAL_WORLD_SIZE", n)))) if gpu_local_cpus(d) == mine]
-    k = sharing.index(local)
-    per = len(mine) // len(sharing)
-    cpus = set(mine[k * per:(k + 1) * per])
-    os.sched_setaffinity(0, cpus)
-    return "%d cores (%d..%d; %d ranks share the GPU's %d)" % (len(cpus), min(cpus), max(cpus), len(sharing), len(mine))
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True)
@@ -64,17 +39,12 @@ def main():
     p.add_argument("--share", default="auto", choices=["auto", "none", "node"])
     p.add_argument("--loader-first", action="store_true",
                    help="make the Loader before the model and the ceiling, as training scripts do")
-    p.add_argument("--bind", default="none", choices=["none", "gpu-cores"],
-                   help="gpu-cores: this rank's process on the cores local to its GPU (sysfs local_cpulist), "
-                        "its share of them when several local ranks have the same ones")
     p.add_argument("--json")
     a = p.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
-    if a.bind == "gpu-cores":
-        print("rank %d bound to %s" % (rank, bind_to_gpu_cores(local)), flush=True)
     dev = torch.device("cuda", local)
     with h5py.File(a.data, "r") as f:
         labels = f["labels"][()]
