@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "gpufeed/logger.h"
 
 namespace gpufeed::trainer {
 
@@ -281,7 +282,15 @@ Pipeline::~Pipeline() {
   // Each stage's memory freed with its device current; stage 0's backend is
   // the caller's, the others' go with their stages.
   for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) {
-    if ((*it)->ops) (*it)->ops->BindThread();
+    if ((*it)->ops) {
+      // A device that cannot be made current has lost its context (a sticky
+      // CUDA error, which the step that met it returned): its memory went
+      // with it. A destructor has no caller to tell: logged, and the frees go on.
+      if (const Status bound = (*it)->ops->BindThread(); !bound.ok())
+        StderrLogger()->Log(
+            LogLevel::kWarning, "pipeline_stage_unbound",
+            "pipeline stage " + std::to_string((*it)->index) + " freed without its device: " + bound.ToString());
+    }
     (*it)->model.reset();
     it->reset();
   }
@@ -468,11 +477,14 @@ Status Pipeline::Receive(Stage& st, Mailbox& m) {
   return st.ops->WaitEvent(m.ready);
 }
 
-void Pipeline::Free(Stage& st, Mailbox& m) {
-  st.ops->RecordEvent(m.freed);  // after every read queued so far
+Status Pipeline::Free(Stage& st, Mailbox& m) {
+  // After every read queued so far. Without the event the slot is not free:
+  // the sender would overwrite what this stage may still read.
+  GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(m.freed));
   MutexLock lock(&sh_->mu);
   m.full = false;
   sh_->cv.SignalAll();
+  return Status::Ok();
 }
 
 Status Pipeline::Forward(Stage& st, int j, bool training) {
@@ -492,7 +504,7 @@ Status Pipeline::Forward(Stage& st, int j, bool training) {
   GPUFEED_RETURN_IF_ERROR(Mark(st, true));
   GPUFEED_RETURN_IF_ERROR(m.Forward(x, n, training, k));
   if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(Mark(st, false));
-  if (s > 0 && !training) Free(st, sh.fwd[size_t(s - 1)][size_t(k)]);  // no backward reads it
+  if (s > 0 && !training) GPUFEED_RETURN_IF_ERROR(Free(st, sh.fwd[size_t(s - 1)][size_t(k)]));  // no backward reads it
   if (s + 1 < P) {
     Stage& next = *stages_[size_t(s) + 1];
     const size_t kn = size_t(j % Slots(s + 1));
@@ -514,7 +526,7 @@ Status Pipeline::Forward(Stage& st, int j, bool training) {
         &c->correct, training ? m.dlogits(k) : nullptr, training ? static_cast<const ScalerState*>(st.scaler) : nullptr,
         training ? float(n) * float(setup_.micro) : 1.0f));
     GPUFEED_RETURN_IF_ERROR(Mark(st, false));
-    Free(st, sh.lab[size_t(k)]);
+    GPUFEED_RETURN_IF_ERROR(Free(st, sh.lab[size_t(k)]));
   }
   return Status::Ok();
 }
@@ -534,14 +546,14 @@ Status Pipeline::Backward(Stage& st, int j) {
   GPUFEED_RETURN_IF_ERROR(Mark(st, true));
   GPUFEED_RETURN_IF_ERROR(m.Backward(st.x[size_t(s == 0 ? j : k)], n, j > 0, {}, k, dy));
   GPUFEED_RETURN_IF_ERROR(Mark(st, false));
-  if (s + 1 < P) Free(st, sh.bwd[size_t(s)][size_t(k)]);
+  if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(Free(st, sh.bwd[size_t(s)][size_t(k)]));
   if (s > 0) {
     Stage& prev = *stages_[size_t(s) - 1];
     const size_t kp = size_t(j % Slots(s - 1));
     GPUFEED_RETURN_IF_ERROR(
         Send(st, sh.bwd[size_t(s - 1)][kp], prev.dy[kp], m.input_grad(), size_t(n) * m.input_elems() * es, n));
     st.sent_grad = sh.bwd[size_t(s - 1)][kp].ready;
-    Free(st, sh.fwd[size_t(s - 1)][size_t(k)]);  // its input is read no more
+    GPUFEED_RETURN_IF_ERROR(Free(st, sh.fwd[size_t(s - 1)][size_t(k)]));  // its input is read no more
   }
   return Status::Ok();
 }

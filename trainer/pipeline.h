@@ -95,7 +95,7 @@ class Pipeline {
   Status Mark(Stage& st, bool begin);
   Status Send(Stage& st, Mailbox& m, void* dst, const void* src, size_t bytes, int n);
   Status Receive(Stage& st, Mailbox& m);
-  void Free(Stage& st, Mailbox& m);
+  Status Free(Stage& st, Mailbox& m);
   Status Barrier();
   void Fail(const Status& st);
   void WorkerLoop(Stage* st);
