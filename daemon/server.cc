@@ -169,7 +169,6 @@ void Server::Impl::Accept() {
           core.accepted += 1;
           const uint64_t id = next_id++;
           std::string peer = address.kind == daemon::Address::Kind::kUnix ? "unix" : [&] {
-            boost::system::error_code pec;
             sockaddr_storage ss{};
             socklen_t len = sizeof ss;
             if (::getpeername(socket.native_handle(), reinterpret_cast<sockaddr*>(&ss), &len) != 0)

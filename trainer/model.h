@@ -206,7 +206,6 @@ class Model {
   float* lora_scratch_ = nullptr;
   float lora_scale_ = 0;
   uint64_t weights_ = 0, grads_ = 0, opt_ = 0, acts_bytes_ = 0;
-  uint64_t rng_ = 0;
 };
 
 }  // namespace gpufeed::trainer

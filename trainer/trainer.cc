@@ -61,6 +61,16 @@ std::string OptimizerName(Optimizer o) {
 
 namespace {
 
+// The loader's position a checkpoint saves: the start of `epoch` of the run
+// with `seed` (checkpoints are written between epochs; a resume starts at
+// CheckpointMeta::next_epoch). The shard and order fields stay "unknown".
+LoaderState EpochStart(uint64_t seed, uint64_t epoch) {
+  LoaderState s;
+  s.seed = seed;
+  s.epoch = epoch;
+  return s;
+}
+
 using trainer::Model;
 using trainer::Ops;
 using trainer::ScalerState;
@@ -728,7 +738,7 @@ Status Run::WriteMergedLora() {
     GPUFEED_RETURN_IF_ERROR(ops_->Copy(to[i].first, from[i].first, from[i].second * 4));
   const int epochs = report_.epochs.empty() ? report_.start_epoch : report_.epochs.back().epoch + 1;
   trainer::CheckpointMeta meta{
-      plain.Describe(), ConfigString(po), epochs, step_, scaler_host_, LoaderState{o_.seed, uint64_t(epochs), 0}};
+      plain.Describe(), ConfigString(po), epochs, step_, scaler_host_, EpochStart(o_.seed, uint64_t(epochs))};
   GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.merge_lora_path, ops_.get(), &plain, meta));
   report_.lora += "; merged into " + o_.merge_lora_path;
   return Status::Ok();
@@ -1115,7 +1125,7 @@ Result<TrainReport> Run::GoRanks() {
     ++ran;
     if (!o_.checkpoint_path.empty() && rank() == 0) {
       trainer::CheckpointMeta meta{report_.model, ConfigString(o_), epoch + 1,
-                                   step_,         scaler_host_,     LoaderState{o_.seed, uint64_t(epoch + 1), 0}};
+                                   step_,         scaler_host_,     EpochStart(o_.seed, uint64_t(epoch + 1))};
       GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), meta));
     }
     if (o_.on_epoch) o_.on_epoch(r);
