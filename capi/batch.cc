@@ -125,6 +125,25 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
 
 }  // namespace gpufeed::capi
 
+namespace {
+// Python's capsule calls, found in the process that loaded this library
+// (the interpreter exports them); null where there is no Python. Outside
+// the extern "C" block: C++ linkage, for a function that returns a struct.
+struct CapsuleCalls {
+  int (*is_valid)(void*, const char*) = nullptr;
+  void* (*get_pointer)(void*, const char*) = nullptr;
+};
+const CapsuleCalls& Capsules() {
+  static const CapsuleCalls calls = [] {
+    CapsuleCalls c;
+    c.is_valid = reinterpret_cast<int (*)(void*, const char*)>(::dlsym(RTLD_DEFAULT, "PyCapsule_IsValid"));
+    c.get_pointer = reinterpret_cast<void* (*)(void*, const char*)>(::dlsym(RTLD_DEFAULT, "PyCapsule_GetPointer"));
+    return c;
+  }();
+  return calls;
+}
+}  // namespace
+
 extern "C" {
 
 uint64_t gpufeed_batch_epoch(const gpufeed_batch* b) { return b->epoch; }
@@ -169,24 +188,6 @@ DLManagedTensor* gpufeed_batch_array_dlpack(gpufeed_batch* b, int i, gpufeed_err
   });
   return out;
 }
-
-namespace {
-// Python's capsule calls, found in the process that loaded this library
-// (the interpreter exports them); null where there is no Python.
-struct CapsuleCalls {
-  int (*is_valid)(void*, const char*) = nullptr;
-  void* (*get_pointer)(void*, const char*) = nullptr;
-};
-const CapsuleCalls& Capsules() {
-  static const CapsuleCalls calls = [] {
-    CapsuleCalls c;
-    c.is_valid = reinterpret_cast<int (*)(void*, const char*)>(::dlsym(RTLD_DEFAULT, "PyCapsule_IsValid"));
-    c.get_pointer = reinterpret_cast<void* (*)(void*, const char*)>(::dlsym(RTLD_DEFAULT, "PyCapsule_GetPointer"));
-    return c;
-  }();
-  return calls;
-}
-}  // namespace
 
 int gpufeed_dlpack_capsule_destructor_available(void) {
   return Capsules().is_valid != nullptr && Capsules().get_pointer != nullptr ? 1 : 0;
