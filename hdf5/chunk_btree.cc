@@ -65,7 +65,7 @@ struct Layout {
 };
 
 // The layout message of the object header at `header` (relative address).
-Result<Layout> FindLayout(const FileBytes& file, uint64_t header, size_t sa, size_t ss, const std::string& what) {
+Result<Layout> FindLayout(const ReadBytes& read, uint64_t header, size_t sa, size_t ss, const std::string& what) {
   const auto unsupported = [&](const std::string& why) {
     return Status::Unsupported(what + ": " + why + "; the chunk index is read through HDF5");
   };
@@ -73,7 +73,7 @@ Result<Layout> FindLayout(const FileBytes& file, uint64_t header, size_t sa, siz
     return Status::Corrupt(what + ": object header at byte " + std::to_string(header) + ": " + why);
   };
   std::vector<uint8_t> b;
-  if (!file.Read(header, 16, &b)) return corrupt("outside the file");
+  if (!read(header, 16, &b)) return corrupt("outside the file");
   struct Block {
     uint64_t at, len;
   };
@@ -87,7 +87,7 @@ Result<Layout> FindLayout(const FileBytes& file, uint64_t header, size_t sa, siz
     creation_order = (flags & 0x04) != 0;
     uint64_t pos = 6 + ((flags & 0x20) ? 16 : 0) + ((flags & 0x10) ? 4 : 0);
     const size_t width = size_t{1} << (flags & 3);
-    if (!file.Read(header + pos, width, &b)) return corrupt("outside the file");
+    if (!read(header + pos, width, &b)) return corrupt("outside the file");
     blocks.push_back({header + pos + width, Le(b.data(), width)});
   } else if (b[0] == 1) {
     version = 1;
@@ -100,7 +100,7 @@ Result<Layout> FindLayout(const FileBytes& file, uint64_t header, size_t sa, siz
     if (k >= kMaxHeaderBlocks) return corrupt("more than " + std::to_string(kMaxHeaderBlocks) + " continuation blocks");
     const Block blk = blocks[k];
     if (blk.len > kMaxHeaderBlockBytes) return corrupt("a block of " + std::to_string(blk.len) + " bytes");
-    if (!file.Read(blk.at, blk.len, &b)) return corrupt("a block outside the file");
+    if (!read(blk.at, blk.len, &b)) return corrupt("a block outside the file");
     uint64_t pos = 0;
     while (pos + msg_header <= blk.len) {
       const uint8_t* m = b.data() + pos;
@@ -180,7 +180,14 @@ Result<std::vector<ChunkKey>> WalkChunkBTree(hid_t dset, const std::string& path
     ~Closer() { ::close(fd); }
   } closer{fd};
 
-  auto layout = FindLayout(file, oi.addr, sa, ss, what);
+  const ReadBytes read = [&file](uint64_t at, uint64_t n, std::vector<uint8_t>* out) { return file.Read(at, n, out); };
+  return WalkChunkBTreeAt(read, oi.addr, sa, ss, max_entries, what);
+}
+
+Result<std::vector<ChunkKey>> WalkChunkBTreeAt(const ReadBytes& read, uint64_t header, size_t sa, size_t ss,
+                                               uint64_t max_entries, const std::string& what) {
+  if (sa < 2 || sa > 8 || ss < 2 || ss > 8) return Status::Unsupported(what + ": addresses of " + std::to_string(sa));
+  auto layout = FindLayout(read, header, sa, ss, what);
   if (!layout.ok()) return layout.status();
   const int dims = layout->dims;  // the rank + 1 (the element's size)
   const uint64_t key_bytes = 8 + 8ull * dims;
@@ -203,8 +210,9 @@ Result<std::vector<ChunkKey>> WalkChunkBTree(hid_t dset, const std::string& path
     const Pending p = stack.back();
     stack.pop_back();
     if (!visited.insert(p.addr).second) return corrupt(p.addr, "reached twice");
+    if (p.addr > UINT64_MAX - node_header) return corrupt(p.addr, "outside the file");
     if (visited.size() > 2 * max_entries + 2) return corrupt(p.addr, "more nodes than the index has chunks");
-    if (!file.Read(p.addr, node_header, &b)) return corrupt(p.addr, "outside the file");
+    if (!read(p.addr, node_header, &b)) return corrupt(p.addr, "outside the file");
     if (std::memcmp(b.data(), "TREE", 4) != 0) return corrupt(p.addr, "no B-tree node signature");
     if (b[4] != 1) return corrupt(p.addr, "a node of type " + std::to_string(b[4]) + ", not raw data chunks");
     const int level = b[5];
@@ -212,7 +220,7 @@ Result<std::vector<ChunkKey>> WalkChunkBTree(hid_t dset, const std::string& path
     if (level > kMaxLevels || (p.level >= 0 && level != p.level)) {
       return corrupt(p.addr, "level " + std::to_string(level) + " where " + std::to_string(p.level) + " belongs");
     }
-    if (!file.Read(p.addr + node_header, entries * (key_bytes + sa) + key_bytes, &b)) {
+    if (!read(p.addr + node_header, entries * (key_bytes + sa) + key_bytes, &b)) {
       return corrupt(p.addr, std::to_string(entries) + " entries outside the file");
     }
     if (level == 0 && out.size() + entries > max_entries) {

@@ -11,6 +11,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,13 @@ namespace gpufeed::h5 {
 // Corrupt names `what`.
 Result<std::vector<ChunkKey>> WalkChunkBTree(hid_t dset, const std::string& path, uint64_t base, uint64_t max_entries,
                                              const std::string& what);
+
+// The walk itself, over bytes `read` gives (false: past the end): the object
+// header at `header`, addresses of `sa` and lengths of `ss` bytes (2 to 8).
+// No HDF5 call: what the fuzz target drives.
+using ReadBytes = std::function<bool(uint64_t at, uint64_t n, std::vector<uint8_t>* out)>;
+Result<std::vector<ChunkKey>> WalkChunkBTreeAt(const ReadBytes& read, uint64_t header, size_t sa, size_t ss,
+                                               uint64_t max_entries, const std::string& what);
 
 }  // namespace gpufeed::h5
 
