@@ -2,9 +2,12 @@
 """Data-parallel PyTorch training fed by gpufeed: one process a GPU under
 torchrun, the node's ranks reading through one shared decode.
 
-    torchrun --nproc_per_node 2 examples/pytorch_ddp.py --train fm-train.h5 --test fm-test.h5
+    .venv/bin/python -m torch.distributed.run --standalone --nproc_per_node 2 --redirects 1 --tee 1 \
+        examples/pytorch_ddp.py --train fm-train.h5 --test fm-test.h5
 
-(fm-*.h5 as examples/pytorch_train.py makes them.) Each rank's
+(torchrun through the Python that has gpufeed; --redirects 1 --tee 1 for
+Debian's torch 1.13 on Python 3.11: README.md "Many GPUs". fm-*.h5 as
+examples/pytorch_train.py makes them.) Each rank's
 gpufeed.Loader takes its rank and world size from torchrun's environment and,
 with more than one local rank, share="node" by default: the first rank to
 open the file starts a node-local `gpufeed serve`, the others attach to it,
