@@ -194,7 +194,9 @@ TEST(DatasetTest, EveryDtypeIsWrittenAsHdf5sStandardTypeAndReadsBack) {
       const hid_t t = H5Dget_type(d);
       EXPECT_EQ(H5Tget_size(t), DTypeSize(dtype));
       EXPECT_EQ(H5Tget_precision(t), 8 * DTypeSize(dtype));
-      if (standard != H5I_INVALID_HID) EXPECT_GT(H5Tequal(t, standard), 0);
+      if (standard != H5I_INVALID_HID) {
+        EXPECT_GT(H5Tequal(t, standard), 0);
+      }
       H5Tclose(t);
       H5Dclose(d);
       H5Fclose(f);

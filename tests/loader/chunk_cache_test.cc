@@ -107,7 +107,9 @@ TEST(ChunkCacheTest, ChunksNotNeededAheadGiveWayToChunksThatAre) {
   for (uint64_t b = 0; b < plan.num_batches; ++b) {
     for (auto& e : cache.Acquire(b, 0, tasks)) ASSERT_TRUE(cache.Ensure(*e).ok());
     tasks.wait();
-    if (b == 1) EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1}));  // both in free room
+    if (b == 1) {
+      EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{0, 1}));  // both in free room
+    }
   }
   EXPECT_EQ(cache.ResidentChunks(), (std::vector<uint32_t>{2, 3}));  // 0 and 1 made room for them
   EXPECT_EQ(src.reads(), 4u);

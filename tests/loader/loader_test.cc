@@ -476,10 +476,14 @@ TEST(LoaderTest, RanksWhoseSharesMoveDoNotDecodeAgain) {
         reads_of[r] += n;
       }
       EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 960);
-      if (node && epoch > 0) EXPECT_EQ(reads, 0u) << "epoch " << epoch;
+      if (node && epoch > 0) {
+        EXPECT_EQ(reads, 0u) << "epoch " << epoch;
+      }
     }
     for (int r = 0; r < 2; ++r) EXPECT_LE(reads_of[r], kChunks) << "rank " << r << " decoded a chunk twice";
-    if (node) EXPECT_EQ(shared->retained_bytes(), kChunks * kChunkBytes);
+    if (node) {
+      EXPECT_EQ(shared->retained_bytes(), kChunks * kChunkBytes);
+    }
   }
 }
 

@@ -675,7 +675,9 @@ TEST_P(CudaVsCpu, SoftmaxCrossEntropyNormAndOptimizer) {
       EXPECT_EQ(Decode(Host(dt8[k].master, n * 4).data(), n, DType::kFloat32), hw[k]) << "8-bit weights " << k;
       EXPECT_EQ(Host(dt8[k].q1, n), hq1[k]) << "8-bit m " << k;
       EXPECT_EQ(Decode(Host(dt8[k].a1, nb * 4).data(), nb, DType::kFloat32), ha1[k]) << "absmax m " << k;
-      if (ht[k].q2) EXPECT_EQ(Host(dt8[k].q2, n), hq2[k]) << "8-bit v " << k;
+      if (ht[k].q2) {
+        EXPECT_EQ(Host(dt8[k].q2, n), hq2[k]) << "8-bit v " << k;
+      }
       EXPECT_EQ(Host(dt8[k].copy, hcopy[k].size()), hcopy[k]) << "compute copy " << k;
     }
   }

@@ -396,7 +396,9 @@ TEST(TrainerTest, LoraGradientsFollowTheMergedWeightsAndTheMergeKeepsTheLogits) 
       trainer::Param& p = plain.params()[i];
       ASSERT_EQ(p.n, (*merged)[i].size()) << p.name;
       std::copy((*merged)[i].begin(), (*merged)[i].end(), p.master);
-      if (p.copy) ASSERT_TRUE(ops->Cast(p.master, p.copy, DType::kFloat32, p.n).ok());
+      if (p.copy) {
+        ASSERT_TRUE(ops->Cast(p.master, p.copy, DType::kFloat32, p.n).ok());
+      }
     }
     auto from = m.buffers(), to = plain.buffers();
     for (size_t i = 0; i < from.size(); ++i) std::copy(from[i].first, from[i].first + from[i].second, to[i].first);
