@@ -624,8 +624,11 @@ Result<ErrorMsg> DecodeError(std::span<const std::byte> p) {
 
 std::vector<std::byte> MakeFrame(FrameType type, std::span<const std::byte> payload) {
   const HeaderBytes h = MakeHeader(type, 0, static_cast<uint32_t>(payload.size()), {payload});
-  std::vector<std::byte> f(h.begin(), h.end());
-  f.insert(f.end(), payload.begin(), payload.end());
+  // One allocation of the frame's size, header and payload copied in (a
+  // vector of the header grown by the payload reallocated once per frame).
+  std::vector<std::byte> f(h.size() + payload.size());
+  std::memcpy(f.data(), h.data(), h.size());
+  if (!payload.empty()) std::memcpy(f.data() + h.size(), payload.data(), payload.size());
   return f;
 }
 
