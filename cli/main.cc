@@ -75,7 +75,9 @@ int main(int argc, char** argv) {
   // their work waits behind a training step (as the Python package does,
   // python/gpufeed/__init__.py; `gpufeed devices` shows the value).
   ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
-  CLI::App app{"gpufeed: keeps GPUs fed from HDF5 datasets"};
+  // Named here, not from argv[0]: usage lines say "gpufeed" however it was
+  // started (the wheel's console script runs .../_native/bin/gpufeed).
+  CLI::App app{"gpufeed: keeps GPUs fed from HDF5 datasets", "gpufeed"};
   app.require_subcommand(1);
   app.fallthrough();  // app-level flags (--trust-files) may follow the subcommand too
   app.set_version_flag("--version", "gpufeed " GPUFEED_VERSION);

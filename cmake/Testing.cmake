@@ -30,7 +30,8 @@ macro(gpufeed_test_finish)
   target_link_libraries(gpufeed_tests PRIVATE gpufeed GTest::gtest_main PkgConfig::HDF5
                         PkgConfig::TURBOJPEG PkgConfig::XXHASH PNG::PNG ZLIB::ZLIB)
   target_compile_definitions(gpufeed_tests PRIVATE GPUFEED_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-                             GPUFEED_TESTS_HAVE_CLI=$<BOOL:${GPUFEED_BUILD_CLI}>)
+                             GPUFEED_TESTS_HAVE_CLI=$<BOOL:${GPUFEED_BUILD_CLI}>
+                             GPUFEED_TESTS_HAVE_CUDA=$<BOOL:${GPUFEED_WITH_CUDA}>)
   # Test code gets the library's warnings; designated initializers in tests
   # name only the fields a case sets (gcc 12 warns about the rest).
   gpufeed_warnings(gpufeed_tests)

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "gpufeed/status.h"
+#include "trainer/cuda_libs.h"
 #include "trainer/ops.h"
 
 namespace gpufeed::trainer {
@@ -28,7 +29,8 @@ struct ConvPlan {
 // Not thread-safe (the backend's one stream uses it).
 class ConvPlanCache {
  public:
-  ConvPlanCache() = default;
+  // `dnn`: the loaded cuDNN (cuda_libs.h), which outlives the cache.
+  explicit ConvPlanCache(const CudnnApi& dnn) : dnn_(dnn) {}
   ConvPlanCache(const ConvPlanCache&) = delete;
   ConvPlanCache& operator=(const ConvPlanCache&) = delete;
   ~ConvPlanCache();  // destroys every descriptor
@@ -36,6 +38,7 @@ class ConvPlanCache {
   Result<const ConvPlan*> Get(cudnnHandle_t cudnn, const ConvShape& s);
 
  private:
+  const CudnnApi& dnn_;
   std::map<std::tuple<int, int, int, int, int, int>, ConvPlan> plans_;
 };
 

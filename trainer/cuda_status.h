@@ -1,5 +1,6 @@
 // CUDA library errors as Status (cuBLAS, cuDNN) and DType -> library data
 // types, for the trainer's CUDA backend (ops_cuda.cu, conv_plans_cuda.cu).
+// The libraries' calls go through the tables of cuda_libs.h.
 #ifndef GPUFEED_TRAINER_CUDA_STATUS_H_
 #define GPUFEED_TRAINER_CUDA_STATUS_H_
 
@@ -11,18 +12,22 @@
 #include "gpu/cuda_check.h"
 #include "gpufeed/dtype.h"
 #include "gpufeed/status.h"
+#include "trainer/cuda_libs.h"
 
 namespace gpufeed::trainer {
 
+// A status that is not success came from a call through the loaded tables,
+// so LoadCudaLibs() has succeeded and returns them at once.
 inline Status CublasStatus(cublasStatus_t s, const char* call, const char* file, int line) {
   if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
-  return Status::Internal(std::string(call) + " failed: " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) +
+  const CublasApi& blas = (*LoadCudaLibs())->blas;
+  return Status::Internal(std::string(call) + " failed: " + blas.status_name(s) + " (" + blas.status_string(s) +
                           ") at " + file + ":" + std::to_string(line));
 }
 inline Status CudnnStatus(cudnnStatus_t s, const char* call, const char* file, int line) {
   if (s == CUDNN_STATUS_SUCCESS) return Status::Ok();
-  return Status::Internal(std::string(call) + " failed: " + cudnnGetErrorString(s) + " at " + file + ":" +
-                          std::to_string(line));
+  return Status::Internal(std::string(call) + " failed: " + (*LoadCudaLibs())->dnn.error_string(s) + " at " + file +
+                          ":" + std::to_string(line));
 }
 #define CUBLAS_RETURN(call) GPUFEED_RETURN_IF_ERROR(CublasStatus((call), #call, __FILE__, __LINE__))
 #define CUDNN_RETURN(call) GPUFEED_RETURN_IF_ERROR(CudnnStatus((call), #call, __FILE__, __LINE__))

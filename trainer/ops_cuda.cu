@@ -5,12 +5,11 @@
 // its CPU reference of the same signature in ops_cpu.cc and the per-element
 // math shared through elem.h. Every reduction has a fixed order (block
 // partials, then one block), so a run's results do not depend on scheduling:
-// a resumed run reproduces an uninterrupted one bit for bit.
-#include <cublas_v2.h>
+// a resumed run reproduces an uninterrupted one bit for bit. cuBLAS and
+// cuDNN are called through the tables of cuda_libs.h (loaded at run time).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <cudnn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +21,7 @@
 #include "common/trace.h"
 #include "gpu/cuda_check.h"
 #include "trainer/conv_plans_cuda.h"
+#include "trainer/cuda_libs.h"
 #include "trainer/cuda_status.h"
 #include "trainer/elem.h"
 #include "trainer/kernels_cuda.cuh"
@@ -63,7 +63,8 @@ constexpr size_t kCublasWorkspace = 32u << 20;
 
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(int device) : device_(device) {}
+  // `lib`: the loaded cuBLAS and cuDNN (they stay loaded for the process).
+  CudaOps(int device, const CudaLibs& lib) : device_(device), blas_(lib.blas), dnn_(lib.dnn), plans_(lib.dnn) {}
   ~CudaOps() override {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
@@ -73,8 +74,8 @@ class CudaOps final : public Ops {
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     for (cudaEvent_t e : marks_)
       if (e) cudaEventDestroy(e);
-    if (cudnn_) cudnnDestroy(cudnn_);
-    if (cublas_) cublasDestroy(cublas_);
+    if (cudnn_) dnn_.destroy(cudnn_);
+    if (cublas_) blas_.destroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -86,14 +87,14 @@ class CudaOps final : public Ops {
     GPUFEED_CUDA_RETURN(cudaDeviceGetPCIBusId(bus, sizeof bus, device_));
     pci_ = bus;
     describe_ = "cuda:" + std::to_string(device_) + " " + prop.name + " (sm_" + std::to_string(prop.major) +
-                std::to_string(prop.minor) + ", cuDNN " + std::to_string(cudnnGetVersion()) + ")";
+                std::to_string(prop.minor) + ", cuDNN " + std::to_string(dnn_.get_version()) + ")";
     GPUFEED_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUBLAS_RETURN(cublasCreate(&cublas_));
-    CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
+    CUBLAS_RETURN(blas_.create(&cublas_));
+    CUBLAS_RETURN(blas_.set_stream(cublas_, stream_));
     GPUFEED_CUDA_RETURN(cudaMalloc(&cublas_workspace_, kCublasWorkspace));
-    CUBLAS_RETURN(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
-    CUDNN_RETURN(cudnnCreate(&cudnn_));
-    CUDNN_RETURN(cudnnSetStream(cudnn_, stream_));
+    CUBLAS_RETURN(blas_.set_workspace(cublas_, cublas_workspace_, kCublasWorkspace));
+    CUDNN_RETURN(dnn_.create(&cudnn_));
+    CUDNN_RETURN(dnn_.set_stream(cudnn_, stream_));
     return Status::Ok();
   }
 
@@ -142,9 +143,9 @@ class CudaOps final : public Ops {
 
   Status Gemm(const GemmArgs& g) override {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-    CUBLAS_RETURN(cublasGemmEx(cublas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               g.n, g.m, g.k, &g.alpha, g.b, CudaType(g.ab), g.ldb, g.a, CudaType(g.ab), g.lda, &g.beta,
-                               g.c, CudaType(g.c_dtype), g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_RETURN(blas_.gemm_ex(cublas_, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                g.n, g.m, g.k, &g.alpha, g.b, CudaType(g.ab), g.ldb, g.a, CudaType(g.ab), g.lda,
+                                &g.beta, g.c, CudaType(g.c_dtype), g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return Status::Ok();
   }
 
@@ -210,8 +211,8 @@ class CudaOps final : public Ops {
     if (!p.ok()) return p.status();
     GPUFEED_RETURN_IF_ERROR(Workspace((*p)->fwd_ws));
     const float one = 1, zero = 0;
-    CUDNN_RETURN(cudnnConvolutionForward(cudnn_, &one, (*p)->x, x, (*p)->w, w, (*p)->fwd, (*p)->fwd_algo, workspace_,
-                                         (*p)->fwd_ws, &zero, (*p)->y, y));
+    CUDNN_RETURN(dnn_.convolution_forward(cudnn_, &one, (*p)->x, x, (*p)->w, w, (*p)->fwd, (*p)->fwd_algo, workspace_,
+                                          (*p)->fwd_ws, &zero, (*p)->y, y));
     return Status::Ok();
   }
   Status ConvBackwardData(const ConvShape& s, const void* dy, const void* w, void* dx) override {
@@ -219,8 +220,8 @@ class CudaOps final : public Ops {
     if (!p.ok()) return p.status();
     GPUFEED_RETURN_IF_ERROR(Workspace((*p)->data_ws));
     const float one = 1, zero = 0;
-    CUDNN_RETURN(cudnnConvolutionBackwardData(cudnn_, &one, (*p)->w, w, (*p)->y, dy, (*p)->bwd_data, (*p)->data_algo,
-                                              workspace_, (*p)->data_ws, &zero, (*p)->x, dx));
+    CUDNN_RETURN(dnn_.convolution_backward_data(cudnn_, &one, (*p)->w, w, (*p)->y, dy, (*p)->bwd_data, (*p)->data_algo,
+                                                workspace_, (*p)->data_ws, &zero, (*p)->x, dx));
     return Status::Ok();
   }
   Status ConvBackwardFilter(const ConvShape& s, const void* x, const void* dy, float* dw, float beta) override {
@@ -229,15 +230,17 @@ class CudaOps final : public Ops {
     GPUFEED_RETURN_IF_ERROR(Workspace((*p)->filter_ws));
     const float one = 1, zero = 0;
     if (s.dtype == DType::kFloat32) {
-      CUDNN_RETURN(cudnnConvolutionBackwardFilter(cudnn_, &one, (*p)->x, x, (*p)->y, dy, (*p)->bwd_filter,
-                                                  (*p)->filter_algo, workspace_, (*p)->filter_ws, &beta, (*p)->w, dw));
+      CUDNN_RETURN(dnn_.convolution_backward_filter(cudnn_, &one, (*p)->x, x, (*p)->y, dy, (*p)->bwd_filter,
+                                                    (*p)->filter_algo, workspace_, (*p)->filter_ws, &beta, (*p)->w,
+                                                    dw));
       return Status::Ok();
     }
     // cuDNN writes the filter gradient in the data type; add it to fp32.
     auto tmp = Scratch(kFilterGrad, s.w_elems() * DTypeSize(s.dtype));
     if (!tmp.ok()) return tmp.status();
-    CUDNN_RETURN(cudnnConvolutionBackwardFilter(cudnn_, &one, (*p)->x, x, (*p)->y, dy, (*p)->bwd_filter,
-                                                (*p)->filter_algo, workspace_, (*p)->filter_ws, &zero, (*p)->w, *tmp));
+    CUDNN_RETURN(dnn_.convolution_backward_filter(cudnn_, &one, (*p)->x, x, (*p)->y, dy, (*p)->bwd_filter,
+                                                  (*p)->filter_algo, workspace_, (*p)->filter_ws, &zero, (*p)->w,
+                                                  *tmp));
     const size_t n = s.w_elems();
     DISPATCH(s.dtype, T, AccumulateKernel<T><<<Blocks(n), 256, 0, stream_>>>(static_cast<const T*>(*tmp), dw, n, beta);)
     LAUNCH_CHECK();
@@ -485,6 +488,8 @@ class CudaOps final : public Ops {
   std::string describe_, pci_;
   cudaStream_t stream_ = nullptr;
   cudaStream_t side_ = nullptr;  // SideCopy's
+  const CublasApi& blas_;
+  const CudnnApi& dnn_;
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   ConvPlanCache plans_;
@@ -503,8 +508,15 @@ class CudaOps final : public Ops {
 }  // namespace
 
 Result<std::unique_ptr<Ops>> MakeCudaOps(int device) {
-  auto ops = std::make_unique<CudaOps>(device);
-  GPUFEED_RETURN_IF_ERROR(ops->Init().WithContext("cuda trainer backend on device " + std::to_string(device)));
+  const std::string where = "cuda trainer backend on device " + std::to_string(device);
+  // The device before the libraries: on a host without a GPU that is the
+  // error to report, not a missing cuBLAS.
+  if (Status s = gpu::CudaStatus(cudaSetDevice(device), "cudaSetDevice", __FILE__, __LINE__); !s.ok())
+    return s.WithContext(where);
+  auto lib = LoadCudaLibs();
+  if (!lib.ok()) return lib.status().WithContext(where);
+  auto ops = std::make_unique<CudaOps>(device, **lib);
+  GPUFEED_RETURN_IF_ERROR(ops->Init().WithContext(where));
   return std::unique_ptr<Ops>(std::move(ops));
 }
 
