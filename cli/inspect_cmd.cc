@@ -394,6 +394,21 @@ int RunInspect(const InspectArgs& a) {
   }
   const OpenOptions& o = decided->open;
   if (decided->kind == SourceKind::kFields) return RunInspectFields(a);
+  if (decided->kind == SourceKind::kImageFolder) {
+    // Read as it is: its files, classes and bytes, as the loader sees them.
+    auto folder = OpenLocalSource(a.spec, o, DecodeOptions{});
+    if (!folder.ok()) {
+      std::fprintf(stderr, "gpufeed inspect: %s\n", folder.status().ToString().c_str());
+      return 1;
+    }
+    const EncodedImageSource& f = *folder->encoded;
+    std::printf(
+        "%s: image folder, %llu files (JPEG/PNG) in %zu classes, %.1f MB; the loader reads it as it is, "
+        "each file decoded in its threads or on the GPU (no conversion needed)\n",
+        a.spec.c_str(), static_cast<unsigned long long>(f.num_samples()), f.class_names().size(),
+        f.stored_bytes() / 1e6);
+    return 0;
+  }
   // An image folder, .npy or IDX file (not HDF5, not probed): said as such,
   // with the convert command that makes it a dataset to inspect.
   Status readable = RefuseConvertOnly(a.spec, *decided);

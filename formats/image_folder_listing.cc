@@ -73,8 +73,8 @@ Result<FolderListing> ListImageFolder(const std::string& dir) {
       if (!it->is_regular_file(fec)) continue;  // follows symlinks
       const uintmax_t size = it->file_size(fec);
       if (fec) return Status::IOError(p.string() + ": cannot stat: " + fec.message());
-      files.emplace_back(fs::relative(p, class_dir, fec).string(), size);
-      if (fec) return Status::IOError(p.string() + ": " + fec.message());
+      files.emplace_back(p.lexically_relative(class_dir).string(),
+                         size);  // the name in the folder, a link not resolved
     }
     if (ec) return Status::IOError(class_dir.string() + ": cannot list: " + ec.message());
     std::sort(files.begin(), files.end());

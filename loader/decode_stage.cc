@@ -32,21 +32,21 @@ Status DecodeStage::Decode(const Where& where, uint64_t sample, const DecodeCont
   Status st = decode(sample);
   if (st.ok() || st.code() == StatusCode::kInternal) return st;
   if (!decoder_->replaces_corrupt()) {
-    return Status::Corrupt(source_.name() + " sample " + std::to_string(sample) + ": " + st.message() +
+    return Status::Corrupt(source_.sample_name(sample) + ": " + st.message() +
                            " (--skip-corrupt / DecodeOptions::skip_corrupt replaces corrupt samples)");
   }
   for (uint64_t step = 1; step < count; ++step) {
     const uint64_t k = first + (sample - first + step) % count;
     if (decode(k).ok()) {
-      LoggerOr(logger_).Log(LogLevel::kWarning, "sample_replaced",
-                            source_.name() + " sample " + std::to_string(sample) + " skipped (" + st.message() +
-                                "); replaced by sample " + std::to_string(k));
+      LoggerOr(logger_).Log(
+          LogLevel::kWarning, "sample_replaced",
+          source_.sample_name(sample) + " skipped (" + st.message() + "); replaced by sample " + std::to_string(k));
       *delivered = k;
       return Status::Ok();
     }
   }
-  return Status::Corrupt(source_.name() + " sample " + std::to_string(sample) + ": " + st.message() +
-                         "; and no sample of its chunk " + std::to_string(where.chunk) + " decodes to replace it");
+  return Status::Corrupt(source_.sample_name(sample) + ": " + st.message() + "; and no sample of its chunk " +
+                         std::to_string(where.chunk) + " decodes to replace it");
 }
 
 Status DecodeStage::DecodeBatch(std::span<const Where> where, uint64_t count, const DecodeContext& context,

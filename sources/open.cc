@@ -11,6 +11,7 @@
 #include "common/classes.h"
 #include "gpufeed/fields.h"
 #include "hdf5/probe.h"
+#include "sources/folder_images.h"
 
 namespace gpufeed {
 namespace {
@@ -110,11 +111,6 @@ Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& 
 
 Status RefuseConvertOnly(const std::string& spec, const SourceDecision& decided) {
   switch (decided.kind) {
-    case SourceKind::kImageFolder:
-      return Status::InvalidArgument(spec +
-                                     ": is a directory (an image folder?), not an HDF5 file: the loader reads "
-                                     "HDF5; convert it first: gpufeed convert " +
-                                     spec + " -o " + spec + ".h5 --size HxW (or --keep-encoded)");
     case SourceKind::kNpy:
     case SourceKind::kIdx:
       return Status::InvalidArgument(
@@ -124,6 +120,7 @@ Status RefuseConvertOnly(const std::string& spec, const SourceDecision& decided)
     case SourceKind::kFields:
     case SourceKind::kEncodedImages:
     case SourceKind::kDataset:
+    case SourceKind::kImageFolder:
       break;
   }
   return Status::Ok();
@@ -138,6 +135,12 @@ Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecis
     auto fs = FieldSource::Open(spec, open);
     if (!fs.ok()) return fs.status();
     out.fields = std::move(*fs);
+    return out;
+  }
+  if (decided.kind == SourceKind::kImageFolder) {
+    auto folder = OpenFolderImages(spec, open, decode);
+    if (!folder.ok()) return folder.status();
+    out.encoded = std::move(*folder);
     return out;
   }
   if (!decided.probed) return Status::Internal(spec + ": the door decided one file without probing it");

@@ -77,6 +77,9 @@ class ChunkSource {
   virtual const std::vector<int64_t>& labels() const = 0;
   // "file.h5:/images", for messages.
   virtual std::string name() const = 0;
+  // Sample k, for messages: "file.h5:/images sample k" by default; a source
+  // of one file a sample names the file.
+  virtual std::string sample_name(uint64_t k) const { return name() + " sample " + std::to_string(k); }
   // The sample's fields. Default: one field "images" of dtype() and
   // sample_shape() (what every single-array source is).
   virtual std::vector<FieldInfo> fields() const {

@@ -40,6 +40,7 @@ enum class EncodedStorage {
   kNone,     // not an encoded field (a plain Dataset, or nothing)
   kOffsets,  // gpufeed's group: bytes + offsets (direct path)
   kVlen,     // h5py variable-length uint8 (HDF5 path, under its lock)
+  kFolder,   // no HDF5: an image folder's files, read as they are (the door's kImageFolder)
 };
 // Looks at spec ("file.h5" = "file.h5:/images", or "file.h5:/path") without
 // reading samples. Errors only for files HDF5 cannot open (or that crash

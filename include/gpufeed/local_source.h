@@ -26,10 +26,10 @@ enum class SourceKind {
   kFields,         // named fields (open.fields) or many files (IsMultiFileSpec): FieldSource
   kEncodedImages,  // an encoded image field (DetectEncoded): EncodedImageSource
   kDataset,        // an HDF5 dataset (a virtual one's sources read directly)
+  kImageFolder,    // a directory: class folders of images, read as they are (an EncodedImageSource)
   // What `gpufeed convert` reads and the loader does not (gpufeed/convert.h):
-  kImageFolder,  // a directory: class folders of images
-  kNpy,          // a .npy file
-  kIdx,          // any other file without HDF5's signature: MNIST's IDX format (or not a dataset at all)
+  kNpy,  // a .npy file
+  kIdx,  // any other file without HDF5's signature: MNIST's IDX format (or not a dataset at all)
 };
 std::string_view SourceKindName(SourceKind k);  // "fields", "encoded images", "dataset", "image folder", ...
 
@@ -47,14 +47,17 @@ struct SourceDecision {
 };
 Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open);
 
-// OK for what the loader reads (kFields, kEncodedImages, kDataset); for what
-// only `gpufeed convert` reads (an image folder, .npy, IDX: no probed spec),
-// InvalidArgument naming the kind and the convert command that makes it HDF5.
+// OK for what the loader reads (kFields, kEncodedImages, kDataset,
+// kImageFolder); for what only `gpufeed convert` reads (.npy, IDX: no probed
+// spec), InvalidArgument naming the kind and the convert command that makes
+// it HDF5.
 Status RefuseConvertOnly(const std::string& spec, const SourceDecision& decided);
 
 // A local spec opened as the source it names (DecideSourceKind):
 //   - kFields: FieldSource;
 //   - kEncodedImages: EncodedImageSource, decoded with `decode`;
+//   - kImageFolder: an EncodedImageSource over the folder's files as they are
+//     (storage kFolder), decoded with `decode`;
 //   - kDataset: the Dataset, or for an HDF5 virtual dataset a FieldSource
 //     over its sources (images, and labels when the file has them), read
 //     directly without HDF5's lock.

@@ -36,6 +36,8 @@ grep -q "skipped .*bad.jpg" "$dir/err" || { cat "$dir/err"; exit 1; }
 printf 'not a dataset' >"$dir/noext"
 expect_fail "not an HDF5 file (no HDF5 signature" inspect "$dir/noext" --sample 0 --out "$dir/x.npy"
 expect_fail "convert it first: gpufeed convert" inspect "$dir/noext"
-expect_fail "is a directory (an image folder?)" inspect "$dir/imgs"
+# A folder is read as it is: inspect describes it, the loader names the file that does not decode.
+"$cli" inspect "$dir/imgs" | grep -q "image folder, 2 files (JPEG/PNG) in 1 classes" || { echo "inspect of a folder"; exit 1; }
+expect_fail "bad.jpg" bench loader --data "$dir/imgs" --batches 1
 expect_fail "convert it first" bench loader --data "$dir/noext" --batches 1
 echo "convert messages: ok"

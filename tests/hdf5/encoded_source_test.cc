@@ -20,6 +20,7 @@
 #include "gpufeed/convert.h"
 #include "gpufeed/encoded.h"
 #include "gpufeed/loader.h"
+#include "gpufeed/local_source.h"
 #include "gpufeed/open_source.h"
 #include "hdf5/h5_util.h"
 #include "image/image_decode.h"
@@ -736,6 +737,79 @@ TEST(ImageDecodeTest, CoveringDecodeUsesTheSmallestScaleThatCovers) {
   }
   Status s = image::DecodeCovering(std::vector<uint8_t>(j.begin(), j.begin() + 20), 8, 8, &rgb, &h, &w);
   EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+}
+
+}  // namespace
+}  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// An image folder read as it is (the door's kImageFolder): the same
+// samples, labels and classes as the file `convert --keep-encoded` makes of
+// it, decoded to the same bytes in either order; a file whose bytes change
+// after the open is Corrupt; a symbolic link out of the folder is refused
+// unless its directory is allowed.
+TEST(FolderImagesTest, AFolderReadsAsTheFileConvertMakesOfIt) {
+  const uint64_t n = 35;
+  Folder f = MakeFolder("folder_as_is", n);
+  const std::string path = Convert(f, "x.h5");
+  DecodeOptions d;
+  d.height = 24;
+  d.width = 32;
+  auto file = OpenLocalSource(path, {}, d);
+  auto folder = OpenLocalSource(f.dir.string(), {}, d);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
+  const EncodedImageSource& a = *file->encoded;
+  const EncodedImageSource& b = *folder->encoded;
+  EXPECT_EQ(b.storage(), EncodedStorage::kFolder);
+  EXPECT_EQ(b.num_samples(), n);
+  EXPECT_EQ(b.class_names(), a.class_names());
+  EXPECT_EQ(b.labels(), a.labels());
+  EXPECT_EQ(b.stored_bytes(), a.stored_bytes());
+  EXPECT_EQ(b.sample_shape(), a.sample_shape());
+  for (uint64_t k = 0; k < n; ++k) {
+    std::vector<uint8_t> stored;
+    ASSERT_TRUE(b.ReadEncoded(k, &stored).ok());
+    ASSERT_EQ(Bytes(stored.begin(), stored.end()), f.files[k]) << k;
+  }
+  for (Order order : {Order::kRandom, Order::kBlock}) {
+    LoaderOptions lo = Opts(2);
+    lo.order = order;
+    auto from_file = RunEpoch(a, lo, 1);
+    auto from_folder = RunEpoch(b, lo, 1);
+    ASSERT_EQ(from_folder.size(), n);
+    EXPECT_TRUE(from_folder == from_file) << "order " << OrderName(order);
+  }
+
+  // A file rewritten after the open: said, not read as another size.
+  {
+    auto again = OpenLocalSource(f.dir.string(), {}, d);
+    ASSERT_TRUE(again.ok());
+    const std::string victim = (f.dir / "c0" / "0000.jpg").string();
+    WriteFile(victim, Bytes(f.files[0].begin(), f.files[0].end() - 10));
+    std::vector<uint8_t> stored;
+    Status st = again->encoded->ReadEncoded(0, &stored);
+    EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+    EXPECT_NE(st.message().find("rewritten"), std::string::npos) << st.ToString();
+    WriteFile(victim, f.files[0]);
+  }
+
+  // A symbolic link out of the folder: judged by its target.
+  const fs::path outside = fs::path(testing::MakeTempDir("folder_outside"));
+  WriteFile(outside / "secret.jpg", f.files[1]);
+  fs::create_symlink(outside / "secret.jpg", f.dir / "c1" / "zz-link.jpg");
+  auto refused = OpenLocalSource(f.dir.string(), {}, d);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("zz-link.jpg"), std::string::npos) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("allow_paths"), std::string::npos) << refused.status().ToString();
+  OpenOptions allowed;
+  allowed.allow_paths = {outside.string()};
+  auto taken = OpenLocalSource(f.dir.string(), allowed, d);
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_EQ(taken->encoded->num_samples(), n + 1);
 }
 
 }  // namespace

@@ -324,7 +324,7 @@ TEST(VdsTest, TheDoorProbesEachSpecOnce) {
 // The door names what is not HDF5 too (what convert reads), without a
 // probe, and the loader refuses it saying to convert it; a file named like
 // HDF5 without its signature is Corrupt; a missing one NotFound.
-TEST(VdsTest, TheDoorNamesFoldersNpyAndIdxAndTheLoaderSaysToConvertThem) {
+TEST(VdsTest, TheDoorNamesFoldersNpyAndIdxAndTheLoaderSaysToConvertNpyAndIdx) {
   const std::string dir = MakeTempDir("door_kinds");
   std::filesystem::create_directories(dir + "/folder/cat");
   std::ofstream(dir + "/x.npy") << "\x93NUMPY not really";
@@ -335,8 +335,7 @@ TEST(VdsTest, TheDoorNamesFoldersNpyAndIdxAndTheLoaderSaysToConvertThem) {
     std::string path;
     SourceKind kind;
     std::string says;
-  } cases[] = {{dir + "/folder", SourceKind::kImageFolder, "is a directory (an image folder?)"},
-               {dir + "/x.npy", SourceKind::kNpy, "a .npy file"},
+  } cases[] = {{dir + "/x.npy", SourceKind::kNpy, "a .npy file"},
                {dir + "/train-images-idx3-ubyte", SourceKind::kIdx, "an MNIST IDX file"}};
   for (const Case& c : cases) {
     auto decided = DecideSourceKind(c.path, {});
@@ -349,6 +348,16 @@ TEST(VdsTest, TheDoorNamesFoldersNpyAndIdxAndTheLoaderSaysToConvertThem) {
     EXPECT_NE(local.status().message().find(c.says), std::string::npos) << local.status().message();
     EXPECT_NE(local.status().message().find("gpufeed convert " + c.path), std::string::npos);
   }
+  // A folder is read as it is (sources/folder_images.h): one without
+  // images is said as such.
+  auto folder = DecideSourceKind(dir + "/folder", {});
+  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
+  EXPECT_EQ(folder->kind, SourceKind::kImageFolder);
+  EXPECT_FALSE(folder->probed.has_value());
+  auto empty = OpenLocalSource(dir + "/folder", {}, {});
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("no .jpg, .jpeg or .png files"), std::string::npos)
+      << empty.status().ToString();
   EXPECT_EQ(SpecsProbed(), before);  // none of them met HDF5's parser
   auto text = DecideSourceKind(dir + "/text.h5", {});
   ASSERT_FALSE(text.ok());

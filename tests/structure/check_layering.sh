@@ -4,7 +4,7 @@
 # contracts, belong to the module that implements them. An upward include is
 # reported with the file and line, and fails this test.
 #   common < io, codec, image < hdf5 < loader < gpu < trainer;  loader < daemon;
-#   image < formats;  hdf5 < sources < daemon;  hdf5, formats, sources < convert;  capi, cli: anything;
+#   image < formats;  hdf5, formats < sources < daemon;  hdf5, formats, sources < convert;  capi, cli: anything;
 #   bench: the public headers (include/gpufeed/) and its own only
 #   tests/structure/check_layering.sh SOURCE_DIR
 set -euo pipefail
@@ -22,7 +22,7 @@ declare -A allowed=(
   [loader]="common io codec image hdf5 loader"
   [gpu]="common io codec image hdf5 loader gpu"
   [trainer]="common io codec image hdf5 loader gpu trainer"
-  [sources]="common io codec image hdf5 sources"
+  [sources]="common io codec image hdf5 formats sources"
   [daemon]="common io codec image hdf5 sources loader daemon"
 )
 # Which module implements each public header.
