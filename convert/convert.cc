@@ -57,6 +57,15 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
     }
   }
   const uint64_t total = source.num_samples();
+  // The source's own chunking where it has one of a sane size (at most
+  // kMaxKeptChunkBytes): each of its chunks is then decoded once.
+  if (wopt.chunk_samples == 0 && source.read_unit_samples() > 0) {
+    constexpr uint64_t kMaxKeptChunkBytes = 64ull << 20;
+    uint64_t sample_bytes = DTypeSize(source.dtype());
+    for (uint64_t d : source.sample_shape()) sample_bytes *= d;
+    const uint64_t unit = std::min(source.read_unit_samples(), std::max<uint64_t>(1, total));
+    if (sample_bytes > 0 && unit <= kMaxKeptChunkBytes / sample_bytes) wopt.chunk_samples = unit;
+  }
   auto writer_or = DatasetWriter::Create(out_path, source.sample_shape(), source.dtype(), total, wopt);
   if (!writer_or.ok()) return writer_or.status().WithContext("converting " + source.description());
   DatasetWriter& writer = *writer_or;
@@ -181,6 +190,7 @@ class Hdf5Source final : public SampleSource {
   Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const override {
     return ds_.ReadSamples(first, count, dst);
   }
+  uint64_t read_unit_samples() const override { return ds_.chunk_samples(); }
 
  private:
   Dataset ds_;

@@ -31,6 +31,12 @@ class SampleSource {
   virtual std::string description() const = 0;             // for messages
   // Decodes samples [first, first + count) into dst (count * sample bytes).
   virtual Status Read(uint64_t first, uint64_t count, std::span<std::byte> dst) const = 0;
+  // The samples the source decodes at once (an HDF5 dataset's chunk), 0
+  // when any count costs the same. Convert writes chunks of this many by
+  // default (WriteOptions::chunk_samples 0), so that each source chunk is
+  // decoded once: cutting 100-sample deflate chunks into 12-sample ones
+  // inflated each source chunk 8 times (14.6 MB/s against 53.8).
+  virtual uint64_t read_unit_samples() const { return 0; }
 };
 
 // The layout a [C, H, W] or [H, W, C] sample shape most likely has: "NCHW"

@@ -41,7 +41,9 @@ struct WriteOptions {
   // plain deflate does 1.26x, smooth float32 fields 1.27x against 1.07x,
   // and writes and reads faster besides (h5py, 64 samples of 128 x 128).
   bool shuffle_filter = true;
-  // Samples per chunk; 0 picks AutoChunkSamples: at most 2 MiB a chunk (pread
+  // Samples per chunk; 0 picks (in Convert) the source's own chunk where it
+  // has one of at most 64 MiB (SampleSource::read_unit_samples), else
+  // AutoChunkSamples: at most 2 MiB a chunk (pread
   // and the codecs are at full speed well before; a shuffle window of 16
   // chunks stays small), at least 64 KiB, and otherwise N / 256 samples, so
   // that even a small dataset has enough chunks for block-order shuffling.

@@ -144,6 +144,16 @@ TEST_F(ConvertTest, Hdf5RechunkAndRecompress) {
   EXPECT_EQ(ds->dtype(), DType::kUInt16);
   EXPECT_EQ(ds->info().read_path, ReadPath::kDirect);
   ExpectDatasetEquals(dir_ + "/out.h5", data, n);
+
+  // By default the source's chunks are kept: each is decoded once.
+  ASSERT_TRUE(
+      testing::WriteH5(dir_ + "/in7.h5", {n, 2, 7, 7}, H5T_NATIVE_UINT16, data, {.chunk = {7, 2, 7, 7}, .deflate = 4}));
+  auto src7 = OpenSource(dir_ + "/in7.h5", "", {});
+  ASSERT_TRUE(src7.ok()) << src7.status().ToString();
+  auto kept = Convert(**src7, dir_ + "/kept.h5", ConvertOptions{});
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(kept->chunk_samples, 7u);
+  ExpectDatasetEquals(dir_ + "/kept.h5", data, n);
 }
 
 // The filter ids of `path`:/images, in pipeline order, read by HDF5 itself.
