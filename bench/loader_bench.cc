@@ -15,6 +15,7 @@
 #include <memory>
 #include <thread>
 
+#include "bench/bench_checks.h"
 #include "bench/jpeg_workload.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/encoded.h"
@@ -127,6 +128,20 @@ Result<uint64_t> FieldSampleHash(const FieldSource& fs, uint64_t idx) {
   return h;
 }
 
+// What an epoch of `loader` promises (bench_checks.h): a whole epoch of one
+// rank, every index once; a partial one (--batches) or one rank's share, no
+// index twice and as many samples as its batches hold.
+CoverageClaim ClaimFor(bool full_epoch, int world, uint64_t batches, const BatchSource& loader) {
+  if (full_epoch && world == 1) return {Coverage::kEveryIndexOnce, 0};
+  const uint64_t n = loader.info().num_samples, b = loader.info().batch_size;
+  const LoaderOptions sh = loader.sharding();
+  // A rank's share (loader.h, drop_last): ceil(N / W), or floor(N / W) cut
+  // to whole batches.
+  uint64_t share = world == 1 ? n : (n + world - 1) / world;
+  if (world > 1 && sh.drop_last) share = n / world / b * b;
+  return {Coverage::kNoIndexDoubled, full_epoch ? share : std::min(share, batches * b)};
+}
+
 }  // namespace
 
 Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
@@ -195,14 +210,21 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     auto e = first.Next();
     if (!e.ok()) return e.status();
   }
-  std::vector<uint64_t> seen_count(n);
+  // What each epoch is checked for (bench_checks.h): a whole epoch of one
+  // rank, every index once and the index/label checksum; --batches, no index
+  // twice and the count; ranks, this rank's share without a repeat, and
+  // after the timed epochs the union over every rank's share of the same
+  // epoch (the other ranks run then, untimed).
+  const int world = std::max(1, o.loader.world_size);
+  std::vector<IndexTally> rank_tallies;  // this rank's, per epoch, for the union
+  IndexTally tally(n);
   uint64_t want_hash = 0;
   for (uint64_t idx = 0; idx < n; ++idx) {
     want_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? (*file_labels)[idx] : 0));
   }
   std::vector<std::byte> buf(sb);
   for (int ep = 0; ep < std::max(1, o.epochs); ++ep) {
-    std::fill(seen_count.begin(), seen_count.end(), 0);
+    tally = IndexTally(n);
     std::vector<std::pair<uint64_t, uint64_t>> spots;  // (index, XXH3 of delivered bytes)
     uint64_t label_mismatch = 0, sum_hash = 0, delivered = 0;
     const uint64_t epoch = o.epoch + static_cast<uint64_t>(ep);
@@ -227,8 +249,7 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
       }
       for (uint64_t i = 0; i < batch.size(); ++i) {
         const uint64_t idx = batch.indices()[i];
-        if (idx >= n) return Status::Corrupt(o.data + ": sample index " + std::to_string(idx) + " out of range");
-        ++seen_count[idx];
+        GPUFEED_RETURN_IF_ERROR(tally.Add(idx).WithContext(o.data));
         if (labels && batch.labels()[i] != (*file_labels)[idx]) ++label_mismatch;
         sum_hash += XXH3_64bits_withSeed(&idx, sizeof(idx), static_cast<uint64_t>(labels ? batch.labels()[i] : 0));
         if (++delivered % kSpotEvery == 0 && r.bytes_verified) {
@@ -258,23 +279,19 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     r.full_epoch = want_batches == stream.num_batches();
 
     // Verify before anything is printed.
-    uint64_t doubled = 0, missing = 0;
-    for (uint64_t c : seen_count) {
-      if (c > 1) doubled += c - 1;
+    const std::string what = o.data + ": epoch " + std::to_string(epoch);
+    GPUFEED_RETURN_IF_ERROR(CheckCoverage(tally, ClaimFor(r.full_epoch, world, want_batches, loader), what));
+    if (r.full_epoch && world == 1 && want_hash != sum_hash) {
+      return Status::Corrupt(what + ": the index/label checksum differs from the file's");
     }
-    if (r.full_epoch && o.loader.world_size == 1) {
-      for (uint64_t c : seen_count) missing += c == 0;
-      if (want_hash != sum_hash) {
-        return Status::Corrupt(o.data + ": index/label checksum of epoch " + std::to_string(epoch) +
-                               " differs from the file's");
-      }
-    }
-    if (doubled || missing || label_mismatch) {
-      return Status::Corrupt(o.data + ": epoch " + std::to_string(epoch) + ": the loader delivered " +
-                             std::to_string(doubled) + " doubled and " + std::to_string(missing) +
-                             " missing samples, " + std::to_string(label_mismatch) +
+    if (label_mismatch) {
+      return Status::Corrupt(what + ": the loader delivered " + std::to_string(label_mismatch) +
                              " wrong labels; no figure is printed for a wrong loader");
     }
+    r.coverage = (world > 1 ? "rank " + std::to_string(o.loader.rank) + " of " + std::to_string(world) + ": " : "") +
+                 DescribeCoverage(tally, ClaimFor(r.full_epoch, world, want_batches, loader));
+    r.checksum_checked = r.full_epoch && world == 1;
+    if (world > 1 && r.full_epoch) rank_tallies.push_back(tally);
     std::vector<uint8_t> stored;
     for (const auto& [idx, hash] : spots) {
       uint64_t want = 0;
@@ -299,8 +316,44 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
     r.spot_checked += spots.size();
     if (enc != nullptr) {
       r.stored_bytes = 0;
-      for (uint64_t k = 0; k < n; ++k) r.stored_bytes += seen_count[k] * enc->sample_stored_bytes(k);
+      for (uint64_t k = 0; k < n; ++k) r.stored_bytes += tally.counts()[k] * enc->sample_stored_bytes(k);
     }
+  }
+  if (!rank_tallies.empty()) {
+    // The other ranks' shares of the same epochs, untimed: with this rank's,
+    // every index once (padded as drop_last says).
+    for (int rank = 0; rank < world; ++rank) {
+      if (rank == o.loader.rank) continue;
+      LoaderOptions lo = o.loader;
+      lo.rank = rank;
+      auto other = OpenBenchSource(o.data, o.dataset, lo, o.token_file, "bench-loader-rank-" + std::to_string(rank),
+                                   o.open, o.decode);
+      if (!other.ok()) return other.status();
+      for (size_t e = 0; e < rank_tallies.size(); ++e) {
+        EpochStream stream = (*other)->source().Epoch(o.epoch + e);
+        for (;;) {
+          auto b = stream.Next();
+          if (!b.ok()) return b.status();
+          if (!*b) break;
+          GPUFEED_RETURN_IF_ERROR(rank_tallies[e].Add((*b)->indices()).WithContext(o.data));
+        }
+      }
+    }
+    const CoverageClaim claim = o.loader.drop_last
+                                    ? CoverageClaim{Coverage::kNoIndexDoubled, rank_tallies[0].delivered()}
+                                    : CoverageClaim{Coverage::kPadded, static_cast<uint64_t>(world)};
+    for (size_t e = 0; e < rank_tallies.size(); ++e) {
+      // drop_last: every rank delivers as many as this one.
+      CoverageClaim c = claim;
+      if (o.loader.drop_last) c.expected = r.epochs[e].samples * static_cast<uint64_t>(world);
+      GPUFEED_RETURN_IF_ERROR(
+          CheckCoverage(rank_tallies[e], c, o.data + ": epoch " + std::to_string(o.epoch + e) + ", all ranks"));
+    }
+    r.coverage +=
+        "; all " + std::to_string(world) + " ranks: " +
+        DescribeCoverage(
+            rank_tallies.back(),
+            o.loader.drop_last ? CoverageClaim{Coverage::kNoIndexDoubled, rank_tallies.back().delivered()} : claim);
   }
   const uint64_t threads = o.loader.threads > 0 ? o.loader.threads : std::thread::hardware_concurrency();
   if (enc != nullptr) {

@@ -1,8 +1,11 @@
 // `gpufeed bench loader`: runs the Loader over a dataset as a consumer that
-// does nothing, then checks what it delivered — every sample of the epoch
-// exactly once (indices and an index/label checksum), labels equal to the
-// file's, spot-checked bytes equal to a direct read — and only then reports
-// samples/s, GB/s, the stage breakdown and the cache figures.
+// does nothing, then checks what it delivered — a whole epoch: every sample
+// exactly once (indices and an index/label checksum); --batches: no index
+// twice and the count; a rank of several: its share without a repeat and the
+// union of every rank's share (the others run after the timed epochs) —,
+// labels equal to the file's, spot-checked bytes equal to a direct read, and
+// only then reports samples/s, GB/s, the stage breakdown and the cache
+// figures.
 #ifndef GPUFEED_BENCH_LOADER_BENCH_H_
 #define GPUFEED_BENCH_LOADER_BENCH_H_
 
@@ -71,6 +74,12 @@ struct LoaderBenchResult {
   double ceiling_per_s(int threads) const { return decode_one_core_per_s * threads; }
   bool bytes_verified = false;  // false: a daemon whose file this host cannot read (indices checked only)
   bool full_epoch = false;
+  // What the last epoch's indices were checked for, in words
+  // (DescribeCoverage): "every index once", "no index doubled (250 of 2000
+  // samples)", with ranks "...; the union of 4 ranks: every index, 2 padded
+  // repeats" (bench_checks.h).
+  std::string coverage;
+  bool checksum_checked = false;      // the index/label checksum against the file's (a whole epoch of one rank)
   std::vector<std::string> warnings;  // options the loader adjusted (Loader::info().warnings)
   uint64_t max_rss_bytes = 0;         // peak resident memory of the process
   uint64_t rss_before_bytes = 0;      // resident before the Loader existed (code, libraries, the index)

@@ -36,22 +36,33 @@ int RunReadBenchCmd(const bench::ReadBenchOptions& o, bool json) {
                         {"direct_seconds", r->direct_seconds},
                         {"direct_samples_per_s", r->direct_samples_per_s()},
                         {"direct_gb_per_s", r->direct_gb_per_s()},
+                        {"direct_one_thread_seconds", r->direct_one_thread_seconds},
                         {"baseline", "hdf5 H5Dread, 1 thread, tuned chunk cache"},
                         {"baseline_seconds", r->baseline_seconds},
                         {"baseline_samples_per_s", r->baseline_samples_per_s()},
                         {"speedup", r->speedup()},
+                        {"speedup_threads", r->threads},
+                        {"one_thread_speedup", r->one_thread_speedup()},
+                        {"repeats", o.repeats},
                         {"verified", true},
+                        {"verified_passes", r->verified_passes},
                         {"checksum", r->checksum}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("read %s: %llu samples, %.1f MB decoded from %.1f MB stored, every sample verified against HDF5\n",
-              o.data.c_str(), static_cast<unsigned long long>(r->samples), r->raw_bytes / 1e6, r->stored_bytes / 1e6);
+  std::printf(
+      "read %s: %llu samples, %.1f MB decoded from %.1f MB stored; every sample's hash of all %d passes (timed "
+      "ones included) equal to HDF5's; medians of %d passes\n",
+      o.data.c_str(), static_cast<unsigned long long>(r->samples), r->raw_bytes / 1e6, r->stored_bytes / 1e6,
+      r->verified_passes, std::max(1, o.repeats));
   std::printf("  gpufeed %s path, %d threads: %10.0f samples/s  %6.2f GB/s\n", r->read_path.c_str(), r->threads,
               r->direct_samples_per_s(), r->direct_gb_per_s());
+  std::printf("  gpufeed %s path, 1 thread:  %10.0f samples/s  %6.2f GB/s\n", r->read_path.c_str(),
+              r->samples / r->direct_one_thread_seconds, r->raw_bytes / r->direct_one_thread_seconds / 1e9);
   std::printf("  HDF5 H5Dread, 1 thread:        %10.0f samples/s  %6.2f GB/s\n", r->baseline_samples_per_s(),
               r->raw_bytes / r->baseline_seconds / 1e9);
-  std::printf("  ratio: %.2fx\n", r->speedup());
+  std::printf("  ratio, 1 thread vs 1 thread: %.2fx; gpufeed on %d threads vs HDF5 on 1: %.2fx\n",
+              r->one_thread_speedup(), r->threads, r->speedup());
   return 0;
 }
 
@@ -104,7 +115,10 @@ int RunJpegFeedBenchCmd(LoaderArgs& a) {
                                         {"loader_balanced_samples", ls.balanced_samples},
                                         {"loader_host_decode_share", ls.host_decode_share},
                                         {"data_wait_s", s.data_wait_seconds},
-                                        {"verified_samples", r->verified_samples}})
+                                        {"verified_samples", r->verified_samples},
+                                        {"pixels_checked", r->pixels_checked},
+                                        {"pixel_tolerance_mean_levels", bench::kJpegMeanLevels},
+                                        {"worst_mean_levels", r->worst_mean_levels}})
                             .dump(2)
                             .c_str());
     return 0;
@@ -133,8 +147,12 @@ int RunJpegFeedBenchCmd(LoaderArgs& a) {
                   (unsigned long long)ls.balanced_samples, ls.host_decode_share);
     }
   }
-  std::printf("  %llu samples verified (every epoch: count and label sum equal the file's)\n",
-              (unsigned long long)r->verified_samples);
+  std::printf(
+      "  %llu samples verified as timed (every epoch of both decodes: every index once, each label equal to the "
+      "file's); %llu samples' pixels (one of every 16th batch) within %.1f levels of 255 on average of the CPU "
+      "decode of the same sample (worst %.2f)\n",
+      (unsigned long long)r->verified_samples, (unsigned long long)r->pixels_checked, bench::kJpegMeanLevels,
+      r->worst_mean_levels);
   return 0;
 }
 
@@ -169,7 +187,8 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
         {"gb_per_s", r->gb_per_s()}, {"epochs", a.bench.epochs}, {"first_epoch_seconds", r->first_epoch_seconds},
         {"open_seconds", r->open_seconds}, {"first_epoch_first_batch_seconds", r->first_epoch_first_batch_seconds},
         {"first_batch_seconds", r->first_batch_seconds}, {"full_epoch", r->full_epoch}, {"spot_checked", r->spot_checked},
-        {"verified", true}, {"bytes_verified", r->bytes_verified},
+        {"verified", true}, {"coverage", r->coverage}, {"checksum_checked", r->checksum_checked},
+        {"world_size", lo.world_size}, {"rank", lo.rank}, {"bytes_verified", r->bytes_verified},
         {"encoded", r->encoded}, {"stored_bytes", r->stored_bytes}, {"skipped", r->skipped},
         {"decode_one_core_per_s", r->decode_one_core_per_s},
         {"transform_one_core_per_s", r->transform_one_core_per_s},
@@ -239,14 +258,16 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
                 r->decode_one_core_per_s,
                 r->decode_one_core_per_s > 0 ? r->transform_one_core_per_s / r->decode_one_core_per_s : 0.0);
   }
+  const char* checksum = r->checksum_checked ? ", index/label checksum equal to the file's" : "";
   if (r->bytes_verified) {
-    std::printf("  verified every epoch: %s, every index once, labels equal, %llu samples' bytes compared\n",
-                r->full_epoch ? "full epoch" : "partial epoch", static_cast<unsigned long long>(r->spot_checked));
+    std::printf("  verified every epoch: %s, %s%s, labels equal, %llu samples' bytes compared\n",
+                r->full_epoch ? "full epoch" : "partial epoch", r->coverage.c_str(), checksum,
+                static_cast<unsigned long long>(r->spot_checked));
   } else {
     std::printf(
-        "  verified every epoch: %s, every index once (the daemon's file is not readable here: "
+        "  verified every epoch: %s, %s%s (the daemon's file is not readable here: "
         "labels and bytes not compared)\n",
-        r->full_epoch ? "full epoch" : "partial epoch");
+        r->full_epoch ? "full epoch" : "partial epoch", r->coverage.c_str(), checksum);
   }
   for (const bench::LoaderBenchEpoch& e : r->epochs) {
     std::printf(
@@ -393,10 +414,10 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   auto ro = std::make_shared<bench::ReadBenchOptions>();
   auto json = std::make_shared<bool>(false);
   CLI::App* read = bench_cmd->add_subcommand(
-      "read", "Decode every chunk: gpufeed's direct path on N threads vs HDF5 H5Dread on one, same run");
+      "read", "Decode every chunk: gpufeed's direct path on 1 and N threads vs HDF5 H5Dread on one, same run");
   read->add_option("--data", ro->data, "FILE.h5 or FILE.h5:/path")->required();
   read->add_option("--threads", ro->threads, "decode threads (default: all cores)");
-  read->add_option("--repeats", ro->repeats, "timed passes; the median is reported");
+  read->add_option("--repeats", ro->repeats, "timed passes of each path; the medians are reported");
   read->add_flag("--json", *json, "print as JSON");
   read->callback([ro, json, exit_code] { *exit_code = RunReadBenchCmd(*ro, *json); });
 
@@ -433,6 +454,11 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   lcmd->add_option("--epoch", la->bench.epoch, "first epoch to run");
   lcmd->add_option("--epochs", la->bench.epochs, "epochs run back to back; the last one is reported (default 2)");
   lcmd->add_option("--batches", la->bench.batches, "stop after N batches (default: the epoch)");
+  lcmd->add_option("--world-size", la->bench.loader.world_size,
+                   "time one rank of this many (the other ranks run after the timed epochs, to check the union)")
+      ->check(CLI::PositiveNumber);
+  lcmd->add_option("--rank", la->bench.loader.rank, "the rank timed (default 0)")->check(CLI::NonNegativeNumber);
+  lcmd->add_flag("--drop-last", la->bench.loader.drop_last, "ranks get whole batches of floor(N / world size)");
   AddDecodeOptions(lcmd, &la->decode, "random_resized_crop");
   lcmd->add_flag("--json,--stats", la->json, "print everything as JSON");
   lcmd->callback([la, exit_code] { *exit_code = RunLoaderBenchCmd(*la); });
@@ -547,7 +573,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   AddTableOption(fcmd, "feed_super_batch", &fa->o.feed.super_batch);
   AddTableOption(fcmd, "feed_crop_padding", &fa->o.feed.crop_padding, "random crop");
   AddTableOption(fcmd, "feed_flip", &fa->o.feed.flip);
-  fcmd->add_option("--epochs", fa->o.epochs, "epochs (the first verifies; the last is reported)");
+  fcmd->add_option("--epochs", fa->o.epochs, "epochs, each timed and verified; the last is reported");
   fcmd->add_flag("--json", fa->json, "print as JSON");
   fcmd->callback([fa, exit_code] {
     auto order = OrderFromName(fa->order);
@@ -577,16 +603,29 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
                                           {"fresh_share_of_loader", r->fresh_share()},
                                           {"data_wait_s", s.data_wait_seconds},
                                           {"seconds", r->seconds},
-                                          {"verified_samples", r->verified_samples}})
+                                          {"timed_samples", r->timed_samples},
+                                          {"epochs_verified", r->epochs_verified},
+                                          {"verified_samples", r->verified_samples},
+                                          {"labels_checked", r->labels_checked},
+                                          {"values_checked", r->values_checked}})
                               .dump(2)
                               .c_str());
     } else {
       std::printf(
           "feed %s (%s, %s, echo %d): %.0f fresh samples/s = %.1f%% of the loader alone (%.0f); "
-          "%.0f echoed samples/s; data wait %.2f s of %.2f s; %llu samples verified on the %s\n",
+          "%.0f echoed samples/s; data wait %.2f s of %.2f s\n",
           fa->o.data.c_str(), s.on_gpu ? "GPU" : "CPU twins", fa->dtype.c_str(), s.echo, s.fresh_samples / r->seconds,
           100 * r->fresh_share(), r->loader_samples_per_s, s.echoed_samples / r->seconds, s.data_wait_seconds,
-          r->seconds, static_cast<unsigned long long>(r->verified_samples), s.on_gpu ? "GPU" : "CPU");
+          r->seconds);
+      std::printf(
+          "  verified, as timed (%s, crop padding %d, flip %s, echo %d): all %d epochs, %llu samples delivered on the "
+          "%s (the reported epoch's %llu among them): every index once per fresh pass, each echo pass a permutation "
+          "of its upload; in a re-run of each epoch with the same indices, %llu labels equal to the file's and %llu "
+          "samples' values (one of every batch) equal to the CPU reference of the transform\n",
+          fa->dtype.c_str(), fa->o.feed.crop_padding, fa->o.feed.flip ? "on" : "off", s.echo, r->epochs_verified,
+          static_cast<unsigned long long>(r->verified_samples), s.on_gpu ? "GPU" : "CPU twins",
+          static_cast<unsigned long long>(r->timed_samples), static_cast<unsigned long long>(r->labels_checked),
+          static_cast<unsigned long long>(r->values_checked));
     }
     *exit_code = 0;
   });

@@ -210,7 +210,8 @@ struct GpuFeeder::Impl {
     gpu::Event uploaded;                   // after the copy
     gpu::Event consumed;                   // after the last transform reading it
     bool consumed_recorded = false;
-    std::vector<Batch> host;  // kept until the copy is done
+    std::vector<Batch> host;        // kept until the copy is done
+    std::vector<uint64_t> indices;  // the samples' dataset indices, in upload order
     uint64_t samples = 0;
     uint64_t batches = 0;  // output batches per pass
     uint64_t upload_index = 0;
@@ -237,6 +238,7 @@ struct GpuFeeder::Impl {
     gpu::DeviceBuffer images;
     std::vector<gpu::DeviceBuffer> extra;  // per extras: [B] delivered rows (empty for a class)
     std::vector<const void*> field_ptrs;   // per source field: what DeviceBatch::field(i) returns
+    std::vector<uint64_t> indices;         // DeviceBatch::indices() of the batch it holds
     gpu::DeviceBuffer labels;
     gpu::Event ready;
     gpu::Event free_event;
@@ -678,6 +680,7 @@ Status GpuFeeder::Impl::Fill(int k) {
     s.host.clear();  // back to the loader's pool
   }
   s.samples = 0;
+  s.indices.clear();
   const double t0 = NowSeconds();
   double decoding = 0;
   for (int t = 0; t < o.super_batch; ++t) {
@@ -717,6 +720,7 @@ Status GpuFeeder::Impl::Fill(int k) {
       }
       for (const EncodedSample& e : b.encoded()) s.bytes += e.bytes ? e.bytes : sample_bytes;
       s.samples += n;
+      s.indices.insert(s.indices.end(), b.indices().begin(), b.indices().end());
       s.host.push_back(std::move(b));
       continue;
     }
@@ -733,6 +737,7 @@ Status GpuFeeder::Impl::Fill(int k) {
     }
     s.bytes += n * sample_bytes;
     s.samples += n;
+    s.indices.insert(s.indices.end(), b.indices().begin(), b.indices().end());
     s.host.push_back(std::move(b));
   }
   s.waited = NowSeconds() - t0 - decoding;
@@ -827,6 +832,13 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
     }
   }
   GPUFEED_RETURN_IF_ERROR(ops->Record(compute_stream.ref(), os.ready.ref()));
+  // The rows' dataset indices, through the same gather (host side: the
+  // permutation is a pure function of its index).
+  os.indices.resize(static_cast<size_t>(p.batch));
+  for (int i = 0; i < p.batch; ++i) {
+    const uint32_t src = gpu::SourceSample(p, static_cast<uint32_t>(i));
+    os.indices[static_cast<size_t>(i)] = src < s->indices.size() ? s->indices[src] : UINT64_MAX;
+  }
   os.held = true;
   os.free_recorded = false;
 
@@ -837,6 +849,7 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   b.labels_ = os.labels.get();
   b.mask_ = first_mask >= 0 ? os.extra[static_cast<size_t>(first_mask)].get() : nullptr;
   b.fields_ = &os.field_ptrs;
+  b.indices_ = os.indices.data();
   b.ready_event_ = ops->is_gpu() ? os.ready.ref().raw : nullptr;  // the public API's cudaEvent_t
   b.size_ = p.batch;
   b.pass_ = s->pass;
@@ -1052,6 +1065,7 @@ DeviceBatch& DeviceBatch::operator=(DeviceBatch&& o) noexcept {
     labels_ = o.labels_;
     mask_ = o.mask_;
     fields_ = o.fields_;
+    indices_ = o.indices_;
     ready_event_ = o.ready_event_;
     size_ = o.size_;
     pass_ = o.pass_;

@@ -56,15 +56,35 @@ def peer_rate(torch, h5py, path, workers, batch_size, batches, prefetch_factor, 
             it = iter(loader)
             return next(it)
 
+    with h5py.File(path, "r") as f:
+        file_labels = f["labels"][:]
+    n = len(file_labels)
     seen = 0
     for _ in range(warmup):
         next_batch()
     t0 = time.perf_counter()
+    timed = []
     for _ in range(batches):
         x, y = next_batch()
         seen += x.shape[0]
+        timed.append((x, y))
     dt = time.perf_counter() - t0
     del it, loader
+    # Checked after the clock, as gpufeed's bench: the samples of a `bench
+    # gen` file carry their index in their first 8 bytes; within a window of
+    # one epoch's batches no index may come twice, and each label must be the
+    # file's (a window may span an epoch's end, so per epoch-sized stretch).
+    per_epoch = max(1, n // batch_size)
+    for start in range(0, len(timed), per_epoch):
+        got = []
+        for x, y in timed[start:start + per_epoch]:
+            b = x.reshape(x.shape[0], -1)[:, :8].numpy().astype("uint64")
+            idx = sum(b[:, k] << (8 * k) for k in range(8))
+            if (idx >= n).any() or (file_labels[idx] != y.numpy()).any():
+                raise SystemExit(f"peer: a sample arrived with a wrong index or label ({path}; a `bench gen` file?)")
+            got.extend(idx.tolist())
+        if len(set(got)) != len(got):
+            raise SystemExit(f"peer: an index came twice within one epoch ({path})")
     return seen / dt
 
 
@@ -185,9 +205,14 @@ def main():
     best_w = max(results["peer"], key=results["peer"].get)
     best = results["peer"][best_w]
     rate = g["samples_per_s"]
+    what = (f"the last of {g['epochs']} epochs, {g['samples']} samples" if g["full_epoch"]
+            else f"{g['samples']} samples of its last epoch")
     print(f"gpufeed loader, order {a.order}, {g['threads']} threads: {rate:10.0f} samples/s "
-          f"(second epoch, start-up included; verified, read amplification {g['cache']['read_amplification']:.2f})")
-    print(f"ratio gpufeed / best peer ({best_w} workers, {best:.0f} samples/s): {rate / best:.1f}x")
+          f"({what}; verified: {g['coverage']}; read amplification {g['cache']['read_amplification']:.2f})")
+    print(f"ratio gpufeed / best peer ({best_w} workers, {best:.0f} samples/s, {a.batches} batches after "
+          f"{a.warmup if a.warmup is not None else 'the default'} warm-up batches, shuffled, checked: no index twice "
+          f"an epoch, labels equal): {rate / best:.1f}x (gpufeed {g['threads']} threads vs the peer's "
+          f"{best_w} worker processes)")
     results["ratio"] = rate / best
     if a.json_out:
         with open(a.json_out, "w") as f:

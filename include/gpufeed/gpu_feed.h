@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -183,6 +184,12 @@ class DeviceBatch {
   int pass() const { return pass_; }  // 0: fresh, >0: an echo of an earlier upload
   bool echoed() const { return pass_ > 0; }
   uint64_t index() const { return index_; }  // output batch index within the epoch
+  // The dataset index of each of its size() rows (host memory, valid as the
+  // batch): the loader's Batch::indices() gathered as the images were, so an
+  // echo pass lists its permutation of the upload. For logging and checks
+  // (`gpufeed bench feed` verifies every epoch it times with them). A sample
+  // replaced as corrupt (skip_corrupt) keeps its own index.
+  std::span<const uint64_t> indices() const { return {indices_, static_cast<size_t>(size_)}; }
   // A cudaEvent_t recorded after the transform: make your stream wait on it.
   // nullptr on the CPU path (the data is ready when Next() returns).
   void* ready_event() const { return ready_event_; }
@@ -198,6 +205,7 @@ class DeviceBatch {
   const void* labels_ = nullptr;
   const void* mask_ = nullptr;
   const std::vector<const void*>* fields_ = nullptr;  // the output slot's, per field
+  const uint64_t* indices_ = nullptr;                 // the output slot's, host memory
   void* ready_event_ = nullptr;
   int size_ = 0, pass_ = 0;
   uint64_t index_ = 0;

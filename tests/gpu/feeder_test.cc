@@ -17,6 +17,7 @@
 #include "gpufeed/convert.h"
 #include "gpufeed/dataset.h"
 #include "tests/testing/sources.h"
+#include "tests/testing/gpu_required.h"
 
 namespace gpufeed {
 namespace {
@@ -61,7 +62,7 @@ class FeederTest : public ::testing::TestWithParam<bool> {  // param: use the GP
       TensorSource probe(8, 4);
       Loader l(probe, LoaderOpts());
       GpuFeeder f(l, {});
-      if (!f.on_gpu()) GTEST_SKIP() << "no GPU here; the GPU variant of the feeder tests runs on the GPU host";
+      if (!f.on_gpu()) GPUFEED_GPU_UNAVAILABLE("the feeder runs on its CPU twins (no GPU, or its start failed)");
     }
   }
   FeedOptions Opts() {
@@ -128,7 +129,12 @@ TEST_P(FeederTest, EchoPassesArePermutationsOfTheirUpload) {
     if (!*b) break;
     if ((*b)->pass() == 0 && by_pass.count(2)) check_upload();
     ASSERT_TRUE(feeder.CopyToHost(**b, img.data(), nullptr).ok());
-    for (int i = 0; i < (*b)->size(); ++i) by_pass[(*b)->pass()].push_back(IndexOf(&img[i * kSampleBytes]));
+    ASSERT_EQ((*b)->indices().size(), static_cast<size_t>((*b)->size()));
+    for (int i = 0; i < (*b)->size(); ++i) {
+      by_pass[(*b)->pass()].push_back(IndexOf(&img[i * kSampleBytes]));
+      // indices() names the sample each row holds, through the echo gather.
+      EXPECT_EQ(static_cast<int64_t>((*b)->indices()[static_cast<size_t>(i)]), by_pass[(*b)->pass()].back());
+    }
     ++batches;
   }
   check_upload();

@@ -28,6 +28,7 @@
 #include "gpufeed/loader.h"
 #include "image/image_decode.h"
 #include "tests/testing/test_data.h"
+#include "tests/testing/gpu_required.h"
 
 namespace gpufeed {
 namespace {
@@ -506,7 +507,7 @@ TEST(ImageDecoderTest, DecodeDeviceNames) {
 
 TEST(ImageDecoderGpuTest, ResizeCropGpuEqualsItsTwin) {
   auto ops = gpu::MakeCudaOps(0);
-  if (!ops.ok()) GTEST_SKIP() << ops.status().ToString();
+  if (!ops.ok()) GPUFEED_GPU_UNAVAILABLE(ops.status().ToString());
   std::mt19937 rng(5);
   const int out_h = 40, out_w = 36, n = 6;
   std::vector<std::vector<uint8_t>> imgs(n);
@@ -553,7 +554,7 @@ TEST(ImageDecoderGpuTest, ResizeCropGpuEqualsItsTwin) {
 // where) the same.
 TEST(ImageDecoderGpuTest, NvjpegBatchesTrackTheTwin) {
   std::string backend;
-  if (Status st = GpuImageDecoder(0, &backend); !st.ok()) GTEST_SKIP() << st.ToString();
+  if (Status st = GpuImageDecoder(0, &backend); !st.ok()) GPUFEED_GPU_UNAVAILABLE(st.ToString());
   Dataset ds = Make("dec_gpu", 35);
   auto src = OpenEncodedImages(ds.path, {}, Decode32());
   ASSERT_TRUE(src.ok()) << src.status().ToString();

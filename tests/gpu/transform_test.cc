@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu/device_ops.h"
+#include "tests/testing/gpu_required.h"
 
 namespace gpufeed::gpu {
 namespace {
@@ -250,8 +251,7 @@ TEST(TransformTest, InputDtypesNormalizeTheirExactValues) {
 // augmentation included). Skips where no GPU is usable.
 TEST(TransformGpuTest, InputDtypesMatchTheCpuReferenceBitForBit) {
   auto ops = MakeCudaOps(0);
-  if (!ops.ok())
-    GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  if (!ops.ok()) GPUFEED_GPU_UNAVAILABLE("no GPU here (" << ops.status().ToString() << ")");
   DeviceOps& d = **ops;
   const int B = 5, C = 3, H = 11, W = 13;
   const size_t n = size_t(B) * C * H * W;
@@ -302,8 +302,7 @@ TEST(TransformGpuTest, InputDtypesMatchTheCpuReferenceBitForBit) {
 // GPU against CPU, every combination. Skips where no GPU is usable.
 TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
   auto ops = MakeCudaOps(0);
-  if (!ops.ok())
-    GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  if (!ops.ok()) GPUFEED_GPU_UNAVAILABLE("no GPU here (" << ops.status().ToString() << ")");
   DeviceOps& d = **ops;
   int cases = 0;
   // Odd width: scalar stores; even: the kernel's vector stores; 64: rows
@@ -380,8 +379,7 @@ TEST(TransformGpuTest, MatchesTheCpuReferenceBitForBit) {
 // along its sample axis, and its blocks stride past it.
 TEST(TransformGpuTest, BatchesPastTheGridsSampleAxisStillMatch) {
   auto ops = MakeCudaOps(0);
-  if (!ops.ok())
-    GTEST_SKIP() << "no GPU here (" << ops.status().ToString() << "); the GPU comparison runs on the GPU host";
+  if (!ops.ok()) GPUFEED_GPU_UNAVAILABLE("no GPU here (" << ops.status().ToString() << ")");
   DeviceOps& d = **ops;
   const int B = 70000, C = 3, H = 6, W = 5;
   const size_t n = size_t(B) * C * H * W;

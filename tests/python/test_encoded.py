@@ -3,6 +3,7 @@ store them) and gpufeed's bytes+offsets conversion of them decode to the same
 batches; image k is a flat color encoding k, so each row names its index."""
 import io
 import json
+import os
 import subprocess
 import time
 
@@ -11,6 +12,14 @@ import numpy as np
 import pytest
 
 import gpufeed
+
+
+def gpu_unavailable(why):
+    """A GPU case that cannot run: a skip here, a failure on the GPU host
+    (scripts/gpu-host-* set GPUFEED_REQUIRE_GPU=1)."""
+    if os.environ.get("GPUFEED_REQUIRE_GPU") == "1":
+        pytest.fail("GPUFEED_REQUIRE_GPU=1 (a GPU host), and this GPU case cannot run: " + why)
+    pytest.skip(why)
 
 N = 23
 
@@ -119,12 +128,12 @@ def test_gpu_decoder_feed_made_at_open_serves_any_first_start(vlen_file):
     epoch's labels do not depend on which start came first. GPU host only."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("no GPU here: this runs on the GPU host")
+        gpu_unavailable("no GPU here: this runs on the GPU host")
     kw = dict(batch_size=5, threads=2, seed=3, device="cuda", dtype="float32", decode="gpu")
     try:
         first = gpufeed.Loader(vlen_file, **kw)
     except gpufeed.UnsupportedError as e:
-        pytest.skip("no GPU decoder here: %s" % e)
+        gpu_unavailable("no GPU decoder here: %s" % e)
 
     def epochs(loader, which):
         out = []

@@ -65,6 +65,8 @@ def wrong_rows(gpufeed, path, stream=None):
 def test_non_blocking_copies_of_freed_host_batches_read_their_own_batch(gpufeed_cli, tmp_path):
     import pytest
     if torch is None or not torch.cuda.is_available():
+        if os.environ.get("GPUFEED_REQUIRE_GPU") == "1":
+            pytest.fail("GPUFEED_REQUIRE_GPU=1 (a GPU host), and torch sees no CUDA device")
         pytest.skip("no CUDA device for torch here; this runs on the GPU host")
     import gpufeed
     from gpufeed import loader as loader_module

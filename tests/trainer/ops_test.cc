@@ -13,6 +13,7 @@
 #include "trainer/elem.h"
 #include "trainer/model.h"
 #include "trainer/ops.h"
+#include "tests/testing/gpu_required.h"
 
 namespace gpufeed::trainer {
 namespace {
@@ -320,8 +321,7 @@ class CudaVsCpu : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
     auto g = MakeCudaOps(0);
-    if (!g.ok())
-      GTEST_SKIP() << "no GPU here (" << g.status().ToString() << "); the CUDA comparison runs on the GPU host";
+    if (!g.ok()) GPUFEED_GPU_UNAVAILABLE("no GPU here (" << g.status().ToString() << ")");
     gpu = std::move(*g);
   }
   // Device copy of host bytes, freed with the fixture.

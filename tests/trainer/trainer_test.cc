@@ -16,6 +16,7 @@
 #include "gpufeed/device.h"
 #include "gpufeed/trainer.h"
 #include "tests/testing/test_data.h"
+#include "tests/testing/gpu_required.h"
 #include "trainer/checkpoint.h"
 #include "trainer/model.h"
 #include "trainer/ops.h"
@@ -539,7 +540,7 @@ TEST(TrainerTest, RecomputedBlocksTrainTheSameWeights) {
 }
 
 TEST(TrainerTest, RecomputedBlocksTrainTheSameWeightsOnTheGpu) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU recompute test runs on the GPU host";
+  if (!HaveGpu()) GPUFEED_GPU_UNAVAILABLE("no GPU here: the GPU recompute test");
   for (DType p : {DType::kBFloat16, DType::kFloat32}) {
     TrainOptions o = Small(TrainDevice::kCuda);
     o.precision = p;
@@ -548,7 +549,7 @@ TEST(TrainerTest, RecomputedBlocksTrainTheSameWeightsOnTheGpu) {
 }
 
 TEST(TrainerTest, ResumeIsBitIdenticalOnTheGpu) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU resume test runs on the GPU host";
+  if (!HaveGpu()) GPUFEED_GPU_UNAVAILABLE("no GPU here: the GPU resume test");
   for (DType p : {DType::kBFloat16, DType::kFloat16}) {
     TrainOptions o = Small(TrainDevice::kCuda);
     o.model = ModelKind::kCnn;
@@ -561,7 +562,7 @@ TEST(TrainerTest, ResumeIsBitIdenticalOnTheGpu) {
 // The GPU and CPU backends train the same model to the same place, within
 // rounding (fp32).
 TEST(TrainerTest, GpuTrainingMatchesTheCpuReference) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the GPU training test runs on the GPU host";
+  if (!HaveGpu()) GPUFEED_GPU_UNAVAILABLE("no GPU here: the GPU training test");
   BarsSource train(512, 4), test(128, 4);
   for (ModelKind m : {ModelKind::kMlp, ModelKind::kCnn}) {
     TrainOptions o = Small();
@@ -584,7 +585,7 @@ TEST(TrainerTest, GpuTrainingMatchesTheCpuReference) {
 // for every model, precision (fp16's loss scaler included) and with
 // accumulation (its own graphs per micro-batch kind).
 TEST(TrainerTest, GpuGraphsTrainTheSameWeightsAsLaunches) {
-  if (!HaveGpu()) GTEST_SKIP() << "no GPU here; the graph test runs on the GPU host";
+  if (!HaveGpu()) GPUFEED_GPU_UNAVAILABLE("no GPU here: the graph test");
   BarsSource train(1024, 4), test(128, 4);
   for (ModelKind m : {ModelKind::kMlp, ModelKind::kCnn}) {
     for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
