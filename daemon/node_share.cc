@@ -258,6 +258,13 @@ Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
   auto lease = std::unique_ptr<NodeLease>(new NodeLease());
   lease->address_ = "unix:" + sock;
   lease->dataset_ = spec;
+  // The node's socket and log checked before anything is made or looked for:
+  // a planted link is named (whatever else is missing) and nothing is left
+  // behind. What uses them later does not trust a link either (Accepts
+  // only connects and sends nothing; the client's Conn::Connect checks the
+  // peer's uid before it sends; the log is made O_EXCL | O_NOFOLLOW).
+  GPUFEED_RETURN_IF_ERROR(CheckOwn(sock, S_IFSOCK));
+  GPUFEED_RETURN_IF_ERROR(CheckOwn(log, S_IFREG));
   // The start-up mutex, held until this function returns (Fd closes it);
   // then the shared lease, which waits while a server that found no holder
   // is stopping (it holds the lease exclusively until it exits).
@@ -270,7 +277,6 @@ Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
   if (::flock(held.get(), LOCK_SH) != 0) {
     return Status::IOError("share=node: flock on " + lease_path + ": " + std::strerror(errno));
   }
-  GPUFEED_RETURN_IF_ERROR(CheckOwn(sock, S_IFSOCK));
   if (!Accepts(sock)) {
     // No server: this rank starts one. Until it listens, a failure removes
     // what this rank made but the log, which the error names (the ranks
@@ -304,9 +310,9 @@ Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
                  std::to_string(o.loader.prefetch), "--memory-bytes", std::to_string(budget), "--log-level", "warn"});
     if (node_threads > 0) args.insert(args.end(), {"--threads", std::to_string(node_threads)});
     if (o.open.trust_files) args.push_back("--trust-files");
-    // What a server that died (or failed to start) left goes; anything
-    // else there is not this rank's to remove.
-    GPUFEED_RETURN_IF_ERROR(CheckOwn(log, S_IFREG));
+    // What a server that died (or failed to start) left goes (the log
+    // checked above: ours, not a link); anything else there is not this
+    // rank's to remove.
     ::unlink(sock.c_str());
     ::unlink(log.c_str());
     // O_EXCL with O_NOFOLLOW: a new file, never one reached through a link.
