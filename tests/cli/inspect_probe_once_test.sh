@@ -8,7 +8,7 @@ set -uo pipefail
 cli=$1
 testdata=$2
 hang=$testdata/hdf5-cve/cve-2018-15671.h5
-[ -f "$hang" ] || { echo "no $hang (shared/ is beside the repo in CI): skipped"; exit 0; }
+[ -f "$hang" ] || { echo "no $hang (shared/ is beside the repo in CI): skipped"; exit 77; }  # CTest: skipped, not passed
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
