@@ -222,9 +222,12 @@ Status CheckStateFits(const LoaderState& s, uint64_t num_samples, const LoaderOp
 Result<LoaderOptions::Reshard> ReshardFor(const LoaderState& s, const LoaderOptions& o) {
   const auto world = static_cast<uint32_t>(std::max(1, o.world_size));
   // Batches of another size: the saved batch count no longer says how many
-  // samples were received (next_batch x 256 is not next_batch x 100).
-  const bool batch_moved =
-      s.world_size > 0 && s.consumed < s.share && std::min(s.next_batch * o.batch_size, s.share) != s.consumed;
+  // samples were received (next_batch x 256 is not next_batch x 100), also
+  // at the epoch's end (all received: nothing is left, where batch
+  // next_batch of smaller batches would deliver the epoch's tail again).
+  const uint64_t b = o.batch_size;
+  const bool batch_moved = s.world_size > 0 && b > 0 &&
+                           (std::min(s.next_batch * b, s.share) != s.consumed || s.next_batch > (s.share + b - 1) / b);
   if (s.world_size == 0 || (s.world_size == world && !batch_moved)) {
     // The same world size and batch size (or an old state that does not
     // say): the same shares, the epoch from its batch; a resharded epoch as

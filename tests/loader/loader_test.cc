@@ -348,10 +348,11 @@ TEST(LoaderTest, ResumeAtAnotherBatchSizeLosesAndRepeatsNothing) {
   InMemorySource src(n, 24, 7);
   for (Order order : {Order::kBlock, Order::kRandom}) {
     for (int world : {1, 2}) {
-      for (uint64_t to_batch : {10, 16, 40}) {
+      // Mid-way, and at the epoch's end (every batch received: nothing is left).
+      for (const auto& [to_batch, k] :
+           {std::pair<uint64_t, uint64_t>{10, 5}, {16, 5}, {40, 5}, {10, n / world / 16}, {40, n / world / 16}}) {
         SCOPED_TRACE(std::string(OrderName(order)) + ", " + std::to_string(world) + " ranks, batches of 16 -> " +
-                     std::to_string(to_batch));
-        const uint64_t k = 5;
+                     std::to_string(to_batch) + " after " + std::to_string(k) + " batches");
         std::vector<int> seen(n, 0);
         std::vector<LoaderState> saved;
         for (int r = 0; r < world; ++r) {
