@@ -1,4 +1,4 @@
-// The `imagenet-jpeg` workload (../shared/WORKLOADS.md) and its decode
+// The `imagenet-jpeg` workload (docs/benchmarks.md, Workloads) and its decode
 // ceiling. JPEGs with ImageNet's size distribution (width 400..500, height
 // 350..375, quality 90, 4:2:0) drawn from structured synthetic content
 // (gradients, shapes, multi-scale texture: not noise, so sizes and decode

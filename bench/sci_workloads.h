@@ -1,4 +1,4 @@
-// Scientific workloads of ../shared/WORKLOADS.md, written with HDF5 as the
+// Scientific workloads of docs/benchmarks.md, Workloads, written with HDF5 as the
 // reference codes store them:
 //   deepcam:   one file per sample, /climate/data [1, 16, H, W] float32 and
 //              /climate/labels_0 [1, H, W] int32 in {0, 1, 2}, contiguous

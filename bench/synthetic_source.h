@@ -1,4 +1,4 @@
-// Synthetic CelebA-like samples (../shared/WORKLOADS.md): uint8 NCHW
+// Synthetic CelebA-like samples (docs/benchmarks.md, Workloads): uint8 NCHW
 // [3, 218, 178], labels in [0, 40). Per sample, uniform bytes over 8x8
 // patches (a [3, 28, 23] grid cropped to 218x178) plus uniform noise in
 // [0, 8), wrapping: some structure and deflate ~1.1x, like real photos.

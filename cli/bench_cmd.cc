@@ -732,7 +732,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   });
 
   auto ga = std::make_shared<GenArgs>();
-  CLI::App* gen = bench_cmd->add_subcommand("gen", "Write a benchmark workload of ../shared/WORKLOADS.md");
+  CLI::App* gen = bench_cmd->add_subcommand("gen", "Write a benchmark workload of docs/benchmarks.md, Workloads");
   gen->add_option("--workload", ga->workload,
                   "celeba-raw, celeba-deflate, celeba-zstd (one file), imagenet-jpeg (one file, and the same JPEGs "
                   "in OUTPUT.jpg.d/), deepcam or cosmoflow (a directory of files)");

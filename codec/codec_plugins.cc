@@ -2,7 +2,7 @@
 // (32000, h5py), Blosc (32001), LZ4 (32004) and Bitshuffle (32008, with or
 // without LZ4). Each reads a stream whose sizes come from the file, so every
 // size in it is checked against the stored bytes and the expected decoded
-// size before anything is read or written (STYLE.md 15). Formats, as the
+// size before anything is read or written (docs/practices.md, 15). Formats, as the
 // reference plugins write them:
 //   LZF:        one liblzf stream of the whole chunk (h5py's lzf_filter.c).
 //   Blosc:      one blosc frame (its own 16-byte header; hdf5-blosc).

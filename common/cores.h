@@ -1,5 +1,5 @@
 // How many cores gpufeed's thread pools take by default: one place for the
-// loader, the daemon and the tools (STYLE.md practice 21).
+// loader, the daemon and the tools (docs/practices.md, practice 21).
 #ifndef GPUFEED_COMMON_CORES_H_
 #define GPUFEED_COMMON_CORES_H_
 

@@ -1,7 +1,7 @@
 // The job this process belongs to, as torchrun's environment (or
 // `gpufeed train --gpus`, which sets the same variables) describes it: one
 // place for the loader's defaults, the node-shared server and the trainer's
-// ranks (STYLE.md practices 21 and 23).
+// ranks (docs/practices.md, 21 and 23).
 #ifndef GPUFEED_COMMON_JOB_H_
 #define GPUFEED_COMMON_JOB_H_
 
@@ -40,7 +40,7 @@ std::string JobId(bool per_node);
 // InvalidArgument naming the path, what is wrong and the fix (remove it, or
 // set GPUFEED_NODE_DIR); no writable place at all is IOError. Another local
 // user can then neither plant a server or a link where a rank looks, nor
-// read what is there (STYLE.md practice 24).
+// read what is there (docs/practices.md, practice 24).
 Result<std::string> NodeDir();
 
 // Opens `path` (a file in NodeDir()) with `flags` | O_NOFOLLOW | O_CLOEXEC,

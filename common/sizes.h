@@ -1,6 +1,6 @@
 // Size arithmetic on numbers that come from outside (file headers, the wire):
 // every product and sum is checked, so a hostile shape gives an error instead
-// of a wrapped (silently wrong) size. STYLE.md practice 15.
+// of a wrapped (silently wrong) size. docs/practices.md, practice 15.
 #ifndef GPUFEED_COMMON_SIZES_H_
 #define GPUFEED_COMMON_SIZES_H_
 

@@ -180,7 +180,7 @@ bool Session::AwaitPark() {
 }
 
 void Session::Produce() {
-  // Exceptions must not leave this thread (STYLE.md): the Loader reports
+  // Exceptions must not leave this thread (docs/practices.md, 17): the Loader reports
   // failures as Status; anything else becomes an error frame.
   std::shared_ptr<OutFrame> final_frame;
   bool loader_ok = true, epoch_end = false;

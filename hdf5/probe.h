@@ -5,7 +5,7 @@
 // attributes gpufeed reads, labels, chunk index, and the first chunk when
 // HDF5 itself would decode it) and exits. A child that dies of a signal or
 // overruns the limit becomes a Status naming the file, and the caller's
-// process never touches it. STYLE.md practice 19.
+// process never touches it. docs/practices.md, practice 19.
 //
 // Many files are probed in one pass by a few processes (not a fork per
 // file): each child walks a share of the list and reports each file's start

@@ -4,7 +4,7 @@
 // Next()'s wait. That wait ends by a batch, by the end of the epoch, by an
 // error — or, when the consumer holds every slot of the pool (so no producer
 // can fill another), by an error naming the option to raise. It never waits
-// without end (STYLE.md practice 16).
+// without end (docs/practices.md, practice 16).
 #ifndef GPUFEED_LOADER_STREAM_CORE_H_
 #define GPUFEED_LOADER_STREAM_CORE_H_
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The imagenet-jpeg peer (../shared/WORKLOADS.md): a PyTorch DataLoader whose
+"""The imagenet-jpeg peer (docs/benchmarks.md, Workloads): a PyTorch DataLoader whose
 workers decode JPEGs with PIL and apply torchvision's RandomResizedCrop(224)
 (written here with PIL: torchvision is not in Debian's set), over the folder of
 .jpg files and over the same files in an h5py vlen uint8 file; then gpufeed's

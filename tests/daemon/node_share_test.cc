@@ -2,7 +2,7 @@
 // of one job on one host find or start one node-local server, read their
 // own shards through it, and the server ends with the last of them, leaving
 // no file behind. The node's files live in a private directory; planted
-// links and a server of another uid are refused (STYLE.md practice 24).
+// links and a server of another uid are refused (docs/practices.md, practice 24).
 #include "daemon/node_share.h"
 
 #include <fcntl.h>

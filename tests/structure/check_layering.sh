@@ -73,7 +73,7 @@ for f in include/gpufeed/*.h; do
   [ -n "${allowed[$module]:-}" ] || continue
   check "$f" "$module"
 done
-# bench/ is a client of the public API (STYLE.md: thin executables), and of
+# bench/ is a client of the public API (docs/practices.md, 10: thin executables), and of
 # the header-only checked locks (common/mutex.h, thread_annotations.h,
 # first_error.h: no library internals), so its threads' state is checked too.
 for f in bench/*.h bench/*.cc; do
