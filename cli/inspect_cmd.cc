@@ -12,7 +12,7 @@
 #include "gpufeed/fields.h"
 #include "common/atomic_file.h"
 #include "gpufeed/encoded.h"
-#include "image/image_decode.h"
+#include "hdf5io/image/image_decode.h"
 #include "gpufeed/inspect.h"
 #include "gpufeed/local_source.h"
 

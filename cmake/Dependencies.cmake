@@ -8,11 +8,11 @@ pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
 # The libjpeg API of libjpeg-turbo: partial decoding (crop, skip) for encoded datasets.
 pkg_check_modules(LIBJPEG REQUIRED IMPORTED_TARGET libjpeg)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
-# The plugin filters the direct path decodes (codec/codec_plugins.cc).
+# The plugin filters the direct path decodes (hdf5io/codec/codec_plugins.cc).
 pkg_check_modules(LZF REQUIRED IMPORTED_TARGET liblzf)
 pkg_check_modules(BLOSC REQUIRED IMPORTED_TARGET blosc)
 pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)
-pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)   # direct I/O's read-ahead (io/direct_io.cc)
+pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)   # direct I/O's read-ahead (hdf5io/io/direct_io.cc)
 find_package(TBB REQUIRED)
 find_package(PNG REQUIRED)
 find_package(ZLIB REQUIRED)

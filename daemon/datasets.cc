@@ -1,15 +1,15 @@
 // DatasetRegistry: the daemon's datasets, opened as the local Loader opens
-// them (daemon/open_source.cc), and encoded datasets' per-options sources.
+// them (loader/door/open_source.cc), and encoded datasets' per-options sources.
 #include "daemon/datasets.h"
 
 #include <algorithm>
 #include <cstdio>
 
 #include "common/sizes.h"
-#include "daemon/protocol.h"
-#include "gpufeed/open_source.h"
+#include "loader/remote/protocol.h"
+#include "gpufeed/local_source.h"
 #include "gpufeed/fields.h"
-#include "hdf5/probe.h"
+#include "hdf5io/hdf5/probe.h"
 #include "loader/chunk_cache.h"
 
 namespace gpufeed::daemon {

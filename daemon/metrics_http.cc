@@ -4,8 +4,8 @@
 #include <boost/beast/http.hpp>
 #include <memory>
 
-#include "daemon/address.h"
-#include "daemon/protocol.h"
+#include "loader/remote/address.h"
+#include "loader/remote/protocol.h"
 
 namespace gpufeed::daemon {
 

@@ -27,12 +27,12 @@
 
 #include "common/cores.h"
 #include "common/mutex.h"
-#include "daemon/address.h"
-#include "daemon/conn.h"
+#include "loader/remote/address.h"
+#include "loader/remote/conn.h"
 #include "daemon/metrics_http.h"
 #include "daemon/server_core.h"
 #include "daemon/session.h"
-#include "daemon/token.h"
+#include "loader/remote/token.h"
 #include "gpufeed/dataset.h"
 
 namespace gpufeed {

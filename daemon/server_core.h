@@ -20,7 +20,7 @@
 #include "common/mutex.h"
 #include "daemon/datasets.h"
 #include "daemon/event_log.h"
-#include "daemon/shm.h"
+#include "loader/remote/shm.h"
 #include "gpufeed/dataset.h"
 #include "loader/chunk_cache.h"
 #include "gpufeed/loader.h"

@@ -37,8 +37,8 @@
 
 #include "common/mutex.h"
 #include "daemon/datasets.h"
-#include "daemon/protocol.h"
-#include "daemon/shm.h"
+#include "loader/remote/protocol.h"
+#include "loader/remote/shm.h"
 #include "loader/batch_pool.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/loader.h"

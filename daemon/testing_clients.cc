@@ -1,9 +1,9 @@
 // gpufeed/daemon_testing.h: raw protocol clients that misbehave on purpose.
 #include "gpufeed/daemon_testing.h"
 
-#include "daemon/address.h"
-#include "daemon/conn.h"
-#include "daemon/protocol.h"
+#include "loader/remote/address.h"
+#include "loader/remote/conn.h"
+#include "loader/remote/protocol.h"
 
 namespace gpufeed::testing {
 

@@ -7,7 +7,7 @@
 #include "gpu/image_decoder.h"
 #include "gpu/resize_crop.h"
 #include "gpufeed/gpu_feed.h"
-#include "image/image_decode.h"
+#include "hdf5io/image/image_decode.h"
 
 namespace gpufeed::gpu {
 

@@ -1,5 +1,5 @@
 // EpochStream::Impl: the interface behind EpochStream. The local pipeline
-// (loader.cc) and RemoteLoader's connection (daemon/remote_loader.cc)
+// (loader.cc) and RemoteLoader's connection (loader/remote/remote_loader.cc)
 // implement it; EpochStream forwards to it.
 #ifndef GPUFEED_LOADER_STREAM_IMPL_H_
 #define GPUFEED_LOADER_STREAM_IMPL_H_

@@ -99,7 +99,7 @@ class ChunkSource {
     double probe_seconds = 0;
     double open_seconds = 0;
     uint64_t opens = 0;  // files (or a virtual dataset's parts) opened
-    // Of those, opened from the probe's plan (hdf5/probe.h): with open(2),
+    // Of those, opened from the probe's plan (hdf5io/hdf5/probe.h): with open(2),
     // no HDF5 in this process.
     uint64_t planned_opens = 0;
   };

@@ -151,7 +151,7 @@ struct VirtualSource {
 
 // A spec whose file HDF5's parser has met in the forked probe of this
 // process and survived (or whose files the user trusts:
-// OpenOptions::trust_files). Only the probe issues one (hdf5/probe.h:
+// OpenOptions::trust_files). Only the probe issues one (hdf5io/hdf5/probe.h:
 // Probe, ProbeAll), so "already probed" is a value that cannot be forged by
 // setting an option: the opens that take one (Dataset::Open,
 // OpenEncodedImages, FieldSource::Open) do not probe again.
@@ -163,7 +163,7 @@ class ProbedSpec {
   ProbedSpec Member(std::string_view name) const;
 
  private:
-  friend struct ProbedSpecIssuer;  // hdf5/probe.cc
+  friend struct ProbedSpecIssuer;  // hdf5io/hdf5/probe.cc
   explicit ProbedSpec(std::string text) : text_(std::move(text)) {}
   std::string text_;
 };
@@ -218,8 +218,8 @@ struct DatasetInfo {
   std::string stats_from;
 };
 
-struct SpecFacts;   // hdf5/probe.h: what a probe child saw of a spec
-struct DirectPlan;  // hdf5/probe.h: the direct path's reads, as a probe child planned them
+struct SpecFacts;   // hdf5io/hdf5/probe.h: what a probe child saw of a spec
+struct DirectPlan;  // hdf5io/hdf5/probe.h: the direct path's reads, as a probe child planned them
 
 // A read-only view of one images dataset and its labels.
 //

@@ -3,7 +3,7 @@
 // output types of the GPU transform (fp32/fp16/bf16). Every fact of a dtype
 // (size, name, kind, NumPy descriptor, DLPack code) is in one table
 // (common/dtype.cc); HDF5's types are made from its kind and size
-// (hdf5/writer.cc, hdf5/dataset.cc) and Python reads names from it through
+// (hdf5io/hdf5/writer.cc, hdf5io/hdf5/dataset.cc) and Python reads names from it through
 // the C API.
 #ifndef GPUFEED_DTYPE_H_
 #define GPUFEED_DTYPE_H_

@@ -33,7 +33,7 @@
 // others from those reports (a file whose report is missing, or whose field
 // is virtual, it opens). Each file is opened by its first read, which checks
 // it against what Open saw. Where the report also holds the direct path's
-// reads of every field (small files: hdf5/probe.h, DirectPlan), a reader
+// reads of every field (small files: hdf5io/hdf5/probe.h, DirectPlan), a reader
 // opens the file itself with open(2), no HDF5, if it is still the file the
 // probe parsed. Otherwise one thread of the source opens files: a reader
 // whose file is not open asks it and waits (HDF5 opens one file at a time in

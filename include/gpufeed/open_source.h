@@ -40,7 +40,7 @@ enum class Share { kAuto, kNode, kNone };
 Result<Share> ShareFromName(std::string_view name);  // "auto", "node", "none"
 std::string_view ShareName(Share s);
 
-class NodeLease;  // daemon/node_share.h
+class NodeLease;  // loader/door/node_share.h
 
 struct SourceOptions {
   std::string data;     // "file.h5[:/path]", "unix:PATH" or "tcp://HOST:PORT"
@@ -108,7 +108,7 @@ class OpenedSource {
 // (when given) must equal them, in order, or InvalidArgument names both.
 // options.share resolved to kNode: attaches to (or starts) the node's server
 // and reads it as a daemon (errors as ResolveShare / AttachNodeServer,
-// daemon/node_share.h).
+// loader/door/node_share.h).
 Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& options);
 
 }  // namespace gpufeed

@@ -150,7 +150,7 @@ struct ServerOptions {
   // lease_file, the lease_remove files and this one, holding the lock as it
   // does: a finished job leaves nothing behind. A client that opened the
   // lock before and locks it after must check that the path still names the
-  // file it locked and open it again if not (daemon/node_share.cc does).
+  // file it locked and open it again if not (loader/door/node_share.cc does).
   // Stopped any other way (Stop(), a signal), the server removes only its
   // socket. Empty: no file is removed.
   std::string lease_lock_file;

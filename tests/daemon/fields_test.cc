@@ -18,10 +18,10 @@
 #include <fstream>
 #include <thread>
 
-#include "daemon/address.h"
-#include "daemon/conn.h"
+#include "loader/remote/address.h"
+#include "loader/remote/conn.h"
 #include "daemon/datasets.h"
-#include "daemon/protocol.h"
+#include "loader/remote/protocol.h"
 #include "gpufeed/convert.h"
 #include "gpufeed/encoded.h"
 #include "gpufeed/fields.h"

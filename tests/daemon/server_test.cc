@@ -21,10 +21,10 @@
 #include <mutex>
 #include <thread>
 
-#include "daemon/conn.h"
+#include "loader/remote/conn.h"
 #include "daemon/event_log.h"
-#include "daemon/protocol.h"
-#include "daemon/shm.h"
+#include "loader/remote/protocol.h"
+#include "loader/remote/shm.h"
 #include "gpufeed/dataset.h"
 #include "gpufeed/gpu_feed.h"
 #include "gpufeed/remote_loader.h"
@@ -819,8 +819,8 @@ TEST_F(DaemonTest, StreamsReserveWhatTheSourceCanHold) {
     // busy machine the oldest would be dropped before the daemon reads it.
     // This test is about what an admitted stream reserves, not that burst.
     ASSERT_TRUE(Eventually([&] { return server->stats().streams_active == static_cast<uint64_t>(i + 1); }))
-        << server->stats().streams_active << " of " << i + 1 << " streams admitted, "
-        << server->stats().reserved_bytes << " bytes reserved";
+        << server->stats().streams_active << " of " << i + 1 << " streams admitted, " << server->stats().reserved_bytes
+        << " bytes reserved";
   }
   ASSERT_TRUE(Eventually([&] { return server->stats().streams_active == 20; }))
       << server->stats().streams_active << " of 20 streams admitted, " << server->stats().reserved_bytes

@@ -1,5 +1,5 @@
 // Fuzz target: gpufeed's own reader of a version 1 B-tree chunk index
-// (hdf5/chunk_btree.h), which parses a file's object header and B-tree nodes
+// (hdf5io/hdf5/chunk_btree.h), which parses a file's object header and B-tree nodes
 // from its bytes. The input's first byte picks the address and length sizes,
 // the next 8 the object header's address; the rest is the file. A walk must
 // end (no node twice), stay in the file, never list more entries than
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "hdf5/chunk_btree.h"
+#include "hdf5io/hdf5/chunk_btree.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

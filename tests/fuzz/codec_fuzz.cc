@@ -1,4 +1,4 @@
-// Fuzz target: the chunk decoders of the direct read path (codec/codec.h),
+// Fuzz target: the chunk decoders of the direct read path (hdf5io/codec/codec.h),
 // which undo shuffle, deflate, zstd and the plugin filters (LZF, Blosc, LZ4,
 // Bitshuffle alone or with LZ4) on bytes read from a file. The first bytes
 // choose a pipeline (up to 3 filters with their element sizes), the
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "codec/codec.h"
+#include "hdf5io/codec/codec.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "daemon/protocol.h"
+#include "loader/remote/protocol.h"
 #include "gpufeed/loader.h"
-#include "codec/codec.h"
+#include "hdf5io/codec/codec.h"
 #include "tests/fuzz/checkpoint_fixture.h"
 
 namespace fs = std::filesystem;

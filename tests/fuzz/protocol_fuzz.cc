@@ -1,4 +1,4 @@
-// Fuzz target: the daemon's wire decoders (daemon/protocol.h), which read
+// Fuzz target: the daemon's wire decoders (loader/remote/protocol.h), which read
 // bytes from any peer that can connect. The first input byte picks the
 // decoder, the rest is the frame header or payload (HELLO with its decode
 // options and reshard, HELLO_OK with its fields: protocol version 4). Besides the sanitizers,
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "daemon/protocol.h"
+#include "loader/remote/protocol.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace gpufeed::daemon {

@@ -26,7 +26,7 @@
 #include "gpufeed/encoded.h"
 #include "gpufeed/gpu_feed.h"
 #include "gpufeed/loader.h"
-#include "image/image_decode.h"
+#include "hdf5io/image/image_decode.h"
 #include "tests/testing/test_data.h"
 #include "tests/testing/gpu_required.h"
 

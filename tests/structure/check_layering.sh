@@ -3,8 +3,10 @@
 # headers and those of the modules below it; include/gpufeed/*.h, the public
 # contracts, belong to the module that implements them. An upward include is
 # reported with the file and line, and fails this test.
-#   common < io, codec, image < hdf5 < loader < gpu < trainer;  loader < daemon;
-#   image < formats;  hdf5, formats < sources < daemon;  hdf5, formats, sources < convert;  capi, cli: anything;
+#   common < hdf5io/{io, codec, image} < hdf5io/hdf5 < loader < gpu < trainer
+#   image < hdf5io/formats;  hdf5, formats < hdf5io/sources < hdf5io/convert
+#   loader < loader/remote (the daemon's wire and client);  sources, remote < loader/door (OpenBatchSource)
+#   sources, remote < daemon (the server);  capi, cli: anything
 #   bench: the public headers (include/gpufeed/) and its own only
 #   tests/structure/check_layering.sh SOURCE_DIR
 set -euo pipefail
@@ -18,13 +20,33 @@ declare -A allowed=(
   [image]="common image"
   [hdf5]="common io codec image hdf5"
   [formats]="common image formats"
+  [sources]="common io codec image hdf5 formats sources"
   [convert]="common io codec image hdf5 formats sources convert"
   [loader]="common io codec image hdf5 loader"
+  [remote]="common io codec image hdf5 loader remote"
+  [door]="common io codec image hdf5 formats sources loader remote door"
   [gpu]="common io codec image hdf5 loader gpu"
   [trainer]="common io codec image hdf5 loader gpu trainer"
-  [sources]="common io codec image hdf5 formats sources"
-  [daemon]="common io codec image hdf5 sources loader daemon"
+  [daemon]="common io codec image hdf5 formats sources loader remote daemon"
 )
+# Each module's folder.
+declare -A folder=(
+  [common]=common [io]=hdf5io/io [codec]=hdf5io/codec [image]=hdf5io/image [hdf5]=hdf5io/hdf5
+  [formats]=hdf5io/formats [sources]=hdf5io/sources [convert]=hdf5io/convert
+  [loader]=loader [remote]=loader/remote [door]=loader/door
+  [gpu]=gpu [trainer]=trainer [daemon]=daemon
+)
+# The module an include path (from the source root) names: the module whose
+# folder is its longest leading part.
+module_of_path() {
+  local p=$1 best="" m
+  for m in "${!folder[@]}"; do
+    case "$p" in "${folder[$m]}"/*)
+      [ ${#folder[$m]} -gt ${#best} ] && best=${folder[$m]} && found=$m ;;
+    esac
+  done
+  [ -n "$best" ] && echo "$found" || echo unknown
+}
 # Which module implements each public header.
 owner_of_public() {
   case "$1" in
@@ -36,9 +58,11 @@ owner_of_public() {
     convert.h) echo convert ;;
     local_source.h) echo sources ;;
     loader.h) echo loader ;;
+    remote_loader.h) echo remote ;;
+    open_source.h) echo door ;;
     gpu_feed.h|device.h|hw_timing.h) echo gpu ;;
     trainer.h) echo trainer ;;
-    server.h|remote_loader.h|open_source.h|daemon_testing.h) echo daemon ;;
+    server.h|daemon_testing.h) echo daemon ;;
     c_api.h) echo capi ;;
     *) echo unknown ;;
   esac
@@ -51,7 +75,7 @@ check() {  # check FILE MODULE
     inc=${inc#*\"}; inc=${inc%\"*}
     case "$inc" in
       gpufeed/*) target=$(owner_of_public "${inc#gpufeed/}") ;;
-      */*) target=${inc%%/*} ;;
+      */*) target=$(module_of_path "$inc") ;;
       *) continue ;;
     esac
     [ "$target" = "$module" ] && continue
@@ -62,7 +86,7 @@ check() {  # check FILE MODULE
   done < <(grep -n '^#include "' "$file" || true)
 }
 for module in "${!allowed[@]}"; do
-  for f in "$module"/*.h "$module"/*.cc "$module"/*.cu "$module"/*.cuh; do
+  for f in "${folder[$module]}"/*.h "${folder[$module]}"/*.cc "${folder[$module]}"/*.cu "${folder[$module]}"/*.cuh; do
     [ -f "$f" ] || continue
     case "$f" in *_test.cc) continue ;; esac
     check "$f" "$module"

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "hdf5/h5_util.h"
-#include "hdf5/zstd_filter.h"
+#include "hdf5io/hdf5/h5_util.h"
+#include "hdf5io/hdf5/zstd_filter.h"
 
 namespace gpufeed::testing {
 

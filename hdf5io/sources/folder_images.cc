@@ -1,0 +1,196 @@
+// An image folder read as it is (hdf5io/sources/folder_images.h): each file one
+// encoded sample, one read unit.
+#include "hdf5io/sources/folder_images.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "hdf5io/formats/image_folder_listing.h"
+#include "gpufeed/sample_decoder.h"
+#include "hdf5io/hdf5/reach.h"
+
+namespace gpufeed {
+namespace {
+
+class FolderImages final : public EncodedImageSource {
+ public:
+  // What sources over the same folder share (WithDecodeOptions,
+  // WithReadUnit): made at open, never written afterwards.
+  struct Index {
+    std::string dir;
+    image_folder::FolderListing listing;
+    std::vector<uint64_t> sizes;  // each file's bytes at the open
+    uint64_t max_size = 0;
+  };
+
+  FolderImages(std::shared_ptr<const Index> index, uint64_t group) : index_(std::move(index)), group_(group) {
+    max_chunk_bytes_ = 0;
+    for (uint64_t c = 0; c < num_chunks(); ++c) max_chunk_bytes_ = std::max(max_chunk_bytes_, chunk_buffer_bytes(c));
+  }
+
+  Status SetDecode(const DecodeOptions& decode) {
+    auto decoder = MakeImageDecoder(decode);
+    if (!decoder.ok()) return decoder.status();
+    decoder_ = std::move(*decoder);
+    decode_ = decode;
+    shape_ = decode.layout == "NHWC" ? std::vector<uint64_t>{decode.height, decode.width, 3}
+                                     : std::vector<uint64_t>{3, decode.height, decode.width};
+    return Status::Ok();
+  }
+
+  EncodedStorage storage() const override { return EncodedStorage::kFolder; }
+  const DecodeOptions& decode_options() const override { return decode_; }
+  std::vector<std::string> class_names() const override { return index_->listing.class_names; }
+  uint64_t stored_bytes() const override { return index_->listing.total_bytes; }
+  uint64_t sample_stored_bytes(uint64_t k) const override { return index_->sizes[k]; }
+
+  uint64_t num_samples() const override { return index_->sizes.size(); }
+  const std::vector<uint64_t>& sample_shape() const override { return shape_; }
+  uint64_t sample_bytes() const override { return decoder_->sample_bytes(); }
+  DType dtype() const override { return DType::kUInt8; }
+  uint64_t chunk_samples() const override { return group_; }
+  uint64_t num_chunks() const override { return (num_samples() + group_ - 1) / group_; }
+  uint64_t samples_in_chunk(uint64_t i) const override { return std::min(group_, num_samples() - i * group_); }
+  uint64_t stored_chunk_bytes(uint64_t i) const override { return chunk_buffer_bytes(i); }
+  uint64_t chunk_buffer_bytes(uint64_t i) const override {
+    uint64_t bytes = 0;
+    for (uint64_t k = i * group_; k < i * group_ + samples_in_chunk(i); ++k) bytes += index_->sizes[k];
+    return bytes;
+  }
+  uint64_t max_chunk_buffer_bytes() const override { return std::max<uint64_t>(1, max_chunk_bytes_); }
+  bool decodes_samples() const override { return true; }
+  const std::vector<int64_t>& labels() const override { return index_->listing.labels; }
+  std::string name() const override { return index_->dir; }
+  std::string sample_name(uint64_t k) const override {
+    return k < num_samples() ? index_->listing.files[k] + " (sample " + std::to_string(k) + ")"
+                             : EncodedImageSource::sample_name(k);
+  }
+  SourceAttributes attributes() const override {
+    SourceAttributes a;
+    a.layout = decode_.layout;
+    a.class_names = index_->listing.class_names;
+    return a;
+  }
+
+  Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
+    if (i >= num_chunks() || dst.size() < chunk_buffer_bytes(i)) {
+      return Status::InvalidArgument(name() + ": ReadChunk(" + std::to_string(i) +
+                                     ") out of range or buffer too small");
+    }
+    uint64_t at = 0;
+    for (uint64_t k = i * group_; k < i * group_ + samples_in_chunk(i); ++k) {
+      GPUFEED_RETURN_IF_ERROR(ReadFile(k, dst.data() + at));
+      at += index_->sizes[k];
+    }
+    return Status::Ok();
+  }
+
+  Status ReadEncoded(uint64_t k, std::vector<uint8_t>* out) const override {
+    if (k >= num_samples()) return Status::InvalidArgument(name() + ": sample " + std::to_string(k) + " out of range");
+    out->resize(index_->sizes[k]);
+    return ReadFile(k, reinterpret_cast<std::byte*>(out->data()));
+  }
+
+  Result<std::span<const std::byte>> EncodedBytes(std::span<const std::byte> chunk_bytes, uint64_t chunk,
+                                                  uint64_t sample) const override {
+    const uint64_t first = chunk * group_;
+    if (chunk >= num_chunks() || sample < first || sample >= first + samples_in_chunk(chunk) ||
+        chunk_bytes.size() < chunk_buffer_bytes(chunk)) {
+      return Status::Internal(name() + ": EncodedBytes(" + std::to_string(sample) + ") outside chunk " +
+                              std::to_string(chunk) + " or mis-sized");
+    }
+    uint64_t at = 0;
+    for (uint64_t k = first; k < sample; ++k) at += index_->sizes[k];
+    return chunk_bytes.subspan(at, index_->sizes[sample]);
+  }
+  std::shared_ptr<const SampleDecoder> sample_decoder() const override { return decoder_; }
+
+  Result<std::unique_ptr<EncodedImageSource>> WithDecodeOptions(const DecodeOptions& decode) const override {
+    GPUFEED_RETURN_IF_ERROR(ValidateDecodeOptions(decode));
+    auto s = std::make_unique<FolderImages>(index_, group_);
+    GPUFEED_RETURN_IF_ERROR(s->SetDecode(decode));
+    return std::unique_ptr<EncodedImageSource>(std::move(s));
+  }
+  std::unique_ptr<EncodedImageSource> WithReadUnit(uint64_t samples) const override {
+    auto s = std::make_unique<FolderImages>(index_, std::max<uint64_t>(1, samples));
+    s->decoder_ = decoder_;
+    s->decode_ = decode_;
+    s->shape_ = shape_;
+    return s;
+  }
+
+ private:
+  // File k's bytes into dst (sizes[k] of them), checked against its size at
+  // the open.
+  Status ReadFile(uint64_t k, std::byte* dst) const {
+    const std::string& path = index_->listing.files[k];
+    const uint64_t want = index_->sizes[k];
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+    struct stat st {};
+    Status result = Status::Ok();
+    if (::fstat(fd, &st) != 0) {
+      result = Status::IOError(path + ": cannot stat: " + std::strerror(errno));
+    } else if (static_cast<uint64_t>(st.st_size) != want) {
+      result = Status::Corrupt(path + ": holds " + std::to_string(st.st_size) + " bytes, " + std::to_string(want) +
+                               " when the folder was opened (was it rewritten? open the folder again)");
+    } else {
+      uint64_t done = 0;
+      while (done < want) {
+        const ssize_t n = ::pread(fd, dst + done, want - done, static_cast<off_t>(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          result = Status::IOError(path + ": read failed at byte " + std::to_string(done) + ": " +
+                                   (n < 0 ? std::strerror(errno) : "the file shrank while being read"));
+          break;
+        }
+        done += static_cast<uint64_t>(n);
+      }
+    }
+    ::close(fd);
+    return result;
+  }
+
+  std::shared_ptr<const Index> index_;
+  uint64_t group_ = 1, max_chunk_bytes_ = 0;
+  DecodeOptions decode_;
+  std::shared_ptr<const SampleDecoder> decoder_;
+  std::vector<uint64_t> shape_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<EncodedImageSource>> OpenFolderImages(const std::string& dir, const OpenOptions& open,
+                                                             const DecodeOptions& decode) {
+  GPUFEED_RETURN_IF_ERROR(ValidateDecodeOptions(decode));
+  auto listing = image_folder::ListImageFolder(dir);
+  if (!listing.ok()) return listing.status();
+  auto index = std::make_shared<FolderImages::Index>();
+  index->dir = dir;
+  index->listing = std::move(*listing);
+  // A file reaches only what is under the folder (or allowed): a symbolic
+  // link is judged by its target (the listing follows links).
+  // Reach takes a file's directory as its own: a name in the folder (which
+  // need not exist; an existing one would resolve to the same directory).
+  const h5::Reach reach(dir + "/.gpufeed-folder", open);
+  index->sizes.reserve(index->listing.files.size());
+  for (const std::string& path : index->listing.files) {
+    GPUFEED_RETURN_IF_ERROR(reach.Check(path, path, "image file", dir));
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return Status::IOError(path + ": cannot stat: " + std::strerror(errno));
+    index->sizes.push_back(static_cast<uint64_t>(st.st_size));
+    index->max_size = std::max<uint64_t>(index->max_size, static_cast<uint64_t>(st.st_size));
+  }
+  index->listing.total_bytes = 0;
+  for (uint64_t s : index->sizes) index->listing.total_bytes += s;
+  auto src = std::make_unique<FolderImages>(index, 1);
+  GPUFEED_RETURN_IF_ERROR(src->SetDecode(decode));
+  return std::unique_ptr<EncodedImageSource>(std::move(src));
+}
+
+}  // namespace gpufeed
