@@ -146,13 +146,31 @@ def names_in_line(line):
             found.append((w, False))
     prose = CODE_SPAN.sub(" ", line)
     for m in LINK.finditer(prose):
-        target = m.group(1).split("#", 1)[0]
-        if target and not re.match(r"^[a-z][a-z0-9+.-]*:", target) and not target.startswith("/"):
+        target = m.group(1)
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", target) and not target.startswith("/"):
             found.append((target, True))
     prose = LINK.sub(" ", prose)
     for m in PROSE_PATH.finditer(prose):
         found.append((m.group(1), False))
     return found
+
+
+def anchors_of(path):
+    """The anchors of a Markdown file's headings, as GitHub makes them: lower case, punctuation dropped,
+    spaces to hyphens, a repeated one numbered (-1, -2, ...); headings in fenced blocks are not headings."""
+    seen, anchors, in_fence = {}, set(), False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if FENCE.match(line):
+                in_fence = not in_fence
+            m = None if in_fence else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+            if not m:
+                continue
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            anchors.add(slug if n == 0 else "%s-%d" % (slug, n))
+    return anchors
 
 
 def check_doc(tree, root, rel):
@@ -170,7 +188,15 @@ def check_doc(tree, root, rel):
             row_folder = m.group(1) if m and not GENERATED.match(m.group(1)) else None
             for word, is_link in names_in_line(line):
                 if is_link:
-                    ok = tree.has(os.path.join(doc_dir, word))
+                    target, _, anchor = word.partition("#")
+                    target = os.path.join(doc_dir, target) if target else rel
+                    ok = tree.has(target)
+                    if ok and anchor and target.endswith(".md"):
+                        ok = anchor in anchors_of(os.path.join(root, target))
+                        if not ok:
+                            problems.append("%s:%d: `%s`: %s has no heading whose anchor is #%s"
+                                            % (rel, n, word, target, anchor))
+                            continue
                 else:
                     ok = resolve(tree, word, doc_dir, row_folder)
                 if not ok:
@@ -246,7 +272,7 @@ def self_check():
                "outside: `../shared/data/` and ../shared/STYLE.md\n"
                "| `lib/` | `io/file.h`, `file.cc`, `gone.h` |\n"
                "not paths: `build/gpufeed`, `unix:/tmp/s`, `FILE.h5:/images`, `'dir/*.h5'`, `/usr/share/x`, `I/O`,\n"
-               "`DIR/a.cc`, `Suite.*`, `dist/gpufeed/lib/x.so`\n"
+               "`DIR/a.cc`, `Suite.*`, `dist/gpufeed/lib/x.so`, [here](#layout), [no](#nowhere)\n"
                "```\nlib/fenced/not_checked.cc `nope/`\n```\n"
                "## Layout\n```text\nlib/   the library\n  io/   reading\n  net/  missing\nthe rest\n"
                "  include/gpufeed/ headers\ndocs/\ntests/  mirrors lib/\n```\n")
@@ -254,8 +280,8 @@ def self_check():
             f.write(doc)
         got = check_doc(Tree(t), t, "README.md") + check_layout(Tree(t), t, "README.md")
         want = sorted(["README.md:3: `lib/net/`", "README.md:3: `lib/io/gone.cc`", "README.md:3: `lib/io/file.c`", "README.md:3: `tests/lib/b_test.cc`",
-                       "README.md:3: `docs/none.md`", "README.md:4: `../shared/data/`",
-                       "README.md:4: `../shared/STYLE.md`", "README.md:5: `gone.h`",
+                       "README.md:3: `docs/none.md#a`", "README.md:4: `../shared/data/`",
+                       "README.md:4: `../shared/STYLE.md`", "README.md:5: `gone.h`", "README.md:7: `#nowhere`",
                        "README.md:15: the Layout draws `lib/net/`", "README.md:12: the Layout does not draw `tools/`"])
         got = sorted(got)
         if len(got) != len(want) or any(not g.startswith(w) for g, w in zip(got, want)):
