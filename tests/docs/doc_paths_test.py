@@ -301,8 +301,8 @@ def main():
     for p in problems:
         print(p)
     if problems:
-        sys.exit("doc_paths: %d paths in %s name nothing in the tree: write the path from the repository root "
-                 "as it is now (or fix the name)" % (len(problems), ", ".join(docs)))
+        sys.exit("doc_paths: %d problems in %s: write each path from the repository root as it is now (or fix "
+                 "the name), and draw every folder in README.md's Layout" % (len(problems), ", ".join(docs)))
     print("doc_paths: every path named in %s exists" % ", ".join(docs))
 
 
