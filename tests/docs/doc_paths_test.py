@@ -34,8 +34,8 @@ SOURCE_EXT = ("cc", "h", "cu", "cuh", "c", "py", "sh", "md", "cmake", "map", "su
 FENCE = re.compile(r"^\s*```")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 PATH_WORD = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.+\-]*(?:/[A-Za-z0-9_.+\-]+)*/?(?:\.\*)?$")
-PROSE_PATH = re.compile(r"(?<![\w/.\-:`])((?:\.\./)*(?:[A-Za-z0-9_][\w.+\-]*/)+[\w+\-]+(?:\.[\w+\-]+)*\.(?:%s))(?![\w/])"
-                        % "|".join(SOURCE_EXT))
+PROSE_PATH = re.compile(r"(?<![\w/.\-:`])((?:\.\./)*(?:[A-Za-z0-9_][\w.+\-]*/)+[\w+\-]+(?:\.[\w+\-]+)*"
+                        r"\.(?:%s))(?![\w/])" % "|".join(SOURCE_EXT))
 BRACES = re.compile(r"(?<![\w/.\-:])((?:[A-Za-z0-9_][\w.+\-]*/)*[\w+\-]+)\.\{([\w,]+)\}")  # dir/name.{h,cc}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 ROW_FOLDER = re.compile(r"^\|\s*`([^`]+/)`\s*\|")
@@ -268,7 +268,8 @@ def self_check():
             open(os.path.join(t, p), "w").close()
         doc = ("# x\n"
                "`lib/io/` and `lib/io/file.cc` and `gpufeed/api.h` and `file.*` and [o](docs/other.md)\n"
-               "missing: `lib/net/` and `lib/io/gone.cc` and tests/lib/b_test.cc and [m](docs/none.md#a) and `lib/io/file.{h,c}`\n"
+               "missing: `lib/net/` and `lib/io/gone.cc` and tests/lib/b_test.cc and [m](docs/none.md#a) and "
+               "`lib/io/file.{h,c}`\n"
                "outside: `../shared/data/` and ../shared/STYLE.md\n"
                "| `lib/` | `io/file.h`, `file.cc`, `gone.h` |\n"
                "not paths: `build/gpufeed`, `unix:/tmp/s`, `FILE.h5:/images`, `'dir/*.h5'`, `/usr/share/x`, `I/O`,\n"
@@ -279,7 +280,8 @@ def self_check():
         with open(os.path.join(t, "README.md"), "w") as f:
             f.write(doc)
         got = check_doc(Tree(t), t, "README.md") + check_layout(Tree(t), t, "README.md")
-        want = sorted(["README.md:3: `lib/net/`", "README.md:3: `lib/io/gone.cc`", "README.md:3: `lib/io/file.c`", "README.md:3: `tests/lib/b_test.cc`",
+        want = sorted(["README.md:3: `lib/net/`", "README.md:3: `lib/io/gone.cc`", "README.md:3: `lib/io/file.c`",
+                       "README.md:3: `tests/lib/b_test.cc`",
                        "README.md:3: `docs/none.md#a`", "README.md:4: `../shared/data/`",
                        "README.md:4: `../shared/STYLE.md`", "README.md:5: `gone.h`", "README.md:7: `#nowhere`",
                        "README.md:15: the Layout draws `lib/net/`", "README.md:12: the Layout does not draw `tools/`"])
