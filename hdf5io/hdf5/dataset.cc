@@ -26,6 +26,8 @@
 #include "hdf5io/hdf5/h5_util.h"
 #include "hdf5io/hdf5/probe.h"
 #include "hdf5io/hdf5/reach.h"
+#include "hdf5io/hdf5/remote_vfd.h"
+#include "hdf5io/io/object_store.h"
 #include "hdf5io/hdf5/virtual.h"
 
 namespace gpufeed {
@@ -196,6 +198,10 @@ Result<IoMode> ParseIoMode(std::string_view text) {
 Result<DatasetSpec> DatasetSpec::Parse(std::string_view spec) {
   DatasetSpec out;
   size_t colon = spec.rfind(":/");
+  // s3://bucket/key.h5[:/dataset]: the scheme's "://" separates nothing.
+  if (io::IsRemoteUrl(spec) && colon != std::string_view::npos && colon <= spec.find("://")) {
+    colon = std::string_view::npos;
+  }
   if (colon != std::string_view::npos && colon > 0) {
     out.file = std::string(spec.substr(0, colon));
     out.images = std::string(spec.substr(colon + 1));
@@ -279,7 +285,9 @@ Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
     asked = *m;
   }
   IoMode mode = asked;
-  if (asked == IoMode::kAuto) {
+  if (io::IsRemoteUrl(info.file)) {
+    mode = IoMode::kBuffered;  // neither applies: the transport's ranged GETs and read-ahead
+  } else if (asked == IoMode::kAuto) {
     const uint64_t avail = AvailableMemoryBytes();
     mode = file_size > avail ? IoMode::kDirect : IoMode::kBuffered;
     info.io_note = "auto: the file (" + HumanBytes(file_size) + ") " +
@@ -318,7 +326,7 @@ Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
       LoggerOr(logger).Log(LogLevel::kWarning, "direct_io_unavailable",
                            info.file + ": direct I/O unavailable: " + info.io_note);
     });
-  } else if (mode == IoMode::kDirect) {
+  } else if (mode == IoMode::kDirect || io::IsRemoteUrl(info.file)) {
     info.io_note = info.io_note.empty() ? what_io : info.io_note + "; " + what_io;
   }
   info.read_ahead_chunks = bytes->read_ahead();
@@ -331,7 +339,7 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
   if (contiguous) {
     const uint64_t off = contiguous_addr + i * chunk_samples * sample_bytes;
     int64_t r = ReadAt(i, dst.data(), want, off);
-    if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
+    if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + io::ReadErrorText(r));
     if (static_cast<uint64_t>(r) != want) {
       return Status::Corrupt(ChunkWhat(i) + ": file is truncated (needed " + std::to_string(want) +
                              " bytes at offset " + std::to_string(off) + ", got " + std::to_string(r) + ")");
@@ -344,7 +352,7 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
   if (unfiltered && stored == decoded) {
     // Raw chunk: read just the prefix the caller wants, straight into dst.
     int64_t r = ReadAt(i, dst.data(), want, chunk_addr[i]);
-    if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
+    if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + io::ReadErrorText(r));
     if (static_cast<uint64_t>(r) != want) {
       return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " + std::to_string(chunk_addr[i]) +
                              " needs " + std::to_string(want) + " bytes, got " + std::to_string(r) + ")");
@@ -355,7 +363,7 @@ Status Dataset::Impl::ReadDirect(uint64_t i, std::span<std::byte> dst) const {
   thread_local codec::DecodeScratch scratch;
   if (raw.size() < stored) raw.resize(stored);
   int64_t r = ReadAt(i, raw.data(), stored, chunk_addr[i]);
-  if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
+  if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + io::ReadErrorText(r));
   if (static_cast<uint64_t>(r) != stored) {
     return Status::Corrupt(ChunkWhat(i) + ": file is truncated (chunk at offset " + std::to_string(chunk_addr[i]) +
                            " has " + std::to_string(stored) + " stored bytes, got " + std::to_string(r) + ")");
@@ -368,7 +376,7 @@ Status Dataset::Impl::ReadRawPart(uint64_t i, uint64_t skip, std::span<std::byte
   const uint64_t base = contiguous ? contiguous_addr + i * chunk_samples * sample_bytes : chunk_addr[i];
   const uint64_t off = base + skip;
   const int64_t r = ReadAt(i, dst.data(), dst.size(), off);
-  if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + std::strerror(-r));
+  if (r < 0) return Status::IOError(ChunkWhat(i) + ": read failed: " + io::ReadErrorText(r));
   if (static_cast<uint64_t>(r) != dst.size()) {
     return Status::Corrupt(ChunkWhat(i) + ": file is truncated (needed " + std::to_string(dst.size()) +
                            " bytes at offset " + std::to_string(off) + ", got " + std::to_string(r) + ")");
@@ -740,12 +748,15 @@ ProbedSpec ProbedSpec::Member(std::string_view name) const {
 Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& options) {
   auto spec = DatasetSpec::Parse(spec_text);
   if (!spec.ok()) return spec.status();
-  // A missing file or a directory is said before a probe process is forked for it.
+  // A missing file or a directory is said before a probe process is forked
+  // for it (an object: by the probe's open, which names its HTTP status).
   struct stat st;
-  if (::stat(spec->file.c_str(), &st) != 0) {
+  if (!io::IsRemoteUrl(spec->file) && ::stat(spec->file.c_str(), &st) != 0) {
     return Status::NotFound(spec->file + ": cannot open: " + std::strerror(errno));
   }
-  if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(spec->file + ": is a directory, not an HDF5 file");
+  if (!io::IsRemoteUrl(spec->file) && S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(spec->file + ": is a directory, not an HDF5 file");
+  }
   auto probed = Probe(std::string(spec_text), options);
   if (!probed.ok()) return probed.status();
   return Open(*probed, options);
@@ -765,21 +776,42 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
   d->info.file = spec.file;
   d->info.images_path = spec.images;
 
-  struct stat st;
-  if (::stat(spec.file.c_str(), &st) != 0) {
+  // An object (s3://, http(s)://) is read through the remote driver
+  // (hdf5io/hdf5/remote_vfd.h): its metadata in a few ranged GETs, then
+  // chunks through the transport's read-ahead like a local file's.
+  const bool remote = io::IsRemoteUrl(spec.file);
+  struct stat st {};
+  if (!remote && ::stat(spec.file.c_str(), &st) != 0) {
     return Status::NotFound(spec.file + ": cannot open: " + std::strerror(errno));
   }
-  if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(spec.file + ": is a directory, not an HDF5 file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (!remote && S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(spec.file + ": is a directory, not an HDF5 file");
+  }
+  uint64_t file_size = static_cast<uint64_t>(st.st_size);
   h5::Hdf5Section in_hdf5;  // no probe forks while this thread is in HDF5 (fork_gate.h)
-  if (H5Fis_hdf5(spec.file.c_str()) <= 0) {
+  if (!remote && H5Fis_hdf5(spec.file.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     return Status::Corrupt(spec.file + ": not an HDF5 file (no HDF5 signature found; " + std::to_string(file_size) +
                            " bytes)");
   }
-  d->file = h5::Id(H5Fopen(spec.file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  auto fapl = h5::FileAccessFor(spec.file);
+  if (!fapl.ok()) return fapl.status();
+  d->file = h5::Id(H5Fopen(spec.file.c_str(), H5F_ACC_RDONLY, fapl->get()));
   if (!d->file.valid()) {
+    if (remote) {
+      const std::string why = h5::TakeRemoteOpenError();
+      H5Eclear2(H5E_DEFAULT);
+      // The transport's own error (HTTP status, object, credentials' source).
+      if (!why.empty()) return Status::IOError(why);
+      return Status::Corrupt(spec.file + ": HDF5 cannot open the object (not HDF5, truncated or damaged?)");
+    }
     return Status::Corrupt(spec.file + ": HDF5 cannot open it (truncated or damaged?): " + h5::LastErrorText());
+  }
+  std::optional<io::FileIdentity> remote_identity;
+  if (remote) {
+    remote_identity = h5::RemoteIdentityOf(d->file.get());
+    if (!remote_identity) return Status::Internal(spec.file + ": opened without gpufeed's remote driver");
+    file_size = remote_identity->size;
   }
   if (H5Lexists(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0 ||
       H5Oexists_by_name(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0) {
@@ -820,7 +852,10 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
     std::string holder(size_t(n), '\0');
     H5Fget_name(d->dset.get(), holder.data(), size_t(n) + 1);
     struct stat hs {};
-    if (::stat(holder.c_str(), &hs) != 0 || hs.st_dev != st.st_dev || hs.st_ino != st.st_ino) linked_file = holder;
+    if (remote ? holder != spec.file
+               : ::stat(holder.c_str(), &hs) != 0 || hs.st_dev != st.st_dev || hs.st_ino != st.st_ino) {
+      linked_file = holder;
+    }
   }
   h5::Id ftype(H5Dget_type(d->dset.get()));
   auto dtype = DTypeOf(ftype.get());
@@ -935,6 +970,14 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
   if (hdf5_reason.empty()) {
     d->info.read_path = ReadPath::kDirect;
     GPUFEED_RETURN_IF_ERROR(d->ChooseIo(options.io, file_size));
+    // The chunks' object is the one the metadata came from (an object
+    // replaced between the two opens is an error, not an index of one
+    // version over the bytes of another).
+    if (remote_identity && !(d->identity == *remote_identity)) {
+      return Status::Corrupt(spec.file +
+                             ": the object changed while it was opened (its ETag or size differs "
+                             "between the metadata's read and the data's); open it again");
+    }
   } else {
     d->info.read_path = ReadPath::kHdf5;
     d->info.read_path_reason = hdf5_reason;

@@ -25,6 +25,7 @@
 #include "common/sizes.h"
 #include "gpufeed/encoded.h"
 #include "hdf5io/hdf5/fork_gate.h"
+#include "hdf5io/hdf5/remote_vfd.h"
 #include "hdf5io/hdf5/h5_util.h"
 
 namespace gpufeed {
@@ -545,7 +546,8 @@ Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, i
   const int fd = forked->fd;
   if (pid == 0) {
     BecomeSacrificialChild();
-    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    auto fapl = h5::FileAccessFor(file);  // an object: through the remote driver
+    const hid_t f = fapl.ok() ? H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl->get()) : H5I_INVALID_HID;
     std::string names;  // NUL-terminated names: HDF5 allows newlines in them
     if (f >= 0) {
       for (const std::string& n : h5::ListDatasets(f)) {

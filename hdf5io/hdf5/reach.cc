@@ -14,6 +14,7 @@
 
 #include "hdf5io/hdf5/h5_util.h"
 #include "hdf5io/hdf5/virtual.h"
+#include "hdf5io/io/object_store.h"
 
 namespace gpufeed::h5 {
 namespace {
@@ -117,6 +118,21 @@ Status Reach::Check(const std::string& target, const std::string& name, const st
 
 Status Reach::CheckDataset(hid_t dset, const std::string& what) const {
   const std::string holder = HolderName(dset);
+  if (io::IsRemoteUrl(file_)) {
+    // An object reaches nothing beside itself: not a local file (a path in
+    // it would be this machine's), not another object.
+    auto refuse = [&](const std::string& kind) {
+      return Status::InvalidArgument(what + ": " + kind +
+                                     "; a remote object is read alone (it reaches no other "
+                                     "file or object): copy the data into it");
+    };
+    if (!holder.empty() && holder != file_) return refuse("reached through an external link to " + holder);
+    Id dcpl(H5Dget_create_plist(dset));
+    if (!dcpl.valid()) return Status::Corrupt(what + ": unreadable creation properties: " + LastErrorText());
+    if (H5Pget_external_count(dcpl.get()) != 0) return refuse("its raw data is in external files");
+    if (H5Pget_layout(dcpl.get()) == H5D_VIRTUAL) return refuse("a virtual dataset (its sources are other files)");
+    return Status::Ok();
+  }
   if (!holder.empty() && !SameFile(holder, file_)) {
     GPUFEED_RETURN_IF_ERROR(Check(holder, holder, "the file an external link leads to", what));
   }

@@ -12,6 +12,8 @@
 
 #include "common/mutex.h"
 #include "hdf5io/io/direct_io.h"
+#include "hdf5io/io/http_file.h"
+#include "hdf5io/io/object_store.h"
 
 namespace gpufeed::io {
 namespace {
@@ -97,6 +99,27 @@ WrapperHook& Hook() {
 
 }  // namespace
 
+namespace {
+thread_local std::string read_error_text;
+}  // namespace
+
+void SetReadErrorText(std::string text) { read_error_text = std::move(text); }
+
+std::string ReadErrorText(int64_t r) {
+  if (r == -EREMOTEIO && !read_error_text.empty()) return std::exchange(read_error_text, std::string());
+  return std::strerror(static_cast<int>(-r));
+}
+
+FileIdentity RemoteIdentity(const RemoteFile& f) {
+  // FNV-1a of the version: equal for the same object, as a plan's check needs.
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : f.version()) h = (h ^ c) * 1099511628211ull;
+  FileIdentity id;
+  id.ino = h;
+  id.size = f.size();
+  return id;
+}
+
 void SetFileWrapperForTests(FileWrapper wrap) {
   WrapperHook& h = Hook();
   MutexLock lock(&h.mu);
@@ -109,7 +132,15 @@ Result<std::unique_ptr<RandomAccessFile>> OpenRandomAccessFile(const std::string
   note->clear();
   *fell_back = false;
   std::unique_ptr<RandomAccessFile> out;
-  if (direct) {
+  if (IsRemoteUrl(path)) {
+    auto options = RemoteOptions::FromEnv();
+    if (!options.ok()) return options.status();
+    auto remote = RemoteFile::Open(path, *options);
+    if (!remote.ok()) return remote.status();
+    *note = "ranged GETs, " + std::to_string(options->in_flight) + " in flight ahead of the reader";
+    if (identity != nullptr) *identity = RemoteIdentity(**remote);
+    out = std::move(*remote);
+  } else if (direct) {
     std::string why;
     const int fd = OpenDirect(path, &why);
     if (fd >= 0) {

@@ -47,7 +47,10 @@ struct FileIdentity {
   bool operator==(const FileIdentity&) const = default;
 };
 
-// `path` opened for ReadAt. direct: O_DIRECT, with an io_uring read-ahead
+// `path` opened for ReadAt; an s3:// or http(s):// URL is a remote object
+// (hdf5io/io/http_file.h: ranged GETs, its own read-ahead; `direct` and
+// `depth` do not apply), its identity the object's size and version.
+// direct: O_DIRECT, with an io_uring read-ahead
 // `depth` deep where the kernel has it; where O_DIRECT is refused (some
 // tmpfs, FUSE and container file systems), the page cache, *fell_back set
 // and *note saying why. *note also says how reads are made. IOError naming
@@ -56,6 +59,13 @@ struct FileIdentity {
 Result<std::unique_ptr<RandomAccessFile>> OpenRandomAccessFile(const std::string& path, bool direct, unsigned depth,
                                                                std::string* note, bool* fell_back,
                                                                FileIdentity* identity = nullptr);
+
+// A read that failed for a reason an errno cannot carry (a remote object's
+// HTTP status, its changed ETag) returns -EREMOTEIO and leaves its message
+// here, for this thread: ReadErrorText(r) is that message when r is
+// -EREMOTEIO (and takes it), else strerror(-r).
+void SetReadErrorText(std::string text);
+std::string ReadErrorText(int64_t r);
 
 // Tests: every file opened from now on is handed to `wrap` (with its path),
 // which returns what the reader reads through; null: none. Set it before the

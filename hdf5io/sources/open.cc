@@ -12,6 +12,7 @@
 #include "gpufeed/fields.h"
 #include "hdf5io/hdf5/probe.h"
 #include "hdf5io/sources/folder_images.h"
+#include "hdf5io/io/object_store.h"
 
 namespace gpufeed {
 namespace {
@@ -56,6 +57,21 @@ std::string_view SourceKindName(SourceKind k) {
 Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open) {
   SourceDecision d;
   d.open = open;
+  // An object (s3://BUCKET/KEY.h5[:/dataset], https://HOST/PATH.h5): one
+  // HDF5 file, probed (its metadata parsed in the probe process, fetched
+  // there through the remote driver) like a local one.
+  if (io::IsRemoteUrl(spec)) {
+    if (!open.fields.empty() || spec.find_first_of("*?[") != std::string::npos) {
+      return Status::Unsupported(io::DisplayUrl(spec) +
+                                 ": named fields and globs of objects are not read from object storage yet; name "
+                                 "one object (s3://BUCKET/KEY.h5 or s3://BUCKET/KEY.h5:/dataset)");
+    }
+    auto probed = Probe(spec, open);
+    if (!probed.ok()) return probed.status();
+    d.kind = SourceKind::kDataset;
+    d.probed = std::move(*probed);
+    return d;
+  }
   // A directory is many files when it holds HDF5 files (or fields are
   // named), else an image folder (class folders of images).
   struct stat dir {};

@@ -1,0 +1,91 @@
+// An object on S3 or an HTTP(S) server read as a RandomAccessFile
+// (hdf5io/io/file.h): byte-range GETs through libcurl's multi interface, many
+// in flight on reused connections, driven by one transfer thread per object.
+//
+// At open a one-byte ranged GET learns the object's size and version (its
+// ETag, else its Last-Modified); every later request carries If-Match and
+// its response's ETag is checked too, so an object replaced while it is
+// read is an error naming it, never bytes of two versions. A request has a
+// time limit; a reset, a timeout, 5xx or throttling (429, 503 SlowDown) is
+// retried with exponential backoff (jittered), and after the last retry the
+// read fails with the object, the status and the attempts. 403 and 404 fail
+// at once, naming the object, the status, the server's error code and where
+// the credentials came from (never the credentials).
+//
+// WillRead(key) starts a read the loader will make soon (its plan's order,
+// as the O_DIRECT read-ahead does), up to in_flight of them; ReadAt(key)
+// takes it when it gets there, waiting only for what is still in flight.
+//
+// Options from the environment (RemoteOptions::FromEnv):
+//   GPUFEED_REMOTE_IN_FLIGHT   read-ahead requests kept in flight (default 64, 1 to 1024)
+//   GPUFEED_REMOTE_TIMEOUT_MS  per request (default 30000)
+//   GPUFEED_REMOTE_RETRIES     retries of a failed request (default 5)
+//   GPUFEED_REMOTE_BACKOFF_MS  the first retry's wait, doubled each time up to 5 s (default 100)
+//   GPUFEED_REMOTE_STATS=1     each object's requests, retries, bytes and
+//                              requests in flight on stderr when it closes
+//
+// Thread safety: every method may be called from any number of threads.
+#ifndef GPUFEED_IO_HTTP_FILE_H_
+#define GPUFEED_IO_HTTP_FILE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "gpufeed/status.h"
+#include "hdf5io/io/file.h"
+
+namespace gpufeed::io {
+
+struct RemoteOptions {
+  unsigned in_flight = 64;
+  int timeout_ms = 30000;
+  int connect_timeout_ms = 10000;
+  int retries = 5;
+  int backoff_ms = 100;
+  static Result<RemoteOptions> FromEnv();
+};
+
+struct RemoteStats {
+  uint64_t requests = 0, retries = 0, bytes = 0;
+  uint64_t peak_in_flight = 0;
+  double mean_in_flight = 0;  // over the time any request was in flight
+};
+
+class RemoteFile final : public RandomAccessFile {
+ public:
+  // spec: s3://BUCKET/KEY or http(s)://HOST/PATH (object_store.h says how
+  // it is addressed and signed).
+  static Result<std::unique_ptr<RemoteFile>> Open(std::string_view spec, const RemoteOptions& options);
+  ~RemoteFile() override;
+
+  int64_t ReadAt(uint64_t key, std::byte* dst, size_t n, uint64_t offset) const override;
+  void WillRead(uint64_t key, uint64_t offset, size_t n) const override;
+  unsigned read_ahead() const override;
+
+  // [offset, offset + n) into dst: the bytes delivered (< n only at the
+  // object's end), or a Status naming the object.
+  Result<size_t> Read(uint64_t offset, std::byte* dst, size_t n) const;
+
+  uint64_t size() const;
+  // The ETag (else Last-Modified) seen at open; empty when the server sent
+  // neither (a change is then seen only in the size).
+  const std::string& version() const;
+  const std::string& named() const;  // the URL as errors name it (no secrets)
+  RemoteStats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit RemoteFile(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The object as a FileIdentity: its size, and its version hashed into ino
+// (a plan made in the probe's process is used only on the same version).
+FileIdentity RemoteIdentity(const RemoteFile& f);
+
+}  // namespace gpufeed::io
+
+#endif  // GPUFEED_IO_HTTP_FILE_H_
