@@ -20,6 +20,7 @@
 #include "gpufeed/dataset.h"
 #include "gpufeed/encoded.h"
 #include "gpufeed/fields.h"
+#include "gpufeed/local_source.h"
 #include "gpufeed/page_cache.h"
 
 namespace gpufeed::bench {
@@ -38,7 +39,12 @@ const Dataset* VerificationFile(const OpenedSource& source, const std::string& d
   if (source.dataset() != nullptr) return source.dataset();
   const std::string& name = source.source().info().name;
   const size_t space = name.find(' ');
-  auto f = Dataset::Open(space == std::string::npos ? dataset : name.substr(space + 1));
+  // Through the door (probed once); a file this host cannot open as one
+  // HDF5 dataset is not checked byte for byte.
+  const std::string spec = space == std::string::npos ? dataset : name.substr(space + 1);
+  auto decided = DecideSourceKind(spec, {});
+  if (!decided.ok() || decided->kind != SourceKind::kDataset || !decided->probed) return nullptr;
+  auto f = Dataset::Open(*decided->probed, decided->open);
   if (!f.ok()) return nullptr;
   holder->emplace(std::move(*f));
   return &**holder;

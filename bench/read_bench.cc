@@ -15,6 +15,7 @@
 #include "bench/bench_checks.h"
 #include "common/first_error.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/local_source.h"
 #include "gpufeed/open_source.h"
 
 namespace gpufeed::bench {
@@ -55,11 +56,24 @@ Result<ReadBenchResult> RunReadBench(const ReadBenchOptions& options) {
                                "chunks: measure it with bench loader --data " +
                                options.data);
   }
-  auto direct = Dataset::Open(options.data);
+  // The door decides what the spec names and probes the file, once (the
+  // child opens it as the direct path does: metadata and chunk index); both
+  // opens below take its probed spec. The baseline's H5Dread then decodes
+  // chunks in this process, as it did after its own probe, which read only
+  // the first chunk row.
+  auto decided = DecideSourceKind(options.data, {});
+  if (!decided.ok()) return decided.status();
+  if (decided->kind != SourceKind::kDataset || !decided->probed) {
+    return Status::InvalidArgument(options.data + ": " + std::string(SourceKindName(decided->kind)) +
+                                   ": bench read times one HDF5 dataset's chunk reads against HDF5's; measure this "
+                                   "with bench loader --data " +
+                                   options.data);
+  }
+  auto direct = Dataset::Open(*decided->probed, decided->open);
   if (!direct.ok()) return direct.status();
-  OpenOptions hdf5_opts;
+  OpenOptions hdf5_opts = decided->open;
   hdf5_opts.force_hdf5_path = true;
-  auto baseline = Dataset::Open(options.data, hdf5_opts);
+  auto baseline = Dataset::Open(*decided->probed, hdf5_opts);
   if (!baseline.ok()) return baseline.status();
 
   ReadBenchResult r;

@@ -9,6 +9,8 @@
 #include "bench/loader_bench.h"
 #include "common/mutex.h"
 #include "gpufeed/dataset.h"
+#include "gpufeed/local_source.h"
+#include "gpufeed/open_source.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/daemon_testing.h"
 #include "gpufeed/server.h"
@@ -122,7 +124,21 @@ Result<double> TimedRun(const std::string& what, std::vector<BatchSource*> sourc
 }  // namespace
 
 Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
-  auto ds = Dataset::Open(o.data);
+  LoaderOptions lo = o.loader;
+  lo.rank = 0;
+  lo.world_size = 1;
+  // The door decides what the spec names and probes the file, once: every
+  // run is checked against its dataset, and the local Loader below opens
+  // the same decision.
+  auto decided = DecideSourceKind(o.data, {});
+  if (!decided.ok()) return decided.status();
+  if (decided->kind != SourceKind::kDataset || !decided->probed) {
+    return Status::InvalidArgument(o.data + ": " + std::string(SourceKindName(decided->kind)) +
+                                   ": bench serve checks every run against one HDF5 dataset; measure this with "
+                                   "bench loader --data " +
+                                   o.data);
+  }
+  auto ds = Dataset::Open(*decided->probed, decided->open);
   if (!ds.ok()) return ds.status();
   if (o.clients < 1 || ds->num_samples() % static_cast<uint64_t>(o.clients) != 0) {
     return Status::InvalidArgument("bench serve: N = " + std::to_string(ds->num_samples()) + " must divide among " +
@@ -130,13 +146,16 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
   }
   ServeBenchResult r;
   r.samples = ds->num_samples();
-  LoaderOptions lo = o.loader;
-  lo.rank = 0;
-  lo.world_size = 1;
 
-  {  // 1. the local Loader
-    Loader local(*ds, lo);
-    auto sps = TimedRun("local loader", {&local}, *ds, o.epochs, &r.spot_checked);
+  {  // 1. the local Loader, through the door every caller uses (in this process: share none)
+    SourceOptions local_options;
+    local_options.data = o.data;
+    local_options.loader = lo;
+    local_options.share = Share::kNone;
+    local_options.decided = *decided;
+    auto local = OpenBatchSource(local_options);
+    if (!local.ok()) return local.status();
+    auto sps = TimedRun("local loader", {&(*local)->source()}, *ds, o.epochs, &r.spot_checked);
     if (!sps.ok()) return sps.status();
     r.local_sps = *sps;
   }
@@ -160,42 +179,43 @@ Result<ServeBenchResult> RunServeBench(const ServeBenchOptions& o) {
   so.log = [log_file](std::string_view line) {
     if (log_file) std::fprintf(log_file.get(), "%.*s\n", static_cast<int>(line.size()), line.data());
   };
+  // The clients through the door too (a daemon address: a RemoteLoader).
   auto client_opts = [&](int rank, int world) {
-    RemoteLoaderOptions c;
-    c.address = "unix:" + sock;
+    SourceOptions c;
+    c.data = "unix:" + sock;
     c.loader = lo;
     c.loader.rank = rank;
     c.loader.world_size = world;
-    c.compress = o.compress;
-    c.shared_memory = o.shared_memory;
-    c.client_name = "bench-" + std::to_string(rank);
+    c.remote.compress = o.compress;
+    c.remote.shared_memory = o.shared_memory;
+    c.remote.client_name = "bench-" + std::to_string(rank);
     return c;
   };
   {  // 2. one remote client, 3. `clients` remote clients at once
     auto server = Server::Start(so);
     if (!server.ok()) return server.status();
-    auto one = RemoteLoader::Connect(client_opts(0, 1));
+    auto one = OpenBatchSource(client_opts(0, 1));
     if (!one.ok()) return one.status();
-    auto sps = TimedRun("1 remote client", {one->get()}, *ds, o.epochs, &r.spot_checked);
+    auto sps = TimedRun("1 remote client", {&(*one)->source()}, *ds, o.epochs, &r.spot_checked);
     if (!sps.ok()) return sps.status();
     r.remote1_sps = *sps;
     one->reset();
     r.remote1_socket_sps = r.remote1_sps;
     if (o.shared_memory) {  // the same client with batches on the socket, for comparison
-      RemoteLoaderOptions c = client_opts(0, 1);
-      c.shared_memory = false;
-      auto copy = RemoteLoader::Connect(c);
+      SourceOptions c = client_opts(0, 1);
+      c.remote.shared_memory = false;
+      auto copy = OpenBatchSource(c);
       if (!copy.ok()) return copy.status();
-      sps = TimedRun("1 remote client (socket)", {copy->get()}, *ds, o.epochs, &r.spot_checked);
+      sps = TimedRun("1 remote client (socket)", {&(*copy)->source()}, *ds, o.epochs, &r.spot_checked);
       if (!sps.ok()) return sps.status();
       r.remote1_socket_sps = *sps;
     }
-    std::vector<std::unique_ptr<RemoteLoader>> many;
+    std::vector<std::unique_ptr<OpenedSource>> many;
     std::vector<BatchSource*> ptrs;
     for (int k = 0; k < o.clients; ++k) {
-      auto c = RemoteLoader::Connect(client_opts(k, o.clients));
+      auto c = OpenBatchSource(client_opts(k, o.clients));
       if (!c.ok()) return c.status();
-      ptrs.push_back(c->get());
+      ptrs.push_back(&(*c)->source());
       many.push_back(std::move(*c));
     }
     sps = TimedRun(std::to_string(o.clients) + " remote clients", ptrs, *ds, o.epochs, &r.spot_checked);

@@ -1,6 +1,4 @@
 // `gpufeed convert`: any supported input → gpufeed's chunked HDF5.
-#include <sys/stat.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -10,14 +8,10 @@
 #include "cli/progress.h"
 #include "gpufeed/convert.h"
 #include "gpufeed/fields.h"
+#include "gpufeed/local_source.h"
 
 namespace gpufeed::cli {
 namespace {
-
-bool IsDirectoryPath(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 struct ConvertArgs {
   // The library's default codec (deflate: any HDF5 reader decodes it).
@@ -48,13 +42,10 @@ void SayWhatReadersNeed(const std::string& codec, const std::string& output) {
                output.c_str());
 }
 
-bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Named fields or many files: FieldSource (HDF5) or OpenNpyFields, then
 // ConvertFields (one file or shards).
-int RunConvertFields(const ConvertArgs& a, const CLI::App& cmd, bool npy) {
+int RunConvertFields(const ConvertArgs& a, const CLI::App& cmd, const SourceDecision& decided) {
+  const bool npy = decided.kind == SourceKind::kNpyFields;
   auto refuse = [](const std::string& m) {
     std::fprintf(stderr, "gpufeed convert: %s\n", m.c_str());
     return 2;
@@ -97,15 +88,12 @@ int RunConvertFields(const ConvertArgs& a, const CLI::App& cmd, bool npy) {
     }
     source = std::move(*s);
   } else {
-    OpenOptions o;
-    o.fields = a.fields;
-    o.no_sample_axis = a.no_sample_axis;
-    auto s = FieldSource::Open(a.input, o);
+    auto s = OpenDecidedSource(a.input, decided, {});
     if (!s.ok()) {
       std::fprintf(stderr, "gpufeed convert: %s\n", s.status().ToString().c_str());
       return 1;
     }
-    source = std::move(*s);
+    source = std::move(s->fields);
   }
   auto summary = ConvertFields(*source, a.output, opts);
   progress.Finish();
@@ -163,25 +151,33 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     std::fprintf(stderr, "gpufeed convert: %s\n", m.c_str());
     return 2;
   };
-  // .npy fields: every --field NAME=PATTERN names .npy files, no INPUT.
-  bool npy = !a.fields.empty();
-  for (const std::string& f : a.fields)
-    npy = npy && (EndsWith(f, ".npy") || EndsWith(f, ".txt") || EndsWith(f, ".list"));
+  const char* kNameInput = "name the INPUT (or .npy fields: --field NAME='dir/*_NAME.npy')";
+  if (a.input.empty() && a.fields.empty()) return refuse(kNameInput);
+  // The door decides what the input is (gpufeed/local_source.h), as for
+  // every other command: .npy fields, named fields or many files, an image
+  // folder, one HDF5 file (probed there, once: what opens it takes that), a
+  // .npy or an IDX file.
+  OpenOptions open;
+  open.fields = a.fields;
+  open.labels_path = a.labels;
+  open.no_sample_axis = a.no_sample_axis;
+  auto decided = DecideSourceKind(a.input, open);
+  if (!decided.ok()) {
+    std::fprintf(stderr, "gpufeed convert: %s\n", decided.status().ToString().c_str());
+    return 1;
+  }
+  const bool npy = decided->kind == SourceKind::kNpyFields;
   if (npy && !a.input.empty()) {
     return refuse("--field NAME=FILES.npy names the input; drop " + a.input + " (or give HDF5 paths: NAME=/path)");
   }
-  if (a.input.empty() && !npy) return refuse("name the INPUT (or .npy fields: --field NAME='dir/*_NAME.npy')");
-  // A directory without --field is an image folder, as before.
-  if (npy || !a.fields.empty() || (IsMultiFileSpec(a.input) && !IsDirectoryPath(a.input))) {
-    return RunConvertFields(a, cmd, npy);
-  }
+  if (a.input.empty() && !npy) return refuse(kNameInput);
+  if (npy || decided->kind == SourceKind::kFields) return RunConvertFields(a, cmd, *decided);
   for (const char* opt : {"--shard-size", "--no-sample-axis"}) {
     if (cmd.count(opt) > 0) {
       return refuse(std::string(opt) + " applies to named fields / many files (--field NAME=/path, a glob or a list)");
     }
   }
-  struct stat st {};
-  const bool is_dir = ::stat(a.input.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const bool is_dir = decided->kind == SourceKind::kImageFolder;
   if (!is_dir) {
     for (const char* opt : {"--size", "--layout", "--skip-corrupt"}) {
       if (cmd.count(opt) > 0) return refuse(std::string(opt) + " applies to image folders; " + a.input + " is a file");
@@ -239,7 +235,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   if (a.keep_encoded && !is_dir) {
     // An encoded field in HDF5 (an h5py vlen file): rewritten as bytes +
     // offsets so the loader reads it without HDF5's lock.
-    summary = ConvertEncodedHdf5(a.input, a.output, opts);
+    summary = ConvertEncodedHdf5(a.input, *decided, a.output, opts);
     what = "encoded images of " + a.input;
   } else if (a.keep_encoded) {
     summary = ConvertEncodedImageFolder(a.input, a.output, opts, a.skip_corrupt, &skipped);
@@ -249,7 +245,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
       std::fprintf(stderr, "gpufeed convert: skipped %zu images that do not decode (--skip-corrupt)\n", skipped.size());
     }
   } else {
-    auto source = OpenSource(a.input, a.labels, image);
+    auto source = OpenSource(a.input, *decided, image);
     if (!source.ok()) {
       std::fprintf(stderr, "gpufeed convert: %s\n", source.status().ToString().c_str());
       return 1;

@@ -63,12 +63,8 @@ nlohmann::json SourcesJson(const std::vector<VirtualSource>& vs) {
 
 // Named fields or many files: the fields, the files and the read unit, and
 // each field's storage in the first file.
-int RunInspectFields(const InspectArgs& a) {
-  OpenOptions o;
-  o.fields = a.fields;
-  o.trust_files = a.trust_files;
-  o.no_sample_axis = a.no_sample_axis;
-  auto src = FieldSource::Open(a.spec, o);
+int RunInspectFields(const InspectArgs& a, const SourceDecision& decided) {
+  auto src = OpenDecidedFields(a.spec, decided);
   if (!src.ok()) {
     std::fprintf(stderr, "gpufeed inspect: %s\n", src.status().ToString().c_str());
     return 1;
@@ -232,14 +228,12 @@ int RunStats(const InspectArgs& a) {
   OpenOptions o;
   o.fields = a.fields;
   o.trust_files = a.trust_files;
-  std::string data = a.spec;
-  if (a.fields.empty() && !IsMultiFileSpec(a.spec)) {
-    auto spec = DatasetSpec::Parse(a.spec);
-    if (!spec.ok()) return fail(spec.status());
-    data = spec->file;
-    o.fields = {"images=" + spec->images};
-  }
-  auto src = FieldSource::Open(data, o);
+  // The door decides what the spec names: named fields or many files as
+  // they are, one HDF5 file's dataset (probed there, once) as the field
+  // images; anything else is said as what it is.
+  auto decided = DecideSourceKind(a.spec, o);
+  if (!decided.ok()) return fail(decided.status());
+  auto src = OpenDecidedFields(a.spec, *decided);
   if (!src.ok()) return fail(src.status());
   const std::vector<FieldInfo> fields = (*src)->fields();
   StatsOptions so;
@@ -393,7 +387,7 @@ int RunInspect(const InspectArgs& a) {
     return 1;
   }
   const OpenOptions& o = decided->open;
-  if (decided->kind == SourceKind::kFields) return RunInspectFields(a);
+  if (decided->kind == SourceKind::kFields) return RunInspectFields(a, *decided);
   if (decided->kind == SourceKind::kImageFolder) {
     // Read as it is: its files, classes and bytes, as the loader sees them.
     auto folder = OpenLocalSource(a.spec, o, DecodeOptions{});

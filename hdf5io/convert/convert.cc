@@ -238,7 +238,13 @@ Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const
   o.labels_path = labels_path;
   auto decided = DecideSourceKind(input, o);
   if (!decided.ok()) return decided.status();
-  switch (decided->kind) {
+  return OpenSource(input, *decided, image_options);
+}
+
+Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const SourceDecision& decided,
+                                                 const ImageFolderOptions& image_options) {
+  const std::string& labels_path = decided.open.labels_path;
+  switch (decided.kind) {
     case SourceKind::kImageFolder:
       if (image_options.height == 0 || image_options.width == 0) {
         // An empty folder is said as such, before the missing size.
@@ -255,7 +261,7 @@ Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const
     case SourceKind::kIdx:
       return OpenIdxSource(input, labels_path);
     default:
-      return OpenDecidedHdf5(input, *decided);
+      return OpenDecidedHdf5(input, decided);
   }
 }
 

@@ -222,7 +222,21 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
 
 Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const std::string& out_path,
                                           const ConvertOptions& options) {
-  auto src = OpenEncodedImages(spec, {}, {});
+  // The door decides what the spec is; an HDF5 file is probed there, once.
+  auto decided = DecideSourceKind(spec, {});
+  if (!decided.ok()) return decided.status();
+  return ConvertEncodedHdf5(spec, *decided, out_path, options);
+}
+
+Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const SourceDecision& decided,
+                                          const std::string& out_path, const ConvertOptions& options) {
+  if (decided.kind != SourceKind::kEncodedImages) {
+    return Status::InvalidArgument(spec + ": " + std::string(SourceKindName(decided.kind)) +
+                                   ", not an encoded image field (a group written by gpufeed convert --keep-encoded, "
+                                   "or an h5py vlen uint8 dataset); convert reads it without --keep-encoded");
+  }
+  if (!decided.probed) return Status::Internal(spec + ": the door decided one file without probing it");
+  auto src = OpenEncodedImages(*decided.probed, decided.open, {});
   if (!src.ok()) return src.status();
   const EncodedImageSource& s = **src;
   std::vector<uint8_t> tmp;

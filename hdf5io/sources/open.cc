@@ -50,13 +50,35 @@ std::string_view SourceKindName(SourceKind k) {
       return ".npy file";
     case SourceKind::kIdx:
       return "IDX file";
+    case SourceKind::kNpyFields:
+      return ".npy fields";
   }
   return "?";
 }
 
+namespace {
+
+// Every named field NAME=PATTERN names .npy files (PATTERN.npy, or a list
+// of them in a .txt/.list file): what OpenNpyFields reads.
+bool NamesNpyFields(const std::vector<std::string>& fields) {
+  if (fields.empty()) return false;
+  for (const std::string& f : fields) {
+    if (!EndsWith(f, ".npy") && !EndsWith(f, ".txt") && !EndsWith(f, ".list")) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open) {
   SourceDecision d;
   d.open = open;
+  // .npy files named as fields (gpufeed convert --field NAME='dir/*_NAME.npy'):
+  // they are the input, whatever the spec.
+  if (NamesNpyFields(open.fields)) {
+    d.kind = SourceKind::kNpyFields;
+    return d;
+  }
   // An object (s3://BUCKET/KEY.h5[:/dataset], https://HOST/PATH.h5): one
   // HDF5 file, probed (its metadata parsed in the probe process, fetched
   // there through the remote driver) like a local one.
@@ -133,6 +155,10 @@ Status RefuseConvertOnly(const std::string& spec, const SourceDecision& decided)
           spec + ": not an HDF5 file (no HDF5 signature; " +
           (decided.kind == SourceKind::kNpy ? "a .npy file" : "an MNIST IDX file, or not a dataset at all") +
           "): the loader reads HDF5; convert it first: gpufeed convert " + spec + " -o " + spec + ".h5");
+    case SourceKind::kNpyFields:
+      return Status::InvalidArgument(
+          "named .npy fields: the loader reads HDF5; convert them first: gpufeed convert --field NAME='dir/*_NAME.npy' "
+          "... -o OUT.h5");
     case SourceKind::kFields:
     case SourceKind::kEncodedImages:
     case SourceKind::kDataset:
@@ -183,6 +209,20 @@ Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecis
   }
   out.dataset = std::make_unique<Dataset>(std::move(*ds));
   return out;
+}
+
+Result<std::unique_ptr<FieldSource>> OpenDecidedFields(const std::string& spec, const SourceDecision& decided) {
+  if (decided.kind == SourceKind::kFields) return FieldSource::Open(spec, decided.open);
+  if (decided.kind != SourceKind::kDataset) {
+    return Status::InvalidArgument(spec + ": " + std::string(SourceKindName(decided.kind)) +
+                                   ", not fields of numbers (an HDF5 dataset, named fields or many HDF5 files)");
+  }
+  if (!decided.probed) return Status::Internal(spec + ": the door decided one file without probing it");
+  auto parsed = DatasetSpec::Parse(decided.probed->text());
+  if (!parsed.ok()) return parsed.status();
+  OpenOptions fo = decided.open;
+  fo.fields = {"images=" + parsed->images};
+  return FieldSource::Open(parsed->file, fo, {*decided.probed});
 }
 
 }  // namespace gpufeed

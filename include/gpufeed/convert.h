@@ -15,6 +15,7 @@
 
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/dtype.h"
+#include "gpufeed/local_source.h"
 #include "gpufeed/sample_source.h"
 #include "gpufeed/stats.h"
 #include "gpufeed/status.h"
@@ -27,7 +28,14 @@ Result<std::unique_ptr<SampleSource>> OpenHdf5Source(const std::string& spec, co
 
 // Picks the reader from the input: a directory, *.npy, an HDF5 file (by its
 // signature, or a "file:/path" spec), else IDX (by its magic, gzip or not).
+// The door decides which (DecideSourceKind, gpufeed/local_source.h).
 Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const std::string& labels_path,
+                                                 const ImageFolderOptions& image_options);
+// As above, for what the door decided about `input` (an HDF5 file's probed
+// spec taken: not probed again; decided.open.labels_path the labels).
+// Named fields, many files and encoded images are InvalidArgument /
+// Unsupported (ConvertFields and ConvertEncodedHdf5 read them).
+Result<std::unique_ptr<SampleSource>> OpenSource(const std::string& input, const SourceDecision& decided,
                                                  const ImageFolderOptions& image_options);
 
 struct ConvertOptions {
@@ -68,6 +76,10 @@ Result<ConvertSummary> ConvertEncodedImageFolder(const std::string& dir, const s
 // "file.h5" or "file.h5:/path", its /labels and class names kept.
 Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const std::string& out_path,
                                           const ConvertOptions& options);
+// As above, for what the door decided about `spec` (probed there, once):
+// anything but kEncodedImages is InvalidArgument naming what it is.
+Result<ConvertSummary> ConvertEncodedHdf5(const std::string& spec, const SourceDecision& decided,
+                                          const std::string& out_path, const ConvertOptions& options);
 
 // ---------------------------------------------------------------------------
 // Named fields over many files (docs/format.md "Converting many files").

@@ -3,9 +3,12 @@
 // in one place, and the source that reads it. Every command and API opens
 // local data through it: OpenBatchSource (the C++, C and Python Loaders and
 // the CLI's benchmarks), `gpufeed serve`'s datasets, `gpufeed train`,
-// `gpufeed inspect` and `gpufeed convert` (whose other inputs, an image
-// folder, .npy or IDX, the door names too: the loader refuses them, saying
-// to convert them).
+// `gpufeed inspect` (--stats too), `gpufeed convert` (whose other inputs,
+// .npy, IDX and named .npy fields, the door names too: the loader refuses
+// them, saying to convert them) and the benchmarks' reference files. Who
+// needs the decision before the source (to refuse options, or to check
+// batches against the file) calls DecideSourceKind once and opens from it:
+// the file is probed once.
 #ifndef GPUFEED_LOCAL_SOURCE_H_
 #define GPUFEED_LOCAL_SOURCE_H_
 
@@ -18,6 +21,7 @@
 #include "gpufeed/dataset.h"
 #include "gpufeed/decode_options.h"
 #include "gpufeed/encoded.h"
+#include "gpufeed/fields.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -28,8 +32,9 @@ enum class SourceKind {
   kDataset,        // an HDF5 dataset (a virtual one's sources read directly)
   kImageFolder,    // a directory: class folders of images, read as they are (an EncodedImageSource)
   // What `gpufeed convert` reads and the loader does not (gpufeed/convert.h):
-  kNpy,  // a .npy file
-  kIdx,  // any other file without HDF5's signature: MNIST's IDX format (or not a dataset at all)
+  kNpy,        // a .npy file
+  kIdx,        // any other file without HDF5's signature: MNIST's IDX format (or not a dataset at all)
+  kNpyFields,  // named fields of .npy files, every one NAME=PATTERN.npy (or a .txt/.list of them), no spec
 };
 std::string_view SourceKindName(SourceKind k);  // "fields", "encoded images", "dataset", "image folder", ...
 
@@ -48,9 +53,9 @@ struct SourceDecision {
 Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptions& open);
 
 // OK for what the loader reads (kFields, kEncodedImages, kDataset,
-// kImageFolder); for what only `gpufeed convert` reads (.npy, IDX: no probed
-// spec), InvalidArgument naming the kind and the convert command that makes
-// it HDF5.
+// kImageFolder); for what only `gpufeed convert` reads (.npy, IDX, named
+// .npy fields: no probed spec), InvalidArgument naming the kind and the
+// convert command that makes it HDF5.
 Status RefuseConvertOnly(const std::string& spec, const SourceDecision& decided);
 
 // A local spec opened as the source it names (DecideSourceKind):
@@ -79,6 +84,14 @@ Result<LocalSource> OpenLocalSource(const std::string& spec, const OpenOptions& 
 // probed spec taken: the file is not probed again).
 Result<LocalSource> OpenDecidedSource(const std::string& spec, const SourceDecision& decided,
                                       const DecodeOptions& decode);
+
+// What the door decided, opened as named fields (a FieldSource): kFields as
+// they are; one HDF5 dataset (kDataset) as the single field "images" (its
+// probed spec taken: the file is not probed again). What reads fields of
+// numbers (`gpufeed inspect --stats`) opens the spec so. Errors: those of
+// FieldSource::Open; InvalidArgument naming the kind for encoded images, an
+// image folder, .npy or IDX.
+Result<std::unique_ptr<FieldSource>> OpenDecidedFields(const std::string& spec, const SourceDecision& decided);
 
 // A local spec opened for a classifier (`gpufeed train`): as OpenLocalSource,
 // and where that is a FieldSource (named fields, many files, a virtual

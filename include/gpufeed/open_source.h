@@ -10,6 +10,7 @@
 #define GPUFEED_OPEN_SOURCE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -17,6 +18,7 @@
 #include "gpufeed/encoded.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/local_source.h"
+#include "gpufeed/names.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/status.h"
 
@@ -36,9 +38,7 @@ bool IsDaemonAddress(std::string_view data);
 // (loader.defer_decode: the node's server would decode them on its CPU; each
 // rank decodes on its own GPU's engine instead), else kNone. docs/python.md,
 // "Many GPUs".
-enum class Share { kAuto, kNode, kNone };
-Result<Share> ShareFromName(std::string_view name);  // "auto", "node", "none"
-std::string_view ShareName(Share s);
+// Share and its names ("auto", "node", "none"): gpufeed/names.h.
 
 class NodeLease;  // loader/door/node_share.h
 
@@ -57,6 +57,11 @@ struct SourceOptions {
   RemoteLoaderOptions remote;
   // Files only (a daemon address is read as it is): see Share.
   Share share = Share::kAuto;
+  // Files only: what the door decided about `data` already
+  // (DecideSourceKind(data, open), gpufeed/local_source.h), for a caller that
+  // needed the decision first: taken as it is, the file not probed again
+  // (its `open` is the decision's). Empty: decided here.
+  std::optional<SourceDecision> decided;
 };
 
 // Owns what OpenBatchSource opened: a Dataset and its Loader, or a

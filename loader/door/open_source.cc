@@ -10,26 +10,6 @@ namespace gpufeed {
 
 bool IsDaemonAddress(std::string_view data) { return data.starts_with("unix:") || data.starts_with("tcp://"); }
 
-Result<Share> ShareFromName(std::string_view name) {
-  if (name == "auto") return Share::kAuto;
-  if (name == "node") return Share::kNode;
-  if (name == "none") return Share::kNone;
-  return Status::InvalidArgument("share '" + std::string(name) +
-                                 "': auto (one decode per node under torchrun), node or none");
-}
-
-std::string_view ShareName(Share s) {
-  switch (s) {
-    case Share::kAuto:
-      return "auto";
-    case Share::kNode:
-      return "node";
-    case Share::kNone:
-      return "none";
-  }
-  return "?";
-}
-
 OpenedSource::OpenedSource(std::unique_ptr<Dataset> dataset, std::unique_ptr<Loader> loader)
     : dataset_(std::move(dataset)), loader_(std::move(loader)), source_(loader_.get()) {}
 
@@ -59,18 +39,20 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& given
   SourceOptions o = given;
   auto share = ResolveShare(o);
   if (!share.ok()) return share.status();
-  std::optional<SourceDecision> decision;  // the door's, when made here: the local open takes it
+  // The door's decision, when made already (by the caller, or here): the
+  // local open takes it.
+  std::optional<SourceDecision> decision = IsDaemonAddress(o.data) ? std::nullopt : o.decided;
   if (*share == Share::kNode && o.share == Share::kAuto && o.loader.defer_decode && !IsDaemonAddress(o.data)) {
     // JPEGs this rank's GPU decoder takes (defer_decode): the node's server
     // would decode them on its CPU, so auto reads them here and each rank
     // decodes on its own GPU's engine. The probe runs once: the open below
     // trusts it.
-    auto decided = DecideSourceKind(o.data, o.open);
-    if (!decided.ok()) return decided.status();
-    if (decided->kind == SourceKind::kEncodedImages) {
-      share = Share::kNone;
+    if (!decision) {
+      auto decided = DecideSourceKind(o.data, o.open);
+      if (!decided.ok()) return decided.status();
       decision = std::move(*decided);
     }
+    if (decision->kind == SourceKind::kEncodedImages) share = Share::kNone;
   }
   if (*share == Share::kNode) {
     auto lease = AttachNodeServer(o);
