@@ -5,11 +5,17 @@
 #include "bench/bench_checks.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <vector>
+
+#include "bench/read_bench.h"
+#include "gpufeed/writer.h"
+#include "hdf5io/hdf5/probe.h"
 
 namespace gpufeed::bench {
 namespace {
@@ -171,6 +177,48 @@ TEST(BenchChecksTest, OutputValuesDecodeHalfAndBfloat16) {
   EXPECT_EQ(OutputValue(DType::kFloat16, &half_one, 0), 1.0f);
   EXPECT_EQ(OutputValue(DType::kFloat16, &half_tiny, 0), std::ldexp(1.0f, -24));
   EXPECT_EQ(OutputValue(DType::kBFloat16, &bf_minus_two, 0), -2.0f);
+}
+
+// bench read takes its file through the door: probed once (it was twice:
+// once for each Dataset::Open, the timed path and HDF5's baseline), and
+// what is not one HDF5 dataset is said as such, naming bench loader.
+TEST(ReadBenchTest, TheFileIsProbedOnceAndReadsVerified) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("gpufeed-read-bench-" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/d.h5";
+  constexpr uint64_t kN = 64, kSampleBytes = 16;
+  WriteOptions wo;
+  wo.chunk_samples = 8;
+  auto w = DatasetWriter::Create(path, {4, 4}, DType::kUInt8, kN, wo);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  for (uint64_t c = 0; c < w->num_chunks(); ++c) {
+    std::vector<std::byte> samples(8 * kSampleBytes);
+    for (size_t i = 0; i < samples.size(); ++i) samples[i] = std::byte(c * 8 + i / kSampleBytes);  // sample k: k
+    DatasetWriter::EncodedChunk e;
+    ASSERT_TRUE(w->EncodeChunk(c, samples, &e).ok());
+    ASSERT_TRUE(w->WriteChunk(c, e).ok());
+  }
+  ASSERT_TRUE(w->Commit().ok());
+
+  ReadBenchOptions o;
+  o.data = path;
+  o.threads = 2;
+  o.repeats = 1;
+  const uint64_t before = SpecsProbed();
+  auto r = RunReadBench(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(SpecsProbed() - before, 1u);
+  EXPECT_EQ(r->samples, kN);
+  EXPECT_EQ(r->read_path, "direct");
+  EXPECT_EQ(r->verified_passes, 5);
+
+  o.data = dir;  // a directory of HDF5 files: many files, not one dataset
+  auto many = RunReadBench(o);
+  ASSERT_FALSE(many.ok());
+  EXPECT_EQ(many.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(many.status().message().find("bench loader --data " + dir), std::string::npos) << many.status().ToString();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

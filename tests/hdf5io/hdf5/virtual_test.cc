@@ -321,54 +321,6 @@ TEST(VdsTest, TheDoorProbesEachSpecOnce) {
   EXPECT_EQ(SpecsProbed(), before);
 }
 
-// The door names what is not HDF5 too (what convert reads), without a
-// probe, and the loader refuses it saying to convert it; a file named like
-// HDF5 without its signature is Corrupt; a missing one NotFound.
-TEST(VdsTest, TheDoorNamesFoldersNpyAndIdxAndTheLoaderSaysToConvertNpyAndIdx) {
-  const std::string dir = MakeTempDir("door_kinds");
-  std::filesystem::create_directories(dir + "/folder/cat");
-  std::ofstream(dir + "/x.npy") << "\x93NUMPY not really";
-  std::ofstream(dir + "/train-images-idx3-ubyte") << "not really IDX either";
-  std::ofstream(dir + "/text.h5") << "not HDF5";
-  const uint64_t before = SpecsProbed();
-  struct Case {
-    std::string path;
-    SourceKind kind;
-    std::string says;
-  } cases[] = {{dir + "/x.npy", SourceKind::kNpy, "a .npy file"},
-               {dir + "/train-images-idx3-ubyte", SourceKind::kIdx, "an MNIST IDX file"}};
-  for (const Case& c : cases) {
-    auto decided = DecideSourceKind(c.path, {});
-    ASSERT_TRUE(decided.ok()) << decided.status().ToString();
-    EXPECT_EQ(decided->kind, c.kind) << c.path;
-    EXPECT_FALSE(decided->probed.has_value());
-    auto local = OpenLocalSource(c.path, {}, {});
-    ASSERT_FALSE(local.ok());
-    EXPECT_EQ(local.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(local.status().message().find(c.says), std::string::npos) << local.status().message();
-    EXPECT_NE(local.status().message().find("gpufeed convert " + c.path), std::string::npos);
-  }
-  // A folder is read as it is (hdf5io/sources/folder_images.h): one without
-  // images is said as such.
-  auto folder = DecideSourceKind(dir + "/folder", {});
-  ASSERT_TRUE(folder.ok()) << folder.status().ToString();
-  EXPECT_EQ(folder->kind, SourceKind::kImageFolder);
-  EXPECT_FALSE(folder->probed.has_value());
-  auto empty = OpenLocalSource(dir + "/folder", {}, {});
-  ASSERT_FALSE(empty.ok());
-  EXPECT_NE(empty.status().message().find("no .jpg, .jpeg or .png files"), std::string::npos)
-      << empty.status().ToString();
-  EXPECT_EQ(SpecsProbed(), before);  // none of them met HDF5's parser
-  auto text = DecideSourceKind(dir + "/text.h5", {});
-  ASSERT_FALSE(text.ok());
-  EXPECT_EQ(text.status().code(), StatusCode::kCorrupt);
-  EXPECT_NE(text.status().message().find("no HDF5 signature"), std::string::npos);
-  auto missing = DecideSourceKind(dir + "/nope.h5", {});
-  ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(SpecsProbed(), before);
-}
-
 // `gpufeed train`'s door (OpenClassifierSource): a virtual dataset's and
 // many files' images field is the samples, their labels field the labels();
 // a plain file stays a Dataset; a source without an integer labels field
