@@ -176,6 +176,9 @@ struct GpuFeeder::Impl {
   Status init_status;
   Status error;
   bool error_returned = false;
+  // Produce refused because the consumer holds every output slot: nothing
+  // was taken, so the stream goes on once the consumer frees one.
+  bool refused_held = false;
   Status restart_error;  // a failed Restart's, returned by the next Next()
 
   int C = 0, H = 0, W = 0;
@@ -784,6 +787,7 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
     }
   }
   if (slot < 0) {
+    refused_held = true;
     return Status::InvalidArgument("feed: the consumer holds all " + std::to_string(out.size()) +
                                    " output slots; release batches (or raise FeedOptions::slots)");
   }
@@ -963,7 +967,9 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Next() {
   }
   auto r = d.Produce(this);
   d.last_return = NowSeconds();
-  if (!r.ok()) d.error = r.status();
+  // Every output slot held is the consumer's to end (it frees a batch and
+  // asks again); any other error ends the stream.
+  if (!r.ok() && !std::exchange(d.refused_held, false)) d.error = r.status();
   return r;
 }
 

@@ -43,7 +43,7 @@ import collections
 import os
 import time
 
-from . import _lib, errors, options
+from . import _args, _lib, errors, options
 from .loader import Loader as _FeedLoader
 
 _STATE_FORMAT = "gpufeed.jax.Loader/1"
@@ -254,7 +254,7 @@ class Loader:
             batch_axis = mesh.axis_names[0]
         self.mesh = mesh
         self.sharding = NamedSharding(mesh, PartitionSpec(batch_axis))
-        self._global_batch = values["batch_size"]
+        self._global_batch = _args.integer("batch_size", values["batch_size"])
         axes = batch_axis if isinstance(batch_axis, (tuple, list)) else (batch_axis,)
         for ax in axes:
             if ax not in mesh.shape:
@@ -262,7 +262,7 @@ class Loader:
         shards = 1
         for ax in axes:
             shards *= mesh.shape[ax]
-        if isinstance(self._global_batch, int) and self._global_batch > 0 and self._global_batch % shards:
+        if self._global_batch % shards:
             below, above = _multiples(self._global_batch, shards)
             raise _bad("batch_size=%d is the global batch, split evenly over the %d devices of the mesh's batch "
                        "axis %s: use a multiple of %d, such as %d or %d" % (

@@ -171,6 +171,46 @@ TEST_P(FeederTest, SlotsInUseAreNeverOverwritten) {
   EXPECT_EQ(b3.status().code(), StatusCode::kInvalidArgument);
 }
 
+// The refusal for held slots ends nothing: once the consumer frees a batch,
+// the next one is the batch that was refused, and the epoch goes on to its
+// end with every sample once (it used to end the stream: the next call got
+// the epoch's end). JAX's asynchronous steps free their batches late and
+// gpufeed.jax asks again.
+TEST_P(FeederTest, RefusalForHeldSlotsLosesNoBatch) {
+  TensorSource src(200, 10);
+  LoaderOptions lo = LoaderOpts();
+  lo.order = Order::kSequential;
+  Loader loader(src, lo);
+  FeedOptions o = Opts();
+  o.slots = 2;
+  GpuFeeder feeder(loader, o);
+  std::vector<float> img(8 * kSampleBytes);
+  std::vector<int64_t> seen;
+  auto take = [&](const DeviceBatch& b) {
+    ASSERT_TRUE(feeder.CopyToHost(b, img.data(), nullptr).ok());
+    for (int i = 0; i < b.size(); ++i) seen.push_back(IndexOf(&img[static_cast<size_t>(i) * kSampleBytes]));
+  };
+  auto b1 = feeder.Next();
+  auto b2 = feeder.Next();
+  ASSERT_TRUE(b1.ok() && *b1 && b2.ok() && *b2);
+  take(**b1);
+  take(**b2);
+  auto refused = feeder.Next();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("slots"), std::string::npos) << refused.status().ToString();
+  b1->reset();  // the consumer frees a batch and asks again
+  for (;;) {
+    auto b = feeder.Next();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    if (!*b) break;
+    take(**b);
+  }
+  std::vector<int64_t> want(200);
+  for (int64_t i = 0; i < 200; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(seen, want);
+}
+
 TEST_P(FeederTest, LoaderErrorsSurface) {
   TensorSource src(200, 10);
   src.set_fail_chunk(12);

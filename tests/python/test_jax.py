@@ -60,7 +60,7 @@ def test_capsule_dtype_code_strides_and_device(index_file, dtype, code, bits):
     assert shape == [32, 3, 6, 5] and t.byte_offset == 0
     # Compact row-major: no strides (DLPack's "compact") or exactly those.
     assert strides in (None, [90, 30, 5, 1]), strides
-    assert t.data % 16 == 0, "the slot is not 16-byte aligned: JAX would copy it on the CPU"
+    assert t.data % 64 == 0, "the slot is not 64-byte aligned (XLA's buffers are): JAX would copy it"
     lt = _tensor(labels)
     assert (lt.dtype.code, lt.dtype.bits) == (KDLINT, 64) and _shape_strides(lt)[0] == [32]
     # torch takes every dtype (bf16 too) and views the same bytes.
@@ -321,6 +321,6 @@ def test_jax_on_every_gpu(index_file):
         gpus = []
     if not gpus:
         pytest.skip("no GPU for JAX here")
-    r = _jax_check(["--data", index_file, "--batch-size", str(8 * len(gpus)), "--devices", str(len(gpus)),
+    r = _jax_check(["--data", index_file, "--batch-size", str(4 * len(gpus)), "--devices", str(len(gpus)),
                     "--dtype", "bfloat16", "--queued"])
     assert r["platform"] == "gpu" and r["every_sample"] and r["same_pointer"] and r["resume_ok"] and r["queued_ok"], r
