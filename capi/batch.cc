@@ -2,7 +2,10 @@
 // arrays exported as DLPack tensors, and their release (after a stream).
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <utility>
 
 #include "capi/core.h"
 
@@ -11,29 +14,9 @@ using gpufeed::DeviceBatch;
 using gpufeed::DType;
 using gpufeed::Status;
 using gpufeed::capi::Array;
-using gpufeed::capi::Core;
 using gpufeed::capi::DlType;
 using gpufeed::capi::Fail;
-using gpufeed::capi::FeedState;
-using gpufeed::capi::Fetched;
 using gpufeed::capi::Guard;
-
-namespace gpufeed::capi {
-
-// The stream callback: no CUDA call here (cudaLaunchHostFunc's rule); the
-// pool's Release only takes its mutex.
-void RunPendingRelease(void* p) {
-  std::unique_ptr<PendingRelease> r(static_cast<PendingRelease*>(p));
-  std::shared_ptr<DeferredReleases> gate = r->gate;
-  r.reset();  // the slot goes back to its pool
-  {
-    gpufeed::MutexLock lock(&gate->mu);
-    --gate->pending;
-  }
-  gate->cv.SignalAll();
-}
-
-}  // namespace gpufeed::capi
 
 namespace {
 
@@ -54,53 +37,39 @@ void DeleteExport(DLManagedTensor* t) {
 
 namespace gpufeed::capi {
 
-gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
-  auto* b = new gpufeed_batch();
-  b->core = core;
-  if (f.host) {
-    const Batch& h = *f.host;
-    b->epoch = h.epoch();
-    b->index = h.index();
-    b->size = h.size();
-    std::vector<int64_t> shape{static_cast<int64_t>(h.size())};
+gpufeed_batch* MakeBatch(const gpufeed::Session& session, gpufeed::SessionBatch batch) {
+  auto b = std::make_unique<gpufeed_batch>();
+  const auto& info = session.info();
+  const int64_t n = static_cast<int64_t>(batch.size());
+  if (const Batch* host = batch.host()) {
+    const Batch& h = *host;
+    std::vector<int64_t> shape{n};
     for (uint64_t d : h.sample_shape()) shape.push_back(static_cast<int64_t>(d));
-    const auto& info = core->opened->source().info();
-    const DType dt = info.dtype;
     // Named fields (a FieldSource): one array per field, by its name.
     const bool named = info.fields.size() > 1 || (info.fields.size() == 1 && !info.fields[0].path.empty());
     if (named) {
       for (size_t f = 0; f < info.fields.size(); ++f) {
         const gpufeed::FieldInfo& fi = info.fields[f];
-        std::vector<int64_t> fshape{static_cast<int64_t>(h.size())};
+        std::vector<int64_t> fshape{n};
         for (uint64_t d : fi.sample_shape) fshape.push_back(static_cast<int64_t>(d));
         b->arrays.push_back({fi.name.c_str(), const_cast<std::byte*>(h.field(f).data()), DlType(fi.dtype), fshape});
       }
     } else {
-      b->arrays.push_back({"images", const_cast<std::byte*>(h.images().data()), DlType(dt), shape});
+      b->arrays.push_back({"images", const_cast<std::byte*>(h.images().data()), DlType(info.dtype), shape});
     }
     if (!h.labels().empty()) {
-      b->arrays.push_back(
-          {"labels", const_cast<int64_t*>(h.labels().data()), DlType(DType::kInt64), {static_cast<int64_t>(h.size())}});
+      b->arrays.push_back({"labels", const_cast<int64_t*>(h.labels().data()), DlType(DType::kInt64), {n}});
     }
     // Global sample indices (uint64 in the pool, < 2^63): int64, the type
     // every DLPack consumer takes.
-    b->arrays.push_back({"indices",
-                         const_cast<uint64_t*>(h.indices().data()),
-                         DlType(DType::kInt64),
-                         {static_cast<int64_t>(h.size())}});
-    b->host = std::move(f.host);
-    core->held_host.fetch_add(1, std::memory_order_relaxed);
+    b->arrays.push_back({"indices", const_cast<uint64_t*>(h.indices().data()), DlType(DType::kInt64), {n}});
   } else {
-    DeviceBatch& d = *f.device;
-    const auto& info = core->opened->source().info();
-    const int64_t n = d.size();
-    b->epoch = core->epoch;
-    b->index = d.index();
-    b->size = static_cast<uint64_t>(n);
+    const DeviceBatch& d = *batch.device();
+    const gpufeed::FeedOptions& fo = session.options().feed_options;
     // One array per field as the feeder delivers it: the image ("images" for
     // a source of /images) transformed, then a source's later named fields (a
     // class as the labels, masks cropped with the image, others as stored).
-    const std::vector<gpufeed::FeedField>& fields = f.feed->feeder->fields();
+    const std::vector<gpufeed::FeedField>& fields = batch.feed_fields();
     for (size_t i = 0; i < fields.size(); ++i) {
       std::vector<int64_t> shape{n};
       for (uint64_t dim : fields[i].sample_shape) shape.push_back(static_cast<int64_t>(dim));
@@ -111,16 +80,13 @@ gpufeed_batch* MakeBatch(const std::shared_ptr<Core>& core, Fetched f) {
       return x.role == gpufeed::FeedFieldRole::kClass;
     });
     if (info.has_labels && !class_field) {
-      b->arrays.push_back({"labels",
-                           const_cast<void*>(d.labels()),
-                           DlType(core->feed_options.labels_int32 ? DType::kInt32 : DType::kInt64),
-                           {n}});
+      b->arrays.push_back(
+          {"labels", const_cast<void*>(d.labels()), DlType(fo.labels_int32 ? DType::kInt32 : DType::kInt64), {n}});
     }
-    if (d.ready_event() != nullptr) b->dl_device = {kDLCUDA, core->feed_options.device};
-    b->feed = std::move(f.feed);
-    b->device = std::move(f.device);
+    if (d.ready_event() != nullptr) b->dl_device = {kDLCUDA, fo.device};
   }
-  return b;
+  b->batch = std::move(batch);
+  return b.release();
 }
 
 }  // namespace gpufeed::capi
@@ -146,9 +112,9 @@ const CapsuleCalls& Capsules() {
 
 extern "C" {
 
-uint64_t gpufeed_batch_epoch(const gpufeed_batch* b) { return b->epoch; }
-uint64_t gpufeed_batch_index(const gpufeed_batch* b) { return b->index; }
-uint64_t gpufeed_batch_size(const gpufeed_batch* b) { return b->size; }
+uint64_t gpufeed_batch_epoch(const gpufeed_batch* b) { return b->batch.epoch(); }
+uint64_t gpufeed_batch_index(const gpufeed_batch* b) { return b->batch.index(); }
+uint64_t gpufeed_batch_size(const gpufeed_batch* b) { return b->batch.size(); }
 int gpufeed_batch_num_arrays(const gpufeed_batch* b) { return static_cast<int>(b->arrays.size()); }
 const char* gpufeed_batch_array_name(const gpufeed_batch* b, int i) {
   return i >= 0 && static_cast<size_t>(i) < b->arrays.size() ? b->arrays[static_cast<size_t>(i)].name : nullptr;
@@ -207,22 +173,13 @@ void gpufeed_dlpack_delete(DLManagedTensor* t) {
 
 gpufeed_code gpufeed_batch_wait_stream(gpufeed_batch* b, void* stream, gpufeed_error** error) {
   return Guard(error, [&]() -> gpufeed_code {
-    if (!b->device || b->device->ready_event() == nullptr) return GPUFEED_OK;
-    const Status s = b->core->device_ops->StreamWait(gpufeed::gpu::StreamRef{stream},
-                                                     gpufeed::gpu::EventRef{b->device->ready_event()});
+    const Status s = b->batch.WaitOn(stream);
     return s.ok() ? GPUFEED_OK : Fail(error, s);
   });
 }
 
 void gpufeed_batch_set_release_stream(gpufeed_batch* b, void* stream) {
-  b->release_stream.store(stream);
-  if (b->host) {
-    try {
-      b->host_release_stream.store(b->core->ReleaseOps() != nullptr);
-    } catch (...) {
-      // Without ops the slot is released at once, as without a stream.
-    }
-  }
+  b->batch.SetReleaseStream(stream);  // any thread; without CUDA a host slot is released at once
 }
 
 void gpufeed_batch_destroy(gpufeed_batch* b) {

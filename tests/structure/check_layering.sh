@@ -6,6 +6,7 @@
 #   common < hdf5io/{io, codec, image} < hdf5io/hdf5 < loader < gpu < trainer
 #   image < hdf5io/formats;  hdf5, formats < hdf5io/sources < hdf5io/convert
 #   loader < loader/remote (the daemon's wire and client);  sources, remote < loader/door (OpenBatchSource)
+#   gpu, door < gpu/session (Session: what a consumer iterates)
 #   sources, remote < daemon (the server);  capi, cli: anything
 #   bench: the public headers (include/gpufeed/) and its own only
 #   tests/structure/check_layering.sh SOURCE_DIR
@@ -26,6 +27,7 @@ declare -A allowed=(
   [remote]="common io codec image hdf5 loader remote"
   [door]="common io codec image hdf5 formats sources loader remote door"
   [gpu]="common io codec image hdf5 loader gpu"
+  [session]="common io codec image hdf5 formats sources loader remote door gpu session"
   [trainer]="common io codec image hdf5 loader gpu trainer"
   [daemon]="common io codec image hdf5 formats sources loader remote daemon"
 )
@@ -34,7 +36,7 @@ declare -A folder=(
   [common]=common [io]=hdf5io/io [codec]=hdf5io/codec [image]=hdf5io/image [hdf5]=hdf5io/hdf5
   [formats]=hdf5io/formats [sources]=hdf5io/sources [convert]=hdf5io/convert
   [loader]=loader [remote]=loader/remote [door]=loader/door
-  [gpu]=gpu [trainer]=trainer [daemon]=daemon
+  [gpu]=gpu [session]=gpu/session [trainer]=trainer [daemon]=daemon
 )
 # The module an include path (from the source root) names: the module whose
 # folder is its longest leading part.
@@ -61,6 +63,7 @@ owner_of_public() {
     remote_loader.h) echo remote ;;
     open_source.h) echo door ;;
     gpu_feed.h|device.h|hw_timing.h) echo gpu ;;
+    session.h) echo session ;;
     trainer.h) echo trainer ;;
     server.h|daemon_testing.h) echo daemon ;;
     c_api.h) echo capi ;;

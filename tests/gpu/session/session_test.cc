@@ -1,0 +1,360 @@
+// Session on index-valued data (sample k's bytes encode k), with the host's
+// batches and through the feed's CPU twins: every sample once an epoch, the
+// next epoch started early and taken, a resume at another batch size
+// delivering exactly the rest, interrupts ending a wait with nothing lost,
+// batches outliving their session, statistics, and bad input refused with
+// what to do.
+#include "gpufeed/session.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tests/testing/test_data.h"
+
+namespace gpufeed {
+namespace {
+
+// 100 samples of [1, 4, 4] uint8 (16 bytes: the first 8 are the index),
+// chunks of 10.
+constexpr uint64_t kSamples = 100;
+constexpr uint64_t kSampleBytes = 16;
+
+std::string WriteFile(const std::string& tag) {
+  const std::string dir = testing::MakeTempDir(tag);
+  const std::vector<std::byte> data = testing::IndexSamples(kSamples, kSampleBytes);
+  const std::string path = dir + "/in.h5";
+  EXPECT_TRUE(testing::WriteH5(path, {kSamples, 1, 4, 4}, H5T_NATIVE_UINT8, data, {.chunk = {10, 1, 4, 4}}));
+  return path;
+}
+
+// The parameter: through the feed (its CPU twins), or the host's batches.
+class SessionTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { path_ = WriteFile("session"); }
+
+  SessionOptions Opts(uint64_t batch_size = 8) const {
+    SessionOptions o;
+    o.source.data = path_;
+    o.source.share = Share::kNone;
+    o.source.loader.batch_size = batch_size;
+    o.source.loader.order = Order::kBlock;
+    o.source.loader.shuffle_window = 2;
+    o.source.loader.seed = 11;
+    o.source.loader.threads = 2;
+    o.source.loader.prefetch = 4;
+    o.feed = GetParam();
+    o.feed_options.force_cpu = true;
+    o.feed_options.mean = {0};
+    o.feed_options.stddev = {1};  // float32 output equal to the stored bytes
+    return o;
+  }
+
+  std::unique_ptr<Session> Open(const SessionOptions& o) const {
+    auto s = Session::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  std::string path_;
+};
+
+// The samples of a batch, each checked against its bytes and label.
+std::vector<uint64_t> SamplesOf(const SessionBatch& b) {
+  std::vector<uint64_t> out;
+  if (const Batch* h = b.host()) {
+    EXPECT_EQ(b.device(), nullptr);
+    EXPECT_EQ(h->size(), b.size());
+    for (uint64_t i = 0; i < h->size(); ++i) {
+      const int64_t k = testing::SampleIndexOf(h->images().subspan(i * kSampleBytes, kSampleBytes));
+      EXPECT_EQ(k, static_cast<int64_t>(h->indices()[i])) << "batch " << b.index() << " row " << i;
+      EXPECT_EQ(h->labels()[i], testing::IndexLabel(static_cast<uint64_t>(k)));
+      out.push_back(static_cast<uint64_t>(k));
+    }
+    return out;
+  }
+  const DeviceBatch* d = b.device();
+  EXPECT_NE(d, nullptr);
+  if (d == nullptr) return out;
+  EXPECT_EQ(static_cast<uint64_t>(d->size()), b.size());
+  EXPECT_EQ(d->ready_event(), nullptr);  // the CPU twins: host memory, ready now
+  EXPECT_FALSE(b.feed_fields().empty());
+  const float* px = static_cast<const float*>(d->images());
+  const int64_t* labels = static_cast<const int64_t*>(d->labels());
+  for (int i = 0; i < d->size(); ++i) {
+    std::vector<std::byte> bytes(kSampleBytes);
+    for (uint64_t p = 0; p < kSampleBytes; ++p) {
+      bytes[p] = static_cast<std::byte>(static_cast<uint8_t>(px[static_cast<uint64_t>(i) * kSampleBytes + p]));
+    }
+    const int64_t k = testing::SampleIndexOf(bytes);
+    EXPECT_EQ(k, static_cast<int64_t>(d->indices()[static_cast<size_t>(i)])) << "batch " << b.index() << " row " << i;
+    EXPECT_EQ(labels[i], testing::IndexLabel(static_cast<uint64_t>(k)));
+    out.push_back(static_cast<uint64_t>(k));
+  }
+  return out;
+}
+
+// Takes the rest of the epoch, each batch released as it comes.
+std::vector<uint64_t> Drain(Session& s, uint64_t* batches = nullptr) {
+  std::vector<uint64_t> got;
+  for (;;) {
+    auto b = s.Next();
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok() || !*b) break;
+    const std::vector<uint64_t> k = SamplesOf(**b);
+    got.insert(got.end(), k.begin(), k.end());
+    if (batches != nullptr) ++*batches;
+  }
+  return got;
+}
+
+void ExpectEverySampleOnce(std::vector<uint64_t> got) {
+  std::sort(got.begin(), got.end());
+  ASSERT_EQ(got.size(), kSamples);
+  for (uint64_t k = 0; k < kSamples; ++k) ASSERT_EQ(got[k], k) << "sample " << k << " missing or repeated";
+}
+
+TEST_P(SessionTest, EverySampleOnceAnEpochAndTheNextEpochStartedEarly) {
+  auto s = Open(Opts());
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->num_batches(), 13u);
+  EXPECT_EQ(s->decode(), "none");
+  EXPECT_FALSE(s->on_gpu());
+  std::vector<uint64_t> first;
+  for (uint64_t e = 0; e < 3; ++e) {
+    ASSERT_TRUE(s->StartEpoch(e).ok());
+    uint64_t batches = 0;
+    const std::vector<uint64_t> got = Drain(*s, &batches);
+    EXPECT_EQ(batches, 13u);
+    ExpectEverySampleOnce(got);
+    if (e == 0) first = got;
+    if (e > 0) {
+      EXPECT_NE(got, first) << "epoch " << e << " in epoch 0's order";
+    }
+    // Ended: the position is the epoch's end, the next epoch runs ahead and
+    // the statistics stay the ended epoch's until it is started.
+    EXPECT_EQ(s->position().epoch, e);
+    EXPECT_EQ(s->position().next_batch, 13u);
+    EXPECT_EQ(s->stats().loader.samples, kSamples);
+    auto again = s->Next();
+    ASSERT_TRUE(again.ok());
+    EXPECT_FALSE(*again) << "the next epoch's batch before it was started";
+  }
+  // A rerun of the same epoch (step 0) is whole too.
+  ASSERT_TRUE(s->StartEpoch(2).ok());
+  ExpectEverySampleOnce(Drain(*s));
+}
+
+TEST_P(SessionTest, TheNextEpochWithoutTheEarlyStartIsTheSame) {
+  SessionOptions early = Opts(), late = Opts();
+  late.next_epoch_early = false;
+  late.restart_feeder = false;
+  auto a = Open(early), b = Open(late);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  for (uint64_t e = 0; e < 2; ++e) {
+    ASSERT_TRUE(a->StartEpoch(e).ok());
+    ASSERT_TRUE(b->StartEpoch(e).ok());
+    EXPECT_EQ(Drain(*a), Drain(*b)) << "epoch " << e;
+  }
+}
+
+TEST_P(SessionTest, ResumeAtAnotherBatchSizeDeliversTheRestExactlyOnce) {
+  std::vector<uint64_t> before;
+  std::string saved;
+  {
+    auto a = Open(Opts(8));
+    ASSERT_NE(a, nullptr);
+    ASSERT_TRUE(a->StartEpoch(1).ok());
+    for (int i = 0; i < 5; ++i) {
+      auto b = a->Next();
+      ASSERT_TRUE(b.ok() && *b);
+      const std::vector<uint64_t> k = SamplesOf(**b);
+      before.insert(before.end(), k.begin(), k.end());
+    }
+    EXPECT_EQ(a->position().next_batch, 5u);
+    const LoaderState st = a->state();
+    EXPECT_EQ(st.epoch, 1u);
+    EXPECT_EQ(st.consumed, 40u);
+    saved = st.Serialize();
+  }
+  auto b = Open(Opts(12));
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->CheckState(saved).ok());
+  const Status loaded = b->LoadState(saved);
+  ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+  EXPECT_EQ(b->position().epoch, 1u);
+  uint64_t batches = 0;
+  std::vector<uint64_t> after = Drain(*b, &batches);
+  EXPECT_EQ(after.size(), kSamples - 40);
+  EXPECT_EQ(batches, 5u);  // 60 samples in batches of 12
+  std::vector<uint64_t> all = before;
+  all.insert(all.end(), after.begin(), after.end());
+  ExpectEverySampleOnce(all);
+  // The next epoch is this run's own, whole (a resumed epoch's successor
+  // starts when asked).
+  ASSERT_TRUE(b->StartEpoch(2).ok());
+  uint64_t next_batches = 0;
+  ExpectEverySampleOnce(Drain(*b, &next_batches));
+  EXPECT_EQ(next_batches, 9u);
+}
+
+TEST_P(SessionTest, InterruptEndsAWaitWithNothingLost) {
+  auto s = Open(Opts());
+  ASSERT_NE(s, nullptr);
+  // Before any epoch: kept for the first wait of the next one.
+  s->Interrupt();
+  ASSERT_TRUE(s->StartEpoch(0).ok());
+  auto w = s->NextFor(std::chrono::seconds(30));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->wait, WaitResult::kInterrupted);
+  EXPECT_FALSE(w->batch);
+  std::vector<uint64_t> got;
+  for (int i = 0; i < 3; ++i) {
+    auto b = s->NextFor(std::chrono::seconds(30));
+    ASSERT_TRUE(b.ok() && b->wait == WaitResult::kReady && b->batch);
+    const std::vector<uint64_t> k = SamplesOf(*b->batch);
+    got.insert(got.end(), k.begin(), k.end());
+  }
+  // Mid-epoch: the next wait ends, once; the epoch goes on from where it was.
+  s->Interrupt();
+  w = s->NextFor(std::chrono::seconds(30));
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->wait, WaitResult::kInterrupted);
+  EXPECT_FALSE(w->batch);
+  EXPECT_EQ(s->position().next_batch, 3u);
+  const std::vector<uint64_t> rest = Drain(*s);
+  got.insert(got.end(), rest.begin(), rest.end());
+  ExpectEverySampleOnce(got);
+}
+
+TEST_P(SessionTest, BatchesOutliveTheSessionAndAStoppedEpoch) {
+  auto s = Open(Opts());
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->StartEpoch(0).ok());
+  auto b = s->Next();
+  ASSERT_TRUE(b.ok() && *b);
+  const std::vector<uint64_t> held = SamplesOf(**b);
+  // A new epoch mid-way, then the session gone: the held batch still reads
+  // what it read, on any thread, and releases into a pool that is still there.
+  ASSERT_TRUE(s->StartEpoch(3).ok());
+  auto other = s->Next();
+  ASSERT_TRUE(other.ok() && *other);
+  EXPECT_EQ((*other)->epoch(), 3u);
+  s.reset();
+  std::thread t([&] {
+    EXPECT_EQ(SamplesOf(**b), held);
+    (*b)->SetReleaseStream(nullptr);
+    (*b)->Release();
+    EXPECT_EQ((*b)->host(), nullptr);
+    EXPECT_EQ((*b)->device(), nullptr);
+  });
+  t.join();
+}
+
+TEST_P(SessionTest, StatisticsArePresent) {
+  auto s = Open(Opts());
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->StartEpoch(0).ok());
+  (void)Drain(*s);
+  const SessionStats st = s->stats();
+  EXPECT_EQ(st.loader.samples, kSamples);
+  EXPECT_EQ(st.loader.batches, 13u);
+  EXPECT_GT(st.loader.chunk_reads, 0u);
+  EXPECT_EQ(st.has_feed, GetParam());
+  if (GetParam()) {
+    EXPECT_EQ(st.feed.fresh_samples, kSamples);
+    EXPECT_FALSE(st.feed.on_gpu);
+  }
+  const std::string j = SessionStatsJson(st);
+  EXPECT_NE(j.find("\"samples\": 100"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"batches\": 13"), std::string::npos) << j;
+  EXPECT_EQ(j.find("\"feed_fresh_samples\": 100") != std::string::npos, GetParam()) << j;
+  EXPECT_EQ(j.front(), '{');
+  EXPECT_EQ(j.back(), '}');
+}
+
+TEST_P(SessionTest, BadUseIsRefusedSayingWhatToDo) {
+  auto s = Open(Opts());
+  ASSERT_NE(s, nullptr);
+  auto early = s->NextFor(std::chrono::milliseconds(10));
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(early.status().message().find("no epoch started"), std::string::npos) << early.status().ToString();
+  const Status garbage = s->LoadState("not a state");
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_NE(garbage.message().find(s->name()), std::string::npos) << garbage.ToString();
+  // A state of another run (another seed) is refused, naming the option.
+  SessionOptions other = Opts();
+  other.source.loader.seed = 12;
+  auto o = Open(other);
+  ASSERT_NE(o, nullptr);
+  auto refused = s->CheckState(o->state().Serialize());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("seed"), std::string::npos) << refused.status().ToString();
+  if (!GetParam()) {
+    // Holding every batch of the pool and asking for another: an error naming prefetch, not a hang.
+    ASSERT_TRUE(s->StartEpoch(0).ok());
+    std::vector<SessionBatch> held;
+    for (uint64_t i = 0; i < s->pool_slots(); ++i) {
+      auto b = s->Next();
+      ASSERT_TRUE(b.ok() && *b) << b.status().ToString();
+      held.push_back(std::move(**b));
+    }
+    auto more = s->NextFor(std::chrono::seconds(30));
+    ASSERT_FALSE(more.ok());
+    EXPECT_NE(more.status().message().find("prefetch"), std::string::npos) << more.status().ToString();
+    held.pop_back();
+    auto again = s->NextFor(std::chrono::seconds(30));
+    ASSERT_TRUE(again.ok() && again->batch) << "releasing one batch lets the epoch go on";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HostAndFeed, SessionTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Feed" : "Host"; });
+
+TEST(SessionOpenTest, MissingFileAndImpossibleDecodeAreRefused) {
+  SessionOptions o;
+  o.source.data = testing::MakeTempDir("session_missing") + "/none.h5";
+  o.source.share = Share::kNone;
+  auto missing = Session::Open(o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("none.h5"), std::string::npos) << missing.status().ToString();
+  // decode on the GPU with the feed on the CPU: Unsupported, saying what it needs.
+  o.source.data = WriteFile("session_decode");
+  o.feed = true;
+  o.feed_options.force_cpu = true;
+  o.decode = DecodeDevice::kGpu;
+  auto gpu = Session::Open(o);
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(gpu.status().message().find("decode=\"auto\""), std::string::npos) << gpu.status().ToString();
+}
+
+TEST(SessionOpenTest, TheEnvironmentOverridesTheEpochSwitches) {
+  const char* names[] = {"GPUFEED_FEED_RESTART", "GPUFEED_NEXT_EPOCH_EARLY"};
+  for (const char* n : names) ASSERT_EQ(std::getenv(n), nullptr) << n << " is set in this test's environment";
+  SessionOptions o;
+  EXPECT_TRUE(WithEnvironment(o).restart_feeder);
+  EXPECT_TRUE(WithEnvironment(o).next_epoch_early);
+  ::setenv("GPUFEED_FEED_RESTART", "0", 1);
+  ::setenv("GPUFEED_NEXT_EPOCH_EARLY", "0", 1);
+  const SessionOptions off = WithEnvironment(o);
+  ::setenv("GPUFEED_NEXT_EPOCH_EARLY", "1", 1);
+  o.next_epoch_early = false;
+  const SessionOptions on = WithEnvironment(o);
+  ::unsetenv("GPUFEED_FEED_RESTART");
+  ::unsetenv("GPUFEED_NEXT_EPOCH_EARLY");
+  EXPECT_FALSE(off.restart_feeder);
+  EXPECT_FALSE(off.next_epoch_early);
+  EXPECT_TRUE(on.next_epoch_early);
+  EXPECT_FALSE(on.restart_feeder);
+}
+
+}  // namespace
+}  // namespace gpufeed
