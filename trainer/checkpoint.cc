@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include "common/atomic_file.h"
+#include "hdf5io/io/read_file.h"
 
 namespace gpufeed::trainer {
 namespace {
@@ -82,9 +83,13 @@ std::vector<std::pair<void*, size_t>> Tensors(Model* model) {
 
 // The file's payload (after the checked header) and its format version.
 Status ReadPayload(const std::string& path, std::string* data, uint32_t* version) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status::NotFound("checkpoint " + path + ": cannot open (no such file?)");
-  data->assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // Read whole through io (hdf5io/io/read_file.h).
+  if (Status read = io::ReadWholeFile(path, data); !read.ok()) {
+    if (read.code() == StatusCode::kNotFound) {
+      return Status::NotFound("checkpoint " + path + ": cannot open (no such file?)");
+    }
+    return read.WithContext("checkpoint");
+  }
   if (data->size() < 32 || std::memcmp(data->data(), kMagic, 8) != 0)
     return Status::Corrupt("checkpoint " + path + ": not a gpufeed checkpoint (bad magic)");
   uint64_t size, hash;

@@ -1,11 +1,14 @@
 // IDX reader (the MNIST / Fashion-MNIST format): big-endian header, uint8
-// payload, gzip-compressed or plain (zlib's gzread reads both).
+// payload, gzip-compressed (inflated in memory, every member) or plain; the
+// file read whole through io (hdf5io/io/read_file.h).
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/sizes.h"
 #include "gpufeed/sample_source.h"
+#include "hdf5io/io/read_file.h"
 
 namespace gpufeed {
 namespace {
@@ -16,27 +19,60 @@ struct IdxArray {
   uint64_t file_bytes = 0;
 };
 
-Result<IdxArray> ReadIdx(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return Status::NotFound(path + ": cannot open: " + std::strerror(errno));
-  gzbuffer(f, 1 << 20);
-  std::vector<uint8_t> bytes;
+// The gzip members of `raw` inflated, one after another (as gzread reads
+// them; bytes after the last member that start no other are left, as it
+// leaves them). Corrupt naming the path for a damaged or truncated stream.
+Result<std::vector<uint8_t>> Gunzip(const std::string& path, const std::vector<uint8_t>& raw) {
+  std::vector<uint8_t> out;
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 16) != Z_OK) return Status::Internal(path + ": zlib's inflate did not start");
+  const uint8_t* const end = raw.data() + raw.size();
+  const uint8_t* next = raw.data();  // the input not yet handed to zlib
   uint8_t buf[1 << 16];
+  Status st;
   for (;;) {
-    int n = gzread(f, buf, sizeof(buf));
-    if (n < 0) {
-      int err = 0;
-      std::string msg = gzerror(f, &err);
-      gzclose(f);
-      return Status::Corrupt(path + ": gzip stream is damaged: " + msg);
+    if (z.avail_in == 0 && next < end) {  // at most 4 GiB a piece (avail_in is 32 bits)
+      z.next_in = const_cast<Bytef*>(next);
+      z.avail_in = static_cast<uInt>(std::min<size_t>(static_cast<size_t>(end - next), UINT32_MAX));
+      next += z.avail_in;
     }
-    if (n == 0) break;
-    bytes.insert(bytes.end(), buf, buf + n);
+    z.next_out = buf;
+    z.avail_out = sizeof(buf);
+    const int rc = inflate(&z, Z_NO_FLUSH);
+    out.insert(out.end(), buf, buf + (sizeof(buf) - z.avail_out));
+    if (rc == Z_OK) continue;
+    if (rc == Z_STREAM_END) {
+      const uint8_t* at = z.next_in;
+      if (end - at < 2 || at[0] != 0x1f || at[1] != 0x8b) break;  // no further member
+      inflateReset(&z);
+      continue;
+    }
+    if (rc == Z_BUF_ERROR && z.avail_in == 0 && next == end) {
+      st = Status::Corrupt(path + ": gzip stream is truncated (it ends inside a member)");
+    } else {
+      st = Status::Corrupt(path + ": gzip stream is damaged: " +
+                           (z.msg != nullptr ? std::string(z.msg) : "zlib error " + std::to_string(rc)));
+    }
+    break;
   }
-  // A gzip file cut short reads as a clean EOF in zlib <1.2.12; gzclose
-  // reports the missing trailer (Z_BUF_ERROR).
-  if (int rc = gzclose(f); rc != Z_OK) {
-    return Status::Corrupt(path + ": gzip stream is truncated or damaged (zlib error " + std::to_string(rc) + ")");
+  inflateEnd(&z);
+  if (!st.ok()) return st;
+  return out;
+}
+
+// The IDX file's bytes, read through io (read_file.h), inflated when gzip'd.
+Result<IdxArray> ReadIdx(const std::string& path) {
+  std::vector<uint8_t> raw;
+  GPUFEED_RETURN_IF_ERROR(io::ReadWholeFile(path, &raw));
+  const uint64_t file_bytes = raw.size();
+  const bool gzipped = raw.size() >= 2 && raw[0] == 0x1f && raw[1] == 0x8b;
+  std::vector<uint8_t> bytes;
+  if (gzipped) {
+    auto inflated = Gunzip(path, raw);
+    if (!inflated.ok()) return inflated.status();
+    bytes = std::move(*inflated);
+  } else {
+    bytes = std::move(raw);
   }
   IdxArray out;
   if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0) {
@@ -65,12 +101,7 @@ Result<IdxArray> ReadIdx(const std::string& path) {
                            std::to_string(bytes.size() - header));
   }
   out.data.assign(bytes.begin() + header, bytes.end());
-  FILE* raw = std::fopen(path.c_str(), "rb");
-  if (raw != nullptr) {
-    std::fseek(raw, 0, SEEK_END);
-    out.file_bytes = static_cast<uint64_t>(std::ftell(raw));
-    std::fclose(raw);
-  }
+  out.file_bytes = file_bytes;
   return out;
 }
 

@@ -1,14 +1,14 @@
 #include "hdf5io/formats/image_folder_listing.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+
+#include "hdf5io/io/read_file.h"
 
 namespace gpufeed::image_folder {
 
@@ -91,31 +91,7 @@ Result<FolderListing> ListImageFolder(const std::string& dir) {
   return out;
 }
 
-// Reads a whole file into `out` (resized to fit). IOError names the path.
-Status ReadWholeFile(const std::string& path, std::vector<unsigned char>* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Status::IOError(path + ": cannot stat: " + std::strerror(err));
-  }
-  out->resize(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (done < out->size()) {
-    const ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : 0;
-      ::close(fd);
-      return Status::IOError(path + ": read failed at byte " + std::to_string(done) + ": " +
-                             (err ? std::strerror(err) : "file shrank while being read"));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return Status::Ok();
-}
+// Reads a whole file into `out` (resized to fit), through io (read_file.h).
+Status ReadWholeFile(const std::string& path, std::vector<unsigned char>* out) { return io::ReadWholeFile(path, out); }
 
 }  // namespace gpufeed::image_folder

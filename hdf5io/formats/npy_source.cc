@@ -1,38 +1,28 @@
 // NumPy .npy reader: parses the header dict (descr, fortran_order, shape) and
 // memory-maps the C-order payload.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <optional>
 #include <regex>
-
-#include <algorithm>
 
 #include "common/sizes.h"
 #include "gpufeed/sample_source.h"
 #include "gpufeed/field_spec.h"
 #include "gpufeed/file_list.h"
+#include "hdf5io/io/read_file.h"
 
 namespace gpufeed {
 namespace {
 
 struct NpyMap {
   std::string path;
-  const std::byte* base = nullptr;
+  std::optional<io::MappedFile> mapped;  // the whole file (io/read_file.h)
+  const std::byte* base = nullptr;       // mapped's bytes
   size_t size = 0;
   size_t data_offset = 0;
   DType dtype = DType::kUInt8;
   std::vector<uint64_t> shape;
-
-  NpyMap() = default;
-  NpyMap(const NpyMap&) = delete;
-  NpyMap& operator=(const NpyMap&) = delete;
-  ~NpyMap() {
-    if (base != nullptr) ::munmap(const_cast<std::byte*>(base), size);
-  }
 };
 
 Result<DType> DTypeFromDescr(const std::string& path, const std::string& descr) {
@@ -71,19 +61,12 @@ Result<DType> DTypeFromDescr(const std::string& path, const std::string& descr) 
 Result<std::unique_ptr<NpyMap>> MapNpy(const std::string& path) {
   auto m = std::make_unique<NpyMap>();
   m->path = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::NotFound(path + ": cannot open: " + std::strerror(errno));
-  struct stat st;
-  ::fstat(fd, &st);
-  m->size = static_cast<size_t>(st.st_size);
-  if (m->size < 10) {
-    ::close(fd);
-    return Status::Corrupt(path + ": not a .npy file (too short)");
-  }
-  void* p = ::mmap(nullptr, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return Status::IOError(path + ": mmap failed: " + std::strerror(errno));
-  m->base = static_cast<const std::byte*>(p);
+  auto mapped = io::MappedFile::Open(path);
+  if (!mapped.ok()) return mapped.status();
+  m->mapped = std::move(*mapped);
+  m->base = m->mapped->bytes().data();
+  m->size = m->mapped->bytes().size();
+  if (m->size < 10) return Status::Corrupt(path + ": not a .npy file (too short)");
   const auto* b = reinterpret_cast<const unsigned char*>(m->base);
   if (std::memcmp(b, "\x93NUMPY", 6) != 0) return Status::Corrupt(path + ": not a .npy file (bad magic)");
   const int major = b[6];

@@ -2,8 +2,6 @@
 // a copy of the file that replaces it atomically, or a JSON sidecar beside a
 // file that is not writable; and the sidecar's reader, for Dataset::Open.
 #include <fcntl.h>
-#include <linux/fs.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 #include "common/atomic_file.h"
 #include "gpufeed/stats.h"
 #include "hdf5io/hdf5/h5_util.h"
+#include "hdf5io/io/read_file.h"
 
 namespace gpufeed {
 namespace {
@@ -36,61 +35,12 @@ int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
 
-// Copies `from` to the new file `to` (created with `mode`): a reflink where
-// the file system shares extents (btrfs, XFS), else copy_file_range, else
-// read/write.
-Status CopyFile(const std::string& from, const std::string& to, mode_t mode) {
-  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) return Status::IOError(from + ": cannot open: " + std::strerror(errno));
-  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode & 07777);
-  if (out < 0) {
-    const int err = errno;
-    ::close(in);
-    return Status::IOError(from + ": cannot create the copy " + to + ": " + std::strerror(err));
-  }
-  Status st;
-  if (::ioctl(out, FICLONE, in) != 0) {
-    bool use_rw = false;
-    for (;;) {
-      ssize_t n = 0;
-      if (!use_rw) {
-        n = ::copy_file_range(in, nullptr, out, nullptr, 1 << 30, 0);
-        if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
-          use_rw = true;
-          continue;
-        }
-      } else {
-        char buf[1 << 16];
-        n = ::read(in, buf, sizeof buf);
-        for (ssize_t w = 0, off = 0; n > 0 && off < n; off += w) {
-          w = ::write(out, buf + off, static_cast<size_t>(n - off));
-          if (w < 0) {
-            if (errno == EINTR) {
-              w = 0;
-              continue;
-            }
-            n = -1;
-            break;
-          }
-        }
-      }
-      if (n == 0) break;
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        st = Status::IOError(from + ": copying to " + to + " failed: " + std::strerror(errno) +
-                             (errno == ENOSPC ? " (disk full; --store sidecar needs no copy)" : ""));
-        break;
-      }
-    }
-  }
-  ::close(in);
-  if (::close(out) != 0 && st.ok()) st = Status::IOError(to + ": close failed: " + std::strerror(errno));
-  return st;
-}
-
 Status StoreAttributes(const std::string& file, const struct stat& st, const std::vector<FieldStats>& stats) {
   AtomicFile out(file);
-  GPUFEED_RETURN_IF_ERROR(CopyFile(file, out.tmp_path(), st.st_mode));
+  // A copy made through io (hdf5io/io/read_file.h): a reflink where it can.
+  if (Status copied = io::CopyFile(file, out.tmp_path(), st.st_mode); !copied.ok()) {
+    return copied.WithContext("--store writes a copy of the file (--store sidecar writes none)");
+  }
   if (::geteuid() == 0) (void)::chown(out.tmp_path().c_str(), st.st_uid, st.st_gid);  // keep the owner
   h5::QuietErrors();
   {
@@ -148,11 +98,9 @@ nlohmann::json ReadSidecar(const std::string& file, std::string* why = nullptr) 
   if (static_cast<uint64_t>(sst.st_size) > kMaxSidecarBytes) {
     return refuse("larger than " + std::to_string(kMaxSidecarBytes) + " bytes");
   }
-  std::ifstream in(side, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) return refuse("unreadable");
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  std::string text;  // read whole through io (hdf5io/io/read_file.h), its size bounded
+  if (!io::ReadWholeFile(side, &text, kMaxSidecarBytes).ok()) return refuse("unreadable");
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   try {
     if (!j.is_object()) return refuse("not a JSON object");
     if (j.value("gpufeed_stats", 0) != kSidecarVersion)

@@ -13,6 +13,7 @@
 #include "hdf5io/formats/image_folder_listing.h"
 #include "gpufeed/sample_decoder.h"
 #include "hdf5io/hdf5/reach.h"
+#include "hdf5io/io/read_file.h"
 
 namespace gpufeed {
 namespace {
@@ -125,35 +126,18 @@ class FolderImages final : public EncodedImageSource {
   }
 
  private:
-  // File k's bytes into dst (sizes[k] of them), checked against its size at
-  // the open.
+  // File k's bytes into dst (sizes[k] of them), read whole through io
+  // (hdf5io/io/read_file.h), checked against its size at the open.
   Status ReadFile(uint64_t k, std::byte* dst) const {
     const std::string& path = index_->listing.files[k];
     const uint64_t want = index_->sizes[k];
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
-    struct stat st {};
-    Status result = Status::Ok();
-    if (::fstat(fd, &st) != 0) {
-      result = Status::IOError(path + ": cannot stat: " + std::strerror(errno));
-    } else if (static_cast<uint64_t>(st.st_size) != want) {
-      result = Status::Corrupt(path + ": holds " + std::to_string(st.st_size) + " bytes, " + std::to_string(want) +
+    return io::ReadWholeFile(path, [&](uint64_t size) -> Result<std::byte*> {
+      if (size != want) {
+        return Status::Corrupt(path + ": holds " + std::to_string(size) + " bytes, " + std::to_string(want) +
                                " when the folder was opened (was it rewritten? open the folder again)");
-    } else {
-      uint64_t done = 0;
-      while (done < want) {
-        const ssize_t n = ::pread(fd, dst + done, want - done, static_cast<off_t>(done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          result = Status::IOError(path + ": read failed at byte " + std::to_string(done) + ": " +
-                                   (n < 0 ? std::strerror(errno) : "the file shrank while being read"));
-          break;
-        }
-        done += static_cast<uint64_t>(n);
       }
-    }
-    ::close(fd);
-    return result;
+      return dst;
+    });
   }
 
   std::shared_ptr<const Index> index_;

@@ -6,11 +6,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "common/classes.h"
 #include "gpufeed/fields.h"
 #include "hdf5io/hdf5/probe.h"
+#include "hdf5io/io/read_file.h"
 #include "hdf5io/sources/folder_images.h"
 #include "hdf5io/io/object_store.h"
 
@@ -21,14 +21,16 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// HDF5's superblock signature, at 0, 512, 1024, ... (after a user block).
+// HDF5's superblock signature, at 0, 512, 1024, ... (after a user block),
+// read through io (hdf5io/io/read_file.h). A file that cannot be read has none.
 bool HasHdf5Signature(const std::string& path) {
   static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-  std::ifstream f(path, std::ios::binary);
-  unsigned char buf[8];
-  for (uint64_t off = 0; off <= (1u << 20) && f; off = off ? off * 2 : 512) {
-    f.seekg(static_cast<std::streamoff>(off));
-    if (!f.read(reinterpret_cast<char*>(buf), 8)) return false;
+  auto f = io::ReadOnlyFile::Open(path);
+  if (!f.ok()) return false;
+  std::byte buf[8];
+  for (uint64_t off = 0; off <= (1u << 20) && off + 8 <= f->size(); off = off ? off * 2 : 512) {
+    auto got = f->ReadAt(off, buf);
+    if (!got.ok() || *got < sizeof buf) return false;
     if (std::memcmp(buf, kSig, 8) == 0) return true;
   }
   return false;

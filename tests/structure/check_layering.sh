@@ -4,7 +4,7 @@
 # contracts, belong to the module that implements them. An upward include is
 # reported with the file and line, and fails this test.
 #   common < hdf5io/{io, codec, image} < hdf5io/hdf5 < loader < gpu < trainer
-#   image < hdf5io/formats;  hdf5, formats < hdf5io/sources < hdf5io/convert
+#   io, image < hdf5io/formats;  hdf5, formats < hdf5io/sources < hdf5io/convert
 #   loader < loader/remote (the daemon's wire and client);  sources, remote < loader/door (OpenBatchSource)
 #   gpu, door < gpu/session (Session: what a consumer iterates)
 #   sources, remote < daemon (the server);  capi, cli: anything
@@ -20,7 +20,7 @@ declare -A allowed=(
   [codec]="common codec"
   [image]="common image"
   [hdf5]="common io codec image hdf5"
-  [formats]="common image formats"
+  [formats]="common io image formats"
   [sources]="common io codec image hdf5 formats sources"
   [convert]="common io codec image hdf5 formats sources convert"
   [loader]="common io codec image hdf5 loader"
