@@ -15,12 +15,14 @@
 #include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/job.h"
+#include "hdf5io/io/read_file.h"
 
 namespace gpufeed::trainer {
 
 namespace {
 constexpr char kMagic[] = "gpufeed-rendezvous 1";
-}
+constexpr uint64_t kMaxRendezvousBytes = 1 << 20;  // far above any payload (an id of a few hundred bytes)
+}  // namespace
 
 Result<std::string> RendezvousPrefix(int world_size, int local_world_size) {
   std::string dir = Env("GPUFEED_RENDEZVOUS_DIR");
@@ -59,21 +61,25 @@ Result<std::string> Rendezvous(const CommOptions& o, const std::string& payload)
   }
   const double deadline = NowSeconds() + o.timeout_s;
   for (int i = 0;; ++i) {
-    std::ifstream in(path, std::ios::binary);
-    if (in) {
+    // Read whole through io (hdf5io/io/read_file.h), bounded: the payload is
+    // a communicator's id (a few hundred bytes), and a file far larger is
+    // not rank 0's. A file not (yet) there, or not complete, is waited for.
+    std::string file;
+    if (io::ReadWholeFile(path, &file, kMaxRendezvousBytes).ok()) {
+      std::istringstream in(file);
       std::string magic;
       int world = 0;
       size_t n = 0;
       std::getline(in, magic);
       in >> world >> n;
       in.get();
-      std::string got(n, '\0');
-      if (magic == kMagic && in.read(got.data(), std::streamsize(n)) && in.gcount() == std::streamsize(n)) {
+      const auto at = in.tellg();
+      if (magic == kMagic && in && at >= 0 && n <= file.size() - static_cast<size_t>(at)) {
         if (world != o.world_size) {
           return Status::InvalidArgument("train: rendezvous " + path + " is for " + std::to_string(world) +
                                          " ranks, this rank was started for " + std::to_string(o.world_size));
         }
-        return got;
+        return file.substr(static_cast<size_t>(at), n);
       }
     }
     if (NowSeconds() > deadline) {

@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <span>
 #include <unordered_set>
 
 #include "hdf5io/hdf5/h5_util.h"
+#include "hdf5io/io/read_file.h"
 
 namespace gpufeed::h5 {
 namespace {
@@ -24,26 +26,20 @@ constexpr int kMaxHeaderBlocks = 256;  // continuation blocks of one object head
 constexpr uint64_t kMaxHeaderBlockBytes = 1 << 20;
 constexpr int kMaxLevels = 48;  // a B-tree of 2^48 leaves is not a dataset's
 
-// pread of the file, bounded by its size; little-endian fields.
+// The file's bytes through io (hdf5io/io/read_file.h), bounded by its size;
+// little-endian fields.
 class FileBytes {
  public:
-  FileBytes(int fd, uint64_t size, uint64_t base) : fd_(fd), size_(size), base_(base) {}
+  FileBytes(const io::ReadOnlyFile& file, uint64_t base) : file_(file), size_(file.size()), base_(base) {}
   // Bytes [base + rel, base + rel + n) into out, false past the end.
   bool Read(uint64_t rel, uint64_t n, std::vector<uint8_t>* out) const {
     if (rel > size_ || base_ > size_ - rel || n > size_ - base_ - rel) return false;
     out->resize(n);
-    uint64_t done = 0;
-    while (done < n) {
-      const ssize_t r = ::pread(fd_, out->data() + done, n - done, static_cast<off_t>(base_ + rel + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return false;
-      done += static_cast<uint64_t>(r);
-    }
-    return true;
+    return file_.ReadExactly(base_ + rel, std::as_writable_bytes(std::span(*out))).ok();
   }
 
  private:
-  int fd_;
+  const io::ReadOnlyFile& file_;
   uint64_t size_, base_;
 };
 
@@ -170,15 +166,9 @@ Result<std::vector<ChunkKey>> WalkChunkBTree(hid_t dset, const std::string& path
     }
   }
   if (sa < 2 || sa > 8 || ss < 2 || ss > 8) return Status::Unsupported(what + ": addresses of " + std::to_string(sa));
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::Unsupported(what + ": " + path + ": " + std::strerror(errno));
-  struct stat st {};
-  const bool sized = ::fstat(fd, &st) == 0;
-  const FileBytes file(fd, sized ? static_cast<uint64_t>(st.st_size) : 0, base);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  auto opened = io::ReadOnlyFile::Open(path);
+  if (!opened.ok()) return Status::Unsupported(what + ": " + opened.status().message());
+  const FileBytes file(*opened, base);
 
   const ReadBytes read = [&file](uint64_t at, uint64_t n, std::vector<uint8_t>* out) { return file.Read(at, n, out); };
   return WalkChunkBTreeAt(read, oi.addr, sa, ss, max_entries, what);

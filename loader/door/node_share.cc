@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <span>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "common/job.h"
 #include "common/sizes.h"
 #include "gpufeed/fields.h"
+#include "hdf5io/io/read_file.h"
 
 extern char** environ;
 
@@ -94,11 +96,18 @@ Result<std::string> CliPath() {
                           " or on PATH; set GPUFEED_CLI, or use share=none");
 }
 
+// The log's last lines, read through io (hdf5io/io/read_file.h): the node's
+// file, not one a link there names (practice 24), and only its end.
 std::string Tail(const std::string& path) {
-  std::ifstream f(path);
-  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto f = io::ReadOnlyFile::Open(path, {.no_follow = true});
+  if (!f.ok()) return "(" + f.status().message() + ")";
+  constexpr uint64_t kTail = 2048;
+  const uint64_t from = f->size() > kTail ? f->size() - kTail : 0;
+  std::string all(static_cast<size_t>(f->size() - from), '\0');
+  auto got = f->ReadAt(from, std::as_writable_bytes(std::span(all)));
+  all.resize(got.ok() ? *got : 0);
   while (!all.empty() && (all.back() == '\n' || all.back() == ' ')) all.pop_back();
-  if (all.size() > 2000) all = "..." + all.substr(all.size() - 2000);
+  if (from > 0 || all.size() > 2000) all = "..." + all.substr(all.size() > 2000 ? all.size() - 2000 : 0);
   return all.empty() ? "(nothing in " + path + ")" : all;
 }
 
