@@ -415,6 +415,7 @@ Status GpuFeeder::Impl::StartAt(uint64_t start) {
 
 Status GpuFeeder::Impl::Restart(uint64_t e, uint64_t start) {
   if (!init_status.ok()) return init_status;
+  GPUFEED_RETURN_IF_ERROR(ops->BindThread());  // the caller's thread queues work here too (Next says why)
   // A fill the worker runs reads the old stream into a slot: done (and
   // dropped, its batches back to the pool below) before either is reset.
   if (fill_pending) (void)JoinFill(nullptr);
@@ -960,6 +961,14 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Next() {
     return d.error;
   }
   if (!d.error.ok()) return std::optional<DeviceBatch>();  // the stream ended with that error
+  // The consumer's thread queues the transform into this feed's streams, so
+  // the feed's device must be its current one; one process may feed several
+  // GPUs (gpufeed.jax makes a feed per device of a mesh), so it is made so at
+  // each call (it stays current after, as the feed's construction left it).
+  if (Status bound = d.ops->BindThread(); !bound.ok()) {
+    d.error = bound;
+    return bound;
+  }
   const double t = NowSeconds();
   if (d.last_return > 0) {
     d.step_seconds += t - d.last_return;

@@ -13,6 +13,8 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "gpufeed/convert.h"
 #include "gpufeed/dataset.h"
@@ -209,6 +211,36 @@ TEST_P(FeederTest, RefusalForHeldSlotsLosesNoBatch) {
   std::vector<int64_t> want(200);
   for (int64_t i = 0; i < 200; ++i) want[static_cast<size_t>(i)] = i;
   EXPECT_EQ(seen, want);
+}
+
+// One thread feeding two GPUs (gpufeed.jax: a feed per device of a mesh):
+// making the second feeder left its device current, and the first one's
+// transform must still be queued on its own device. Every sample once on each.
+TEST_P(FeederTest, OneThreadFeedsTwoDevices) {
+  if (!GetParam()) GTEST_SKIP() << "a GPU case";
+  TensorSource src_a(160, 10), src_b(160, 10);
+  Loader la(src_a, LoaderOpts()), lb(src_b, LoaderOpts());
+  FeedOptions oa = Opts(), ob = Opts();
+  ob.device = 1;
+  GpuFeeder a(la, oa);
+  GpuFeeder b(lb, ob);
+  if (!b.on_gpu()) GTEST_SKIP() << "needs a second GPU";
+  std::vector<float> img(8 * kSampleBytes);
+  std::vector<int> seen_a(160), seen_b(160);
+  for (;;) {
+    auto x = a.Next();
+    auto y = b.Next();
+    ASSERT_TRUE(x.ok()) << x.status().ToString();
+    ASSERT_TRUE(y.ok()) << y.status().ToString();
+    ASSERT_EQ(x->has_value(), y->has_value());
+    if (!*x) break;
+    for (auto [feeder, batch, seen] : {std::tuple{&a, &**x, &seen_a}, std::tuple{&b, &**y, &seen_b}}) {
+      ASSERT_TRUE(feeder->CopyToHost(*batch, img.data(), nullptr).ok());
+      for (int i = 0; i < batch->size(); ++i) ++seen->at(IndexOf(&img[static_cast<size_t>(i) * kSampleBytes]));
+    }
+  }
+  EXPECT_EQ(seen_a, std::vector<int>(160, 1));
+  EXPECT_EQ(seen_b, std::vector<int>(160, 1));
 }
 
 TEST_P(FeederTest, LoaderErrorsSurface) {
