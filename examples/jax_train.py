@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A Flax/optax training loop fed by gpufeed.jax: a small CNN on Fashion-MNIST.
 
-    scripts/demo   # or: build/gpufeed convert .../train-images-idx3-ubyte.gz --labels ... -o fm-train.h5 (README)
-    PYTHONPATH=python python3 examples/jax_train.py --train fm-train.h5 --test fm-test.h5
+    scripts/demo   # converts Fashion-MNIST: data/fashion-mnist-train.h5, data/fashion-mnist-t10k.h5
+    PYTHONPATH=python python3 examples/jax_train.py --train data/fashion-mnist-train.h5 \
+        --test data/fashion-mnist-t10k.h5
 
 The same network as examples/pytorch_train.py (two 3x3 convolutions with
 max pooling, one dense layer), in Flax's linen API, trained with optax's

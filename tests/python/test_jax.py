@@ -273,11 +273,16 @@ def test_import_gpufeed_does_not_import_jax():
 
 
 @pytest.mark.parametrize("script", ["examples/jax_train.py", "examples/lightning_train.py",
-                                    "tests/python/jax_check.py"])
+                                    "tests/python/jax_check.py", "bench/peer/jax_resnet.py",
+                                    "bench/peer/lightning_resnet.py", "scripts/gpu-host-jax"])
 def test_jax_and_lightning_scripts_compile(script):
     """They run on the GPU host (scripts/gpu-host-jax); here they must at least compile."""
     path = ROOT / script
-    compile(path.read_text(), str(path), "exec")  # a SyntaxError fails the test
+    if path.suffix == ".py":
+        compile(path.read_text(), str(path), "exec")  # a SyntaxError fails the test
+    else:
+        p = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
 
 
 # -- with JAX (the GPU host) ----------------------------------------------------
