@@ -314,7 +314,7 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
       "convert", "Convert IDX (gzip or plain), .npy, an image folder or an HDF5 dataset to gpufeed's chunked HDF5");
   cmd->add_option("input", args->input,
                   "IDX file, .npy file, folder of class subfolders, HDF5 file[:/dataset], or many HDF5 files "
-                  "('DIR/*.h5', LIST.txt; DIR with --field)");
+                  "('DIR/*.h5', a DIR of them, LIST.txt)");
   cmd->add_option("--field", args->fields,
                   "NAME=/hdf5/path (of INPUT's files) or NAME='dir/*_NAME.npy' (.npy files, no INPUT): a named "
                   "field, repeatable, in order");
