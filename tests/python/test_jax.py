@@ -200,6 +200,37 @@ def test_plan_refuses_uneven_or_misplaced_rows_and_keeps_replicas():
     assert [(f.rank, f.world_size) for f in feeds] == [(0, 2), (0, 2), (1, 2), (1, 2)]
 
 
+class _Dev:
+    def __init__(self, i):
+        self.id = i
+
+    def __repr__(self):
+        return "dev%d" % self.id
+
+
+class _Sharding:
+    """What gpufeed.jax reads of a jax Sharding: addressable_devices_indices_map."""
+
+    def __init__(self, index_map):
+        self.index_map = index_map
+
+    def addressable_devices_indices_map(self, shape):
+        return self.index_map
+
+
+def test_rows_come_from_the_shardings_index_map_in_device_order():
+    d = [_Dev(i) for i in range(4)]
+    # Process 1 of 2 holds devices 2 and 3 (listed out of order): rows 16-23 and 24-31 of 32.
+    rows = gjax._rows_of(_Sharding({d[3]: (slice(24, 32),), d[2]: (slice(16, 24),)}), 32)
+    assert rows == [(d[2], 16, 24), (d[3], 24, 32)]
+    assert [(f.rank, f.world_size) for f in gjax.plan_feeds(32, rows)] == [(2, 4), (3, 4)]
+    # A replicated batch (no batch axis): every device reads the whole batch as rank 0 of 1.
+    rows = gjax._rows_of(_Sharding({d[0]: (slice(None),), d[1]: (slice(None),)}), 8)
+    assert [(f.rank, f.world_size, f.start, f.stop) for f in gjax.plan_feeds(8, rows)] == [(0, 1, 0, 8)] * 2
+    with pytest.raises(gpufeed.InvalidArgumentError, match="strided"):
+        gjax._rows_of(_Sharding({d[0]: (slice(0, 8, 2),)}), 8)
+
+
 def _global_batches(data, batch, devices, processes, **opts):
     """Every global batch of one epoch, as the plan's feeds read them
     (gpufeed.Loaders on the CPU, NumPy): [[sample index of each row]]."""
