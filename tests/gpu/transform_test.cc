@@ -247,6 +247,82 @@ TEST(TransformTest, InputDtypesNormalizeTheirExactValues) {
   EXPECT_NE(s.message().find("float64"), std::string::npos) << s.ToString();
 }
 
+// Round-to-nearest-even of a float to bf16 and fp16, computed apart from the
+// transform's bit tricks: the two representable neighbours found by
+// truncation (bf16) or by the compiler's conversion (_Float16, correctly
+// rounded), and the nearer taken, ties to the even one.
+uint16_t ReferenceBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7FC0;
+  const uint32_t lo = u & 0xFFFF0000u, hi = lo + 0x10000u;
+  const double dlo = std::fabs(double(FromBits(lo)) - double(f));
+  const double dhi = std::isinf(FromBits(hi)) ? std::fabs(std::ldexp(1.0, 128) - std::fabs(double(f)))
+                                              : std::fabs(double(FromBits(hi)) - double(f));
+  if (dlo < dhi) return uint16_t(lo >> 16);
+  if (dhi < dlo) return uint16_t(hi >> 16);
+  return ((lo >> 16) & 1) == 0 ? uint16_t(lo >> 16) : uint16_t(hi >> 16);
+}
+uint16_t ReferenceHalf(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+// The CPU twin's bf16 and fp16 output, every element, equals its own float32
+// output rounded to nearest even (by the references above), with
+// normalization, crop, flip and an echo permutation on: the values the GPU
+// kernel is then compared with bit for bit (TransformGpuTest) are right on
+// their own, here, where CI runs.
+TEST(TransformTest, HalfOutputsAreTheFloat32OutputRoundedToNearestEven) {
+  EXPECT_EQ(ReferenceBf16(FromBits(0x3F808000)), 0x3F80);  // the references' own ties
+  EXPECT_EQ(ReferenceBf16(FromBits(0x3F818000)), 0x3F82);
+  EXPECT_EQ(ReferenceHalf(1.0f + 1.0f / 2048), 0x3C00);
+  EXPECT_EQ(ReferenceHalf(1.0f + 3.0f / 2048), 0x3C02);
+  const int B = 6, C = 3, H = 9, W = 11;
+  const size_t n = size_t(B) * C * H * W;
+  int rounded = 0;  // elements whose float32 value is not exact in the half type
+  for (DType in : {DType::kUInt8, DType::kFloat32}) {
+    // Two passes' samples: the echo permutation draws the batch from 2 B.
+    const auto src = InputBytes(in, 2 * n);
+    std::vector<int64_t> labels(2 * B);
+    for (int i = 0; i < 2 * B; ++i) labels[i] = i;
+    TransformParams p = Params(B, C, H, W);
+    p.in_dtype = in;
+    const float mean[3] = {125.3f, 122.9f, 113.8f}, sd[3] = {62.99f, 62.08f, 66.7f};
+    for (int k = 0; k < C; ++k) {
+      p.mean[k] = mean[k];
+      p.inv_std[k] = 1 / sd[k];
+    }
+    p.in_layout = TensorLayout::kNHWC;
+    p.out_layout = TensorLayout::kNCHW;
+    p.crop_padding = 3;
+    p.flip = true;
+    p.seed = 5;
+    p.perm_domain = 2 * B;
+    p.perm_offset = B;
+    p.perm_seed = 17;
+    std::vector<float> f32(n);
+    std::vector<int64_t> l32(B);
+    ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), f32.data(), l32.data()).ok());
+    for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+      p.out_dtype = dt;
+      std::vector<uint16_t> half(n, 0xEEEE);
+      std::vector<int64_t> lh(B, -1);
+      ASSERT_TRUE(TransformCpu(p, src.data(), labels.data(), half.data(), lh.data()).ok());
+      EXPECT_EQ(lh, l32);
+      for (size_t e = 0; e < n; ++e) {
+        const uint16_t want = dt == DType::kFloat16 ? ReferenceHalf(f32[e]) : ReferenceBf16(f32[e]);
+        ASSERT_EQ(half[e], want) << DTypeName(dt) << " element " << e << " float32 " << f32[e];
+        const float back = dt == DType::kFloat16 ? HalfBitsToFloat(half[e]) : FromBits(uint32_t(half[e]) << 16);
+        rounded += back != f32[e];
+      }
+    }
+  }
+  EXPECT_GT(rounded, int(n));  // the rounding was exercised, not only exact values
+}
+
 // GPU against CPU over every input dtype (output dtypes, layouts and
 // augmentation included). Skips where no GPU is usable.
 TEST(TransformGpuTest, InputDtypesMatchTheCpuReferenceBitForBit) {

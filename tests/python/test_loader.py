@@ -1,6 +1,7 @@
 """gpufeed.Loader against h5py, the C++ Loader, itself in new processes, and
 the daemon. Every check is exact: sample k's bytes encode k."""
 import ctypes
+import hashlib
 import json
 import os
 import pathlib
@@ -93,12 +94,13 @@ def test_same_batches_as_cpp_loader(index_file, order_dump, rank, world, drop_la
 
 
 RESUME_CHILD = r"""
-import json, sys, torch, gpufeed
+import hashlib, json, sys, torch, gpufeed
 loader = gpufeed.Loader(sys.argv[1] if len(sys.argv) > 1 else %(data)r, **%(opts)r)
 state = torch.load(%(state)r)
 loader.load_state_dict(state)
 loader.set_epoch(state["epoch"])
-print(json.dumps([b["indices"].tolist() + [int(b["images"].double().sum())] for b in loader.batches()]))
+print(json.dumps([b["indices"].tolist() + [hashlib.sha1(b["images"].contiguous().numpy().tobytes()).hexdigest()]
+                  for b in loader.batches()]))
 """
 
 
@@ -115,14 +117,18 @@ def test_state_dict_resumes_in_new_process(index_file, tmp_path, feed):
     state = loader.state_dict()
     assert state["epoch"] == 2 and state["batch"] == 3
     torch.save(state, tmp_path / "state.pt")
-    # The feed has no per-row indices; compare sums of the transformed images then.
-    key = (lambda b: b["indices"].tolist() + [int(b["images"].double().sum())]) if not feed else (
-        lambda b: [float(b["images"].double().sum()), b["labels"].tolist()])
+    # Every byte of every batch, in order (a hash of the images: a sum would
+    # not see a sample moved within a batch, a flip or a crop shifted); the
+    # feed has no per-row indices, so its labels (index-valued) order it.
+    def digest(b):
+        return hashlib.sha1(b["images"].contiguous().numpy().tobytes()).hexdigest()
+    key = (lambda b: b["indices"].tolist() + [digest(b)]) if not feed else (lambda b: [digest(b), b["labels"].tolist()])
     want = [key(b) for b in it]
     child = RESUME_CHILD % {"data": index_file, "opts": opts, "state": str(tmp_path / "state.pt")}
     if feed:
-        child = child.replace('b["indices"].tolist() + [int(b["images"].double().sum())]',
-                              '[float(b["images"].double().sum()), b["labels"].tolist()]')
+        child = child.replace('b["indices"].tolist() + [hashlib.sha1(b["images"].contiguous().numpy().tobytes()).hexdigest()]',
+                              '[hashlib.sha1(b["images"].contiguous().numpy().tobytes()).hexdigest(), b["labels"].tolist()]')
+        assert "labels" in child
     got = json.loads(run_python(child))
     assert len(want) == len(loader) - 3
     assert got == want
