@@ -1,19 +1,22 @@
-# GPUFEED_FUZZ=ON: libFuzzer targets (tests/fuzz/, run by scripts/fuzz) in a
-# build of their own (build-fuzz: clang, CUDA off, tests off). Everything is
-# compiled with ASan + UBSan (UB fatal, so libFuzzer records it as a crash)
-# and the fuzzer's coverage instrumentation; only the targets link libFuzzer's
-# main (-fsanitize=fuzzer), the library gets -fsanitize=fuzzer-no-link.
-option(GPUFEED_FUZZ "Build the libFuzzer targets (clang only)" OFF)
+# GPUFEED_FUZZ=ON: libFuzzer targets (tests/fuzz/, run by scripts/fuzz) in the
+# AddressSanitizer + UndefinedBehaviorSanitizer tree (scripts/asan-tree:
+# clang, GPUFEED_SANITIZE=address), so CI compiles the library once for both
+# the sanitized test suite and the fuzzers. Everything gets the fuzzer's
+# coverage instrumentation (-fsanitize=fuzzer-no-link; outside a fuzz target
+# the sanitizer runtime's no-op callbacks take it) and UB made fatal at
+# compile time, so libFuzzer records it as a crash (the test suite's
+# UBSAN_OPTIONS=halt_on_error=1 did the same at run time); only the targets
+# link libFuzzer's main (-fsanitize=fuzzer).
+option(GPUFEED_FUZZ "Build the libFuzzer targets (clang, GPUFEED_SANITIZE=address)" OFF)
 if(GPUFEED_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-    message(FATAL_ERROR "GPUFEED_FUZZ needs clang: -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++")
+    message(FATAL_ERROR "GPUFEED_FUZZ needs clang: -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ (scripts/asan-tree)")
   endif()
-  if(GPUFEED_SANITIZE)
-    message(FATAL_ERROR "GPUFEED_FUZZ brings its own sanitizers; leave GPUFEED_SANITIZE empty")
+  if(NOT GPUFEED_SANITIZE STREQUAL "address")
+    message(FATAL_ERROR "GPUFEED_FUZZ builds in the ASan + UBSan tree: add -DGPUFEED_SANITIZE=address (scripts/asan-tree)")
   endif()
-  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-                      -fno-omit-frame-pointer -O1 -gline-tables-only)
-  add_link_options(-fsanitize=address,undefined)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>
+                      $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>)
 endif()
 
 # gpufeed_fuzz_target(name): tests/fuzz/<name>_fuzz.cc as gpufeed_fuzz_<name>.

@@ -36,6 +36,9 @@ if(GPUFEED_SANITIZE STREQUAL "address")
   add_link_options(-fsanitize=address,undefined)
 elseif(GPUFEED_SANITIZE STREQUAL "thread")
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread> $<$<COMPILE_LANGUAGE:CXX>:-O1>)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-gline-tables-only>)
+  endif()
   add_link_options(-fsanitize=thread)
   # gcc's ThreadSanitizer does not model std::atomic_thread_fence, and says so
   # (-Wtsan) wherever Asio's fenced blocks are inlined into the daemon: a note

@@ -4,7 +4,8 @@
 # --system-site-packages), and then, with no PYTHONPATH, GPUFEED_LIBRARY,
 # GPUFEED_CLI or HDF5_PLUGIN_PATH set: `import gpufeed`, the `gpufeed`
 # command, h5py opening a file `gpufeed convert` wrote with its default codec
-# (zstd), and the whole Python test suite against the installed package.
+# (zstd), and a smoke subset of the Python tests against the installed package
+# (the whole suite runs against the same build in CTest's python_api).
 # Usage: wheel_test.sh BUILD_DIR WORK_DIR   (GPUFEED_ORDER_DUMP set by CTest)
 set -euo pipefail
 build="$1" work="$2"
@@ -37,5 +38,26 @@ got = batch[0] if isinstance(batch, (tuple, list)) else batch
 assert np.array_equal(np.asarray(got).reshape(first.shape), first), "gpufeed and h5py read other bytes"
 print("wheel: h5py reads gpufeed's zstd file, and the Loader delivers the same bytes")
 PY
+# The smoke subset: one test of each thing the wheel carries or finds on its own:
+# the bundled library and its HDF5 reading the index file (and the C++ order),
+# a child interpreter finding the installed package (resume), DLPack, the wheel's
+# `gpufeed` command as a daemon (batches, fields, JPEG decode) and as the node's
+# server (share="node"), its convert read by stock h5py, an image folder (the
+# bundled image libraries), and the option table the library carries. A test
+# renamed or removed fails here ("not found"): update the list with it.
+t=$root/tests/python
+smoke=(
+  "$t/test_loader.py::test_every_sample_once_with_h5py_bytes"
+  "$t/test_loader.py::test_same_batches_as_cpp_loader"
+  "$t/test_loader.py::test_state_dict_resumes_in_new_process"
+  "$t/test_loader.py::test_dlpack_arrays_for_any_consumer"
+  "$t/test_loader.py::test_daemon_client_equals_local_loader"
+  "$t/test_fields.py::test_fields_through_the_daemon_equal_local"
+  "$t/test_encoded.py::test_daemon_decodes_as_the_local_loader"
+  "$t/test_ddp.py::test_node_share_every_sample_once_one_server"
+  "$t/test_new_user.py::test_convert_by_default_writes_what_stock_hdf5_reads"
+  "$t/test_folder.py::test_a_folder_is_read_as_it_is"
+  "$t/test_args.py::test_options_go_through_the_libraries_option_table"
+)
 "${clean[@]}" GPUFEED_TEST_INSTALLED=1 GPUFEED_ORDER_DUMP="${GPUFEED_ORDER_DUMP:-}" \
-  python -m pytest -q -p no:cacheprovider "$root/tests/python"
+  python -m pytest -q -p no:cacheprovider "${smoke[@]}"
