@@ -409,6 +409,8 @@ class Loader:
         feeds = self._h_all()
         self._live = True
         try:
+            if self._kept:  # the last batch of an iteration left early: kept until its step has run
+                self._fence()
             for f in feeds:
                 f._start()
             while True:
@@ -452,9 +454,9 @@ class Loader:
                     deadline = now + self.hold_wait_s
                 elif now >= deadline:
                     raise errors.InvalidArgumentError(
-                        e.code, "%s (gpufeed.jax: still held %.1f s after the device ran the work queued on them: "
-                        "the program keeps these arrays: release them, or raise the option named above)" % (e, self.hold_wait_s)
-                    ) from None
+                        e.code, "%s (gpufeed.jax: still held %.1f s after the device ran the work queued on them: the "
+                        "program keeps these arrays: release them, or raise the option named above)" % (
+                            e, self.hold_wait_s)) from None
                 time.sleep(0.002)
 
     def _assemble(self, per_feed):
@@ -528,7 +530,6 @@ class Loader:
         del kept
 
     def _drain_fences(self):
-        self._kept = []
         while self._fences:
             self._wait_oldest()
 
@@ -536,7 +537,9 @@ class Loader:
     def close(self):
         """Stops every feed, once the steps queued on the batches it keeps
         have run. Arrays still held stay valid."""
-        if getattr(self, "_fences", None):
+        if getattr(self, "_fences", None) is not None:
+            if self._kept:
+                self._fence()
             self._drain_fences()
         feeds, self._feeds = self._feeds, []
         for f in feeds:
