@@ -21,6 +21,7 @@ At each epoch's end the ranks' sample counts are summed and checked;
 --min-accuracy makes the script a test.
 """
 import argparse
+import os
 import sys
 import time
 
@@ -79,7 +80,10 @@ class GpufeedData(pl.LightningDataModule):
         # Runs in every rank once the process group is up: the rank is Lightning's.
         t = self.trainer
         device = t.strategy.root_device
-        feed = dict(rank=t.global_rank, world_size=t.world_size, threads=self.threads, share=self.share,
+        # threads=0: this rank's share of the host's cores (Lightning's ranks are
+        # not torchrun's, whose LOCAL_WORLD_SIZE the loader would read).
+        threads = self.threads or max(1, (os.cpu_count() or 1) // max(1, t.num_devices))
+        feed = dict(rank=t.global_rank, world_size=t.world_size, threads=threads, share=self.share,
                     device="cuda:%d" % device.index if device.type == "cuda" else "cpu", dtype=torch.float32)
         if self.train is None:
             self.train = gpufeed.Loader(self.paths[0], batch_size=self.batch_size, order="block", seed=0, **feed)
@@ -159,7 +163,7 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=128, help="per rank")
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--threads", type=int, default=0, help="loader threads per rank")
+    p.add_argument("--threads", type=int, default=0, help="loader threads per rank (0: the host's cores, shared)")
     p.add_argument("--share", default="auto", help="auto, node or none (gpufeed.Loader's share=)")
     p.add_argument("--min-accuracy", type=float, help="exit 1 unless the final test accuracy reaches this")
     a = p.parse_args()

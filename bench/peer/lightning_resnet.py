@@ -19,6 +19,7 @@ reports it: samples/s of the job per epoch (the slowest rank's wall time).
 """
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
@@ -76,7 +77,8 @@ class Data(pl.LightningDataModule):
                     yield images[i].contiguous(memory_format=torch.channels_last), labels[i]
             self.batches = Batches(make, -(-self.share // a.batch_size), t)
         else:
-            self.loader = gpufeed.Loader(a.data, batch_size=a.batch_size, order="block", seed=0, threads=a.threads,
+            threads = a.threads or max(1, (os.cpu_count() or 1) // world)  # this rank's share of the cores
+            self.loader = gpufeed.Loader(a.data, batch_size=a.batch_size, order="block", seed=0, threads=threads,
                                          rank=rank, world_size=world, device="cuda:%d" % dev.index,
                                          dtype=torch.bfloat16, layout="NHWC", mean=self.mean, std=self.std,
                                          share=a.share, cache_bytes=a.cache_bytes or "auto")
