@@ -10,6 +10,7 @@
 
 #include "common/sizes.h"
 #include "daemon/server_core.h"
+#include "loader/chunk_cache.h"
 #include "loader/sampler.h"
 
 namespace gpufeed::daemon {
@@ -45,9 +46,10 @@ void Session::StartProducer() {
   const uint64_t share = (src.num_samples() + world - 1) / world;
   const uint64_t bb = SaturatingMul(std::min<uint64_t>(lo.batch_size, std::max<uint64_t>(1, share)), sb);
   const uint64_t all_chunks = SaturatingMul(src.num_chunks(), chunk);
-  const uint64_t fixed = SaturatingAdd(
-      SaturatingAdd(std::min(lo.cache_bytes, all_chunks), SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb)),
-      hello_.compress ? SaturatingMul(kMaxQueued, bb) : 0);
+  // The cache holds its budget, or the epoch's working set where larger.
+  const uint64_t cache = std::min(loader::CacheBoundBytes(lo.cache_bytes, lo.shuffle_window, chunk), all_chunks);
+  const uint64_t fixed = SaturatingAdd(SaturatingAdd(cache, SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb)),
+                                       hello_.compress ? SaturatingMul(kMaxQueued, bb) : 0);
   // sb is the decoded sample (an encoded dataset's: its decode options'
   // output); a chunk buffer, encoded bytes or decoded samples of every field.
   auto bound_for = [&](int t) {
@@ -60,8 +62,7 @@ void Session::StartProducer() {
   // the spare chunk buffers its cache keeps (the loader's threads + 4, no
   // more than the stream ever had); not the compressed copies.
   auto held_for = [&](int t) {
-    const uint64_t pool =
-        SaturatingAdd(std::min(lo.cache_bytes, all_chunks), SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb));
+    const uint64_t pool = SaturatingAdd(cache, SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb));
     const uint64_t spares =
         std::min<uint64_t>({2 * static_cast<uint64_t>(t) + 4, std::max<uint64_t>(1, src.num_chunks()),
                             static_cast<uint64_t>(server_.loader_threads) + 4});

@@ -1,6 +1,7 @@
 // Belady-managed decoded-chunk cache with prefetch.
 #include "loader/chunk_cache.h"
 
+#include "common/sizes.h"
 #include "common/trace.h"
 
 #include <sys/mman.h>
@@ -31,9 +32,10 @@ void ChunkBufferPool::Put(Buffer b) {
   if (free_.size() < max_free_) free_.push_back(std::move(b));
 }
 
-ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t spare_buffers)
+ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t spare_buffers, uint64_t working_set_cap)
     : source_(source),
       budget_(budget_bytes),
+      working_set_cap_(working_set_cap),
       planar_fields_(source.fields().size() > 1),
       read_ahead_(source.read_ahead_chunks()),
       buffers_(
@@ -42,6 +44,25 @@ ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t 
 ChunkCache::~ChunkCache() = default;
 
 uint64_t ChunkCache::ChunkBytes(uint32_t c) const { return source_.chunk_buffer_bytes(c); }
+
+uint64_t WorkingSetCap(uint64_t shuffle_window, uint64_t max_chunk_bytes) {
+  return SaturatingMul(std::max<uint64_t>(1, shuffle_window) + 2, max_chunk_bytes);
+}
+uint64_t CacheBoundBytes(uint64_t cache_bytes, uint64_t shuffle_window, uint64_t max_chunk_bytes) {
+  return std::max(cache_bytes, WorkingSetCap(shuffle_window, max_chunk_bytes));
+}
+
+uint64_t ChunkCache::Budget() const {
+  return working_set_ <= working_set_cap_ ? std::max(budget_, working_set_) : budget_;
+}
+uint64_t ChunkCache::working_set_bytes() const {
+  MutexLock lock(&mu_);
+  return working_set_;
+}
+uint64_t ChunkCache::effective_budget_bytes() const {
+  MutexLock lock(&mu_);
+  return Budget();
+}
 
 uint64_t ChunkCache::NextUse(uint32_t c) const {
   if (plan_ == nullptr) return kNever;
@@ -58,10 +79,26 @@ void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch, const E
   plan_ = plan;
   next_plan_ = next;
   uses_done_.assign(source_.num_chunks(), 0);
+  // The working set (working_set_bytes()): a chunk needs the budget from
+  // its first use (from start_batch on) until its last, where it leaves the
+  // budget before the batch's misses are admitted (Acquire) and its batch
+  // holds it (the bound in loader.h); the peak of the running sum.
+  std::vector<int64_t> delta(plan->num_batches + 1, 0);
   for (size_t c = 0; c < plan->chunk_users.size(); ++c) {
     const auto& u = plan->chunk_users[c];
     uses_done_[c] = static_cast<uint32_t>(std::lower_bound(u.begin(), u.end(), start_batch) - u.begin());
+    if (uses_done_[c] + 1 < u.size()) {  // used again after its first use here
+      const auto bytes = static_cast<int64_t>(ChunkBytes(static_cast<uint32_t>(c)));
+      delta[u[uses_done_[c]]] += bytes;
+      delta[u.back()] -= bytes;
+    }
   }
+  int64_t open = 0, peak = 0;
+  for (int64_t d : delta) {
+    open += d;
+    peak = std::max(peak, open);
+  }
+  working_set_ = static_cast<uint64_t>(peak);
   by_next_use_.clear();
   for (auto& [c, e] : resident_) {
     key_[c] = NextUse(c);
@@ -89,8 +126,11 @@ void ChunkCache::Erase(uint32_t c) {
 }
 
 bool ChunkCache::Admit(uint64_t bytes, uint64_t next_use) {
-  if (bytes > budget_) return false;
-  while (resident_bytes_ + bytes > budget_) {
+  // The working set is kept for this epoch's uses: a chunk wanted next in
+  // the next epoch (read ahead into it) has the budget alone.
+  const uint64_t budget = plan_ != nullptr && next_use < plan_->num_batches ? Budget() : budget_;
+  if (bytes > budget) return false;
+  while (resident_bytes_ + bytes > budget) {
     // The unheld chunk needed furthest in the future. A held one (a batch in
     // flight reads it, or it is being decoded) would not free memory now —
     // except one needed next only in the next epoch: its holders are batches
@@ -270,7 +310,7 @@ std::vector<std::shared_ptr<ChunkEntry>> ChunkCache::Acquire(uint64_t b, uint64_
     }
     const uint64_t next = NextUse(c);
     // Kept if needed ahead (making room), or in room that is free anyway.
-    const bool keep = next != kNever ? Admit(ChunkBytes(c), next) : resident_bytes_ + ChunkBytes(c) <= budget_;
+    const bool keep = next != kNever ? Admit(ChunkBytes(c), next) : resident_bytes_ + ChunkBytes(c) <= Budget();
     if (keep) {
       Insert(e);
       // A shared one is decoded (or queued) by its cache; one kept only in

@@ -126,12 +126,23 @@ struct CacheCounters {
   std::atomic<uint64_t> read_hints{0};  // HintReads' hints to the source (for tests)
 };
 
+// The most decoded bytes a Loader's chunk cache holds: its budget, or the
+// epoch's working set where that is larger but at most the working-set cap,
+// (shuffle_window + 2) of the source's largest chunks (ChunkCache's
+// working_set_bytes()). The cap covers a block window's chunks and the two
+// its batches straddle at its edges; sequential order needs two or three.
+uint64_t WorkingSetCap(uint64_t shuffle_window, uint64_t max_chunk_bytes);
+uint64_t CacheBoundBytes(uint64_t cache_bytes, uint64_t shuffle_window, uint64_t max_chunk_bytes);
+
 class ChunkCache {
  public:
   // Keeps up to `spare_buffers` decoded-chunk buffers for reuse beyond the
   // budget (the loader passes 2 x threads + 4: enough for every thread's
   // transient chunk and the decodes in flight).
-  ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t spare_buffers = 8);
+  //
+  // `working_set_cap` bounds the epoch's working set the cache keeps even
+  // past the budget (see working_set_bytes()); 0 keeps none past it.
+  ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t spare_buffers = 8, uint64_t working_set_cap = 0);
   ~ChunkCache();
 
   // Starts an epoch at batch `start_batch` (uses by earlier batches count as
@@ -171,6 +182,20 @@ class ChunkCache {
   void SetShared(std::shared_ptr<SharedChunks> shared) { shared_ = std::move(shared); }
 
   uint64_t budget_bytes() const { return budget_; }
+  // The epoch's working set: the most decoded bytes of chunks past their
+  // first use and before their last in this epoch's plan at any one batch
+  // (from the epoch's start batch; at its last use a chunk is held by its
+  // batch, outside the budget). Under a budget smaller than it, a chunk that
+  // several batches share would be decoded again for each (block order: a
+  // chunk serves the batches of its shuffle window); so where it is at most
+  // the working-set cap, the cache may hold that much whatever its budget,
+  // and each chunk is decoded once an epoch (memory: the working set where
+  // it passes the budget). Above the cap (random order over whole chunks:
+  // the working set is the data) the budget alone rules. Set by BeginEpoch.
+  uint64_t working_set_bytes() const;
+  // The bytes the cache may hold now: the budget, or the working set where
+  // that is kept (above).
+  uint64_t effective_budget_bytes() const;
   CacheCounters& counters() { return counters_; }
   // The chunks resident now, ascending (for tests).
   std::vector<uint32_t> ResidentChunks() const;
@@ -200,6 +225,10 @@ class ChunkCache {
 
   const ChunkSource& source_;
   const uint64_t budget_;
+  const uint64_t working_set_cap_;
+  uint64_t working_set_ GUARDED_BY(mu_) = 0;
+  // max(budget_, working_set_ where it is at most working_set_cap_).
+  uint64_t Budget() const REQUIRES(mu_);
   // Several fields: read units are laid out for chunk_samples() samples
   // (planar, chunk_source.h), also the short last one.
   const bool planar_fields_;

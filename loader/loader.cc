@@ -145,7 +145,8 @@ struct Loader::Impl {
     }
     state.seed = o.seed;
     if (s.decodes_samples()) decode_stage.emplace(s, s.sample_decoder(), o.logger);
-    cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4));
+    cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4),
+                                                 loader::WorkingSetCap(o.shuffle_window, s.max_chunk_buffer_bytes()));
     info.name = s.name();
     info.dtype = s.dtype();
     info.sample_shape = s.sample_shape();

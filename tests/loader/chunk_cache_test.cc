@@ -56,6 +56,29 @@ TEST(ChunkCacheTest, EvictsTheChunkNeededFurthestInTheFuture) {
   EXPECT_EQ(src.reads(), 4u);  // Belady's optimum for this trace and budget
 }
 
+// Past a budget of 0, the epoch's working set (chunks between their first
+// and last use, at the peak) is kept where it is within the cap: each chunk
+// decoded once. Over the cap, nothing is kept and shared chunks are read again.
+TEST(ChunkCacheTest, KeepsTheEpochsWorkingSetUpToItsCap) {
+  // Batches 0-4 share chunks 0, 1, 2 (all three between their first and
+  // last use at batches 1 to 3); 3 is used once. With no cache, 10 reads.
+  const std::vector<std::vector<uint32_t>> seq = {{0, 1}, {1, 2}, {0, 2}, {0, 1}, {2}, {3}};
+  for (auto [cap, reads] : {std::pair<uint64_t, uint64_t>{300, 4}, {200, 10}}) {
+    testing::InMemorySource src(4, 100, 1);
+    ChunkCache cache(src, /*budget=*/0, 8, cap);
+    EpochPlan plan = PlanOf(seq, 4);
+    cache.BeginEpoch(&plan, 0);
+    EXPECT_EQ(cache.working_set_bytes(), 300u);
+    EXPECT_EQ(cache.effective_budget_bytes(), cap >= 300 ? 300u : 0u);
+    tbb::task_group tasks;
+    for (uint64_t b = 0; b < seq.size(); ++b) {
+      for (auto& e : cache.Acquire(b, 0, tasks)) ASSERT_TRUE(cache.Ensure(*e).ok());
+      tasks.wait();
+    }
+    EXPECT_EQ(src.reads(), reads) << "cap " << cap;
+  }
+}
+
 TEST(ChunkCacheTest, BeladyKeepsTheSoonerOfTwoCandidates) {
   testing::InMemorySource src(4, 100, 1);
   ChunkCache cache(src, 200);
