@@ -230,7 +230,7 @@ Result<JpegFeedBenchResult> RunJpegFeedBench(const JpegFeedBenchOptions& o) {
     fo.device = o.device;
     fo.dtype = DType::kBFloat16;
     fo.layout = Layout::kNHWC;
-    fo.input_layout = o.decode.layout == "NHWC" ? Layout::kNHWC : Layout::kNCHW;
+    fo.input_layout = LayoutOr(o.decode.layout, Layout::kNCHW);
     fo.skip_corrupt = o.decode.skip_corrupt;
     auto spec = FeedSpecFor(loader.info(), fo);
     if (!spec.ok()) return spec.status().WithContext(o.data);

@@ -38,24 +38,27 @@ CLI::Option* AddBytesOption(CLI::App* cmd, const std::string& flag, uint64_t* by
 // "feed_" prefix), its description and, for integers, its range come from
 // the table's row, so the CLI, the C API and Python spell, describe and
 // bound it alike; `target` and `remark` (a default or a use of the
-// command's own) from the command. Booleans become flags. An option not in
-// the table is a programming error (aborts at start, naming it).
+// command's own) from the command. Booleans become flags. `flag`, where
+// given, is the flag's name instead (a command's older spelling, such as
+// train's --feed-slots). An option not in the table is a programming error
+// (aborts at start, naming it).
 CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, void* target, char type,
-                            const std::string& remark = "");
+                            const std::string& remark = "", std::string_view flag = {});
 template <typename T>
-CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, T* target, const std::string& remark = "") {
+CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, T* target, const std::string& remark = "",
+                            std::string_view flag = {}) {
   if constexpr (std::is_same_v<T, bool>) {
-    return AddTableOption(cmd, option, static_cast<void*>(target), 'b', remark);
+    return AddTableOption(cmd, option, static_cast<void*>(target), 'b', remark, flag);
   } else if constexpr (std::is_same_v<T, std::string>) {
-    return AddTableOption(cmd, option, static_cast<void*>(target), 's', remark);
+    return AddTableOption(cmd, option, static_cast<void*>(target), 's', remark, flag);
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-    return AddTableOption(cmd, option, static_cast<void*>(target), 'v', remark);  // repeatable
+    return AddTableOption(cmd, option, static_cast<void*>(target), 'v', remark, flag);  // repeatable
   } else if constexpr (std::is_same_v<T, int>) {
-    return AddTableOption(cmd, option, static_cast<void*>(target), 'i', remark);
+    return AddTableOption(cmd, option, static_cast<void*>(target), 'i', remark, flag);
   } else {
     static_assert(std::is_same_v<T, uint64_t>,
                   "AddTableOption: bool, std::string, std::vector<std::string>, int or uint64_t");
-    return AddTableOption(cmd, option, static_cast<void*>(target), 'u', remark);
+    return AddTableOption(cmd, option, static_cast<void*>(target), 'u', remark, flag);
   }
 }
 

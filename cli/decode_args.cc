@@ -6,16 +6,18 @@ namespace gpufeed::cli {
 
 void AddDecodeOptions(CLI::App* cmd, DecodeArgs* a, const std::string& default_transform) {
   a->transform = default_transform;
+  // --image-size sets the table's image_height and image_width at once.
   cmd->add_option("--image-size", a->size,
                   "encoded images: output HxW or S (square), decoded in the loader's threads (default 224)");
-  cmd->add_option("--transform", a->transform,
-                  "encoded images: random_resized_crop (training) or center_crop (evaluation: resize to "
-                  "size/0.875, crop)")
+  // The others are rows of the C API's option table (AddTableOption).
+  AddTableOption(cmd, "image_transform", &a->transform,
+                 "encoded images; random_resized_crop for training, center_crop for evaluation: resize to "
+                 "size/0.875, crop",
+                 "--transform")
       ->capture_default_str();
-  cmd->add_option("--image-layout", a->layout, "encoded images: NCHW or NHWC")->capture_default_str();
-  cmd->add_flag("--skip-corrupt", a->skip_corrupt,
-                "encoded images: replace a sample that does not decode by the next one of its chunk (counted, "
-                "logged) instead of failing");
+  AddTableOption(cmd, "image_layout", &a->layout, "encoded images")->capture_default_str();
+  AddTableOption(cmd, "skip_corrupt", &a->skip_corrupt,
+                 "encoded images: by the next one of its chunk (counted, logged) instead of failing");
 }
 
 Result<DecodeOptions> ParseDecodeArgs(const DecodeArgs& a) {

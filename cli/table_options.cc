@@ -11,8 +11,8 @@
 
 namespace gpufeed::cli {
 
-CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, void* target, char type,
-                            const std::string& remark) {
+CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, void* target, char type, const std::string& remark,
+                            std::string_view given_flag) {
   int row = -1;
   for (int i = 0; i < gpufeed_option_count(); ++i) {
     if (option == gpufeed_option_name(i)) row = i;
@@ -25,7 +25,7 @@ CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, void* target
   std::string flag(option);
   if (flag.rfind("feed_", 0) == 0) flag = flag.substr(5);
   for (char& c : flag) c = c == '_' ? '-' : c;
-  flag = "--" + flag;
+  flag = given_flag.empty() ? "--" + flag : std::string(given_flag);
   std::string help = gpufeed_option_doc(row);
   if (!remark.empty()) help += " (" + remark + ")";
   if (type == 'b') return cmd->add_flag(flag, *static_cast<bool*>(target), help);

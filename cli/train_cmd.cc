@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <unistd.h>
+#include <vector>
 
 #include "cli/commands.h"
 #include "common/job.h"
@@ -16,6 +18,7 @@
 #include "gpufeed/encoded.h"
 #include "gpufeed/fields.h"
 #include "gpufeed/gpu_feed.h"
+#include "gpufeed/names.h"
 #include "gpufeed/open_source.h"
 #include "gpufeed/remote_loader.h"
 #include "gpufeed/trainer.h"
@@ -39,6 +42,122 @@ struct TrainArgs {
   int threads = 0;
   uint64_t cache_bytes = 1ull << 30;
 };
+
+// The names of train's own choices (the library's enums' are in gpufeed/names.h).
+constexpr NameRow<DType> kPrecisionRows[] = {
+    {DType::kFloat32, "fp32"}, {DType::kBFloat16, "bf16"}, {DType::kFloat16, "fp16"}};
+constexpr NameTable<DType> kPrecisionNames{kPrecisionRows, {}, "--precision: {names}, not '{name}'"};
+constexpr NameRow<bool> kRecomputeRows[] = {{false, "none"}, {true, "blocks"}};
+constexpr NameTable<bool> kRecomputeNames{kRecomputeRows, {}, "--recompute '{name}': {names}"};
+constexpr NameRow<bool> kScheduleRows[] = {{false, "gpipe"}, {true, "1f1b"}};  // true: 1F1B
+constexpr NameTable<bool> kScheduleNames{kScheduleRows, {}, "--schedule '{name}': {names}"};
+constexpr NameRow<bool> kPartitionRows[] = {{false, "time"}, {true, "memory"}};  // true: by memory
+constexpr NameTable<bool> kPartitionNames{kPartitionRows, {}, "--partition-by '{name}': {names}"};
+
+template <typename E>
+std::vector<std::string> NamesOf(const NameTable<E>& t) {
+  std::vector<std::string> out;
+  for (const NameRow<E>& r : t.rows) out.emplace_back(r.name);
+  return out;
+}
+
+// What a flag of the table below must be besides its type.
+struct FlagCheck {
+  bool required = false;
+  std::optional<CLI::Validator> check;
+};
+const FlagCheck kAny;
+const FlagCheck kRequired{true, std::nullopt};
+FlagCheck Checked(CLI::Validator v) { return {false, std::move(v)}; }
+
+// The trainer's flags, one row each (practice 21): X(flag, target in
+// TrainArgs, what it is, whether --help shows its default, check). What
+// the loader and the feed take comes from the C API's option table instead
+// (AddTrainCommand); a choice's names from its name table.
+#define GPUFEED_TRAIN_FLAGS(X)                                                                                        \
+  X("--data", data,                                                                                                   \
+    "training split (FILE.h5 with /images and /labels; many files: a glob, a directory or a list), or a daemon "      \
+    "serving it: unix:PATH | tcp://HOST:PORT",                                                                        \
+    false, kRequired)                                                                                                 \
+  X("--field", fields,                                                                                                \
+    "images=/path or labels=/path: the fields to train on (both; default /images and /labels); --data may then "      \
+    "name many files (a glob, a directory or a list)",                                                                \
+    false, kAny)                                                                                                      \
+  X("--test", test, "test split, evaluated after every epoch", false, kAny)                                           \
+  X("--model", model, kModelKindNames.List(), true, kAny)                                                             \
+  X("--widths", widths, "mlp hidden widths", true, kAny)                                                              \
+  X("--channels", channels, "cnn block channels (conv-bn-relu-pool each)", true, kAny)                                \
+  X("--precision", precision, kPrecisionNames.List() + " (mixed, fp32 master weights)", true, kAny)                   \
+  X("--optimizer", optimizer, "sgd (momentum), adamw, or adamw8bit / sgd8bit (8-bit states, blockwise quantized)",    \
+    true, kAny)                                                                                                       \
+  X("--lr", o.lr, "peak learning rate", true, kAny)                                                                   \
+  X("--momentum", o.momentum, "SGD momentum", true, kAny)                                                             \
+  X("--weight-decay", o.weight_decay, "weight decay (not on biases/batchnorm)", true, kAny)                           \
+  X("--warmup", o.warmup_epochs, "linear warmup, in epochs; then cosine to 0", true, kAny)                            \
+  X("--epochs", o.epochs, "epochs", true, kAny)                                                                       \
+  X("--accum", o.accum, "micro-batches per optimizer step", true, kAny)                                               \
+  X("--clip", o.clip_norm, "clip the global gradient norm (0: off)", true, kAny)                                      \
+  X("--device", device, kTrainDeviceNames.List(), true, kAny)                                                         \
+  X("--gpu", o.cuda_device, "CUDA device index", true, kAny)                                                          \
+  X("--gpus", gpus,                                                                                                   \
+    "data parallel over this many GPUs of this host, one process each (with --device cpu: CPU ranks); under "         \
+    "torchrun the ranks come from its environment",                                                                   \
+    false, Checked(CLI::Range(1, 4096)))                                                                              \
+  X("--no-graphs", no_graphs, "launch every kernel from the host (no CUDA graphs)", false, kAny)                      \
+  X("--bucket-kb", bucket_kb, "data parallel: gradients all-reduced in buckets of about this size", true,             \
+    Checked(CLI::Range(1, 1 << 20)))                                                                                  \
+  X("--checkpoint", checkpoint, "checkpoint file, written after every epoch", false, kAny)                            \
+  X("--resume", o.resume, "continue from --checkpoint", false, kAny)                                                  \
+  X("--init", o.init_path,                                                                                            \
+    "start from the weights of this checkpoint (any optimizer; a head of other classes starts fresh)", false, kAny)   \
+  X("--recompute", recompute,                                                                                         \
+    "none, or blocks: the cnn's backward pass recomputes each block's conv and batchnorm outputs instead of "         \
+    "keeping them (the same weights, less activation memory)",                                                        \
+    true, kAny)                                                                                                       \
+  X("--lora-rank", o.lora_rank,                                                                                       \
+    "LoRA: adapters of this rank on every linear and conv layer but the head; they and the head train, the rest "     \
+    "is frozen (0: off)",                                                                                             \
+    false, kAny)                                                                                                      \
+  X("--lora-alpha", o.lora_alpha, "LoRA: the adapters' scale is alpha / rank (default: alpha = rank)", false, kAny)   \
+  X("--merge-lora", o.merge_lora_path,                                                                                \
+    "LoRA: after training, write a checkpoint of the model without adapters (weights merged) here", false, kAny)      \
+  X("--freeze", freeze,                                                                                               \
+    "parameters to freeze, by name prefix, comma-separated (conv0,conv3 or linear0.weight): no gradient, no "         \
+    "optimizer state",                                                                                                \
+    false, kAny)                                                                                                      \
+  X("--pipeline-stages", o.pipeline.stages,                                                                           \
+    "split the model's layers into this many stages, one a GPU from --gpu on (the CPU: a thread each), trained "      \
+    "with micro-batches",                                                                                             \
+    true, kAny)                                                                                                       \
+  X("--micro-batches", o.pipeline.micro_batches, "pipeline: loader batches (each --batch-size) an optimizer step",    \
+    true, kAny)                                                                                                       \
+  X("--schedule", schedule,                                                                                           \
+    "pipeline: gpipe (all forwards, then all backwards) or 1f1b (at most --pipeline-stages micro-batches in "         \
+    "flight)",                                                                                                        \
+    true, kAny)                                                                                                       \
+  X("--partition-by", partition_by, "pipeline: balance the stages' measured layer time, or their memory", true, kAny) \
+  X("--memory-limit", o.memory_limit,                                                                                 \
+    "bytes a GPU (each pipeline stage) may hold for weights, gradients, optimizer state and activations (0: no "      \
+    "limit)",                                                                                                         \
+    true, kAny)                                                                                                       \
+  X("--stop-after", o.stop_after_epochs, "stop after this many epochs (as if interrupted)", false, kAny)              \
+  X("--device-resident", o.device_resident_batches,                                                                   \
+    "compute ceiling: cycle the first N batches kept on the device (0: off)", false, kAny)                            \
+  X("--json", json, "write the report as JSON to this file ('-': stdout only)", false, kAny)
+
+template <typename T>
+void AddTrainFlag(CLI::App* cmd, const std::string& flag, T* target, const std::string& what, bool shown,
+                  const FlagCheck& c) {
+  CLI::Option* opt = nullptr;
+  if constexpr (std::is_same_v<T, bool>) {
+    opt = cmd->add_flag(flag, *target, what);
+  } else {
+    opt = cmd->add_option(flag, *target, what);
+  }
+  if (shown) opt->capture_default_str();
+  if (c.required) opt->required();
+  if (c.check) opt->check(*c.check);
+}
 
 Result<std::vector<int>> ParseList(const std::string& s, const char* what) {
   std::vector<int> v;
@@ -263,6 +382,7 @@ int RunTrain(TrainArgs& a) {
     return 1;
   };
   TrainOptions& o = a.o;
+  const std::optional<TrainDevice> device = kTrainDeviceNames.Find(a.device);
   o.cuda_graphs = !a.no_graphs;
   o.parallel.bucket_bytes = uint64_t(a.bucket_kb) << 10;
   // Ranks: torchrun's environment (or ours: --gpus starts this program once
@@ -287,7 +407,7 @@ int RunTrain(TrainArgs& a) {
       std::fprintf(stderr, "gpufeed train (rank %d of %d): %s\n", job->rank, job->world_size, s.ToString().c_str());
       return 1;
     };
-    if (a.device != "cpu") {
+    if (device != TrainDevice::kCpu) {
       const size_t visible = QueryGpus().devices.size();
       if (visible > 0 && size_t(job->local_rank) >= visible) {
         return fail_rank(Status::InvalidArgument("LOCAL_RANK " + std::to_string(job->local_rank) + ", but " +
@@ -295,13 +415,14 @@ int RunTrain(TrainArgs& a) {
       }
     }
   } else if (a.gpus > 1) {
-    if (a.device != "cpu") {
+    if (device != TrainDevice::kCpu) {
       const GpuReport gpus = QueryGpus();
       if (gpus.devices.size() < size_t(a.gpus)) {
         return fail(Status::InvalidArgument(
             "--gpus " + std::to_string(a.gpus) + ", but " + std::to_string(gpus.devices.size()) +
             " GPU(s) are visible" + (gpus.devices.empty() ? " (" + gpus.reason + ")" : std::string()) +
-            (a.device == "auto" ? "; add --device cpu to train " + std::to_string(a.gpus) + " CPU ranks" : "")));
+            (device == TrainDevice::kAuto ? "; add --device cpu to train " + std::to_string(a.gpus) + " CPU ranks"
+                                          : "")));
       }
       if (a.gpu_given) return fail(Status::InvalidArgument("--gpu: with --gpus, rank k trains on GPU k"));
     }
@@ -315,22 +436,13 @@ int RunTrain(TrainArgs& a) {
   auto opt = OptimizerFromName(a.optimizer);
   if (!opt.ok()) return fail(opt.status());
   o.optimizer = *opt;
-  if (a.precision == "fp32")
-    o.precision = DType::kFloat32;
-  else if (a.precision == "bf16")
-    o.precision = DType::kBFloat16;
-  else if (a.precision == "fp16")
-    o.precision = DType::kFloat16;
-  else
-    return fail(Status::InvalidArgument("--precision: fp32, bf16 or fp16, not '" + a.precision + "'"));
-  if (a.device == "auto")
-    o.device = TrainDevice::kAuto;
-  else if (a.device == "cpu")
-    o.device = TrainDevice::kCpu;
-  else if (a.device == "cuda")
-    o.device = TrainDevice::kCuda;
-  else
-    return fail(Status::InvalidArgument("--device: auto, cpu or cuda, not '" + a.device + "'"));
+  auto precision = kPrecisionNames.Parse(a.precision);
+  if (!precision.ok()) return fail(precision.status());
+  o.precision = *precision;
+  if (!device) {
+    return fail(Status::InvalidArgument("--device: " + kTrainDeviceNames.List() + ", not '" + a.device + "'"));
+  }
+  o.device = *device;
   // Where encoded images are decoded: the loader's threads (cpu, the
   // default: the same pixels, and so the same weights, every run), or the
   // GPU's JPEG decoder in the feed (gpu; auto: where the GPU has one, the
@@ -361,15 +473,15 @@ int RunTrain(TrainArgs& a) {
   o.loader.threads = a.threads;
   o.loader.cache_bytes = a.cache_bytes;
   o.checkpoint_path = a.checkpoint;
-  if (a.recompute != "none" && a.recompute != "blocks")
-    return fail(Status::InvalidArgument("--recompute '" + a.recompute + "': none or blocks"));
-  o.recompute_blocks = a.recompute == "blocks";
-  if (a.schedule != "gpipe" && a.schedule != "1f1b")
-    return fail(Status::InvalidArgument("--schedule '" + a.schedule + "': gpipe or 1f1b"));
-  o.pipeline.one_f_one_b = a.schedule == "1f1b";
-  if (a.partition_by != "time" && a.partition_by != "memory")
-    return fail(Status::InvalidArgument("--partition-by '" + a.partition_by + "': time or memory"));
-  o.pipeline.by_memory = a.partition_by == "memory";
+  auto recompute = kRecomputeNames.Parse(a.recompute);
+  if (!recompute.ok()) return fail(recompute.status());
+  o.recompute_blocks = *recompute;
+  auto schedule = kScheduleNames.Parse(a.schedule);
+  if (!schedule.ok()) return fail(schedule.status());
+  o.pipeline.one_f_one_b = *schedule;
+  auto partition_by = kPartitionNames.Parse(a.partition_by);
+  if (!partition_by.ok()) return fail(partition_by.status());
+  o.pipeline.by_memory = *partition_by;
   for (size_t at = 0; !a.freeze.empty() && at <= a.freeze.size();) {
     size_t comma = a.freeze.find(',', at);
     if (comma == std::string::npos) comma = a.freeze.size();
@@ -388,7 +500,7 @@ int RunTrain(TrainArgs& a) {
   auto decode = ParseDecodeArgs(a.decode);
   if (!decode.ok()) return fail(decode.status());
   o.skip_corrupt = decode->skip_corrupt;
-  if (decode->layout != "NCHW") {
+  if (LayoutOr(decode->layout, Layout::kNHWC) != Layout::kNCHW) {
     // The trainer learns a sample's layout from a Dataset's attribute only.
     return fail(Status::InvalidArgument("--image-layout " + decode->layout +
                                         ": train decodes encoded images as NCHW (leave --image-layout out)"));
@@ -449,96 +561,33 @@ void AddTrainCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<TrainArgs>();
   TrainOptions& o = a->o;
   CLI::App* cmd = app.add_subcommand("train", "Train an mlp or cnn classifier fed by gpufeed (cuBLAS/cuDNN or CPU)");
-  cmd->add_option("--data", a->data,
-                  "training split (FILE.h5 with /images and /labels; many files: a glob, a directory or a list), or a "
-                  "daemon serving it: unix:PATH | "
-                  "tcp://HOST:PORT")
-      ->required();
-  cmd->add_option("--dataset", a->dataset, "with a daemon --data: the dataset to read there (default: its first)");
-  cmd->add_option("--field", a->fields,
-                  "images=/path or labels=/path: the fields to train on (both; default /images and /labels); "
-                  "--data may then name many files (a glob, a directory or a list)");
-  cmd->add_option("--token-file", a->token_file, "with a tcp:// daemon: its shared secret");
-  cmd->add_option("--test", a->test, "test split, evaluated after every epoch");
-  cmd->add_option("--model", a->model, "mlp or cnn")->capture_default_str();
-  cmd->add_option("--widths", a->widths, "mlp hidden widths")->capture_default_str();
-  cmd->add_option("--channels", a->channels, "cnn block channels (conv-bn-relu-pool each)")->capture_default_str();
-  cmd->add_option("--precision", a->precision, "fp32, bf16 or fp16 (mixed, fp32 master weights)")
-      ->capture_default_str();
-  cmd->add_option("--optimizer", a->optimizer,
-                  "sgd (momentum), adamw, or adamw8bit / sgd8bit (8-bit states, blockwise quantized)")
-      ->capture_default_str();
-  cmd->add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
-  cmd->add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "weight decay (not on biases/batchnorm)")->capture_default_str();
-  cmd->add_option("--warmup", o.warmup_epochs, "linear warmup, in epochs; then cosine to 0")->capture_default_str();
-  cmd->add_option("--epochs", o.epochs, "epochs")->capture_default_str();
-  cmd->add_option("--batch-size", o.batch_size, "micro-batch size")->capture_default_str();
-  cmd->add_option("--accum", o.accum, "micro-batches per optimizer step")->capture_default_str();
-  cmd->add_option("--clip", o.clip_norm, "clip the global gradient norm (0: off)")->capture_default_str();
-  cmd->add_option("--echo", o.echo, "reuse each upload this many times (0: auto)")->capture_default_str();
-  cmd->add_option("--crop-padding", o.crop_padding, "random crop with this zero padding")->capture_default_str();
-  cmd->add_flag("--flip", o.flip, "random horizontal flips");
-  cmd->add_option("--feed-slots", o.feed_slots, "batches the feed may have ready on the GPU")->capture_default_str();
-  cmd->add_option("--seed", o.seed, "seed of initialisation, order and augmentation")->capture_default_str();
-  cmd->add_option("--device", a->device, "auto, cpu or cuda")->capture_default_str();
-  cmd->add_option("--gpu", o.cuda_device, "CUDA device index")->capture_default_str();
-  cmd->add_option("--gpus", a->gpus,
-                  "data parallel over this many GPUs of this host, one process each (with --device cpu: CPU "
-                  "ranks); under torchrun the ranks come from its environment")
-      ->check(CLI::Range(1, 4096));
-  cmd->add_flag("--no-graphs", a->no_graphs, "launch every kernel from the host (no CUDA graphs)");
-  cmd->add_option("--bucket-kb", a->bucket_kb, "data parallel: gradients all-reduced in buckets of about this size")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--order", a->order, "sequential, random or block")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "loader threads (0: all cores)")->capture_default_str();
+  // The trainer's own flags: its table.
+#define GPUFEED_ADD_TRAIN_FLAG(flag, target, what, shown, check) \
+  AddTrainFlag(cmd, flag, &a->target, what, shown, check);
+  GPUFEED_TRAIN_FLAGS(GPUFEED_ADD_TRAIN_FLAG)
+#undef GPUFEED_ADD_TRAIN_FLAG
+  // The loader's and the feed's: name, description and range from the C
+  // API's option table (capi/options.cc), as every command and Python spell
+  // them; the remark and the default shown are train's.
+  AddTableOption(cmd, "batch_size", &o.batch_size, "a micro-batch")->capture_default_str();
+  AddTableOption(cmd, "seed", &o.seed, "and of initialisation and augmentation")->capture_default_str();
+  AddTableOption(cmd, "order", &a->order)->capture_default_str();
+  AddTableOption(cmd, "threads", &a->threads, "here 0 is all cores")->capture_default_str();
   AddCacheBytesOption(cmd, &a->cache_bytes, "loader chunk cache (default 1 GiB)");
-  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint file, written after every epoch");
-  cmd->add_flag("--resume", o.resume, "continue from --checkpoint");
-  cmd->add_option("--init", o.init_path,
-                  "start from the weights of this checkpoint (any optimizer; a head of other classes starts fresh)");
-  cmd->add_option("--recompute", a->recompute,
-                  "none, or blocks: the cnn's backward pass recomputes each block's conv and batchnorm outputs "
-                  "instead of keeping them (the same weights, less activation memory)")
+  AddTableOption(cmd, "feed_echo", &o.echo)->capture_default_str();
+  AddTableOption(cmd, "feed_crop_padding", &o.crop_padding, "random crop with this zero padding")
       ->capture_default_str();
-  cmd->add_option("--lora-rank", o.lora_rank,
-                  "LoRA: adapters of this rank on every linear and conv layer but the head; they and the head train, "
-                  "the rest is frozen (0: off)");
-  cmd->add_option("--lora-alpha", o.lora_alpha, "LoRA: the adapters' scale is alpha / rank (default: alpha = rank)");
-  cmd->add_option("--merge-lora", o.merge_lora_path,
-                  "LoRA: after training, write a checkpoint of the model without adapters (weights merged) here");
-  cmd->add_option("--freeze", a->freeze,
-                  "parameters to freeze, by name prefix, comma-separated (conv0,conv3 or linear0.weight): no gradient, "
-                  "no optimizer state");
-  cmd->add_option("--pipeline-stages", o.pipeline.stages,
-                  "split the model's layers into this many stages, one a GPU from --gpu on (the CPU: a thread "
-                  "each), trained with micro-batches")
+  AddTableOption(cmd, "feed_flip", &o.flip);
+  AddTableOption(cmd, "feed_slots", &o.feed_slots, "batches the feed may have ready on the GPU", "--feed-slots")
       ->capture_default_str();
-  cmd->add_option("--micro-batches", o.pipeline.micro_batches,
-                  "pipeline: loader batches (each --batch-size) an optimizer step")
+  AddTableOption(cmd, "dataset", &a->dataset, "with a daemon --data; default: its first");
+  AddTableOption(cmd, "token_file", &a->token_file, "with a tcp:// daemon");
+  AddTableOption(cmd, "decode", &a->decode_where,
+                 "encoded images; cpu, here the default: the loader's threads, the same weights every run; auto: the "
+                 "GPU where it has one, the loader taking a measured share")
+      ->check(CLI::IsMember(NamesOf(kDecodeDeviceNames)))
       ->capture_default_str();
-  cmd->add_option("--schedule", a->schedule,
-                  "pipeline: gpipe (all forwards, then all backwards) or 1f1b (at most --pipeline-stages "
-                  "micro-batches in flight)")
-      ->capture_default_str();
-  cmd->add_option("--partition-by", a->partition_by,
-                  "pipeline: balance the stages' measured layer time, or their memory")
-      ->capture_default_str();
-  cmd->add_option("--memory-limit", o.memory_limit,
-                  "bytes a GPU (each pipeline stage) may hold for weights, gradients, optimizer state and "
-                  "activations (0: no limit)")
-      ->capture_default_str();
-  cmd->add_option("--stop-after", o.stop_after_epochs, "stop after this many epochs (as if interrupted)");
-  cmd->add_option("--device-resident", o.device_resident_batches,
-                  "compute ceiling: cycle the first N batches kept on the device (0: off)");
-  cmd->add_option("--json", a->json, "write the report as JSON to this file ('-': stdout only)");
   AddDecodeOptions(cmd, &a->decode, "random_resized_crop");
-  cmd->add_option("--decode", a->decode_where,
-                  "encoded images: decoded by the loader's threads (cpu: the same weights every run), the GPU's JPEG "
-                  "decoder (gpu), or the GPU where it has one with the loader taking a measured share (auto)")
-      ->check(CLI::IsMember({"auto", "cpu", "gpu"}))
-      ->capture_default_str();
   cmd->callback([a, exit_code, cmd] {
     a->gpu_given = cmd->get_option("--gpu")->count() > 0;
     *exit_code = RunTrain(*a);

@@ -2,6 +2,7 @@
 // directly here (they measure the hardware), checked through
 // GPUFEED_CUDA_RETURN.
 #include "gpufeed/hw_timing.h"
+#include "gpufeed/names.h"
 
 #include <algorithm>
 #include <cstring>
@@ -170,7 +171,7 @@ Result<std::vector<KernelTiming>> MeasureTransformKernel(int batch) {
       if (!k.ok()) return k.status();
       KernelTiming r;
       r.dtype = std::string(DTypeName(dt));
-      r.layout = layout == gpu::TensorLayout::kNCHW ? "NCHW" : "NHWC";
+      r.layout = LayoutName(layout == gpu::TensorLayout::kNCHW ? Layout::kNCHW : Layout::kNHWC);
       r.ms = *k * 1e3;
       r.kernel_gb_per_s = (n + n * DTypeSize(dt)) / *k / 1e9;
       r.memcpy_gb_per_s = memcpy_gbs;

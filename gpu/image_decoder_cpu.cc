@@ -33,10 +33,7 @@ ResizeJob ResizeJobFor(const EncodedSample& e, const uint8_t* src, uint32_t dst_
   j.pitch = uint64_t(3) * e.width;
   j.src_h = e.height;
   j.src_w = e.width;
-  j.top = e.crop_top;
-  j.left = e.crop_left;
-  j.height = e.crop_height;
-  j.width = e.crop_width;
+  j.box = e.crop;
   j.dst_index = dst_index;
   return j;
 }
@@ -128,22 +125,6 @@ Status NvjpegAvailable(int, std::string*) { return Status::Unsupported("nvJPEG: 
 
 namespace gpufeed {
 
-Result<DecodeDevice> DecodeDeviceFromName(std::string_view name) {
-  if (name == "auto") return DecodeDevice::kAuto;
-  if (name == "cpu") return DecodeDevice::kCpu;
-  if (name == "gpu") return DecodeDevice::kGpu;
-  return Status::InvalidArgument("decode '" + std::string(name) + "': auto, cpu or gpu");
-}
-std::string_view DecodeDeviceName(DecodeDevice d) {
-  switch (d) {
-    case DecodeDevice::kCpu:
-      return "cpu";
-    case DecodeDevice::kGpu:
-      return "gpu";
-    default:
-      return "auto";
-  }
-}
 Status GpuImageDecoder(int device, std::string* backend) { return gpu::NvjpegAvailable(device, backend); }
 
 std::string DecodePlacement::Describe() const {

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "gpu/transform.h"  // GPUFEED_HD
+#include "gpufeed/crop_rect.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed::gpu {
@@ -24,8 +25,8 @@ struct ResizeJob {
   const uint8_t* src = nullptr;  // the decoded image: device memory for the GPU, host for the CPU twin
   uint64_t pitch = 0;            // bytes from one row to the next (>= 3 x src_w)
   int32_t src_h = 0, src_w = 0;
-  int32_t top = 0, left = 0, height = 0, width = 0;  // the box, inside the image
-  uint32_t dst_index = 0;                            // the sample's position in the batch
+  CropRect box;            // inside the image
+  uint32_t dst_index = 0;  // the sample's position in the batch
 };
 
 // Checks a job against its image (a box inside it, sizes positive).
@@ -94,8 +95,8 @@ GPUFEED_HD float TapWeight(const AxisTaps& t, int x) {
 
 // Output pixel (oy, ox) of job j: rgb[0..2].
 GPUFEED_HD void ResizePixel(const ResizeJob& j, int oy, int ox, int out_h, int out_w, uint8_t rgb[3]) {
-  const AxisTaps ty = Taps(oy, j.src_h, static_cast<float>(j.top), static_cast<float>(j.height), out_h);
-  const AxisTaps tx = Taps(ox, j.src_w, static_cast<float>(j.left), static_cast<float>(j.width), out_w);
+  const AxisTaps ty = Taps(oy, j.src_h, static_cast<float>(j.box.top), static_cast<float>(j.box.height), out_h);
+  const AxisTaps tx = Taps(ox, j.src_w, static_cast<float>(j.box.left), static_cast<float>(j.box.width), out_w);
   float sx = 0;
   for (int x = tx.lo; x < tx.hi; ++x) sx = RnAdd(sx, TapWeight(tx, x));
   float sy = 0, acc[3] = {0, 0, 0};

@@ -6,11 +6,12 @@
 namespace gpufeed::gpu {
 
 Status ValidateResizeJob(const ResizeJob& j) {
-  if (j.src == nullptr || j.src_h <= 0 || j.src_w <= 0 || j.pitch < uint64_t(3) * j.src_w || j.height <= 0 ||
-      j.width <= 0 || j.top < 0 || j.left < 0 || int64_t(j.top) + j.height > j.src_h ||
-      int64_t(j.left) + j.width > j.src_w) {
-    return Status::InvalidArgument("resize: box " + std::to_string(j.height) + "x" + std::to_string(j.width) + " at (" +
-                                   std::to_string(j.top) + ", " + std::to_string(j.left) + ") is not inside the " +
+  const CropRect& b = j.box;
+  if (j.src == nullptr || j.src_h <= 0 || j.src_w <= 0 || j.pitch < uint64_t(3) * j.src_w || b.height <= 0 ||
+      b.width <= 0 || b.top < 0 || b.left < 0 || int64_t(b.top) + b.height > j.src_h ||
+      int64_t(b.left) + b.width > j.src_w) {
+    return Status::InvalidArgument("resize: box " + std::to_string(b.height) + "x" + std::to_string(b.width) + " at (" +
+                                   std::to_string(b.top) + ", " + std::to_string(b.left) + ") is not inside the " +
                                    std::to_string(j.src_h) + "x" + std::to_string(j.src_w) + " image");
   }
   return Status::Ok();

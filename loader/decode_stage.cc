@@ -123,10 +123,7 @@ Status DecodeStage::DecodeBatch(std::span<const Where> where, uint64_t count, co
       e.bytes = size;
       e.height = p.height;
       e.width = p.width;
-      e.crop_top = p.crop_top;
-      e.crop_left = p.crop_left;
-      e.crop_height = p.crop_height;
-      e.crop_width = p.crop_width;
+      e.crop = p.crop;
       used += e.bytes;
       ++counts->deferred;
     } else {

@@ -8,28 +8,9 @@
 
 namespace gpufeed {
 
-std::string_view OrderName(Order o) {
-  switch (o) {
-    case Order::kSequential:
-      return "sequential";
-    case Order::kRandom:
-      return "random";
-    case Order::kBlock:
-      return "block";
-  }
-  return "?";
-}
-
 uint64_t AutoCacheBytes() {
   const uint64_t avail = AvailableMemoryBytes();
   return avail == UINT64_MAX ? uint64_t{1} << 30 : avail / 2;
-}
-
-Result<Order> OrderFromName(std::string_view name) {
-  if (name == "sequential") return Order::kSequential;
-  if (name == "random") return Order::kRandom;
-  if (name == "block") return Order::kBlock;
-  return Status::InvalidArgument("unknown order '" + std::string(name) + "' (expected sequential, random or block)");
 }
 
 // ---------------------------------------------------------------------------

@@ -34,31 +34,6 @@
 
 namespace gpufeed {
 
-std::string ModelKindName(ModelKind k) { return k == ModelKind::kMlp ? "mlp" : "cnn"; }
-Result<ModelKind> ModelKindFromName(std::string_view n) {
-  if (n == "mlp") return ModelKind::kMlp;
-  if (n == "cnn") return ModelKind::kCnn;
-  return Status::InvalidArgument("unknown model '" + std::string(n) + "' (mlp or cnn)");
-}
-Result<Optimizer> OptimizerFromName(std::string_view n) {
-  for (Optimizer o : {Optimizer::kSgd, Optimizer::kAdamW, Optimizer::kAdamW8bit, Optimizer::kSgd8bit})
-    if (n == OptimizerName(o)) return o;
-  return Status::InvalidArgument("unknown optimizer '" + std::string(n) + "' (sgd, adamw, adamw8bit or sgd8bit)");
-}
-std::string OptimizerName(Optimizer o) {
-  switch (o) {
-    case Optimizer::kSgd:
-      return "sgd";
-    case Optimizer::kAdamW:
-      return "adamw";
-    case Optimizer::kAdamW8bit:
-      return "adamw8bit";
-    case Optimizer::kSgd8bit:
-      return "sgd8bit";
-  }
-  return "?";
-}
-
 namespace {
 
 // The loader's position a checkpoint saves: the start of `epoch` of the run
@@ -170,7 +145,7 @@ Result<Geometry> SampleGeometry(const ChunkSource& src) {
     return Status::InvalidArgument(src.name() + ": the trainer needs [C, H, W] or [H, W, C] samples, got rank " +
                                    std::to_string(s.size()));
   Geometry g;
-  if (src.attributes().layout == "NHWC") g.layout = Layout::kNHWC;
+  g.layout = LayoutOr(src.attributes().layout, g.layout);
   if (g.layout == Layout::kNCHW)
     g.c = int(s[0]), g.h = int(s[1]), g.w = int(s[2]);
   else
@@ -373,8 +348,8 @@ Status Run::Setup() {
     if (!tg.ok()) return tg.status();
     if (tg->c != geo_.c || tg->h != geo_.h || tg->w != geo_.w || tg->layout != geo_.layout) {
       auto text = [](const auto& g) {
-        return std::string(g.layout == Layout::kNHWC ? "NHWC " : "NCHW ") + std::to_string(g.c) + "x" +
-               std::to_string(g.h) + "x" + std::to_string(g.w);
+        return std::string(LayoutName(g.layout)) + " " + std::to_string(g.c) + "x" + std::to_string(g.h) + "x" +
+               std::to_string(g.w);
       };
       return Status::InvalidArgument(test_->name() + ": test samples have another shape than the training samples: " +
                                      text(*tg) + ", but training samples (" + train_.name() + ") are " + text(geo_) +

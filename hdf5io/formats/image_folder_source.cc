@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "gpufeed/names.h"
 #include "gpufeed/sample_source.h"
 #include "hdf5io/image/image_decode.h"
 #include "hdf5io/formats/image_folder_listing.h"
@@ -64,7 +65,7 @@ class ImageFolderSource : public SampleSource {
         listing_(std::move(listing)),
         height_(static_cast<int>(options.height)),
         width_(static_cast<int>(options.width)),
-        nhwc_(options.layout == "NHWC"),
+        nhwc_(LayoutOr(options.layout, Layout::kNCHW) == Layout::kNHWC),
         layout_(options.layout) {
     shape_ = nhwc_ ? std::vector<uint64_t>{options.height, options.width, kChannels}
                    : std::vector<uint64_t>{kChannels, options.height, options.width};
@@ -131,8 +132,8 @@ Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& d
                                    std::to_string(options.width) + " is invalid; set height and width to 1.." +
                                    std::to_string(kMaxSide));
   }
-  if (options.layout != "NCHW" && options.layout != "NHWC") {
-    return Status::InvalidArgument(dir + ": image layout '" + options.layout + "' is not NCHW or NHWC");
+  if (!kLayoutNames.Find(options.layout)) {
+    return Status::InvalidArgument(dir + ": image layout '" + options.layout + "' is not " + kLayoutNames.List());
   }
   Result<FolderListing> listing = ListImageFolder(dir);
   if (!listing.ok()) return listing.status();

@@ -175,26 +175,6 @@ std::string_view ClassName(H5T_class_t cls) {
 
 }  // namespace
 
-std::string_view ReadPathName(ReadPath p) { return p == ReadPath::kDirect ? "direct" : "hdf5"; }
-
-std::string_view IoModeName(IoMode m) {
-  switch (m) {
-    case IoMode::kDirect:
-      return "direct";
-    case IoMode::kBuffered:
-      return "buffered";
-    default:
-      return "auto";
-  }
-}
-
-Result<IoMode> ParseIoMode(std::string_view text) {
-  if (text == "auto") return IoMode::kAuto;
-  if (text == "direct") return IoMode::kDirect;
-  if (text == "buffered") return IoMode::kBuffered;
-  return Status::InvalidArgument("I/O mode '" + std::string(text) + "' is not one of auto, direct, buffered");
-}
-
 Result<DatasetSpec> DatasetSpec::Parse(std::string_view spec) {
   DatasetSpec out;
   size_t colon = spec.rfind(":/");

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "gpufeed/encoded.h"
+#include "gpufeed/names.h"
 #include "hdf5io/hdf5/fork_gate.h"
 #include "hdf5io/hdf5/h5_util.h"
 #include "hdf5io/image/image_decode.h"
@@ -267,7 +268,7 @@ class EncodedSourceImpl final : public EncodedImageSource {
     if (!decoder.ok()) return decoder.status();
     decoder_ = std::move(*decoder);
     decode_ = decode;
-    const bool nhwc = decode.layout == "NHWC";
+    const bool nhwc = LayoutOr(decode.layout, Layout::kNCHW) == Layout::kNHWC;
     shape_ = nhwc ? std::vector<uint64_t>{decode.height, decode.width, 3}
                   : std::vector<uint64_t>{3, decode.height, decode.width};
     sample_bytes_ = decoder_->sample_bytes();

@@ -1,5 +1,6 @@
 // Inspect report and sample export (.npy / .pgm / .ppm).
 #include "gpufeed/inspect.h"
+#include "gpufeed/names.h"
 
 #include <cstdio>
 #include <cstring>
@@ -76,7 +77,8 @@ Status ExportSample(const Dataset& ds, uint64_t k, const std::string& path) {
     h = shape[0];
     w = shape[1];
   } else if (shape.size() == 3) {
-    const bool nhwc = ds.info().layout == "NHWC" || (ds.info().layout.empty() && shape[0] > 4 && shape[2] <= 4);
+    const bool nhwc = kLayoutNames.Find(ds.info().layout) == Layout::kNHWC ||
+                      (ds.info().layout.empty() && shape[0] > 4 && shape[2] <= 4);
     channels_first = !nhwc;
     c = nhwc ? shape[2] : shape[0];
     h = nhwc ? shape[0] : shape[1];

@@ -19,25 +19,6 @@
 
 namespace gpufeed {
 
-std::string_view CodecName(Codec c) {
-  switch (c) {
-    case Codec::kNone:
-      return "none";
-    case Codec::kDeflate:
-      return "deflate";
-    case Codec::kZstd:
-      return "zstd";
-  }
-  return "?";
-}
-
-Result<Codec> CodecFromName(std::string_view name) {
-  if (name == "none") return Codec::kNone;
-  if (name == "deflate" || name == "gzip") return Codec::kDeflate;
-  if (name == "zstd") return Codec::kZstd;
-  return Status::InvalidArgument("unknown codec '" + std::string(name) + "' (expected none, deflate or zstd)");
-}
-
 uint64_t AutoChunkSamples(uint64_t sample_bytes, uint64_t num_samples) {
   constexpr uint64_t kMaxChunkBytes = 2u << 20;   // pread and codecs at full speed well before this
   constexpr uint64_t kMinChunkBytes = 64u << 10;  // below this, per-chunk overhead shows

@@ -24,25 +24,14 @@
 
 namespace gpufeed {
 
-std::string_view ImageTransformName(ImageTransform t) {
-  return t == ImageTransform::kCenterCrop ? "center_crop" : "random_resized_crop";
-}
-
-Result<ImageTransform> ImageTransformFromName(std::string_view name) {
-  if (name == "random_resized_crop" || name == "rrc") return ImageTransform::kRandomResizedCrop;
-  if (name == "center_crop" || name == "center") return ImageTransform::kCenterCrop;
-  return Status::InvalidArgument("image transform '" + std::string(name) +
-                                 "' is not random_resized_crop (training) or center_crop (evaluation)");
-}
-
 Status ValidateDecodeOptions(const DecodeOptions& o) {
   constexpr uint32_t kMaxSide = 1u << 15;
   if (o.height == 0 || o.width == 0 || o.height > kMaxSide || o.width > kMaxSide) {
     return Status::InvalidArgument("decode output size " + std::to_string(o.height) + "x" + std::to_string(o.width) +
                                    " is invalid; set height and width to 1.." + std::to_string(kMaxSide));
   }
-  if (o.layout != "NCHW" && o.layout != "NHWC") {
-    return Status::InvalidArgument("decode layout '" + o.layout + "' is not NCHW or NHWC");
+  if (!kLayoutNames.Find(o.layout)) {
+    return Status::InvalidArgument("decode layout '" + o.layout + "' is not " + kLayoutNames.List());
   }
   if (!(o.scale_min > 0 && o.scale_min <= o.scale_max && o.scale_max <= 1.0)) {
     return Status::InvalidArgument("random-resized-crop scale range (" + std::to_string(o.scale_min) + ", " +
@@ -137,9 +126,9 @@ struct Decoded {
 // min_h/min_w: the scale picked is the smallest n/8 that keeps the box at
 // least that large (0: full size). partial: crop columns and skip rows.
 // Plain C data only between setjmp and the calls that can longjmp.
-bool JpegPass(std::span<const uint8_t> bytes, const CropBox* box, int min_h, int min_w, bool partial,
+bool JpegPass(std::span<const uint8_t> bytes, const CropRect* box, int min_h, int min_w, bool partial,
               std::vector<uint8_t>* out, Decoded* d, std::string* why, const DecodeOptions* plan = nullptr,
-              uint64_t key = 0, CropBox* planned = nullptr) {
+              uint64_t key = 0, CropRect* planned = nullptr) {
   Decompressor& dc = ThreadDecompressor();
   jpeg_decompress_struct* ci = &dc.cinfo;
   static thread_local std::vector<uint8_t> cmyk;
@@ -160,10 +149,10 @@ bool JpegPass(std::span<const uint8_t> bytes, const CropBox* box, int min_h, int
     jpeg_abort_decompress(ci);
     return false;
   }
-  const CropBox full{0, 0, h, w};
+  const CropRect full{0, 0, h, w};
   // The crop is planned here, from this header, when the caller has none
   // (one header parse per sample).
-  const CropBox b = box ? *box : plan ? PlanCrop(h, w, *plan, key) : full;
+  const CropRect b = box ? *box : plan ? PlanCrop(h, w, *plan, key) : full;
   if (planned) *planned = b;
   d->h = h;
   d->w = w;
@@ -372,7 +361,7 @@ uint64_t RandomKey(uint64_t seed, uint64_t epoch, uint64_t sample) {
   return SplitMix(&s);
 }
 
-CropBox PlanCrop(int h, int w, const DecodeOptions& o, uint64_t key) {
+CropRect PlanCrop(int h, int w, const DecodeOptions& o, uint64_t key) {
   if (o.transform == ImageTransform::kCenterCrop) {
     // Resize so the shorter side is min(out) / fraction, crop out_h x out_w.
     const double resized_short = std::min(o.height, o.width) / o.center_fraction;
@@ -621,7 +610,7 @@ Status DecodeCovering(std::span<const uint8_t> bytes, int min_h, int min_w, std:
   }
   Decoded d;
   std::string why;
-  CropBox whole{-1, -1, 0, 0};
+  CropRect whole{-1, -1, 0, 0};
   if (!JpegPass(bytes, nullptr, std::max(0, min_h), std::max(0, min_w), false, rgb, &d, &why, nullptr, 0, &whole)) {
     return Status::Corrupt((whole.height <= 0 ? "not a decodable JPEG: " : "JPEG decode failed: ") + why);
   }
@@ -637,12 +626,12 @@ Status DecodeFull(std::span<const uint8_t> bytes, std::vector<uint8_t>* rgb, int
 Status DecodeTransform(std::span<const uint8_t> bytes, const DecodeOptions& o, uint64_t key, uint8_t* dst,
                        DecodeStats* stats) {
   const int out_h = static_cast<int>(o.height), out_w = static_cast<int>(o.width);
-  const bool nchw = o.layout != "NHWC";
+  const bool nchw = LayoutOr(o.layout, Layout::kNCHW) == Layout::kNCHW;
   thread_local std::vector<uint8_t> pixels;
   if (LooksLikePng(bytes)) {
     int h = 0, w = 0;
     GPUFEED_RETURN_IF_ERROR(PngRgb(bytes, &pixels, &h, &w));
-    const CropBox b = PlanCrop(h, w, o, key);
+    const CropRect b = PlanCrop(h, w, o, key);
     ResampleBox(pixels.data(), h, w, b.top, b.left, b.height, b.width, dst, out_h, out_w, nchw);
     if (stats) *stats = {8, false, uint64_t(h) * w};
     return Status::Ok();
@@ -650,7 +639,7 @@ Status DecodeTransform(std::span<const uint8_t> bytes, const DecodeOptions& o, u
   if (!LooksLikeJpeg(bytes)) {
     return Status::Corrupt("neither a JPEG nor a PNG (" + std::to_string(bytes.size()) + " bytes, unknown signature)");
   }
-  CropBox b{-1, -1, 0, 0};
+  CropRect b{-1, -1, 0, 0};
   Decoded d;
   std::string why;
   // Partial decoding first; a stream libjpeg cannot crop or skip in is

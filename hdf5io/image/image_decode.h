@@ -11,15 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "gpufeed/crop_rect.h"
 #include "gpufeed/decode_options.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed::image {
 
-// A crop in source pixels: rows [top, top + height), columns [left, left + width).
-struct CropBox {
-  int top = 0, left = 0, height = 0, width = 0;
-};
+// A crop in source pixels: CropRect (gpufeed/crop_rect.h).
 
 // The counter-based generator behind every random choice: a pure function of
 // its key, so a sample's crop depends on (seed, epoch, sample) only.
@@ -33,7 +31,7 @@ uint64_t RandomKey(uint64_t seed, uint64_t epoch, uint64_t sample);
 //   kCenterCrop: Resize(shorter side = min(out) / center_fraction) then
 //     CenterCrop(out), expressed as a box in source pixels.
 // Requires src_h, src_w > 0.
-CropBox PlanCrop(int src_h, int src_w, const DecodeOptions& options, uint64_t key);
+CropRect PlanCrop(int src_h, int src_w, const DecodeOptions& options, uint64_t key);
 
 // Resamples the box (fractional, in pixels of `src`) of an interleaved RGB
 // image src (h x w x 3) to out_h x out_w with PIL's antialiased bilinear

@@ -43,12 +43,8 @@ class ImageDecoder final : public SampleDecoder {
     if (why != nullptr) plan->why_not = why;
     plan->height = info.height;
     plan->width = info.width;
-    const image::CropBox box =
+    plan->crop =
         image::PlanCrop(info.height, info.width, decode_, image::RandomKey(context.seed, context.epoch, sample));
-    plan->crop_top = box.top;
-    plan->crop_left = box.left;
-    plan->crop_height = box.height;
-    plan->crop_width = box.width;
     return Status::Ok();
   }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "hdf5io/formats/image_folder_listing.h"
+#include "gpufeed/names.h"
 #include "gpufeed/sample_decoder.h"
 #include "hdf5io/hdf5/reach.h"
 #include "hdf5io/io/read_file.h"
@@ -39,8 +40,9 @@ class FolderImages final : public EncodedImageSource {
     if (!decoder.ok()) return decoder.status();
     decoder_ = std::move(*decoder);
     decode_ = decode;
-    shape_ = decode.layout == "NHWC" ? std::vector<uint64_t>{decode.height, decode.width, 3}
-                                     : std::vector<uint64_t>{3, decode.height, decode.width};
+    shape_ = LayoutOr(decode.layout, Layout::kNCHW) == Layout::kNHWC
+                 ? std::vector<uint64_t>{decode.height, decode.width, 3}
+                 : std::vector<uint64_t>{3, decode.height, decode.width};
     return Status::Ok();
   }
 

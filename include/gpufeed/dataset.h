@@ -31,6 +31,7 @@
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/dtype.h"
 #include "gpufeed/logger.h"
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -45,31 +46,7 @@ struct DatasetSpec {
   static Result<DatasetSpec> Parse(std::string_view spec);
 };
 
-enum class ReadPath {
-  kDirect,  // pread + our own filters, no HDF5 call per chunk
-  kHdf5,    // H5Dread through HDF5's (tuned) chunk cache
-};
-std::string_view ReadPathName(ReadPath p);  // "direct" / "hdf5"
-
-// How the direct path reads chunk bytes from the file.
-enum class IoMode {
-  // kDirect when the file is larger than the memory available to the page
-  // cache (MemAvailable / the cgroup limit: common/memory.h), else kBuffered.
-  kAuto,
-  // O_DIRECT into block-aligned buffers (a chunk not aligned to 4 KiB is read
-  // through its covering aligned range): the page cache is not filled with
-  // the dataset, so the user's other cached data stays. Where the kernel or
-  // the file system refuses O_DIRECT (some tmpfs, container runtimes), Open
-  // falls back to kBuffered and says so once on stderr and in
-  // DatasetInfo::io_note (shown by `gpufeed inspect`).
-  kDirect,
-  // pread through the page cache (the right choice when the data fits in
-  // memory: a second epoch reads from RAM).
-  kBuffered,
-};
-std::string_view IoModeName(IoMode m);  // "auto", "direct", "buffered"
-// Parses "auto", "direct" or "buffered"; anything else is InvalidArgument.
-Result<IoMode> ParseIoMode(std::string_view text);
+// ReadPath and IoMode, and their names: gpufeed/names.h.
 
 struct OpenOptions {
   // Labels dataset. Empty: "/labels" if the file has it, else no labels.

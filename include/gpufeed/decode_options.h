@@ -9,22 +9,12 @@
 #include <string>
 #include <string_view>
 
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
 
-enum class ImageTransform {
-  // torchvision RandomResizedCrop: a random box of area fraction in
-  // [scale_min, scale_max] and aspect ratio in [ratio_min, ratio_max]
-  // (log-uniform), 10 tries, else a center crop; a pure function of
-  // (loader seed, epoch, sample).
-  kRandomResizedCrop,
-  // Evaluation: Resize(shorter side = min(height, width) / center_fraction),
-  // then CenterCrop(height, width). Same every epoch.
-  kCenterCrop,
-};
-std::string_view ImageTransformName(ImageTransform t);                 // "random_resized_crop" / "center_crop"
-Result<ImageTransform> ImageTransformFromName(std::string_view name);  // also accepts "rrc" and "center"
+// ImageTransform and its names: gpufeed/names.h.
 
 struct DecodeOptions {
   uint32_t height = 224, width = 224;  // output size, 1..32768

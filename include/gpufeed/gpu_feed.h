@@ -46,11 +46,12 @@
 #include "gpufeed/dtype.h"
 #include "gpufeed/loader.h"
 #include "gpufeed/logger.h"
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
 
-enum class Layout { kNCHW, kNHWC };
+// Layout and its names: gpufeed/names.h.
 
 struct FeedOptions {
   int device = 0;
@@ -103,13 +104,8 @@ struct FeedOptions {
   std::shared_ptr<Logger> logger;
 };
 
-// Where JPEGs are decoded for a feed: kCpu in the loader's threads, kGpu by
-// the GPU's decoder (LoaderOptions::defer_decode + the feed), kAuto: kGpu
-// where GpuImageDecoder(device) is ok, the feed is on a GPU and the source
-// holds encoded images, else kCpu.
-enum class DecodeDevice { kAuto, kCpu, kGpu };
-Result<DecodeDevice> DecodeDeviceFromName(std::string_view name);  // "auto", "cpu", "gpu"
-std::string_view DecodeDeviceName(DecodeDevice d);
+// Where JPEGs are decoded for a feed: DecodeDevice (gpufeed/names.h, with
+// its names "auto", "cpu", "gpu").
 // Ok when nvJPEG loads and makes a handle on `device`; *backend "hardware"
 // (the JPEG engine) or "gpu-hybrid". Else Unsupported with the reason (no
 // libnvjpeg, no device, a build without CUDA). Cached per device.

@@ -41,26 +41,19 @@
 #include <vector>
 
 #include "gpufeed/chunk_source.h"
+#include "gpufeed/crop_rect.h"
 #include "gpufeed/dtype.h"
 #include "gpufeed/logger.h"
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
 
-enum class Order {
-  kSequential,  // 0, 1, 2, ...
-  kRandom,      // a full permutation each epoch
-  // Chunk-aware: shuffle the chunk order, then shuffle the samples of each
-  // window of `shuffle_window` consecutive chunks together. Each chunk is read
-  // and decoded once per epoch when the cache holds a window.
-  kBlock,
-};
-std::string_view OrderName(Order o);
+// Order, OrderName and OrderFromName: gpufeed/names.h.
 
 // Half the memory this process can still use now (MemAvailable, lowered to
 // the cgroup limit's room): what `--cache-bytes auto` gives the cache.
 uint64_t AutoCacheBytes();
-Result<Order> OrderFromName(std::string_view name);
 
 struct LoaderOptions {
   // Samples per batch. Larger than this rank's share of the dataset (and
@@ -198,7 +191,7 @@ struct EncodedSample {
   int32_t height = 0, width = 0;  // the encoded image's size
   // The box to resample to the output size, in the image's pixels: the crop
   // the CPU decoder would take for this (seed, epoch, sample).
-  int32_t crop_top = 0, crop_left = 0, crop_height = 0, crop_width = 0;
+  CropRect crop;
 };
 
 class Batch {

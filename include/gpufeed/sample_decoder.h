@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 
+#include "gpufeed/crop_rect.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -40,7 +41,7 @@ struct DecodeContext {
 // or unusual stream meets the same checks and errors as on the CPU).
 struct DevicePlan {
   int32_t height = 0, width = 0;  // the decoded image's size
-  int32_t crop_top = 0, crop_left = 0, crop_height = 0, crop_width = 0;
+  CropRect crop;                  // the box the host decoder would crop
   bool device_decodable = false;
   const char* why_not = "";  // a static string
 };

@@ -39,16 +39,12 @@
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/dtype.h"
 #include "gpufeed/loader.h"
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
 
-enum class ModelKind { kMlp, kCnn };
-// kAdamW8bit, kSgd8bit: the same updates with 8-bit states (blockwise
-// dynamic quantization, tensors under 4,096 values in fp32): about a quarter
-// of the optimizer's memory.
-enum class Optimizer { kSgd, kAdamW, kAdamW8bit, kSgd8bit };
-enum class TrainDevice { kAuto, kCpu, kCuda };
+// ModelKind, Optimizer and TrainDevice, and their names: gpufeed/names.h.
 
 struct TrainOptions {
   // Where the training batches come from. Empty: Loaders over `train`. Set
@@ -281,11 +277,6 @@ struct TrainReport {
 // not [N, C, H, W] / [N, H, W, C] uint8 with labels, a loader or CUDA failure,
 // an unreadable or mismatched checkpoint (Corrupt / InvalidArgument).
 Result<TrainReport> Train(const ChunkSource& train, const ChunkSource* test, const TrainOptions& options);
-
-std::string ModelKindName(ModelKind k);
-Result<ModelKind> ModelKindFromName(std::string_view name);
-Result<Optimizer> OptimizerFromName(std::string_view name);
-std::string OptimizerName(Optimizer o);  // "sgd", "adamw", "adamw8bit", "sgd8bit"
 
 }  // namespace gpufeed
 

@@ -16,13 +16,12 @@
 #include <vector>
 
 #include "gpufeed/dtype.h"
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
 
-enum class Codec { kNone, kDeflate, kZstd };
-std::string_view CodecName(Codec c);  // "none", "deflate", "zstd"
-Result<Codec> CodecFromName(std::string_view name);
+// Codec and its names ("none", "deflate", "zstd"): gpufeed/names.h.
 
 struct WriteOptions {
   // Deflate: every HDF5 build decodes it (h5py, h5dump, MATLAB, ...), so a

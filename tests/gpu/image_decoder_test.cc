@@ -131,7 +131,7 @@ TEST(ResizeCropTest, TwinTracksTheCpuDecodersResample) {
       j.pitch = uint64_t(3) * w;
       j.src_h = h;
       j.src_w = w;
-      j.top = c.top, j.left = c.left, j.height = c.height, j.width = c.width;
+      j.box = {.top = c.top, .left = c.left, .height = c.height, .width = c.width};
       std::vector<uint8_t> twin(size_t(3) * c.out_h * c.out_w), ref(twin.size());
       ASSERT_TRUE(gpu::ResizeCropCpu(&j, 1, c.out_h, c.out_w, nchw, twin.data()).ok());
       image::ResampleBox(img.data(), h, w, c.top, c.left, c.height, c.width, ref.data(), c.out_h, c.out_w, nchw);
@@ -157,12 +157,12 @@ TEST(ResizeCropTest, BoxesOutsideTheImageAreRefused) {
   j.pitch = 6;
   j.src_h = 5;
   j.src_w = 2;
-  j.top = 3, j.left = 0, j.height = 3, j.width = 2;
+  j.box = {.top = 3, .left = 0, .height = 3, .width = 2};
   std::vector<uint8_t> out(3 * 4 * 4);
   Status st = gpu::ResizeCropCpu(&j, 1, 4, 4, true, out.data());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("not inside"), std::string::npos) << st.ToString();
-  j.top = 2;
+  j.box.top = 2;
   EXPECT_TRUE(gpu::ResizeCropCpu(&j, 1, 4, 4, true, out.data()).ok());
 }
 
@@ -255,11 +255,8 @@ TEST(ImageDecoderTest, DeferredBatchesMatchTheLoadersDecode) {
       if (device) {
         ++on_device;
         // The crop the CPU decoder takes for (seed, epoch, sample).
-        const image::CropBox box = image::PlanCrop(e.height, e.width, Decode32(), image::RandomKey(11, 1, k));
-        EXPECT_EQ(e.crop_top, box.top);
-        EXPECT_EQ(e.crop_left, box.left);
-        EXPECT_EQ(e.crop_height, box.height);
-        EXPECT_EQ(e.crop_width, box.width);
+        const CropRect box = image::PlanCrop(e.height, e.width, Decode32(), image::RandomKey(11, 1, k));
+        EXPECT_EQ(e.crop, box);
         // A full-size decode and one resample, against libjpeg's scaled
         // decode: a couple of levels on average.
         EXPECT_LT(diff / sb, 2.0) << "sample " << k;
@@ -526,7 +523,7 @@ TEST(ImageDecoderGpuTest, ResizeCropGpuEqualsItsTwin) {
     j.pitch = uint64_t(3) * w;
     j.src_h = h;
     j.src_w = w;
-    j.top = k, j.left = 2 * k, j.height = h - k, j.width = w - 2 * k;
+    j.box = {.top = k, .left = 2 * k, .height = h - k, .width = w - 2 * k};
     j.dst_index = uint32_t(n - 1 - k);
     host[k] = dev[k] = j;
     host[k].src = imgs[k].data();

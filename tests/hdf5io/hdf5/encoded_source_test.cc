@@ -539,7 +539,7 @@ TEST(EncodedSourceTest, BadOffsetsAreCorruptNotACrash) {
 TEST(ImageDecodeTest, CropPlansFollowTorchvision) {
   DecodeOptions d;
   for (uint64_t k = 0; k < 2000; ++k) {
-    const image::CropBox b = image::PlanCrop(375, 500, d, image::RandomKey(1, 0, k));
+    const CropRect b = image::PlanCrop(375, 500, d, image::RandomKey(1, 0, k));
     ASSERT_GE(b.top, 0);
     ASSERT_GE(b.left, 0);
     ASSERT_LE(b.top + b.height, 375);
@@ -553,7 +553,7 @@ TEST(ImageDecodeTest, CropPlansFollowTorchvision) {
   }
   d.transform = ImageTransform::kCenterCrop;
   // Resize(256) then CenterCrop(224) of 500x375: a 328 x 328 center box.
-  const image::CropBox c = image::PlanCrop(375, 500, d, 0);
+  const CropRect c = image::PlanCrop(375, 500, d, 0);
   EXPECT_EQ(c.height, 328);
   EXPECT_EQ(c.width, 328);
   EXPECT_EQ(c.top, (375 - 328 + 1) / 2);
@@ -594,7 +594,7 @@ TEST(ImageDecodeTest, PartialAndScaledDecodeTrackAFullDecode) {
     double worst_mean = 0;
     for (uint64_t k = 0; k < 20; ++k) {
       const uint64_t key = image::RandomKey(3, 0, k);
-      const image::CropBox b = image::PlanCrop(h, w, d, key);
+      const CropRect b = image::PlanCrop(h, w, d, key);
       std::vector<uint8_t> got(3 * out * out), want(3 * out * out);
       image::DecodeStats st;
       ASSERT_TRUE(image::DecodeTransform(jpeg, d, key, got.data(), &st).ok());
