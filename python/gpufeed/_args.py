@@ -8,24 +8,16 @@ import operator
 import os
 import re
 
-from . import _lib, errors
+from . import _capi, errors, options
+from .options import OPTION_KEYWORD
 
 _I32 = 2**31 - 1
 
-# The Loader keyword that sets an option of the library's table
-# (capi/options.cc), where it is not spelled as the option.
-OPTION_KEYWORD = {
-    "labels_path": "labels", "feed_device": "device", "feed_dtype": "dtype", "feed_layout": "layout",
-    "feed_input_layout": "input_layout", "feed_echo": "echo", "feed_super_batch": "super_batch",
-    "feed_crop_padding": "crop_padding", "feed_flip": "flip", "feed_seed": "augment_seed", "feed_slots": "slots",
-    "feed_labels_int32": "labels_int32", "feed_force_cpu": "device", "image_transform": "transform",
-    "image_height": "image_size", "image_width": "image_size",
-}
 # keyword: (least, most, what it is). The integer options' ranges and what
 # they are come from the library's table, so Python refuses, where the
 # keyword is given, exactly what the library would.
-INTS = {OPTION_KEYWORD.get(o, o): r + (_lib.OPTIONS[o][1],) for o, r in _lib.RANGES.items()}
-INTS["poll_ms"] = (1, _I32, "milliseconds of each blocking wait")  # Python's own: how long each wait polls
+INTS = {OPTION_KEYWORD.get(o, o): r + (_capi.OPTIONS[o][1],) for o, r in _capi.RANGES.items()}
+INTS["poll_ms"] = (1, _I32, options.DOCS["poll_ms"])  # Python's own: how long each wait polls
 
 
 def _bad(name, value, takes):
@@ -67,7 +59,7 @@ def size_bytes(name, value):
     (capi/options.cc), the one parser the CLI's --cache-bytes uses too."""
     takes = 'bytes: an integer >= 0 or a size such as "512MiB" or "1GiB"'
     if isinstance(value, str):
-        v, why = _lib.option_from_text(name, value)
+        v, why = _capi.option_from_text(name, value)
         if why is not None:
             raise _bad(name, value, why)
         return v
@@ -117,8 +109,7 @@ _CXX_OR_CLI = re.compile(r"\b[A-Z][A-Za-z]*Options(?:(?:::|\.)[a-z_]+)*(?:::|\.)
 
 def caller_terms(message):
     """`message` with each option the Loader takes as a keyword named as one."""
-    from .options import KEYWORDS
-    keywords = {k: default for k, (_, default) in KEYWORDS.items()}
+    keywords = options.DEFAULTS
 
     def keyword(m):
         name = (m.group(1) or m.group(2)).replace("-", "_")

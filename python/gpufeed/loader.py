@@ -208,67 +208,52 @@ class Loader:
         values = options.resolve({"loader_options": loader_options, "open_options": open_options,
                                   "decode_options": decode_options, "feed_options": feed_options,
                                   "remote_options": remote_options, "output_options": output_options}, keywords)
-        self._open(data, **values)
+        self._open(data, values)
 
-    def _open(self, data, *, dataset, batch_size, order, seed, threads, prefetch, pool_bytes, cache_bytes,
-              shuffle_window, rank,
-              world_size, drop_last, pin_memory, labels, trust_files, io, device, dtype, layout, input_layout, mean,
-              std, echo, super_batch, crop_padding, flip, augment_seed, slots, labels_int32, token, token_file,
-              client_name, compress, shared_memory, connect_timeout_ms, io_timeout_ms, keepalive_ms, output, poll_ms,
-              fields, max_open_files, image_size, transform, image_layout, skip_corrupt, no_sample_axis, share,
-              decode, allow_paths):
+    def _open(self, data, v):
+        """Opens `data` with every keyword's value `v` (options.resolve):
+        each checked here, in the caller's terms, not at the first
+        iteration, then set on the library's options by the option it names
+        (options.ROWS)."""
         self._handle = None
-        self._field_names, field_specs, self._fields_dict = _parse_fields(fields)
-        kind, index = _parse_device(device)
-        feed = kind == "cuda" or dtype is not None or crop_padding or flip
+        self._field_names, field_specs, self._fields_dict = _parse_fields(v["fields"])
+        kind, index = _parse_device(v["device"])
+        feed = kind == "cuda" or v["dtype"] is not None or v["crop_padding"] or v["flip"]
         dist_rank, dist_world = _distributed_defaults()
-        # Checked here, in the caller's terms, not at the first iteration.
-        batch_size, seed, threads, prefetch, shuffle_window, echo, super_batch, crop_padding, slots, poll_ms = (
-            _args.integer(k, v) for k, v in (
-                ("batch_size", batch_size), ("seed", seed), ("threads", threads), ("prefetch", prefetch),
-                ("shuffle_window", shuffle_window), ("echo", echo), ("super_batch", super_batch),
-                ("crop_padding", crop_padding), ("slots", slots), ("poll_ms", poll_ms)))
-        connect_timeout_ms, io_timeout_ms, keepalive_ms = (
-            _args.integer(k, v) for k, v in (("connect_timeout_ms", connect_timeout_ms),
-                                             ("io_timeout_ms", io_timeout_ms), ("keepalive_ms", keepalive_ms)))
-        if augment_seed is not None:
-            augment_seed = _args.integer("augment_seed", augment_seed)
-        if max_open_files is not None:
-            max_open_files = _args.integer("max_open_files", max_open_files)
-        if allow_paths is not None:
-            allow_paths = _args.directories("allow_paths", allow_paths)
-        cache_bytes = _args.size_bytes("cache_bytes", cache_bytes)
-        pool_bytes = _args.size_bytes("pool_bytes", pool_bytes)
-        image_size = _args.image_size(image_size)
-        rank, world_size = _args.shard(dist_rank if rank is None else rank,
-                                       dist_world if world_size is None else world_size)
-        self._seed = int(seed)
-        self._echo = int(echo) if feed else 1
-        self._output = _pick_output(output)
+        for k in ("batch_size", "seed", "threads", "prefetch", "shuffle_window", "echo", "super_batch", "crop_padding",
+                  "slots", "poll_ms", "connect_timeout_ms", "io_timeout_ms", "keepalive_ms"):
+            v[k] = _args.integer(k, v[k])
+        for k in ("augment_seed", "max_open_files"):
+            if v[k] is not None:
+                v[k] = _args.integer(k, v[k])
+        if v["allow_paths"] is not None:
+            v["allow_paths"] = _args.directories("allow_paths", v["allow_paths"])
+        for k in ("cache_bytes", "pool_bytes"):
+            v[k] = _args.size_bytes(k, v[k])
+        height, width = _args.image_size(v["image_size"])
+        v["rank"], v["world_size"] = _args.shard(dist_rank if v["rank"] is None else v["rank"],
+                                                 dist_world if v["world_size"] is None else v["world_size"])
+        self._seed = int(v["seed"])
+        self._echo = int(v["echo"]) if feed else 1
+        self._output = _pick_output(v["output"])
         self._cuda_index = index if kind == "cuda" else None
         self._host_batches = not feed
-        self._poll_ms = poll_ms
-        values = {
-            "batch_size": batch_size, "order": order, "seed": seed, "threads": threads, "prefetch": prefetch,
-            "cache_bytes": cache_bytes, "pool_bytes": pool_bytes, "shuffle_window": shuffle_window,
-            "rank": rank, "world_size": world_size,
-            "drop_last": drop_last, "pin_memory": pin_memory, "labels_path": labels, "trust_files": trust_files, "io": io,
-            "dataset": dataset, "token": token, "token_file": token_file, "client_name": client_name,
-            "compress": compress, "shared_memory": shared_memory, "connect_timeout_ms": connect_timeout_ms,
-            "io_timeout_ms": io_timeout_ms, "keepalive_ms": keepalive_ms, "feed": bool(feed),
-            "max_open_files": max_open_files, "allow_paths": allow_paths,
-            "image_height": image_size[0], "image_width": image_size[1],
-            "image_transform": transform, "image_layout": image_layout, "skip_corrupt": skip_corrupt,
-            "no_sample_axis": no_sample_axis, "share": share, "decode": decode,
-        }
+        self._poll_ms = v["poll_ms"]
+        # Each option of the table from the keyword that sets it; the feed's
+        # only when the feed runs, and those Python decides from others.
+        decided = {"feed": bool(feed), "image_height": height, "image_width": width}
         if feed:
-            values.update({
-                "feed_device": index or 0, "feed_dtype": _dtype_name(dtype) or "float32", "feed_layout": layout,
-                "feed_input_layout": input_layout, "feed_echo": echo, "feed_super_batch": super_batch,
-                "feed_crop_padding": crop_padding, "feed_flip": flip,
-                "feed_seed": seed if augment_seed is None else augment_seed, "feed_slots": slots,
-                "feed_labels_int32": labels_int32, "feed_force_cpu": kind == "cpu",
-            })
+            decided.update({"feed_device": index or 0, "feed_force_cpu": kind == "cpu",
+                            "feed_dtype": _dtype_name(v["dtype"]) or "float32",
+                            "feed_seed": v["seed"] if v["augment_seed"] is None else v["augment_seed"]})
+        values = {}
+        for name, row in options.ROWS.items():
+            for option in row.options:
+                if option.startswith("feed_") and not feed:
+                    continue
+                values[option] = decided[option] if option in decided else v[name]
+        values["feed"] = decided["feed"]
+        mean, std = v["mean"], v["std"]
         opts = lib.gpufeed_options_create()
         try:
             for key, value in values.items():
@@ -621,6 +606,13 @@ class Loader:
         return "gpufeed.Loader(%r, %d samples, batch_size=%d, %d batches)" % (
             self.name, self.num_samples, self.batch_size, len(self))
 
+
+# Loader's keywords, their defaults and what they are, from the keyword rows
+# (options.py) and so from the library's option table: its signature (for
+# help(), inspect and editors) and the end of its docstring.
+Loader.__init__.__signature__ = options.signature()
+if Loader.__doc__:  # None under python -OO
+    Loader.__doc__ += options.keyword_doc()
 
 _DATASET_CLASS = None
 
