@@ -1,5 +1,6 @@
 // SessionBatch (include/gpufeed/session.h): a delivered batch and its
 // release, after a stream where one was named.
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -107,6 +108,17 @@ uint64_t SessionBatch::size() const { return state_ ? state_->size : 0; }
 Status SessionBatch::WaitOn(void* stream) const {
   if (!state_ || !state_->device || state_->device->ready_event() == nullptr) return Status::Ok();
   return state_->core->device_ops->StreamWait(gpu::StreamRef{stream}, gpu::EventRef{state_->device->ready_event()});
+}
+
+Status SessionBatch::CopyToHost(void* images, void* labels) const {
+  if (!state_) return Status::InvalidArgument("SessionBatch::CopyToHost: the batch was released");
+  if (const Batch* h = host()) {
+    if (images != nullptr) std::memcpy(images, h->images().data(), h->images().size());
+    if (labels != nullptr && !h->labels().empty()) std::memcpy(labels, h->labels().data(), h->labels().size_bytes());
+    return Status::Ok();
+  }
+  MutexLock lock(&state_->feed->mu);
+  return state_->feed->feeder->CopyToHost(*state_->device, images, labels);
 }
 
 void SessionBatch::SetReleaseStream(void* stream) {

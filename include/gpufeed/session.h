@@ -120,6 +120,11 @@ class SessionBatch {
   // wait for a device batch's ready event. Nothing to do for a host batch
   // or on the CPU path.
   Status WaitOn(void* stream) const;
+  // Waits for the batch and copies its images (size() samples as delivered:
+  // the feed's output dtype and layout, or as stored) and labels (int64, or
+  // int32 with FeedOptions::labels_int32) to host memory; either pointer may
+  // be null. For tests, debugging and checksums, not the training loop.
+  Status CopyToHost(void* images, void* labels) const;
   // The stream (a cudaStream_t; nullptr: the legacy default stream) whose
   // work queued so far the release waits for. Any thread. Without a call a
   // pinned host batch waits for the legacy default stream (torch's

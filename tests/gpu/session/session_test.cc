@@ -1,5 +1,6 @@
 // Session on index-valued data (sample k's bytes encode k), with the host's
-// batches and through the feed's CPU twins: every sample once an epoch, the
+// batches, through the feed's CPU twins and, on a machine with a GPU, through
+// the feed on the GPU: every sample once an epoch, the
 // next epoch started early and taken, a resume at another batch size
 // delivering exactly the rest, interrupts ending a wait with nothing lost,
 // batches outliving their session, statistics, and bad input refused with
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/gpu_required.h"
 #include "tests/testing/test_data.h"
 
 namespace gpufeed {
@@ -33,10 +35,21 @@ std::string WriteFile(const std::string& tag) {
   return path;
 }
 
-// The parameter: through the feed (its CPU twins), or the host's batches.
-class SessionTest : public ::testing::TestWithParam<bool> {
+// The host's batches as stored, the feed on its CPU twins, the feed on the GPU.
+enum class Mode { kHost, kCpuFeed, kGpuFeed };
+
+class SessionTest : public ::testing::TestWithParam<Mode> {
  protected:
-  void SetUp() override { path_ = WriteFile("session"); }
+  void SetUp() override {
+    path_ = WriteFile("session");
+    if (GetParam() == Mode::kGpuFeed) {
+      auto s = Session::Open(Opts());
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      ASSERT_TRUE((*s)->StartEpoch(0).ok());
+      if (!(*s)->on_gpu()) GPUFEED_GPU_UNAVAILABLE("the feed runs on its CPU twins (no GPU, or its start failed)");
+    }
+  }
+  bool feed() const { return GetParam() != Mode::kHost; }
 
   SessionOptions Opts(uint64_t batch_size = 8) const {
     SessionOptions o;
@@ -48,8 +61,8 @@ class SessionTest : public ::testing::TestWithParam<bool> {
     o.source.loader.seed = 11;
     o.source.loader.threads = 2;
     o.source.loader.prefetch = 4;
-    o.feed = GetParam();
-    o.feed_options.force_cpu = true;
+    o.feed = GetParam() != Mode::kHost;
+    o.feed_options.force_cpu = GetParam() != Mode::kGpuFeed;
     o.feed_options.mean = {0};
     o.feed_options.stddev = {1};  // float32 output equal to the stored bytes
     return o;
@@ -82,10 +95,13 @@ std::vector<uint64_t> SamplesOf(const SessionBatch& b) {
   EXPECT_NE(d, nullptr);
   if (d == nullptr) return out;
   EXPECT_EQ(static_cast<uint64_t>(d->size()), b.size());
-  EXPECT_EQ(d->ready_event(), nullptr);  // the CPU twins: host memory, ready now
   EXPECT_FALSE(b.feed_fields().empty());
-  const float* px = static_cast<const float*>(d->images());
-  const int64_t* labels = static_cast<const int64_t*>(d->labels());
+  // float32 values equal to the stored bytes (mean 0, std 1); the device's
+  // memory on the GPU, copied back.
+  std::vector<float> px(b.size() * kSampleBytes);
+  std::vector<int64_t> labels(b.size());
+  const Status copied = b.CopyToHost(px.data(), labels.data());
+  EXPECT_TRUE(copied.ok()) << copied.ToString();
   for (int i = 0; i < d->size(); ++i) {
     std::vector<std::byte> bytes(kSampleBytes);
     for (uint64_t p = 0; p < kSampleBytes; ++p) {
@@ -124,10 +140,10 @@ TEST_P(SessionTest, EverySampleOnceAnEpochAndTheNextEpochStartedEarly) {
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(s->num_batches(), 13u);
   EXPECT_EQ(s->decode(), "none");
-  EXPECT_FALSE(s->on_gpu());
   std::vector<uint64_t> first;
   for (uint64_t e = 0; e < 3; ++e) {
     ASSERT_TRUE(s->StartEpoch(e).ok());
+    EXPECT_EQ(s->on_gpu(), GetParam() == Mode::kGpuFeed);
     uint64_t batches = 0;
     const std::vector<uint64_t> got = Drain(*s, &batches);
     EXPECT_EQ(batches, 13u);
@@ -266,15 +282,15 @@ TEST_P(SessionTest, StatisticsArePresent) {
   EXPECT_EQ(st.loader.samples, kSamples);
   EXPECT_EQ(st.loader.batches, 13u);
   EXPECT_GT(st.loader.chunk_reads, 0u);
-  EXPECT_EQ(st.has_feed, GetParam());
-  if (GetParam()) {
+  EXPECT_EQ(st.has_feed, feed());
+  if (feed()) {
     EXPECT_EQ(st.feed.fresh_samples, kSamples);
-    EXPECT_FALSE(st.feed.on_gpu);
+    EXPECT_EQ(st.feed.on_gpu, GetParam() == Mode::kGpuFeed);
   }
   const std::string j = SessionStatsJson(st);
   EXPECT_NE(j.find("\"samples\": 100"), std::string::npos) << j;
   EXPECT_NE(j.find("\"batches\": 13"), std::string::npos) << j;
-  EXPECT_EQ(j.find("\"feed_fresh_samples\": 100") != std::string::npos, GetParam()) << j;
+  EXPECT_EQ(j.find("\"feed_fresh_samples\": 100") != std::string::npos, feed()) << j;
   EXPECT_EQ(j.front(), '{');
   EXPECT_EQ(j.back(), '}');
 }
@@ -297,7 +313,7 @@ TEST_P(SessionTest, BadUseIsRefusedSayingWhatToDo) {
   auto refused = s->CheckState(o->state().Serialize());
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("seed"), std::string::npos) << refused.status().ToString();
-  if (!GetParam()) {
+  if (!feed()) {
     // Holding every batch of the pool and asking for another: an error naming prefetch, not a hang.
     ASSERT_TRUE(s->StartEpoch(0).ok());
     std::vector<SessionBatch> held;
@@ -315,8 +331,11 @@ TEST_P(SessionTest, BadUseIsRefusedSayingWhatToDo) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HostAndFeed, SessionTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Feed" : "Host"; });
+// "Gpu" matches the GPU tier's filter (cmake/Testing.cmake: */Gpu).
+INSTANTIATE_TEST_SUITE_P(HostAndFeed, SessionTest, ::testing::Values(Mode::kHost, Mode::kCpuFeed, Mode::kGpuFeed),
+                         [](const ::testing::TestParamInfo<Mode>& p) {
+                           return p.param == Mode::kHost ? "Host" : p.param == Mode::kCpuFeed ? "Cpu" : "Gpu";
+                         });
 
 TEST(SessionOpenTest, MissingFileAndImpossibleDecodeAreRefused) {
   SessionOptions o;
