@@ -20,6 +20,7 @@
 #include "common/sizes.h"
 #include "hdf5io/codec/codec.h"
 #include "hdf5io/io/file.h"
+#include "hdf5io/io/io_policy.h"
 #include "hdf5io/hdf5/chunk_btree.h"
 #include "hdf5io/hdf5/chunk_index.h"
 #include "hdf5io/hdf5/fork_gate.h"
@@ -256,45 +257,18 @@ struct Dataset::Impl {
   std::shared_ptr<Logger> logger;  // OpenOptions::logger
 };
 
-// Resolves the direct path's I/O mode (IoMode's contract in dataset.h).
+// Opens the file for the direct path as io's policy chooses for it
+// (hdf5io/io/io_policy.h: IoMode's contract).
 Status Dataset::Impl::ChooseIo(IoMode asked, uint64_t file_size) {
-  const char* env = std::getenv("GPUFEED_IO");
-  if (asked == IoMode::kAuto && env != nullptr && env[0] != '\0') {
-    auto m = ParseIoMode(env);
-    if (!m.ok()) return Status::InvalidArgument("GPUFEED_IO: " + m.status().message());
-    asked = *m;
-  }
-  IoMode mode = asked;
-  if (io::IsRemoteUrl(info.file)) {
-    mode = IoMode::kBuffered;  // neither applies: the transport's ranged GETs and read-ahead
-  } else if (asked == IoMode::kAuto) {
-    const uint64_t avail = AvailableMemoryBytes();
-    mode = file_size > avail ? IoMode::kDirect : IoMode::kBuffered;
-    info.io_note = "auto: the file (" + HumanBytes(file_size) + ") " +
-                   (mode == IoMode::kDirect ? "exceeds" : "fits in") + " the memory available to the page cache (" +
-                   HumanBytes(avail) + ")";
-  }
-  // Direct: reads in flight while the loader's threads decode, a chunk ahead
-  // for each hardware thread, 4 to 32 (chunk-sized buffers, on top of the
-  // loader's memory bound). 4 left 16 inflating threads waiting for the
-  // disk (cold celeba-deflate on the H200: 0.55 of the O_DIRECT ceiling).
-  // Buffered: the loader's WillRead hints (posix_fadvise WILLNEED) carry the
-  // plan's order to the kernel's read-ahead.
-  // GPUFEED_IO_DEPTH sets it (a fast NVMe drive may want more reads queued).
-  unsigned depth = std::clamp(std::thread::hardware_concurrency(), 4u, 32u);
-  if (const char* d = std::getenv("GPUFEED_IO_DEPTH"); d != nullptr && d[0] != '\0') {
-    char* end = nullptr;
-    const unsigned long v = std::strtoul(d, &end, 10);
-    if (*end != '\0' || d[0] == '-' || v < 1 || v > 256) {
-      return Status::InvalidArgument(std::string("GPUFEED_IO_DEPTH='") + d +
-                                     "': expected a number of chunks from 1 to 256 (the direct I/O read-ahead's "
-                                     "depth; unset: one per hardware thread, 4 to 32)");
-    }
-    depth = static_cast<unsigned>(v);
-  }
+  auto policy = io::IoPolicy::Resolve(asked);
+  if (!policy.ok()) return policy.status();
+  const io::IoChoice choice = policy->For(info.file, file_size);
+  IoMode mode = choice.mode;
+  info.io_note = choice.note;
   std::string what_io;
   bool fell_back = false;
-  auto opened = io::OpenRandomAccessFile(info.file, mode == IoMode::kDirect, depth, &what_io, &fell_back, &identity);
+  auto opened =
+      io::OpenRandomAccessFile(info.file, mode == IoMode::kDirect, choice.depth, &what_io, &fell_back, &identity);
   if (!opened.ok()) return opened.status();
   bytes = std::move(*opened);
   if (fell_back) {
