@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The HDF Group's HDF5 CVE corpus (../shared/testdata/hdf5-cve: files that
+# The HDF Group's HDF5 CVE corpus (tests/corpus/data/hdf5-cve: files that
 # crashed or hung HDF5) through every gpufeed entry that opens a file:
 # inspect, convert, bench loader and serve. Each must end with a clear error
 # (exit 1 and a "gpufeed ...:" line naming the file) or succeed; a signal,
@@ -7,10 +7,10 @@
 #   usage: hdf5_cve_test.sh GPUFEED_BINARY [CORPUS_DIR]
 set -uo pipefail
 bin=$1
-corpus=${2:-$(cd "$(dirname "$0")/../.." && pwd)/../shared/testdata/hdf5-cve}
+corpus=${2:-$(cd "$(dirname "$0")" && pwd)/data/hdf5-cve}
 if [ ! -d "$corpus" ]; then
-  echo "SKIP: no corpus at $corpus (shared/testdata is beside the repository in CI)"
-  exit 77
+  echo "no corpus at $corpus (tests/corpus/data/hdf5-cve is in the repository)" >&2
+  exit 1
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -461,7 +461,7 @@ def test_cli_train_from_a_daemon_equals_training_from_the_file(daemon, gpufeed_c
     assert hashes[0] == hashes[1]
 
 
-CORPUS = ROOT.parent / "shared" / "testdata" / "hdf5-cve"
+CORPUS = ROOT / "tests" / "corpus" / "data" / "hdf5-cve"
 CORPUS_CHILD = r"""
 import sys, gpufeed
 bad = 0
@@ -480,7 +480,6 @@ sys.exit(1 if bad else 0)
 """
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="no ../shared/testdata/hdf5-cve (beside the repository in CI)")
 def test_hdf5_cve_corpus_gives_gpufeed_errors_not_crashes():
     # In one child process: a crash or a hang of HDF5 there would take the
     # interpreter with it; the probe process must contain them instead.

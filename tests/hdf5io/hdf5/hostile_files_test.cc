@@ -51,7 +51,7 @@ void WriteSparse(const std::string& path, const std::vector<hsize_t>& dims, cons
   H5Fclose(f);
 }
 
-std::string SharedTestdata() { return std::string(GPUFEED_SOURCE_DIR) + "/../shared/testdata"; }
+std::string CorpusData() { return std::string(GPUFEED_SOURCE_DIR) + "/tests/corpus/data"; }
 
 // 2^40 samples declared, 4 stored: the chunk index is not sized by the
 // declared shape (it aborted in std::bad_alloc), the file opens on the hdf5
@@ -96,8 +96,8 @@ TEST(HostileFilesTest, SampleSizeThatWrapsIsRefused) {
 // Damaged dataspaces (current dimension above its maximum) from the
 // reproducers: they aborted (bad_alloc, length_error).
 TEST(HostileFilesTest, DamagedDataspacesFromTheReproducers) {
-  const std::string repro = SharedTestdata() + "/repro";
-  if (!std::filesystem::exists(repro)) GTEST_SKIP() << "no " << repro << " (shared/ is beside the repo in CI)";
+  const std::string repro = CorpusData() + "/repro";
+  ASSERT_TRUE(std::filesystem::exists(repro)) << "no " << repro << " (tests/corpus/data is in the repository)";
   for (const char* name : {"huge_sample_alloc.h5", "huge_sample_length_error.h5"}) {
     auto ds = Dataset::Open(repro + "/" + name);
     ASSERT_FALSE(ds.ok()) << name;
@@ -109,8 +109,8 @@ TEST(HostileFilesTest, DamagedDataspacesFromTheReproducers) {
 // Files that crash (signal 11, 6) or hang HDF5 while it reads their
 // metadata: the probe process takes the crash, Open returns Corrupt.
 TEST(HostileFilesTest, HdfCrashesAndHangsAreContainedByTheProbe) {
-  const std::string cve = SharedTestdata() + "/hdf5-cve";
-  if (!std::filesystem::exists(cve)) GTEST_SKIP() << "no " << cve << " (shared/ is beside the repo in CI)";
+  const std::string cve = CorpusData() + "/hdf5-cve";
+  ASSERT_TRUE(std::filesystem::exists(cve)) << "no " << cve << " (tests/corpus/data is in the repository)";
   const std::string dir = testing::MakeTempDir("probe");
   const std::string good = dir + "/good.h5";
   WriteSparse(good, {10, 8}, {5, 8}, 10);
@@ -171,24 +171,37 @@ TEST(HostileFilesTest, ListingDatasetsForAnErrorCannotCrashTheCaller) {
   EXPECT_EQ(hung.status().code(), StatusCode::kCorrupt);
   EXPECT_NE(hung.status().message().find("did not finish listing"), std::string::npos) << hung.status().ToString();
 
-  const std::string cve = SharedTestdata() + "/hdf5-cve";
-  if (!std::filesystem::exists(cve)) GTEST_SKIP() << "no " << cve << " (shared/ is beside the repo in CI)";
+  const std::string cve = CorpusData() + "/hdf5-cve";
+  ASSERT_TRUE(std::filesystem::exists(cve)) << "no " << cve << " (tests/corpus/data is in the repository)";
   OpenOptions o;
   o.probe_timeout_ms = 4000;
+  // Whether HDF5 crashes on a damaged heap depends on the process's memory
+  // layout: cve-2018-13869 and -13870 crashed the listing in earlier builds
+  // and list no dataset in this one (as in a small C program against
+  // Debian's HDF5 1.10.8). Either way the caller gets an error
+  // naming the file; a crash or hang stays in the child, and at least one of
+  // the four still takes that path (cve-2018-13871 corrupts malloc's heap).
+  int contained = 0;
   for (const char* name : {"cve-2018-13869.h5", "cve-2018-13870.h5", "cve-2018-13871.h5", "cve-2018-16438.h5"}) {
     auto ds = Dataset::Open(cve + "/" + name, o);
     ASSERT_FALSE(ds.ok()) << name;
+    const std::string& m = ds.status().message();
+    EXPECT_NE(m.find(name), std::string::npos) << ds.status().ToString();
+    if (ds.status().code() == StatusCode::kNotFound) {
+      EXPECT_NE(m.find("no such dataset (the file has: no datasets"), std::string::npos) << ds.status().ToString();
+      continue;
+    }
     EXPECT_EQ(ds.status().code(), StatusCode::kCorrupt) << ds.status().ToString();
-    EXPECT_NE(ds.status().message().find(name), std::string::npos) << ds.status().ToString();
     // The listing's child takes it (crash or hang); under a sanitizer's
     // allocator the probe's child may hang on the same file first.
-    const std::string& m = ds.status().message();
     EXPECT_TRUE(m.find("HDF5 crashed listing") != std::string::npos ||
                 m.find("did not finish listing") != std::string::npos ||
                 m.find("HDF5 crashed reading this file's metadata") != std::string::npos ||
                 m.find("did not finish reading this file's metadata") != std::string::npos)
         << ds.status().ToString();
+    ++contained;
   }
+  EXPECT_GE(contained, 1);
 }
 
 // One answer to "is the probe skipped?" for every kind of source (encoded
