@@ -58,13 +58,9 @@ gpufeed::Result<gpufeed::SessionOptions> SessionOptionsOf(const char* data, cons
     out.feed_options.dtype = *dt;
     for (auto [text, field] : {std::pair{&options.layout, &out.feed_options.layout},
                                std::pair{&options.input_layout, &out.feed_options.input_layout}}) {
-      if (*text == "NCHW") {
-        *field = gpufeed::Layout::kNCHW;
-      } else if (*text == "NHWC") {
-        *field = gpufeed::Layout::kNHWC;
-      } else {
-        return Status::InvalidArgument("feed layout '" + *text + "': NCHW or NHWC");
-      }
+      auto layout = gpufeed::LayoutFromName(*text);  // "layout 'X': NCHW or NHWC"
+      if (!layout.ok()) return Status::InvalidArgument("feed " + layout.status().message());
+      *field = *layout;
     }
   }
   auto where = gpufeed::DecodeDeviceFromName(options.decode);

@@ -38,26 +38,6 @@ bool HasHdf5Signature(const std::string& path) {
 
 }  // namespace
 
-std::string_view SourceKindName(SourceKind k) {
-  switch (k) {
-    case SourceKind::kFields:
-      return "fields";
-    case SourceKind::kEncodedImages:
-      return "encoded images";
-    case SourceKind::kDataset:
-      return "dataset";
-    case SourceKind::kImageFolder:
-      return "image folder";
-    case SourceKind::kNpy:
-      return ".npy file";
-    case SourceKind::kIdx:
-      return "IDX file";
-    case SourceKind::kNpyFields:
-      return ".npy fields";
-  }
-  return "?";
-}
-
 namespace {
 
 // Every named field NAME=PATTERN names .npy files (PATTERN.npy, or a list

@@ -22,21 +22,13 @@
 #include "gpufeed/decode_options.h"
 #include "gpufeed/encoded.h"
 #include "gpufeed/fields.h"
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
 
-enum class SourceKind {
-  kFields,         // named fields (open.fields) or many files (IsMultiFileSpec): FieldSource
-  kEncodedImages,  // an encoded image field (DetectEncoded): EncodedImageSource
-  kDataset,        // an HDF5 dataset (a virtual one's sources read directly)
-  kImageFolder,    // a directory: class folders of images, read as they are (an EncodedImageSource)
-  // What `gpufeed convert` reads and the loader does not (gpufeed/convert.h):
-  kNpy,        // a .npy file
-  kIdx,        // any other file without HDF5's signature: MNIST's IDX format (or not a dataset at all)
-  kNpyFields,  // named fields of .npy files, every one NAME=PATTERN.npy (or a .txt/.list of them), no spec
-};
-std::string_view SourceKindName(SourceKind k);  // "fields", "encoded images", "dataset", "image folder", ...
+// SourceKind and its names, for messages ("fields", "encoded images",
+// "dataset", "image folder", ...): gpufeed/names.h.
 
 // The kind, and for one HDF5 file (kEncodedImages, kDataset) the spec
 // through the forked probe (unless open.trust_files), once: what opens it

@@ -72,6 +72,18 @@ enum class IoMode {
 // A chunked dataset's compression (WriteOptions::codec).
 enum class Codec { kNone, kDeflate, kZstd };
 
+// What a local data spec names (gpufeed/local_source.h, DecideSourceKind).
+enum class SourceKind {
+  kFields,         // named fields (open.fields) or many files (IsMultiFileSpec): FieldSource
+  kEncodedImages,  // an encoded image field (DetectEncoded): EncodedImageSource
+  kDataset,        // an HDF5 dataset (a virtual one's sources read directly)
+  kImageFolder,    // a directory: class folders of images, read as they are (an EncodedImageSource)
+  // What `gpufeed convert` reads and the loader does not (gpufeed/convert.h):
+  kNpy,        // a .npy file
+  kIdx,        // any other file without HDF5's signature: MNIST's IDX format (or not a dataset at all)
+  kNpyFields,  // named fields of .npy files, every one NAME=PATTERN.npy (or a .txt/.list of them), no spec
+};
+
 // Where JPEGs are decoded for a feed: kCpu in the loader's threads, kGpu by
 // the GPU's decoder (LoaderOptions::defer_decode + the feed), kAuto: kGpu
 // where GpuImageDecoder(device) is ok, the feed is on a GPU and the source
@@ -163,6 +175,11 @@ inline constexpr NameRow<IoMode> kIoMode[] = {
 inline constexpr NameRow<Codec> kCodec[] = {
     {Codec::kNone, "none"}, {Codec::kDeflate, "deflate"}, {Codec::kZstd, "zstd"}};
 inline constexpr NameAlias<Codec> kCodecAliases[] = {{"gzip", Codec::kDeflate}};
+inline constexpr NameRow<SourceKind> kSourceKind[] = {
+    {SourceKind::kFields, "fields"},        {SourceKind::kEncodedImages, "encoded images"},
+    {SourceKind::kDataset, "dataset"},      {SourceKind::kImageFolder, "image folder"},
+    {SourceKind::kNpy, ".npy file"},        {SourceKind::kIdx, "IDX file"},
+    {SourceKind::kNpyFields, ".npy fields"}};
 inline constexpr NameRow<DecodeDevice> kDecodeDevice[] = {
     {DecodeDevice::kAuto, "auto"}, {DecodeDevice::kCpu, "cpu"}, {DecodeDevice::kGpu, "gpu"}};
 inline constexpr NameRow<Share> kShare[] = {
@@ -184,6 +201,7 @@ inline constexpr NameTable<ReadPath> kReadPathNames{names::kReadPath, {}, "read 
 inline constexpr NameTable<IoMode> kIoModeNames{names::kIoMode, {}, "I/O mode '{name}' is not one of {names}", ", "};
 inline constexpr NameTable<Codec> kCodecNames{names::kCodec, names::kCodecAliases,
                                               "unknown codec '{name}' (expected {names})"};
+inline constexpr NameTable<SourceKind> kSourceKindNames{names::kSourceKind, {}, "source kind '{name}': {names}"};
 inline constexpr NameTable<DecodeDevice> kDecodeDeviceNames{names::kDecodeDevice, {}, "decode '{name}': {names}"};
 inline constexpr NameTable<Share> kShareNames{names::kShare, {}, "share '{name}': {names}"};
 inline constexpr NameTable<ModelKind> kModelKindNames{names::kModelKind, {}, "unknown model '{name}' ({names})"};
@@ -209,6 +227,9 @@ inline Result<IoMode> ParseIoMode(std::string_view text) { return kIoModeNames.P
 // "none", "deflate", "zstd"; FromName also takes "gzip".
 inline std::string_view CodecName(Codec c) { return kCodecNames.Name(c); }
 inline Result<Codec> CodecFromName(std::string_view name) { return kCodecNames.Parse(name); }
+// For messages: "fields", "encoded images", "dataset", "image folder", ".npy file", ...
+inline std::string_view SourceKindName(SourceKind k) { return kSourceKindNames.Name(k); }
+inline Result<SourceKind> SourceKindFromName(std::string_view name) { return kSourceKindNames.Parse(name); }
 inline std::string_view DecodeDeviceName(DecodeDevice d) { return kDecodeDeviceNames.Name(d); }
 inline Result<DecodeDevice> DecodeDeviceFromName(std::string_view name) { return kDecodeDeviceNames.Parse(name); }
 inline std::string_view ShareName(Share s) { return kShareNames.Name(s); }

@@ -41,6 +41,7 @@ TEST(NamesTest, EveryEnumeratorHasOneNameThatLeadsBackToIt) {
   ExpectRoundTrips(kReadPathNames, 2);
   ExpectRoundTrips(kIoModeNames, 3);
   ExpectRoundTrips(kCodecNames, 3);
+  ExpectRoundTrips(kSourceKindNames, 7);
   ExpectRoundTrips(kDecodeDeviceNames, 3);
   ExpectRoundTrips(kShareNames, 3);
   ExpectRoundTrips(kModelKindNames, 2);
