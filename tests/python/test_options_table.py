@@ -143,3 +143,37 @@ def test_the_packages_modules_import_without_a_cycle():
 
     for m in sorted(modules):
         visit(m)
+
+
+# gpufeed train's flags for options of the table: (option, flag). Their
+# description and range are the table's row (AddTableOption), as every other
+# command's and Python's are.
+TRAIN_TABLE_FLAGS = [
+    ("batch_size", "--batch-size"), ("seed", "--seed"), ("order", "--order"), ("threads", "--threads"),
+    ("feed_echo", "--echo"), ("feed_crop_padding", "--crop-padding"), ("feed_flip", "--flip"),
+    ("feed_slots", "--feed-slots"), ("dataset", "--dataset"), ("token_file", "--token-file"), ("decode", "--decode"),
+    ("image_transform", "--transform"), ("image_layout", "--image-layout"), ("skip_corrupt", "--skip-corrupt"),
+]
+
+
+def test_train_takes_its_loader_flags_from_the_table(gpufeed_cli):
+    import re
+    import subprocess
+    t = table()
+    out = subprocess.run([gpufeed_cli, "train", "--help"], capture_output=True, text=True, timeout=60).stdout
+    text = re.sub(r"\s+", " ", out)  # CLI11 wraps long lines
+    for option, flag in TRAIN_TABLE_FLAGS:
+        m = re.search(r" %s[ =:A-Z|{]" % re.escape(flag), text)
+        assert m, (flag, out)
+        entry = text[m.start():m.start() + 400]
+        assert t[option][1] in entry, (flag, t[option][1], entry)
+    least, most = _capi.RANGES["threads"]
+    assert re.search(r" --threads INT:INT in \[%d - %d\]" % (least, most), text), out
+    # A value the table's range refuses is refused when the flags are read, naming the flag.
+    p = subprocess.run([gpufeed_cli, "train", "--data", "x.h5", "--feed-slots", "0"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and "--feed-slots" in p.stderr, p.stderr
+    # A choice refused names the flag and its names, as before the table.
+    p = subprocess.run([gpufeed_cli, "train", "--data", "x.h5", "--precision", "fp8"], capture_output=True, text=True,
+                       timeout=60)
+    assert "--precision: fp32, bf16 or fp16, not 'fp8'" in p.stderr, p.stderr
