@@ -388,11 +388,12 @@ Result<LoaderBenchResult> RunLoaderBench(const LoaderBenchOptions& o) {
   r.rss_before_bytes = rss_before;
   // Direct I/O adds its read-ahead's chunk buffers (Dataset's io_uring ring).
   const uint64_t read_ahead = (*opened)->dataset() != nullptr ? ds->info().read_ahead_chunks : 0;
-  r.memory_bound_bytes = o.loader.cache_bytes + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
-                         (2 * threads + 4 + read_ahead) * (ds != nullptr       ? ds->chunk_bytes_max()
-                                                           : fields != nullptr ? fields->chunk_samples() * sb
-                                                           : enc != nullptr    ? enc->max_chunk_buffer_bytes()
-                                                                               : 0);
+  const uint64_t chunk = ds != nullptr       ? ds->chunk_bytes_max()
+                         : fields != nullptr ? fields->chunk_samples() * sb
+                         : enc != nullptr    ? enc->max_chunk_buffer_bytes()
+                                             : 0;
+  r.memory_bound_bytes = CacheBoundBytes(o.loader, chunk) + (o.loader.prefetch + 1) * loader.info().batch_size * sb +
+                         (2 * threads + 4 + read_ahead) * chunk;
   return r;
 }
 

@@ -83,7 +83,7 @@ struct LoaderBenchResult {
   std::vector<std::string> warnings;  // options the loader adjusted (Loader::info().warnings)
   uint64_t max_rss_bytes = 0;         // peak resident memory of the process
   uint64_t rss_before_bytes = 0;      // resident before the Loader existed (code, libraries, the index)
-  uint64_t memory_bound_bytes = 0;    // cache + (prefetch + 1) x batch + threads x chunk (docs: loader.h)
+  uint64_t memory_bound_bytes = 0;    // CacheBoundBytes + (prefetch + 1) x batch + threads x chunk (docs: loader.h)
   // --cold: the file read, its size, the dataset's I/O mode ("direct" or
   // "buffered", with the fallback note) and the O_DIRECT sequential ceiling.
   std::string file, io, io_note;

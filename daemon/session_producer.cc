@@ -10,7 +10,6 @@
 
 #include "common/sizes.h"
 #include "daemon/server_core.h"
-#include "loader/chunk_cache.h"
 #include "loader/sampler.h"
 
 namespace gpufeed::daemon {
@@ -47,7 +46,7 @@ void Session::StartProducer() {
   const uint64_t bb = SaturatingMul(std::min<uint64_t>(lo.batch_size, std::max<uint64_t>(1, share)), sb);
   const uint64_t all_chunks = SaturatingMul(src.num_chunks(), chunk);
   // The cache holds its budget, or the epoch's working set where larger.
-  const uint64_t cache = std::min(loader::CacheBoundBytes(lo.cache_bytes, lo.shuffle_window, chunk), all_chunks);
+  const uint64_t cache = std::min(CacheBoundBytes(lo, chunk), all_chunks);
   const uint64_t fixed = SaturatingAdd(SaturatingAdd(cache, SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb)),
                                        hello_.compress ? SaturatingMul(kMaxQueued, bb) : 0);
   // sb is the decoded sample (an encoded dataset's: its decode options'

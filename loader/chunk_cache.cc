@@ -3,6 +3,7 @@
 
 #include "common/sizes.h"
 #include "common/trace.h"
+#include "gpufeed/loader.h"
 
 #include <sys/mman.h>
 
@@ -47,9 +48,6 @@ uint64_t ChunkCache::ChunkBytes(uint32_t c) const { return source_.chunk_buffer_
 
 uint64_t WorkingSetCap(uint64_t shuffle_window, uint64_t max_chunk_bytes) {
   return SaturatingMul(std::max<uint64_t>(1, shuffle_window) + 2, max_chunk_bytes);
-}
-uint64_t CacheBoundBytes(uint64_t cache_bytes, uint64_t shuffle_window, uint64_t max_chunk_bytes) {
-  return std::max(cache_bytes, WorkingSetCap(shuffle_window, max_chunk_bytes));
 }
 
 uint64_t ChunkCache::Budget() const {
@@ -392,3 +390,9 @@ std::vector<uint32_t> ChunkCache::ResidentChunks() const {
 }
 
 }  // namespace gpufeed::loader
+
+namespace gpufeed {
+uint64_t CacheBoundBytes(const LoaderOptions& o, uint64_t max_chunk_bytes) {
+  return std::max(o.cache_bytes, loader::WorkingSetCap(o.shuffle_window, max_chunk_bytes));
+}
+}  // namespace gpufeed

@@ -126,13 +126,12 @@ struct CacheCounters {
   std::atomic<uint64_t> read_hints{0};  // HintReads' hints to the source (for tests)
 };
 
-// The most decoded bytes a Loader's chunk cache holds: its budget, or the
-// epoch's working set where that is larger but at most the working-set cap,
-// (shuffle_window + 2) of the source's largest chunks (ChunkCache's
-// working_set_bytes()). The cap covers a block window's chunks and the two
-// its batches straddle at its edges; sequential order needs two or three.
+// The working set a cache keeps past its budget (ChunkCache's
+// working_set_bytes()) at most: (shuffle_window + 2) of the source's largest
+// chunks, a block window's chunks and the two its batches straddle at its
+// edges (sequential order needs two or three). CacheBoundBytes
+// (gpufeed/loader.h) is the cache's bound with it.
 uint64_t WorkingSetCap(uint64_t shuffle_window, uint64_t max_chunk_bytes);
-uint64_t CacheBoundBytes(uint64_t cache_bytes, uint64_t shuffle_window, uint64_t max_chunk_bytes);
 
 class ChunkCache {
  public:

@@ -16,7 +16,7 @@
 // of prefetch + 1 batches allocated once (pinned when a CUDA device is
 // present), fewer where batches are so large that prefetch + 1 of them
 // would pass pool_bytes (never fewer than 3). Resident memory is bounded by
-//   cache_bytes + pool slots x batch bytes + (2 x threads + 4) x chunk bytes
+//   CacheBoundBytes() + pool slots x batch bytes + (2 x threads + 4) x chunk bytes
 // plus the chunks whose last use is a batch still in flight (they have left
 // the cache's budget and are freed once copied: at most a shuffle window at a
 // block-order window boundary, a few chunks otherwise). A Dataset read with
@@ -112,6 +112,15 @@ struct LoaderOptions {
   // null: stderr (gpufeed/logger.h).
   std::shared_ptr<Logger> logger;
 };
+
+// The most decoded bytes a Loader's chunk cache holds, for these options
+// and a source whose largest chunk buffer is `max_chunk_bytes`: cache_bytes,
+// or the epoch's working set where that is larger but at most
+// shuffle_window + 2 chunks (a block window's chunks serve several batches;
+// they are kept whatever the budget, so each is decoded once an epoch, even
+// with cache_bytes 0). Random order over whole chunks has the data as its
+// working set: there the budget alone rules.
+uint64_t CacheBoundBytes(const LoaderOptions& o, uint64_t max_chunk_bytes);
 
 // Resuming at another world size. A state saved at W ranks, each having
 // received `consumed` samples of its contiguous share of the epoch's order,
