@@ -64,9 +64,12 @@ CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, T* target, c
 
 // Options of encoded image datasets (--image-size, --transform,
 // --image-layout, --skip-corrupt); ignored for other datasets.
+// Their defaults are DecodeOptions' (its height and width are equal: S).
 struct DecodeArgs {
-  std::string size = "224", transform = "random_resized_crop", layout = "NCHW";
-  bool skip_corrupt = false;
+  std::string size = std::to_string(DecodeOptions{}.height);
+  std::string transform{ImageTransformName(DecodeOptions{}.transform)};
+  std::string layout = DecodeOptions{}.layout;
+  bool skip_corrupt = DecodeOptions{}.skip_corrupt;
 };
 void AddDecodeOptions(CLI::App* cmd, DecodeArgs* args, const std::string& default_transform);
 Result<DecodeOptions> ParseDecodeArgs(const DecodeArgs& args);

@@ -26,23 +26,6 @@
 namespace gpufeed::cli {
 namespace {
 
-struct TrainArgs {
-  std::string data, test, model = "mlp", precision = "fp32", optimizer = "adamw", device = "auto", order = "block";
-  std::string widths = "256,128", channels = "32,64", checkpoint, json, freeze, recompute = "none";
-  std::string schedule = "1f1b", partition_by = "time";  // --pipeline-stages
-  std::vector<std::string> fields;                       // --field: images=/path, labels=/path
-  std::string dataset, token_file;                       // with a daemon --data
-  DecodeArgs decode;                                     // encoded image datasets
-  std::string decode_where = "cpu";                      // --decode
-  TrainOptions o;
-  int gpus = 0;  // 0: the job's environment (torchrun), else 1
-  bool no_graphs = false;
-  int bucket_kb = 1024;
-  bool gpu_given = false;
-  int threads = 0;
-  uint64_t cache_bytes = 1ull << 30;
-};
-
 // The names of train's own choices (the library's enums' are in gpufeed/names.h).
 constexpr NameRow<DType> kPrecisionRows[] = {
     {DType::kFloat32, "fp32"}, {DType::kBFloat16, "bf16"}, {DType::kFloat16, "fp16"}};
@@ -53,6 +36,41 @@ constexpr NameRow<bool> kScheduleRows[] = {{false, "gpipe"}, {true, "1f1b"}};  /
 constexpr NameTable<bool> kScheduleNames{kScheduleRows, {}, "--schedule '{name}': {names}"};
 constexpr NameRow<bool> kPartitionRows[] = {{false, "time"}, {true, "memory"}};  // true: by memory
 constexpr NameTable<bool> kPartitionNames{kPartitionRows, {}, "--partition-by '{name}': {names}"};
+
+// A list of positive integers as --widths and --channels take it: "256,128".
+std::string JoinList(const std::vector<int>& v) {
+  std::string out;
+  for (int x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out;
+}
+
+// The flags' values as given. Each default is TrainOptions' (or the
+// loader's), spelled by its name table, not restated here.
+struct TrainArgs {
+  TrainOptions o;
+  std::string data, test, checkpoint, json, freeze;
+  std::string model = ModelKindName(o.model);
+  std::string precision{kPrecisionNames.Name(o.precision)};
+  std::string optimizer = OptimizerName(o.optimizer);
+  std::string device{TrainDeviceName(o.device)};
+  std::string order{OrderName(o.loader.order)};
+  std::string widths = JoinList(o.widths), channels = JoinList(o.channels);
+  std::string recompute{kRecomputeNames.Name(o.recompute_blocks)};
+  std::string schedule{kScheduleNames.Name(o.pipeline.one_f_one_b)};  // --pipeline-stages
+  std::string partition_by{kPartitionNames.Name(o.pipeline.by_memory)};
+  std::vector<std::string> fields;  // --field: images=/path, labels=/path
+  std::string dataset, token_file;  // with a daemon --data
+  DecodeArgs decode;                // encoded image datasets
+  // --decode: train's own default, the loader's threads (the same pixels,
+  // and so the same weights, every run).
+  std::string decode_where{DecodeDeviceName(DecodeDevice::kCpu)};
+  int gpus = 0;  // 0: the job's environment (torchrun), else 1
+  bool no_graphs = !o.cuda_graphs;
+  int bucket_kb = static_cast<int>(o.parallel.bucket_bytes >> 10);
+  bool gpu_given = false;
+  int threads = o.loader.threads;
+  uint64_t cache_bytes = o.loader.cache_bytes;
+};
 
 template <typename E>
 std::vector<std::string> NamesOf(const NameTable<E>& t) {

@@ -17,8 +17,8 @@ namespace gpufeed {
 // ImageTransform and its names: gpufeed/names.h.
 
 struct DecodeOptions {
-  uint32_t height = 224, width = 224;  // output size, 1..32768
-  std::string layout = "NCHW";         // "NCHW" or "NHWC"; 3 channels (RGB) always
+  uint32_t height = 224, width = 224;             // output size, 1..32768
+  std::string layout{LayoutName(Layout::kNCHW)};  // a Layout's name (LayoutFromName); 3 channels (RGB) always
   ImageTransform transform = ImageTransform::kRandomResizedCrop;
   double scale_min = 0.08, scale_max = 1.0;             // torchvision's defaults
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  // torchvision's defaults
