@@ -436,12 +436,12 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   lcmd->add_option("--dataset", la->bench.dataset,
                    "with a daemon --data: the dataset to read there (default: its first)");
   lcmd->add_option("--token-file", la->bench.token_file, "with a tcp:// daemon: its shared secret");
-  AddTableOption(lcmd, "order", &la->order)->check(CLI::IsMember({"sequential", "random", "block"}));
+  AddTableOption(lcmd, "order", &la->order)->check(CLI::IsMember(NamesOf(kOrderNames)));
   AddTableOption(lcmd, "threads", &la->bench.loader.threads, "here the default is all cores");
   lcmd->add_option("--decode", la->where,
                    "encoded images: run the GPU feed too, JPEGs decoded by the GPU's decoder (gpu), the loader (cpu) "
                    "or the GPU where it has one (auto), against the loader's CPU decode in the same run")
-      ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
+      ->check(CLI::IsMember(NamesOf(kDecodeDeviceNames)));
   AddTableOption(lcmd, "batch_size", &la->bench.loader.batch_size);
   AddTableOption(lcmd, "prefetch", &la->bench.loader.prefetch);
   AddTableOption(lcmd, "pool_bytes", &la->bench.loader.pool_bytes);
@@ -565,7 +565,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   fcmd->add_option("--dataset", fa->o.dataset, "with a daemon --data: the dataset to read there (default: its first)");
   fcmd->add_option("--token-file", fa->o.token_file, "with a tcp:// daemon: its shared secret");
   AddTableOption(fcmd, "prefetch", &fa->o.loader.prefetch, ">= 2 x super-batch - 1")->capture_default_str();
-  AddTableOption(fcmd, "order", &fa->order)->check(CLI::IsMember({"sequential", "random", "block"}));
+  AddTableOption(fcmd, "order", &fa->order)->check(CLI::IsMember(NamesOf(kOrderNames)));
   AddTableOption(fcmd, "threads", &fa->o.loader.threads, "here the default is all cores");
   AddTableOption(fcmd, "batch_size", &fa->o.loader.batch_size);
   AddTableOption(fcmd, "feed_dtype", &fa->dtype);
@@ -643,7 +643,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       "Local Loader vs the daemon over a Unix socket (1 client, then N ranks), verified; then memory "
       "with idle and stalled clients");
   scmd->add_option("--data", sa->o.data, "a `bench gen` file")->required();
-  AddTableOption(scmd, "order", &sa->order)->check(CLI::IsMember({"sequential", "random", "block"}));
+  AddTableOption(scmd, "order", &sa->order)->check(CLI::IsMember(NamesOf(kOrderNames)));
   AddTableOption(scmd, "threads", &sa->o.loader.threads, "local, and each daemon stream");
   AddTableOption(scmd, "batch_size", &sa->o.loader.batch_size);
   AddTableOption(scmd, "prefetch", &sa->o.loader.prefetch);

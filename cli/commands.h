@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpufeed/encoded.h"
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed::cli {
@@ -60,6 +61,21 @@ CLI::Option* AddTableOption(CLI::App* cmd, std::string_view option, T* target, c
                   "AddTableOption: bool, std::string, std::vector<std::string>, int or uint64_t");
     return AddTableOption(cmd, option, static_cast<void*>(target), 'u', remark, flag);
   }
+}
+
+// An enum's names for CLI::IsMember, in its table's order (gpufeed/names.h),
+// with `aliases` each followed by the other spellings of its value
+// ("deflate", "gzip").
+template <typename E>
+std::vector<std::string> NamesOf(const NameTable<E>& table, bool aliases = false) {
+  std::vector<std::string> out;
+  for (const NameRow<E>& r : table.rows) {
+    out.emplace_back(r.name);
+    for (const NameAlias<E>& a : table.aliases) {
+      if (aliases && a.value == r.value) out.emplace_back(a.name);
+    }
+  }
+  return out;
 }
 
 // Options of encoded image datasets (--image-size, --transform,

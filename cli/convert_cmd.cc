@@ -15,7 +15,8 @@ namespace {
 
 struct ConvertArgs {
   // The library's default codec (deflate: any HDF5 reader decodes it).
-  std::string input, output, labels, size, layout = "NCHW", codec = std::string(CodecName(WriteOptions{}.codec));
+  std::string input, output, labels, size, layout{LayoutName(Layout::kNCHW)},
+      codec = std::string(CodecName(WriteOptions{}.codec));
   std::string shard_size;
   std::vector<std::string> class_names, fields;
   bool no_sample_axis = false;
@@ -327,7 +328,7 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--labels", args->labels,
                   "labels: an IDX or .npy file, or for HDF5 input a dataset path in the same file");
   cmd->add_option("--size", args->size, "image folders: output size HxW (resize + center crop)");
-  cmd->add_option("--layout", args->layout, "image folders: NCHW or NHWC")->check(CLI::IsMember({"NCHW", "NHWC"}));
+  cmd->add_option("--layout", args->layout, "image folders: NCHW or NHWC")->check(CLI::IsMember(NamesOf(kLayoutNames)));
   cmd->add_option("--class-names", args->class_names, "class names, label order (comma-separated)")->delimiter(',');
   cmd->add_flag("--skip-corrupt", args->skip_corrupt,
                 "image folders: leave out images that do not decode (named and counted) instead of failing");
@@ -335,7 +336,7 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--chunk-samples", args->chunk_samples, "samples per chunk (default: about 2 MiB a chunk)");
   cmd->add_option("--codec", args->codec,
                   "deflate (the default: any HDF5 reader decodes it), zstd (readers need a filter plugin) or none")
-      ->check(CLI::IsMember({"none", "deflate", "gzip", "zstd"}))
+      ->check(CLI::IsMember(NamesOf(kCodecNames, /*aliases=*/true)))
       ->capture_default_str();
   cmd->add_option("--level", args->level, "compression level (default: deflate 4, zstd 3)");
   cmd->add_flag("--shuffle-filter", args->shuffle_filter,

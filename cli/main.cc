@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
          "--io", [](const std::string& m) { ::setenv("GPUFEED_IO", m.c_str(), 1); },
          "how chunks are read: auto (direct when the file exceeds the memory available to the page cache), "
          "direct (O_DIRECT, page cache left alone; falls back to pread where refused) or buffered (pread)")
-      ->check(CLI::IsMember({"auto", "direct", "buffered"}));
+      ->check(CLI::IsMember(gpufeed::cli::NamesOf(gpufeed::kIoModeNames)));
   // Where the files a dataset names may lie besides its own directory
   // (OpenOptions::allow_paths), for every dataset this process opens: an
   // environment variable, as --io, so serve, train and inspect take it.

@@ -72,13 +72,6 @@ struct TrainArgs {
   uint64_t cache_bytes = o.loader.cache_bytes;
 };
 
-template <typename E>
-std::vector<std::string> NamesOf(const NameTable<E>& t) {
-  std::vector<std::string> out;
-  for (const NameRow<E>& r : t.rows) out.emplace_back(r.name);
-  return out;
-}
-
 // What a flag of the table below must be besides its type.
 struct FlagCheck {
   bool required = false;
