@@ -25,7 +25,7 @@ class CelebaLikeSource final : public SampleSource {
   uint64_t num_samples() const override { return n_; }
   const std::vector<uint64_t>& sample_shape() const override { return shape_; }
   DType dtype() const override { return DType::kUInt8; }
-  std::string layout() const override { return "NCHW"; }
+  std::string layout() const override { return std::string(LayoutName(Layout::kNCHW)); }
   const std::vector<int64_t>& labels() const override { return labels_; }
   uint64_t input_bytes() const override { return 0; }
   std::string description() const override { return "synthetic celeba-like (" + std::to_string(n_) + " samples)"; }

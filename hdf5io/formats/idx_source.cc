@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/sizes.h"
+#include "gpufeed/names.h"
 #include "gpufeed/sample_source.h"
 #include "hdf5io/io/read_file.h"
 
@@ -113,7 +114,7 @@ class IdxSource final : public SampleSource {
     shape_.assign(images_.dims.begin() + 1, images_.dims.end());
     if (shape_.size() == 2) {
       shape_.insert(shape_.begin(), 1);
-      layout_ = "NCHW";
+      layout_ = LayoutName(Layout::kNCHW);
     }
     sample_bytes_ = 1;
     for (uint64_t x : shape_) sample_bytes_ *= x;

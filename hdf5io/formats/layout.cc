@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "gpufeed/names.h"
 #include "gpufeed/sample_source.h"
 
 namespace gpufeed {
@@ -10,10 +11,11 @@ namespace gpufeed {
 std::string GuessLayout(const std::vector<uint64_t>& s) {
   if (s.size() != 3) return "";
   auto channels = [](uint64_t x) { return x == 1 || x == 3; };
-  if (channels(s[0]) && !channels(s[2])) return "NCHW";
-  if (channels(s[2]) && !channels(s[0])) return "NHWC";
-  if (s[0] == 4 && s[2] > 4) return "NCHW";  // RGBA
-  if (s[2] == 4 && s[0] > 4) return "NHWC";
+  const std::string nchw(LayoutName(Layout::kNCHW)), nhwc(LayoutName(Layout::kNHWC));
+  if (channels(s[0]) && !channels(s[2])) return nchw;
+  if (channels(s[2]) && !channels(s[0])) return nhwc;
+  if (s[0] == 4 && s[2] > 4) return nchw;  // RGBA
+  if (s[2] == 4 && s[0] > 4) return nhwc;
   return "";
 }
 

@@ -12,6 +12,7 @@
 
 #include "gpufeed/chunk_source.h"
 #include "gpufeed/dtype.h"
+#include "gpufeed/names.h"
 #include "gpufeed/status.h"
 
 namespace gpufeed {
@@ -50,8 +51,8 @@ Result<std::unique_ptr<SampleSource>> OpenIdxSource(const std::string& images_pa
 Result<std::unique_ptr<SampleSource>> OpenNpySource(const std::string& path, const std::string& labels_path);
 
 struct ImageFolderOptions {
-  uint32_t height = 0, width = 0;  // required: output size (resize + center crop)
-  std::string layout = "NCHW";     // "NCHW" or "NHWC"
+  uint32_t height = 0, width = 0;                 // required: output size (resize + center crop)
+  std::string layout{LayoutName(Layout::kNCHW)};  // a Layout's name (gpufeed/names.h)
   // false: a corrupt image fails the conversion, naming the file. true: every
   // image is decoded once when the folder is opened (an extra pass), and
   // those that fail are left out; each is named, with why, in
