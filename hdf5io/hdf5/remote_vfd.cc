@@ -106,7 +106,13 @@ herr_t Close(H5FD_t* file) {
 int Cmp(const H5FD_t* a, const H5FD_t* b) {
   const auto* x = reinterpret_cast<const RemoteH5*>(a);
   const auto* y = reinterpret_cast<const RemoteH5*>(b);
-  const int c = x->file->named().compare(y->file->named());
+  // The same object only at the same address and version: HDF5 shares an
+  // open file with a later open the driver calls equal, and an object
+  // replaced since (or one of the same name on another endpoint) is another
+  // file.
+  int c = x->file->address().compare(y->file->address());
+  if (c == 0) c = x->file->version().compare(y->file->version());
+  if (c == 0 && x->file->size() != y->file->size()) c = x->file->size() < y->file->size() ? -1 : 1;
   return c < 0 ? -1 : c > 0 ? 1 : 0;
 }
 

@@ -3,6 +3,7 @@
 #include "hdf5io/io/http_file.h"
 
 #include <curl/curl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -104,6 +105,7 @@ struct RemoteFile::Impl {
   std::string version;  // ETag, else Last-Modified
   bool version_is_etag = false;
   bool stats_on_close = false;
+  pid_t owner_pid = ::getpid();  // the process whose transfer thread this is
 
   CURLM* multi = nullptr;
   curl_slist* headers = nullptr;  // shared by every request: x-amz-*, If-Match
@@ -274,7 +276,6 @@ void RemoteFile::Impl::Start(Request* r) {
     curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   }
   requests += 1;
-  curl_multi_add_handle(multi, e);
 }
 
 Status RemoteFile::Impl::CheckVersion(const Request& r) const {
@@ -396,6 +397,12 @@ void RemoteFile::Impl::Run() {
     }
     for (Request* r : start) {
       Start(r);
+      if (const CURLMcode mc = curl_multi_add_handle(multi, r->easy); mc != CURLM_OK) {
+        idle_easy.push_back(r->easy);
+        r->easy = nullptr;
+        Complete(r, Status::Internal(target.named + ": libcurl: " + curl_multi_strerror(mc)));
+        continue;
+      }
       inflight.insert(r);
       ++active;
     }
@@ -473,6 +480,14 @@ Result<RemoteOptions> RemoteOptions::FromEnv() {
 RemoteFile::RemoteFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 RemoteFile::~RemoteFile() {
+  if (::getpid() != impl_->owner_pid) {
+    // A forked child (the probe) closing what its parent opened: the
+    // transfer thread is not in this process and the connections are the
+    // parent's (closing them here could send on the parent's sockets).
+    // Left alone; the child exits soon.
+    (void)impl_.release();
+    return;
+  }
   if (impl_->stats_on_close) {
     const RemoteStats st = stats();
     std::fprintf(stderr, "gpufeed: %s: %llu requests, %llu retries, %llu bytes, in flight: peak %llu, mean %.1f\n",
@@ -614,6 +629,7 @@ unsigned RemoteFile::read_ahead() const { return impl_->options.in_flight; }
 uint64_t RemoteFile::size() const { return impl_->size; }
 const std::string& RemoteFile::version() const { return impl_->version; }
 const std::string& RemoteFile::named() const { return impl_->target.named; }
+const std::string& RemoteFile::address() const { return impl_->target.url; }
 
 RemoteStats RemoteFile::stats() const {
   RemoteStats s;

@@ -73,6 +73,9 @@ class RemoteFile final : public RandomAccessFile {
   // neither (a change is then seen only in the size).
   const std::string& version() const;
   const std::string& named() const;  // the URL as errors name it (no secrets)
+  // The URL requests go to (endpoint included; may hold a presigned query:
+  // compared, never shown).
+  const std::string& address() const;
   RemoteStats stats() const;
 
   struct Impl;

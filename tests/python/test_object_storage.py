@@ -1,0 +1,220 @@
+"""HDF5 on object storage (issue 48): an index-valued file uploaded to a real
+S3-compatible server (s3rver on 127.0.0.1, tests/testing/s3_server.py) and
+read back as s3://BUCKET/KEY through gpufeed.Loader (the C API under it) and
+the CLI: the same batches as the local file's; wrong keys, a missing key, a
+server killed mid-epoch and an object overwritten between epochs are clear
+errors, and nothing wrong is delivered; with 20 ms added to every request
+the loader keeps enough requests in flight to stay at 0.9 of its rate
+without the latency."""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import gpufeed
+from conftest import ROOT, index_of, write_index_file
+
+sys.path.insert(0, str(ROOT / "tests" / "testing"))
+import s3_server  # noqa: E402
+
+if s3_server.s3rver_path() is None:
+    if os.environ.get("GPUFEED_REQUIRE_S3RVER") == "1":
+        raise RuntimeError("s3rver is not installed: run scripts/setup")
+    pytest.skip("s3rver is not installed (scripts/setup installs it)", allow_module_level=True)
+
+BUCKET = "data"
+SECRET = "not-the-real-secret-7f3a"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    root = tmp_path_factory.mktemp("s3")
+    local = root / "train.h5"
+    write_index_file(local, n=1000)
+    with s3_server.S3Server(root, proxy=True) as server:
+        server.make_bucket(BUCKET)
+        server.put(BUCKET, "train.h5", local)
+        server.local = local
+        yield server
+
+
+@pytest.fixture
+def aws(s3, monkeypatch):
+    """This process's environment as a user of the server has it."""
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    for k, v in s3.env().items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    return s3
+
+
+def batches(loader):
+    return [(np.asarray(images).copy(), np.asarray(labels).copy()) for images, labels in loader]
+
+
+def test_the_object_reads_as_the_local_file(aws):
+    kw = dict(batch_size=64, order="random", seed=5, output="numpy", share="none", threads=2)
+    remote = gpufeed.Loader("s3://%s/train.h5" % BUCKET, **kw)
+    local = gpufeed.Loader(str(aws.local), **kw)
+    for epoch in range(2):
+        got, want = batches(remote), batches(local)
+        assert len(got) == len(want) > 0
+        for (gi, gl), (wi, wl) in zip(got, want):
+            assert np.array_equal(gi, wi) and np.array_equal(gl, wl), epoch
+        seen = sorted(index_of(row) for images, _ in got for row in images)
+        assert seen == list(range(1000)), epoch
+
+
+def test_a_dataset_in_the_object_is_named_after_a_colon(aws):
+    loader = gpufeed.Loader("s3://%s/train.h5:/images" % BUCKET, batch_size=100, order="sequential",
+                            output="numpy", share="none")
+    rows = [index_of(r) for images, _ in loader for r in images]
+    assert rows == list(range(1000))
+
+
+def test_the_cli_inspects_and_benchmarks_the_object(aws, gpufeed_cli):
+    env = dict(os.environ)
+    remote = subprocess.run([gpufeed_cli, "inspect", "s3://%s/train.h5" % BUCKET], capture_output=True, text=True,
+                            env=env, timeout=120)
+    local = subprocess.run([gpufeed_cli, "inspect", str(aws.local)], capture_output=True, text=True, timeout=120)
+    assert remote.returncode == 0, remote.stderr
+    shape = [line for line in remote.stdout.splitlines() if "shape" in line]
+    assert shape and shape == [line for line in local.stdout.splitlines() if "shape" in line]
+    assert "ranged GETs" in remote.stdout, remote.stdout
+    bench = subprocess.run([gpufeed_cli, "bench", "loader", "--data", "s3://%s/train.h5" % BUCKET, "--epochs", "2",
+                            "--batch-size", "64"], capture_output=True, text=True, env=env, timeout=300)
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+
+
+def test_wrong_keys_are_a_clear_error_without_the_secret(aws, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGKEY")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader("s3://%s/train.h5" % BUCKET, batch_size=64, output="numpy", share="none")
+    message = str(e.value)
+    assert "s3://%s/train.h5" % BUCKET in message and "HTTP 403" in message, message
+    assert "InvalidAccessKeyId" in message and "AWS_ACCESS_KEY_ID" in message, message
+    assert SECRET not in message
+
+
+def test_a_missing_key_names_the_object_and_404(aws):
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader("s3://%s/nothing-here.h5" % BUCKET, batch_size=64, output="numpy", share="none")
+    assert "s3://%s/nothing-here.h5" % BUCKET in str(e.value) and "HTTP 404" in str(e.value), str(e.value)
+
+
+def test_a_secret_given_without_its_key_is_refused(aws, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader("s3://%s/train.h5" % BUCKET, batch_size=64, output="numpy", share="none")
+    assert "AWS_ACCESS_KEY_ID" in str(e.value) and SECRET not in str(e.value), str(e.value)
+
+
+def test_a_profile_in_the_credentials_file_is_read(aws, monkeypatch, tmp_path):
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\naws_access_key_id = WRONG\naws_secret_access_key = x\n\n"
+                     "[ci]\naws_access_key_id = S3RVER\naws_secret_access_key = S3RVER\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_PROFILE", "ci")
+    loader = gpufeed.Loader("s3://%s/train.h5" % BUCKET, batch_size=500, order="sequential", output="numpy",
+                            share="none")
+    assert sum(len(images) for images, _ in loader) == 1000
+    monkeypatch.setenv("AWS_PROFILE", "default")  # WRONG: the server refuses it
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader("s3://%s/train.h5" % BUCKET, batch_size=64, output="numpy", share="none")
+    assert "profile default in " + str(creds) in str(e.value), str(e.value)
+    monkeypatch.setenv("AWS_PROFILE", "absent")
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader("s3://%s/train.h5" % BUCKET, batch_size=64, output="numpy", share="none")
+    assert "[absent]" in str(e.value), str(e.value)
+
+
+def own_server(tmp_path, n):
+    server = s3_server.S3Server(tmp_path, proxy=True)
+    local = tmp_path / "big.h5"
+    write_index_file(local, n=n)
+    server.make_bucket(BUCKET)
+    server.put(BUCKET, "big.h5", local)
+    return server, local
+
+
+def test_a_server_killed_mid_epoch_is_retried_then_a_clear_error(tmp_path, monkeypatch):
+    server, _ = own_server(tmp_path, 8000)  # 500 chunks of 16
+    try:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("GPUFEED_REMOTE_IN_FLIGHT", "4")
+        monkeypatch.setenv("GPUFEED_REMOTE_RETRIES", "3")
+        monkeypatch.setenv("GPUFEED_REMOTE_BACKOFF_MS", "20")
+        loader = gpufeed.Loader("s3://%s/big.h5" % BUCKET, batch_size=32, order="sequential", output="numpy",
+                                share="none", threads=1, prefetch=2, cache_bytes=1 << 16)
+        delivered = []
+        start = time.monotonic()
+        with pytest.raises(gpufeed.Error) as e:
+            for i, (images, _) in enumerate(loader):
+                delivered += [index_of(r) for r in images]
+                if i == 3:
+                    server.kill()
+        assert time.monotonic() - start < 60
+        message = str(e.value)
+        assert "s3://%s/big.h5" % BUCKET in message and "4 attempts" in message, message
+        assert 128 <= len(delivered) < 8000
+        assert delivered == list(range(len(delivered)))  # nothing wrong, nothing twice
+    finally:
+        server.stop()
+
+
+def test_an_object_overwritten_between_epochs_is_an_error(tmp_path, monkeypatch):
+    server, local = own_server(tmp_path, 2000)
+    try:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        loader = gpufeed.Loader("s3://%s/big.h5" % BUCKET, batch_size=50, order="random", seed=1, output="numpy",
+                                share="none", cache_bytes=1 << 16)
+        first = sorted(index_of(r) for images, _ in loader for r in images)
+        assert first == list(range(2000))
+        write_index_file(local, n=2001)  # another version of the object
+        server.put(BUCKET, "big.h5", local)
+        delivered = []
+        with pytest.raises(gpufeed.Error) as e:
+            for images, _ in loader:
+                delivered += [index_of(r) for r in images]
+        assert "changed" in str(e.value) and "s3://%s/big.h5" % BUCKET in str(e.value), str(e.value)
+        assert len(set(delivered)) == len(delivered) and all(0 <= k < 2000 for k in delivered)
+    finally:
+        server.stop()
+
+
+def epoch_rate(data, repeats=3):
+    """The best samples/s of `repeats` first epochs (a loader each: every
+    chunk fetched once), block order."""
+    best = 0.0
+    for seed in range(repeats):
+        loader = gpufeed.Loader(data, batch_size=64, order="block", seed=seed, output="numpy", share="none")
+        t0 = time.perf_counter()
+        n = sum(len(images) for images, _ in loader)
+        best = max(best, n / (time.perf_counter() - t0))
+        del loader
+    return best
+
+
+def test_20ms_per_request_keeps_nine_tenths_of_the_rate(tmp_path, monkeypatch):
+    local = tmp_path / "lat.h5"
+    write_index_file(local, n=16000, compression=None)  # 1000 chunks of 16 samples
+    rates = {}
+    for delay in (0, 20):
+        with s3_server.S3Server(tmp_path / str(delay), delay_ms=delay, proxy=True) as server:
+            server.make_bucket(BUCKET)
+            server.put(BUCKET, "lat.h5", local)
+            for k, v in server.env().items():
+                monkeypatch.setenv(k, v)
+            rates[delay] = epoch_rate("s3://%s/lat.h5" % BUCKET)
+    print("samples/s: %s" % rates)
+    assert rates[20] >= 0.9 * rates[0], rates
