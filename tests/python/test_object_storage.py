@@ -1,7 +1,8 @@
 """HDF5 on object storage (issue 48): an index-valued file uploaded to a real
 S3-compatible server (s3rver on 127.0.0.1, tests/testing/s3_server.py) and
 read back as s3://BUCKET/KEY through gpufeed.Loader (the C API under it) and
-the CLI: the same batches as the local file's; wrong keys, a missing key, a
+the CLI, and through the node's server (share="node"): the same batches as
+the local file's; wrong keys, a missing key, a
 server killed mid-epoch and an object overwritten between epochs are clear
 errors, and nothing wrong is delivered; with 20 ms added to every request
 the loader keeps requests in flight (at least half its rate without the
@@ -234,3 +235,15 @@ def test_20ms_per_request_keeps_nine_tenths_of_the_rate(tmp_path, monkeypatch):
     # target is 0.9: on the 2-core CI machine, where s3rver, the proxy and
     # the loader share the cores, 0.5-0.75 was measured (docs/benchmarks.md).
     assert rates[20] >= 0.5 * rates[0], rates
+
+
+def test_the_node_server_serves_the_object(aws, monkeypatch, tmp_path):
+    # share="node": the node's `gpufeed serve` (started here, with this
+    # environment's credentials) fetches each chunk once for the local ranks.
+    monkeypatch.setenv("GPUFEED_NODE_DIR", str(tmp_path))
+    loader = gpufeed.Loader("s3://%s/train.h5" % BUCKET, batch_size=64, order="sequential", output="numpy",
+                            share="node")
+    assert loader.share == "node" and loader.started_node_server
+    rows = [index_of(r) for images, _ in loader for r in images]
+    assert rows == list(range(1000))
+    del loader
