@@ -563,16 +563,27 @@ Result<size_t> RemoteFile::Read(uint64_t offset, std::byte* dst, size_t n) const
 int64_t RemoteFile::ReadAt(uint64_t key, std::byte* dst, size_t n, uint64_t offset) const {
   Impl& d = *impl_;
   std::unique_ptr<Impl::Ahead> taken;
+  Impl::Ahead* claimed = nullptr;
   {
     MutexLock lock(&d.mu);
     auto it = d.ahead.find(key);
     if (it != d.ahead.end() && it->second->off == offset && it->second->n == n && !it->second->claimed) {
-      Impl::Ahead* a = it->second.get();
-      a->claimed = true;
-      while (!a->req.done) d.cv.Wait(&d.mu);
-      taken = std::move(it->second);
-      d.ahead.erase(it);
+      claimed = it->second.get();
+      claimed->claimed = true;  // now no one else takes or evicts it
     }
+  }
+  if (claimed != nullptr) {
+    const Status waited = d.Wait(&claimed->req);  // bounded, as every request's wait
+    MutexLock lock(&d.mu);
+    if (!waited.ok() && !claimed->req.done) {
+      // The transfer thread still holds the request: the read-ahead stays
+      // (claimed, never handed out), this read fails.
+      SetReadErrorText(waited.message());
+      return -EREMOTEIO;
+    }
+    auto it = d.ahead.find(key);
+    taken = std::move(it->second);
+    d.ahead.erase(it);
   }
   if (taken) {
     if (!taken->req.status.ok()) {
