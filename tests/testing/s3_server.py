@@ -39,6 +39,13 @@ def s3rver_path():
     return path if os.access(path, os.X_OK) and shutil.which("node") and shutil.which("curl") else None
 
 
+def die_with_parent():
+    """preexec_fn: the child is killed when the test process ends, however
+    it ends (a timeout's SIGKILL skips every teardown)."""
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -168,7 +175,8 @@ class S3Server:
         self.server_port = free_port()
         self.proc = subprocess.Popen(
             [exe, "-d", str(self.root), "-a", "127.0.0.1", "-p", str(self.server_port), "--silent"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent)
         try:
             wait_for_port(self.server_port, self.proc)
         except Exception:
@@ -183,7 +191,7 @@ class S3Server:
             self.port = free_port()
             self.proxy = subprocess.Popen(
                 [sys.executable, __file__, "--proxy", str(self.server_port), str(self.port), str(delay_ms)],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
             try:
                 wait_for_port(self.port, self.proxy)
             except Exception:
