@@ -250,6 +250,17 @@ struct Dataset::Impl {
   Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) EXCLUDES(h5_mu);
   Result<std::string> PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size);
   Status ChooseIo(IoMode asked, uint64_t file_size);
+  // Dataset::Open's steps, in order, over its state (Opening).
+  struct Opening;
+  Status OpenFile(Opening& o);
+  Status OpenImages(Opening& o);
+  Status ReadElementType(Opening& o);
+  Status ReadShape(Opening& o);
+  Status ReadLayout(Opening& o);
+  Status ChooseReadPath(Opening& o);
+  Status SetUpHdf5Path(Opening& o, const std::string& reason);
+  Status ReadLabels(Opening& o);
+  Status ReadAttributes(Opening& o);
   void SetContiguousUnit() {
     chunk_samples = std::clamp<uint64_t>(kContiguousReadUnitBytes / std::max<uint64_t>(1, sample_bytes), 1,
                                          std::max<uint64_t>(1, num_samples));
@@ -699,18 +710,44 @@ ProbedSpec ProbedSpec::Member(std::string_view name) const {
   return ProbedSpec(spec->file + ":" + spec->images + "/" + std::string(name));
 }
 
+// Dataset::Open's state between its steps (below, in order).
+struct Dataset::Impl::Opening {
+  Opening(const DatasetSpec& spec_in, const OpenOptions& options_in, const struct stat& local)
+      : spec(spec_in),
+        options(options_in),
+        remote(io::IsRemoteUrl(spec_in.file)),
+        st(local),
+        file_size(static_cast<uint64_t>(local.st_size)) {}
+  const DatasetSpec& spec;
+  const OpenOptions& options;
+  bool remote = false;  // an object (s3://, http(s)://), read through the remote driver
+  struct stat st {};    // the local file's
+  uint64_t file_size = 0;
+  std::optional<io::FileIdentity> remote_identity;
+  std::optional<h5::Reach> reach;
+  std::string linked_file;  // the file holding the dataset behind an external link
+  h5::Id ftype, dcpl;
+  H5D_layout_t layout = H5D_LAYOUT_ERROR;
+  int file_rank = 0;  // the file's rank; `rank` counts no_sample_axis's axis 0
+  int rank = 0;
+  std::vector<hsize_t> dims;
+  bool whole = false;  // OpenOptions::no_sample_axis
+};
+
+// A missing local file or a directory, said before HDF5 or a probe process
+// sees it (an object: by its open, which names its HTTP status).
+static Status CheckLocalFile(const std::string& file, struct stat* st) {
+  if (io::IsRemoteUrl(file)) return Status::Ok();
+  if (::stat(file.c_str(), st) != 0) return Status::NotFound(file + ": cannot open: " + std::strerror(errno));
+  if (S_ISDIR(st->st_mode)) return Status::InvalidArgument(file + ": is a directory, not an HDF5 file");
+  return Status::Ok();
+}
+
 Result<Dataset> Dataset::Open(std::string_view spec_text, const OpenOptions& options) {
   auto spec = DatasetSpec::Parse(spec_text);
   if (!spec.ok()) return spec.status();
-  // A missing file or a directory is said before a probe process is forked
-  // for it (an object: by the probe's open, which names its HTTP status).
-  struct stat st;
-  if (!io::IsRemoteUrl(spec->file) && ::stat(spec->file.c_str(), &st) != 0) {
-    return Status::NotFound(spec->file + ": cannot open: " + std::strerror(errno));
-  }
-  if (!io::IsRemoteUrl(spec->file) && S_ISDIR(st.st_mode)) {
-    return Status::InvalidArgument(spec->file + ": is a directory, not an HDF5 file");
-  }
+  struct stat st {};
+  GPUFEED_RETURN_IF_ERROR(CheckLocalFile(spec->file, &st));
   auto probed = Probe(std::string(spec_text), options);
   if (!probed.ok()) return probed.status();
   return Open(*probed, options);
@@ -733,311 +770,355 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
   // An object (s3://, http(s)://) is read through the remote driver
   // (hdf5io/hdf5/remote_vfd.h): its metadata in a few ranged GETs, then
   // chunks through the transport's read-ahead like a local file's.
-  const bool remote = io::IsRemoteUrl(spec.file);
   struct stat st {};
-  if (!remote && ::stat(spec.file.c_str(), &st) != 0) {
-    return Status::NotFound(spec.file + ": cannot open: " + std::strerror(errno));
-  }
-  if (!remote && S_ISDIR(st.st_mode)) {
-    return Status::InvalidArgument(spec.file + ": is a directory, not an HDF5 file");
-  }
-  uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  GPUFEED_RETURN_IF_ERROR(CheckLocalFile(spec.file, &st));
   h5::Hdf5Section in_hdf5;  // no probe forks while this thread is in HDF5 (fork_gate.h)
-  if (!remote && H5Fis_hdf5(spec.file.c_str()) <= 0) {
+  Impl::Opening o(spec, options, st);
+  GPUFEED_RETURN_IF_ERROR(d->OpenFile(o));
+  GPUFEED_RETURN_IF_ERROR(d->OpenImages(o));
+  GPUFEED_RETURN_IF_ERROR(d->ReadElementType(o));
+  GPUFEED_RETURN_IF_ERROR(d->ReadShape(o));
+  GPUFEED_RETURN_IF_ERROR(d->ReadLayout(o));
+  GPUFEED_RETURN_IF_ERROR(d->ChooseReadPath(o));
+  d->num_chunks = d->num_samples == 0 ? 0 : (d->num_samples + d->chunk_samples - 1) / d->chunk_samples;
+  GPUFEED_RETURN_IF_ERROR(d->ReadLabels(o));
+  GPUFEED_RETURN_IF_ERROR(d->ReadAttributes(o));
+  H5Eclear2(H5E_DEFAULT);
+  return Dataset(std::move(d));
+}
+
+// HDF5's open of the file (a local path, or an object through the remote
+// driver), its signature checked first; an object's identity and size.
+Status Dataset::Impl::OpenFile(Opening& o) {
+  if (!o.remote && H5Fis_hdf5(o.spec.file.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
-    return Status::Corrupt(spec.file + ": not an HDF5 file (no HDF5 signature found; " + std::to_string(file_size) +
+    return Status::Corrupt(o.spec.file + ": not an HDF5 file (no HDF5 signature found; " + std::to_string(o.file_size) +
                            " bytes)");
   }
-  auto fapl = h5::FileAccessFor(spec.file);
+  auto fapl = h5::FileAccessFor(o.spec.file);
   if (!fapl.ok()) return fapl.status();
-  d->file = h5::Id(H5Fopen(spec.file.c_str(), H5F_ACC_RDONLY, fapl->get()));
-  if (!d->file.valid()) {
-    if (remote) {
+  file = h5::Id(H5Fopen(o.spec.file.c_str(), H5F_ACC_RDONLY, fapl->get()));
+  if (!file.valid()) {
+    if (o.remote) {
       const std::string why = h5::TakeRemoteOpenError();
       H5Eclear2(H5E_DEFAULT);
       // The transport's own error (HTTP status, object, credentials' source).
       if (!why.empty()) return Status::IOError(why);
-      return Status::Corrupt(spec.file + ": HDF5 cannot open the object (not HDF5, truncated or damaged?)");
+      return Status::Corrupt(o.spec.file + ": HDF5 cannot open the object (not HDF5, truncated or damaged?)");
     }
-    return Status::Corrupt(spec.file + ": HDF5 cannot open it (truncated or damaged?): " + h5::LastErrorText());
+    return Status::Corrupt(o.spec.file + ": HDF5 cannot open it (truncated or damaged?): " + h5::LastErrorText());
   }
-  std::optional<io::FileIdentity> remote_identity;
-  if (remote) {
-    remote_identity = h5::RemoteIdentityOf(d->file.get());
-    if (!remote_identity) return Status::Internal(spec.file + ": opened without gpufeed's remote driver");
-    file_size = remote_identity->size;
+  if (o.remote) {
+    o.remote_identity = h5::RemoteIdentityOf(file.get());
+    if (!o.remote_identity) return Status::Internal(o.spec.file + ": opened without gpufeed's remote driver");
+    o.file_size = o.remote_identity->size;
   }
-  if (H5Lexists(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0 ||
-      H5Oexists_by_name(d->file.get(), spec.images.c_str(), H5P_DEFAULT) <= 0) {
+  return Status::Ok();
+}
+
+// The images dataset: there (else the file's datasets are named), a dataset
+// (not encoded images, not a group), what it names beside the file within
+// reach, and the file that holds it behind an external link.
+Status Dataset::Impl::OpenImages(Opening& o) {
+  if (H5Lexists(file.get(), o.spec.images.c_str(), H5P_DEFAULT) <= 0 ||
+      H5Oexists_by_name(file.get(), o.spec.images.c_str(), H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     // Listed in a child process: HDF5 has corrupted its heap walking
     // hostile files' headers (ListDatasetsIsolated).
-    auto listed = ListDatasetsIsolated(spec.file, options.probe_timeout_ms);
-    if (!listed.ok()) return listed.status().WithContext(d->what + ": no such dataset");
+    auto listed = ListDatasetsIsolated(o.spec.file, o.options.probe_timeout_ms);
+    if (!listed.ok()) return listed.status().WithContext(what + ": no such dataset");
     std::string have;
     for (const std::string& p : *listed) have += (have.empty() ? "" : ", ") + p;
-    return Status::NotFound(d->what + ": no such dataset (the file has: " + (have.empty() ? "no datasets" : have) +
+    return Status::NotFound(what + ": no such dataset (the file has: " + (have.empty() ? "no datasets" : have) +
                             "; name one as FILE.h5:/path)");
   }
   // First open (default access) to learn the layout; reopened below with a
   // tuned chunk cache if the hdf5 path is taken.
-  d->dset = h5::Id(H5Dopen2(d->file.get(), spec.images.c_str(), H5P_DEFAULT));
-  if (!d->dset.valid()) {
+  dset = h5::Id(H5Dopen2(file.get(), o.spec.images.c_str(), H5P_DEFAULT));
+  if (!dset.valid()) {
     // gpufeed's encoded images are a group (docs/format.md): only the
     // loader's decoding source reads them.
-    if (h5::Id g(H5Gopen2(d->file.get(), spec.images.c_str(), H5P_DEFAULT));
+    if (h5::Id g(H5Gopen2(file.get(), o.spec.images.c_str(), H5P_DEFAULT));
         g.valid() && !h5::ReadStringAttr(g.get(), "gpufeed_encoded").empty()) {
-      return Status::Unsupported(d->what +
+      return Status::Unsupported(what +
                                  ": encoded images (JPEG/PNG files), which the loader decodes: read them with "
                                  "`gpufeed bench loader`, `gpufeed train`, the C API or Python (gpufeed/encoded.h); "
                                  "this command reads decoded datasets only");
     }
-    return Status::InvalidArgument(d->what + ": not a dataset: " + NotADatasetReason(d->file.get(), spec));
+    return Status::InvalidArgument(what + ": not a dataset: " + NotADatasetReason(file.get(), o.spec));
   }
   // What the dataset names beside this file (external raw data, virtual
   // sources, the file an external link leads to) lies under its directory
   // or an allowed one, before a byte of it is read (hdf5io/hdf5/reach.h).
-  const h5::Reach reach(spec.file, options);
-  GPUFEED_RETURN_IF_ERROR(reach.CheckDataset(d->dset.get(), d->what));
+  o.reach.emplace(o.spec.file, o.options);
+  GPUFEED_RETURN_IF_ERROR(o.reach->CheckDataset(dset.get(), what));
   // Behind an external link the dataset lives in another file: its chunk
   // addresses are offsets in that file, not in spec.file.
-  std::string linked_file;
-  if (ssize_t n = H5Fget_name(d->dset.get(), nullptr, 0); n > 0) {
+  if (ssize_t n = H5Fget_name(dset.get(), nullptr, 0); n > 0) {
     std::string holder(size_t(n), '\0');
-    H5Fget_name(d->dset.get(), holder.data(), size_t(n) + 1);
+    H5Fget_name(dset.get(), holder.data(), size_t(n) + 1);
     struct stat hs {};
-    if (remote ? holder != spec.file
-               : ::stat(holder.c_str(), &hs) != 0 || hs.st_dev != st.st_dev || hs.st_ino != st.st_ino) {
-      linked_file = holder;
+    if (o.remote ? holder != o.spec.file
+                 : ::stat(holder.c_str(), &hs) != 0 || hs.st_dev != o.st.st_dev || hs.st_ino != o.st.st_ino) {
+      o.linked_file = holder;
     }
   }
-  h5::Id ftype(H5Dget_type(d->dset.get()));
-  auto dtype = DTypeOf(ftype.get());
-  if (!dtype) {
-    return Status::Unsupported(d->what + ": element type is " + std::string(ClassName(H5Tget_class(ftype.get()))) +
-                               " of " + std::to_string(H5Tget_size(ftype.get())) +
+  return Status::Ok();
+}
+
+// The element type: a dtype gpufeed reads, bool, enum members, byte order.
+Status Dataset::Impl::ReadElementType(Opening& o) {
+  o.ftype = h5::Id(H5Dget_type(dset.get()));
+  auto found = DTypeOf(o.ftype.get());
+  if (!found) {
+    return Status::Unsupported(what + ": element type is " + std::string(ClassName(H5Tget_class(o.ftype.get()))) +
+                               " of " + std::to_string(H5Tget_size(o.ftype.get())) +
                                " bytes; gpufeed reads integer and float arrays" +
-                               (H5Tget_class(ftype.get()) == H5T_VLEN
+                               (H5Tget_class(o.ftype.get()) == H5T_VLEN
                                     ? " here (variable-length uint8 files of JPEG/PNG bytes are read by the loader: "
                                       "`gpufeed bench loader`, `gpufeed train`, the C API, Python)"
                                     : ""));
   }
-  d->dtype = *dtype;
-  d->is_bool = IsH5pyBool(ftype.get());
-  d->info.enum_members = EnumMembers(ftype.get());
-  d->info.big_endian = H5Tget_order(ftype.get()) == H5T_ORDER_BE;
-  h5::Id space(H5Dget_space(d->dset.get()));
+  dtype = *found;
+  is_bool = IsH5pyBool(o.ftype.get());
+  info.enum_members = EnumMembers(o.ftype.get());
+  info.big_endian = H5Tget_order(o.ftype.get()) == H5T_ORDER_BE;
+  return Status::Ok();
+}
+
+// The shape (with no_sample_axis's axis 0), checked against its maxima,
+// and the sizes of a sample and of the dataset, checked before use.
+Status Dataset::Impl::ReadShape(Opening& o) {
+  h5::Id space(H5Dget_space(dset.get()));
   // no_sample_axis: the whole dataset is one sample, behind an axis 0 of
   // extent 1 that the file does not have (`rank` counts it, `file_rank` not).
-  const bool whole = options.no_sample_axis;
-  d->no_sample_axis = whole;
-  d->info.no_sample_axis = whole;
-  const int file_rank = H5Sget_simple_extent_ndims(space.get());
-  if (file_rank < 0) return Status::Corrupt(d->what + ": damaged dataspace: " + h5::LastErrorText());
-  if (file_rank < 1 && !whole) {
-    return Status::Unsupported(d->what +
+  o.whole = o.options.no_sample_axis;
+  no_sample_axis = o.whole;
+  info.no_sample_axis = o.whole;
+  o.file_rank = H5Sget_simple_extent_ndims(space.get());
+  if (o.file_rank < 0) return Status::Corrupt(what + ": damaged dataspace: " + h5::LastErrorText());
+  if (o.file_rank < 1 && !o.whole) {
+    return Status::Unsupported(what +
                                ": scalar dataset; expected [N, ...] samples (a file holding one sample without a "
                                "sample axis: open with no_sample_axis, CLI --no-sample-axis)");
   }
-  const int rank = file_rank + (whole ? 1 : 0);
-  std::vector<hsize_t> dims(file_rank), maxdims(file_rank);
-  H5Sget_simple_extent_dims(space.get(), dims.data(), maxdims.data());
-  if (whole) {
-    dims.insert(dims.begin(), 1);
+  o.rank = o.file_rank + (o.whole ? 1 : 0);
+  o.dims.assign(size_t(o.file_rank), 0);
+  std::vector<hsize_t> maxdims(o.file_rank);
+  H5Sget_simple_extent_dims(space.get(), o.dims.data(), maxdims.data());
+  if (o.whole) {
+    o.dims.insert(o.dims.begin(), 1);
     maxdims.insert(maxdims.begin(), 1);
   }
-  d->info.shape.assign(dims.begin(), dims.end());
+  info.shape.assign(o.dims.begin(), o.dims.end());
   // Sizes below come from the file: checked before anything is sized by them.
-  for (int k = 0; k < rank; ++k) {
-    if (maxdims[k] != H5S_UNLIMITED && dims[k] > maxdims[k]) {
-      return Status::Corrupt(d->what + ": damaged dataspace: dimension " + std::to_string(k) + " is " +
-                             std::to_string(dims[k]) + " but its maximum is " + std::to_string(maxdims[k]));
+  for (int k = 0; k < o.rank; ++k) {
+    if (maxdims[k] != H5S_UNLIMITED && o.dims[k] > maxdims[k]) {
+      return Status::Corrupt(what + ": damaged dataspace: dimension " + std::to_string(k) + " is " +
+                             std::to_string(o.dims[k]) + " but its maximum is " + std::to_string(maxdims[k]));
     }
   }
-  d->num_samples = dims[0];
-  d->sample_shape.assign(dims.begin() + 1, dims.end());
-  const auto sample_bytes = CheckedProduct(DTypeSize(d->dtype), d->sample_shape);
-  const auto raw_bytes = sample_bytes ? CheckedMul(d->num_samples, *sample_bytes) : std::nullopt;
+  num_samples = o.dims[0];
+  sample_shape.assign(o.dims.begin() + 1, o.dims.end());
+  const auto sample_size = CheckedProduct(DTypeSize(dtype), sample_shape);
+  const auto raw_bytes = sample_size ? CheckedMul(num_samples, *sample_size) : std::nullopt;
   if (!raw_bytes) {
-    return Status::Unsupported(d->what + ": shape " + ShapeText(d->info.shape) + " of " +
-                               std::string(DTypeName(d->dtype)) +
+    return Status::Unsupported(what + ": shape " + ShapeText(info.shape) + " of " + std::string(DTypeName(dtype)) +
                                " is larger than 2^64 bytes; a sample or the dataset cannot be addressed");
   }
-  d->sample_bytes = *sample_bytes;
-  d->info.raw_bytes = *raw_bytes;
+  sample_bytes = *sample_size;
+  info.raw_bytes = *raw_bytes;
   // Every read decodes whole samples (whole chunks on the direct path).
-  GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(d->sample_bytes,
-                                            d->what + ": one sample of shape " + ShapeText(d->sample_shape),
+  GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(sample_bytes, what + ": one sample of shape " + ShapeText(sample_shape),
                                             "gpufeed reads whole samples; is the file's shape right?"));
-  d->info.stored_bytes = H5Dget_storage_size(d->dset.get());
+  info.stored_bytes = H5Dget_storage_size(dset.get());
+  return Status::Ok();
+}
 
-  h5::Id dcpl(H5Dget_create_plist(d->dset.get()));
-  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
-  d->info.storage = layout == H5D_CHUNKED      ? "chunked"
-                    : layout == H5D_CONTIGUOUS ? "contiguous"
-                    : layout == H5D_VIRTUAL    ? "virtual"
-                                               : "compact";
-  if (layout == H5D_VIRTUAL && whole) {
-    return Status::InvalidArgument(d->what +
+// The storage layout: virtual sources resolved, the chunk shape, the filters.
+Status Dataset::Impl::ReadLayout(Opening& o) {
+  o.dcpl = h5::Id(H5Dget_create_plist(dset.get()));
+  o.layout = H5Pget_layout(o.dcpl.get());
+  info.storage = o.layout == H5D_CHUNKED      ? "chunked"
+                 : o.layout == H5D_CONTIGUOUS ? "contiguous"
+                 : o.layout == H5D_VIRTUAL    ? "virtual"
+                                              : "compact";
+  if (o.layout == H5D_VIRTUAL && o.whole) {
+    return Status::InvalidArgument(what +
                                    ": a virtual dataset with no_sample_axis (--no-sample-axis): its axis 0 is the "
                                    "sample axis (stacked sources are one sample each already); open it without");
   }
-  if (layout == H5D_VIRTUAL) {
+  if (o.layout == H5D_VIRTUAL) {
     // Resolved and checked here (gaps, missing files, sources that disagree
     // would read as fill values through HDF5); FieldSource reads the sources.
-    auto sources = h5::ResolveVirtualSources(dcpl.get(), ftype.get(), d->info.shape, spec.file, d->what);
+    auto sources = h5::ResolveVirtualSources(o.dcpl.get(), o.ftype.get(), info.shape, o.spec.file, what);
     if (!sources.ok()) return sources.status();
-    d->info.virtual_sources = std::move(*sources);
+    info.virtual_sources = std::move(*sources);
   }
-  if (layout == H5D_CHUNKED) {
-    std::vector<hsize_t> cdims(file_rank);
-    if (file_rank > 0 && H5Pget_chunk(dcpl.get(), file_rank, cdims.data()) != file_rank) {
-      return Status::Corrupt(d->what + ": damaged layout: chunk rank differs from the dataset's rank " +
-                             std::to_string(file_rank));
+  if (o.layout == H5D_CHUNKED) {
+    std::vector<hsize_t> cdims(o.file_rank);
+    if (o.file_rank > 0 && H5Pget_chunk(o.dcpl.get(), o.file_rank, cdims.data()) != o.file_rank) {
+      return Status::Corrupt(what + ": damaged layout: chunk rank differs from the dataset's rank " +
+                             std::to_string(o.file_rank));
     }
-    if (whole) cdims.insert(cdims.begin(), 1);
-    d->info.hdf5_chunk_shape.assign(cdims.begin(), cdims.end());
+    if (o.whole) cdims.insert(cdims.begin(), 1);
+    info.hdf5_chunk_shape.assign(cdims.begin(), cdims.end());
   }
-  const int nfilters = H5Pget_nfilters(dcpl.get());
+  const int nfilters = H5Pget_nfilters(o.dcpl.get());
   for (int k = 0; k < nfilters; ++k) {
     unsigned flags = 0, cd[16];
     size_t ncd = 16;
     char name[128] = {0};
-    H5Z_filter_t id = H5Pget_filter2(dcpl.get(), k, &flags, &ncd, cd, sizeof(name), name, nullptr);
+    H5Z_filter_t id = H5Pget_filter2(o.dcpl.get(), k, &flags, &ncd, cd, sizeof(name), name, nullptr);
     FilterInfo f{static_cast<int>(id), FilterName(static_cast<int>(id), name),
                  std::vector<unsigned>(cd, cd + std::min<size_t>(ncd, 16))};
-    d->info.filters.push_back(std::move(f));
+    info.filters.push_back(std::move(f));
   }
+  return Status::Ok();
+}
 
-  h5::Id fcpl(H5Fget_create_plist(d->file.get()));
+// The read path: direct (gpufeed reads the chunks, PlanDirectPath) unless a
+// reason sends the reads through HDF5 (SetUpHdf5Path).
+Status Dataset::Impl::ChooseReadPath(Opening& o) {
+  h5::Id fcpl(H5Fget_create_plist(file.get()));
   hsize_t userblock = 0;
   H5Pget_userblock(fcpl.get(), &userblock);
 
   std::string hdf5_reason = "forced by option";
-  if (!linked_file.empty()) {
-    hdf5_reason = "the dataset is in " + linked_file + ", reached through an external link; HDF5 follows it";
-  } else if (!options.force_hdf5_path) {
-    auto reason = d->PlanDirectPath(dcpl.get(), userblock, file_size);
+  if (!o.linked_file.empty()) {
+    hdf5_reason = "the dataset is in " + o.linked_file + ", reached through an external link; HDF5 follows it";
+  } else if (!o.options.force_hdf5_path) {
+    auto reason = PlanDirectPath(o.dcpl.get(), userblock, o.file_size);
     if (!reason.ok()) return reason.status();
     hdf5_reason = *reason;
   }
   if (hdf5_reason.empty()) {
-    d->info.read_path = ReadPath::kDirect;
-    GPUFEED_RETURN_IF_ERROR(d->ChooseIo(options.io, file_size));
+    info.read_path = ReadPath::kDirect;
+    GPUFEED_RETURN_IF_ERROR(ChooseIo(o.options.io, o.file_size));
     // The chunks' object is the one the metadata came from (an object
     // replaced between the two opens is an error, not an index of one
     // version over the bytes of another).
-    if (remote_identity && !(d->identity == *remote_identity)) {
-      return Status::Corrupt(spec.file +
+    if (o.remote_identity && !(identity == *o.remote_identity)) {
+      return Status::Corrupt(o.spec.file +
                              ": the object changed while it was opened (its ETag or size differs "
                              "between the metadata's read and the data's); open it again");
     }
   } else {
-    d->info.read_path = ReadPath::kHdf5;
-    d->info.read_path_reason = hdf5_reason;
-    // HDF5 loads a filter's plugin on first use; without one, every read
-    // would fail with a misleading "can't open directory". Named now.
-    for (const FilterInfo& f : d->info.filters) {
-      if (H5Zfilter_avail(static_cast<H5Z_filter_t>(f.id)) <= 0) {
-        H5Eclear2(H5E_DEFAULT);
-        const char* plugin_path = std::getenv("HDF5_PLUGIN_PATH");
-        d->info.unreadable = "filter " + std::to_string(f.id) + " (" + f.name +
-                             ") is not available: gpufeed's direct path does not decode it and HDF5 found no plugin "
-                             "for it (HDF5_PLUGIN_PATH=" +
-                             (plugin_path ? plugin_path : "unset, default directory") +
-                             "); install the filter's HDF5 plugin (Debian: bitshuffle for LZF, hdf5-filter-plugin*) or "
-                             "recompress the file where the filter is available (h5repack, h5py)";
-        break;
-      }
-    }
-    d->contiguous = false;
-    d->chunk_addr.clear();
-    d->chunk_size.clear();
-    d->chunk_mask.clear();
-    d->pipeline.clear();
-    // Read unit and a chunk cache that holds every HDF5 chunk one read unit
-    // touches, so each chunk is decoded once per pass, not once per sample.
-    uint64_t cache_bytes = options.hdf5_cache_bytes;
-    uint64_t chunk_nbytes = 0;
-    if (layout == H5D_CHUNKED) {
-      const auto& cs = d->info.hdf5_chunk_shape;
-      chunk_nbytes = DTypeSize(d->dtype);
-      uint64_t chunks_per_row = 1;
-      for (int k = 0; k < rank; ++k) {
-        if (cs[k] == 0) return Status::Corrupt(d->what + ": damaged layout: chunk shape " + ShapeText(cs));
-        chunk_nbytes *= cs[k];  // HDF5 keeps a chunk under 4 GiB: no overflow
-        if (k > 0) chunks_per_row *= (dims[k] + cs[k] - 1) / cs[k];
-      }
-      // A read unit of whole chunk rows, and a cache holding one more row.
-      const auto row_bytes = CheckedMul(cs[0], d->sample_bytes);
-      if (!row_bytes || cs[0] == 0) {
-        return Status::Corrupt(d->what + ": damaged layout: chunk shape " + ShapeText(cs) + " for shape " +
-                               ShapeText(d->info.shape));
-      }
-      const uint64_t rows = std::max<uint64_t>(1, kHdf5ReadUnitMinBytes / std::max<uint64_t>(1, *row_bytes));
-      d->chunk_samples = std::min<uint64_t>(cs[0] * rows, std::max<uint64_t>(1, d->num_samples));
-      const auto needed = CheckedMul(rows + 1, chunks_per_row * chunk_nbytes);
-      if (!needed) return Status::Corrupt(d->what + ": damaged layout: chunk shape " + ShapeText(cs));
-      GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(
-          *needed,
-          d->what + ": HDF5's chunk cache for one read unit of " + std::to_string(d->chunk_samples) + " samples",
-          "the dataset's chunks span too much of each sample; rechunk it with gpufeed convert"));
-      cache_bytes = std::max(cache_bytes, *needed);
-    } else {
-      d->SetContiguousUnit();
-    }
-    h5::Id dapl(H5Pcreate(H5P_DATASET_ACCESS));
-    if (chunk_nbytes > 0) {
-      const uint64_t fit = std::max<uint64_t>(1, cache_bytes / chunk_nbytes);
-      H5Pset_chunk_cache(dapl.get(), NextPrime(100 * fit), cache_bytes, 1.0);
-    }
-    d->dset = h5::Id(H5Dopen2(d->file.get(), spec.images.c_str(), dapl.get()));
-    if (!d->dset.valid()) return Status::Internal(d->what + ": reopen failed: " + h5::LastErrorText());
-    // Native-order type of the same size; for little-endian float16 (no
-    // native HDF5 type in 1.10), the file type itself.
-    hid_t native = H5Tget_native_type(ftype.get(), H5T_DIR_ASCEND);
-    if (native < 0 || H5Tget_size(native) != DTypeSize(d->dtype)) {
-      if (native >= 0) H5Tclose(native);
-      H5Eclear2(H5E_DEFAULT);
-      if (d->info.big_endian) {
-        return Status::Unsupported(d->what + ": big-endian " + std::string(DTypeName(d->dtype)) +
-                                   " cannot be converted to native order");
-      }
-      native = H5Tcopy(ftype.get());
-    }
-    d->mem_type = h5::Id(native);
+    return SetUpHdf5Path(o, hdf5_reason);
   }
-  d->num_chunks = d->num_samples == 0 ? 0 : (d->num_samples + d->chunk_samples - 1) / d->chunk_samples;
+  return Status::Ok();
+}
 
-  // Labels.
-  std::string labels_path = options.labels_path;
+// The HDF5 path: a filter without its plugin named, a read unit of whole
+// chunk rows, a chunk cache that holds one, the dataset reopened with it,
+// and the native memory type.
+Status Dataset::Impl::SetUpHdf5Path(Opening& o, const std::string& reason) {
+  info.read_path = ReadPath::kHdf5;
+  info.read_path_reason = reason;
+  // HDF5 loads a filter's plugin on first use; without one, every read
+  // would fail with a misleading "can't open directory". Named now.
+  for (const FilterInfo& f : info.filters) {
+    if (H5Zfilter_avail(static_cast<H5Z_filter_t>(f.id)) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      const char* plugin_path = std::getenv("HDF5_PLUGIN_PATH");
+      info.unreadable = "filter " + std::to_string(f.id) + " (" + f.name +
+                        ") is not available: gpufeed's direct path does not decode it and HDF5 found no plugin "
+                        "for it (HDF5_PLUGIN_PATH=" +
+                        (plugin_path ? plugin_path : "unset, default directory") +
+                        "); install the filter's HDF5 plugin (Debian: bitshuffle for LZF, hdf5-filter-plugin*) or "
+                        "recompress the file where the filter is available (h5repack, h5py)";
+      break;
+    }
+  }
+  contiguous = false;
+  chunk_addr.clear();
+  chunk_size.clear();
+  chunk_mask.clear();
+  pipeline.clear();
+  // Read unit and a chunk cache that holds every HDF5 chunk one read unit
+  // touches, so each chunk is decoded once per pass, not once per sample.
+  uint64_t cache_bytes = o.options.hdf5_cache_bytes;
+  uint64_t chunk_nbytes = 0;
+  if (o.layout == H5D_CHUNKED) {
+    const auto& cs = info.hdf5_chunk_shape;
+    chunk_nbytes = DTypeSize(dtype);
+    uint64_t chunks_per_row = 1;
+    for (int k = 0; k < o.rank; ++k) {
+      if (cs[k] == 0) return Status::Corrupt(what + ": damaged layout: chunk shape " + ShapeText(cs));
+      chunk_nbytes *= cs[k];  // HDF5 keeps a chunk under 4 GiB: no overflow
+      if (k > 0) chunks_per_row *= (o.dims[k] + cs[k] - 1) / cs[k];
+    }
+    // A read unit of whole chunk rows, and a cache holding one more row.
+    const auto row_bytes = CheckedMul(cs[0], sample_bytes);
+    if (!row_bytes || cs[0] == 0) {
+      return Status::Corrupt(what + ": damaged layout: chunk shape " + ShapeText(cs) + " for shape " +
+                             ShapeText(info.shape));
+    }
+    const uint64_t rows = std::max<uint64_t>(1, kHdf5ReadUnitMinBytes / std::max<uint64_t>(1, *row_bytes));
+    chunk_samples = std::min<uint64_t>(cs[0] * rows, std::max<uint64_t>(1, num_samples));
+    const auto needed = CheckedMul(rows + 1, chunks_per_row * chunk_nbytes);
+    if (!needed) return Status::Corrupt(what + ": damaged layout: chunk shape " + ShapeText(cs));
+    GPUFEED_RETURN_IF_ERROR(CheckFitsInMemory(
+        *needed, what + ": HDF5's chunk cache for one read unit of " + std::to_string(chunk_samples) + " samples",
+        "the dataset's chunks span too much of each sample; rechunk it with gpufeed convert"));
+    cache_bytes = std::max(cache_bytes, *needed);
+  } else {
+    SetContiguousUnit();
+  }
+  h5::Id dapl(H5Pcreate(H5P_DATASET_ACCESS));
+  if (chunk_nbytes > 0) {
+    const uint64_t fit = std::max<uint64_t>(1, cache_bytes / chunk_nbytes);
+    H5Pset_chunk_cache(dapl.get(), NextPrime(100 * fit), cache_bytes, 1.0);
+  }
+  dset = h5::Id(H5Dopen2(file.get(), o.spec.images.c_str(), dapl.get()));
+  if (!dset.valid()) return Status::Internal(what + ": reopen failed: " + h5::LastErrorText());
+  // Native-order type of the same size; for little-endian float16 (no
+  // native HDF5 type in 1.10), the file type itself.
+  hid_t native = H5Tget_native_type(o.ftype.get(), H5T_DIR_ASCEND);
+  if (native < 0 || H5Tget_size(native) != DTypeSize(dtype)) {
+    if (native >= 0) H5Tclose(native);
+    H5Eclear2(H5E_DEFAULT);
+    if (info.big_endian) {
+      return Status::Unsupported(what + ": big-endian " + std::string(DTypeName(dtype)) +
+                                 " cannot be converted to native order");
+    }
+    native = H5Tcopy(o.ftype.get());
+  }
+  mem_type = h5::Id(native);
+  return Status::Ok();
+}
+
+// The labels: /labels when there, a named dataset, or none; integers, one
+// per sample.
+Status Dataset::Impl::ReadLabels(Opening& o) {
+  std::string labels_path = o.options.labels_path;
   const bool explicit_labels = !labels_path.empty() && labels_path != "none";
-  if (labels_path.empty() && whole) {
+  if (labels_path.empty() && o.whole) {
     // One sample per file: a label is a field of its own (or a one-element
     // labels dataset named explicitly); /labels of a segmentation is not one.
   } else if (labels_path.empty()) {
     labels_path = "/labels";
-    if (H5Lexists(d->file.get(), "labels", H5P_DEFAULT) <= 0) labels_path.clear();
+    if (H5Lexists(file.get(), "labels", H5P_DEFAULT) <= 0) labels_path.clear();
     H5Eclear2(H5E_DEFAULT);
   } else if (labels_path == "none") {
     labels_path.clear();
   }
-  if (explicit_labels && (H5Lexists(d->file.get(), labels_path.c_str(), H5P_DEFAULT) <= 0 ||
-                          H5Oexists_by_name(d->file.get(), labels_path.c_str(), H5P_DEFAULT) <= 0)) {
+  if (explicit_labels && (H5Lexists(file.get(), labels_path.c_str(), H5P_DEFAULT) <= 0 ||
+                          H5Oexists_by_name(file.get(), labels_path.c_str(), H5P_DEFAULT) <= 0)) {
     H5Eclear2(H5E_DEFAULT);
-    const std::string what = spec.file + ":" + labels_path + ": no such labels dataset";
-    auto listed = ListDatasetsIsolated(spec.file, options.probe_timeout_ms);  // as for the images, above
-    if (!listed.ok()) return listed.status().WithContext(what);
+    const std::string missing = o.spec.file + ":" + labels_path + ": no such labels dataset";
+    auto listed = ListDatasetsIsolated(o.spec.file, o.options.probe_timeout_ms);  // as for the images, above
+    if (!listed.ok()) return listed.status().WithContext(missing);
     std::string have;
     for (const std::string& p : *listed) have += (have.empty() ? "" : ", ") + p;
-    return Status::NotFound(what + " (the file has: " + (have.empty() ? "no datasets" : have) +
+    return Status::NotFound(missing + " (the file has: " + (have.empty() ? "no datasets" : have) +
                             "; name one as the labels, or none)");
   }
   if (!labels_path.empty()) {
-    const std::string lwhat = spec.file + ":" + labels_path;
-    h5::Id ldset(H5Dopen2(d->file.get(), labels_path.c_str(), H5P_DEFAULT));
+    const std::string lwhat = o.spec.file + ":" + labels_path;
+    h5::Id ldset(H5Dopen2(file.get(), labels_path.c_str(), H5P_DEFAULT));
     if (!ldset.valid()) return Status::InvalidArgument(lwhat + ": not a dataset: " + h5::LastErrorText());
-    GPUFEED_RETURN_IF_ERROR(reach.CheckDataset(ldset.get(), lwhat));
+    GPUFEED_RETURN_IF_ERROR(o.reach->CheckDataset(ldset.get(), lwhat));
     h5::Id ltype(H5Dget_type(ldset.get()));
     if (H5Tget_class(ltype.get()) != H5T_INTEGER) {
       return Status::Unsupported(
@@ -1046,50 +1127,54 @@ Result<Dataset> Dataset::Open(const ProbedSpec& probed, const OpenOptions& optio
     }
     h5::Id lspace(H5Dget_space(ldset.get()));
     const hssize_t n = H5Sget_simple_extent_npoints(lspace.get());
-    if (n < 0 || static_cast<uint64_t>(n) != d->num_samples) {
-      return Status::InvalidArgument(lwhat + ": has " + std::to_string(n) + " labels but " + d->what + " has " +
-                                     std::to_string(d->num_samples) + " samples");
+    if (n < 0 || static_cast<uint64_t>(n) != num_samples) {
+      return Status::InvalidArgument(lwhat + ": has " + std::to_string(n) + " labels but " + what + " has " +
+                                     std::to_string(num_samples) + " samples");
     }
     GPUFEED_RETURN_IF_ERROR(
         CheckFitsInMemory(static_cast<uint64_t>(n) * sizeof(int64_t), lwhat + ": " + std::to_string(n) + " labels"));
-    d->labels.resize(static_cast<size_t>(n));
-    if (n > 0 && H5Dread(ldset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, d->labels.data()) < 0) {
+    labels.resize(static_cast<size_t>(n));
+    if (n > 0 && H5Dread(ldset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0) {
       return Status::Corrupt(lwhat + ": read failed: " + h5::LastErrorText());
     }
-    d->info.labels_path = labels_path;
+    info.labels_path = labels_path;
   }
+  return Status::Ok();
+}
 
+// The file's format version, the dataset's attributes (layout, class names,
+// statistics) or a read-only file's statistics sidecar.
+Status Dataset::Impl::ReadAttributes(Opening& o) {
   // A file written by a newer gpufeed may lay out things this build would
   // misread; files without the attribute (h5py's) read as they are.
-  const std::string format = h5::ReadStringAttr(d->file.get(), "gpufeed_format");
+  const std::string format = h5::ReadStringAttr(file.get(), "gpufeed_format");
   if (!format.empty()) {
     char* end = nullptr;
     const long v = std::strtol(format.c_str(), &end, 10);
     if (end == format.c_str() || *end != '\0' || v < 1) {
-      return Status::Corrupt(spec.file + ": gpufeed_format attribute '" + format + "' is not a format version");
+      return Status::Corrupt(o.spec.file + ": gpufeed_format attribute '" + format + "' is not a format version");
     }
     if (v > kFormatVersion) {
-      return Status::Unsupported(spec.file + ": written in gpufeed format " + format + ", this build reads up to " +
+      return Status::Unsupported(o.spec.file + ": written in gpufeed format " + format + ", this build reads up to " +
                                  std::to_string(kFormatVersion) +
                                  "; upgrade gpufeed (or rewrite the file with the "
                                  "gpufeed that wrote it: gpufeed convert FILE -o OLD.h5)");
     }
   }
-  d->info.layout = h5::ReadStringAttr(d->dset.get(), "layout");
-  d->info.class_names = h5::ReadStringArrayAttr(d->dset.get(), "class_names");
-  d->info.mean = h5::ReadDoubleArrayAttr(d->dset.get(), "mean");
-  d->info.stddev = h5::ReadDoubleArrayAttr(d->dset.get(), "std");
-  if (!d->info.mean.empty()) {
-    d->info.stats_from = "attributes";
+  info.layout = h5::ReadStringAttr(dset.get(), "layout");
+  info.class_names = h5::ReadStringArrayAttr(dset.get(), "class_names");
+  info.mean = h5::ReadDoubleArrayAttr(dset.get(), "mean");
+  info.stddev = h5::ReadDoubleArrayAttr(dset.get(), "std");
+  if (!info.mean.empty()) {
+    info.stats_from = "attributes";
   } else {
     // A read-only file's statistics (gpufeed inspect --stats --store).
     std::string ignored;
-    ReadStatsSidecar(spec.file, spec.images, &d->info.mean, &d->info.stddev, &ignored);
-    if (!d->info.mean.empty()) d->info.stats_from = StatsSidecarPath(spec.file);
-    if (!ignored.empty()) LoggerOr(options.logger).Log(LogLevel::kWarning, "stats_sidecar_ignored", ignored);
+    ReadStatsSidecar(o.spec.file, o.spec.images, &info.mean, &info.stddev, &ignored);
+    if (!info.mean.empty()) info.stats_from = StatsSidecarPath(o.spec.file);
+    if (!ignored.empty()) LoggerOr(o.options.logger).Log(LogLevel::kWarning, "stats_sidecar_ignored", ignored);
   }
-  H5Eclear2(H5E_DEFAULT);
-  return Dataset(std::move(d));
+  return Status::Ok();
 }
 
 bool Dataset::Plan(DirectPlan* out) const {
