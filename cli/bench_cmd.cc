@@ -406,25 +406,24 @@ int RunGen(const GenArgs& a) {
   return 0;
 }
 
-}  // namespace
-
-void AddBenchCommand(CLI::App& app, int* exit_code) {
-  CLI::App* bench_cmd = app.add_subcommand("bench", "Benchmarks (each verifies what it delivered before timing)");
-  bench_cmd->require_subcommand(1);
+// gpufeed bench read
+void AddReadBench(CLI::App* parent, const std::shared_ptr<bool>& json, int* exit_code) {
   auto ro = std::make_shared<bench::ReadBenchOptions>();
-  auto json = std::make_shared<bool>(false);
-  CLI::App* read = bench_cmd->add_subcommand(
+  CLI::App* read = parent->add_subcommand(
       "read", "Decode every chunk: gpufeed's direct path on 1 and N threads vs HDF5 H5Dread on one, same run");
   read->add_option("--data", ro->data, "FILE.h5 or FILE.h5:/path")->required();
   read->add_option("--threads", ro->threads, "decode threads (default: all cores)");
   read->add_option("--repeats", ro->repeats, "timed passes of each path; the medians are reported");
   read->add_flag("--json", *json, "print as JSON");
   read->callback([ro, json, exit_code] { *exit_code = RunReadBenchCmd(*ro, *json); });
+}
 
+// gpufeed bench loader
+void AddLoaderBench(CLI::App* parent, int* exit_code) {
   auto la = std::make_shared<LoaderArgs>();
   la->bench.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
   la->bench.loader.pin_memory = false;  // no GPU consumer here
-  CLI::App* lcmd = bench_cmd->add_subcommand(
+  CLI::App* lcmd = parent->add_subcommand(
       "loader", "Run the loader with a do-nothing consumer; verify every sample, then report throughput");
   lcmd->add_option("--data", la->bench.data,
                    "FILE.h5[:/path], many files ('dir/*.h5', a directory, a .txt list), or a daemon: unix:PATH | "
@@ -462,13 +461,16 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   AddDecodeOptions(lcmd, &la->decode, "random_resized_crop");
   lcmd->add_flag("--json,--stats", la->json, "print everything as JSON");
   lcmd->callback([la, exit_code] { *exit_code = RunLoaderBenchCmd(*la); });
+}
 
+// gpufeed bench order
+void AddOrderBench(CLI::App* parent, int* exit_code) {
   struct OrderArgs {
     uint64_t samples = 20000, chunk = 100, seed = 1;
     std::vector<uint64_t> windows{1, 4, 16, 64, 200};
   };
   auto oa = std::make_shared<OrderArgs>();
-  CLI::App* ocmd = bench_cmd->add_subcommand(
+  CLI::App* ocmd = parent->add_subcommand(
       "order", "How far apart one chunk's samples land in an epoch: block windows against random (no I/O)");
   ocmd->add_option("--samples", oa->samples, "N");
   ocmd->add_option("--chunk-samples", oa->chunk, "samples per chunk");
@@ -487,10 +489,12 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
     row("random", Order::kRandom, 1);
     *exit_code = 0;
   });
+}
 
-  // --- GPU benchmarks ---
+// gpufeed bench h2d (a GPU benchmark)
+void AddH2dBench(CLI::App* parent, const std::shared_ptr<bool>& json, int* exit_code) {
   auto h2d = std::make_shared<std::pair<uint64_t, int>>(256ull * 3 * 218 * 178, 9);
-  CLI::App* hcmd = bench_cmd->add_subcommand("h2d", "Host-to-device copies from a pinned pool vs pinned bandwidth");
+  CLI::App* hcmd = parent->add_subcommand("h2d", "Host-to-device copies from a pinned pool vs pinned bandwidth");
   hcmd->add_option("--batch-bytes", h2d->first, "bytes per pool slot (default: a CelebA batch of 256)");
   hcmd->add_option("--slots", h2d->second, "pool slots");
   hcmd->add_flag("--json", *json, "print as JSON");
@@ -518,9 +522,12 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
     }
     *exit_code = 0;
   });
+}
 
+// gpufeed bench kernel (a GPU benchmark)
+void AddKernelBench(CLI::App* parent, const std::shared_ptr<bool>& json, int* exit_code) {
   auto kbatch = std::make_shared<int>(256);
-  CLI::App* kcmd = bench_cmd->add_subcommand("kernel", "The fused transform kernel vs device memory bandwidth");
+  CLI::App* kcmd = parent->add_subcommand("kernel", "The fused transform kernel vs device memory bandwidth");
   kcmd->add_option("--batch", *kbatch, "samples of 3x218x178");
   kcmd->add_flag("--json", *json, "print as JSON");
   kcmd->callback([kbatch, json, exit_code] {
@@ -548,15 +555,74 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
     if (*json) std::printf("%s\n", rows.dump(2).c_str());
     *exit_code = 0;
   });
+}
 
-  struct FeedArgs {
-    bench::FeedBenchOptions o;
-    std::string order = "block", dtype = "bfloat16";
-    bool json = false;
-  };
+struct FeedArgs {
+  bench::FeedBenchOptions o;
+  std::string order = "block", dtype = "bfloat16";
+  bool json = false;
+};
+
+void RunFeedBenchCmd(const std::shared_ptr<FeedArgs>& fa, int* exit_code) {
+  auto order = OrderFromName(fa->order);
+  auto dt = DTypeFromName(fa->dtype);
+  if (!dt) {
+    std::fprintf(stderr, "gpufeed bench feed: unknown dtype %s\n", fa->dtype.c_str());
+    *exit_code = 2;
+    return;
+  }
+  fa->o.loader.order = *order;
+  fa->o.feed.dtype = *dt;
+  auto r = bench::RunFeedBench(fa->o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "gpufeed bench feed: FAILED: %s\n", r.status().ToString().c_str());
+    *exit_code = 1;
+    return;
+  }
+  const FeedStats& s = r->stats;
+  if (fa->json) {
+    std::printf("%s\n", nlohmann::json({{"data", fa->o.data},
+                                        {"on_gpu", s.on_gpu},
+                                        {"dtype", fa->dtype},
+                                        {"echo", s.echo},
+                                        {"loader_samples_per_s", r->loader_samples_per_s},
+                                        {"fresh_samples_per_s", s.fresh_samples / r->seconds},
+                                        {"echoed_samples_per_s", s.echoed_samples / r->seconds},
+                                        {"fresh_share_of_loader", r->fresh_share()},
+                                        {"data_wait_s", s.data_wait_seconds},
+                                        {"seconds", r->seconds},
+                                        {"timed_samples", r->timed_samples},
+                                        {"epochs_verified", r->epochs_verified},
+                                        {"verified_samples", r->verified_samples},
+                                        {"labels_checked", r->labels_checked},
+                                        {"values_checked", r->values_checked}})
+                            .dump(2)
+                            .c_str());
+  } else {
+    std::printf(
+        "feed %s (%s, %s, echo %d): %.0f fresh samples/s = %.1f%% of the loader alone (%.0f); "
+        "%.0f echoed samples/s; data wait %.2f s of %.2f s\n",
+        fa->o.data.c_str(), s.on_gpu ? "GPU" : "CPU twins", fa->dtype.c_str(), s.echo, s.fresh_samples / r->seconds,
+        100 * r->fresh_share(), r->loader_samples_per_s, s.echoed_samples / r->seconds, s.data_wait_seconds,
+        r->seconds);
+    std::printf(
+        "  verified, as timed (%s, crop padding %d, flip %s, echo %d): all %d epochs, %llu samples delivered on the "
+        "%s (the reported epoch's %llu among them): every index once per fresh pass, each echo pass a permutation "
+        "of its upload; in a re-run of each epoch with the same indices, %llu labels equal to the file's and %llu "
+        "samples' values (one of every batch) equal to the CPU reference of the transform\n",
+        fa->dtype.c_str(), fa->o.feed.crop_padding, fa->o.feed.flip ? "on" : "off", s.echo, r->epochs_verified,
+        static_cast<unsigned long long>(r->verified_samples), s.on_gpu ? "GPU" : "CPU twins",
+        static_cast<unsigned long long>(r->timed_samples), static_cast<unsigned long long>(r->labels_checked),
+        static_cast<unsigned long long>(r->values_checked));
+  }
+  *exit_code = 0;
+}
+
+// gpufeed bench feed (a GPU benchmark)
+void AddFeedBench(CLI::App* parent, int* exit_code) {
   auto fa = std::make_shared<FeedArgs>();
   fa->o.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
-  CLI::App* fcmd = bench_cmd->add_subcommand(
+  CLI::App* fcmd = parent->add_subcommand(
       "feed", "Loader -> GPU -> transformed batches, no model, vs the loader alone (needs a `gpufeed bench gen` file)");
   fcmd->add_option("--data", fa->o.data,
                    "a `gpufeed bench gen` file (samples carry their index), or a daemon serving one: "
@@ -575,70 +641,94 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   AddTableOption(fcmd, "feed_flip", &fa->o.feed.flip);
   fcmd->add_option("--epochs", fa->o.epochs, "epochs, each timed and verified; the last is reported");
   fcmd->add_flag("--json", fa->json, "print as JSON");
-  fcmd->callback([fa, exit_code] {
-    auto order = OrderFromName(fa->order);
-    auto dt = DTypeFromName(fa->dtype);
-    if (!dt) {
-      std::fprintf(stderr, "gpufeed bench feed: unknown dtype %s\n", fa->dtype.c_str());
-      *exit_code = 2;
-      return;
-    }
-    fa->o.loader.order = *order;
-    fa->o.feed.dtype = *dt;
-    auto r = bench::RunFeedBench(fa->o);
-    if (!r.ok()) {
-      std::fprintf(stderr, "gpufeed bench feed: FAILED: %s\n", r.status().ToString().c_str());
-      *exit_code = 1;
-      return;
-    }
-    const FeedStats& s = r->stats;
-    if (fa->json) {
-      std::printf("%s\n", nlohmann::json({{"data", fa->o.data},
-                                          {"on_gpu", s.on_gpu},
-                                          {"dtype", fa->dtype},
-                                          {"echo", s.echo},
-                                          {"loader_samples_per_s", r->loader_samples_per_s},
-                                          {"fresh_samples_per_s", s.fresh_samples / r->seconds},
-                                          {"echoed_samples_per_s", s.echoed_samples / r->seconds},
-                                          {"fresh_share_of_loader", r->fresh_share()},
-                                          {"data_wait_s", s.data_wait_seconds},
-                                          {"seconds", r->seconds},
-                                          {"timed_samples", r->timed_samples},
-                                          {"epochs_verified", r->epochs_verified},
-                                          {"verified_samples", r->verified_samples},
-                                          {"labels_checked", r->labels_checked},
-                                          {"values_checked", r->values_checked}})
-                              .dump(2)
-                              .c_str());
-    } else {
-      std::printf(
-          "feed %s (%s, %s, echo %d): %.0f fresh samples/s = %.1f%% of the loader alone (%.0f); "
-          "%.0f echoed samples/s; data wait %.2f s of %.2f s\n",
-          fa->o.data.c_str(), s.on_gpu ? "GPU" : "CPU twins", fa->dtype.c_str(), s.echo, s.fresh_samples / r->seconds,
-          100 * r->fresh_share(), r->loader_samples_per_s, s.echoed_samples / r->seconds, s.data_wait_seconds,
-          r->seconds);
-      std::printf(
-          "  verified, as timed (%s, crop padding %d, flip %s, echo %d): all %d epochs, %llu samples delivered on the "
-          "%s (the reported epoch's %llu among them): every index once per fresh pass, each echo pass a permutation "
-          "of its upload; in a re-run of each epoch with the same indices, %llu labels equal to the file's and %llu "
-          "samples' values (one of every batch) equal to the CPU reference of the transform\n",
-          fa->dtype.c_str(), fa->o.feed.crop_padding, fa->o.feed.flip ? "on" : "off", s.echo, r->epochs_verified,
-          static_cast<unsigned long long>(r->verified_samples), s.on_gpu ? "GPU" : "CPU twins",
-          static_cast<unsigned long long>(r->timed_samples), static_cast<unsigned long long>(r->labels_checked),
-          static_cast<unsigned long long>(r->values_checked));
-    }
-    *exit_code = 0;
-  });
+  fcmd->callback([fa, exit_code] { RunFeedBenchCmd(fa, exit_code); });
+}
 
-  struct ServeArgs {
-    bench::ServeBenchOptions o;
-    std::string order = "block";
-    bool json = false;
-  };
+struct ServeArgs {
+  bench::ServeBenchOptions o;
+  std::string order = "block";
+  bool json = false;
+};
+
+void RunServeBenchCmd(const std::shared_ptr<ServeArgs>& sa, int* exit_code) {
+  sa->o.loader.order = *OrderFromName(sa->order);
+  auto r = bench::RunServeBench(sa->o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "gpufeed bench serve: FAILED: %s\n", r.status().ToString().c_str());
+    *exit_code = 1;
+    return;
+  }
+  const auto& o = sa->o;
+  const double growth = static_cast<double>(r->rss_later) - static_cast<double>(r->rss_before);
+  if (sa->json) {
+    std::printf("%s\n", nlohmann::json({{"data", o.data},
+                                        {"order", sa->order},
+                                        {"threads", o.loader.threads},
+                                        {"batch_size", o.loader.batch_size},
+                                        {"samples", r->samples},
+                                        {"compress", o.compress},
+                                        {"local_samples_per_s", r->local_sps},
+                                        {"shared_memory", o.shared_memory},
+                                        {"remote1_samples_per_s", r->remote1_sps},
+                                        {"remote1_socket_samples_per_s", r->remote1_socket_sps},
+                                        {"remote1_socket_ratio", r->remote1_socket_ratio()},
+                                        {"remote_n_samples_per_s", r->remote4_sps},
+                                        {"clients", o.clients},
+                                        {"remote1_ratio", r->remote1_ratio()},
+                                        {"remote_n_ratio", r->remote4_ratio()},
+                                        {"verified", true},
+                                        {"spot_checked", r->spot_checked},
+                                        {"memory",
+                                         {{"idle_clients", o.idle_clients},
+                                          {"stalled_clients", o.stalled_clients},
+                                          {"stalled_streams_admitted", r->stalled_streams},
+                                          {"rss_before", r->rss_before},
+                                          {"rss_attached", r->rss_attached},
+                                          {"rss_later", r->rss_later},
+                                          {"reserved_bytes", r->reserved_bytes},
+                                          {"budget_bytes", r->budget_bytes},
+                                          {"within_budget", growth <= double(r->budget_bytes)}}}})
+                            .dump(2)
+                            .c_str());
+  } else {
+    std::printf(
+        "serve %s: order %s, batch %llu, %d loader threads, %llu samples an epoch; every run verified "
+        "(each sample once, labels, %llu samples' bytes)\n",
+        o.data.c_str(), sa->order.c_str(), static_cast<unsigned long long>(o.loader.batch_size), o.loader.threads,
+        static_cast<unsigned long long>(r->samples), static_cast<unsigned long long>(r->spot_checked));
+    std::printf("  local Loader:                   %9.0f samples/s\n", r->local_sps);
+    std::printf("  daemon, 1 client (unix%s):  %9.0f samples/s = %5.1f%% of local\n",
+                o.shared_memory ? ", shm"
+                : o.compress    ? "+zstd"
+                                : ", socket",
+                r->remote1_sps, 100 * r->remote1_ratio());
+    if (o.shared_memory) {
+      std::printf(
+          "  daemon, 1 client (unix, socket): %9.0f samples/s = %5.1f%% of local (batches copied "
+          "through the socket)\n",
+          r->remote1_socket_sps, 100 * r->remote1_socket_ratio());
+    }
+    std::printf("  daemon, %d clients (ranks of %d): %9.0f samples/s = %5.1f%% of local (together)\n", o.clients,
+                o.clients, r->remote4_sps, 100 * r->remote4_ratio());
+    std::printf(
+        "  memory: %d idle + %d stalled clients (%llu streams admitted, %llu batches sent before they "
+        "stalled): RSS %.0f -> %.0f -> %.0f MiB (+%.0f MiB; 2 s later %.0f); reserved %.0f MiB of a "
+        "%.0f MiB budget: %s\n",
+        o.idle_clients, o.stalled_clients, static_cast<unsigned long long>(r->stalled_streams),
+        static_cast<unsigned long long>(r->stalled_batches_sent), r->rss_before / 1048576.0,
+        r->rss_attached / 1048576.0, r->rss_later / 1048576.0, growth / 1048576.0, r->rss_later / 1048576.0,
+        r->reserved_bytes / 1048576.0, r->budget_bytes / 1048576.0,
+        growth <= double(r->budget_bytes) ? "within budget" : "OVER BUDGET");
+  }
+  *exit_code = 0;
+}
+
+// gpufeed bench serve
+void AddServeBench(CLI::App* parent, int* exit_code) {
   auto sa = std::make_shared<ServeArgs>();
   sa->o.loader.threads = static_cast<int>(std::thread::hardware_concurrency());
   sa->o.loader.pin_memory = false;
-  CLI::App* scmd = bench_cmd->add_subcommand(
+  CLI::App* scmd = parent->add_subcommand(
       "serve",
       "Local Loader vs the daemon over a Unix socket (1 client, then N ranks), verified; then memory "
       "with idle and stalled clients");
@@ -658,81 +748,13 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   scmd->add_option("--socket-dir", sa->o.socket_dir, "where the Unix socket goes");
   scmd->add_option("--server-log", sa->o.server_log, "write the daemon's log lines to this file");
   scmd->add_flag("--json", sa->json, "print as JSON");
-  scmd->callback([sa, exit_code] {
-    sa->o.loader.order = *OrderFromName(sa->order);
-    auto r = bench::RunServeBench(sa->o);
-    if (!r.ok()) {
-      std::fprintf(stderr, "gpufeed bench serve: FAILED: %s\n", r.status().ToString().c_str());
-      *exit_code = 1;
-      return;
-    }
-    const auto& o = sa->o;
-    const double growth = static_cast<double>(r->rss_later) - static_cast<double>(r->rss_before);
-    if (sa->json) {
-      std::printf("%s\n", nlohmann::json({{"data", o.data},
-                                          {"order", sa->order},
-                                          {"threads", o.loader.threads},
-                                          {"batch_size", o.loader.batch_size},
-                                          {"samples", r->samples},
-                                          {"compress", o.compress},
-                                          {"local_samples_per_s", r->local_sps},
-                                          {"shared_memory", o.shared_memory},
-                                          {"remote1_samples_per_s", r->remote1_sps},
-                                          {"remote1_socket_samples_per_s", r->remote1_socket_sps},
-                                          {"remote1_socket_ratio", r->remote1_socket_ratio()},
-                                          {"remote_n_samples_per_s", r->remote4_sps},
-                                          {"clients", o.clients},
-                                          {"remote1_ratio", r->remote1_ratio()},
-                                          {"remote_n_ratio", r->remote4_ratio()},
-                                          {"verified", true},
-                                          {"spot_checked", r->spot_checked},
-                                          {"memory",
-                                           {{"idle_clients", o.idle_clients},
-                                            {"stalled_clients", o.stalled_clients},
-                                            {"stalled_streams_admitted", r->stalled_streams},
-                                            {"rss_before", r->rss_before},
-                                            {"rss_attached", r->rss_attached},
-                                            {"rss_later", r->rss_later},
-                                            {"reserved_bytes", r->reserved_bytes},
-                                            {"budget_bytes", r->budget_bytes},
-                                            {"within_budget", growth <= double(r->budget_bytes)}}}})
-                              .dump(2)
-                              .c_str());
-    } else {
-      std::printf(
-          "serve %s: order %s, batch %llu, %d loader threads, %llu samples an epoch; every run verified "
-          "(each sample once, labels, %llu samples' bytes)\n",
-          o.data.c_str(), sa->order.c_str(), static_cast<unsigned long long>(o.loader.batch_size), o.loader.threads,
-          static_cast<unsigned long long>(r->samples), static_cast<unsigned long long>(r->spot_checked));
-      std::printf("  local Loader:                   %9.0f samples/s\n", r->local_sps);
-      std::printf("  daemon, 1 client (unix%s):  %9.0f samples/s = %5.1f%% of local\n",
-                  o.shared_memory ? ", shm"
-                  : o.compress    ? "+zstd"
-                                  : ", socket",
-                  r->remote1_sps, 100 * r->remote1_ratio());
-      if (o.shared_memory) {
-        std::printf(
-            "  daemon, 1 client (unix, socket): %9.0f samples/s = %5.1f%% of local (batches copied "
-            "through the socket)\n",
-            r->remote1_socket_sps, 100 * r->remote1_socket_ratio());
-      }
-      std::printf("  daemon, %d clients (ranks of %d): %9.0f samples/s = %5.1f%% of local (together)\n", o.clients,
-                  o.clients, r->remote4_sps, 100 * r->remote4_ratio());
-      std::printf(
-          "  memory: %d idle + %d stalled clients (%llu streams admitted, %llu batches sent before they "
-          "stalled): RSS %.0f -> %.0f -> %.0f MiB (+%.0f MiB; 2 s later %.0f); reserved %.0f MiB of a "
-          "%.0f MiB budget: %s\n",
-          o.idle_clients, o.stalled_clients, static_cast<unsigned long long>(r->stalled_streams),
-          static_cast<unsigned long long>(r->stalled_batches_sent), r->rss_before / 1048576.0,
-          r->rss_attached / 1048576.0, r->rss_later / 1048576.0, growth / 1048576.0, r->rss_later / 1048576.0,
-          r->reserved_bytes / 1048576.0, r->budget_bytes / 1048576.0,
-          growth <= double(r->budget_bytes) ? "within budget" : "OVER BUDGET");
-    }
-    *exit_code = 0;
-  });
+  scmd->callback([sa, exit_code] { RunServeBenchCmd(sa, exit_code); });
+}
 
+// gpufeed bench gen
+void AddGenBench(CLI::App* parent, int* exit_code) {
   auto ga = std::make_shared<GenArgs>();
-  CLI::App* gen = bench_cmd->add_subcommand("gen", "Write a benchmark workload of docs/benchmarks.md, Workloads");
+  CLI::App* gen = parent->add_subcommand("gen", "Write a benchmark workload of docs/benchmarks.md, Workloads");
   gen->add_option("--workload", ga->workload,
                   "celeba-raw, celeba-deflate, celeba-zstd (one file), imagenet-jpeg (one file, and the same JPEGs "
                   "in OUTPUT.jpg.d/), deepcam or cosmoflow (a directory of files)");
@@ -744,6 +766,22 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   gen->add_option("--threads", ga->threads, "threads (default: all cores)");
   gen->add_option("-o,--output", ga->output, "output .h5 (deepcam, cosmoflow: a directory)")->required();
   gen->callback([ga, exit_code] { *exit_code = RunGen(*ga); });
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app, int* exit_code) {
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Benchmarks (each verifies what it delivered before timing)");
+  bench_cmd->require_subcommand(1);
+  auto json = std::make_shared<bool>(false);
+  AddReadBench(bench_cmd, json, exit_code);
+  AddLoaderBench(bench_cmd, exit_code);
+  AddOrderBench(bench_cmd, exit_code);
+  AddH2dBench(bench_cmd, json, exit_code);
+  AddKernelBench(bench_cmd, json, exit_code);
+  AddFeedBench(bench_cmd, exit_code);
+  AddServeBench(bench_cmd, exit_code);
+  AddGenBench(bench_cmd, exit_code);
 }
 
 void AddDevicesCommand(CLI::App& app, int* exit_code) {
