@@ -156,6 +156,7 @@ int RunJpegFeedBenchCmd(LoaderArgs& a) {
   return 0;
 }
 
+// long: not split yet (issue 47, item 6): bench loader's open, timed epochs, verification and report
 int RunLoaderBenchCmd(LoaderArgs& a) {
   auto order = OrderFromName(a.order);
   if (!order.ok()) {

@@ -146,6 +146,7 @@ int RunConvertFields(const ConvertArgs& a, const CLI::App& cmd, const SourceDeci
   return 0;
 }
 
+// long: not split yet (issue 47, item 6): the convert command's sources, options and report
 int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   // Options that do not apply to this input are errors, not ignored.
   auto refuse = [](const std::string& m) {

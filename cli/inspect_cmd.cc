@@ -212,6 +212,7 @@ int InspectEncoded(const InspectArgs& a, const ProbedSpec& probed, const OpenOpt
 
 // --stats: per-channel statistics of every field, over every file, and with
 // --store where the loader finds them.
+// long: not split yet (issue 47, item 6): inspect --stats: its pass, store and report
 int RunStats(const InspectArgs& a) {
   if (a.sidecar && !a.store) {
     std::fprintf(stderr, "gpufeed inspect: --sidecar goes with --store\n");
@@ -367,6 +368,7 @@ int RunStats(const InspectArgs& a) {
   return 0;
 }
 
+// long: not split yet (issue 47, item 6): what inspect prints, text and JSON, for every kind of source
 int RunInspect(const InspectArgs& a) {
   if (a.stats) return RunStats(a);
   if (a.store || a.sidecar || !a.channel_axis.empty() || a.threads != 0) {

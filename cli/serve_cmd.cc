@@ -8,6 +8,7 @@
 
 namespace gpufeed::cli {
 
+// long: a table of the serve command's flags
 void AddServeCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<ServerOptions>();
   o->loader_threads = 0;  // ServerOptions: 0 is every core this process may use

@@ -274,6 +274,7 @@ nlohmann::json ToJson(const TrainReport& r) {
 }
 
 // Runs the training and prints its report (train and test already open).
+// long: not split yet (issue 47, item 6): the train command's report, text and JSON
 int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
   auto fail = [&a](const Status& s) {
     if (a.o.parallel.world_size > 1) {
@@ -387,6 +388,7 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
   return 0;
 }
 
+// long: not split yet (issue 47, item 6): the train command's open, train and report
 int RunTrain(TrainArgs& a) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "gpufeed train: %s\n", s.ToString().c_str());

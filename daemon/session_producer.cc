@@ -31,6 +31,7 @@ int Session::ThreadShare(uint64_t* divided_among) const {
   return std::min(share, server_.loader_threads);
 }
 
+// long: not split yet (issue 47, item 6): the daemon stream's producer thread and its error routing
 void Session::StartProducer() {
   const ChunkSource& src = *served_.source;
   const LoaderOptions& lo = hello_.loader;
@@ -179,6 +180,7 @@ bool Session::AwaitPark() {
   return true;
 }
 
+// long: not split yet (issue 47, item 6): the daemon stream's batches produced and sent
 void Session::Produce() {
   // Exceptions must not leave this thread (docs/practices.md, 17): the Loader reports
   // failures as Status; anything else becomes an error frame.

@@ -58,6 +58,7 @@ struct InputGeometry {
 // The checks of a feed over `src` with options `o` that need no device: its
 // input dtype and shape, channels, mean and std (taken into *options from the
 // dataset's attributes where unset), crop and pool. CheckFeedInput and Init.
+// long: not split yet (issue 47, item 6): the feed's input checks in order, each with its message
 Status CheckInput(const BatchSourceInfo& src, FeedOptions* options, InputGeometry* g) {
   FeedOptions& o = *options;
   // Named fields: the first is the image; the others are classes, masks or
@@ -762,6 +763,7 @@ bool GpuFeeder::Impl::WillPull() const {
   return !started || (!in[1 - cur].filled && in[cur].filled);
 }
 
+// long: not split yet (issue 47, item 6): the feed's producer loop (only a GPU host can test a split)
 Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   if (!started) {
     started = true;

@@ -157,6 +157,7 @@ class NvjpegDecoder final : public ImageBatchDecoder {
     return Status::Ok();
   }
 
+  // long: not split yet (issue 47, item 6): nvJPEG's batch decode (only a GPU host can test a split)
   Status Decode(const Batch& b, uint8_t* dst, int64_t* labels, StreamRef stream) override {
     TraceRange trace("gpufeed nvjpeg decode");
     const double t0 = NowSeconds();

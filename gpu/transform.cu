@@ -162,6 +162,7 @@ struct InT<DType::kFloat32> {
 // element (the generic NHWC path's cost: docs/benchmarks.md). Vectors and
 // stores are the generic path's (consecutive lanes, consecutive 16 bytes).
 constexpr int kNchwOut = 0, kNhwcOut = 1, kAnyOut = 2, kNhwc3Out = 3;
+// long: not split yet (issue 47, item 6): one fused CUDA kernel; a split needs a GPU host to check its speed
 template <DType kOut, DType kIn, int kLayout>
 __global__ void __launch_bounds__(kThreads)
     TransformKernel(TransformParams p, Geometry g, const uint8_t* __restrict__ src_bytes,

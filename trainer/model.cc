@@ -105,6 +105,7 @@ Status Model::AddLora(Layer& l, const std::string& name) {
   return AddParam(name + ".lora_b", size_t(l.fan_out) * r, false, 0, 0, &l.pb, Role::kLora);
 }
 
+// long: not split yet (issue 47, item 6): each layer kind's parameters, buffers and plans made in one pass
 Status Model::Init() {
   const ModelSpec& s = spec_;
   if (s.lora_rank < 0 || s.lora_alpha < 0) return Status::InvalidArgument("model: LoRA rank and alpha must be >= 0");

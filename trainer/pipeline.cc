@@ -138,6 +138,7 @@ struct Pipeline::Shared {
   Status failure GUARDED_BY(mu);
 };
 
+// long: not split yet (issue 47, item 6): the pipeline's cut, stages and threads made
 Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSetup& setup) {
   std::unique_ptr<Pipeline> p(new Pipeline());
   p->setup_ = setup;

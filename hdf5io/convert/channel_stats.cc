@@ -229,6 +229,7 @@ struct ShiftedSums {
 };
 }  // namespace
 
+// long: not split yet (issue 47, item 6): one batch's per-channel sums, value by value and in runs
 template <typename T>
 void Accumulator::AddFloat(const std::byte* data, uint64_t samples) {
   std::vector<ShiftedSums> sums(g_.channels);

@@ -42,6 +42,7 @@ struct Work {
 
 }  // namespace
 
+// long: not split yet (issue 47, item 6): open, plan and write of a conversion
 Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path, const ConvertOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   WriteOptions wopt = options.write;

@@ -67,6 +67,7 @@ struct Work {
 
 }  // namespace
 
+// long: not split yet (issue 47, item 6): open, plan, write and verify of a multi-field conversion
 Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::string& out_path,
                                           const FieldConvertOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -514,6 +514,7 @@ static Status DamagedChunkIndex(hid_t dset, uint64_t entries, uint64_t positions
 
 // Picks the read path of a dataset and fills the direct-path chunk index.
 // Returns the reason for the hdf5 path, or "" for the direct path.
+// long: not split yet (issue 47, item 6): the chunk index read and checked for the direct path
 Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size) {
   Impl& d = *this;
   const H5D_layout_t layout = H5Pget_layout(dcpl);

@@ -547,6 +547,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
   return OpenSeeded(data, options, std::move(seed));
 }
 
+// long: not split yet (issue 47, item 6): each field opened and checked against the others
 Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view data, const OpenOptions& options,
                                                              std::unique_ptr<Impl> d) {
   auto files = ExpandFiles(data);

@@ -346,6 +346,7 @@ std::atomic<uint64_t> g_specs_probed{0};
 
 uint64_t SpecsProbed() { return g_specs_probed.load(); }
 
+// long: not split yet (issue 47, item 6): the probe of each file in its own process, and its answer
 std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options,
                                std::vector<std::optional<SpecFacts>>* facts) {
   std::vector<Status> out(specs.size());

@@ -253,6 +253,7 @@ Result<std::string> ResolveVirtualSourceFile(const std::string& name, const std:
                           "point HDF5_VDS_PREFIX at its directory");
 }
 
+// long: not split yet (issue 47, item 6): each virtual mapping resolved and checked
 Result<std::vector<VirtualSource>> ResolveVirtualSources(hid_t dcpl, hid_t ftype, const std::vector<uint64_t>& dims,
                                                          const std::string& vds_file, const std::string& what) {
   size_t n = 0;

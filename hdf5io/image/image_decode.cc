@@ -126,6 +126,7 @@ struct Decoded {
 // min_h/min_w: the scale picked is the smallest n/8 that keeps the box at
 // least that large (0: full size). partial: crop columns and skip rows.
 // Plain C data only between setjmp and the calls that can longjmp.
+// long: not split yet (issue 47, item 6): libjpeg's decode pass with its error handling (setjmp)
 bool JpegPass(std::span<const uint8_t> bytes, const CropRect* box, int min_h, int min_w, bool partial,
               std::vector<uint8_t>* out, Decoded* d, std::string* why, const DecodeOptions* plan = nullptr,
               uint64_t key = 0, CropRect* planned = nullptr) {

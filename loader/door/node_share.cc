@@ -254,6 +254,7 @@ Result<std::string> NodePrefix(const SourceOptions& o) {
   return prefix;
 }
 
+// long: not split yet (issue 47, item 6): the node server found, checked and attached
 Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
   Reap();
   auto named = NodePrefix(o);

@@ -188,6 +188,7 @@ void RemoteStream::Run() {
   core.Finish();
 }
 
+// long: not split yet (issue 47, item 6): one frame of the daemon's wire read and checked
 Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
   const RemoteLoaderOptions& o = loader->options;
   auto ok = loader->Handshake(&conn, epoch, start_batch, false, &cancel);
