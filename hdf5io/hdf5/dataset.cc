@@ -249,6 +249,15 @@ struct Dataset::Impl {
   Status ReadRawPart(uint64_t i, uint64_t skip, std::span<std::byte> dst) const;
   Status ReadHdf5(uint64_t first, uint64_t count, std::span<std::byte> dst) EXCLUDES(h5_mu);
   Result<std::string> PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size);
+  // PlanDirectPath's steps (an empty reason: the direct path reads it).
+  Result<std::string> PlanContiguous(hid_t dcpl, uint64_t file_size);
+  std::string PlanFilters();
+  Status WalkChunkIndex(uint64_t userblock, hsize_t allocated, uint64_t n_chunks,
+                        const std::vector<uint64_t>& file_extent, const std::vector<uint64_t>& file_chunk,
+                        std::vector<h5::ChunkKey>* walked, std::vector<const h5::ChunkKey*>* at_position);
+  Status ReadChunkIndex(uint64_t userblock, hsize_t allocated, uint64_t n_chunks,
+                        const std::vector<uint64_t>& file_extent, const std::vector<uint64_t>& file_chunk,
+                        uint64_t file_size);
   Status ChooseIo(IoMode asked, uint64_t file_size);
   // Dataset::Open's steps, in order, over its state (Opening).
   struct Opening;
@@ -514,33 +523,30 @@ static Status DamagedChunkIndex(hid_t dset, uint64_t entries, uint64_t positions
 
 // Picks the read path of a dataset and fills the direct-path chunk index.
 // Returns the reason for the hdf5 path, or "" for the direct path.
-// long: not split yet (issue 47, item 6): the chunk index read and checked for the direct path
-Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size) {
+// Contiguous storage: its address, checked against the file's size; a
+// reason when the direct path cannot read it.
+Result<std::string> Dataset::Impl::PlanContiguous(hid_t dcpl, uint64_t file_size) {
   Impl& d = *this;
-  const H5D_layout_t layout = H5Pget_layout(dcpl);
-  if (d.info.big_endian) return std::string("data is big-endian");
-  if (layout == H5D_COMPACT) return std::string("compact storage");
-  if (layout == H5D_VIRTUAL) {
-    return "virtual dataset of " + std::to_string(d.info.virtual_sources.size()) +
-           " sources: read through HDF5 here; the loader reads each source directly";
+  if (H5Pget_external_count(dcpl) > 0) return std::string("data is in external files");
+  haddr_t addr = H5Dget_offset(d.dset.get());
+  H5Eclear2(H5E_DEFAULT);
+  if (addr == HADDR_UNDEF) return std::string("contiguous storage is not allocated (fill value)");
+  d.contiguous = true;
+  d.contiguous_addr = addr;  // H5Dget_offset is absolute (user block included); chunk addresses are not
+  const auto end = CheckedAdd(d.contiguous_addr, d.info.raw_bytes);
+  if (!end || *end > file_size) {
+    return Status::Corrupt(d.what + ": file is truncated (" + std::to_string(d.info.raw_bytes) +
+                           " bytes of data at byte " + std::to_string(d.contiguous_addr) + ", file has " +
+                           std::to_string(file_size) + ")");
   }
-  if (layout == H5D_CONTIGUOUS) {
-    if (H5Pget_external_count(dcpl) > 0) return std::string("data is in external files");
-    haddr_t addr = H5Dget_offset(d.dset.get());
-    H5Eclear2(H5E_DEFAULT);
-    if (addr == HADDR_UNDEF) return std::string("contiguous storage is not allocated (fill value)");
-    d.contiguous = true;
-    d.contiguous_addr = addr;  // H5Dget_offset is absolute (user block included); chunk addresses are not
-    const auto end = CheckedAdd(d.contiguous_addr, d.info.raw_bytes);
-    if (!end || *end > file_size) {
-      return Status::Corrupt(d.what + ": file is truncated (" + std::to_string(d.info.raw_bytes) +
-                             " bytes of data at byte " + std::to_string(d.contiguous_addr) + ", file has " +
-                             std::to_string(file_size) + ")");
-    }
-    d.SetContiguousUnit();
-    return std::string();
-  }
-  if (layout != H5D_CHUNKED) return std::string("unknown storage layout");
+  d.SetContiguousUnit();
+  return std::string();
+}
+
+// Chunks of whole samples and the filter pipeline the direct path decodes
+// (into d.pipeline); else the reason it cannot.
+std::string Dataset::Impl::PlanFilters() {
+  Impl& d = *this;
   const auto& cs = d.info.hdf5_chunk_shape;
   for (size_t k = 1; k < cs.size(); ++k) {
     if (cs[k] != d.info.shape[k]) {
@@ -566,68 +572,66 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
     d.pipeline.push_back(step);
   }
   if (!codec::DirectPathCanDecode(d.pipeline)) return std::string("a filter follows a compressor");
-  d.chunk_samples = cs[0];
-  if (cs[0] == 0) return Status::Corrupt(d.what + ": damaged layout: chunk dimension 0 is 0");
-  const uint64_t n_chunks = (d.num_samples + cs[0] - 1) / cs[0];
-  // Compare with the chunks the file actually stores before sizing the index
-  // by the declared shape (a sparse file may declare 2^40 samples).
-  hsize_t allocated = 0;
-  h5::Id all(H5Dget_space(d.dset.get()));
-  if (!all.valid() || H5Dget_num_chunks(d.dset.get(), all.get(), &allocated) < 0) {
-    return Status::Corrupt(d.what + ": chunk index unreadable: " + h5::LastErrorText());
+  return std::string();
+}
+
+// The index in one pass where it is a version 1 B-tree (HDF5's default
+// format): each entry to its position (*at_position, pointing into *walked),
+// checked as ReadChunkIndex checks. Else (another index kind, or no_sample_axis)
+// *at_position stays empty and HDF5 finds each position's entry, walking the
+// index for each (quadratic in the chunks).
+Status Dataset::Impl::WalkChunkIndex(uint64_t userblock, hsize_t allocated, uint64_t n_chunks,
+                                     const std::vector<uint64_t>& file_extent, const std::vector<uint64_t>& file_chunk,
+                                     std::vector<h5::ChunkKey>* walked_out,
+                                     std::vector<const h5::ChunkKey*>* at_position_out) {
+  Impl& d = *this;
+  if (d.no_sample_axis) return Status::Ok();
+  const auto& cs = d.info.hdf5_chunk_shape;
+  std::vector<h5::ChunkKey>& walked = *walked_out;
+  std::vector<const h5::ChunkKey*>& at_position = *at_position_out;
+  auto keys = h5::WalkChunkBTree(d.dset.get(), d.info.file, userblock, allocated, d.what);
+  if (keys.ok() && keys->size() == n_chunks) {
+    GPUFEED_RETURN_IF_ERROR(h5::CheckChunkKeys(*keys, file_extent, file_chunk, d.what));
+    walked = std::move(*keys);
+    at_position.assign(n_chunks, nullptr);
+    for (const h5::ChunkKey& k : walked) at_position[k.offset[0] / cs[0]] = &k;
+    // The first, middle and last entries as HDF5 finds them (a walk each):
+    // where they differ, HDF5's answer for every chunk.
+    for (uint64_t i : {uint64_t{0}, n_chunks / 2, n_chunks - 1}) {
+      std::vector<hsize_t> at(cs.size(), 0);
+      at[0] = i * cs[0];
+      unsigned mask = 0;
+      haddr_t addr = HADDR_UNDEF;
+      hsize_t size = 0;
+      const h5::ChunkKey& k = *at_position[i];
+      if (H5Dget_chunk_info_by_coord(d.dset.get(), at.data(), &mask, &addr, &size) < 0 || addr != k.addr ||
+          size != k.size || mask != k.mask) {
+        H5Eclear2(H5E_DEFAULT);
+        at_position.clear();
+        break;
+      }
+    }
+  } else if (!keys.ok() && keys.status().code() != StatusCode::kUnsupported) {
+    return keys.status();
   }
-  if (allocated < n_chunks) {
-    return std::to_string(n_chunks - allocated) + " of " + std::to_string(n_chunks) +
-           " chunks are not allocated (they read as the fill value)";
-  }
-  // The file's own coordinates (no_sample_axis adds an axis it lacks).
+  return Status::Ok();
+}
+
+// Each chunk's address, size and filter mask, from the walked index or
+// HDF5's lookup, checked against HDF5's own lookup and the file's size.
+Status Dataset::Impl::ReadChunkIndex(uint64_t userblock, hsize_t allocated, uint64_t n_chunks,
+                                     const std::vector<uint64_t>& file_extent, const std::vector<uint64_t>& file_chunk,
+                                     uint64_t file_size) {
+  Impl& d = *this;
+  const auto& cs = d.info.hdf5_chunk_shape;
   const size_t skip = d.no_sample_axis ? 1 : 0;
-  const std::vector<uint64_t> file_extent(d.info.shape.begin() + skip, d.info.shape.end());
-  const std::vector<uint64_t> file_chunk(cs.begin() + skip, cs.end());
-  // More entries than the extent has chunk positions: one lies outside it,
-  // off the grid or on another's position.
-  if (allocated > n_chunks)
-    return DamagedChunkIndex(d.dset.get(), allocated, n_chunks, file_extent, file_chunk, d.what);
-  if (const auto chunk_bytes = CheckedMul(cs[0], d.sample_bytes); !chunk_bytes || *chunk_bytes >= (uint64_t{1} << 32)) {
-    return Status::Corrupt(d.what + ": damaged layout: a chunk of " + std::to_string(cs[0]) +
-                           " samples exceeds HDF5's 4 GiB chunk limit");
-  }
   d.chunk_addr.resize(n_chunks);
   d.chunk_size.resize(n_chunks);
   d.chunk_mask.resize(n_chunks);
-  // The index in one pass where it is a version 1 B-tree (HDF5's default
-  // format): each entry to its position, checked as below. Else (another
-  // index kind) HDF5 finds each position's entry, walking the index for each
-  // (quadratic in the chunks).
   std::vector<const h5::ChunkKey*> at_position;
   std::vector<h5::ChunkKey> walked;
-  if (!d.no_sample_axis) {
-    auto keys = h5::WalkChunkBTree(d.dset.get(), d.info.file, userblock, allocated, d.what);
-    if (keys.ok() && keys->size() == n_chunks) {
-      GPUFEED_RETURN_IF_ERROR(h5::CheckChunkKeys(*keys, file_extent, file_chunk, d.what));
-      walked = std::move(*keys);
-      at_position.assign(n_chunks, nullptr);
-      for (const h5::ChunkKey& k : walked) at_position[k.offset[0] / cs[0]] = &k;
-      // The first, middle and last entries as HDF5 finds them (a walk each):
-      // where they differ, HDF5's answer for every chunk.
-      for (uint64_t i : {uint64_t{0}, n_chunks / 2, n_chunks - 1}) {
-        std::vector<hsize_t> at(cs.size(), 0);
-        at[0] = i * cs[0];
-        unsigned mask = 0;
-        haddr_t addr = HADDR_UNDEF;
-        hsize_t size = 0;
-        const h5::ChunkKey& k = *at_position[i];
-        if (H5Dget_chunk_info_by_coord(d.dset.get(), at.data(), &mask, &addr, &size) < 0 || addr != k.addr ||
-            size != k.size || mask != k.mask) {
-          H5Eclear2(H5E_DEFAULT);
-          at_position.clear();
-          break;
-        }
-      }
-    } else if (!keys.ok() && keys.status().code() != StatusCode::kUnsupported) {
-      return keys.status();
-    }
-  }
+  GPUFEED_RETURN_IF_ERROR(
+      WalkChunkIndex(userblock, allocated, n_chunks, file_extent, file_chunk, &walked, &at_position));
   std::vector<hsize_t> offset(cs.size(), 0);
   for (uint64_t i = 0; i < n_chunks; ++i) {
     offset[0] = i * cs[0];
@@ -672,6 +676,49 @@ Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock
                              " bytes)");
     }
   }
+  return Status::Ok();
+}
+
+Result<std::string> Dataset::Impl::PlanDirectPath(hid_t dcpl, uint64_t userblock, uint64_t file_size) {
+  Impl& d = *this;
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  if (d.info.big_endian) return std::string("data is big-endian");
+  if (layout == H5D_COMPACT) return std::string("compact storage");
+  if (layout == H5D_VIRTUAL) {
+    return "virtual dataset of " + std::to_string(d.info.virtual_sources.size()) +
+           " sources: read through HDF5 here; the loader reads each source directly";
+  }
+  if (layout == H5D_CONTIGUOUS) return PlanContiguous(dcpl, file_size);
+  if (layout != H5D_CHUNKED) return std::string("unknown storage layout");
+  if (std::string reason = PlanFilters(); !reason.empty()) return reason;
+  const auto& cs = d.info.hdf5_chunk_shape;
+  d.chunk_samples = cs[0];
+  if (cs[0] == 0) return Status::Corrupt(d.what + ": damaged layout: chunk dimension 0 is 0");
+  const uint64_t n_chunks = (d.num_samples + cs[0] - 1) / cs[0];
+  // Compare with the chunks the file actually stores before sizing the index
+  // by the declared shape (a sparse file may declare 2^40 samples).
+  hsize_t allocated = 0;
+  h5::Id all(H5Dget_space(d.dset.get()));
+  if (!all.valid() || H5Dget_num_chunks(d.dset.get(), all.get(), &allocated) < 0) {
+    return Status::Corrupt(d.what + ": chunk index unreadable: " + h5::LastErrorText());
+  }
+  if (allocated < n_chunks) {
+    return std::to_string(n_chunks - allocated) + " of " + std::to_string(n_chunks) +
+           " chunks are not allocated (they read as the fill value)";
+  }
+  // The file's own coordinates (no_sample_axis adds an axis it lacks).
+  const size_t skip = d.no_sample_axis ? 1 : 0;
+  const std::vector<uint64_t> file_extent(d.info.shape.begin() + skip, d.info.shape.end());
+  const std::vector<uint64_t> file_chunk(cs.begin() + skip, cs.end());
+  // More entries than the extent has chunk positions: one lies outside it,
+  // off the grid or on another's position.
+  if (allocated > n_chunks)
+    return DamagedChunkIndex(d.dset.get(), allocated, n_chunks, file_extent, file_chunk, d.what);
+  if (const auto chunk_bytes = CheckedMul(cs[0], d.sample_bytes); !chunk_bytes || *chunk_bytes >= (uint64_t{1} << 32)) {
+    return Status::Corrupt(d.what + ": damaged layout: a chunk of " + std::to_string(cs[0]) +
+                           " samples exceeds HDF5's 4 GiB chunk limit");
+  }
+  GPUFEED_RETURN_IF_ERROR(ReadChunkIndex(userblock, allocated, n_chunks, file_extent, file_chunk, file_size));
   return std::string();
 }
 
