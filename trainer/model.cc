@@ -105,8 +105,53 @@ Status Model::AddLora(Layer& l, const std::string& name) {
   return AddParam(name + ".lora_b", size_t(l.fan_out) * r, false, 0, 0, &l.pb, Role::kLora);
 }
 
-// long: not split yet (issue 47, item 6): each layer kind's parameters, buffers and plans made in one pass
 Status Model::Init() {
+  GPUFEED_RETURN_IF_ERROR(CheckSpec());
+  GPUFEED_RETURN_IF_ERROR(BuildLayers());
+  const ModelSpec& s = spec_;
+  building_in_stage_ = true;
+  if (end_ < 0) end_ = static_cast<int>(layers_.size());
+  if (end_ > static_cast<int>(layers_.size()))
+    return Status::InvalidArgument("model: a stage ends at layer " + std::to_string(end_) + " of " + Describe() +
+                                   ", which has " + std::to_string(layers_.size()));
+  const size_t es = DTypeSize(s.dtype);
+  size_t widest = input_elems();
+  if (s.recompute_blocks && s.kind != ModelKind::kCnn)
+    return Status::InvalidArgument(
+        "model: --recompute blocks recomputes the cnn's conv-bn-relu-pool blocks; an mlp "
+        "has none (--recompute none)");
+  // recompute_blocks: every block's conv output, and its batchnorm-ReLU
+  // output in place over it, go to one buffer of the widest block's size,
+  // which the backward pass fills again with each block's conv output; that
+  // buffer and one of gradients are the backward's only two (see Backward).
+  void* rc = nullptr;
+  if (s.recompute_blocks) {
+    size_t block = 0;
+    for (const Layer& l : layers_)
+      if (l.kind == Kind::kConv) block = std::max(block, l.out_elems);
+    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * block * es, &rc, &acts_bytes_));
+  }
+  GPUFEED_RETURN_IF_ERROR(AllocateSlots(rc, &widest));
+  GPUFEED_RETURN_IF_ERROR(SetUpFreezing());
+  if (end_ == static_cast<int>(layers_.size()))
+    for (Slot& slot : slots_)
+      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * s.classes * es, &slot.dlogits, &acts_bytes_));
+  if (rc) {
+    // The gradients' ping-pong: the recompute buffer (the head's and each
+    // conv's input gradient, never larger than a block) and one more; each
+    // batchnorm works in place (Backward).
+    grad_a_ = rc;
+    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_b_, &acts_bytes_));
+    return Status::Ok();
+  }
+  GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_a_, &acts_bytes_));
+  GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_b_, &acts_bytes_));
+  return Status::Ok();
+}
+
+// The spec's checks, and with a memory limit the plan's bytes against it,
+// before anything is allocated.
+Status Model::CheckSpec() {
   const ModelSpec& s = spec_;
   if (s.lora_rank < 0 || s.lora_alpha < 0) return Status::InvalidArgument("model: LoRA rank and alpha must be >= 0");
   lora_scale_ = s.lora_rank > 0 ? (s.lora_alpha > 0 ? s.lora_alpha : float(s.lora_rank)) / float(s.lora_rank) : 0;
@@ -141,105 +186,105 @@ Status Model::Init() {
       return Status::InvalidArgument(buf);
     }
   }
+  return Status::Ok();
+}
+
+// The layers (an mlp's linears, or a cnn's conv-bn-relu-pool blocks and
+// its head) and their parameters; a stage allocates only its own.
+Status Model::BuildLayers() {
+  const ModelSpec& s = spec_;
   begin_ = s.layer_begin, end_ = s.layer_end;
   int h = s.in_h, w = s.in_w, c = s.in_c;
-  // The last linear layer is the head: it trains whole under LoRA.
-  auto linear = [&](int in, int out, bool relu, bool head) -> Status {
-    Layer l;
-    l.kind = Kind::kLinear;
-    l.in_features = in;
-    l.out_features = out;
-    l.relu = relu;
-    l.fan_in = in, l.fan_out = out;
-    building_in_stage_ = InStage(layers_.size());
-    l.pbegin = static_cast<int>(params_.size());
-    const std::string name = "linear" + std::to_string(layers_.size());
-    const Role role = head ? Role::kHead : Role::kBase;
-    GPUFEED_RETURN_IF_ERROR(AddParam(name + ".weight", size_t(in) * out, true,
-                                     relu ? std::sqrt(6.0f / in) : 1.0f / std::sqrt(float(in)), 0, &l.p, role));
-    if (lora() && !head) GPUFEED_RETURN_IF_ERROR(AddLora(l, name));
-    GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bias", out, false, 0, 0, &l.p2, role));
-    l.pend = static_cast<int>(params_.size());
-    l.out_elems = out;
-    layers_.push_back(l);
-    return Status::Ok();
-  };
   if (s.kind == ModelKind::kMlp) {
     int in = h * w * c;
     for (int width : s.widths) {
-      GPUFEED_RETURN_IF_ERROR(linear(in, width, true, false));
+      GPUFEED_RETURN_IF_ERROR(AddLinear(in, width, true, false));
       in = width;
     }
-    GPUFEED_RETURN_IF_ERROR(linear(in, s.classes, false, true));
-  } else {
-    for (int k : s.widths) {
-      if (h < 2 || w < 2)
-        return Status::InvalidArgument("model: too many cnn blocks for a " + std::to_string(s.in_h) + "x" +
-                                       std::to_string(s.in_w) + " input (each halves the size)");
-      Layer conv;
-      conv.kind = Kind::kConv;
-      conv.conv = ConvShape{s.max_batch, h, w, c, k, s.dtype};
-      conv.fan_in = 9 * c, conv.fan_out = k;  // KRSC filters as a [k, 9c] matrix
-      building_in_stage_ = InStage(layers_.size());
-      conv.pbegin = static_cast<int>(params_.size());
-      const std::string name = "conv" + std::to_string(layers_.size());
-      GPUFEED_RETURN_IF_ERROR(
-          AddParam(name + ".weight", conv.conv.w_elems(), true, std::sqrt(6.0f / (9 * c)), 0, &conv.p));
-      if (lora()) GPUFEED_RETURN_IF_ERROR(AddLora(conv, name));
-      conv.pend = static_cast<int>(params_.size());
-      conv.out_elems = size_t(h) * w * k;
-      layers_.push_back(conv);
-      Layer bn;
-      bn.kind = Kind::kBnRelu;
-      bn.h = h, bn.w = w, bn.c = k;
-      building_in_stage_ = InStage(layers_.size());
-      bn.pbegin = static_cast<int>(params_.size());
-      GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
-      GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
-      bn.pend = static_cast<int>(params_.size());
-      if (building_in_stage_) {
-        void* v;
-        for (float** f : {&bn.run_mean, &bn.run_var}) {
-          GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
-          *f = static_cast<float*>(v);
-        }
-        std::vector<float> ones(k, 1.0f);
-        if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
-      }
-      bn.out_elems = conv.out_elems;
-      layers_.push_back(bn);
-      Layer pool;
-      pool.kind = Kind::kPool;
-      pool.h = h, pool.w = w, pool.c = k;
-      pool.pbegin = pool.pend = static_cast<int>(params_.size());
-      h /= 2, w /= 2, c = k;
-      pool.out_elems = size_t(h) * w * c;
-      layers_.push_back(pool);
+    return AddLinear(in, s.classes, false, true);
+  }
+  for (int k : s.widths) GPUFEED_RETURN_IF_ERROR(AddConvBlock(k, &h, &w, &c));
+  return AddLinear(h * w * c, s.classes, false, true);
+}
+
+// The last linear layer is the head: it trains whole under LoRA.
+Status Model::AddLinear(int in, int out, bool relu, bool head) {
+  Layer l;
+  l.kind = Kind::kLinear;
+  l.in_features = in;
+  l.out_features = out;
+  l.relu = relu;
+  l.fan_in = in, l.fan_out = out;
+  building_in_stage_ = InStage(layers_.size());
+  l.pbegin = static_cast<int>(params_.size());
+  const std::string name = "linear" + std::to_string(layers_.size());
+  const Role role = head ? Role::kHead : Role::kBase;
+  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".weight", size_t(in) * out, true,
+                                   relu ? std::sqrt(6.0f / in) : 1.0f / std::sqrt(float(in)), 0, &l.p, role));
+  if (lora() && !head) GPUFEED_RETURN_IF_ERROR(AddLora(l, name));
+  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bias", out, false, 0, 0, &l.p2, role));
+  l.pend = static_cast<int>(params_.size());
+  l.out_elems = out;
+  layers_.push_back(l);
+  return Status::Ok();
+}
+
+// A conv-bn-relu-pool block of k channels on an h x w x c input (which it
+// halves: *h, *w, *c become its output's).
+Status Model::AddConvBlock(int k, int* h_io, int* w_io, int* c_io) {
+  const ModelSpec& s = spec_;
+  int &h = *h_io, &w = *w_io, &c = *c_io;
+  if (h < 2 || w < 2)
+    return Status::InvalidArgument("model: too many cnn blocks for a " + std::to_string(s.in_h) + "x" +
+                                   std::to_string(s.in_w) + " input (each halves the size)");
+  Layer conv;
+  conv.kind = Kind::kConv;
+  conv.conv = ConvShape{s.max_batch, h, w, c, k, s.dtype};
+  conv.fan_in = 9 * c, conv.fan_out = k;  // KRSC filters as a [k, 9c] matrix
+  building_in_stage_ = InStage(layers_.size());
+  conv.pbegin = static_cast<int>(params_.size());
+  const std::string name = "conv" + std::to_string(layers_.size());
+  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".weight", conv.conv.w_elems(), true, std::sqrt(6.0f / (9 * c)), 0, &conv.p));
+  if (lora()) GPUFEED_RETURN_IF_ERROR(AddLora(conv, name));
+  conv.pend = static_cast<int>(params_.size());
+  conv.out_elems = size_t(h) * w * k;
+  layers_.push_back(conv);
+  Layer bn;
+  bn.kind = Kind::kBnRelu;
+  bn.h = h, bn.w = w, bn.c = k;
+  building_in_stage_ = InStage(layers_.size());
+  bn.pbegin = static_cast<int>(params_.size());
+  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
+  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
+  bn.pend = static_cast<int>(params_.size());
+  if (building_in_stage_) {
+    void* v;
+    for (float** f : {&bn.run_mean, &bn.run_var}) {
+      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
+      *f = static_cast<float*>(v);
     }
-    GPUFEED_RETURN_IF_ERROR(linear(h * w * c, s.classes, false, true));
+    std::vector<float> ones(k, 1.0f);
+    if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
   }
-  building_in_stage_ = true;
-  if (end_ < 0) end_ = static_cast<int>(layers_.size());
-  if (end_ > static_cast<int>(layers_.size()))
-    return Status::InvalidArgument("model: a stage ends at layer " + std::to_string(end_) + " of " + Describe() +
-                                   ", which has " + std::to_string(layers_.size()));
+  bn.out_elems = conv.out_elems;
+  layers_.push_back(bn);
+  Layer pool;
+  pool.kind = Kind::kPool;
+  pool.h = h, pool.w = w, pool.c = k;
+  pool.pbegin = pool.pend = static_cast<int>(params_.size());
+  h /= 2, w /= 2, c = k;
+  pool.out_elems = size_t(h) * w * c;
+  layers_.push_back(pool);
+  return Status::Ok();
+}
+
+// Each slot's activations (in the recompute buffer `rc` where blocks are
+// recomputed), batchnorm statistics and pooling argmaxes; *widest grows to
+// the widest layer's output.
+Status Model::AllocateSlots(void* rc, size_t* widest_io) {
+  const ModelSpec& s = spec_;
   const size_t es = DTypeSize(s.dtype);
-  size_t widest = input_elems();
-  if (s.recompute_blocks && s.kind != ModelKind::kCnn)
-    return Status::InvalidArgument(
-        "model: --recompute blocks recomputes the cnn's conv-bn-relu-pool blocks; an mlp "
-        "has none (--recompute none)");
-  // recompute_blocks: every block's conv output, and its batchnorm-ReLU
-  // output in place over it, go to one buffer of the widest block's size,
-  // which the backward pass fills again with each block's conv output; that
-  // buffer and one of gradients are the backward's only two (see Backward).
-  void* rc = nullptr;
-  if (s.recompute_blocks) {
-    size_t block = 0;
-    for (const Layer& l : layers_)
-      if (l.kind == Kind::kConv) block = std::max(block, l.out_elems);
-    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * block * es, &rc, &acts_bytes_));
-  }
+  size_t& widest = *widest_io;
   slots_.resize(size_t(s.slots));
   for (Slot& slot : slots_) {
     slot.acts.assign(layers_.size(), nullptr);
@@ -268,6 +313,11 @@ Status Model::Init() {
       slot.acts[i] = v;
     }
   }
+  return Status::Ok();
+}
+
+Status Model::SetUpFreezing() {
+  const ModelSpec& s = spec_;
   // Freezing: every name must match a parameter, and something must train.
   for (const std::string& f : s.freeze) {
     if (std::none_of(params_.begin(), params_.end(),
@@ -306,19 +356,6 @@ Status Model::Init() {
     lora_scratch_ = static_cast<float*>(v);
     if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(RefreshLoraWeights());
   }
-  if (end_ == static_cast<int>(layers_.size()))
-    for (Slot& slot : slots_)
-      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * s.classes * es, &slot.dlogits, &acts_bytes_));
-  if (rc) {
-    // The gradients' ping-pong: the recompute buffer (the head's and each
-    // conv's input gradient, never larger than a block) and one more; each
-    // batchnorm works in place (Backward).
-    grad_a_ = rc;
-    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_b_, &acts_bytes_));
-    return Status::Ok();
-  }
-  GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_a_, &acts_bytes_));
-  GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * widest * es, &grad_b_, &acts_bytes_));
   return Status::Ok();
 }
 

@@ -178,6 +178,15 @@ class Model {
   Status AddParam(const std::string& name, size_t n, bool decay, float bound, float fill, int* index,
                   Role role = Role::kBase);
   Status AddLora(Layer& l, const std::string& name);
+  // Init's steps, in order.
+  Status CheckSpec();
+  Status BuildLayers();
+  Status AddLinear(int in, int out, bool relu, bool head);
+  Status AddConvBlock(int k, int* h, int* w, int* c);
+  Status AllocateSlots(void* rc, size_t* widest);
+  // Freezing: every name matches a parameter, something trains; the lowest
+  // trained layer, and the scratch frozen batchnorms and LoRA need.
+  Status SetUpFreezing();
   // The adapters' gradients from the layer's full weight gradient in
   // lora_scratch_ (fp32 [fan_out, fan_in]): dB = scale dW A^T, dA = scale
   // B^T dW, added to the existing ones when beta is 1.
