@@ -147,6 +147,12 @@ struct FieldSource::Impl {
   }
 
   // Probes the specs not probed yet (in one pass of probe processes).
+  // OpenSeeded's steps.
+  Status ProbeFields(const OpenOptions& options);
+  void BoundOpenFiles();  // max_open within the process's descriptor limit
+  Status RecordFields(const OpenFile& ds, size_t* largest);
+  Status ProbeVirtualSources(int timeout_ms);
+  void Lay(uint64_t unit, std::string_view data);
   Status ProbeMissing(std::vector<std::string> specs, int timeout_ms) {
     std::sort(specs.begin(), specs.end());
     specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
@@ -547,7 +553,130 @@ Result<std::unique_ptr<FieldSource>> FieldSource::Open(std::string_view data, co
   return OpenSeeded(data, options, std::move(seed));
 }
 
-// long: not split yet (issue 47, item 6): each field opened and checked against the others
+// The fields named (else images, and labels where the first file has
+// them), every (file, field) probed before this process opens any.
+Status FieldSource::Impl::ProbeFields(const OpenOptions& options) {
+  for (const std::string& text : options.fields) {
+    auto f = FieldSpec::Parse(text);
+    if (!f.ok()) return f.status();
+    for (const FieldSpec& g : specs) {
+      if (g.name == f->name) return Status::InvalidArgument("field '" + f->name + "' is named twice");
+    }
+    specs.push_back(std::move(*f));
+  }
+  // HDF5's parser is untrusted: every (file, field) goes through the probe
+  // processes once, in one pass, before this process opens any of them
+  // (with no fields named, the first file's /labels too: a field when it is
+  // there, the other files' /labels then probed in a second pass).
+  const bool default_fields = specs.empty();
+  if (default_fields) specs.push_back({"images", "/images"});
+  {
+    std::vector<std::string> probe_specs;
+    for (const std::string& f : files) {
+      for (const FieldSpec& s : specs) probe_specs.push_back(f + ":" + s.path);
+    }
+    // Every file's /labels in the same pass: a probe restarts HDF5 once a
+    // file, not once a spec. A file whose /labels crashes or hangs HDF5 is
+    // refused even when the labels go unused (the first file has none): the
+    // probe restarts HDF5 after the file's last spec, so such a crash may
+    // come from what an earlier spec of the file left behind.
+    if (default_fields) {
+      for (const std::string& f : files) probe_specs.push_back(f + ":/labels");
+    }
+    GPUFEED_RETURN_IF_ERROR(ProbeMissing(std::move(probe_specs), options.probe_timeout_ms));
+  }
+  if (default_fields && OpenProbed(files[0] + ":/labels").ok()) {
+    specs.push_back({"labels", "/labels"});
+    std::vector<std::string> labels;
+    for (const std::string& f : files) labels.push_back(f + ":/labels");
+    GPUFEED_RETURN_IF_ERROR(ProbeMissing(std::move(labels), options.probe_timeout_ms));
+  }
+  return Status::Ok();
+}
+
+void FieldSource::Impl::BoundOpenFiles() {
+  // Each open field holds about 2 descriptors (ours and HDF5's): keep the
+  // bound within the process's limit, with room for everything else.
+  struct rlimit nofile {};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    const uint64_t per_file = 2 * specs.size() + 1;
+    const uint64_t room = nofile.rlim_cur > 128 ? (nofile.rlim_cur - 128) / 2 : 1;  // half of what is left
+    max_open = static_cast<size_t>(std::clamp<uint64_t>(room / per_file, 1, max_open));
+  }
+}
+
+// The first file's fields: names, types, shapes and offsets in a sample;
+// *largest: the field with the largest samples.
+Status FieldSource::Impl::RecordFields(const OpenFile& ds, size_t* largest) {
+  uint64_t offset = 0;
+  for (size_t j = 0; j < ds.size(); ++j) {
+    const Dataset& x = ds[j];
+    FieldInfo fi;
+    fi.name = specs[j].name;
+    fi.path = specs[j].path;
+    fi.dtype = x.dtype();
+    fi.is_bool = x.is_bool();
+    fi.sample_shape = x.sample_shape();
+    fi.sample_bytes = x.sample_bytes();
+    fi.offset = offset;
+    const auto next = CheckedAdd(offset, fi.sample_bytes);
+    if (!next) return Status::Unsupported(files[0] + ": the fields' sample sizes overflow 64 bits");
+    offset = *next;
+    fields.push_back(std::move(fi));
+  }
+  sample_bytes = offset;
+  attributes = ds.front().attributes();
+  for (size_t j = 1; j < fields.size(); ++j) {
+    if (fields[j].sample_bytes > fields[*largest].sample_bytes) *largest = j;
+  }
+  return Status::Ok();
+}
+
+// Virtual fields' sources are files HDF5 has not parsed in this process
+// beyond their metadata: they go through the probe before they are read.
+Status FieldSource::Impl::ProbeVirtualSources(int timeout_ms) {
+  std::vector<std::string> probe_specs;
+  for (const Part& part : parts) {
+    for (const Piece& pc : part.pieces) {
+      if (!pc.via.empty()) probe_specs.push_back(pc.file + ":" + pc.path);
+    }
+  }
+  GPUFEED_RETURN_IF_ERROR(ProbeMissing(std::move(probe_specs), timeout_ms));
+  return Status::Ok();
+}
+
+// The read units over the parts (`unit`: the first part's chunking), the
+// source's geometry and its name.
+void FieldSource::Impl::Lay(uint64_t unit, std::string_view data) {
+  planned.assign(parts.size(), 0);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    planned[p] = std::all_of(parts[p].pieces.begin(), parts[p].pieces.end(),
+                             [&](const Piece& pc) { return PlannedFacts(pc.file + ":" + pc.path) != nullptr; });
+  }
+  // Units never span parts: every part but the last holds whole units (the
+  // last may end in a short one, as a single file's last chunk).
+  for (size_t p = 0; p + 1 < parts.size(); ++p) unit = std::gcd(unit, parts[p].count);
+  num_samples = file_first.back();
+  chunk_samples = std::max<uint64_t>(1, unit);
+  part_first.assign(1, 0);
+  unit_first.assign(1, 0);
+  for (const Part& part : parts) {
+    part_first.push_back(part_first.back() + part.count);
+    unit_first.push_back(unit_first.back() + (part.count + chunk_samples - 1) / chunk_samples);
+  }
+  num_chunks = unit_first.back();
+  if (fields.size() == 1) {
+    dtype = fields[0].dtype;
+    sample_shape = fields[0].sample_shape;
+  } else {
+    dtype = DType::kUInt8;
+    sample_shape = {sample_bytes};
+  }
+  what = files.size() == 1 ? files[0] : std::string(data) + " (" + std::to_string(files.size()) + " files)";
+  what += " fields ";
+  for (size_t j = 0; j < specs.size(); ++j) what += (j ? "," : "") + specs[j].name + "=" + specs[j].path;
+}
+
 Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view data, const OpenOptions& options,
                                                              std::unique_ptr<Impl> d) {
   auto files = ExpandFiles(data);
@@ -560,50 +689,9 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
   d->reopen.labels_path = "none";
   d->reopen.fields.clear();
 
-  for (const std::string& text : options.fields) {
-    auto f = FieldSpec::Parse(text);
-    if (!f.ok()) return f.status();
-    for (const FieldSpec& g : d->specs) {
-      if (g.name == f->name) return Status::InvalidArgument("field '" + f->name + "' is named twice");
-    }
-    d->specs.push_back(std::move(*f));
-  }
-  // HDF5's parser is untrusted: every (file, field) goes through the probe
-  // processes once, in one pass, before this process opens any of them
-  // (with no fields named, the first file's /labels too: a field when it is
-  // there, the other files' /labels then probed in a second pass).
-  const bool default_fields = d->specs.empty();
-  if (default_fields) d->specs.push_back({"images", "/images"});
-  {
-    std::vector<std::string> probe_specs;
-    for (const std::string& f : d->files) {
-      for (const FieldSpec& s : d->specs) probe_specs.push_back(f + ":" + s.path);
-    }
-    // Every file's /labels in the same pass: a probe restarts HDF5 once a
-    // file, not once a spec. A file whose /labels crashes or hangs HDF5 is
-    // refused even when the labels go unused (the first file has none): the
-    // probe restarts HDF5 after the file's last spec, so such a crash may
-    // come from what an earlier spec of the file left behind.
-    if (default_fields) {
-      for (const std::string& f : d->files) probe_specs.push_back(f + ":/labels");
-    }
-    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(probe_specs), options.probe_timeout_ms));
-  }
-  if (default_fields && d->OpenProbed(d->files[0] + ":/labels").ok()) {
-    d->specs.push_back({"labels", "/labels"});
-    std::vector<std::string> labels;
-    for (const std::string& f : d->files) labels.push_back(f + ":/labels");
-    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(labels), options.probe_timeout_ms));
-  }
+  GPUFEED_RETURN_IF_ERROR(d->ProbeFields(options));
 
-  // Each open field holds about 2 descriptors (ours and HDF5's): keep the
-  // bound within the process's limit, with room for everything else.
-  struct rlimit nofile {};
-  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
-    const uint64_t per_file = 2 * d->specs.size() + 1;
-    const uint64_t room = nofile.rlim_cur > 128 ? (nofile.rlim_cur - 128) / 2 : 1;  // half of what is left
-    d->max_open = static_cast<size_t>(std::clamp<uint64_t>(room / per_file, 1, d->max_open));
-  }
+  d->BoundOpenFiles();
   d->file_first.assign(1, 0);
   bool any_virtual = false;
   size_t largest = 0;  // the field with the largest samples: its chunking is the read unit
@@ -631,29 +719,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
       seen = Impl::FactsOf(*ds);
       d->KeepPlans(f, *ds, *seen);
     }
-    if (f == 0) {
-      uint64_t offset = 0;
-      for (size_t j = 0; j < ds->size(); ++j) {
-        const Dataset& x = (*ds)[j];
-        FieldInfo fi;
-        fi.name = d->specs[j].name;
-        fi.path = d->specs[j].path;
-        fi.dtype = x.dtype();
-        fi.is_bool = x.is_bool();
-        fi.sample_shape = x.sample_shape();
-        fi.sample_bytes = x.sample_bytes();
-        fi.offset = offset;
-        const auto next = CheckedAdd(offset, fi.sample_bytes);
-        if (!next) return Status::Unsupported(d->files[0] + ": the fields' sample sizes overflow 64 bits");
-        offset = *next;
-        d->fields.push_back(std::move(fi));
-      }
-      d->sample_bytes = offset;
-      d->attributes = ds->front().attributes();
-      for (size_t j = 1; j < d->fields.size(); ++j) {
-        if (d->fields[j].sample_bytes > d->fields[largest].sample_bytes) largest = j;
-      }
-    }
+    if (f == 0) GPUFEED_RETURN_IF_ERROR(d->RecordFields(*ds, &largest));
     GPUFEED_RETURN_IF_ERROR(d->CheckFile(f, *seen));
     const uint64_t n = seen->front().num_samples;
     const auto total = CheckedAdd(d->file_first.back(), n);
@@ -692,17 +758,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
     d->last_use.resize(d->parts.size(), 0);
     d->unread.assign(d->parts.size(), 0);
   }
-  // Virtual fields' sources are files HDF5 has not parsed in this process
-  // beyond their metadata: they go through the probe before they are read.
-  if (any_virtual) {
-    std::vector<std::string> probe_specs;
-    for (const Part& part : d->parts) {
-      for (const Piece& pc : part.pieces) {
-        if (!pc.via.empty()) probe_specs.push_back(pc.file + ":" + pc.path);
-      }
-    }
-    GPUFEED_RETURN_IF_ERROR(d->ProbeMissing(std::move(probe_specs), options.probe_timeout_ms));
-  }
+  if (any_virtual) GPUFEED_RETURN_IF_ERROR(d->ProbeVirtualSources(options.probe_timeout_ms));
   // The parts of virtual fields: their sources opened once (checked,
   // lengths recorded).
   for (size_t p = 0; p < d->parts.size(); ++p) {
@@ -711,33 +767,7 @@ Result<std::unique_ptr<FieldSource>> FieldSource::OpenSeeded(std::string_view da
     if (!opened.ok()) return opened.status();
     GPUFEED_RETURN_IF_ERROR(first_open(p, std::make_shared<const OpenFile>(std::move(*opened))));
   }
-  d->planned.assign(d->parts.size(), 0);
-  for (size_t p = 0; p < d->parts.size(); ++p) {
-    d->planned[p] = std::all_of(d->parts[p].pieces.begin(), d->parts[p].pieces.end(),
-                                [&](const Piece& pc) { return d->PlannedFacts(pc.file + ":" + pc.path) != nullptr; });
-  }
-  // Units never span parts: every part but the last holds whole units (the
-  // last may end in a short one, as a single file's last chunk).
-  for (size_t p = 0; p + 1 < d->parts.size(); ++p) unit = std::gcd(unit, d->parts[p].count);
-  d->num_samples = d->file_first.back();
-  d->chunk_samples = std::max<uint64_t>(1, unit);
-  d->part_first.assign(1, 0);
-  d->unit_first.assign(1, 0);
-  for (const Part& part : d->parts) {
-    d->part_first.push_back(d->part_first.back() + part.count);
-    d->unit_first.push_back(d->unit_first.back() + (part.count + d->chunk_samples - 1) / d->chunk_samples);
-  }
-  d->num_chunks = d->unit_first.back();
-  if (d->fields.size() == 1) {
-    d->dtype = d->fields[0].dtype;
-    d->sample_shape = d->fields[0].sample_shape;
-  } else {
-    d->dtype = DType::kUInt8;
-    d->sample_shape = {d->sample_bytes};
-  }
-  d->what = d->files.size() == 1 ? d->files[0] : std::string(data) + " (" + std::to_string(d->files.size()) + " files)";
-  d->what += " fields ";
-  for (size_t j = 0; j < d->specs.size(); ++j) d->what += (j ? "," : "") + d->specs[j].name + "=" + d->specs[j].path;
+  d->Lay(unit, data);
   return std::unique_ptr<FieldSource>(new FieldSource(std::move(d)));
 }
 
