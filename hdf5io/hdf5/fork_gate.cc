@@ -2,6 +2,7 @@
 // that holds new sections back while a fork waits, one mutex.
 #include "hdf5io/hdf5/fork_gate.h"
 
+#include <hdf5.h>
 #include <unistd.h>
 
 #include "common/mutex.h"
@@ -53,10 +54,51 @@ Hdf5Section::~Hdf5Section() {
   g.cv.SignalAll();
 }
 
-pid_t ForkOutsideHdf5(std::chrono::milliseconds wait) {
-  if (g_in_child) return ::fork();  // a child is single-threaded: nothing to wait for
+// The fork, made inside an HDF5 call (ForkOutsideHdf5): H5Piterate calls
+// this with HDF5's global lock held by the calling thread. The child runs
+// its work here and never returns into HDF5.
+struct ForkCall {
+  const std::function<void()>* child = nullptr;
+  Mutex* gate = nullptr;
+  pid_t pid = -1;
+  int error = 0;
+  bool called = false;
+};
+herr_t ForkInsideHdf5(hid_t, const char*, void* data) NO_THREAD_SAFETY_ANALYSIS {
+  auto* call = static_cast<ForkCall*>(data);
+  call->called = true;
+  call->pid = ::fork();
+  if (call->pid == 0) {
+    g_in_child = true;
+    AbandonInChild(call->gate);  // the child never touches the gate again
+    (*call->child)();
+    ::_exit(0);
+  }
+  call->error = errno;
+  return 1;  // stop the iteration: one fork
+}
+
+pid_t ForkOutsideHdf5(const std::function<void()>& child, std::chrono::milliseconds wait) {
   Gate& g = TheGate();
-  // Locked and unlocked by hand: the child returns with its copy still held.
+  ForkCall call{&child, &g.mu};
+  const auto fork_in_hdf5 = [&call]() {
+    // Any property list will do: its first property's callback forks.
+    const hid_t plist = H5Pcreate(H5P_FILE_ACCESS);
+    if (plist < 0) return;
+    (void)H5Piterate(plist, nullptr, ForkInsideHdf5, &call);
+    H5Pclose(plist);
+  };
+  if (g_in_child) {  // a child is single-threaded: nothing to wait for
+    fork_in_hdf5();
+    if (!call.called) call.pid = ::fork(), call.error = errno;
+    if (call.pid == 0) {
+      child();
+      ::_exit(0);
+    }
+    errno = call.error;
+    return call.pid;
+  }
+  // Locked and unlocked by hand: the child keeps its copy held.
   g.mu.Lock();
   // Another fork in progress: wait for it (forks are quick).
   while (g.forking) g.cv.Wait(&g.mu);
@@ -69,16 +111,22 @@ pid_t ForkOutsideHdf5(std::chrono::milliseconds wait) {
     if (now >= deadline) break;
     g.cv.WaitFor(&g.mu, deadline - now);
   }
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    g_in_child = true;
-    AbandonInChild(&g.mu);  // the child never touches the gate again
-    return 0;
+  fork_in_hdf5();
+  if (!call.called) {  // HDF5 could not make or walk a property list: fork here
+    call.pid = ::fork();
+    call.error = errno;
+    if (call.pid == 0) {
+      g_in_child = true;
+      AbandonInChild(&g.mu);
+      child();
+      ::_exit(0);
+    }
   }
   g.forking = false;
   g.mu.Unlock();
   g.cv.SignalAll();
-  return pid;
+  errno = call.error;
+  return call.pid;
 }
 
 }  // namespace gpufeed::h5

@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 
 namespace gpufeed::h5 {
 
@@ -28,8 +29,18 @@ class Hdf5Section {
 };
 
 // fork(), once the other threads' sections have ended (waiting at most
-// `wait`); returns what fork() returned.
-pid_t ForkOutsideHdf5(std::chrono::milliseconds wait = std::chrono::milliseconds(2000));
+// `wait`), from inside an HDF5 call: the forking thread then holds HDF5's
+// global lock, so no other thread of the process is inside HDF5 either —
+// not one of gpufeed's, not h5py's in the same Python process (whose
+// threads the gate does not see: a probe forked while one of them read a
+// file hung on its copy of the lock, and a good file was reported as
+// hanging). In the child, `child` runs there, holding that lock (the
+// child's only thread: HDF5's lock is re-entrant for it), and the child
+// exits with _exit(0) if it returns; it never unlocks the copy (a condition
+// variable with the parent's waiters in it could block it). In the parent,
+// returns the child's pid, or -1 with errno set.
+pid_t ForkOutsideHdf5(const std::function<void()>& child,
+                      std::chrono::milliseconds wait = std::chrono::milliseconds(2000));
 
 }  // namespace gpufeed::h5
 

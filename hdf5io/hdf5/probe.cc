@@ -4,6 +4,7 @@
 #include <hdf5.h>
 
 #include <fcntl.h>
+#include <link.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -16,6 +17,7 @@
 #include <cerrno>
 #include <climits>
 #include <chrono>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -246,23 +248,28 @@ void BecomeSacrificialChild() {
   if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDERR_FILENO);
 }
 
-// pipe + fork: in the parent, the child's pid and the pipe's read end; in
-// the child (pid 0), the write end, with the read end closed.
+// pipe + fork (h5::ForkOutsideHdf5): in the parent, the child's pid and the
+// pipe's read end; the child runs child(write end), the read end closed, and
+// never returns.
 struct Forked {
   pid_t pid = -1;
   int fd = -1;
 };
-Result<Forked> ForkWithPipe(const char* what) {
+Result<Forked> ForkWithPipe(const char* what, const std::function<void(int fd)>& child) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return Status::IOError(std::string(what) + ": pipe: " + std::strerror(errno));
-  const pid_t pid = h5::ForkOutsideHdf5();
+  const pid_t pid = h5::ForkOutsideHdf5([&] {
+    ::close(fds[0]);
+    child(fds[1]);
+  });
   if (pid < 0) {
+    const int error = errno;
     ::close(fds[0]);
     ::close(fds[1]);
-    return Status::IOError(std::string(what) + ": fork: " + std::strerror(errno));
+    return Status::IOError(std::string(what) + ": fork: " + std::strerror(error));
   }
-  ::close(fds[pid == 0 ? 0 : 1]);
-  return Forked{pid, fds[pid == 0 ? 1 : 0]};
+  ::close(fds[1]);
+  return Forked{pid, fds[0]};
 }
 
 std::string FileOf(const std::string& spec) {
@@ -275,8 +282,30 @@ std::string FileOf(const std::string& spec) {
 // the end (half the probe's time for small files). A crash or hang in a
 // child that was not careful and had probed files before is probed again,
 // carefully, from its first file (ProbeFiles).
+// Whether h5py is loaded in this process: it registers HDF5 type conversion
+// functions that take Python's GIL, and H5close calls them. In a forked
+// child the GIL may be held by a thread that is not there (any other Python
+// thread running at the fork): H5close then waits forever. Asked in the
+// parent (dl_iterate_phdr takes the loader's lock, which a fork can leave
+// held).
+bool H5pyLoaded() {
+  int found = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, "/h5py/") != nullptr) {
+          *static_cast<int*>(data) = 1;
+          return 1;
+        }
+        return 0;
+      },
+      &found);
+  return found != 0;
+}
+
+// shutdown: H5close in the child (a crash or hang in HDF5's shutdown with the
+// file is seen); false where h5py is loaded (H5pyLoaded).
 [[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
-                            const ProbeOptions& options, bool careful) {
+                            const ProbeOptions& options, bool careful, bool shutdown) {
   BecomeSacrificialChild();
   const OpenOptions& o = options.open;
   for (size_t i = first; i < last; ++i) {
@@ -310,10 +339,10 @@ std::string FileOf(const std::string& spec) {
     // once a file, after its last spec (the specs of a file are usually
     // adjacent: FieldSource sorts them), as restarting HDF5 costs about as
     // much as opening a small file.
-    if (careful && (i + 1 == last || FileOf(specs[i + 1]) != FileOf(specs[i]))) H5close();
+    if (shutdown && careful && (i + 1 == last || FileOf(specs[i + 1]) != FileOf(specs[i]))) H5close();
     WriteMsg(fd, 'D', static_cast<uint32_t>(i));
   }
-  if (!careful) H5close();  // a crash here is seen by the exit status: probed again, carefully
+  if (shutdown && !careful) H5close();  // a crash here is seen by the exit status: probed again, carefully
   ::_exit(0);
 }
 
@@ -364,10 +393,10 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
     todo.push_back({specs.size() * p / procs, specs.size() * (p + 1) / procs, false});
   }
   std::vector<Child> live;
+  const bool shutdown = !H5pyLoaded();
   auto spawn = [&](size_t first, size_t last, bool careful) -> Status {
-    auto forked = ForkWithPipe("probe");
+    auto forked = ForkWithPipe("probe", [&](int fd) { ChildMain(fd, specs, first, last, options, careful, shutdown); });
     if (!forked.ok()) return forked.status();
-    if (forked->pid == 0) ChildMain(forked->fd, specs, first, last, options, careful);
     Child c;
     c.pid = forked->pid;
     c.fd = forked->fd;
@@ -452,6 +481,17 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
           if (::poll(&one, 1, 0) <= 0 || !(one.revents & POLLIN)) break;
         }
         if (n == 0) ended = true;  // EOF: the child exited or died
+      }
+      if (!ended && c.file_start + limit <= now && c.next >= c.last) {
+        // Every answer is in, and the child has not left HDF5 within the
+        // limit: stuck in its shutdown (H5close in a process whose HDF5 has
+        // another user, h5py's hooks waiting for a lock the fork left held).
+        // Its answers stand; without this the parent waited for it forever,
+        // waking at once again and again (its deadline long past).
+        ::kill(c.pid, SIGKILL);
+        ::waitpid(c.pid, nullptr, 0);
+        ::close(c.fd);
+        continue;
       }
       if (!ended && c.file_start + limit <= now && c.next < c.last) {
         ::kill(c.pid, SIGKILL);
@@ -541,11 +581,7 @@ std::vector<Result<ProbedSpec>> ProbeAll(const std::vector<std::string>& specs, 
 }
 
 Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, int timeout_ms, size_t max_bytes) {
-  auto forked = ForkWithPipe("list datasets");
-  if (!forked.ok()) return forked.status();
-  const pid_t pid = forked->pid;
-  const int fd = forked->fd;
-  if (pid == 0) {
+  auto forked = ForkWithPipe("list datasets", [&](int fd) {
     BecomeSacrificialChild();
     auto fapl = h5::FileAccessFor(file);  // an object: through the remote driver
     const hid_t f = fapl.ok() ? H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl->get()) : H5I_INVALID_HID;
@@ -564,7 +600,10 @@ Result<std::vector<std::string>> ListDatasetsIsolated(const std::string& file, i
       off += static_cast<size_t>(w);
     }
     ::_exit(0);  // no H5Fclose: closing a hostile file has crashed HDF5 too, and the answer is out
-  }
+  });
+  if (!forked.ok()) return forked.status();
+  const pid_t pid = forked->pid;
+  const int fd = forked->fd;
   std::string got;
   bool timed_out = false;
   const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(1, timeout_ms));

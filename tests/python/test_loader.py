@@ -618,3 +618,38 @@ def test_import_after_cuda_started_says_the_default_comes_too_late():
     # The job's own value: nothing to say.
     out = run_python(code, env={"KEEP": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "8"})
     assert out.strip() == "[]", out
+
+
+def test_probe_beside_an_h5py_thread(tmp_path):
+    """Debian's HDF5 has one global lock; a probe forked while a thread of h5py
+    held it got a copy held forever, and a good file was reported as hanging
+    after 10 s ("did not finish reading this file's metadata"). The fork is
+    now made holding that lock (h5::ForkOutsideHdf5), and the child skips
+    H5close where h5py is loaded (its conversion functions wait there for a
+    GIL another thread held at the fork)."""
+    import threading
+    path = str(tmp_path / "small.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=np.arange(64 * 8, dtype=np.uint8).reshape(64, 8), chunks=(8, 8))
+        f.create_dataset("labels", data=np.arange(64, dtype=np.int64))
+    stop = threading.Event()
+
+    def busy():  # h5py in and out of HDF5 all the time, as a reader thread would be
+        while not stop.is_set():
+            with h5py.File(path, "r") as f:
+                int(f["images"][0, 0])
+
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    try:
+        for _ in range(5):
+            start = time.monotonic()
+            loader = gpufeed.Loader(path, batch_size=8)
+            # Not the probe's 10 s limit waited out: its child stuck in
+            # H5close (h5py's conversion functions wait for the GIL there).
+            assert time.monotonic() - start < 5
+            got = sorted(int(i) for b in loader.batches() for i in b["indices"])
+            assert got == list(range(64))
+    finally:
+        stop.set()
+        t.join()
