@@ -249,8 +249,9 @@ TEST(TransformTest, InputDtypesNormalizeTheirExactValues) {
 
 // Round-to-nearest-even of a float to bf16 and fp16, computed apart from the
 // transform's bit tricks: the two representable neighbours found by
-// truncation (bf16) or by the compiler's conversion (_Float16, correctly
-// rounded), and the nearer taken, ties to the even one.
+// truncation (bf16) or by a search over every finite half (whose values
+// HalfBitsToFloat gives exactly: HalfBitsToFloatIsExact), and the nearer
+// taken, ties to the even one.
 uint16_t ReferenceBf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -264,10 +265,24 @@ uint16_t ReferenceBf16(float f) {
   return ((lo >> 16) & 1) == 0 ? uint16_t(lo >> 16) : uint16_t(hi >> 16);
 }
 uint16_t ReferenceHalf(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  uint16_t bits;
-  std::memcpy(&bits, &h, 2);
-  return bits;
+  if (std::isnan(f)) return 0x7E00;
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  const double a = std::fabs(double(f));
+  if (a >= 65520.0) return sign | 0x7C00;  // 65504 + half its last step and up: infinity (65504 is odd)
+  uint32_t lo = 0, hi = 0x7BFF;            // the largest half at most a: values grow with the bits
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi + 1) / 2;
+    if (double(HalfBitsToFloat(uint16_t(mid))) <= a) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  if (lo == 0x7BFF) return sign | 0x7BFF;
+  const double below = a - double(HalfBitsToFloat(uint16_t(lo)));
+  const double above = double(HalfBitsToFloat(uint16_t(lo + 1))) - a;
+  const uint32_t pick = below < above ? lo : above < below ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
+  return uint16_t(sign | pick);
 }
 
 // The CPU twin's bf16 and fp16 output, every element, equals its own float32
