@@ -450,7 +450,23 @@ TEST(NodeShareTest, AJobLeavesNoFilesInTheNodeDirectory) {
   ASSERT_GE(lock, 0);
   ASSERT_EQ(::flock(lock, LOCK_EX), 0);
   auto late = std::async(std::launch::async, [&] { return OpenBatchSource(o); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the rank blocks on the lock
+  // The rank blocks on the lock: seen as a waiter on its inode in
+  // /proc/locks ("-> FLOCK ..."), not assumed after a fixed sleep (on a busy
+  // machine the rank reached the lock after it was gone, and this branch did
+  // not run).
+  struct stat lock_st {};
+  ASSERT_EQ(::fstat(lock, &lock_st), 0);
+  const std::string inode = ":" + std::to_string(lock_st.st_ino) + " ";
+  bool waiting = false;
+  for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       !waiting && std::chrono::steady_clock::now() < deadline;) {
+    std::ifstream locks("/proc/locks");
+    for (std::string line; !waiting && std::getline(locks, line);) {
+      waiting = line.find("->") != std::string::npos && line.find(inode) != std::string::npos;
+    }
+    if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(waiting) << "the rank never waited for the start-up lock";
   ::unlink((*prefix + ".lock").c_str());
   ::close(lock);
   {
