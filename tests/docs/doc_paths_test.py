@@ -270,7 +270,7 @@ def self_check():
                "`lib/io/` and `lib/io/file.cc` and `gpufeed/api.h` and `file.*` and [o](docs/other.md)\n"
                "missing: `lib/net/` and `lib/io/gone.cc` and tests/lib/b_test.cc and [m](docs/none.md#a) and "
                "`lib/io/file.{h,c}`\n"
-               "outside: `../shared/data/` and ../shared/STYLE.md\n"
+               "outside: `../shared/data/` and ../shared/NOTES.md\n"
                "| `lib/` | `io/file.h`, `file.cc`, `gone.h` |\n"
                "not paths: `build/gpufeed`, `unix:/tmp/s`, `FILE.h5:/images`, `'dir/*.h5'`, `/usr/share/x`, `I/O`,\n"
                "`DIR/a.cc`, `Suite.*`, `dist/gpufeed/lib/x.so`, [here](#layout), [no](#nowhere)\n"
@@ -283,7 +283,7 @@ def self_check():
         want = sorted(["README.md:3: `lib/net/`", "README.md:3: `lib/io/gone.cc`", "README.md:3: `lib/io/file.c`",
                        "README.md:3: `tests/lib/b_test.cc`",
                        "README.md:3: `docs/none.md#a`", "README.md:4: `../shared/data/`",
-                       "README.md:4: `../shared/STYLE.md`", "README.md:5: `gone.h`", "README.md:7: `#nowhere`",
+                       "README.md:4: `../shared/NOTES.md`", "README.md:5: `gone.h`", "README.md:7: `#nowhere`",
                        "README.md:15: the Layout draws `lib/net/`", "README.md:12: the Layout does not draw `tools/`"])
         got = sorted(got)
         if len(got) != len(want) or any(not g.startswith(w) for g, w in zip(got, want)):
