@@ -94,12 +94,24 @@ Status CompareHashes(std::span<const uint64_t> got, std::span<const uint64_t> wa
   return Status::Ok();
 }
 
-Status EchoCheck::Add(int pass, std::span<const uint64_t> indices) {
+Status EchoCheck::Add(uint64_t upload, int pass, std::span<const uint64_t> indices) {
   if (pass < 0 || pass >= echo_) {
     return Status::Corrupt("an output batch of pass " + std::to_string(pass) + " with echo " + std::to_string(echo_));
   }
-  if (pass == 0 && last_pass_ > 0) GPUFEED_RETURN_IF_ERROR(CheckUpload());
-  if (pass < last_pass_ && pass != 0) {
+  if (started_ && upload != last_upload_) {
+    if (upload < last_upload_) {
+      return Status::Corrupt("an output batch of upload " + std::to_string(upload) + " came after upload " +
+                             std::to_string(last_upload_));
+    }
+    GPUFEED_RETURN_IF_ERROR(CheckUpload());
+  }
+  if (pass != 0 && passes_.empty()) {
+    return Status::Corrupt("upload " + std::to_string(upload) + ": echo pass " + std::to_string(pass) +
+                           " before its fresh pass");
+  }
+  started_ = true;
+  last_upload_ = upload;
+  if (pass < last_pass_) {
     return Status::Corrupt("echo pass " + std::to_string(pass) + " came after pass " + std::to_string(last_pass_));
   }
   if (passes_.size() <= static_cast<size_t>(pass)) passes_.resize(static_cast<size_t>(pass) + 1);

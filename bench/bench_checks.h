@@ -62,10 +62,12 @@ Status CompareHashes(std::span<const uint64_t> got, std::span<const uint64_t> wa
 class EchoCheck {
  public:
   EchoCheck(int echo, bool exact) : echo_(echo), exact_(exact) {}
-  // One output batch, in delivery order: its pass and row indices. A pass-0
-  // batch after a later pass starts the next upload (the previous is checked
-  // then).
-  Status Add(int pass, std::span<const uint64_t> indices);
+  // One output batch, in delivery order: its upload (DeviceBatch::upload()),
+  // pass and row indices. A batch of another upload than the last one's
+  // starts the next upload (the previous is checked then); uploads come in
+  // increasing order. (A pass-0 batch after a later pass is not enough: with
+  // auto echo an upload used once is followed by pass-0 batches of the next.)
+  Status Add(uint64_t upload, int pass, std::span<const uint64_t> indices);
   Status Finish();  // checks the last upload
   uint64_t uploads() const { return uploads_; }
 
@@ -74,6 +76,8 @@ class EchoCheck {
   int echo_;
   bool exact_;
   int last_pass_ = -1;
+  bool started_ = false;     // a batch was added
+  uint64_t last_upload_ = 0;  // its upload
   uint64_t uploads_ = 0;
   std::vector<std::vector<uint64_t>> passes_;  // this upload's indices per pass
 };

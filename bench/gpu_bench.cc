@@ -124,13 +124,18 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
       GpuFeeder feeder(loader, o.feed, epoch);
       const auto t0 = std::chrono::steady_clock::now();
       std::optional<DeviceBatch> last;
-      std::vector<std::pair<int, std::vector<uint64_t>>> batches;  // (pass, indices): checked after the clock
+      struct Delivered {
+        uint64_t upload;
+        int pass;
+        std::vector<uint64_t> indices;
+      };
+      std::vector<Delivered> batches;  // checked after the clock
       for (;;) {
         auto b = feeder.Next();
         if (!b.ok()) return b.status();
         if (!*b) break;
         const auto idx = (*b)->indices();
-        batches.emplace_back((*b)->pass(), std::vector<uint64_t>(idx.begin(), idx.end()));
+        batches.push_back({(*b)->upload(), (*b)->pass(), std::vector<uint64_t>(idx.begin(), idx.end())});
         last = std::move(**b);  // releases the previous one
       }
       if (last) GPUFEED_RETURN_IF_ERROR(feeder.CopyToHost(*last, nullptr, nullptr));  // wait for the GPU
@@ -139,8 +144,8 @@ Result<FeedBenchResult> RunFeedBench(const FeedBenchOptions& o) {
       // Auto echo (0) starts at 1 while it measures: each upload is then
       // checked for permutations, not for the final factor's count.
       EchoCheck echo(o.feed.echo > 0 ? r.stats.echo : 4, /*exact=*/o.feed.echo > 0);
-      for (const auto& [pass, idx] : batches) {
-        GPUFEED_RETURN_IF_ERROR(echo.Add(pass, idx).WithContext(what));
+      for (const auto& [upload, pass, idx] : batches) {
+        GPUFEED_RETURN_IF_ERROR(echo.Add(upload, pass, idx).WithContext(what));
         if (pass == 0) {
           GPUFEED_RETURN_IF_ERROR(tally.Add(idx).WithContext(what));
           fresh_order.insert(fresh_order.end(), idx.begin(), idx.end());

@@ -14,6 +14,10 @@ namespace gpufeed::gpu {
 
 inline Status CudaStatus(cudaError_t e, const char* call, const char* file, int line) {
   if (e == cudaSuccess) return Status::Ok();
+  // The runtime keeps a failed call's error as the thread's last error; a
+  // later launch's cudaGetLastError() would report it again, against a call
+  // that did not fail. It is this Status's now.
+  (void)cudaGetLastError();
   return Status::Internal(std::string(call) + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
                           ") at " + file + ":" + std::to_string(line));
 }

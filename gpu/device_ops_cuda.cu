@@ -10,6 +10,29 @@ namespace {
 cudaStream_t ToCuda(StreamRef s) { return static_cast<cudaStream_t>(s.raw); }
 cudaEvent_t ToCuda(EventRef e) { return static_cast<cudaEvent_t>(e.raw); }
 
+// The null stream is the legacy default stream of the calling thread's
+// current device, which need not be the feed's: a consumer releasing a batch
+// of device 0 after asking a feed of device 1 for its batch (gpufeed.jax, a
+// feed per device of one thread) would record device 0's event on device 1's
+// stream (cudaErrorInvalidResourceHandle). For the null stream, the call is
+// made with the feed's device current, and the caller's put back after.
+class NullStreamOnDevice {
+ public:
+  NullStreamOnDevice(StreamRef s, int device) {
+    if (s.raw != nullptr || cudaGetDevice(&previous_) != cudaSuccess || previous_ == device) return;
+    switched_ = cudaSetDevice(device) == cudaSuccess;
+  }
+  ~NullStreamOnDevice() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  NullStreamOnDevice(const NullStreamOnDevice&) = delete;
+  NullStreamOnDevice& operator=(const NullStreamOnDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 class CudaOps final : public DeviceOps {
  public:
   explicit CudaOps(int device) : device_(device) {}
@@ -30,10 +53,12 @@ class CudaOps final : public DeviceOps {
     return Status::Ok();
   }
   Status Record(StreamRef stream, EventRef event) override {
+    NullStreamOnDevice on(stream, device_);
     GPUFEED_CUDA_RETURN(cudaEventRecord(ToCuda(event), ToCuda(stream)));
     return Status::Ok();
   }
   Status StreamWait(StreamRef stream, EventRef event) override {
+    NullStreamOnDevice on(stream, device_);
     GPUFEED_CUDA_RETURN(cudaStreamWaitEvent(ToCuda(stream), ToCuda(event), 0));
     return Status::Ok();
   }
@@ -42,6 +67,7 @@ class CudaOps final : public DeviceOps {
     return Status::Ok();
   }
   Status StreamSync(StreamRef stream) override {
+    NullStreamOnDevice on(stream, device_);
     GPUFEED_CUDA_RETURN(cudaStreamSynchronize(ToCuda(stream)));
     return Status::Ok();
   }

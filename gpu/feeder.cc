@@ -860,6 +860,7 @@ Result<std::optional<DeviceBatch>> GpuFeeder::Impl::Produce(GpuFeeder* owner) {
   b.ready_event_ = ops->is_gpu() ? os.ready.ref().raw : nullptr;  // the public API's cudaEvent_t
   b.size_ = p.batch;
   b.pass_ = s->pass;
+  b.upload_ = s->upload_index;
   b.index_ = out_index++;
   if (s->pass == 0) {
     ++st.fresh_batches;
@@ -1087,6 +1088,7 @@ DeviceBatch& DeviceBatch::operator=(DeviceBatch&& o) noexcept {
     size_ = o.size_;
     pass_ = o.pass_;
     index_ = o.index_;
+    upload_ = o.upload_;
   }
   return *this;
 }

@@ -180,6 +180,11 @@ class DeviceBatch {
   int pass() const { return pass_; }  // 0: fresh, >0: an echo of an earlier upload
   bool echoed() const { return pass_ > 0; }
   uint64_t index() const { return index_; }  // output batch index within the epoch
+  // The upload (a fill of super_batch loader batches) it was made from, counted
+  // from 0 within the epoch: its fresh pass and every echo pass share it. With
+  // echo 0 (auto) the factor changes between uploads, so a pass-0 batch does
+  // not by itself say an upload ended.
+  uint64_t upload() const { return upload_; }
   // The dataset index of each of its size() rows (host memory, valid as the
   // batch): the loader's Batch::indices() gathered as the images were, so an
   // echo pass lists its permutation of the upload. For logging and checks
@@ -205,6 +210,7 @@ class DeviceBatch {
   void* ready_event_ = nullptr;
   int size_ = 0, pass_ = 0;
   uint64_t index_ = 0;
+  uint64_t upload_ = 0;
 };
 
 // Whether a feed with `options` takes the samples `source` describes: the

@@ -63,26 +63,55 @@ TEST(BenchChecksTest, AWrongHashInATimedPassFails) {
 
 TEST(BenchChecksTest, EchoPassesMustBePermutationsOfTheirUpload) {
   EchoCheck ok(2, true);
-  ASSERT_TRUE(ok.Add(0, std::vector<uint64_t>{4, 5}).ok());
-  ASSERT_TRUE(ok.Add(0, std::vector<uint64_t>{6}).ok());
-  ASSERT_TRUE(ok.Add(1, std::vector<uint64_t>{6, 4}).ok());
-  ASSERT_TRUE(ok.Add(1, std::vector<uint64_t>{5}).ok());
-  ASSERT_TRUE(ok.Add(0, std::vector<uint64_t>{1, 2}).ok());
-  ASSERT_TRUE(ok.Add(1, std::vector<uint64_t>{2, 1}).ok());
+  ASSERT_TRUE(ok.Add(0, 0, std::vector<uint64_t>{4, 5}).ok());
+  ASSERT_TRUE(ok.Add(0, 0, std::vector<uint64_t>{6}).ok());
+  ASSERT_TRUE(ok.Add(0, 1, std::vector<uint64_t>{6, 4}).ok());
+  ASSERT_TRUE(ok.Add(0, 1, std::vector<uint64_t>{5}).ok());
+  ASSERT_TRUE(ok.Add(1, 0, std::vector<uint64_t>{1, 2}).ok());
+  ASSERT_TRUE(ok.Add(1, 1, std::vector<uint64_t>{2, 1}).ok());
   EXPECT_TRUE(ok.Finish().ok());
   EXPECT_EQ(ok.uploads(), 2u);
 
   EchoCheck wrong(2, true);
-  ASSERT_TRUE(wrong.Add(0, std::vector<uint64_t>{4, 5}).ok());
-  ASSERT_TRUE(wrong.Add(1, std::vector<uint64_t>{4, 4}).ok());
+  ASSERT_TRUE(wrong.Add(0, 0, std::vector<uint64_t>{4, 5}).ok());
+  ASSERT_TRUE(wrong.Add(0, 1, std::vector<uint64_t>{4, 4}).ok());
   EXPECT_EQ(wrong.Finish().code(), StatusCode::kCorrupt);
 
   EchoCheck short_echo(2, true);  // an upload used once with echo 2
-  ASSERT_TRUE(short_echo.Add(0, std::vector<uint64_t>{4, 5}).ok());
+  ASSERT_TRUE(short_echo.Add(0, 0, std::vector<uint64_t>{4, 5}).ok());
   EXPECT_FALSE(short_echo.Finish().ok());
   EchoCheck auto_echo(4, false);  // auto echo: at most 4 uses
-  ASSERT_TRUE(auto_echo.Add(0, std::vector<uint64_t>{4, 5}).ok());
+  ASSERT_TRUE(auto_echo.Add(0, 0, std::vector<uint64_t>{4, 5}).ok());
   EXPECT_TRUE(auto_echo.Finish().ok());
+}
+
+// Auto echo (0) uses an upload once while it measures, then more: upload 0's
+// fresh pass is followed by upload 1's fresh pass, and only upload 1 is
+// echoed. Telling uploads apart by "pass 0 after a later pass" merged the
+// two (`bench feed --echo 0 --super-batch 2` failed a correct feed).
+TEST(BenchChecksTest, AutoEchoUploadsAreToldApartByTheirIndex) {
+  EchoCheck check(4, false);
+  ASSERT_TRUE(check.Add(0, 0, std::vector<uint64_t>{4, 5}).ok());
+  ASSERT_TRUE(check.Add(0, 0, std::vector<uint64_t>{6, 7}).ok());
+  ASSERT_TRUE(check.Add(1, 0, std::vector<uint64_t>{0, 1}).ok());
+  ASSERT_TRUE(check.Add(1, 0, std::vector<uint64_t>{2, 3}).ok());
+  ASSERT_TRUE(check.Add(1, 1, std::vector<uint64_t>{3, 0}).ok());
+  ASSERT_TRUE(check.Add(1, 1, std::vector<uint64_t>{1, 2}).ok());
+  EXPECT_TRUE(check.Finish().ok());
+  EXPECT_EQ(check.uploads(), 2u);
+
+  EchoCheck partial(4, false);  // an echo pass that misses one of its upload's samples
+  ASSERT_TRUE(partial.Add(0, 0, std::vector<uint64_t>{0, 1, 2}).ok());
+  ASSERT_TRUE(partial.Add(0, 1, std::vector<uint64_t>{2, 0}).ok());
+  const Status next = partial.Add(1, 0, std::vector<uint64_t>{3});  // upload 0 is checked here
+  EXPECT_EQ(next.code(), StatusCode::kCorrupt);
+  EXPECT_NE(next.message().find("not a permutation"), std::string::npos) << next.ToString();
+
+  EchoCheck backwards(4, false);
+  ASSERT_TRUE(backwards.Add(1, 0, std::vector<uint64_t>{0}).ok());
+  EXPECT_EQ(backwards.Add(0, 0, std::vector<uint64_t>{1}).code(), StatusCode::kCorrupt);
+  EchoCheck echo_first(4, false);
+  EXPECT_EQ(echo_first.Add(0, 1, std::vector<uint64_t>{1}).code(), StatusCode::kCorrupt);
 }
 
 // A small uint8 CHW image with distinct values, and the feed's output of it

@@ -23,6 +23,11 @@ expect "all 2 epochs, 1200 samples delivered .*the reported epoch's 600" "$out" 
 expect "1200 labels equal to the file's and 40 samples' values" "$out" "bench feed value checks"
 out=$("$cli" bench feed --data "$tmp/d.h5" "${common[@]}" --dtype float16 --epochs 1 --json 2>&1)
 expect '"values_checked": 10' "$out" "bench feed fp16"
+# Auto echo with super-batches: the first uploads are used once while the
+# factor is measured, later ones more; each epoch's fresh passes every index once.
+out=$("$cli" bench feed --data "$tmp/d.h5" "${common[@]}" --echo 0 --super-batch 2 --epochs 2 2>&1) ||
+  { echo "FAIL: bench feed --echo 0 --super-batch 2: $out"; fail=1; }
+expect "verified, as timed .*all 2 epochs" "$out" "bench feed auto echo, super-batch 2"
 
 out=$("$cli" bench loader --data "$tmp/d.h5" "${common[@]}" --batches 3 2>&1)
 expect "partial epoch, no index doubled \(96 of 300 samples\)" "$out" "bench loader --batches"
