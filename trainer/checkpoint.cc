@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -122,7 +123,58 @@ std::string ConfigValue(const std::string& config, const std::string& key) {
 // "cnn 1x28x28-c64-c128-10" without its classes: "cnn 1x28x28-c64-c128".
 std::string WithoutHead(const std::string& model) { return model.substr(0, model.rfind('-')); }
 
+// The config without the keys of the batch split (batch, accum, world).
+std::string WithoutSplit(const std::string& config) {
+  std::string out;
+  for (size_t at = 0; at < config.size();) {
+    size_t end = config.find(' ', at);
+    if (end == std::string::npos) end = config.size();
+    const std::string item = config.substr(at, end - at);
+    const std::string key = item.substr(0, item.find('='));
+    if (key != "batch" && key != "accum" && key != "world") out += (out.empty() ? "" : " ") + item;
+    at = end + 1;
+  }
+  return out;
+}
+
+uint64_t ConfigNumber(const std::string& config, const std::string& key) {
+  const std::string v = ConfigValue(config, key);
+  return v.empty() ? 0 : std::strtoull(v.c_str(), nullptr, 10);
+}
+
 }  // namespace
+
+Status CheckResumeConfig(const std::string& path, const std::string& saved, const std::string& ours) {
+  if (WithoutSplit(saved) != WithoutSplit(ours))
+    return Status::InvalidArgument("checkpoint " + path + " was trained with '" + saved + "', this run has '" + ours +
+                                   "'");
+  const uint64_t sb = ConfigNumber(saved, "batch"), sa = ConfigNumber(saved, "accum"),
+                 sw = ConfigNumber(saved, "world");
+  const uint64_t ob = ConfigNumber(ours, "batch"), oa = ConfigNumber(ours, "accum"), ow = ConfigNumber(ours, "world");
+  if (sb == ob && sa == oa) return Status::Ok();  // the same per rank: any world size
+  auto split = [](uint64_t b, uint64_t a, uint64_t w) {
+    return "--batch-size " + std::to_string(b) + " x --accum " + std::to_string(a) + " x " + std::to_string(w) +
+           (w == 1 ? " rank" : " ranks");
+  };
+  if (sw == 0)
+    return Status::InvalidArgument("checkpoint " + path + " was trained with --batch-size " + std::to_string(sb) +
+                                   " --accum " + std::to_string(sa) +
+                                   " and does not record its ranks (an older gpufeed wrote it): resume with that "
+                                   "--batch-size and --accum");
+  const uint64_t global = sb * sa * sw;
+  if (ow > 0 && global == ob * oa * ow) return Status::Ok();  // the same training at another width
+  std::string fits;
+  if (ow > 0 && global % (ow * oa) == 0)
+    fits = "--batch-size " + std::to_string(global / (ow * oa)) + " --accum " + std::to_string(oa);
+  else if (ow > 0 && global % ow == 0)
+    fits = "--batch-size " + std::to_string(global / ow) + " --accum 1";
+  return Status::InvalidArgument(
+      "checkpoint " + path + " was trained with a global batch of " + std::to_string(global) + " (" +
+      split(sb, sa, sw) + "), this run's is " + std::to_string(ob * oa * ow) + " (" + split(ob, oa, ow) +
+      "): resume with the same global batch" + (fits.empty() ? "" : " (here: " + fits + ")") +
+      ", or with the checkpoint's --batch-size " + std::to_string(sb) + " and --accum " + std::to_string(sa) +
+      " at any number of ranks");
+}
 
 Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& meta) {
   Writer w;
@@ -166,9 +218,7 @@ Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   if (meta->model != expect.model)
     return Status::InvalidArgument("checkpoint " + path + " holds model '" + meta->model + "', this run builds '" +
                                    expect.model + "'");
-  if (meta->config != expect.config)
-    return Status::InvalidArgument("checkpoint " + path + " was trained with '" + meta->config + "', this run has '" +
-                                   expect.config + "'");
+  GPUFEED_RETURN_IF_ERROR(CheckResumeConfig(path, meta->config, expect.config));
   int32_t next_epoch;
   GPUFEED_RETURN_IF_ERROR(r.Pod(&next_epoch));
   meta->next_epoch = next_epoch;

@@ -34,9 +34,20 @@ struct CheckpointMeta {
   LoaderState loader;
 };
 
+// Whether a run whose ConfigString is `ours` continues one trained with
+// `saved` (both "precision=.. optimizer=.. batch=.. accum=.. world=.. .."):
+// everything but the batch split must be the same, and the split must give
+// the same global batch (batch x accum x world: the same training, at any
+// width), or the same batch and accum per rank (another world size: the
+// global batch changes with it, as before the global batch was recorded).
+// A checkpoint without world= (an older gpufeed's) resumes by the second
+// rule only. InvalidArgument naming both global batches and a split that fits.
+Status CheckResumeConfig(const std::string& path, const std::string& saved, const std::string& ours);
+
 Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& meta);
 // Restores into `model` (already Init()ed with the same spec) and fills meta.
-// `expect` gives the model and config that must match.
+// `expect` gives the model that must match and the config that must fit
+// (CheckResumeConfig).
 Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& expect,
                       CheckpointMeta* meta);
 // Starts `model` from the weights of a checkpoint (TrainOptions::init_path):

@@ -103,9 +103,12 @@ Result<Geometry> SampleGeometry(const ChunkSource& src) {
 
 std::string ConfigString(const TrainOptions& o) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "precision=%s optimizer=%s batch=%llu accum=%d seed=%llu",
+  // world: the data-parallel ranks (pipeline stages: the replicas), so that
+  // a resume knows the global batch, batch x accum x world
+  // (trainer::CheckResumeConfig).
+  std::snprintf(buf, sizeof buf, "precision=%s optimizer=%s batch=%llu accum=%d world=%d seed=%llu",
                 std::string(DTypeName(o.precision)).c_str(), OptimizerName(o.optimizer).c_str(),
-                (unsigned long long)o.batch_size, o.accum, (unsigned long long)o.seed);
+                (unsigned long long)o.batch_size, o.accum, o.parallel.world_size, (unsigned long long)o.seed);
   // Freezing changes which tensors a checkpoint holds (frozen ones keep no
   // optimizer state); absent when nothing is frozen, as before.
   std::string s = buf;

@@ -153,9 +153,12 @@ struct TrainOptions {
   // summed with the other ranks' (NCCL on GPUs, shared memory for CPU
   // ranks) in buckets of about bucket_bytes while the backward pass goes on.
   // Every rank ends with the same weights; rank 0 writes the checkpoints
-  // (resumable at another world size: they are taken at epoch ends; the
-  // learning-rate schedule goes on from the saved step count over the steps
-  // an epoch has at the new size); every
+  // (taken at epoch ends; the learning-rate schedule goes on from the saved
+  // step count over the steps an epoch has at the new size). A checkpoint
+  // resumes at another world size with the same global batch
+  // (batch_size x accum x world_size: 2 x 128 as 1 x 256 or 1 x 128 x accum
+  // 2, the same steps an epoch), or with the same batch_size and accum (the
+  // global batch changes with the ranks); any other split is refused. Every
   // rank evaluates the whole test split with rank 0's batchnorm statistics.
   // Batchnorm normalizes over each rank's own batch (as PyTorch's DDP without
   // SyncBatchNorm). `gpufeed train --gpus N` and torchrun set these from

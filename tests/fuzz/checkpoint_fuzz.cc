@@ -3,7 +3,9 @@
 // payload is behind an XXH64 checksum that random bytes never match, so in
 // even modes (first input byte) the rest of the input is the payload and the
 // target writes a valid header for it; odd modes take the rest as the whole
-// file. A load that succeeds must have matched the expected model and config.
+// file. A load that succeeds must have matched the expected model, and its
+// config must fit the expected one (CheckResumeConfig: another batch split
+// of the same global batch fits).
 #include <xxhash.h>
 
 #include <cstddef>
@@ -32,7 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   file.Set(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
   CheckpointMeta meta;
   if (LoadCheckpoint(file.Path(), f.ops.get(), f.model.get(), f.expect, &meta).ok()) {
-    GPUFEED_FUZZ_CHECK(meta.model == f.expect.model && meta.config == f.expect.config);
+    GPUFEED_FUZZ_CHECK(meta.model == f.expect.model &&
+                       CheckResumeConfig(file.Path(), meta.config, f.expect.config).ok());
   }
   return 0;
 }

@@ -2,7 +2,7 @@
 // shared-memory collectives (the CPU form of the NCCL path: the same Train()
 // code): 2 ranks of batch B train the same weights as 1 rank of batch 2B fed
 // the same samples per step; a checkpoint taken at 2 ranks resumes at 1 and
-// the other way; a rank that never comes ends the others' wait with an error.
+// the other way, and at another width by the global batch; a rank that never comes ends the others' wait with an error.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -167,6 +167,83 @@ TEST(DataParallelTest, ACheckpointAtTwoRanksResumesAtOneAndBack) {
   ASSERT_EQ(third[0]->epochs.size(), 2u);
   EXPECT_EQ(third[0]->epochs[1].samples, 1024u);
   EXPECT_GT(third[0]->epochs.back().test_accuracy, 0.9);
+  std::filesystem::remove_all(dir);
+}
+
+// Resume at another width by the global batch (batch x accum x ranks): a
+// checkpoint taken at 2 ranks of 16 resumes at 1 rank of 32, or of 16 with
+// --accum 2. Where each step's samples are the same (one rank: batch 32 and
+// 16 x accum 2 cut the epoch's order alike) the resumed run trains what the
+// uninterrupted one does, to within rounding: the CPU backend sums a
+// micro-batch's gradient in double and rounds it, so two micro-batches of 16
+// round once more than one of 32 (the losses agree to 1e-4, not bit for
+// bit). From 2 ranks the resumed epochs consume the same samples (every one
+// once an epoch) in the same number of steps on the same learning-rate
+// schedule, but a step's samples are not those of the 2-rank run: the loader
+// gives each rank a contiguous share of the epoch's order. A global batch
+// that differs is refused, naming a split that fits.
+TEST(DataParallelTest, ACheckpointResumesAtAnotherWidthWithTheSameGlobalBatch) {
+  BarsSource data(1024), test(256);
+  const std::string dir = testing::MakeTempDir("dp-width");
+  TrainOptions o = Options(32);
+  o.epochs = 3;
+  auto whole = Train(data, &test, o);  // one rank of 32, uninterrupted
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+
+  o.checkpoint_path = dir + "/one";
+  o.stop_after_epochs = 1;
+  ASSERT_TRUE(Train(data, &test, o).ok());
+  TrainOptions split = o;
+  split.batch_size = 16, split.accum = 2, split.resume = true, split.stop_after_epochs = 0;
+  auto resumed = Train(data, &test, split);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ(resumed->start_epoch, 1);
+  ASSERT_EQ(resumed->epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    const EpochReport &a = resumed->epochs[e], &b = whole->epochs[e + 1];
+    EXPECT_EQ(a.samples, b.samples);
+    EXPECT_EQ(a.steps, b.steps);
+    EXPECT_NEAR(a.train_loss, b.train_loss, 1e-4 * b.train_loss) << "epoch " << e + 1;
+    EXPECT_NEAR(a.test_loss, b.test_loss, 1e-4 * b.test_loss) << "epoch " << e + 1;
+  }
+
+  // Two ranks of 16 -> one rank of 32 or of 16 x 2.
+  TrainOptions two = Options(16);
+  two.epochs = 3;
+  two.checkpoint_path = dir + "/two";
+  two.stop_after_epochs = 1;
+  auto first = RunRanks(data, &test, two, 2, dir + "/a");
+  for (auto& r : first) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (const auto& [batch, accum] : {std::pair{32, 1}, std::pair{16, 2}}) {
+    TrainOptions one = two;
+    one.checkpoint_path = dir + "/two-" + std::to_string(batch);  // each resumes the 2-rank checkpoint
+    std::filesystem::copy_file(two.checkpoint_path, one.checkpoint_path);
+    one.batch_size = uint64_t(batch), one.accum = accum, one.resume = true, one.stop_after_epochs = 0;
+    auto r = Train(data, &test, one);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->start_epoch, 1);
+    ASSERT_EQ(r->epochs.size(), 2u);
+    for (const EpochReport& e : r->epochs) {
+      EXPECT_EQ(e.samples, 1024u);  // the drop_last shares hold every sample: each once
+      EXPECT_EQ(e.steps, first[0]->epochs[0].steps);
+    }
+    EXPECT_GT(r->epochs.back().test_accuracy, 0.9);
+  }
+  // Another global batch: refused, naming both and a split that fits.
+  TrainOptions other = two;
+  other.batch_size = 24, other.resume = true, other.stop_after_epochs = 0;
+  auto refused = Train(data, &test, other);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(
+                "a global batch of 32 (--batch-size 16 x --accum 1 x 2 ranks), this run's is 24 (--batch-size 24 x "
+                "--accum 1 x 1 rank): resume with the same global batch (here: --batch-size 32 --accum 1)"),
+            std::string::npos)
+      << refused.status().ToString();
+  other.batch_size = 8, other.accum = 3;
+  refused = Train(data, &test, other);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("(here: --batch-size 32 --accum 1)"), std::string::npos)
+      << refused.status().ToString();
   std::filesystem::remove_all(dir);
 }
 
