@@ -1,4 +1,5 @@
-// ExpandFiles (gpufeed/file_list.h): the files a many-file spec names.
+// ExpandFiles (gpufeed/file_list.h): the files a many-file spec names (the
+// objects of an s3:// glob or prefix: hdf5io/io/object_list.h).
 #include "gpufeed/file_list.h"
 
 #include <glob.h>
@@ -10,6 +11,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "hdf5io/io/object_list.h"
+#include "hdf5io/io/object_store.h"
 
 namespace gpufeed {
 namespace {
@@ -32,6 +36,7 @@ bool IsDirectory(std::string_view p) {
 }  // namespace
 
 bool IsMultiFileSpec(std::string_view data) {
+  if (io::IsRemoteUrl(data)) return io::IsObjectListSpec(data);
   if (data.find_first_of("*?[") != std::string_view::npos) return true;
   return IsDirectory(data) || IsListFile(data);
 }
@@ -39,6 +44,13 @@ bool IsMultiFileSpec(std::string_view data) {
 Result<std::vector<std::string>> ExpandFiles(std::string_view data_view) {
   const std::string data(data_view);
   std::vector<std::string> files;
+  if (io::IsRemoteUrl(data)) {
+    // Objects: a glob or prefix is listed by the store (sorted there); one
+    // object is itself.
+    if (io::IsObjectListSpec(data)) return io::ListObjects(data);
+    files.push_back(data);
+    return files;
+  }
   if (IsDirectory(data)) {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(data, ec)) {
@@ -68,6 +80,14 @@ Result<std::vector<std::string>> ExpandFiles(std::string_view data_view) {
       while (start < line.size() && std::isspace(static_cast<unsigned char>(line[start]))) ++start;
       line.erase(0, start);
       if (line.empty()) continue;
+      if (io::IsRemoteUrl(line)) {
+        if (io::IsObjectListSpec(line)) {
+          return Status::InvalidArgument(data + ": '" + io::DisplayUrl(line) +
+                                         "' names many objects; a list names one object (or file) a line");
+        }
+        files.push_back(line);  // an object URL, as written
+        continue;
+      }
       std::filesystem::path p(line);
       files.push_back(p.is_absolute() || base.empty() ? p.string() : (base / p).string());
     }

@@ -32,12 +32,6 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 constexpr size_t kMaxErrorBody = 4096;
 
-Status CurlInit() {
-  static CURLcode rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-  if (rc != CURLE_OK) return Status::Internal(std::string("libcurl: global init: ") + curl_easy_strerror(rc));
-  return Status::Ok();
-}
-
 Result<long> EnvLong(const char* name, long def, long lo, long hi, const char* what) {
   const char* v = std::getenv(name);
   if (v == nullptr || v[0] == '\0') return def;
@@ -97,6 +91,12 @@ struct Request {
 };
 
 }  // namespace
+
+Status RemoteInit() {
+  static CURLcode rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (rc != CURLE_OK) return Status::Internal(std::string("libcurl: global init: ") + curl_easy_strerror(rc));
+  return Status::Ok();
+}
 
 struct RemoteFile::Impl {
   ObjectTarget target;
@@ -498,7 +498,7 @@ RemoteFile::~RemoteFile() {
 }
 
 Result<std::unique_ptr<RemoteFile>> RemoteFile::Open(std::string_view spec, const RemoteOptions& options) {
-  GPUFEED_RETURN_IF_ERROR(CurlInit());
+  GPUFEED_RETURN_IF_ERROR(RemoteInit());
   auto target = ResolveObject(spec);
   if (!target.ok()) return target.status();
   auto impl = std::make_unique<Impl>();

@@ -38,6 +38,9 @@
 
 namespace gpufeed::io {
 
+// libcurl's global state, set up once (any thread, any number of calls).
+Status RemoteInit();
+
 struct RemoteOptions {
   unsigned in_flight = 64;
   int timeout_ms = 30000;

@@ -147,7 +147,11 @@ std::string DisplayUrl(std::string_view url) {
   return std::string(u);
 }
 
-Result<ObjectTarget> ResolveObject(std::string_view spec) {
+namespace {
+
+// ResolveObject and ResolveBucket: `need_key` false takes s3://BUCKET/ and
+// s3://BUCKET/PREFIX (a listing's address: bucket_url).
+Result<ObjectTarget> Resolve(std::string_view spec, bool need_key) {
   ObjectTarget t;
   t.named = DisplayUrl(spec);
   if (!IsRemoteUrl(spec)) {
@@ -181,7 +185,7 @@ Result<ObjectTarget> ResolveObject(std::string_view spec) {
   const size_t slash = rest.find('/');
   const std::string bucket(rest.substr(0, slash));
   const std::string key = slash == std::string_view::npos ? std::string() : std::string(rest.substr(slash + 1));
-  if (bucket.empty() || key.empty()) {
+  if (bucket.empty() || (need_key && key.empty())) {
     return Status::InvalidArgument(t.named + ": expected s3://BUCKET/KEY (" +
                                    (bucket.empty() ? "no bucket" : "no key after the bucket") + ")");
   }
@@ -199,10 +203,14 @@ Result<ObjectTarget> ResolveObject(std::string_view spec) {
                                      "': expected http://HOST[:PORT] or https://HOST[:PORT]");
     }
     while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-    t.url = endpoint + "/" + bucket + "/" + EncodeKey(key);  // path-style: what S3-compatible stores take
+    t.bucket_url = endpoint + "/" + bucket;  // path-style: what S3-compatible stores take
+    t.url = t.bucket_url + "/" + EncodeKey(key);
   } else {
-    t.url = "https://" + bucket + ".s3." + region + ".amazonaws.com/" + EncodeKey(key);
+    t.bucket_url = "https://" + bucket + ".s3." + region + ".amazonaws.com";
+    t.url = t.bucket_url + "/" + EncodeKey(key);
   }
+  t.bucket = bucket;
+  t.key = key;
   auto creds = LoadCredentials(profile, !profile_env.empty());
   if (!creds.ok()) return creds.status();
   t.credentials_from = creds->from;
@@ -213,6 +221,19 @@ Result<ObjectTarget> ResolveObject(std::string_view spec) {
     t.token = creds->token;
   }
   return t;
+}
+
+}  // namespace
+
+Result<ObjectTarget> ResolveObject(std::string_view spec) { return Resolve(spec, true); }
+
+Result<ObjectTarget> ResolveBucket(std::string_view spec) {
+  if (!Lower(spec.substr(0, 5)).starts_with("s3://")) {
+    return Status::InvalidArgument(DisplayUrl(spec) +
+                                   ": only an s3:// address can be listed (an http(s) server has no listing); "
+                                   "name the objects one by one, or in a .txt file of URLs, one a line");
+  }
+  return Resolve(spec, false);
 }
 
 }  // namespace gpufeed::io

@@ -39,6 +39,10 @@ struct ObjectTarget {
   std::string token;             // AWS_SESSION_TOKEN, sent as x-amz-security-token
   std::string credentials_from;  // "AWS_ACCESS_KEY_ID", "profile p in FILE", "none (unsigned)": for errors
   std::string region;
+  // s3:// only: the bucket, the key (as written, not encoded) and the
+  // bucket's own URL (ENDPOINT/BUCKET, or https://BUCKET.s3.REGION.amazonaws.com),
+  // where a listing is asked for.
+  std::string bucket, key, bucket_url;
 };
 
 // What `spec` (s3://BUCKET/KEY or http(s)://HOST/PATH) is fetched from, with
@@ -46,6 +50,11 @@ struct ObjectTarget {
 // (no bucket, no key, a profile that is not in the file, a key without its
 // secret).
 Result<ObjectTarget> ResolveObject(std::string_view spec);
+
+// As ResolveObject, for s3://BUCKET/[PREFIX] (the key may be empty): what a
+// listing of the bucket is asked with. InvalidArgument for an http(s) URL
+// (a server that is not a store has no listing).
+Result<ObjectTarget> ResolveBucket(std::string_view spec);
 
 }  // namespace gpufeed::io
 

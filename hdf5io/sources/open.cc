@@ -64,11 +64,22 @@ Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptio
   // An object (s3://BUCKET/KEY.h5[:/dataset], https://HOST/PATH.h5): one
   // HDF5 file, probed (its metadata parsed in the probe process, fetched
   // there through the remote driver) like a local one.
+  // Many objects (s3://BUCKET/dir/*.h5, s3://BUCKET/dir/) are many files,
+  // listed by ExpandFiles as a local glob is.
   if (io::IsRemoteUrl(spec)) {
-    if (!open.fields.empty() || spec.find_first_of("*?[") != std::string::npos) {
+    if (IsMultiFileSpec(spec)) {
+      if (!open.fields.empty()) {
+        return Status::Unsupported(io::DisplayUrl(spec) +
+                                   ": named fields are not read from object storage yet; name one object "
+                                   "(s3://BUCKET/KEY.h5 or s3://BUCKET/KEY.h5:/dataset) or many without fields");
+      }
+      d.kind = SourceKind::kFields;
+      return d;
+    }
+    if (!open.fields.empty()) {
       return Status::Unsupported(io::DisplayUrl(spec) +
-                                 ": named fields and globs of objects are not read from object storage yet; name "
-                                 "one object (s3://BUCKET/KEY.h5 or s3://BUCKET/KEY.h5:/dataset)");
+                                 ": named fields are not read from object storage yet; name one object "
+                                 "(s3://BUCKET/KEY.h5 or s3://BUCKET/KEY.h5:/dataset)");
     }
     auto probed = Probe(spec, open);
     if (!probed.ok()) return probed.status();

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import gpufeed
-from conftest import ROOT, index_of, write_index_file
+from conftest import CHUNK, ROOT, index_of, sample_bytes, write_index_file
 
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
 import s3_server  # noqa: E402
@@ -247,3 +247,80 @@ def test_the_node_server_serves_the_object(aws, monkeypatch, tmp_path):
     rows = [index_of(r) for images, _ in loader for r in images]
     assert rows == list(range(1000))
     del loader
+
+
+# Many objects as one dataset (docs/object_storage.md, "Many objects"): the
+# parts hold samples 0..N-1 in key order, uploaded out of order; keys that
+# must not be read sit beside and below them.
+PARTS = [("parts/part-00.h5", 100), ("parts/part-01.h5", 37), ("parts/part-02.h5", 250), ("parts/part-03.h5", 13)]
+
+
+def write_part(path, first, n):
+    import h5py
+    images = np.stack([sample_bytes(k) for k in range(first, first + n)])
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=images, chunks=(min(CHUNK, n),) + images.shape[1:], compression="gzip")
+        f.create_dataset("labels", data=np.arange(first, first + n, dtype=np.int64) % 10)
+
+
+@pytest.fixture(scope="module")
+def parts(s3, tmp_path_factory):
+    root = tmp_path_factory.mktemp("parts")
+    first, files = 0, {}
+    for key, n in PARTS:
+        files[key] = (first, n)
+        write_part(root / key.replace("/", "_"), first, n)
+        first += n
+    for key, _ in reversed(PARTS):  # uploaded last to first: the listing sorts them
+        s3.put(BUCKET, key, root / key.replace("/", "_"))
+    # Not parts of the dataset: another name, and one level down.
+    write_part(root / "other.h5", 10000, 5)
+    s3.put(BUCKET, "parts/notes.txt", root / "other.h5")
+    s3.put(BUCKET, "parts/deeper/part-99.h5", root / "other.h5")
+    return files
+
+
+def rows_of(data, **kw):
+    kw = dict(dict(batch_size=32, order="sequential", output="numpy", share="none"), **kw)
+    return [index_of(r) for images, _ in gpufeed.Loader(data, **kw) for r in images]
+
+
+def test_a_glob_of_objects_reads_every_part_once_in_key_order(aws, parts, monkeypatch):
+    total = sum(n for _, n in PARTS)
+    monkeypatch.setenv("GPUFEED_REMOTE_LIST_PAGE", "2")  # pages of two keys: the continuation token is followed
+    assert rows_of("s3://%s/parts/part-*.h5" % BUCKET) == list(range(total))
+    got = rows_of("s3://%s/parts/part-0[0-3].h5" % BUCKET, order="random", seed=3, threads=2)
+    assert sorted(got) == list(range(total)) and got != list(range(total))
+
+
+def test_a_prefix_reads_the_hdf5_objects_directly_under_it(aws, parts):
+    total = sum(n for _, n in PARTS)
+    assert rows_of("s3://%s/parts/" % BUCKET) == list(range(total))
+    labels = [int(x) for _, lab in gpufeed.Loader("s3://%s/parts/" % BUCKET, batch_size=64, order="sequential",
+                                                   output="numpy", share="none") for x in lab]
+    assert labels == [k % 10 for k in range(total)]
+
+
+def test_a_list_of_urls_is_read_in_its_order(aws, parts, tmp_path):
+    order = ["parts/part-03.h5", "parts/part-00.h5", "parts/part-02.h5"]
+    listing = tmp_path / "objects.txt"
+    listing.write_text("# objects, one a line\n" + "".join("s3://%s/%s\n" % (BUCKET, k) for k in order))
+    want = [k for key in order for k in range(parts[key][0], parts[key][0] + parts[key][1])]
+    assert rows_of(str(listing)) == want
+
+
+def test_too_many_objects_no_match_and_https_globs_are_clear_errors(aws, parts, monkeypatch):
+    monkeypatch.setenv("GPUFEED_REMOTE_MAX_OBJECTS", "3")
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader("s3://%s/parts/*.h5" % BUCKET, batch_size=32, output="numpy", share="none")
+    assert "more than 3 objects" in str(e.value) and "GPUFEED_REMOTE_MAX_OBJECTS" in str(e.value), str(e.value)
+    monkeypatch.delenv("GPUFEED_REMOTE_MAX_OBJECTS")
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader("s3://%s/parts/nothing-*.h5" % BUCKET, batch_size=32, output="numpy", share="none")
+    assert "s3://%s/parts/nothing-*.h5" % BUCKET in str(e.value) and "matches no objects" in str(e.value)
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader("s3://no-such-bucket/parts/*.h5", batch_size=32, output="numpy", share="none")
+    assert "HTTP 404" in str(e.value) and "no-such-bucket" in str(e.value), str(e.value)
+    with pytest.raises(gpufeed.Error) as e:
+        gpufeed.Loader(aws.endpoint + "/%s/parts/*.h5" % BUCKET, batch_size=32, output="numpy", share="none")
+    assert "no listing" in str(e.value) and ".txt" in str(e.value), str(e.value)

@@ -52,8 +52,8 @@ module_of_path() {
 # Which module implements each public header.
 owner_of_public() {
   case "$1" in
-    status.h|dtype.h|names.h|crop_rect.h|chunk_source.h|sample_decoder.h|file_list.h|field_spec.h|logger.h|version.h) echo common ;;
-    page_cache.h) echo io ;;
+    status.h|dtype.h|names.h|crop_rect.h|chunk_source.h|sample_decoder.h|field_spec.h|logger.h|version.h) echo common ;;
+    page_cache.h|file_list.h) echo io ;;
     decode_options.h) echo image ;;
     dataset.h|fields.h|encoded.h|writer.h|inspect.h|stats.h) echo hdf5 ;;
     sample_source.h) echo formats ;;

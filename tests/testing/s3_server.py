@@ -173,10 +173,15 @@ class S3Server:
         self.root = pathlib.Path(root) / "s3rver-data"
         self.root.mkdir(parents=True, exist_ok=True)
         self.server_port = free_port()
+        # s3rver makes ListObjectsV2's continuation tokens with DES, which
+        # Node 17+ (OpenSSL 3) has only in its legacy provider: without it a
+        # truncated listing's page is HTTP 500.
+        node_env = dict(os.environ)
+        node_env["NODE_OPTIONS"] = (node_env.get("NODE_OPTIONS", "") + " --openssl-legacy-provider").strip()
         self.proc = subprocess.Popen(
             [exe, "-d", str(self.root), "-a", "127.0.0.1", "-p", str(self.server_port), "--silent"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=die_with_parent)
+            preexec_fn=die_with_parent, env=node_env)
         try:
             wait_for_port(self.server_port, self.proc)
         except Exception:

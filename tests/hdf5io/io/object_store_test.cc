@@ -5,6 +5,9 @@
 // tests/python/test_object_storage.py.
 #include "hdf5io/io/object_store.h"
 
+#include "gpufeed/file_list.h"
+#include "hdf5io/io/object_list.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -51,6 +54,42 @@ TEST(ObjectStoreTest, WhatIsAnObjectUrl) {
   EXPECT_FALSE(IsRemoteUrl("train.h5"));
   EXPECT_FALSE(IsRemoteUrl("/data/s3://x.h5"));
   EXPECT_FALSE(IsRemoteUrl("file:/images"));
+}
+
+// Many objects: a glob or an s3:// prefix (ending '/'); a presigned URL's
+// query is no pattern; the door's IsMultiFileSpec says the same.
+TEST(ObjectStoreTest, WhatNamesManyObjects) {
+  for (const char* many : {"s3://b/dir/*.h5", "s3://b/dir/part-0[0-3].h5", "s3://b/dir/part-?.h5", "s3://b/dir/",
+                           "s3://b/", "s3://b", "https://host/dir/*.h5"}) {
+    EXPECT_TRUE(IsObjectListSpec(many)) << many;
+    EXPECT_TRUE(IsMultiFileSpec(many)) << many;
+  }
+  for (const char* one : {"s3://b/dir/k.h5", "s3://b/k.h5:/images", "https://host/k.h5?X-Amz-Signature=ab&x=1",
+                          "http://127.0.0.1:9000/b/k.h5"}) {
+    EXPECT_FALSE(IsObjectListSpec(one)) << one;
+    EXPECT_FALSE(IsMultiFileSpec(one)) << one;
+  }
+  EXPECT_FALSE(IsObjectListSpec("dir/*.h5"));  // a local glob is ExpandFiles' own
+}
+
+TEST(ObjectStoreTest, ABucketIsResolvedForItsListing) {
+  AwsEnv env({{"AWS_ENDPOINT_URL", "http://127.0.0.1:9000/"}, {"AWS_ACCESS_KEY_ID", "K"},
+              {"AWS_SECRET_ACCESS_KEY", "S"}});
+  auto t = ResolveBucket("s3://data/dir/*.h5");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->bucket_url, "http://127.0.0.1:9000/data");
+  EXPECT_EQ(t->bucket, "data");
+  EXPECT_EQ(t->key, "dir/*.h5");
+  EXPECT_TRUE(t->sign);
+  auto top = ResolveBucket("s3://data/");
+  ASSERT_TRUE(top.ok()) << top.status().ToString();
+  EXPECT_EQ(top->key, "");
+  auto https = ResolveBucket("https://host/dir/*.h5");
+  ASSERT_FALSE(https.ok());
+  EXPECT_NE(https.status().message().find("no listing"), std::string::npos) << https.status().message();
+  auto listed = ListObjects("https://host/dir/*.h5");  // refused before any request
+  ASSERT_FALSE(listed.ok());
+  EXPECT_NE(listed.status().message().find(".txt"), std::string::npos) << listed.status().message();
 }
 
 TEST(ObjectStoreTest, DisplayDropsUserInfoAndQuery) {
