@@ -32,8 +32,11 @@ constexpr NameRow<DType> kPrecisionRows[] = {
 constexpr NameTable<DType> kPrecisionNames{kPrecisionRows, {}, "--precision: {names}, not '{name}'"};
 constexpr NameRow<bool> kRecomputeRows[] = {{false, "none"}, {true, "blocks"}};
 constexpr NameTable<bool> kRecomputeNames{kRecomputeRows, {}, "--recompute '{name}': {names}"};
-constexpr NameRow<bool> kScheduleRows[] = {{false, "gpipe"}, {true, "1f1b"}};  // true: 1F1B
-constexpr NameTable<bool> kScheduleNames{kScheduleRows, {}, "--schedule '{name}': {names}"};
+constexpr NameRow<bool> kScheduleRows[] = {{false, "gpipe", "alias simple"},
+                                           {true, "1f1b", "alias interleaved"}};  // true: 1F1B
+// The names model-parallel configurations use for the same two schedules.
+constexpr NameAlias<bool> kScheduleAliases[] = {{"simple", false}, {"interleaved", true}};
+constexpr NameTable<bool> kScheduleNames{kScheduleRows, kScheduleAliases, "--schedule '{name}': {names}"};
 constexpr NameRow<bool> kPartitionRows[] = {{false, "time"}, {true, "memory"}};  // true: by memory
 constexpr NameTable<bool> kPartitionNames{kPartitionRows, {}, "--partition-by '{name}': {names}"};
 
@@ -143,8 +146,8 @@ FlagCheck Checked(CLI::Validator v) { return {false, std::move(v)}; }
   X("--micro-batches", o.pipeline.micro_batches, "pipeline: loader batches (each --batch-size) an optimizer step",    \
     true, kAny)                                                                                                       \
   X("--schedule", schedule,                                                                                           \
-    "pipeline: gpipe (all forwards, then all backwards) or 1f1b (at most --pipeline-stages micro-batches in "         \
-    "flight)",                                                                                                        \
+    "pipeline: gpipe or simple (all forwards, then all backwards), 1f1b or interleaved (at most "                    \
+    "--pipeline-stages micro-batches in flight)",                                                                     \
     true, kAny)                                                                                                       \
   X("--partition-by", partition_by, "pipeline: balance the stages' measured layer time, or their memory", true, kAny) \
   X("--memory-limit", o.memory_limit,                                                                                 \

@@ -60,10 +60,11 @@ out=$("$cli" train --data "$work/fashion-mnist-train.h5" --gpus 2 2>&1) && exit 
 grep -q "add --device cpu to train 2 CPU ranks" <<<"$out" || { echo "$out"; exit 1; }
 cat "$node_dir/killed.log" | grep -v "^epoch"
 
-# Pipeline stages on the CPU (a stage a thread): the weights of --accum, and
-# wrong pipeline settings named.
+# Pipeline stages on the CPU (a stage a thread): the weights of --accum (the
+# schedule by its other name: simple is gpipe), and wrong pipeline settings
+# named.
 "${train[@]}" --epochs 1 --accum 4 --json "$node_dir/accum.json" >/dev/null
-"${train[@]}" --epochs 1 --pipeline-stages 2 --micro-batches 4 --schedule gpipe --partition-by memory \
+"${train[@]}" --epochs 1 --pipeline-stages 2 --micro-batches 4 --schedule simple --partition-by memory \
   --json "$node_dir/pipe.json" | tee "$node_dir/pipe.log"
 grep -q "pipeline: 2 stages, gpipe, 4 micro-batches a step, cut by memory" "$node_dir/pipe.log"
 grep -q "  stage 1: layers " "$node_dir/pipe.log"
@@ -72,7 +73,11 @@ a=$(field "$node_dir/accum.json" 'r["weights_hash"]') b=$(field "$node_dir/pipe.
 [ "$a" = "$b" ] || { echo "--pipeline-stages 2 trained other weights than --accum 4: $b vs $a"; exit 1; }
 [ "$(field "$node_dir/pipe.json" 'len(r["stages"])')" = 2 ]
 out=$("${train[@]}" --pipeline-stages 2 --schedule zigzag 2>&1) && exit 1
-grep -q "\-\-schedule 'zigzag': gpipe or 1f1b" <<<"$out" || { echo "$out"; exit 1; }
+grep -q "\-\-schedule 'zigzag': gpipe (alias simple) or 1f1b (alias interleaved)" <<<"$out" || { echo "$out"; exit 1; }
+# interleaved (1f1b's other name) is taken: the run gets past the schedule to
+# the option that is wrong.
+out=$("${train[@]}" --pipeline-stages 2 --schedule interleaved --epochs 0 2>&1) && exit 1
+grep -q "\-\-epochs must be >= 1" <<<"$out" || { echo "$out"; exit 1; }
 out=$("${train[@]}" --pipeline-stages 2 --partition-by luck 2>&1) && exit 1
 grep -q "\-\-partition-by 'luck': time or memory" <<<"$out" || { echo "$out"; exit 1; }
 out=$("${train[@]}" --pipeline-stages 2 --gpus 2 2>&1) && exit 1
