@@ -57,6 +57,8 @@ void StartNextEpochEarly(Session::Core& c, const SessionStats& ended) {
   }
   c.next_started = true;
   c.next_epoch = next;
+  MutexLock lock(&c.interrupt_mu);
+  c.live_is_ahead = true;
 }
 
 }  // namespace
@@ -64,6 +66,7 @@ void StartNextEpochEarly(Session::Core& c, const SessionStats& ended) {
 SessionOptions WithEnvironment(SessionOptions options) {
   Override("GPUFEED_FEED_RESTART", &options.restart_feeder);
   Override("GPUFEED_NEXT_EPOCH_EARLY", &options.next_epoch_early);
+  Override("GPUFEED_FIRST_EPOCH_EARLY", &options.first_epoch_early);
   return options;
 }
 
@@ -80,7 +83,9 @@ gpu::DeviceOps* Session::Core::ReleaseOps() {
 }
 
 void Session::Core::InterruptLive() {
-  if (feed() && feed_state) {
+  if (live_is_ahead) {
+    interrupt_pending = true;  // for the consumer's next wait, whichever epoch it starts
+  } else if (feed() && feed_state) {
     feed_state->feeder->Interrupt();
   } else if (!feed() && stream) {
     stream->Interrupt();
@@ -157,7 +162,9 @@ Result<std::unique_ptr<Session>> Session::Open(SessionOptions options) {
   auto opened = OpenBatchSource(so);
   if (!opened.ok()) return opened.status();
   core->opened = std::move(*opened);
-  if (core->opened->encoded() == nullptr) {
+  if (core->opened->remote() && core->opened->source().info().encoded_batches) {
+    core->decode = placed->Describe() + ", read by the server";  // it sends the JPEGs this GPU decodes encoded
+  } else if (core->opened->encoded() == nullptr) {
     core->decode = core->opened->remote() ? "server" : "none";
   } else {
     core->decode = placed->Describe();
@@ -170,13 +177,27 @@ Result<std::unique_ptr<Session>> Session::Open(SessionOptions options) {
     // with dtype float32 on the CPU: 3.8 s later, worded for the GPU).
     GPUFEED_RETURN_IF_ERROR(CheckFeedInput(info, fo));
   }
-  if (feed && info.encoded_batches) {
-    // JPEGs for the feed's decode stage: epoch 0's feeder starts now (its
-    // worker makes the GPU's decoder and fills the first upload while the
-    // caller builds its model); the first start of epoch 0 takes it.
+  // Epoch 0 from its start, now: its first batches are read, decoded (and
+  // with a feed uploaded) while the caller builds its model. A daemon's
+  // stream is left to the first start.
+  const bool early = core->options.first_epoch_early && !core->opened->remote();
+  if (feed && (info.encoded_batches || early)) {
+    // Epoch 0's feeder: its buffers and streams made, its loader stream
+    // reading; with JPEGs for the feed's decode stage its worker makes the
+    // GPU's decoder and fills the first upload. The first start of epoch 0
+    // at batch 0 takes it (StartEpochOf).
     auto warm = MakeFeed(*core, 0, 0);
     if (!warm.ok()) return warm.status();
     core->warm_feed = std::move(*warm);
+  } else if (early) {
+    // Epoch 0's stream, kept as an epoch started early: StartEpoch(0, 0)
+    // takes it, any other start (and LoadState) ends it unused.
+    EpochStream s = core->opened->source().Epoch(0, 0);
+    MutexLock lock(&core->interrupt_mu);
+    core->stream.emplace(std::move(s));
+    core->next_started = true;
+    core->next_epoch = 0;
+    core->live_is_ahead = true;
   } else {
     // The batch buffers and epoch 0's plan, made while the caller builds
     // its model (pinned buffers of large samples take seconds: issue 30).
@@ -202,14 +223,18 @@ static Status StartEpochOf(Session::Core& c, uint64_t epoch, uint64_t start_batc
     old_feed = std::move(c.feed_state);
   }
   // The feeder made at open (only before any start): taken as it is, or
-  // restarted below.
-  const bool take_warm = c.warm_feed && epoch == 0 && start_batch == 0;
+  // restarted below. Not by a resume: its reshard (PrepareResume) may have
+  // ended the stream the feeder reads.
+  const bool take_warm = c.warm_feed && epoch == 0 && start_batch == 0 && !c.resumed;
   if (c.warm_feed) old_feed = std::move(c.warm_feed);
   // The epoch started when the last one ended: taken as it is, or
   // restarted below.
   const bool take_next = c.next_started && epoch == c.next_epoch && start_batch == 0;
   c.next_started = false;
   c.ended_stats = SessionStats{};
+  c.start_time = std::chrono::steady_clock::now();
+  c.first_batch_seconds = 0;
+  c.started_early = take_warm || take_next;
   if (c.started) c.epoch_step = epoch == c.epoch && start_batch == 0 ? 0 : 1;
   c.epoch = epoch;
   c.start_batch = start_batch;
@@ -254,6 +279,7 @@ static Status StartEpochOf(Session::Core& c, uint64_t epoch, uint64_t start_batc
   }
   // An interrupt that came while nothing was live ends the new stream's first wait.
   MutexLock lock(&c.interrupt_mu);
+  c.live_is_ahead = false;
   if (c.interrupt_pending) {
     c.interrupt_pending = false;
     c.InterruptLive();
@@ -317,6 +343,9 @@ Result<Session::Waited> Session::NextFor(std::chrono::milliseconds timeout) {
     StartNextEpochEarly(c, stats());
     return out;
   }
+  if (c.delivered == 0) {
+    c.first_batch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start_time).count();
+  }
   ++c.delivered;
   state->epoch = state->host ? state->host->epoch() : c.epoch;
   state->core = core_;
@@ -364,9 +393,10 @@ Status Session::LoadState(std::string_view serialized) {
   if (!st.ok()) return st.status();
   // At another world size: the epoch's samples its ranks had not received,
   // split among this run's (gpufeed/loader.h, Resharding). A warm feeder
-  // made at open goes first: the reshard may stop the loader's stream its
-  // worker reads.
-  core_->warm_feed.reset();
+  // made at open with a fill worker goes first: the reshard may stop the
+  // loader's stream its worker reads. One without (its stream read on this
+  // thread) is restarted by the start below, its buffers kept.
+  if (core_->warm_feed && core_->opened->source().info().encoded_batches) core_->warm_feed.reset();
   auto start = core_->opened->source().PrepareResume(*st);
   if (!start.ok()) return start.status().WithContext(core_->name);
   // An epoch started early is not taken: the reshard may have stopped its

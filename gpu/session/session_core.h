@@ -83,10 +83,13 @@ struct Session::Core {
   bool ended = false;
   std::optional<EpochStream> stream;
   std::shared_ptr<FeedState> feed_state;
-  // Epoch 0's feeder made at open where the batches come encoded (its fill
-  // worker starts the GPU's decoder and the first upload while the caller
-  // builds its model): the first start of epoch 0 at batch 0 takes it as it
-  // is, any other start restarts it (StartEpoch). Consumer thread only.
+  // Epoch 0's feeder made at open (where the batches come encoded, or with
+  // first_epoch_early: its loader stream reads ahead, a fill worker starts
+  // the GPU's decoder and the first upload, while the caller builds its
+  // model): the first start of epoch 0 at batch 0 that is not a resume
+  // takes it as it is, any other start restarts it (StartEpoch). Without a
+  // feed, epoch 0's stream started at open is kept as an epoch started
+  // early (next_started, next_epoch 0, below). Consumer thread only.
   std::shared_ptr<FeedState> warm_feed;
   // The epoch after an ended one, started when it ended (its first batches
   // are read, and decoded and uploaded by the feed, while the caller
@@ -98,6 +101,12 @@ struct Session::Core {
   // statistics are the ended epoch's (ended_stats). Consumer thread only.
   bool next_started = false;
   uint64_t next_epoch = 0;
+  // The live epoch's start (StartEpoch, LoadState), its first batch's wait
+  // (SessionStats::first_batch_seconds; 0 until it came) and whether it was
+  // started before that start (SessionStats::started_early).
+  std::chrono::steady_clock::time_point start_time;
+  double first_batch_seconds = 0;
+  bool started_early = false;
   uint64_t epoch_step = 1;
   SessionStats ended_stats;
   // The live epoch came from LoadState: its successor starts only when
@@ -120,6 +129,10 @@ struct Session::Core {
   // one.
   Mutex interrupt_mu;
   bool interrupt_pending GUARDED_BY(interrupt_mu) = false;
+  // The live stream or feeder runs ahead of its epoch's start (an epoch
+  // started early): an interrupt then waits in `interrupt_pending`, since
+  // the start may end that stream unused.
+  bool live_is_ahead GUARDED_BY(interrupt_mu) = false;
   void InterruptLive() REQUIRES(interrupt_mu);
 
   ~Core();

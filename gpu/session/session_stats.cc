@@ -28,6 +28,8 @@ SessionStats Session::stats() const {
   } else if (c.stream) {
     s.loader = c.stream->stats();
   }
+  s.first_batch_seconds = c.first_batch_seconds;
+  s.started_early = c.started_early;
   return s;
 }
 
@@ -83,6 +85,8 @@ std::string SessionStatsJson(const SessionStats& stats) {
   add("host_decode_share", s.host_decode_share);
   add("consumer_wait_seconds", s.consumer_wait_seconds);
   add("wall_seconds", s.wall_seconds);
+  add("first_batch_seconds", stats.first_batch_seconds);
+  add("started_early", stats.started_early ? 1 : 0);
   add("hit_rate", s.hit_rate());
   add("read_amplification", s.read_amplification());
   add("samples_per_second", s.samples_per_second());

@@ -315,7 +315,11 @@ GPUFEED_C_EXPORT int gpufeed_loader_started_node_server(const gpufeed_loader* l)
  * of one epoch) so that its first batches are ready when it is asked for;
  * starting exactly that epoch at batch 0 takes it, any other start begins
  * anew. Until then next returns GPUFEED_END again and the statistics are the
- * ended epoch's. GPUFEED_NEXT_EPOCH_EARLY=0 in the environment turns it off. */
+ * ended epoch's. GPUFEED_NEXT_EPOCH_EARLY=0 in the environment turns it off.
+ * Likewise a local loader starts epoch 0 at batch 0 when it is opened (its
+ * first batches read while the caller builds its model): the first start of
+ * exactly that takes it; any other start, or a restore_state, drops it.
+ * GPUFEED_FIRST_EPOCH_EARLY=0 turns that off. */
 GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch,
                                                          gpufeed_error** error);
 
@@ -363,7 +367,8 @@ GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_check_state(const gpufeed_loader* l
                                                          gpufeed_error** error);
 
 /* The current epoch's statistics (C++ LoaderStats and, with the feed,
- * FeedStats) as a JSON object of numbers in a new string; free with
+ * FeedStats, and the session's first_batch_seconds and started_early:
+ * SessionStats) as a JSON object of numbers in a new string; free with
  * gpufeed_free. Waits for a batch request still in flight. */
 GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_stats_json(gpufeed_loader* l, char** json, gpufeed_error** error);
 

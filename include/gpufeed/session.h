@@ -2,7 +2,7 @@
 // through the door (OpenBatchSource: a local Loader, a daemon, the node's
 // server), where its JPEGs are decoded (PlaceDecode), the feed (GpuFeeder,
 // on a GPU or its CPU twins) or the loader's host batches as they are, and
-// the epoch lifecycle around them: the warm feeder made at open, the next
+// the epoch lifecycle around them: epoch 0 started at open, the next
 // epoch started when one ends, resume and reshard from a saved state (at
 // another world size or batch size), interrupts from any thread, batches
 // released after a stream, and the statistics. The C API (and so Python's
@@ -77,16 +77,37 @@ struct SessionOptions {
   // nor a resumed epoch. The environment overrides it:
   // GPUFEED_NEXT_EPOCH_EARLY=0 turns it off, =1 on.
   bool next_epoch_early = true;
+  // Epoch 0 starts at Open, at batch 0: the loader's first batches (up to
+  // prefetch) are read and decoded, and with a feed the feeder is made (its
+  // buffers, streams and decoder) and its first upload filled, while the
+  // caller builds its model, so that the first batch after StartEpoch is
+  // there at once. StartEpoch(0, 0) takes it; a start of any other epoch
+  // or batch, and any LoadState (a resume, at another world size too),
+  // drops what was read ahead and starts what was asked, so no batch of
+  // another epoch or position is delivered. false: only the batch buffers
+  // and epoch 0's plan are made at Open (BatchSource::Warm), and a feed of
+  // encoded batches is made as before. Not for a daemon's source. The
+  // environment overrides it: GPUFEED_FIRST_EPOCH_EARLY=0 turns it off, =1 on.
+  bool first_epoch_early = true;
 };
 
 // The options as a session uses them: the environment's overrides
-// (GPUFEED_FEED_RESTART, GPUFEED_NEXT_EPOCH_EARLY) applied. Open does this.
+// (GPUFEED_FEED_RESTART, GPUFEED_NEXT_EPOCH_EARLY, GPUFEED_FIRST_EPOCH_EARLY)
+// applied. Open does this.
 SessionOptions WithEnvironment(SessionOptions options);
 
 struct SessionStats {
   LoaderStats loader;  // of the loader stream the epoch reads (the feeder's, with a feed)
   bool has_feed = false;
   FeedStats feed;  // with has_feed
+  // Seconds from the epoch's start (StartEpoch, LoadState) to its first
+  // batch's return from Next; 0 until that batch came. What a training
+  // loop waits at iter() before its first step.
+  double first_batch_seconds = 0;
+  // The epoch's first batches were read (and with a feed uploaded) before
+  // its start: epoch 0 at Open (first_epoch_early), a next epoch when the
+  // last one ended (next_epoch_early).
+  bool started_early = false;
 };
 // As JSON: the feed's counters ("feed_*", with has_feed) and the loader's,
 // with its derived rates (hit_rate, read_amplification, ...).
@@ -148,8 +169,9 @@ class Session {
   // run), checks what the feed would refuse at its first batch
   // (CheckFeedInput), and warms up: with batches left encoded for the feed,
   // epoch 0's feeder starts (the GPU's decoder made, the first upload
-  // filled while the caller builds its model), otherwise the loader's batch
-  // buffers and epoch 0's plan.
+  // filled while the caller builds its model); with first_epoch_early
+  // (the default) epoch 0 starts (SessionOptions::first_epoch_early);
+  // otherwise the loader's batch buffers and epoch 0's plan are made.
   static Result<std::unique_ptr<Session>> Open(SessionOptions options);
   // Ends the live stream; what batches still held need lives until they go.
   ~Session();

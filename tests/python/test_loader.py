@@ -592,6 +592,62 @@ def test_next_epoch_started_at_the_end_is_only_taken_when_asked(index_file, feed
     loader.close()
 
 
+@pytest.mark.parametrize("feed", [False, True])
+def test_a_loader_left_idle_then_resumed_mid_epoch_delivers_exactly_the_rest(index_file, feed):
+    """A Loader reads epoch 0's first batches while it sits idle (the first
+    epoch started when it is made); a load_state_dict before its first
+    iteration drops them: the resumed iteration is exactly the saved run's
+    remaining batches, in epoch 0 (the one read ahead) and in another."""
+    opts = dict(OPTS, dtype=torch.float32, crop_padding=1, flip=True) if feed else dict(OPTS)
+
+    def key(b):
+        return [b["labels"].tolist(), hashlib.sha1(b["images"].contiguous().numpy().tobytes()).hexdigest()]
+
+    for epoch in (0, 1):
+        saved = gpufeed.Loader(index_file, **opts)
+        saved.set_epoch(epoch)
+        it = saved.batches()
+        for _ in range(3):
+            next(it)
+        state = saved.state_dict()
+        assert state["epoch"] == epoch and state["batch"] == 3
+        want = [key(b) for b in it]
+        saved.close()
+        idle = gpufeed.Loader(index_file, **opts)
+        time.sleep(0.3)  # a model being built: epoch 0's first batches are read meanwhile
+        idle.load_state_dict(state)
+        got = [key(b) for b in idle.batches()]
+        assert len(got) == len(want) == len(idle) - 3
+        assert got == want, "epoch %d: the resumed batches differ from the saved run's rest" % epoch
+        assert idle.stats()["started_early"] == 0
+        idle.close()
+
+
+def test_first_batch_time_after_iter_is_in_the_stats(index_file, monkeypatch):
+    """stats()["first_batch_seconds"]: from iter() to the first batch;
+    "started_early": whether the epoch's first batches were read before it
+    (epoch 0 while the Loader sat idle, unless GPUFEED_FIRST_EPOCH_EARLY=0)."""
+    for early in (True, False):
+        if not early:
+            monkeypatch.setenv("GPUFEED_FIRST_EPOCH_EARLY", "0")
+        loader = gpufeed.Loader(index_file, **OPTS)
+        time.sleep(0.2)
+        t0 = time.perf_counter()
+        it = loader.batches()
+        next(it)
+        waited = time.perf_counter() - t0
+        stats = loader.stats()
+        assert stats["started_early"] == (1 if early else 0)
+        assert 0 < stats["first_batch_seconds"] <= waited
+        # The loader's clock runs from the stream's start: at the Loader's
+        # making when started early, so longer than the wait at iter().
+        assert (stats["wall_seconds"] >= 0.2) == early, stats
+        for _ in it:
+            pass
+        assert loader.stats()["samples"] == N_SAMPLES
+        loader.close()
+
+
 def test_import_gives_cuda_its_most_connections_unless_the_job_chose():
     # Set at import, before any CUDA context (the GPU decoder's streams
     # otherwise share CUDA's 8 hardware queues with the model's and NCCL's).

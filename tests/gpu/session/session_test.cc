@@ -1,7 +1,8 @@
 // Session on index-valued data (sample k's bytes encode k), with the host's
 // batches, through the feed's CPU twins and, on a machine with a GPU, through
-// the feed on the GPU: every sample once an epoch, the
-// next epoch started early and taken, a resume at another batch size
+// the feed on the GPU: every sample once an epoch, the first epoch started
+// at open and the next epoch started early, each taken only by its own
+// start (never delivered to another epoch, position or resume), a resume at another batch size
 // delivering exactly the rest, interrupts ending a wait with nothing lost,
 // batches outliving their session, statistics, and bad input refused with
 // what to do.
@@ -14,6 +15,9 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tests/testing/gpu_required.h"
@@ -220,6 +224,107 @@ TEST_P(SessionTest, ResumeAtAnotherBatchSizeDeliversTheRestExactlyOnce) {
   EXPECT_EQ(next_batches, 9u);
 }
 
+// The samples of whole epochs, in delivery order, of a session opened with
+// `o` and started at each (epoch, batch) in turn.
+std::vector<std::vector<uint64_t>> Epochs(const std::unique_ptr<Session>& s,
+                                          const std::vector<std::pair<uint64_t, uint64_t>>& starts) {
+  std::vector<std::vector<uint64_t>> out;
+  for (auto [e, b] : starts) {
+    EXPECT_TRUE(s->StartEpoch(e, b).ok());
+    out.push_back(Drain(*s));
+  }
+  return out;
+}
+
+TEST_P(SessionTest, TheFirstEpochStartedAtOpenIsTakenOnlyByItsOwnStart) {
+  SessionOptions late = Opts();
+  late.first_epoch_early = false;
+  late.next_epoch_early = false;
+  // The reference: nothing started ahead of its start.
+  auto ref = Open(late);
+  ASSERT_NE(ref, nullptr);
+  const auto want = Epochs(ref, {{0, 0}, {2, 0}, {0, 3}});
+  ASSERT_EQ(want[0].size(), kSamples);
+  // Epoch 0 taken as started at open: its stream ran while the session sat
+  // idle (its clock began at open), and it is the reference's epoch 0.
+  auto a = Open(Opts());
+  ASSERT_NE(a, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(a->StartEpoch(0).ok());
+  const SessionStats at_start = a->stats();
+  EXPECT_TRUE(at_start.started_early);
+  EXPECT_GE(at_start.loader.wall_seconds, 0.2) << "epoch 0's stream did not start at open";
+  EXPECT_EQ(at_start.first_batch_seconds, 0) << "no batch yet";
+  EXPECT_EQ(Drain(*a), want[0]);
+  const SessionStats done = a->stats();
+  EXPECT_GT(done.first_batch_seconds, 0);
+  EXPECT_LT(done.first_batch_seconds, done.loader.wall_seconds);
+  // Another epoch first, or epoch 0 from another batch: what was read ahead
+  // is dropped, the start is that epoch's or batch's exactly.
+  for (auto [e, b, w] : {std::tuple{2ull, 0ull, 1}, std::tuple{0ull, 3ull, 2}}) {
+    auto o = Open(Opts());
+    ASSERT_NE(o, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(o->StartEpoch(e, b).ok());
+    EXPECT_FALSE(o->stats().started_early) << "epoch " << e << " batch " << b;
+    EXPECT_EQ(Drain(*o), want[static_cast<size_t>(w)]) << "epoch " << e << " batch " << b;
+  }
+  // Off: nothing before the start.
+  ASSERT_TRUE(ref->StartEpoch(1).ok());
+  EXPECT_FALSE(ref->stats().started_early);
+}
+
+TEST_P(SessionTest, AnIdleSessionResumedMidEpochDeliversExactlyTheRest) {
+  // Saved 5 batches into epoch 0 (the epoch the session starts at open) and
+  // into epoch 1, resumed at the same and at another batch size by a session
+  // that had sat idle with epoch 0 read ahead.
+  for (uint64_t epoch : {0ull, 1ull}) {
+    for (uint64_t resume_batch : {8ull, 12ull}) {
+      std::vector<uint64_t> before, rest;
+      std::string saved;
+      {
+        auto a = Open(Opts(8));
+        ASSERT_NE(a, nullptr);
+        ASSERT_TRUE(a->StartEpoch(epoch).ok());
+        for (int i = 0; i < 5; ++i) {
+          auto b = a->Next();
+          ASSERT_TRUE(b.ok() && *b);
+          const std::vector<uint64_t> k = SamplesOf(**b);
+          before.insert(before.end(), k.begin(), k.end());
+        }
+        saved = a->state().Serialize();
+        rest = Drain(*a);
+      }
+      auto b = Open(Opts(resume_batch));
+      ASSERT_NE(b, nullptr);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const Status loaded = b->LoadState(saved);
+      ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+      EXPECT_FALSE(b->stats().started_early);
+      const std::vector<uint64_t> after = Drain(*b);
+      if (resume_batch == 8) {
+        EXPECT_EQ(after, rest) << "epoch " << epoch << ": the saved run's remaining batches, in order";
+      } else {
+        EXPECT_EQ(after.size(), kSamples - 40) << "epoch " << epoch;
+      }
+      std::vector<uint64_t> all = before;
+      all.insert(all.end(), after.begin(), after.end());
+      ExpectEverySampleOnce(all);
+    }
+  }
+}
+
+TEST_P(SessionTest, AnInterruptBeforeTheFirstStartEndsTheFirstWaitOfAnyEpoch) {
+  auto s = Open(Opts());
+  ASSERT_NE(s, nullptr);
+  s->Interrupt();  // epoch 0 runs ahead; the caller then starts epoch 2
+  ASSERT_TRUE(s->StartEpoch(2).ok());
+  auto w = s->NextFor(std::chrono::seconds(30));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->wait, WaitResult::kInterrupted);
+  ExpectEverySampleOnce(Drain(*s));
+}
+
 TEST_P(SessionTest, InterruptEndsAWaitWithNothingLost) {
   auto s = Open(Opts());
   ASSERT_NE(s, nullptr);
@@ -291,6 +396,10 @@ TEST_P(SessionTest, StatisticsArePresent) {
   EXPECT_NE(j.find("\"samples\": 100"), std::string::npos) << j;
   EXPECT_NE(j.find("\"batches\": 13"), std::string::npos) << j;
   EXPECT_EQ(j.find("\"feed_fresh_samples\": 100") != std::string::npos, feed()) << j;
+  EXPECT_TRUE(st.started_early);  // epoch 0, started at open
+  EXPECT_GT(st.first_batch_seconds, 0);
+  EXPECT_NE(j.find("\"started_early\": 1"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"first_batch_seconds\": "), std::string::npos) << j;
   EXPECT_EQ(j.front(), '{');
   EXPECT_EQ(j.back(), '}');
 }
@@ -356,11 +465,15 @@ TEST(SessionOpenTest, MissingFileAndImpossibleDecodeAreRefused) {
 }
 
 TEST(SessionOpenTest, TheEnvironmentOverridesTheEpochSwitches) {
-  const char* names[] = {"GPUFEED_FEED_RESTART", "GPUFEED_NEXT_EPOCH_EARLY"};
+  const char* names[] = {"GPUFEED_FEED_RESTART", "GPUFEED_NEXT_EPOCH_EARLY", "GPUFEED_FIRST_EPOCH_EARLY"};
   for (const char* n : names) ASSERT_EQ(std::getenv(n), nullptr) << n << " is set in this test's environment";
   SessionOptions o;
   EXPECT_TRUE(WithEnvironment(o).restart_feeder);
   EXPECT_TRUE(WithEnvironment(o).next_epoch_early);
+  EXPECT_TRUE(WithEnvironment(o).first_epoch_early);
+  ::setenv("GPUFEED_FIRST_EPOCH_EARLY", "0", 1);
+  EXPECT_FALSE(WithEnvironment(o).first_epoch_early);
+  ::unsetenv("GPUFEED_FIRST_EPOCH_EARLY");
   ::setenv("GPUFEED_FEED_RESTART", "0", 1);
   ::setenv("GPUFEED_NEXT_EPOCH_EARLY", "0", 1);
   const SessionOptions off = WithEnvironment(o);
