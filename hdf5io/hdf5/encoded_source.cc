@@ -17,6 +17,8 @@
 #include "hdf5io/image/image_decode.h"
 #include "hdf5io/hdf5/probe.h"
 #include "hdf5io/hdf5/reach.h"
+#include "hdf5io/hdf5/remote_vfd.h"
+#include "hdf5io/io/object_store.h"
 
 namespace gpufeed {
 namespace {
@@ -34,6 +36,32 @@ Result<SpecParts> SplitSpec(std::string_view spec) {
   auto parsed = DatasetSpec::Parse(spec);
   if (!parsed.ok()) return parsed.status();
   return SpecParts{parsed->file, parsed->images};
+}
+
+// `file` opened read-only: an object (s3://, http(s)://) through the remote
+// driver (hdf5io/hdf5/remote_vfd.h), as Dataset::Open opens it, a local
+// file with HDF5's default driver.
+Result<h5::Id> OpenReadOnly(const std::string& file) {
+  auto fapl = h5::FileAccessFor(file);
+  if (!fapl.ok()) return fapl.status();
+  h5::Id f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl->get()));
+  if (f.valid()) return f;
+  if (io::IsRemoteUrl(file)) {
+    const std::string why = h5::TakeRemoteOpenError();  // the transport's (HTTP status, object)
+    H5Eclear2(H5E_DEFAULT);
+    if (!why.empty()) return Status::IOError(why);
+    return Status::Corrupt(file + ": HDF5 cannot open the object (not HDF5, truncated or damaged?)");
+  }
+  return Status::IOError(file + ": cannot open: " + h5::LastErrorText());
+}
+
+// No HDF5 signature: not encoded (the open that follows says what it is).
+// An object's signature is its probe's to find: no request is made here.
+bool MayBeHdf5(const std::string& file) {
+  if (io::IsRemoteUrl(file)) return true;
+  if (H5Fis_hdf5(file.c_str()) > 0) return true;
+  H5Eclear2(H5E_DEFAULT);
+  return false;
 }
 
 // The object at `path` is a dataset of variable-length 8-bit integers.
@@ -358,10 +386,7 @@ Result<EncodedStorage> DetectEncoded(std::string_view spec, const OpenOptions& o
   auto parts = SplitSpec(spec);
   if (!parts.ok()) return parts.status();
   h5::QuietErrors();
-  if (H5Fis_hdf5(parts->file.c_str()) <= 0) {
-    H5Eclear2(H5E_DEFAULT);
-    return EncodedStorage::kNone;
-  }
+  if (!MayBeHdf5(parts->file)) return EncodedStorage::kNone;
   auto probed = Probe(std::string(spec), open);
   if (!probed.ok()) return probed.status();
   return DetectEncoded(*probed, open);
@@ -371,13 +396,10 @@ Result<EncodedStorage> DetectEncoded(const ProbedSpec& spec, const OpenOptions&)
   auto parts = SplitSpec(spec.text());
   if (!parts.ok()) return parts.status();
   h5::QuietErrors();
-  if (H5Fis_hdf5(parts->file.c_str()) <= 0) {
-    H5Eclear2(H5E_DEFAULT);
-    return EncodedStorage::kNone;
-  }
-  h5::Id file(H5Fopen(parts->file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-  if (!file.valid()) return Status::IOError(parts->file + ": cannot open: " + h5::LastErrorText());
-  return DetectIn(file.get(), parts->path);
+  if (!MayBeHdf5(parts->file)) return EncodedStorage::kNone;
+  auto file = OpenReadOnly(parts->file);
+  if (!file.ok()) return file.status();
+  return DetectIn(file->get(), parts->path);
 }
 
 Result<std::unique_ptr<EncodedImageSource>> OpenEncodedImages(std::string_view spec, const OpenOptions& open,
@@ -396,8 +418,9 @@ Result<std::unique_ptr<EncodedImageSource>> OpenEncodedImages(const ProbedSpec& 
   auto parts = SplitSpec(spec.text());
   if (!parts.ok()) return parts.status();
   h5::QuietErrors();
-  h5::Id file(H5Fopen(parts->file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-  if (!file.valid()) return Status::IOError(parts->file + ": cannot open: " + h5::LastErrorText());
+  auto opened = OpenReadOnly(parts->file);
+  if (!opened.ok()) return opened.status();
+  h5::Id file = std::move(*opened);
   auto storage = DetectIn(file.get(), parts->path);
   if (!storage.ok()) return storage.status();
   if (*storage == EncodedStorage::kNone) {

@@ -65,25 +65,20 @@ Result<SourceDecision> DecideSourceKind(const std::string& spec, const OpenOptio
   // HDF5 file, probed (its metadata parsed in the probe process, fetched
   // there through the remote driver) like a local one.
   // Many objects (s3://BUCKET/dir/*.h5, s3://BUCKET/dir/) are many files,
-  // listed by ExpandFiles as a local glob is.
+  // listed by ExpandFiles as a local glob is; named fields in objects are
+  // FieldSource's as in local files. One object is probed, then HDF5 (in
+  // this process, through the remote driver) says whether it holds encoded
+  // images, as for a local file.
   if (io::IsRemoteUrl(spec)) {
-    if (IsMultiFileSpec(spec)) {
-      if (!open.fields.empty()) {
-        return Status::Unsupported(io::DisplayUrl(spec) +
-                                   ": named fields are not read from object storage yet; name one object "
-                                   "(s3://BUCKET/KEY.h5 or s3://BUCKET/KEY.h5:/dataset) or many without fields");
-      }
+    if (!open.fields.empty() || IsMultiFileSpec(spec)) {
       d.kind = SourceKind::kFields;
       return d;
     }
-    if (!open.fields.empty()) {
-      return Status::Unsupported(io::DisplayUrl(spec) +
-                                 ": named fields are not read from object storage yet; name one object "
-                                 "(s3://BUCKET/KEY.h5 or s3://BUCKET/KEY.h5:/dataset)");
-    }
     auto probed = Probe(spec, open);
     if (!probed.ok()) return probed.status();
-    d.kind = SourceKind::kDataset;
+    auto encoded = DetectEncoded(*probed, open);
+    if (!encoded.ok()) return encoded.status();
+    d.kind = *encoded != EncodedStorage::kNone ? SourceKind::kEncodedImages : SourceKind::kDataset;
     d.probed = std::move(*probed);
     return d;
   }

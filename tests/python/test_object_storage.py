@@ -324,3 +324,67 @@ def test_too_many_objects_no_match_and_https_globs_are_clear_errors(aws, parts, 
     with pytest.raises(gpufeed.Error) as e:
         gpufeed.Loader(aws.endpoint + "/%s/parts/*.h5" % BUCKET, batch_size=32, output="numpy", share="none")
     assert "no listing" in str(e.value) and ".txt" in str(e.value), str(e.value)
+
+
+# Named fields and encoded images in objects (issue 48, item 2): read through
+# the remote driver as the same files are locally, batch for batch.
+def write_fields(path, first, n):
+    import h5py
+    k = np.arange(first, first + n)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=(k[:, None, None] * 100 + np.arange(6).reshape(2, 3)).astype(np.int32),
+                         chunks=(4, 2, 3), compression="gzip")
+        f.create_dataset("y", data=k.astype(np.float32)[:, None] * np.ones(4, np.float32))
+
+
+def same_batches(remote, local, **kw):
+    kw = dict(dict(batch_size=5, order="random", seed=2, output="numpy", share="none", threads=2), **kw)
+    got = list(gpufeed.Loader(remote, **kw))
+    want = list(gpufeed.Loader(local, **kw))
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        for a, b in zip(g, w):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+    return got
+
+
+def test_named_fields_in_one_object_and_across_objects(aws, tmp_path):
+    d = tmp_path / "local"
+    d.mkdir()
+    first = 0
+    for i, n in enumerate([8, 8, 5]):
+        write_fields(d / ("u_%d.h5" % i), first, n)
+        aws.put(BUCKET, "fields/u_%d.h5" % i, d / ("u_%d.h5" % i))
+        first += n
+    fields = ["x=/x", "y=/y"]
+    got = same_batches("s3://%s/fields/u_0.h5" % BUCKET, str(d / "u_0.h5"), fields=fields)
+    assert sorted(int(y[0]) for _, ys in got for y in ys) == list(range(8))
+    got = same_batches("s3://%s/fields/*.h5" % BUCKET, str(d / "*.h5"), fields=fields)
+    ks = [int(y[0]) for _, ys in got for y in ys]
+    assert sorted(ks) == list(range(21))
+    for xs, ys in got:
+        for x, y in zip(xs, ys):  # the fields of a row are the same sample's
+            assert np.array_equal(x, int(y[0]) * 100 + np.arange(6).reshape(2, 3))
+
+
+def test_encoded_images_in_an_object_decode_as_the_local_file(aws, tmp_path, gpufeed_cli):
+    Image = pytest.importorskip("PIL.Image")
+    import io as _io
+    import h5py
+    vlen = tmp_path / "vlen.h5"
+    with h5py.File(vlen, "w") as f:
+        d = f.create_dataset("images", (23,), dtype=h5py.vlen_dtype(np.uint8))
+        for k in range(23):
+            buf = _io.BytesIO()
+            Image.fromarray(np.full((30 + k, 50 - k, 3), (k * 11) % 256, np.uint8)).save(buf, "JPEG", quality=95)
+            d[k] = np.frombuffer(buf.getvalue(), np.uint8)
+        f["labels"] = np.arange(23, dtype=np.int64) % 4
+    groups = tmp_path / "groups.h5"  # gpufeed's bytes + offsets group
+    subprocess.run([gpufeed_cli, "convert", str(vlen), "--keep-encoded", "-o", str(groups)], check=True,
+                   capture_output=True, timeout=120)
+    for path in (vlen, groups):
+        aws.put(BUCKET, "enc/" + path.name, path)
+        got = same_batches("s3://%s/enc/%s" % (BUCKET, path.name), str(path), image_size=(16, 24))
+        labels = sorted(int(v) for _, lab in got for v in lab)
+        assert labels == sorted(k % 4 for k in range(23)), path.name
+        assert all(np.asarray(x).shape[1:] == (3, 16, 24) for x, _ in got)
