@@ -16,6 +16,7 @@
 #include "cli/progress.h"
 #include "cli/commands.h"
 #include "gpufeed/device.h"
+#include "gpufeed/gpu_feed.h"
 
 namespace gpufeed::cli {
 namespace {
@@ -796,10 +797,13 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
     if (*json) {
       nlohmann::json devs = nlohmann::json::array();
       for (const GpuDevice& d : r.devices) {
+        std::string jpeg;
+        const Status av = GpuImageDecoder(d.index, &jpeg);
         devs.push_back({{"index", d.index},
                         {"name", d.name},
                         {"memory_bytes", d.memory_bytes},
-                        {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)}});
+                        {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
+                        {"nvjpeg", av.ok() ? jpeg : "unavailable: " + av.message()}});
       }
       std::printf("%s\n", nlohmann::json({{"built_with_cuda", r.built_with_cuda},
                                           {"driver_version", r.driver_version},
@@ -813,8 +817,10 @@ void AddDevicesCommand(CLI::App& app, int* exit_code) {
       std::printf("built with CUDA: %s (runtime %d), driver %d; CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
                   r.built_with_cuda ? "yes" : "no", r.runtime_version, r.driver_version, conn.c_str());
       for (const GpuDevice& d : r.devices) {
-        std::printf("  %d: %s, %.1f GiB, sm_%d%d\n", d.index, d.name.c_str(), d.memory_bytes / 1073741824.0, d.cc_major,
-                    d.cc_minor);
+        std::string jpeg;
+        const Status av = GpuImageDecoder(d.index, &jpeg);
+        std::printf("  %d: %s, %.1f GiB, sm_%d%d; nvJPEG %s\n", d.index, d.name.c_str(), d.memory_bytes / 1073741824.0,
+                    d.cc_major, d.cc_minor, av.ok() ? jpeg.c_str() : ("unavailable (" + av.message() + ")").c_str());
       }
       if (r.devices.empty()) std::printf("  no device: %s\n", r.reason.c_str());
     }

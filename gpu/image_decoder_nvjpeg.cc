@@ -34,6 +34,7 @@ struct NvjpegLib {
   nvj::StateDestroyFn state_destroy = nullptr;
   nvj::BatchedInitializeFn batched_initialize = nullptr;
   nvj::DecodeBatchedFn decode_batched = nullptr;
+  nvj::GetHardwareDecoderInfoFn hardware_info = nullptr;  // optional: said in the backend's name where present
 };
 
 const NvjpegLib& Lib() {
@@ -56,6 +57,7 @@ const NvjpegLib& Lib() {
     l.state_destroy = reinterpret_cast<nvj::StateDestroyFn>(sym("nvjpegJpegStateDestroy"));
     l.batched_initialize = reinterpret_cast<nvj::BatchedInitializeFn>(sym("nvjpegDecodeBatchedInitialize"));
     l.decode_batched = reinterpret_cast<nvj::DecodeBatchedFn>(sym("nvjpegDecodeBatched"));
+    l.hardware_info = reinterpret_cast<nvj::GetHardwareDecoderInfoFn>(sym("nvjpegGetHardwareDecoderInfo"));
     if (!l.create_ex || !l.destroy || !l.state_create || !l.state_destroy || !l.batched_initialize ||
         !l.decode_batched) {
       l.error = "libnvjpeg lacks the batched decode entry points";
@@ -70,7 +72,8 @@ std::string NvjpegError(const std::string& what, nvj::Status s) {
 }
 
 // A handle on the current device: the hardware backend where the device has
-// the engine, else GPU hybrid. *backend names it.
+// the engine, else GPU hybrid. *backend names it, with the hardware's engines
+// as the device reports them ("hardware: 7 engines x 1 core" on an H100/H200).
 // The hardware backend runs without its pipeline: with it, each image's
 // bitstream copy and colour conversion go to 14 internal streams whose work
 // waits behind a training model's queued kernels. Beside ResNet-18
@@ -82,6 +85,11 @@ Status CreateHandle(nvj::Handle* h, std::string* backend) {
   nvj::Status s = l.create_ex(nvj::kBackendHardware, nullptr, nullptr, nvj::kFlagsHwDecodeNoPipeline, h);
   if (s == nvj::kSuccess) {
     *backend = "hardware";
+    unsigned engines = 0, cores = 0;
+    if (l.hardware_info != nullptr && l.hardware_info(*h, &engines, &cores) == nvj::kSuccess && engines > 0) {
+      *backend += ": " + std::to_string(engines) + (engines == 1 ? " engine x " : " engines x ") +
+                  std::to_string(cores) + (cores == 1 ? " core" : " cores");
+    }
     return Status::Ok();
   }
   const nvj::Status hw = s;

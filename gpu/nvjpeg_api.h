@@ -53,6 +53,9 @@ using JpegStreamCreateFn = Status (*)(Handle, JpegStream*);
 using JpegStreamDestroyFn = Status (*)(JpegStream);
 using JpegStreamParseFn = Status (*)(Handle, const unsigned char* data, size_t length, int save_metadata,
                                      int save_stream, JpegStream);
+// The hardware backend's engines and each one's cores (a handle made with
+// kBackendHardware; NVJPEG_STATUS_NOT_SUPPORTED otherwise).
+using GetHardwareDecoderInfoFn = Status (*)(Handle, unsigned* num_engines, unsigned* num_cores_per_engine);
 // *is_supported == 0: the batched decoder of the handle's backend takes it.
 using DecodeBatchedSupportedFn = Status (*)(Handle, JpegStream, int* is_supported);
 
