@@ -73,7 +73,7 @@ std::string NvjpegError(const std::string& what, nvj::Status s) {
 
 // A handle on the current device: the hardware backend where the device has
 // the engine, else GPU hybrid. *backend names it, with the hardware's engines
-// as the device reports them ("hardware: 7 engines x 1 core" on an H100/H200).
+// as the device reports them ("hardware: N engines x C cores").
 // The hardware backend runs without its pipeline: with it, each image's
 // bitstream copy and colour conversion go to 14 internal streams whose work
 // waits behind a training model's queued kernels. Beside ResNet-18
