@@ -265,6 +265,8 @@ void RemoteFile::Impl::Start(Request* r) {
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options.connect_timeout_ms));
   curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+  if (!options.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, options.ca_file.c_str());
+  if (!options.ca_dir.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, options.ca_dir.c_str());
   if (headers != nullptr) curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
   if (target.sign) {
     curl_easy_setopt(e, CURLOPT_AWS_SIGV4, target.sigv4.c_str());
@@ -311,6 +313,9 @@ bool RemoteFile::Impl::Finish(Request* r, CURLcode rc, Status* out) {
       case CURLE_HTTP2:
       case CURLE_HTTP2_STREAM:
         return transient(detail);
+      case CURLE_PEER_FAILED_VERIFICATION:
+        *out = Status::InvalidArgument(target.named + ": " + detail + "; " + UntrustedCertificateHint(options));
+        return false;
       default:
         *out = Status::IOError(where + ": " + detail);
         return false;
@@ -470,11 +475,36 @@ Result<RemoteOptions> RemoteOptions::FromEnv() {
   if (!retries.ok()) return retries.status();
   auto backoff = EnvLong("GPUFEED_REMOTE_BACKOFF_MS", o.backoff_ms, 1, 60000, "milliseconds");
   if (!backoff.ok()) return backoff.status();
+  // The CAs: AWS's variable (what the AWS CLI and boto3 read), curl's, then
+  // OpenSSL's (what Python's ssl reads); libcurl reads none of them itself.
+  for (const char* name : {"AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || v[0] == '\0') continue;
+    if (::access(v, R_OK) != 0) {
+      return Status::InvalidArgument(std::string(name) + "='" + v + "': cannot read the CA bundle (" +
+                                     std::strerror(errno) + "): name a readable PEM file of CA certificates");
+    }
+    o.ca_file = v;
+    o.ca_from = name;
+    break;
+  }
+  if (const char* dir = std::getenv("SSL_CERT_DIR"); dir != nullptr && dir[0] != '\0') {
+    o.ca_dir = dir;
+    if (o.ca_from.empty()) o.ca_from = "SSL_CERT_DIR";
+  }
   o.in_flight = static_cast<unsigned>(*in_flight);
   o.timeout_ms = static_cast<int>(*timeout);
   o.retries = static_cast<int>(*retries);
   o.backoff_ms = static_cast<int>(*backoff);
   return o;
+}
+
+std::string UntrustedCertificateHint(const RemoteOptions& options) {
+  const std::string used =
+      options.ca_from.empty() ? std::string("the system's CA store")
+                              : options.ca_from + "=" + (options.ca_file.empty() ? options.ca_dir : options.ca_file);
+  return "the server's TLS certificate is not signed by a CA in " + used +
+         ": set AWS_CA_BUNDLE (or CURL_CA_BUNDLE, SSL_CERT_FILE) to a PEM file holding the CA that signed it";
 }
 
 RemoteFile::RemoteFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -23,6 +23,11 @@
 //   GPUFEED_REMOTE_BACKOFF_MS  the first retry's wait, doubled each time up to 5 s (default 100)
 //   GPUFEED_REMOTE_STATS=1     each object's requests, retries, bytes and
 //                              requests in flight on stderr when it closes
+//   AWS_CA_BUNDLE, else CURL_CA_BUNDLE, else SSL_CERT_FILE
+//                              a PEM file of the CAs https servers are checked
+//                              against (unset: the system's store); SSL_CERT_DIR
+//                              a directory of them. A server whose certificate
+//                              none of them signed is refused, naming these.
 //
 // Thread safety: every method may be called from any number of threads.
 #ifndef GPUFEED_IO_HTTP_FILE_H_
@@ -47,8 +52,15 @@ struct RemoteOptions {
   int connect_timeout_ms = 10000;
   int retries = 5;
   int backoff_ms = 100;
+  // TLS: the CA file and directory https servers are checked against
+  // (empty: libcurl's, the system's store) and the variable that named them.
+  std::string ca_file, ca_dir, ca_from;
   static Result<RemoteOptions> FromEnv();
 };
+
+// What to say when an https server's certificate is not trusted (libcurl's
+// CURLE_PEER_FAILED_VERIFICATION): which CAs were used and how to name others.
+std::string UntrustedCertificateHint(const RemoteOptions& options);
 
 struct RemoteStats {
   uint64_t requests = 0, retries = 0, bytes = 0;

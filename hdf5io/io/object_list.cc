@@ -163,6 +163,8 @@ Result<Page> ListPage(const ObjectTarget& t, const RemoteOptions& o, const std::
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(o.timeout_ms));
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(o.connect_timeout_ms));
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (!o.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, o.ca_file.c_str());
+    if (!o.ca_dir.empty()) curl_easy_setopt(e, CURLOPT_CAPATH, o.ca_dir.c_str());
     if (headers != nullptr) curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
     if (t.sign) {
       curl_easy_setopt(e, CURLOPT_AWS_SIGV4, t.sigv4.c_str());
@@ -173,6 +175,12 @@ Result<Page> ListPage(const ObjectTarget& t, const RemoteOptions& o, const std::
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
     std::string why;
     bool transient = false;
+    if (rc == CURLE_PEER_FAILED_VERIFICATION) {
+      failed = Status::InvalidArgument(named + ": listing the bucket: " + curl_easy_strerror(rc) +
+                                       (errbuf[0] ? std::string(": ") + errbuf : "") + "; " +
+                                       UntrustedCertificateHint(o));
+      break;
+    }
     if (rc != CURLE_OK) {
       why = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(": ") + errbuf : "");
       transient = rc == CURLE_COULDNT_CONNECT || rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_SEND_ERROR ||
