@@ -31,6 +31,7 @@ struct DatasetRegistry::Entry {
     std::string key;
     std::unique_ptr<EncodedImageSource> source;
     std::shared_ptr<loader::SharedChunks> shared;
+    std::shared_ptr<loader::SharedChunks> shared_samples;  // Stream::shared_samples
   };
   Mutex mu;
   std::vector<std::unique_ptr<Variant>> variants GUARDED_BY(mu);  // never shrinks: Loaders point into them
@@ -67,6 +68,7 @@ Status DatasetRegistry::Add(const std::string& spec, OpenOptions open) {
     v->key = DecodeKey(defaults);
     v->source = std::move(local->encoded);
     v->shared = e->shared;
+    v->shared_samples = std::make_shared<loader::SharedChunks>();
     MutexLock lock(&e->mu);
     e->variants.push_back(std::move(v));
   } else if (local->fields) {
@@ -99,6 +101,7 @@ Result<DatasetRegistry::Stream> DatasetRegistry::Find(const std::string& name, c
     if (v->key == s.decode_key) {
       s.source = v->source.get();
       s.shared = v->shared;
+      s.shared_samples = v->shared_samples;
       return s;
     }
   }
@@ -121,8 +124,10 @@ Result<DatasetRegistry::Stream> DatasetRegistry::Find(const std::string& name, c
   // Each variant shares with its own streams only: a shared chunk is a
   // source's buffer, and SharedChunks requires one source.
   v->shared = std::make_shared<loader::SharedChunks>();
+  v->shared_samples = std::make_shared<loader::SharedChunks>();
   s.source = v->source.get();
   s.shared = v->shared;
+  s.shared_samples = v->shared_samples;
   e->variants.push_back(std::move(v));
   return s;
 }

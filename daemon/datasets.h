@@ -57,6 +57,11 @@ class DatasetRegistry {
     std::string name;                              // the dataset as clients name it
     const ChunkSource* source = nullptr;           // lives as long as the registry
     std::shared_ptr<loader::SharedChunks> shared;  // the chunks its streams share
+    // Encoded datasets: what streams that read one sample a chunk share
+    // (LoaderInternal::ReadsSampleUnits, random order): their chunk k is
+    // sample k, not the k-th run of the file, so the two never mix (a run
+    // read as a sample decodes as garbage). Null for other datasets.
+    std::shared_ptr<loader::SharedChunks> shared_samples;
     bool encoded = false;
     std::string decode_key;  // DecodeKey of the source's options ("" unless encoded)
   };

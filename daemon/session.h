@@ -155,6 +155,9 @@ class Session : public std::enable_shared_from_this<Session> {
   Hello hello_;
   DatasetRegistry::Stream served_;  // the dataset's source for this stream (decode options applied)
   uint64_t num_batches_ = 0;
+  // A batch slot's bytes per sample (SlotSampleBytes): the source's sample,
+  // or with deferred decoding room for encoded ones.
+  uint64_t slot_sample_bytes_ = 0;
   std::string stream_key_;  // dataset, decode options and stream parameters: which parked Loader fits
 
   // Shared memory (set on the strand; declared before loader_ so it

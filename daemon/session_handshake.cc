@@ -206,6 +206,17 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   lo.prefetch = std::max(server_.options.prefetch, kMaxQueued + 1);  // the pipeline keeps a slot while frames wait
   lo.cache_bytes = server_.options.cache_bytes;
   lo.pin_memory = false;
+  // Deferred decoding (version 5): the JPEGs the client's device decoder
+  // takes leave here encoded, read and cached once for every stream of the
+  // file, and each client decodes its own on its GPU; the rest (PNG,
+  // progressive, CMYK, ...) are decoded here as for a client that does not
+  // defer, as a local Loader that defers would decode them in the rank. No
+  // host share of the device's samples (balance_decode): the daemon's
+  // threads serve every rank of the node, so each rank's device takes all
+  // of its own.
+  lo.defer_decode = hello->loader.defer_decode && ds->encoded;
+  lo.balance_decode = false;
+  slot_sample_bytes_ = SlotSampleBytes(d, lo.defer_decode);
   auto plan = loader::MakeEpochPlan(d.num_samples(), d.chunk_samples(), d.num_chunks(), lo, hello->epoch);
   if (!plan.ok()) {
     Fail(plan.status().WithContext(ds->name), false);
@@ -218,7 +229,7 @@ void Session::HandleHello(std::span<const std::byte> payload) {
     return;
   }
   if (hello->shm_slots > 0 && !hello->describe_only) {
-    if (!AcceptSharedMemory(*hello, lo.batch_size * d.sample_bytes())) return;
+    if (!AcceptSharedMemory(*hello, lo.batch_size * slot_sample_bytes_)) return;
     if (shm_) {
       lo.prefetch = static_cast<int>(hello->shm_slots);  // the pipeline may fill every slot granted
       hello->compress = false;                           // nothing travels to compress
@@ -255,9 +266,12 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   ok.client_id = id_;
   ok.compress = hello_.compress;
   ok.shm = shm_;
+  ok.info.encoded_batches = lo.defer_decode;
+  ok.slot_sample_bytes = lo.defer_decode ? slot_sample_bytes_ : 0;
   Log("info", hello_.describe_only ? "describe" : "stream",
       Kv("name", client_name()) + " " + Kv("dataset", ds->name) + " " +
-          (ds->encoded ? Kv("decode", ds->decode_key) + " " : std::string()) + Kv("epoch", hello_.epoch) + " " +
+          (ds->encoded ? Kv("decode", ds->decode_key) + " " + Kv("defer_decode", lo.defer_decode ? "client" : "no") + " "
+                   : std::string()) + Kv("epoch", hello_.epoch) + " " +
           Kv("start_batch", hello_.start_batch) + " " + Kv("batch_size", lo.batch_size) + " " +
           Kv("order", std::string(OrderName(lo.order))) + " " + Kv("rank", lo.rank) + " " +
           Kv("world_size", lo.world_size) + " " + Kv("compress", hello_.compress ? "zstd" : "none") + " " +

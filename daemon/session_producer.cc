@@ -41,7 +41,8 @@ void Session::StartProducer() {
   // than chunks (a 2,000-sample file reserved 436 MB against 85 MB used when
   // the options' figures were taken as they are). Saturating: sizes come
   // from the client.
-  const uint64_t sb = src.sample_bytes(), chunk = src.max_chunk_buffer_bytes();
+  // A slot's bytes per sample: the decoded sample, or room for encoded ones.
+  const uint64_t sb = slot_sample_bytes_, chunk = src.max_chunk_buffer_bytes();
   const uint64_t world = static_cast<uint64_t>(std::max(1, lo.world_size));
   const uint64_t share = (src.num_samples() + world - 1) / world;
   const uint64_t bb = SaturatingMul(std::min<uint64_t>(lo.batch_size, std::max<uint64_t>(1, share)), sb);
@@ -50,8 +51,9 @@ void Session::StartProducer() {
   const uint64_t cache = std::min(CacheBoundBytes(lo, chunk), all_chunks);
   const uint64_t fixed = SaturatingAdd(SaturatingAdd(cache, SaturatingMul(static_cast<uint64_t>(lo.prefetch) + 1, bb)),
                                        hello_.compress ? SaturatingMul(kMaxQueued, bb) : 0);
-  // sb is the decoded sample (an encoded dataset's: its decode options'
-  // output); a chunk buffer, encoded bytes or decoded samples of every field.
+  // sb is a slot's share of the decoded sample (an encoded dataset's: its
+  // decode options' output, or with deferred decoding room for the encoded
+  // bytes); a chunk buffer, encoded bytes or decoded samples of every field.
   auto bound_for = [&](int t) {
     const uint64_t buffers =
         std::min<uint64_t>(2 * static_cast<uint64_t>(t) + 4, std::max<uint64_t>(1, src.num_chunks()));
@@ -80,7 +82,7 @@ void Session::StartProducer() {
                 (hello_.compress ? "z" : "-") +
                 (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
   // An encoded dataset's decode options (its decoded samples) too.
-  if (served_.encoded) stream_key_ += "|decode " + served_.decode_key;
+  if (served_.encoded) stream_key_ += "|decode " + served_.decode_key + (lo.defer_decode ? "|defer" : "");
   uint64_t parked_bytes = 0;
   std::unique_ptr<ShmPool> parked_shm;
   auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_);
@@ -121,7 +123,11 @@ void Session::StartProducer() {
     LoaderOptions lo = hello_.loader;
     lo.logger = server_.library_logger;  // its notes go to the event log
     loader_ = std::make_unique<Loader>(src, lo);
-    LoaderInternal::ShareChunks(*loader_, served_.shared);  // one cache per file, in effect
+    // One cache per file, in effect; an encoded file's samples read one a
+    // chunk (random order) apart from its runs (DatasetRegistry::Stream).
+    LoaderInternal::ShareChunks(*loader_, LoaderInternal::ReadsSampleUnits(*loader_) && served_.shared_samples
+                                              ? served_.shared_samples
+                                              : served_.shared);
   }
   if (shm_) {
     const bool reuse = parked_shm && parked_shm->region.inode() == shm_inode_ && parked_shm->Reclaim();
@@ -129,7 +135,7 @@ void Session::StartProducer() {
       shm_pool_ = std::move(parked_shm);  // this client's memory, mapped already
     } else {
       auto p = ShmPool::Map(std::move(hello_fd_), static_cast<uint32_t>(shm_client_holds_.size()), shm_stride_,
-                            hello_.loader.batch_size, src.sample_bytes(), "client " + peer_);
+                            hello_.loader.batch_size, slot_sample_bytes_, "client " + peer_);
       if (!p.ok()) {
         LoaderInternal::UsePool(*loader_, nullptr);
         Fail(p.status(), false);
@@ -240,7 +246,10 @@ void Session::Produce() {
         f->body = EncodeBatchHead(b);
         std::vector<std::span<const std::byte>> pieces{f->body};
         for (auto field : BatchFieldBytes(b)) pieces.push_back(field);
-        const uint32_t raw = static_cast<uint32_t>(f->body.size() + b.size() * b.sample_bytes());
+        // Each field's rows, or an encoded batch's used bytes of its slot.
+        uint64_t raw64 = f->body.size();
+        for (size_t k = 1; k < pieces.size(); ++k) raw64 += pieces[k].size();
+        const uint32_t raw = static_cast<uint32_t>(raw64);
         if (hello_.compress) {
           f->body = Compress(pieces);
           f->header = MakeHeader(FrameType::kBatch, kFlagZstd, raw, {f->body});

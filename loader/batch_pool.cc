@@ -8,6 +8,15 @@
 
 namespace gpufeed {
 
+uint64_t SlotSampleBytes(const ChunkSource& source, bool defers) {
+  const uint64_t sb = source.sample_bytes();
+  if (!defers || source.num_samples() == 0) return sb;
+  uint64_t stored = 0;
+  for (uint64_t c = 0; c < source.num_chunks(); ++c) stored += source.stored_chunk_bytes(c);
+  const uint64_t mean = stored / source.num_samples();
+  return std::max(sb, (2 * mean + 63) / 64 * 64);
+}
+
 // ---------------------------------------------------------------------------
 // Buffer pool
 

@@ -27,6 +27,15 @@ namespace loader {
 class SharedChunks;
 }
 
+// Bytes of a pool slot per sample for a Loader over `source`: the decoded
+// sample, or with deferred decoding (`defers`: LoaderOptions::defer_decode
+// over a source of encoded samples) room for encoded samples up to twice
+// the source's mean (a sample that does not fit is decoded by the loader,
+// into its sample_bytes()). A daemon's shared slots and its client's pool
+// are sized by it too, so a deferred batch is laid out alike wherever it
+// is made.
+uint64_t SlotSampleBytes(const ChunkSource& source, bool defers);
+
 struct Batch::Slot {
   HostBuffer images;              // batch_size x sample_bytes
   std::vector<int64_t> labels;    // batch_size
@@ -132,6 +141,10 @@ struct LoaderInternal {
   // to) the other caches of `shared`, which must all read the same source as
   // this Loader. Call before its first Epoch().
   static void ShareChunks(Loader& loader, std::shared_ptr<loader::SharedChunks> shared);
+  // Whether the Loader reads an encoded source one sample a chunk (random
+  // order: EncodedImageSource::WithReadUnit(1)): its chunks are then not
+  // the source's runs, and may be shared only with Loaders that read so too.
+  static bool ReadsSampleUnits(const Loader& loader);
   // The TBB threads of the Loader's next streams (its own arena's size).
   // Call while no stream of the Loader is alive.
   static void SetThreads(Loader& loader, int threads);

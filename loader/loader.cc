@@ -183,17 +183,8 @@ struct Loader::Impl {
     return own_pool.Allocate(slots, options.batch_size, slot_sample_bytes(), options.pin_memory);
   }
   bool defers() const { return options.defer_decode && source.decodes_samples(); }
-  // Bytes of a pool slot per sample: the decoded sample, or with deferred
-  // decoding room for encoded samples up to twice the dataset's mean (a
-  // sample that does not fit is decoded here, into its sample_bytes()).
-  uint64_t slot_sample_bytes() const {
-    const uint64_t sb = source.sample_bytes();
-    if (!defers() || source.num_samples() == 0) return sb;
-    uint64_t stored = 0;
-    for (uint64_t c = 0; c < source.num_chunks(); ++c) stored += source.stored_chunk_bytes(c);
-    const uint64_t mean = stored / source.num_samples();
-    return std::max(sb, (2 * mean + 63) / 64 * 64);
-  }
+  // Bytes of a pool slot per sample (SlotSampleBytes, loader/batch_pool.h).
+  uint64_t slot_sample_bytes() const { return SlotSampleBytes(source, defers()); }
 };
 
 // ---------------------------------------------------------------------------
@@ -607,6 +598,8 @@ uint64_t Loader::num_batches() const {
 void LoaderInternal::UsePool(Loader& loader, BatchPool* pool) {
   loader.impl_->pool = pool != nullptr ? pool : &loader.impl_->own_pool;
 }
+
+bool LoaderInternal::ReadsSampleUnits(const Loader& loader) { return loader.impl_->sample_units != nullptr; }
 
 void LoaderInternal::SetThreads(Loader& loader, int threads) {
   loader.impl_->threads = std::clamp(threads, 1, AvailableCores());

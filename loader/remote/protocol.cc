@@ -184,7 +184,7 @@ std::string VersionMismatch(std::string_view peer, uint16_t theirs) {
   const std::string side = theirs < kVersion ? "the older side (" + std::string(peer) + ")" : "this side";
   return std::string(peer) + " speaks gpufeed daemon protocol version " + std::to_string(theirs) +
          "; this build speaks version " + std::to_string(kVersion) + " only (2: shared memory; 3: named fields, " +
-         "decode options): upgrade gpufeed on " + side + " so both run the same release";
+         "decode options; 4: reshard; 5: deferred decoding): upgrade gpufeed on " + side + " so both run the same release";
 }
 
 Result<FrameHeader> ParseHeader(std::span<const std::byte, kHeaderBytes> b, uint32_t max_payload, uint32_t max_raw,
@@ -309,6 +309,7 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
   w.U32(m.loader.reshard.world_size);
   w.U64(m.loader.reshard.share);
   w.U64(m.loader.reshard.consumed);
+  w.U8(m.loader.defer_decode ? 1 : 0);
   return w.Take();
 }
 
@@ -344,7 +345,10 @@ Result<Hello> DecodeHello(std::span<const std::byte> p) {
   m.loader.reshard.world_size = r.U32("reshard_world_size");
   m.loader.reshard.share = r.U64("reshard_share");
   m.loader.reshard.consumed = r.U64("reshard_consumed");
+  const uint8_t defer = r.U8("defer_decode");
   GPUFEED_RETURN_IF_ERROR(r.Finish());
+  if (defer > 1) return Status::InvalidArgument("HELLO: defer_decode " + std::to_string(defer) + " (0 or 1)");
+  m.loader.defer_decode = defer == 1;
   if (m.loader.reshard.world_size > (1u << 24) || m.loader.reshard.consumed > m.loader.reshard.share) {
     return Status::InvalidArgument("HELLO: reshard of " + std::to_string(m.loader.reshard.world_size) + " ranks, " +
                                    std::to_string(m.loader.reshard.consumed) + " of " +
@@ -402,6 +406,8 @@ std::vector<std::byte> EncodeHelloOk(const HelloOk& m) {
     PutVec(w, f.sample_shape);
     w.U64(f.sample_bytes);
   }
+  w.U8(m.info.encoded_batches ? 1 : 0);
+  w.U64(m.slot_sample_bytes);
   return w.Take();
 }
 
@@ -448,7 +454,11 @@ Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p) {
     f.sample_bytes = r.U64("field sample_bytes");
     m.info.fields.push_back(std::move(f));
   }
+  const uint8_t encoded = r.U8("encoded_batches");
+  m.slot_sample_bytes = r.U64("slot_sample_bytes");
   GPUFEED_RETURN_IF_ERROR(r.Finish());
+  if (encoded > 1) return Status::Corrupt("HELLO_OK: encoded_batches " + std::to_string(encoded) + " (0 or 1)");
+  m.info.encoded_batches = encoded == 1;
   if (dtype > static_cast<uint8_t>(DType::kFloat64)) {
     return Status::Corrupt("HELLO_OK: unknown dtype " + std::to_string(dtype));
   }
@@ -486,6 +496,13 @@ Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p) {
   if (m.info.batch_size == 0 || m.info.batch_size > kMaxBatchSize) {
     return Status::Corrupt("HELLO_OK: batch size " + std::to_string(m.info.batch_size));
   }
+  if (m.info.encoded_batches ? m.slot_sample_bytes < m.info.sample_bytes || m.slot_sample_bytes > kMaxSampleBytes
+                             : m.slot_sample_bytes != 0) {
+    return Status::Corrupt("HELLO_OK: slots of " + std::to_string(m.slot_sample_bytes) + " bytes a sample for " +
+                           (m.info.encoded_batches ? "encoded batches of samples of " + std::to_string(m.info.sample_bytes) +
+                                                         " bytes (from that to " + std::to_string(kMaxSampleBytes) + ")"
+                                                   : std::string("batches that are not encoded (0)")));
+  }
   return m;
 }
 
@@ -515,7 +532,7 @@ std::vector<std::byte> EncodeHead(const Batch& b, const uint32_t* slot) {
   w.U64(b.epoch());
   w.U64(b.index());
   w.U32(static_cast<uint32_t>(b.size()));
-  w.U32(b.labels().empty() ? 0 : 1);
+  w.U32((b.labels().empty() ? 0 : 1) | (b.encoded().empty() ? 0 : 2));
   w.U64(b.sample_bytes());
   if (slot != nullptr) {
     w.U32(*slot);
@@ -523,6 +540,13 @@ std::vector<std::byte> EncodeHead(const Batch& b, const uint32_t* slot) {
   }
   w.Raw(b.indices().data(), b.indices().size_bytes());
   w.Raw(b.labels().data(), b.labels().size_bytes());
+  for (const EncodedSample& e : b.encoded()) {
+    w.U64(e.offset);
+    w.U64(e.bytes);
+    for (int32_t v : {e.height, e.width, e.crop.top, e.crop.left, e.crop.height, e.crop.width}) {
+      w.U32(static_cast<uint32_t>(v));
+    }
+  }
   return w.Take();
 }
 
@@ -539,18 +563,74 @@ Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p) {
   const uint32_t flags = r.U32("flags");
   h.sample_bytes = r.U64("sample_bytes");
   GPUFEED_RETURN_IF_ERROR(r.Finish());
-  if (flags > 1) return Status::Corrupt("BATCH: unknown flags " + std::to_string(flags));
-  h.has_labels = flags == 1;
+  if (flags > 3) return Status::Corrupt("BATCH: unknown flags " + std::to_string(flags));
+  h.has_labels = (flags & 1) != 0;
+  h.encoded = (flags & 2) != 0;
   return h;
 }
 
 std::vector<std::byte> EncodeBatchRef(const Batch& b, uint32_t slot) { return EncodeHead(b, &slot); }
 
 std::vector<std::span<const std::byte>> BatchFieldBytes(const Batch& b) {
+  if (!b.encoded().empty()) return {b.buffer().first(EncodedTableEnd(b.encoded(), b.sample_bytes()))};
   if (b.fields().size() <= 1) return {b.images()};
   std::vector<std::span<const std::byte>> v;
   for (size_t f = 0; f < b.fields().size(); ++f) v.push_back(b.field(f));
   return v;
+}
+
+uint64_t EncodedTableEnd(std::span<const EncodedSample> table, uint64_t sample_bytes) {
+  return table.empty() ? 0 : table.back().offset + (table.back().bytes > 0 ? table.back().bytes : sample_bytes);
+}
+
+Result<uint64_t> DecodeEncodedTable(std::span<const std::byte> p, uint32_t count, uint64_t sample_bytes,
+                                    uint64_t slot_bytes, std::vector<EncodedSample>* out) {
+  if (p.size() != count * kEncodedEntryBytes) {
+    return Status::Corrupt("encoded table of " + std::to_string(p.size()) + " bytes for " + std::to_string(count) +
+                           " samples (" + std::to_string(kEncodedEntryBytes) + " bytes each)");
+  }
+  out->assign(count, EncodedSample{});
+  uint64_t end = 0;  // of the previous entry
+  for (uint32_t i = 0; i < count; ++i) {
+    Reader r(p.subspan(uint64_t{i} * kEncodedEntryBytes, kEncodedEntryBytes), "encoded table");
+    EncodedSample& e = (*out)[i];
+    e.offset = r.U64("offset");
+    e.bytes = r.U64("bytes");
+    int32_t v[6];
+    for (int32_t& x : v) x = static_cast<int32_t>(r.U32("size and crop"));
+    GPUFEED_RETURN_IF_ERROR(r.Finish());
+    e.height = v[0];
+    e.width = v[1];
+    e.crop = {v[2], v[3], v[4], v[5]};
+    const std::string what = "encoded table entry " + std::to_string(i) + " of " + std::to_string(count);
+    const uint64_t size = e.bytes > 0 ? e.bytes : sample_bytes;
+    uint64_t entry_end = 0;
+    if (e.offset < end || __builtin_add_overflow(e.offset, size, &entry_end) || entry_end > slot_bytes) {
+      return Status::Corrupt(what + ": " + std::to_string(size) + " bytes at offset " + std::to_string(e.offset) +
+                             " overlap the entry before (its end " + std::to_string(end) +
+                             ") or pass the slot's " + std::to_string(slot_bytes) + " bytes");
+    }
+    end = entry_end;
+    if (e.bytes == 0) {
+      if (e.height != 0 || e.width != 0 || !(e.crop == CropRect{})) {
+        return Status::Corrupt(what + ": a decoded sample (0 encoded bytes) with an image size or crop");
+      }
+      continue;
+    }
+    const CropRect& c = e.crop;
+    if (e.height < 1 || e.width < 1 || e.height > kMaxImageSide || e.width > kMaxImageSide) {
+      return Status::Corrupt(what + ": an image of " + std::to_string(e.height) + "x" + std::to_string(e.width) +
+                             " (sides 1 to " + std::to_string(kMaxImageSide) + ")");
+    }
+    // Each term is at most kMaxImageSide: the sums do not wrap.
+    if (c.top < 0 || c.left < 0 || c.height < 1 || c.width < 1 || int64_t{c.top} + c.height > e.height ||
+        int64_t{c.left} + c.width > e.width) {
+      return Status::Corrupt(what + ": crop " + std::to_string(c.height) + "x" + std::to_string(c.width) + " at (" +
+                             std::to_string(c.top) + ", " + std::to_string(c.left) + ") outside its " +
+                             std::to_string(e.height) + "x" + std::to_string(e.width) + " image");
+    }
+  }
+  return end;
 }
 
 Result<BatchRef> DecodeBatchRef(std::span<const std::byte> p) {

@@ -33,7 +33,9 @@ inline constexpr uint32_t kMagic = 0x57465047;  // bytes "GPFW"
 // 1: the first; 2: shared-memory batches (BATCH_REF, SLOTS); 3: named fields
 // (HELLO_OK's field list, BATCH payloads field by field) and decode options
 // in HELLO. A peer of another version is refused (docs/protocol.md).
-inline constexpr uint16_t kVersion = 4;  // 4: HELLO carries the loader's reshard
+// 4: HELLO carries the loader's reshard; 5: deferred decoding (HELLO's
+// defer_decode, HELLO_OK's encoded_batches, a batch's encoded-sample table).
+inline constexpr uint16_t kVersion = 5;
 inline constexpr size_t kHeaderBytes = 32;
 
 // Limits, checked before any allocation.
@@ -136,6 +138,8 @@ struct Hello {
   // skip_corrupt). Checked with ValidateDecodeOptions on decode; ignored
   // for datasets that are not encoded.
   DecodeOptions decode;
+  // loader.defer_decode is sent too (version 5): the client's feed decodes
+  // the JPEGs its device decoder takes, so the daemon leaves them encoded.
 };
 
 struct HelloOk {
@@ -143,29 +147,55 @@ struct HelloOk {
   // has_labels, mean, stddev and fields are sent. Decoded fields are
   // checked (each shape's bytes, the sum of their bytes = sample_bytes) and
   // get their offsets (the running sum), as ChunkSource::fields() has them.
+  // encoded_batches (version 5): the daemon leaves the samples a device
+  // decoder takes encoded (the client asked, with loader.defer_decode, and
+  // the dataset is encoded images); its batches then carry an encoded table.
   BatchSourceInfo info;
   uint64_t num_batches = 0;  // in this epoch, for this rank
   uint64_t client_id = 0;
   bool compress = false;
   bool shm = false;  // the daemon mapped the client's memfd: BATCH_REF frames, SLOTS grants
+  // With info.encoded_batches (version 5): the bytes of a batch slot per
+  // sample (SlotSampleBytes, loader/batch_pool.h), from sample_bytes to
+  // kMaxSampleBytes: the daemon's Loader lays each batch out in a slot of
+  // batch_size x this, so the client's slots (its pool, its shared memory)
+  // are that size. 0 otherwise.
+  uint64_t slot_sample_bytes = 0;
 };
 
+// One entry of a deferred batch's encoded table (EncodedSample): u64
+// offset, u64 bytes, i32 height, i32 width, i32 crop top, left, height,
+// width.
+inline constexpr uint64_t kEncodedEntryBytes = 40;
+// JPEG's largest side: an entry's image may be no larger.
+inline constexpr int32_t kMaxImageSide = 65535;
+
 // The part of a kBatch payload before the samples' bytes (every field's,
-// field after field: count x the field's sample bytes each).
+// field after field: count x the field's sample bytes each; or, for an
+// encoded batch, the slot's first data_bytes bytes).
 struct BatchHead {
   uint64_t epoch = 0;
   uint64_t index = 0;
   uint32_t count = 0;
   bool has_labels = false;
+  // Deferred decoding (version 5, flags bit 1): an encoded table of count
+  // entries follows the labels.
+  bool encoded = false;
   uint64_t sample_bytes = 0;
+  // Encoded batches: the end of the table's last sample in the slot
+  // (EncodedTableEnd), the bytes a BATCH frame carries after its head.
+  uint64_t data_bytes = 0;
   static constexpr size_t kFixedBytes = 32;
-  // Fixed part + indices + labels.
-  uint64_t head_bytes() const { return kFixedBytes + uint64_t{count} * 8 * (has_labels ? 2 : 1); }
-  uint64_t payload_bytes() const { return head_bytes() + uint64_t{count} * sample_bytes; }
+  // Fixed part + indices + labels (+ the encoded table).
+  uint64_t head_bytes() const {
+    return kFixedBytes + uint64_t{count} * 8 * (has_labels ? 2 : 1) + (encoded ? count * kEncodedEntryBytes : 0);
+  }
+  uint64_t payload_bytes() const { return head_bytes() + (encoded ? data_bytes : uint64_t{count} * sample_bytes); }
 };
 
 // A BATCH_REF payload: BatchHead's fixed part, the slot (u32, then 4 zero
-// bytes), indices and labels; the fields are in the slot (planar).
+// bytes), indices and labels (and an encoded batch's table); the fields (or
+// the encoded samples) are in the slot.
 struct BatchRef {
   BatchHead head;
   uint32_t slot = 0;
@@ -189,15 +219,27 @@ std::vector<std::byte> EncodeHelloOk(const HelloOk& m);
 Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p);
 std::vector<std::byte> EncodeCredit(uint32_t batches);
 Result<uint32_t> DecodeCredit(std::span<const std::byte> p);
-// The fixed part, indices and labels of `b`; its fields follow on the wire
-// (BatchFieldBytes).
+// The fixed part, indices and labels of `b` (and its encoded table when
+// b.encoded() is not empty); its fields follow on the wire (BatchFieldBytes).
 std::vector<std::byte> EncodeBatchHead(const Batch& b);
 // The fixed part only (32 bytes); indices and labels are read by the caller.
 Result<BatchHead> DecodeBatchFixed(std::span<const std::byte> p);
 std::vector<std::byte> EncodeBatchRef(const Batch& b, uint32_t slot);
 // The bytes of a batch on the wire after its head: field f's rows of `b`
-// (b.field(f)), in field order; one span (b.images()) for a one-field batch.
+// (b.field(f)), in field order; one span (b.images()) for a one-field batch;
+// for an encoded batch, its buffer's first EncodedTableEnd bytes.
 std::vector<std::span<const std::byte>> BatchFieldBytes(const Batch& b);
+// Where the last entry of `table` ends in its slot (an encoded sample's
+// bytes, a decoded one's sample_bytes): the bytes an encoded batch uses.
+uint64_t EncodedTableEnd(std::span<const EncodedSample> table, uint64_t sample_bytes);
+// An encoded table from the wire (`count` entries of kEncodedEntryBytes),
+// checked as a hostile peer's: entries in slot order without overlap, each
+// inside the slot's `slot_bytes`; an encoded one (bytes > 0) of an image of
+// sides 1 to kMaxImageSide whose crop lies inside it; a decoded one (bytes
+// 0, its sample_bytes at offset) with no size or crop. Corrupt naming the
+// entry and the rule otherwise. Returns the table's end (EncodedTableEnd).
+Result<uint64_t> DecodeEncodedTable(std::span<const std::byte> p, uint32_t count, uint64_t sample_bytes,
+                                    uint64_t slot_bytes, std::vector<EncodedSample>* out);
 // The fixed part and slot; checks that `p` is exactly as long as its count
 // says. Indices and labels follow at BatchRef::kFixedBytes.
 Result<BatchRef> DecodeBatchRef(std::span<const std::byte> p);

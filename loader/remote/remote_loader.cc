@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "gpufeed/sample_decoder.h"
 #include "loader/remote/address.h"
 #include "loader/remote/conn.h"
 #include "loader/remote/protocol.h"
@@ -63,9 +64,17 @@ struct RemoteLoader::Impl {
   // unregistered by the pool before the region is unmapped.
   daemon::SharedRegion region;  // the pool's memory when it is shared with the daemon
   BatchPool pool;
+  // Bytes of a slot per sample: the daemon's (HelloOk::slot_sample_bytes)
+  // for encoded batches, else the sample's.
+  uint64_t slot_sample_bytes = 0;
   uint64_t shm_stride = 0;
   LoaderState state;
   struct RemoteStream* active = nullptr;
+  // Encoded batches (info.encoded_batches): the host decoder of
+  // options.decode, whose header parse and crop plan (PlanDevice) each
+  // encoded sample the daemon sends is checked against before the feed's
+  // device decoder sizes its buffers by it.
+  std::shared_ptr<const SampleDecoder> planner;
 
   daemon::Hello MakeHello(uint64_t epoch, uint64_t start, bool describe) const {
     daemon::Hello h;
@@ -92,17 +101,17 @@ struct RemoteLoader::Impl {
     const int slots = std::max(1, options.loader.prefetch) + 1;
     pool.SetHoldHint("raise prefetch (RemoteLoaderOptions::loader.prefetch, --prefetch; the pool has prefetch + 1 = " +
                      std::to_string(slots) + " buffers)");
-    const uint64_t batch_bytes = info.batch_size * info.sample_bytes;
+    const uint64_t batch_bytes = info.batch_size * slot_sample_bytes;
     if (options.shared_memory && address.kind == daemon::Address::Kind::kUnix &&
         static_cast<uint32_t>(slots) <= daemon::kMaxShmSlots) {
       shm_stride = daemon::ShmSlotStride(batch_bytes);
       auto r = daemon::SharedRegion::Create(shm_stride * static_cast<uint64_t>(slots), "gpufeed-batches");
       if (!r.ok()) return r.status().WithContext("remote loader: shared batch memory");
       region = std::move(*r);
-      return pool.AllocateViews(region.bytes(), shm_stride, slots, info.batch_size, info.sample_bytes,
+      return pool.AllocateViews(region.bytes(), shm_stride, slots, info.batch_size, slot_sample_bytes,
                                 options.loader.pin_memory, /*start_free=*/true);
     }
-    return pool.Allocate(slots, info.batch_size, info.sample_bytes, options.loader.pin_memory);
+    return pool.Allocate(slots, info.batch_size, slot_sample_bytes, options.loader.pin_memory);
   }
 
   // Connects and completes the handshake; the HelloOk is returned.
@@ -161,6 +170,9 @@ struct RemoteStream final : EpochStream::Impl {
   Status ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
                       std::deque<Batch::Slot*>& held, loader::StreamCore::Item* item);
   Status CheckHead(const daemon::BatchHead& head, uint64_t expect) const;
+  Status TakeTable(const daemon::BatchHead& head, std::span<const std::byte> table, Batch::Slot* slot,
+                   uint64_t* data_bytes) const;
+  Status CheckPlans(const Batch::Slot& slot, uint64_t count, uint64_t expect) const;
   Result<std::optional<Batch>> Next() override;
   WaitResult WaitReady(std::chrono::steady_clock::time_point deadline) override { return core.WaitReady(deadline); }
   void Interrupt() override { core.Interrupt(); }
@@ -206,14 +218,18 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
     return true;
   };
   if (ok->info.sample_bytes != want.sample_bytes || ok->info.batch_size != want.batch_size ||
-      ok->num_batches != epoch_batches || ok->info.has_labels != want.has_labels || !same_fields()) {
+      ok->num_batches != epoch_batches || ok->info.has_labels != want.has_labels ||
+      ok->info.encoded_batches != want.encoded_batches ||
+      (want.encoded_batches && ok->slot_sample_bytes != loader->slot_sample_bytes) || !same_fields()) {
     return Status::InvalidArgument(peer + ": the daemon now serves a different dataset (" + ok->info.name +
                                    ") than at Connect() (" + want.name + ")");
   }
   const bool shm = ok->shm;
   if (shm && loader->region.fd() < 0) return Status::Corrupt(peer + ": HELLO_OK grants shared memory never offered");
-  const uint64_t sb = want.sample_bytes, bs = want.batch_size;
-  const uint64_t max_payload64 = daemon::BatchHead::kFixedBytes + bs * 16 + bs * sb;
+  const uint64_t bs = want.batch_size;
+  const uint64_t max_payload64 = daemon::BatchHead::kFixedBytes + bs * 16 +
+                                 (want.encoded_batches ? bs * daemon::kEncodedEntryBytes : 0) +
+                                 bs * loader->slot_sample_bytes;
   if (max_payload64 > UINT32_MAX) return Status::Unsupported(peer + ": batches over 4 GiB");
   const uint32_t max_payload = static_cast<uint32_t>(std::max<uint64_t>(max_payload64, daemon::kMaxControlPayload));
   uint64_t expect = start_batch;
@@ -327,35 +343,46 @@ Status RemoteStream::ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const 
   auto head = daemon::DecodeBatchFixed(fixed);
   if (!head.ok()) return head.status().WithContext(peer);
   GPUFEED_RETURN_IF_ERROR(CheckHead(*head, expect));
-  if (head->payload_bytes() != h.raw_bytes) {
+  const uint64_t n = head->count;
+  auto wrong_size = [&] {
     return Status::Corrupt(peer + ": BATCH " + std::to_string(expect) + " of " + std::to_string(head->count) +
                            " samples in a frame of " + std::to_string(h.raw_bytes) + " bytes");
-  }
-  const uint64_t n = head->count;
-  // Indices, labels, then each field's n rows, to where the field lives in a
-  // slot laid out for batch_size samples (planar: ChunkSource's layout).
-  std::vector<std::span<std::byte>> parts = {
-      std::as_writable_bytes(std::span(slot->indices.data(), n)),
-      std::as_writable_bytes(std::span(slot->labels.data(), head->has_labels ? n : 0))};
-  const uint64_t capacity = slot->images.bytes() / info.sample_bytes;  // >= batch_size >= n (CheckHead)
-  for (const FieldInfo& f : info.fields) {
-    parts.push_back(std::span(slot->images.data() + capacity * f.offset, n * f.sample_bytes));
-  }
-  if (!raw.empty()) {
-    size_t at = daemon::BatchHead::kFixedBytes;
-    for (auto dst : parts) {
-      std::memcpy(dst.data(), raw.data() + at, dst.size());
+  };
+  if (head->head_bytes() > h.raw_bytes) return wrong_size();
+  // The payload after the fixed part, piece by piece: from the decompressed
+  // copy, or from the socket (checksummed as it comes).
+  size_t at = daemon::BatchHead::kFixedBytes;
+  auto take = [&](std::span<std::byte> dst) -> Status {
+    if (dst.empty()) return Status::Ok();
+    if (!raw.empty()) {
+      std::memcpy(dst.data(), raw.data() + at, dst.size());  // in bounds: sizes checked against raw_bytes first
       at += dst.size();
+      return Status::Ok();
     }
+    GPUFEED_RETURN_IF_ERROR(conn.RecvAll(dst, timeout));
+    sum.Update(dst);
+    return Status::Ok();
+  };
+  // Indices, labels and an encoded batch's table.
+  std::vector<std::byte> table(head->encoded ? n * daemon::kEncodedEntryBytes : 0);
+  GPUFEED_RETURN_IF_ERROR(take(std::as_writable_bytes(std::span(slot->indices.data(), n))));
+  GPUFEED_RETURN_IF_ERROR(take(std::as_writable_bytes(std::span(slot->labels.data(), head->has_labels ? n : 0))));
+  GPUFEED_RETURN_IF_ERROR(take(table));
+  GPUFEED_RETURN_IF_ERROR(TakeTable(*head, table, slot, &head->data_bytes));
+  if (head->payload_bytes() != h.raw_bytes) return wrong_size();
+  if (head->encoded) {
+    // The slot's bytes up to the table's end, where the table says.
+    GPUFEED_RETURN_IF_ERROR(take(std::span(slot->images.data(), head->data_bytes)));
   } else {
-    for (auto dst : parts) {
-      GPUFEED_RETURN_IF_ERROR(conn.RecvAll(dst, timeout));
-      sum.Update(dst);
+    // Each field's n rows, to where the field lives in a slot laid out for
+    // batch_size samples (planar: ChunkSource's layout).
+    const uint64_t capacity = slot->images.bytes() / info.sample_bytes;  // >= batch_size >= n (CheckHead)
+    for (const FieldInfo& f : info.fields) {
+      GPUFEED_RETURN_IF_ERROR(take(std::span(slot->images.data() + capacity * f.offset, n * f.sample_bytes)));
     }
-    if (sum.Digest() != h.checksum) {
-      return Status::Corrupt(peer + ": checksum mismatch in BATCH " + std::to_string(expect) +
-                             " (corrupted in transit)");
-    }
+  }
+  if (raw.empty() && sum.Digest() != h.checksum) {
+    return Status::Corrupt(peer + ": checksum mismatch in BATCH " + std::to_string(expect) + " (corrupted in transit)");
   }
   for (uint64_t i = 0; i < n; ++i) {
     if (slot->indices[i] >= info.num_samples) {
@@ -363,7 +390,57 @@ Status RemoteStream::ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const 
                              std::to_string(slot->indices[i]) + " of " + std::to_string(info.num_samples));
     }
   }
+  if (head->encoded) GPUFEED_RETURN_IF_ERROR(CheckPlans(*slot, n, expect));
   *count = n;
+  return Status::Ok();
+}
+
+// An encoded batch's table into the slot (checked: DecodeEncodedTable), or a
+// decoded batch's mark; either must be what the stream agreed (HELLO_OK's
+// encoded_batches: every batch of such a stream has a table).
+Status RemoteStream::TakeTable(const daemon::BatchHead& head, std::span<const std::byte> table, Batch::Slot* slot,
+                               uint64_t* data_bytes) const {
+  const BatchSourceInfo& info = loader->info;
+  const std::string what = peer + ": batch " + std::to_string(head.index);
+  if (head.encoded != info.encoded_batches) {
+    return Status::Corrupt(what + (head.encoded ? " carries encoded samples, which this stream did not agree to"
+                                                : " has no encoded table, which every batch of this stream has"));
+  }
+  slot->deferred = head.encoded;
+  if (!head.encoded) return Status::Ok();
+  auto end = daemon::DecodeEncodedTable(table, head.count, info.sample_bytes, slot->images.bytes(), &slot->encoded);
+  if (!end.ok()) return end.status().WithContext(what);
+  *data_bytes = *end;
+  return Status::Ok();
+}
+
+// Each encoded sample's size and crop, as this side's own header parse and
+// crop plan (the daemon's decoder, the same options) give them: the feed's
+// device decoder sizes its output by them, so a daemon's word is not taken.
+Status RemoteStream::CheckPlans(const Batch::Slot& slot, uint64_t count, uint64_t expect) const {
+  const SampleDecoder& planner = *loader->planner;
+  const DecodeContext context{loader->options.loader.seed, epoch};
+  for (uint64_t i = 0; i < count; ++i) {
+    const EncodedSample& e = slot.encoded[i];
+    if (e.bytes == 0) continue;
+    DevicePlan plan;
+    GPUFEED_RETURN_IF_ERROR(
+        planner.PlanDevice(std::span(slot.images.data() + e.offset, e.bytes), slot.indices[i], context, &plan));
+    if (!plan.device_decodable || plan.height != e.height || plan.width != e.width || !(plan.crop == e.crop)) {
+      return Status::Corrupt(peer + ": batch " + std::to_string(expect) + " sample " + std::to_string(slot.indices[i]) +
+                             ": sent encoded as a " + std::to_string(e.height) + "x" + std::to_string(e.width) +
+                             " image cropped " + std::to_string(e.crop.height) + "x" + std::to_string(e.crop.width) +
+                             " at (" + std::to_string(e.crop.top) + ", " + std::to_string(e.crop.left) +
+                             "), but its header reads " +
+                             (plan.device_decodable ? std::to_string(plan.height) + "x" + std::to_string(plan.width) +
+                                                          " cropped " + std::to_string(plan.crop.height) + "x" +
+                                                          std::to_string(plan.crop.width) + " at (" +
+                                                          std::to_string(plan.crop.top) + ", " +
+                                                          std::to_string(plan.crop.left) + ")"
+                                                    : std::string("as no device-decodable JPEG (") + plan.why_not + ")") +
+                             " (the daemon and this client must run the same gpufeed with the same decode options)");
+    }
+  }
   return Status::Ok();
 }
 
@@ -384,7 +461,8 @@ Status RemoteStream::CheckHead(const daemon::BatchHead& head, uint64_t expect) c
 Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h,
                                   uint64_t expect, std::deque<Batch::Slot*>& held, loader::StreamCore::Item* item) {
   const BatchSourceInfo& info = loader->info;
-  if (h.flags != 0 || h.payload_bytes > daemon::BatchRef::kFixedBytes + info.batch_size * 16) {
+  const uint64_t table_max = info.encoded_batches ? info.batch_size * daemon::kEncodedEntryBytes : 0;
+  if (h.flags != 0 || h.payload_bytes > daemon::BatchRef::kFixedBytes + info.batch_size * 16 + table_max) {
     return Status::Corrupt(peer + ": BATCH_REF frame of " + std::to_string(h.payload_bytes) + " bytes");
   }
   std::vector<std::byte> payload(h.payload_bytes);
@@ -409,6 +487,12 @@ Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, con
                              std::to_string(slot->indices[i]) + " of " + std::to_string(info.num_samples));
     }
   }
+  const uint64_t labels_bytes = ref->head.has_labels ? n * 8 : 0;
+  uint64_t data_bytes = 0;
+  GPUFEED_RETURN_IF_ERROR(
+      TakeTable(ref->head, std::span<const std::byte>(at + n * 8 + labels_bytes, ref->head.encoded ? n * daemon::kEncodedEntryBytes : 0), slot,
+                &data_bytes));
+  if (ref->head.encoded) GPUFEED_RETURN_IF_ERROR(CheckPlans(*slot, n, expect));
   held.erase(it);
   *item = {slot, expect, n};
   return Status::Ok();
@@ -478,6 +562,17 @@ Result<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(const RemoteLoaderOp
   auto ok = impl->Handshake(&conn, 0, 0, true, nullptr);
   if (!ok.ok()) return ok.status();
   impl->info = ok->info;  // fields as the daemon's source has them (DecodeHelloOk set their offsets)
+  if (ok->info.encoded_batches) {
+    // Encoded samples for this client's device decoder (version 5): only
+    // when asked for, checked against this side's own plan of each.
+    if (!options.loader.defer_decode) {
+      return Status::Corrupt(addr->ToString() + ": HELLO_OK offers encoded batches, which this client did not ask for");
+    }
+    auto planner = MakeImageDecoder(options.decode);
+    if (!planner.ok()) return planner.status().WithContext(addr->ToString());
+    impl->planner = std::move(*planner);
+  }
+  impl->slot_sample_bytes = ok->info.encoded_batches ? ok->slot_sample_bytes : ok->info.sample_bytes;
   impl->info.name = addr->ToString() + " " + ok->info.name;
   impl->info.pool_slots = static_cast<uint64_t>(std::max(1, options.loader.prefetch)) + 1;
   impl->num_batches = ok->num_batches;

@@ -6,18 +6,23 @@
 // get a clear error naming both.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <thread>
 
+#include "gpufeed/gpu_feed.h"
 #include "loader/remote/address.h"
 #include "loader/remote/conn.h"
 #include "daemon/datasets.h"
@@ -443,6 +448,28 @@ TEST_F(DaemonFieldsTest, NewClientAgainstOldDaemonGetsAClearError) {
 // ---------------------------------------------------------------------------
 // Encoded images
 
+// A JPEG of h x w whose pixels depend on k (textured, so crops differ).
+std::vector<unsigned char> TexturedJpeg(uint64_t k, int h, int w, bool progressive) {
+  std::vector<uint8_t> px(static_cast<size_t>(h) * w * 3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        px[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>((x * 7 + y * 3 * (c + 1) + k * 11) % 256);
+      }
+    }
+  }
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  const int rc =
+      tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420, 90, progressive ? TJFLAG_PROGRESSIVE : 0);
+  EXPECT_EQ(rc, 0);
+  std::vector<unsigned char> out(buf, buf + size);
+  tjFree(buf);
+  tjDestroy(tj);
+  return out;
+}
+
 class DaemonEncodedTest : public ::testing::Test {
  protected:
   static constexpr uint64_t kN = 23;
@@ -453,28 +480,17 @@ class DaemonEncodedTest : public ::testing::Test {
     const fs::path images = root / "images";
     // Textured JPEGs of varied sizes in two classes, so crops differ and a
     // wrong crop or transform shows in the bytes.
+    // Every fifth progressive: a device decoder does not take those, so
+    // whoever serves the batch decodes them on its CPU.
     for (uint64_t k = 0; k < kN; ++k) {
       const int h = 40 + static_cast<int>(k * 7 % 50), w = 60 + static_cast<int>(k * 13 % 70);
-      std::vector<uint8_t> px(static_cast<size_t>(h) * w * 3);
-      for (int y = 0; y < h; ++y) {
-        for (int x = 0; x < w; ++x) {
-          for (int c = 0; c < 3; ++c) {
-            px[(static_cast<size_t>(y) * w + x) * 3 + c] =
-                static_cast<uint8_t>((x * 7 + y * 3 * (c + 1) + k * 11) % 256);
-          }
-        }
-      }
-      tjhandle tj = tjInitCompress();
-      unsigned char* buf = nullptr;
-      unsigned long size = 0;
-      ASSERT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420, 90, 0), 0);
+      const std::vector<unsigned char> jpeg = TexturedJpeg(k, h, w, k % 5 == 4);
       const fs::path cls = images / (k % 3 == 0 ? "b" : "a");
       fs::create_directories(cls);
       char name[32];
       std::snprintf(name, sizeof name, "%02llu.jpg", static_cast<unsigned long long>(k));
-      std::ofstream(cls / name, std::ios::binary).write(reinterpret_cast<const char*>(buf), std::streamsize(size));
-      tjFree(buf);
-      tjDestroy(tj);
+      std::ofstream(cls / name, std::ios::binary)
+          .write(reinterpret_cast<const char*>(jpeg.data()), std::streamsize(jpeg.size()));
     }
     data_ = (root / "jpeg.h5").string();
     auto c = ConvertEncodedImageFolder(images.string(), data_, {});
@@ -619,6 +635,309 @@ TEST_F(DaemonEncodedTest, BadAndTooManyDecodeOptionsAreRefused) {
   ASSERT_FALSE(over.ok());
   EXPECT_EQ(over.status().code(), StatusCode::kUnsupported);
   EXPECT_NE(over.status().message().find("distinct decode options"), std::string::npos) << over.status().message();
+}
+
+// One epoch through the feed on the CPU (whose decoder for the samples a
+// loader leaves encoded is the CPU twin of nvJPEG's): the images as floats
+// (mean 0, std 1: the pixel values), labels and dataset indices, in order.
+struct Fed {
+  std::vector<float> images;
+  std::vector<int64_t> labels;
+  std::vector<uint64_t> indices;
+  FeedStats stats;
+  Status error;
+};
+Fed FeedEpoch(BatchSource& src, uint64_t epoch) {
+  FeedOptions fo;
+  fo.force_cpu = true;
+  fo.mean = {0, 0, 0};
+  fo.stddev = {1, 1, 1};
+  GpuFeeder feeder(src, fo, epoch);
+  const uint64_t sb = src.info().sample_bytes;
+  Fed out;
+  for (;;) {
+    auto b = feeder.Next();
+    if (!b.ok()) {
+      out.error = b.status();
+      break;
+    }
+    if (!*b) break;
+    const DeviceBatch& db = **b;
+    const size_t at = out.images.size(), lat = out.labels.size();
+    out.images.resize(at + static_cast<size_t>(db.size()) * sb);
+    out.labels.resize(lat + static_cast<size_t>(db.size()));
+    EXPECT_TRUE(feeder.CopyToHost(db, out.images.data() + at, out.labels.data() + lat).ok());
+    out.indices.insert(out.indices.end(), db.indices().begin(), db.indices().end());
+  }
+  out.stats = feeder.stats();
+  return out;
+}
+
+bool SameBytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A client whose feed decodes (defer_decode) gets the JPEGs its device
+// decoder takes encoded, with the daemon's crop plan, and the rest decoded
+// by the daemon: its feed delivers, byte for byte, what the same feed over a
+// local Loader delivers, over every transport, in both orders, each rank
+// its own shard; every sample is delivered, with its label.
+TEST_F(DaemonEncodedTest, DeferredBatchesDecodeOnTheClientAsOnALocalLoader) {
+  auto tcp = Server::Start(Options("tcp://127.0.0.1:0"));
+  ASSERT_TRUE(tcp.ok()) << tcp.status().ToString();
+  auto unix_server = Server::Start(Options("unix:" + dir_ + "/d.sock"));
+  ASSERT_TRUE(unix_server.ok()) << unix_server.status().ToString();
+  DecodeOptions d;
+  d.height = d.width = 20;  // random-resized-crop: each sample's crop is its own
+  d.scale_min = 0.3;
+  auto local_src = OpenEncodedImages(data_, {}, d);
+  ASSERT_TRUE(local_src.ok()) << local_src.status().ToString();
+  const std::vector<int64_t>& labels = (*local_src)->labels();
+  ASSERT_EQ(labels.size(), kN);
+  struct Transport {
+    std::string name, address;
+    bool compress, shm;
+  };
+  const std::vector<Transport> transports = {
+      {"shm", (*unix_server)->endpoint(), false, true},
+      {"unix socket", (*unix_server)->endpoint(), false, false},
+      {"tcp+zstd", (*tcp)->endpoint(), true, false},
+  };
+  for (Order order : {Order::kRandom, Order::kBlock}) {
+    std::vector<int> seen(kN, 0);
+    uint64_t delivered = 0;
+    for (int rank = 0; rank < 2; ++rank) {
+      LoaderOptions lo = Stream();
+      lo.order = order;
+      lo.rank = rank;
+      lo.world_size = 2;
+      lo.defer_decode = true;
+      Loader local(**local_src, lo);
+      const Fed want = FeedEpoch(local, 1);
+      ASSERT_TRUE(want.error.ok()) << want.error.ToString();
+      EXPECT_GT(want.stats.decoded_on_device, 0u);  // the CPU twin's, as the device's
+      EXPECT_GT(want.stats.decoded_by_loader, 0u);  // the progressive ones
+      for (size_t i = 0; i < want.indices.size(); ++i) {
+        ASSERT_LT(want.indices[i], kN);
+        EXPECT_EQ(want.labels[i], labels[want.indices[i]]) << "sample " << want.indices[i];
+        seen[want.indices[i]] += 1;
+      }
+      delivered += want.indices.size();
+      for (const Transport& t : transports) {
+        const std::string what = t.name + " " + std::string(OrderName(order)) + " rank " + std::to_string(rank);
+        RemoteLoaderOptions ro;
+        ro.address = t.address;
+        ro.token = "tok";
+        ro.loader = lo;
+        ro.decode = d;
+        ro.compress = t.compress;
+        ro.shared_memory = t.shm;
+        ro.io_timeout_ms = 10000;
+        auto remote = RemoteLoader::Connect(ro);
+        ASSERT_TRUE(remote.ok()) << what << ": " << remote.status().ToString();
+        EXPECT_TRUE((*remote)->info().encoded_batches) << what;
+        const Fed got = FeedEpoch(**remote, 1);
+        ASSERT_TRUE(got.error.ok()) << what << ": " << got.error.ToString();
+        EXPECT_EQ(got.indices, want.indices) << what;
+        EXPECT_EQ(got.labels, want.labels) << what;
+        EXPECT_TRUE(SameBytes(got.images, want.images)) << what;
+        EXPECT_EQ(got.stats.decoded_on_device, want.stats.decoded_on_device) << what;
+        EXPECT_EQ(got.stats.decoded_by_loader, want.stats.decoded_by_loader) << what;
+      }
+    }
+    // Two shards of ceil(23 / 2): every sample, one repeated as padding.
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 0), 0) << OrderName(order);
+    EXPECT_EQ(delivered, 2 * ((kN + 1) / 2)) << OrderName(order);
+  }
+  // A client that does not defer gets decoded samples, as before.
+  RemoteLoaderOptions plain;
+  plain.address = (*unix_server)->endpoint();
+  plain.token = "tok";
+  plain.loader = Stream();
+  plain.decode = d;
+  auto r = RemoteLoader::Connect(plain);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE((*r)->info().encoded_batches);
+  auto epoch = Epoch(**r, 0);
+  ASSERT_TRUE(epoch.ok()) << epoch.status().ToString();
+}
+
+// A daemon that answers HELLO with `ok`, and a stream's first CREDIT with
+// one BATCH frame of `batch`: what a broken or hostile server sends. Every
+// wait is bounded (poll and socket timeouts); the destructor ends it.
+class FakeDaemon {
+ public:
+  FakeDaemon(const std::string& path, daemon::HelloOk ok, std::vector<std::byte> batch)
+      : path_(path), ok_(std::move(ok)), batch_(std::move(batch)) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+    ::unlink(path.c_str());
+    listening_ = fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && ::listen(fd_, 4) == 0;
+    if (listening_) thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeDaemon() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  bool listening() const { return listening_; }
+  std::string address() const { return "unix:" + path_; }
+
+ private:
+  static bool Io(int c, void* p, size_t n, bool send) {
+    auto* b = static_cast<char*>(p);
+    while (n > 0) {
+      const ssize_t r = send ? ::send(c, b, n, MSG_NOSIGNAL) : ::recv(c, b, n, 0);
+      if (r <= 0) return false;
+      b += r;
+      n -= static_cast<size_t>(r);
+    }
+    return true;
+  }
+  static bool Send(int c, std::span<const std::byte> bytes) {
+    return Io(c, const_cast<std::byte*>(bytes.data()), bytes.size(), true);
+  }
+  // A client frame's type and payload.
+  static bool Recv(int c, FrameType* type, std::vector<std::byte>* payload) {
+    daemon::HeaderBytes hb;
+    if (!Io(c, hb.data(), hb.size(), false)) return false;
+    auto h = daemon::ParseHeader(hb, daemon::kMaxControlPayload, daemon::kMaxControlPayload, "client");
+    if (!h.ok()) return false;
+    payload->resize(h->payload_bytes);
+    *type = h->type;
+    return Io(c, payload->data(), payload->size(), false);
+  }
+  void Serve() {
+    for (int served = 0; served < 2 && !stop_;) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      ++served;
+      timeval tv{5, 0};
+      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+      FrameType type{};
+      std::vector<std::byte> payload;
+      if (Recv(c, &type, &payload) && type == FrameType::kHello) {
+        auto hello = daemon::DecodeHello(payload);
+        const bool describe = hello.ok() && hello->describe_only;
+        Send(c, daemon::MakeFrame(FrameType::kHelloOk, daemon::EncodeHelloOk(ok_)));
+        if (!describe && Recv(c, &type, &payload) && type == FrameType::kCredit) {
+          const daemon::HeaderBytes hb =
+              daemon::MakeHeader(FrameType::kBatch, 0, static_cast<uint32_t>(batch_.size()), {batch_});
+          if (Send(c, hb) && Send(c, batch_)) {
+            char sink[256];
+            while (::recv(c, sink, sizeof sink, 0) > 0) {  // until the client closes (or 5 s)
+            }
+          }
+        }
+      }
+      ::close(c);
+    }
+  }
+  std::string path_;
+  daemon::HelloOk ok_;
+  std::vector<std::byte> batch_;
+  int fd_ = -1;
+  bool listening_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// A BATCH payload of one sample (index 0, label 0) with an encoded table of
+// one entry and `data` after it.
+std::vector<std::byte> OneEncodedBatch(uint64_t sample_bytes, const EncodedSample& e, std::span<const std::byte> data) {
+  std::vector<std::byte> p;
+  auto put = [&](const void* v, size_t n) {
+    const auto* b = static_cast<const std::byte*>(v);
+    p.insert(p.end(), b, b + n);
+  };
+  const uint64_t epoch = 0, index = 0, sample = 0;
+  const int64_t label = 0;
+  const uint32_t count = 1, flags = 3;  // labels, encoded
+  put(&epoch, 8);
+  put(&index, 8);
+  put(&count, 4);
+  put(&flags, 4);
+  put(&sample_bytes, 8);
+  put(&sample, 8);
+  put(&label, 8);
+  put(&e.offset, 8);
+  put(&e.bytes, 8);
+  for (int32_t v : {e.height, e.width, e.crop.top, e.crop.left, e.crop.height, e.crop.width}) put(&v, 4);
+  put(data.data(), data.size());
+  return p;
+}
+
+TEST_F(DaemonEncodedTest, AHostileEncodedTableIsRefusedWithItsReason) {
+  DecodeOptions d;
+  d.height = d.width = 16;
+  daemon::HelloOk ok;
+  ok.info.name = "fake";
+  ok.info.sample_shape = {3, 16, 16};
+  ok.info.sample_bytes = 3 * 16 * 16;
+  ok.info.num_samples = 4;
+  ok.info.batch_size = 2;
+  ok.info.has_labels = true;
+  ok.info.encoded_batches = true;
+  FieldInfo f;
+  f.name = "images";
+  f.path = "/images";
+  f.sample_shape = ok.info.sample_shape;
+  f.sample_bytes = ok.info.sample_bytes;
+  ok.info.fields = {f};
+  ok.num_batches = 2;
+  ok.slot_sample_bytes = ok.info.sample_bytes;  // slots of 2 x 768 bytes
+  const std::vector<unsigned char> jpeg = TexturedJpeg(1, 20, 30, false);
+  const auto jpeg_bytes = std::as_bytes(std::span(jpeg));
+  auto run = [&](const EncodedSample& e, std::span<const std::byte> data, bool defer) -> Status {
+    FakeDaemon fake(dir_ + "/fake.sock", ok, OneEncodedBatch(ok.info.sample_bytes, e, data));
+    EXPECT_TRUE(fake.listening());
+    RemoteLoaderOptions ro;
+    ro.address = fake.address();
+    ro.loader = Stream();
+    ro.loader.batch_size = 2;
+    ro.loader.defer_decode = defer;
+    ro.decode = d;
+    ro.shared_memory = false;
+    ro.io_timeout_ms = 3000;
+    auto remote = RemoteLoader::Connect(ro);
+    if (!remote.ok()) return remote.status();
+    EpochStream s = (*remote)->Epoch(0);
+    auto r = s.Next();
+    return r.ok() ? Status::Ok() : r.status();
+  };
+  auto expect_refused = [](const Status& st, const std::string& says) {
+    EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+    EXPECT_NE(st.message().find(says), std::string::npos) << st.message();
+  };
+  // Past the slot (2 samples of 768 bytes).
+  EncodedSample e;
+  e.bytes = 5000;
+  e.height = 20;
+  e.width = 30;
+  e.crop = {0, 0, 10, 10};
+  const std::vector<std::byte> big(5000);
+  expect_refused(run(e, big, true), "pass the slot's 1536 bytes");
+  // A crop outside the image.
+  e.bytes = jpeg.size();
+  e.crop = {15, 0, 10, 10};
+  expect_refused(run(e, jpeg_bytes, true), "crop 10x10 at (15, 0) outside its 20x30 image");
+  // Inside the slot and the image it claims, but the JPEG's header says
+  // otherwise: the device decoder would size its output by the lie.
+  e.height = 40;
+  e.crop = {0, 0, 10, 10};
+  expect_refused(run(e, jpeg_bytes, true), "its header reads 20x30");
+  // The true size with another crop than this client plans.
+  e.height = 20;
+  e.crop = {1, 2, 3, 4};
+  expect_refused(run(e, jpeg_bytes, true), "its header reads 20x30 cropped");
+  // Encoded batches for a client that decodes nothing itself.
+  expect_refused(run(e, jpeg_bytes, false), "did not ask for");
 }
 
 }  // namespace

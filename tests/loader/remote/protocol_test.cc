@@ -182,7 +182,8 @@ TEST(ProtocolTest, HostileFieldDescriptionsAreRefused) {
   const size_t data_bytes = (4 + 4) + (4 + 13) + 1 + 1 + (4 + 16) + 8;
   const size_t mask_bytes = (4 + 4) + (4 + 13) + 1 + 1 + (4 + 8) + 8;
   const size_t target_bytes = (4 + 6) + (4 + 2) + 1 + 1 + 4 + 8;
-  const size_t count_at = bytes.size() - data_bytes - mask_bytes - target_bytes - 4;
+  const size_t encoded_bytes = 1 + 8;  // u8 encoded_batches, u64 slot_sample_bytes (version 5)
+  const size_t count_at = bytes.size() - encoded_bytes - data_bytes - mask_bytes - target_bytes - 4;
   uint32_t count = 0;
   std::memcpy(&count, bytes.data() + count_at, 4);
   ASSERT_EQ(count, 3u);  // found it
@@ -255,8 +256,8 @@ TEST(ProtocolTest, HelloCarriesDecodeOptionsAndRefusesBadOnes) {
   bad.decode.center_fraction = 1.5;
   refused(EncodeHello(bad), "center-crop fraction");
   // The transform and skip_corrupt bytes, before the reshard (u64, u32,
-  // u64, u64: 28 bytes at the end).
-  const size_t reshard_bytes = 8 + 4 + 8 + 8;
+  // u64, u64: 28 bytes) and defer_decode (u8) at the end.
+  const size_t reshard_bytes = 8 + 4 + 8 + 8 + 1;
   auto bytes = EncodeHello(h);
   bytes[bytes.size() - 1 - reshard_bytes] = std::byte{2};
   refused(bytes, "skip_corrupt 2");
@@ -277,6 +278,124 @@ TEST(ProtocolTest, HelloCarriesDecodeOptionsAndRefusesBadOnes) {
   bad = h;
   bad.loader.reshard.world_size = (1u << 24) + 1;
   refused(EncodeHello(bad), "reshard of 16777217 ranks");
+}
+
+// Deferred decoding (version 5): HELLO asks, HELLO_OK answers with the
+// slots' size, and a batch's encoded table is checked as a hostile peer's.
+TEST(ProtocolTest, DeferredDecodingIsAskedAnsweredAndItsTableChecked) {
+  Hello h;
+  h.loader.batch_size = 4;
+  EXPECT_FALSE(DecodeHello(EncodeHello(h))->loader.defer_decode);
+  h.loader.defer_decode = true;
+  auto hd = DecodeHello(EncodeHello(h));
+  ASSERT_TRUE(hd.ok()) << hd.status().ToString();
+  EXPECT_TRUE(hd->loader.defer_decode);
+  auto bytes = EncodeHello(h);
+  bytes.back() = std::byte{2};
+  EXPECT_NE(DecodeHello(bytes).status().message().find("defer_decode 2"), std::string::npos);
+
+  HelloOk ok = FieldsHelloOk();
+  EXPECT_TRUE(DecodeHelloOk(EncodeHelloOk(ok)).ok());
+  ok.slot_sample_bytes = 64;  // a slot size without encoded batches
+  EXPECT_NE(DecodeHelloOk(EncodeHelloOk(ok)).status().message().find("batches that are not encoded"),
+            std::string::npos);
+  ok.info.encoded_batches = true;
+  auto okd = DecodeHelloOk(EncodeHelloOk(ok));
+  ASSERT_TRUE(okd.ok()) << okd.status().ToString();
+  EXPECT_TRUE(okd->info.encoded_batches);
+  EXPECT_EQ(okd->slot_sample_bytes, 64u);
+  ok.slot_sample_bytes = 34;  // smaller than the decoded sample (35)
+  EXPECT_NE(DecodeHelloOk(EncodeHelloOk(ok)).status().message().find("slots of 34 bytes a sample"),
+            std::string::npos);
+  ok.slot_sample_bytes = kMaxSampleBytes + 1;
+  EXPECT_FALSE(DecodeHelloOk(EncodeHelloOk(ok)).ok());
+
+  // A batch head with flags bit 1 has a table of count entries.
+  std::vector<std::byte> fixed(BatchHead::kFixedBytes);
+  const uint32_t count = 3, flags = 3;
+  std::memcpy(fixed.data() + 16, &count, 4);
+  std::memcpy(fixed.data() + 20, &flags, 4);
+  auto head = DecodeBatchFixed(fixed);
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  EXPECT_TRUE(head->has_labels && head->encoded);
+  EXPECT_EQ(head->head_bytes(), BatchHead::kFixedBytes + 3 * 16 + 3 * kEncodedEntryBytes);
+  const uint32_t unknown = 4;
+  std::memcpy(fixed.data() + 20, &unknown, 4);
+  EXPECT_NE(DecodeBatchFixed(fixed).status().message().find("unknown flags 4"), std::string::npos);
+
+  // The table: samples of 100 bytes decoded, slots of 1000 bytes.
+  const uint64_t sb = 100, slot = 1000;
+  auto table = [](const std::vector<EncodedSample>& entries) {
+    std::vector<std::byte> t;
+    for (const EncodedSample& e : entries) {
+      auto put = [&](const void* v, size_t n) {
+        const auto* b = static_cast<const std::byte*>(v);
+        t.insert(t.end(), b, b + n);
+      };
+      put(&e.offset, 8);
+      put(&e.bytes, 8);
+      for (int32_t v : {e.height, e.width, e.crop.top, e.crop.left, e.crop.height, e.crop.width}) put(&v, 4);
+    }
+    return t;
+  };
+  EncodedSample jpeg;  // 300 encoded bytes of a 20 x 30 image, cropped 10 x 12 at (5, 6)
+  jpeg.bytes = 300;
+  jpeg.height = 20;
+  jpeg.width = 30;
+  jpeg.crop = {5, 6, 10, 12};
+  EncodedSample decoded;  // sample_bytes of pixels
+  std::vector<EncodedSample> good = {jpeg, decoded, jpeg};
+  good[1].offset = 300;
+  good[2].offset = 400;
+  std::vector<EncodedSample> got;
+  auto end = DecodeEncodedTable(table(good), 3, sb, slot, &got);
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_EQ(*end, 700u);
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[i].offset, good[i].offset);
+    EXPECT_EQ(got[i].bytes, good[i].bytes);
+    EXPECT_EQ(got[i].height, good[i].height);
+    EXPECT_EQ(got[i].width, good[i].width);
+    EXPECT_EQ(got[i].crop, good[i].crop);
+  }
+  EXPECT_EQ(EncodedTableEnd(got, sb), 700u);
+  auto refused = [&](std::vector<EncodedSample> t, uint32_t n, const std::string& words) {
+    auto r = DecodeEncodedTable(table(t), n, sb, slot, &got);
+    EXPECT_FALSE(r.ok()) << words;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kCorrupt) << r.status().message();
+      EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status().message();
+    }
+  };
+  refused(good, 2, "encoded table of 120 bytes for 2 samples");
+  auto bad = good;
+  bad[1].offset = 299;  // into the sample before
+  refused(bad, 3, "entry 1 of 3: 100 bytes at offset 299 overlap the entry before (its end 300)");
+  bad = good;
+  bad[2].offset = 701;  // 701 + 300 > 1000
+  refused(bad, 3, "entry 2 of 3: 300 bytes at offset 701");
+  bad = good;
+  bad[2].bytes = UINT64_MAX - 100;  // the end wraps
+  refused(bad, 3, "pass the slot's 1000 bytes");
+  bad = good;
+  bad[1].height = 20;  // a decoded sample with a size
+  refused(bad, 3, "entry 1 of 3: a decoded sample (0 encoded bytes) with an image size or crop");
+  bad = good;
+  bad[0].width = 0;
+  refused(bad, 3, "an image of 20x0");
+  bad = good;
+  bad[0].height = kMaxImageSide + 1;
+  refused(bad, 3, "an image of 65536x30");
+  bad = good;
+  bad[2].crop = {11, 6, 10, 12};  // rows 11..20 of 20
+  refused(bad, 3, "entry 2 of 3: crop 10x12 at (11, 6) outside its 20x30 image");
+  bad = good;
+  bad[0].crop = {0, -1, 10, 12};
+  refused(bad, 3, "at (0, -1)");
+  bad = good;
+  bad[0].crop = {0, 0, 10, 0};
+  refused(bad, 3, "crop 10x0");
 }
 
 TEST(ProtocolTest, VersionMismatchNamesBothVersionsAndTheSideToUpgrade) {
