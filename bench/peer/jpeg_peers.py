@@ -13,7 +13,9 @@ job measures about each rank while it trains (GPU utilization, memory).
                    bytes (one uint8 tensor and the lengths), decoded on the
                    rank's GPU with torchvision.io.decode_jpeg(device="cuda") a
                    batch at a time, then the same crop and flip per image with
-                   torchvision.transforms.v2.functional on the GPU.
+                   torchvision.transforms.v2.functional on the GPU (the
+                   host seconds in decode_jpeg and in the crops are kept
+                   apart, to show where its time goes).
 
 The h5py file is opened as users open it (the benchmark docs' "Two ways the
 peer is written"): "naive" with h5py's defaults (a 1 MiB chunk cache), "tuned"
@@ -24,6 +26,7 @@ import io
 import os
 import random
 import threading
+import time
 
 from torch_jpeg import rrc_params  # torchvision's RandomResizedCrop.get_params, drawn with Python's random
 
@@ -150,11 +153,19 @@ class GpuDecodeCrop:
         self.mean = torch.tensor(mean, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(std, device=device).view(1, 3, 1, 1)
         self.rng = random.Random(seed)
+        self.decode_s = self.crop_s = 0.0  # host seconds in decode_jpeg and in the crops, since take_times()
+
+    def take_times(self):
+        t = {"decode_call_s": self.decode_s, "crop_call_s": self.crop_s}
+        self.decode_s = self.crop_s = 0.0
+        return t
 
     def __call__(self, flat, lengths):
         torch = self.torch
+        t0 = time.perf_counter()
         blobs = list(torch.split(flat, lengths.tolist()))
         imgs = self.decode_jpeg(blobs, mode=self.rgb, device=self.device)
+        t1 = time.perf_counter()
         out = []
         for img in imgs:
             _, h, w = img.shape
@@ -162,7 +173,11 @@ class GpuDecodeCrop:
             c = self.F.resized_crop(img, top, left, ch, cw, [self.size, self.size], antialias=True)
             out.append(self.F.horizontal_flip(c) if self.rng.random() < 0.5 else c)
         x = torch.stack(out).float().sub_(self.mean).div_(self.std)
-        return x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        x = x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        t2 = time.perf_counter()
+        self.decode_s += t1 - t0
+        self.crop_s += t2 - t1
+        return x
 
 
 def tree_rss(proc):

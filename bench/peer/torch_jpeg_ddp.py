@@ -156,7 +156,10 @@ class Feed:
             yield x.to(torch.bfloat16), lab.to(self.dev, non_blocking=True)
 
     def stats(self):
-        """gpufeed's statistics of the epoch just run (the decode split); {} for the peers."""
+        """gpufeed's statistics of the epoch just run (the decode split); torchvision-gpu's
+        host seconds in decode_jpeg and in the crops; {} for dataloader-pil."""
+        if self.kind == "torchvision-gpu":
+            return self.gpu.take_times()
         if self.kind != "gpufeed":
             return {}
         st = self.loader.stats()
@@ -298,8 +301,9 @@ def main():
         rates.append(n / wall.item())
         st = feed.stats()
         epochs.append(dict(mon, wall_s=mywall, wait_s=wait, first_batch_s=first, images=mine,
-                           images_per_s=mine / mywall, gpufeed=st or None,
-                           decode_split=decode_split(st, feed.info.get("decode"))))
+                           images_per_s=mine / mywall, gpufeed=st if a.loader == "gpufeed" else None,
+                           peer_times=st if a.loader == "torchvision-gpu" else None,
+                           decode_split=decode_split(st, feed.info.get("decode")) if a.loader == "gpufeed" else None))
     me = {"rank": rank, "epochs": epochs, "peak_rss": vm_hwm_or_rusage(),
           "tree_rss_peak": monitor.job_rss_peak, "nvml_gpu_mem_peak": monitor.job_gpu_mem_peak,
           "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if cuda else None,
@@ -351,9 +355,7 @@ def report(a, info, n, world, ceiling, rates, ranks, dev):
                   "/".join("-" if u is None else "%.0f" % u for u in util),
                   "/".join("%.3f" % (x["first_batch_s"] or 0) for x in ep), r["peak_rss"] / 2**30,
                   r["tree_rss_peak"] / 2**30, gib(r["max_memory_allocated"]), gib(r["nvml_gpu_mem_peak"]),
-                  "; decode gpu/cpu %s" % " ".join("%.2f/%.2f" % (x["decode_split"]["gpu"], x["decode_split"]["cpu"])
-                                                   if x["decode_split"] else "-" for x in ep)
-                  if a.loader == "gpufeed" else ""), flush=True)
+                  where_time_went(a.loader, ep)), flush=True)
     print("  node: RSS %.2f GiB (each rank's peak with its children, summed), PSS at epochs' ends %s GiB" % (
         node_rss / 2**30, "/".join("%.2f" % (p / 2**30) for p in pss)), flush=True)
     if a.json:
@@ -372,6 +374,18 @@ def report(a, info, n, world, ceiling, rates, ranks, dev):
         out.update({k: v for k, v in info.items() if k not in out})
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
+
+
+def where_time_went(loader, ep):
+    """gpufeed: the decode split per epoch; torchvision-gpu: host seconds in decode_jpeg and in the crops."""
+    if loader == "gpufeed":
+        return "; decode gpu/cpu %s" % " ".join(
+            "%.2f/%.2f" % (x["decode_split"]["gpu"], x["decode_split"]["cpu"]) if x["decode_split"] else "-"
+            for x in ep)
+    if loader == "torchvision-gpu":
+        return "; in decode_jpeg/crops %s s" % " ".join(
+            "%.2f/%.2f" % (x["peer_times"]["decode_call_s"], x["peer_times"]["crop_call_s"]) for x in ep)
+    return ""
 
 
 def gib(x):
