@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <turbojpeg.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,9 @@
 #include <vector>
 
 #include "common/job.h"
+#include "gpufeed/convert.h"
+#include "gpufeed/encoded.h"
+#include "gpufeed/gpu_feed.h"
 #include "gpufeed/open_source.h"
 #include "tests/testing/test_data.h"
 
@@ -484,6 +488,139 @@ TEST(NodeShareTest, AJobLeavesNoFilesInTheNodeDirectory) {
   ASSERT_EQ(left.size(), 1u) << Joined(left);
   EXPECT_TRUE(left[0].ends_with(".log")) << left[0];
   EXPECT_NE(r.status().message().find(dir + "/" + left[0]), std::string::npos) << r.status().message();
+}
+
+// An image folder of n textured JPEGs of varied sizes in two classes (every
+// fifth progressive: no device decoder takes those), converted to an
+// encoded HDF5 file; its path.
+std::string WriteJpegs(const std::string& dir, uint64_t n) {
+  const std::filesystem::path images = std::filesystem::path(dir) / "images";
+  for (uint64_t k = 0; k < n; ++k) {
+    const int h = 40 + static_cast<int>(k * 7 % 50), w = 60 + static_cast<int>(k * 13 % 70);
+    std::vector<uint8_t> px(static_cast<size_t>(h) * w * 3);
+    for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i % (3 * w)) * 7 + (i / (3 * w)) * 3 + k * 11);
+    tjhandle tj = tjInitCompress();
+    unsigned char* buf = nullptr;
+    unsigned long size = 0;
+    EXPECT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420, 90,
+                          k % 5 == 4 ? TJFLAG_PROGRESSIVE : 0),
+              0);
+    const std::filesystem::path cls = images / (k % 3 == 0 ? "b" : "a");
+    std::filesystem::create_directories(cls);
+    std::ofstream(cls / (std::to_string(1000 + k) + ".jpg"), std::ios::binary)
+        .write(reinterpret_cast<const char*>(buf), static_cast<std::streamsize>(size));
+    tjFree(buf);
+    tjDestroy(tj);
+  }
+  const std::string data = dir + "/jpeg.h5";
+  auto c = ConvertEncodedImageFolder(images.string(), data, {});
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return data;
+}
+
+// One epoch through the feed on the CPU, whose decoder for what a loader
+// leaves encoded is the CPU twin of nvJPEG's: images as floats (mean 0, std
+// 1: the pixel values), labels and dataset indices, in order.
+struct Fed {
+  std::vector<float> images;
+  std::vector<int64_t> labels;
+  std::vector<uint64_t> indices;
+  FeedStats stats;
+  Status error;
+};
+Fed FeedEpoch(BatchSource& src, uint64_t epoch) {
+  FeedOptions fo;
+  fo.force_cpu = true;
+  fo.mean = {0, 0, 0};
+  fo.stddev = {1, 1, 1};
+  GpuFeeder feeder(src, fo, epoch);
+  const uint64_t sb = src.info().sample_bytes;
+  Fed out;
+  for (;;) {
+    auto b = feeder.Next();
+    if (!b.ok()) {
+      out.error = b.status();
+      break;
+    }
+    if (!*b) break;
+    const DeviceBatch& db = **b;
+    const size_t at = out.images.size(), lat = out.labels.size();
+    out.images.resize(at + static_cast<size_t>(db.size()) * sb);
+    out.labels.resize(lat + static_cast<size_t>(db.size()));
+    EXPECT_TRUE(feeder.CopyToHost(db, out.images.data() + at, out.labels.data() + lat).ok());
+    out.indices.insert(out.indices.end(), db.indices().begin(), db.indices().end());
+  }
+  out.stats = feeder.stats();
+  return out;
+}
+
+// share="node" over JPEGs, ranks whose feed decodes (defer_decode, what a
+// GPU feed sets): the node's server reads and caches the file for both,
+// leaves each the JPEGs its feed's decoder takes, and decodes only the
+// progressive ones. Each rank's feed delivers byte for byte what it
+// delivers over a local Loader with the same options, in both orders; the
+// two ranks together deliver every sample, each with its label.
+TEST(NodeShareTest, EncodedImagesAreDecodedByEachRanksOwnFeed) {
+#if !GPUFEED_TESTS_HAVE_CLI
+  GTEST_SKIP() << "this build has no gpufeed command to start as the node's server (GPUFEED_BUILD_CLI=OFF: "
+                  "scripts/test's ThreadSanitizer pass)";
+#endif
+  const std::string base = testing::MakeTempDir("node_jpeg");
+  const std::string dir = PrivateNodeDir(base);
+  const uint64_t n = 22;
+  const std::string data = WriteJpegs(base, n);
+  ScopedEnv env;
+  SetJob(&env, dir, "jpeg");
+  env.Set("GPUFEED_TRUST_FILES", "1");  // the tests' own file: no probe forked beside the ranks' threads
+  DecodeOptions d;
+  d.height = d.width = 20;  // random-resized-crop: a crop of its own for each sample and epoch
+  d.scale_min = 0.3;
+  auto local_src = OpenEncodedImages(data, {}, d);
+  ASSERT_TRUE(local_src.ok()) << local_src.status().ToString();
+  const std::vector<int64_t>& labels = (*local_src)->labels();
+  for (Order order : {Order::kRandom, Order::kBlock}) {
+    std::vector<std::unique_ptr<OpenedSource>> ranks;
+    std::vector<SourceOptions> options;
+    for (int rank = 0; rank < 2; ++rank) {
+      SourceOptions o = Rank(data, rank, 2);
+      o.loader.batch_size = 4;
+      o.loader.order = order;
+      o.loader.defer_decode = true;
+      o.loader.pin_memory = false;
+      o.decode = d;
+      o.share = Share::kNode;
+      auto opened = OpenBatchSource(o);
+      ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+      ASSERT_TRUE((*opened)->node_shared());
+      EXPECT_TRUE((*opened)->source().info().encoded_batches) << "rank " << rank;
+      ranks.push_back(std::move(*opened));
+      options.push_back(o);
+    }
+    std::vector<int> seen(n, 0);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string what = std::string(OrderName(order)) + " rank " + std::to_string(rank);
+      const Fed got = FeedEpoch(ranks[rank]->source(), 1);
+      ASSERT_TRUE(got.error.ok()) << what << ": " << got.error.ToString();
+      Loader local(**local_src, options[rank].loader);
+      const Fed want = FeedEpoch(local, 1);
+      ASSERT_TRUE(want.error.ok()) << what << ": " << want.error.ToString();
+      EXPECT_EQ(got.indices, want.indices) << what;
+      EXPECT_EQ(got.labels, want.labels) << what;
+      EXPECT_TRUE(got.images.size() == want.images.size() &&
+                  std::memcmp(got.images.data(), want.images.data(), got.images.size() * sizeof(float)) == 0)
+          << what << ": the pixels differ";
+      EXPECT_GT(got.stats.decoded_on_device, 0u) << what;  // by this rank's feed
+      EXPECT_GT(got.stats.decoded_by_loader, 0u) << what;  // the progressive ones, by the server
+      EXPECT_EQ(got.stats.decoded_on_device, want.stats.decoded_on_device) << what;
+      for (size_t i = 0; i < got.indices.size(); ++i) {
+        ASSERT_LT(got.indices[i], n) << what;
+        EXPECT_EQ(got.labels[i], labels[got.indices[i]]) << what << " sample " << got.indices[i];
+        seen[got.indices[i]] += 1;
+      }
+    }
+    // Two shards of 11: every sample once.
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<long>(n)) << OrderName(order);
+  }
 }
 
 }  // namespace
