@@ -391,6 +391,75 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
   return 0;
 }
 
+// The ranks: torchrun's environment, or --gpus N (this program started once a
+// rank with the same variables set: *launched, the ranks ran). Pipeline
+// stages: a rank is a replica of the pipeline and takes --pipeline-stages
+// GPUs (rank k from GPU k x stages on), so --gpus N makes N / stages ranks.
+// Non-zero: the exit code of an error (printed).
+int PlaceRanks(TrainArgs& a, std::optional<TrainDevice> device, bool* launched) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "gpufeed train: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  TrainOptions& o = a.o;
+  const int stages = std::max(1, o.pipeline.stages);
+  const std::string each = stages > 1 ? " x --pipeline-stages " + std::to_string(stages) : "";
+  auto job = JobRanksFromEnv();
+  if (!job.ok()) return fail(job.status());
+  if (job->world_size > 1) {
+    if (a.gpus > 0 && a.gpus != job->world_size * stages) {
+      return fail(Status::InvalidArgument("--gpus " + std::to_string(a.gpus) + ", but the job's WORLD_SIZE is " +
+                                          std::to_string(job->world_size) + each +
+                                          " (leave --gpus out under torchrun)"));
+    }
+    o.parallel.rank = job->rank;
+    o.parallel.world_size = job->world_size;
+    o.parallel.local_world_size = job->local_world_size;
+    if (a.gpu_given) {
+      return fail(
+          Status::InvalidArgument("--gpu: each rank trains on GPU LOCAL_RANK (x --pipeline-stages); to choose the "
+                                  "GPUs, set CUDA_VISIBLE_DEVICES"));
+    }
+    o.cuda_device = job->local_rank * stages;
+    auto fail_rank = [&](const Status& s) {
+      std::fprintf(stderr, "gpufeed train (rank %d of %d): %s\n", job->rank, job->world_size, s.ToString().c_str());
+      return 1;
+    };
+    if (device != TrainDevice::kCpu) {
+      const size_t visible = QueryGpus().devices.size();
+      if (visible > 0 && size_t(job->local_rank + 1) * size_t(stages) > visible) {
+        return fail_rank(Status::InvalidArgument(
+            "LOCAL_RANK " + std::to_string(job->local_rank) + each + ", but " + std::to_string(visible) +
+            " GPU(s) are visible here" + (stages > 1 ? " (each rank takes " + std::to_string(stages) + ")" : "")));
+      }
+    }
+  } else if (a.gpus > 1) {
+    if (a.gpus % stages != 0) {
+      return fail(Status::InvalidArgument("--gpus " + std::to_string(a.gpus) + " with --pipeline-stages " +
+                                          std::to_string(stages) +
+                                          ": --gpus must be a multiple of the stages (each replica of the pipeline "
+                                          "takes " +
+                                          std::to_string(stages) + " GPUs)"));
+    }
+    if (device != TrainDevice::kCpu) {
+      const GpuReport gpus = QueryGpus();
+      if (gpus.devices.size() < size_t(a.gpus)) {
+        return fail(Status::InvalidArgument(
+            "--gpus " + std::to_string(a.gpus) + ", but " + std::to_string(gpus.devices.size()) +
+            " GPU(s) are visible" + (gpus.devices.empty() ? " (" + gpus.reason + ")" : std::string()) +
+            (device == TrainDevice::kAuto ? "; add --device cpu to train " + std::to_string(a.gpus) + " CPU ranks"
+                                          : "")));
+      }
+      if (a.gpu_given) return fail(Status::InvalidArgument("--gpu: with --gpus, rank k trains on GPU k"));
+    }
+    if (a.gpus == stages) return 0;  // one pipeline: this process drives every stage
+    *launched = true;
+    Status st = LaunchLocalRanks(a.gpus / stages);
+    if (!st.ok()) return fail(st);
+  }
+  return 0;
+}
+
 // long: not split yet (issue 47, item 6): the train command's open, train and report
 int RunTrain(TrainArgs& a) {
   auto fail = [](const Status& s) {
@@ -403,49 +472,8 @@ int RunTrain(TrainArgs& a) {
   o.parallel.bucket_bytes = uint64_t(a.bucket_kb) << 10;
   // Ranks: torchrun's environment (or ours: --gpus starts this program once
   // a rank with the same variables set).
-  auto job = JobRanksFromEnv();
-  if (!job.ok()) return fail(job.status());
-  if (job->world_size > 1) {
-    if (a.gpus > 0 && a.gpus != job->world_size) {
-      return fail(Status::InvalidArgument("--gpus " + std::to_string(a.gpus) + ", but the job's WORLD_SIZE is " +
-                                          std::to_string(job->world_size) + " (leave --gpus out under torchrun)"));
-    }
-    o.parallel.rank = job->rank;
-    o.parallel.world_size = job->world_size;
-    o.parallel.local_world_size = job->local_world_size;
-    if (a.gpu_given) {
-      return fail(
-          Status::InvalidArgument("--gpu: each rank trains on GPU LOCAL_RANK; to choose the GPUs, set "
-                                  "CUDA_VISIBLE_DEVICES"));
-    }
-    o.cuda_device = job->local_rank;
-    auto fail_rank = [&](const Status& s) {
-      std::fprintf(stderr, "gpufeed train (rank %d of %d): %s\n", job->rank, job->world_size, s.ToString().c_str());
-      return 1;
-    };
-    if (device != TrainDevice::kCpu) {
-      const size_t visible = QueryGpus().devices.size();
-      if (visible > 0 && size_t(job->local_rank) >= visible) {
-        return fail_rank(Status::InvalidArgument("LOCAL_RANK " + std::to_string(job->local_rank) + ", but " +
-                                                 std::to_string(visible) + " GPU(s) are visible here"));
-      }
-    }
-  } else if (a.gpus > 1) {
-    if (device != TrainDevice::kCpu) {
-      const GpuReport gpus = QueryGpus();
-      if (gpus.devices.size() < size_t(a.gpus)) {
-        return fail(Status::InvalidArgument(
-            "--gpus " + std::to_string(a.gpus) + ", but " + std::to_string(gpus.devices.size()) +
-            " GPU(s) are visible" + (gpus.devices.empty() ? " (" + gpus.reason + ")" : std::string()) +
-            (device == TrainDevice::kAuto ? "; add --device cpu to train " + std::to_string(a.gpus) + " CPU ranks"
-                                          : "")));
-      }
-      if (a.gpu_given) return fail(Status::InvalidArgument("--gpu: with --gpus, rank k trains on GPU k"));
-    }
-    Status st = LaunchLocalRanks(a.gpus);
-    if (!st.ok()) return fail(st);
-    return 0;
-  }
+  bool launched = false;
+  if (const int rc = PlaceRanks(a, device, &launched); rc != 0 || launched) return rc;
   auto model = ModelKindFromName(a.model);
   if (!model.ok()) return fail(model.status());
   o.model = *model;

@@ -100,10 +100,18 @@ struct Pipeline::Stage {
   int op = 0;                       // the probe step's computations so far
   double busy_ms = 0, span_ms = 0;  // the last probe step's
   double busy_ms_sum = 0;           // every probe step's
+  // Data parallel: the collectives among this stage's replicas (stage 0:
+  // the caller's), and the bucket the last backward fills.
+  Comm* comm = nullptr;
+  std::unique_ptr<Comm> owned_comm;
+  std::vector<float*> bucket;
+  std::vector<size_t> bucket_sizes;
+  uint64_t bucket_bytes = 0;
   std::vector<float> host;          // kHash: this stage's masters
   Counters read;                    // kRead: the last stage's counters
   std::thread thread;
   ~Stage() {
+    owned_comm.reset();  // before the backend its stream belongs to
     if (!ops) return;
     for (void* p : buffers) ops->Free(p);
     for (void* e : marks) ops->DestroyEvent(e);
@@ -233,6 +241,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
   std::snprintf(buf, sizeof buf, "%d stages, %s, %d micro-batches a step, cut by %s%s", P,
                 setup.one_f_one_b ? "1f1b" : "gpipe", M, by_memory ? "memory" : "measured time", why.c_str());
   p->partition_ = buf;
+  if (setup.replicas > 1)
+    p->partition_ += ", " + std::to_string(setup.replicas) + " replicas (each stage's gradients summed among them)";
 
   // The hand-offs, and the stages: stage 0 here, the others in their threads.
   Shared& sh = *p->sh_;
@@ -364,6 +374,17 @@ Status Pipeline::SetupStage(Stage& st) {
     st.ops = st.owned_ops.get();
   }
   GPUFEED_RETURN_IF_ERROR(st.ops->BindThread());
+  if (setup_.replicas > 1) {
+    if (s == 0) {
+      st.comm = setup_.first_comm;
+    } else {
+      auto comm = setup_.make_comm(s, st.ops);
+      if (!comm.ok()) return comm.status().WithContext("pipeline stage " + std::to_string(s));
+      st.owned_comm = std::move(*comm);
+      st.comm = st.owned_comm.get();
+    }
+    if (!st.comm) return Status::Internal("pipeline: data parallel without a communicator");
+  }
   ModelSpec sp = setup_.whole;
   sp.layer_begin = cuts_[size_t(s)], sp.layer_end = cuts_[size_t(s) + 1], sp.slots = Slots(s);
   sp.memory_limit = 0;  // checked for the whole stage by the cut
@@ -525,14 +546,23 @@ Status Pipeline::Forward(Stage& st, int j, bool training) {
     GPUFEED_RETURN_IF_ERROR(st.ops->SoftmaxXent(
         n, setup_.whole.classes, setup_.whole.dtype, m.output(k), static_cast<const int32_t*>(labels), &c->loss,
         &c->correct, training ? m.dlogits(k) : nullptr, training ? static_cast<const ScalerState*>(st.scaler) : nullptr,
-        training ? float(n) * float(setup_.micro) : 1.0f));
+        training ? float(n) * float(setup_.micro) * float(setup_.replicas) : 1.0f));
     GPUFEED_RETURN_IF_ERROR(Mark(st, false));
     GPUFEED_RETURN_IF_ERROR(Free(st, sh.lab[size_t(k)]));
   }
   return Status::Ok();
 }
 
-Status Pipeline::Backward(Stage& st, int j) {
+Status Pipeline::FlushBucket(Stage& st) {
+  if (st.bucket.empty()) return Status::Ok();
+  Status s = st.comm->AllReduce(st.bucket.data(), st.bucket_sizes.data(), int(st.bucket.size()));
+  st.bucket.clear();
+  st.bucket_sizes.clear();
+  st.bucket_bytes = 0;
+  return s;
+}
+
+Status Pipeline::Backward(Stage& st, int j, bool last) {
   const int P = int(stages_.size()), s = st.index, k = j % Slots(s);
   Shared& sh = *sh_;
   Model& m = *st.model;
@@ -545,7 +575,23 @@ Status Pipeline::Backward(Stage& st, int j) {
   }
   GPUFEED_RETURN_IF_ERROR(st.ops->WaitEvent(st.sent_grad));  // the last input gradient copied out
   GPUFEED_RETURN_IF_ERROR(Mark(st, true));
-  GPUFEED_RETURN_IF_ERROR(m.Backward(st.x[size_t(s == 0 ? j : k)], n, j > 0, {}, k, dy));
+  Model::GradsReady reduce;
+  if (last && st.comm) {
+    // Each layer's gradients join the bucket as the backward pass produces
+    // them; a full bucket is summed across the replicas (on the GPU on the
+    // collectives' stream) while the pass goes on.
+    st.bucket.clear(), st.bucket_sizes.clear(), st.bucket_bytes = 0;
+    reduce = [&st, &m, this](int first, int end) -> Status {
+      for (int i = first; i < end; ++i) {
+        const Param& q = m.params()[size_t(i)];
+        if (q.frozen()) continue;
+        st.bucket.push_back(q.grad), st.bucket_sizes.push_back(q.n), st.bucket_bytes += 4 * q.n;
+      }
+      return st.bucket_bytes >= setup_.bucket_bytes ? FlushBucket(st) : Status::Ok();
+    };
+  }
+  GPUFEED_RETURN_IF_ERROR(m.Backward(st.x[size_t(s == 0 ? j : k)], n, j > 0, reduce, k, dy));
+  if (reduce) GPUFEED_RETURN_IF_ERROR(FlushBucket(st));
   GPUFEED_RETURN_IF_ERROR(Mark(st, false));
   if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(Free(st, sh.bwd[size_t(s)][size_t(k)]));
   if (s > 0) {
@@ -579,7 +625,7 @@ Status Pipeline::StepStage(Stage& st, bool probe) {
   }
   st.probing = probe, st.op = 0;
   auto F = [&](int j) { return Forward(st, j, true); };
-  auto B = [&](int j) { return Backward(st, j); };
+  auto B = [&](int j) { return Backward(st, j, j + 1 == M); };
   if (setup_.one_f_one_b) {
     // Warm-up forwards, then one forward and one backward in turn, then the
     // remaining backwards: at most P - s micro-batches in flight here.
@@ -596,6 +642,8 @@ Status Pipeline::StepStage(Stage& st, bool probe) {
   }
   st.probing = false;
   if (probe) GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(st.end));
+  // The sums of the replicas' gradients, before they are read.
+  if (st.comm) GPUFEED_RETURN_IF_ERROR(st.comm->Join());
   // This stage's optimizer step (no clipping: each stage sees its own norm).
   auto* sc = static_cast<ScalerState*>(st.scaler);
   auto* ss = static_cast<StepState*>(st.step);
@@ -650,6 +698,10 @@ Status Pipeline::RunStage(Stage& st, Work w, bool probe) {
       }
       return Status::Ok();
     }
+    case Work::kBroadcast:
+      if (!st.comm) return Status::Ok();
+      for (auto& [b, n] : st.model->buffers()) GPUFEED_RETURN_IF_ERROR(st.comm->Broadcast(b, n, 0));
+      return st.comm->Join();
     case Work::kStop:
       return Status::Ok();
   }
@@ -692,6 +744,8 @@ Status Pipeline::Evaluate(const void* images, const void* labels, int n) {
 }
 
 Status Pipeline::ZeroCounters() { return Everyone(Work::kZero); }
+
+Status Pipeline::BroadcastBuffers() { return Everyone(Work::kBroadcast); }
 
 Status Pipeline::ReadCounters(double* loss, int64_t* correct) {
   GPUFEED_RETURN_IF_ERROR(Everyone(Work::kRead));  // waits for the last stage's work

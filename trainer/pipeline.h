@@ -9,7 +9,8 @@
 // waits for that, and frees the slot once its last read is queued. So no
 // stage waits on the device for another; host threads only wait for the
 // other's calls to be queued. The labels go from stage 0 to the last stage
-// the same way. Each stage steps its own parameters after its last backward.
+// the same way. Each stage steps its own parameters after its last backward
+// (data parallel: after summing its gradients with the other replicas').
 #ifndef GPUFEED_TRAINER_PIPELINE_H_
 #define GPUFEED_TRAINER_PIPELINE_H_
 
@@ -22,6 +23,7 @@
 
 #include "gpufeed/status.h"
 #include "gpufeed/trainer.h"
+#include "trainer/comm.h"
 #include "trainer/model.h"
 #include "trainer/ops.h"
 
@@ -40,6 +42,18 @@ struct PipelineSetup {
   Schedule schedule;
   ScalerState scaler;
   double timeout_s = 300;  // any wait for another stage
+  // Data parallel (replicas > 1): this pipeline is replica `replica` of
+  // `replicas`, each fed its own shard; each stage's gradients are summed
+  // with the same stage's of the other replicas (a communicator per stage:
+  // stage 0's is first_comm, the caller's; make_comm makes stage s's, s >= 1,
+  // in that stage's thread with its backend) in buckets of about
+  // bucket_bytes while the step's last backward pass goes on, before the
+  // stage's optimizer step. So every replica's stage s steps with the same
+  // sums and ends with the same weights.
+  int replicas = 1;
+  Comm* first_comm = nullptr;
+  std::function<Result<std::unique_ptr<Comm>>(int stage, Ops* ops)> make_comm;
+  uint64_t bucket_bytes = 1u << 20;
 };
 
 // Where the layers are cut: stage s holds [cuts[s], cuts[s + 1]). Minimizes
@@ -69,6 +83,8 @@ class Pipeline {
   // predictions are counted on the last stage.
   Status Evaluate(const void* images, const void* labels, int n);
   Status ZeroCounters();
+  // Data parallel: every stage's batchnorm statistics from replica 0's.
+  Status BroadcastBuffers();
   Status ReadCounters(double* loss, int64_t* correct);
   Status ReadScaler(ScalerState* s);  // stage 0's
   // XXH64 of every stage's fp32 masters, in the whole model's order (the
@@ -84,14 +100,17 @@ class Pipeline {
  private:
   struct Stage;
   struct Mailbox;
-  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kStop };
+  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kBroadcast, kStop };
   Pipeline() = default;
   Status Everyone(Work w, bool probe = false);  // runs w on every stage, stage 0 here
   Status RunStage(Stage& st, Work w, bool probe);
   Status SetupStage(Stage& st);
   Status StepStage(Stage& st, bool probe);
   Status Forward(Stage& st, int j, bool training);
-  Status Backward(Stage& st, int j);
+  // `last`: the step's last micro-batch (data parallel: its gradients are
+  // summed across the replicas as they are produced).
+  Status Backward(Stage& st, int j, bool last);
+  Status FlushBucket(Stage& st);
   Status Mark(Stage& st, bool begin);
   Status Send(Stage& st, Mailbox& m, void* dst, const void* src, size_t bytes, int n);
   Status Receive(Stage& st, Mailbox& m);

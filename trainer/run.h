@@ -112,6 +112,9 @@ class Run {
   // graphs read it) and points the arguments there; else leaves them.
   Status StageInputs(const void** images, const void** labels, int n);
   Status OptimizerStep();
+  // An epoch's trailing partial accumulation: its gradients summed across
+  // the ranks (the pipeline's Step does that itself), then the step.
+  Status PartialStep();
   // --merge-lora: the model without adapters, weights merged, as a checkpoint.
   Status WriteMergedLora();
   void DisableGraphs(const std::string& why);
@@ -179,6 +182,7 @@ class Run {
   // probes (the first 16 steps from the 8th of the first epoch, run without
   // graphs so their marks can be read).
   std::unique_ptr<trainer::Comm> comm_;
+  trainer::CommOptions comm_options_;  // comm_'s (pipeline stages derive theirs from it)
   std::vector<float*> bucket_;
   std::vector<size_t> bucket_sizes_;
   uint64_t bucket_bytes_ = 0;

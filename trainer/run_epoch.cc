@@ -153,6 +153,19 @@ Status Run::Micro(const void* images, const void* labels, int n) {
   return ops_->Replay(g.exec);
 }
 
+Status Run::PartialStep() {
+  if (comm_ && !pipeline_) {
+    // Its last micro-batch did not end a step, so nothing summed its
+    // gradients across the ranks yet (each rank would step on its own).
+    GPUFEED_RETURN_IF_ERROR(comm_->AllReduce(grads_.data(), grad_sizes_.data(), int(grads_.size())));
+    GPUFEED_RETURN_IF_ERROR(comm_->Join());
+  }
+  GPUFEED_RETURN_IF_ERROR(pipeline_ ? pipeline_->Step(false) : OptimizerStep());
+  ++step_;
+  micro_ = 0;
+  return Status::Ok();
+}
+
 Status Run::ZeroCounters() {
   if (pipeline_) return pipeline_->ZeroCounters();
   Counters z;
@@ -236,11 +249,7 @@ Status Run::TrainEpoch(int epoch, EpochReport* r) {
     }
     wait = feeder.stats().data_wait_seconds;
   }
-  if (micro_ > 0) {  // a trailing partial accumulation: step with what there is
-    GPUFEED_RETURN_IF_ERROR(pipeline_ ? pipeline_->Step(false) : OptimizerStep());
-    ++step_;
-    micro_ = 0;
-  }
+  if (micro_ > 0) GPUFEED_RETURN_IF_ERROR(PartialStep());
   Counters c;
   GPUFEED_RETURN_IF_ERROR(ReadCounters(&c));  // waits for the epoch's work
   GPUFEED_RETURN_IF_ERROR(pipeline_ ? pipeline_->ReadScaler(&scaler_host_)

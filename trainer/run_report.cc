@@ -100,8 +100,12 @@ Status Run::WriteMergedLora() {
 Status Run::NodeEpoch(EpochReport* r) {
   own_epochs_.push_back(*r);
   if (!comm_) return Status::Ok();
-  for (auto& [p, n] : model_->buffers()) GPUFEED_RETURN_IF_ERROR(comm_->Broadcast(p, n, 0));
-  GPUFEED_RETURN_IF_ERROR(comm_->Join());
+  if (pipeline_) {
+    GPUFEED_RETURN_IF_ERROR(pipeline_->BroadcastBuffers());
+  } else {
+    for (auto& [p, n] : model_->buffers()) GPUFEED_RETURN_IF_ERROR(comm_->Broadcast(p, n, 0));
+    GPUFEED_RETURN_IF_ERROR(comm_->Join());
+  }
   struct Figures {
     double samples, loss, correct, seconds, wait, util, mem;
   };

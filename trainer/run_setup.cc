@@ -58,10 +58,6 @@ Status Validate(const TrainOptions& o) {
     if (o.accum != 1)
       return Status::InvalidArgument(
           "train: --accum with --pipeline-stages: a pipelined step's micro-batches are --micro-batches");
-    if (p.world_size > 1)
-      return Status::Unsupported(
-          "train: --pipeline-stages under data parallel (--gpus N, torchrun): one process drives every stage; "
-          "run one process");
     // Not (yet) with stages: each would need a rule of its own across them.
     const std::pair<bool, const char*> unsupported[] = {
         {!o.checkpoint_path.empty() || o.resume, "--checkpoint/--resume"},
@@ -212,7 +208,7 @@ Status Run::MakeBackend() {
   }
   report_.backend = ops_->Describe();
   if (world() > 1) {
-    trainer::CommOptions co;
+    trainer::CommOptions& co = comm_options_;
     co.rank = rank(), co.world_size = world(), co.timeout_s = o_.parallel.timeout_s;
     co.prefix = o_.parallel.rendezvous;
     if (co.prefix.empty()) {
@@ -441,6 +437,18 @@ Status Run::SetupPipeline(const trainer::ModelSpec& spec) {
   ps.schedule = schedule_;
   ps.scaler = scaler_host_;
   ps.timeout_s = o_.parallel.timeout_s;
+  if (comm_) {
+    // Replicas: stage 0's gradients go through this rank's collectives, stage
+    // s's through its own, among the replicas' stages s (a rendezvous each).
+    ps.replicas = world();
+    ps.first_comm = comm_.get();
+    ps.bucket_bytes = o_.parallel.bucket_bytes;
+    ps.make_comm = [co = comm_options_, gpu, first](int s, Ops* ops) -> Result<std::unique_ptr<trainer::Comm>> {
+      trainer::CommOptions mine = co;
+      mine.prefix += ".stage" + std::to_string(s);
+      return gpu ? trainer::MakeNcclComm(mine, first + s, ops->stream()) : trainer::MakeShmComm(mine);
+    };
+  }
   auto p = trainer::Pipeline::Create(ops_.get(), ps);
   if (!p.ok()) return p.status();
   pipeline_ = std::move(*p);

@@ -179,6 +179,13 @@ struct TrainOptions {
   // forwards, then all backwards: micro_batches activation sets a stage) or
   // 1F1B (at most `stages` in flight). The cut balances each stage's
   // measured layer time (by_memory: its bytes), within memory_limit.
+  // With data parallel (parallel.world_size > 1) each rank is a replica of
+  // the pipeline (its stages on GPUs cuda_device .. cuda_device + stages - 1;
+  // `gpufeed train` sets cuda_device to LOCAL_RANK x stages), fed its shard;
+  // each stage's gradients are summed with the other replicas' same stage
+  // (a communicator per stage, in buckets of parallel.bucket_bytes during
+  // the step's last backward pass), so the replicas train the weights of
+  // accum = micro_batches without stages at the same world size.
   struct Pipeline {
     int stages = 1;
     int micro_batches = 4;

@@ -2,7 +2,8 @@
 # `gpufeed train` with ranks on the CPU (the CPU form of the NCCL path):
 # --gpus 2 --device cpu starts two ranks that meet through shared memory and
 # learn Fashion-MNIST; torchrun --no_python starting the same command gives
-# the same weights; a rank killed mid-run stops the job with an error naming
+# the same weights; pipeline stages x 2 replicas train the weights of --accum
+# on 2 ranks; a rank killed mid-run stops the job with an error naming
 # it (no hang, no rank left behind); wrong rank settings are named.
 # Usage: train_ranks_test.sh GPUFEED_CLI WORK_DIR
 set -euo pipefail
@@ -80,8 +81,19 @@ out=$("${train[@]}" --pipeline-stages 2 --schedule interleaved --epochs 0 2>&1) 
 grep -q "\-\-epochs must be >= 1" <<<"$out" || { echo "$out"; exit 1; }
 out=$("${train[@]}" --pipeline-stages 2 --partition-by luck 2>&1) && exit 1
 grep -q "\-\-partition-by 'luck': time or memory" <<<"$out" || { echo "$out"; exit 1; }
-out=$("${train[@]}" --pipeline-stages 2 --gpus 2 2>&1) && exit 1
-grep -q "one process drives every stage" <<<"$out" || { echo "$out"; exit 1; }
+# Stages x data parallel: --gpus 4 --pipeline-stages 2 is two replicas (ranks)
+# of a 2-stage pipeline, each stage's gradients summed with the other
+# replica's: the weights of --accum 4 on 2 ranks, bit for bit.
+"${train[@]}" --epochs 1 --gpus 2 --accum 4 --json "$node_dir/accum2.json" >/dev/null
+"${train[@]}" --epochs 1 --gpus 4 --pipeline-stages 2 --micro-batches 4 --json "$node_dir/pipe2.json" \
+  | tee "$node_dir/pipe2.log"
+grep -q "2 replicas (each stage's gradients summed among them)" "$node_dir/pipe2.log"
+a=$(field "$node_dir/accum2.json" 'r["weights_hash"]') b=$(field "$node_dir/pipe2.json" 'r["weights_hash"]')
+[ "$a" = "$b" ] || { echo "--gpus 4 --pipeline-stages 2 trained other weights than --gpus 2 --accum 4: $b vs $a"; exit 1; }
+out=$("${train[@]}" --pipeline-stages 2 --gpus 3 2>&1) && exit 1
+grep -q "\-\-gpus must be a multiple of the stages" <<<"$out" || { echo "$out"; exit 1; }
+out=$(RANK=0 WORLD_SIZE=2 "${train[@]}" --pipeline-stages 2 --gpus 2 2>&1) && exit 1
+grep -q "\-\-gpus 2, but the job's WORLD_SIZE is 2 x --pipeline-stages 2" <<<"$out" || { echo "$out"; exit 1; }
 out=$("${train[@]}" --memory-limit 1000 2>&1) && exit 1
 grep -q "but the memory limit is 0.0 MiB: raise --memory-limit" <<<"$out" || { echo "$out"; exit 1; }
 echo "train ranks: ok"

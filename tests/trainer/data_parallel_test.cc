@@ -247,6 +247,66 @@ TEST(DataParallelTest, ACheckpointResumesAtAnotherWidthWithTheSameGlobalBatch) {
   std::filesystem::remove_all(dir);
 }
 
+// Pipeline stages x data parallel: 2 replicas of a 2-stage pipeline (each
+// rank a pipeline, its stages threads; each stage's gradients summed with
+// the other replica's same stage through a communicator of its own) train
+// the weights, bit for bit, of --accum M on 2 ranks with the same global
+// batch: a pipelined step reproduces accumulation's sums, and the
+// shared-memory all-reduce sums every tensor in rank order however it is
+// bucketed. Both schedules; a cnn too (batchnorm statistics broadcast from
+// replica 0 stage by stage).
+TEST(DataParallelTest, PipelineStagesTimesTwoReplicasTrainTheWeightsOfAccumulationOnTwoRanks) {
+  BarsSource data(1024), test(256);
+  const std::string dir = testing::MakeTempDir("dp-pipe");
+  TrainOptions mlp = Options(16);
+  mlp.widths = {32, 16};
+  mlp.epochs = 2;
+  TrainOptions cnn = mlp;
+  cnn.model = ModelKind::kCnn;
+  cnn.channels = {4, 8};
+  int job = 0;
+  for (const TrainOptions& base : {mlp, cnn}) {
+    for (bool one_f_one_b : {true, false}) {
+      TrainOptions accum = base;
+      accum.accum = 3;
+      accum.parallel.bucket_bytes = 256;  // several buckets a step
+      auto want = RunRanks(data, &test, accum, 2, dir + "/" + std::to_string(job++));
+      for (auto& r : want) ASSERT_TRUE(r.ok()) << r.status().ToString();
+      TrainOptions piped = accum;
+      piped.accum = 1;
+      piped.pipeline.stages = 2;
+      piped.pipeline.micro_batches = 3;
+      piped.pipeline.one_f_one_b = one_f_one_b;
+      piped.pipeline.by_memory = true;
+      auto got = RunRanks(data, &test, piped, 2, dir + "/" + std::to_string(job++));
+      for (auto& r : got) ASSERT_TRUE(r.ok()) << r.status().ToString();
+      const std::string what = want[0]->model + (one_f_one_b ? " 1f1b" : " gpipe");
+      EXPECT_EQ(got[0]->weights_hash, want[0]->weights_hash) << what;
+      EXPECT_EQ(got[1]->weights_hash, got[0]->weights_hash) << what;
+      EXPECT_EQ(got[0]->stages.size(), 2u);
+      EXPECT_NE(got[0]->pipeline.find("2 replicas"), std::string::npos) << got[0]->pipeline;
+      ASSERT_EQ(got[0]->epochs.size(), want[0]->epochs.size());
+      for (size_t e = 0; e < want[0]->epochs.size(); ++e) {
+        EXPECT_EQ(got[0]->epochs[e].samples, want[0]->epochs[e].samples);
+        EXPECT_EQ(got[0]->epochs[e].steps, want[0]->epochs[e].steps);
+        EXPECT_EQ(got[0]->epochs[e].test_loss, want[0]->epochs[e].test_loss) << what;
+      }
+    }
+  }
+  // Without the replicas' sums the stages would train on their own shard:
+  // one replica alone with the same batch trains other weights.
+  TrainOptions alone = mlp;
+  alone.pipeline.stages = 2, alone.pipeline.micro_batches = 3, alone.pipeline.by_memory = true;
+  auto single = Train(data, &test, alone);
+  ASSERT_TRUE(single.ok()) << single.status().ToString();
+  TrainOptions accum = mlp;
+  accum.accum = 3;
+  auto two = RunRanks(data, &test, accum, 2, dir + "/alone");
+  ASSERT_TRUE(two[0].ok());
+  EXPECT_NE(single->weights_hash, two[0]->weights_hash);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DataParallelTest, ARankThatNeverComesEndsTheWaitWithAnError) {
   BarsSource data(256), test(64);
   const std::string dir = testing::MakeTempDir("dp-missing");

@@ -882,9 +882,6 @@ TEST(TrainerTest, PipelineOptionsItDoesNotTakeAreNamed) {
   o.clip_norm = 1;
   expect(o, "--clip");
   o = Small();
-  o.parallel.world_size = 2;
-  expect(o, "one process");
-  o = Small();
   o.pipeline.micro_batches = 0;
   expect(o, "--micro-batches");
   o = Small();
