@@ -17,6 +17,32 @@ namespace gpufeed::daemon {
 namespace asio = boost::asio;
 using std::chrono::milliseconds;
 
+namespace {
+
+// What HELLO_OK says of a stream of `d` (named `name`) with the options `lo`
+// the daemon's Loader runs with.
+HelloOk DescribeStream(const ChunkSource& d, const std::string& name, const LoaderOptions& lo, uint64_t num_batches,
+                       uint64_t slot_sample_bytes) {
+  HelloOk ok;
+  const SourceAttributes attrs = d.attributes();
+  ok.info.name = name;
+  ok.info.dtype = d.dtype();
+  ok.info.sample_shape = d.sample_shape();
+  ok.info.sample_bytes = d.sample_bytes();
+  ok.info.num_samples = d.num_samples();
+  ok.info.batch_size = lo.batch_size;
+  ok.info.has_labels = !d.labels().empty();
+  ok.info.mean = attrs.mean;
+  ok.info.stddev = attrs.stddev;
+  ok.info.fields = d.fields();
+  ok.info.encoded_batches = lo.defer_decode;
+  ok.slot_sample_bytes = lo.defer_decode ? slot_sample_bytes : 0;
+  ok.num_batches = num_batches;
+  return ok;
+}
+
+}  // namespace
+
 void Session::ReadHeader() {
   if (state_ == State::kHandshake) {
     ReadHelloHeader(0);
@@ -250,24 +276,10 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   }
   handshake_timer_.cancel();
 
-  HelloOk ok;
-  const SourceAttributes attrs = d.attributes();
-  ok.info.name = ds->name;
-  ok.info.dtype = d.dtype();
-  ok.info.sample_shape = d.sample_shape();
-  ok.info.sample_bytes = d.sample_bytes();
-  ok.info.num_samples = d.num_samples();
-  ok.info.batch_size = lo.batch_size;
-  ok.info.has_labels = !d.labels().empty();
-  ok.info.mean = attrs.mean;
-  ok.info.stddev = attrs.stddev;
-  ok.info.fields = d.fields();
-  ok.num_batches = num_batches_;
+  HelloOk ok = DescribeStream(d, ds->name, lo, num_batches_, slot_sample_bytes_);
   ok.client_id = id_;
   ok.compress = hello_.compress;
   ok.shm = shm_;
-  ok.info.encoded_batches = lo.defer_decode;
-  ok.slot_sample_bytes = lo.defer_decode ? slot_sample_bytes_ : 0;
   Log("info", hello_.describe_only ? "describe" : "stream",
       Kv("name", client_name()) + " " + Kv("dataset", ds->name) + " " +
           (ds->encoded ? Kv("decode", ds->decode_key) + " " + Kv("defer_decode", lo.defer_decode ? "client" : "no") + " "

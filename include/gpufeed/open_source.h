@@ -35,8 +35,12 @@ bool IsDaemonAddress(std::string_view data);
 // more than one local rank (LOCAL_WORLD_SIZE > 1) unless an option only a
 // local Loader takes is set (open.labels_path, open.io, open.max_open_files)
 // or the file holds encoded images for this process's GPU decoder
-// (loader.defer_decode: the node's server would decode them on its CPU; each
-// rank decodes on its own GPU's engine instead), else kNone. docs/python.md,
+// (loader.defer_decode), else kNone. For those, kNode gives each rank the
+// JPEGs its GPU takes encoded (the server reads and caches them once for the
+// node, each rank decodes on its own GPU's engine), as a loader per rank
+// does; kAuto keeps a loader per rank there until kNode is measured on a GPU
+// host to be at least as good (the server decodes no share of the engine's
+// JPEGs on its CPU, as balance_decode does in a rank). docs/python.md,
 // "Many GPUs".
 // Share and its names ("auto", "node", "none"): gpufeed/names.h.
 

@@ -44,9 +44,11 @@ Result<std::unique_ptr<OpenedSource>> OpenBatchSource(const SourceOptions& given
   std::optional<SourceDecision> decision = IsDaemonAddress(o.data) ? std::nullopt : o.decided;
   if (*share == Share::kNode && o.share == Share::kAuto && o.loader.defer_decode && !IsDaemonAddress(o.data)) {
     // JPEGs this rank's GPU decoder takes (defer_decode): the node's server
-    // would decode them on its CPU, so auto reads them here and each rank
-    // decodes on its own GPU's engine. The probe runs once: the open below
-    // trusts it.
+    // would send them encoded for this rank's GPU, as a local loader leaves
+    // them, but without the host share balance_decode takes here, and that
+    // is not measured on a GPU host yet: auto reads them here, each rank
+    // decoding on its own GPU's engine (include/gpufeed/open_source.h). The
+    // probe runs once: the open below trusts it.
     if (!decision) {
       auto decided = DecideSourceKind(o.data, o.open);
       if (!decided.ok()) return decided.status();

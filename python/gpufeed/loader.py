@@ -197,8 +197,11 @@ class Loader:
     when torchrun started more than one local rank (LOCAL_WORLD_SIZE > 1)
     and no option only a local loader takes (labels, io, max_open_files) is
     given and the file is not one of encoded images this rank's GPU decodes
-    (decode on a GPU with the engine: the server would decode them on its
-    CPU), else "none". The chosen mode is `loader.share`; docs/python.md
+    (decode on a GPU with the engine), else "none". For those, "node" sends
+    each rank the JPEGs its GPU takes encoded (read and cached once for the
+    node; each rank decodes on its own GPU, as a loader per rank does), but
+    "auto" keeps a loader per rank until that is measured on a GPU host to
+    be at least as good. The chosen mode is `loader.share`; docs/python.md
     has the details.
     """
 
