@@ -73,6 +73,9 @@ void Protocol() {
   Hello resumed = h;  // a run resumed at another world size (version 4)
   resumed.loader.reshard = {5, 3, 334, 96};
   Put(t, "hello-reshard", With(1, EncodeHello(resumed)));
+  Hello defer = h;  // a client whose feed decodes JPEGs (version 5)
+  defer.loader.defer_decode = true;
+  Put(t, "hello-defer", With(1, EncodeHello(defer)));
   HelloOk ok;
   ok.info.name = "train.h5:/images";
   ok.info.dtype = gpufeed::DType::kUInt8;
@@ -86,6 +89,10 @@ void Protocol() {
   ok.num_batches = 13;
   ok.info.fields = {gpufeed::FieldInfo{"images", "/images", gpufeed::DType::kUInt8, false, {3, 4, 5}, 60, 0}};
   Put(t, "hello-ok", With(2, EncodeHelloOk(ok)));
+  HelloOk encoded = ok;  // encoded batches in slots of 256 bytes a sample (version 5)
+  encoded.info.encoded_batches = true;
+  encoded.slot_sample_bytes = 256;
+  Put(t, "hello-ok-encoded", With(2, EncodeHelloOk(encoded)));
   // Named fields (version 3): float32 [2, 3], bool [3], float64 scalar.
   HelloOk fields = ok;
   fields.info.sample_shape = {35};
@@ -118,6 +125,26 @@ void Protocol() {
   Append<uint32_t>(ref, 0);
   for (uint64_t v : {7ull, 9ull, 1ull, 0ull}) Append<uint64_t>(ref, v);  // indices, labels
   Put(t, "batch-ref", With(5, ref));
+  // An encoded batch (version 5, flags bit 1): the table's entries after
+  // the labels; one JPEG of 20 x 30 cropped 10 x 12 at (5, 6), one decoded.
+  Bytes table;
+  auto entry = [&](uint64_t offset, uint64_t bytes, std::vector<int32_t> dims) {
+    Append<uint64_t>(table, offset);
+    Append<uint64_t>(table, bytes);
+    for (int32_t v : dims) Append<int32_t>(table, v);
+  };
+  entry(0, 300, {20, 30, 5, 6, 10, 12});
+  entry(300, 0, {0, 0, 0, 0, 0, 0});
+  Bytes ref_encoded = ref;
+  ref_encoded[20] = std::byte{3};  // flags: labels | encoded
+  ref_encoded.insert(ref_encoded.end(), table.begin(), table.end());
+  Put(t, "batch-ref-encoded", With(5, ref_encoded));
+  Bytes table_input;  // case 11: count, sample bytes, slot bytes / 256, entries
+  Append<uint16_t>(table_input, 2);
+  Append<uint16_t>(table_input, 60);
+  Append<uint16_t>(table_input, 2);
+  table_input.insert(table_input.end(), table.begin(), table.end());
+  Put(t, "encoded-table", With(11, table_input));
   const uint32_t slots[] = {0, 1, 255};
   Put(t, "slots", With(6, EncodeSlots(slots)));
   Put(t, "slots-empty", With(6, EncodeSlots({})));

@@ -1,7 +1,8 @@
 // Fuzz target: the daemon's wire decoders (loader/remote/protocol.h), which read
 // bytes from any peer that can connect. The first input byte picks the
 // decoder, the rest is the frame header or payload (HELLO with its decode
-// options and reshard, HELLO_OK with its fields: protocol version 4). Besides the sanitizers,
+// options, reshard and defer_decode, HELLO_OK with its fields and encoded
+// batches, a batch's encoded-sample table: protocol version 5). Besides the sanitizers,
 // every message that decodes must survive a re-encode: Encode(Decode(x))
 // decodes again, to the same bytes when encoded once more.
 #include <cstddef>
@@ -31,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   gpufeed::fuzz::Input in(data, size);
   const uint8_t which = in.U8();
   const std::span<const std::byte> p = in.Rest();
-  switch (which % 11) {
+  switch (which % 12) {
     case 0: {  // a frame: header checks, then the checksum over the payload
       if (p.size() < kHeaderBytes) break;
       std::span<const std::byte, kHeaderBytes> hb(p.data(), kHeaderBytes);
@@ -89,6 +90,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       gpufeed::fuzz::Input sz(reinterpret_cast<const uint8_t*>(p.data()), p.size());
       std::vector<std::byte> dst(sz.U16());
       (void)Decompress(p.size() >= 2 ? p.subspan(2) : p.subspan(p.size()), dst, "fuzz");
+      break;
+    }
+    case 11: {  // an encoded table: u16 count, u16 sample_bytes, u16 slot_bytes / 256, then the entries
+      gpufeed::fuzz::Input t(reinterpret_cast<const uint8_t*>(p.data()), p.size());
+      const uint32_t count = t.U16();
+      const uint64_t sample_bytes = t.U16();
+      const uint64_t slot_bytes = uint64_t{t.U16()} << 8;
+      std::vector<gpufeed::EncodedSample> table;
+      auto end = DecodeEncodedTable(t.Rest(), count, sample_bytes, slot_bytes, &table);
+      if (!end.ok()) break;
+      // Accepted: in slot order, none overlapping, each inside the slot and its image.
+      GPUFEED_FUZZ_CHECK(table.size() == count && *end == EncodedTableEnd(table, sample_bytes) && *end <= slot_bytes);
+      uint64_t at = 0;
+      for (const gpufeed::EncodedSample& e : table) {
+        GPUFEED_FUZZ_CHECK(e.offset >= at);
+        at = e.offset + (e.bytes > 0 ? e.bytes : sample_bytes);
+        GPUFEED_FUZZ_CHECK(at <= slot_bytes);
+        if (e.bytes > 0) {
+          GPUFEED_FUZZ_CHECK(e.crop.top >= 0 && e.crop.left >= 0 && e.crop.height > 0 && e.crop.width > 0 &&
+                             e.crop.top + e.crop.height <= e.height && e.crop.left + e.crop.width <= e.width);
+        }
+      }
       break;
     }
     case 10: {  // the constant-time compare agrees with ==
