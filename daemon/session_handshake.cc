@@ -282,11 +282,13 @@ void Session::HandleHello(std::span<const std::byte> payload) {
   ok.shm = shm_;
   Log("info", hello_.describe_only ? "describe" : "stream",
       Kv("name", client_name()) + " " + Kv("dataset", ds->name) + " " +
-          (ds->encoded ? Kv("decode", ds->decode_key) + " " + Kv("defer_decode", lo.defer_decode ? "client" : "no") + " "
-                   : std::string()) + Kv("epoch", hello_.epoch) + " " +
-          Kv("start_batch", hello_.start_batch) + " " + Kv("batch_size", lo.batch_size) + " " +
-          Kv("order", std::string(OrderName(lo.order))) + " " + Kv("rank", lo.rank) + " " +
-          Kv("world_size", lo.world_size) + " " + Kv("compress", hello_.compress ? "zstd" : "none") + " " +
+          (ds->encoded
+               ? Kv("decode", ds->decode_key) + " " + Kv("defer_decode", lo.defer_decode ? "client" : "no") + " "
+               : std::string()) +
+          Kv("epoch", hello_.epoch) + " " + Kv("start_batch", hello_.start_batch) + " " +
+          Kv("batch_size", lo.batch_size) + " " + Kv("order", std::string(OrderName(lo.order))) + " " +
+          Kv("rank", lo.rank) + " " + Kv("world_size", lo.world_size) + " " +
+          Kv("compress", hello_.compress ? "zstd" : "none") + " " +
           Kv("transport", shm_ ? "shm:" + std::to_string(hello_.shm_slots) + "_slots" : "socket"));
   state_ = State::kStreaming;
   if (!hello_.describe_only) {

@@ -184,7 +184,8 @@ std::string VersionMismatch(std::string_view peer, uint16_t theirs) {
   const std::string side = theirs < kVersion ? "the older side (" + std::string(peer) + ")" : "this side";
   return std::string(peer) + " speaks gpufeed daemon protocol version " + std::to_string(theirs) +
          "; this build speaks version " + std::to_string(kVersion) + " only (2: shared memory; 3: named fields, " +
-         "decode options; 4: reshard; 5: deferred decoding): upgrade gpufeed on " + side + " so both run the same release";
+         "decode options; 4: reshard; 5: deferred decoding): upgrade gpufeed on " + side +
+         " so both run the same release";
 }
 
 Result<FrameHeader> ParseHeader(std::span<const std::byte, kHeaderBytes> b, uint32_t max_payload, uint32_t max_raw,
@@ -499,9 +500,10 @@ Result<HelloOk> DecodeHelloOk(std::span<const std::byte> p) {
   if (m.info.encoded_batches ? m.slot_sample_bytes < m.info.sample_bytes || m.slot_sample_bytes > kMaxSampleBytes
                              : m.slot_sample_bytes != 0) {
     return Status::Corrupt("HELLO_OK: slots of " + std::to_string(m.slot_sample_bytes) + " bytes a sample for " +
-                           (m.info.encoded_batches ? "encoded batches of samples of " + std::to_string(m.info.sample_bytes) +
-                                                         " bytes (from that to " + std::to_string(kMaxSampleBytes) + ")"
-                                                   : std::string("batches that are not encoded (0)")));
+                           (m.info.encoded_batches
+                                ? "encoded batches of samples of " + std::to_string(m.info.sample_bytes) +
+                                      " bytes (from that to " + std::to_string(kMaxSampleBytes) + ")"
+                                : std::string("batches that are not encoded (0)")));
   }
   return m;
 }
@@ -607,8 +609,8 @@ Result<uint64_t> DecodeEncodedTable(std::span<const std::byte> p, uint32_t count
     uint64_t entry_end = 0;
     if (e.offset < end || __builtin_add_overflow(e.offset, size, &entry_end) || entry_end > slot_bytes) {
       return Status::Corrupt(what + ": " + std::to_string(size) + " bytes at offset " + std::to_string(e.offset) +
-                             " overlap the entry before (its end " + std::to_string(end) +
-                             ") or pass the slot's " + std::to_string(slot_bytes) + " bytes");
+                             " overlap the entry before (its end " + std::to_string(end) + ") or pass the slot's " +
+                             std::to_string(slot_bytes) + " bytes");
     }
     end = entry_end;
     if (e.bytes == 0) {

@@ -427,18 +427,17 @@ Status RemoteStream::CheckPlans(const Batch::Slot& slot, uint64_t count, uint64_
     GPUFEED_RETURN_IF_ERROR(
         planner.PlanDevice(std::span(slot.images.data() + e.offset, e.bytes), slot.indices[i], context, &plan));
     if (!plan.device_decodable || plan.height != e.height || plan.width != e.width || !(plan.crop == e.crop)) {
-      return Status::Corrupt(peer + ": batch " + std::to_string(expect) + " sample " + std::to_string(slot.indices[i]) +
-                             ": sent encoded as a " + std::to_string(e.height) + "x" + std::to_string(e.width) +
-                             " image cropped " + std::to_string(e.crop.height) + "x" + std::to_string(e.crop.width) +
-                             " at (" + std::to_string(e.crop.top) + ", " + std::to_string(e.crop.left) +
-                             "), but its header reads " +
-                             (plan.device_decodable ? std::to_string(plan.height) + "x" + std::to_string(plan.width) +
-                                                          " cropped " + std::to_string(plan.crop.height) + "x" +
-                                                          std::to_string(plan.crop.width) + " at (" +
-                                                          std::to_string(plan.crop.top) + ", " +
-                                                          std::to_string(plan.crop.left) + ")"
-                                                    : std::string("as no device-decodable JPEG (") + plan.why_not + ")") +
-                             " (the daemon and this client must run the same gpufeed with the same decode options)");
+      return Status::Corrupt(
+          peer + ": batch " + std::to_string(expect) + " sample " + std::to_string(slot.indices[i]) +
+          ": sent encoded as a " + std::to_string(e.height) + "x" + std::to_string(e.width) + " image cropped " +
+          std::to_string(e.crop.height) + "x" + std::to_string(e.crop.width) + " at (" + std::to_string(e.crop.top) +
+          ", " + std::to_string(e.crop.left) + "), but its header reads " +
+          (plan.device_decodable
+               ? std::to_string(plan.height) + "x" + std::to_string(plan.width) + " cropped " +
+                     std::to_string(plan.crop.height) + "x" + std::to_string(plan.crop.width) + " at (" +
+                     std::to_string(plan.crop.top) + ", " + std::to_string(plan.crop.left) + ")"
+               : std::string("as no device-decodable JPEG (") + plan.why_not + ")") +
+          " (the daemon and this client must run the same gpufeed with the same decode options)");
     }
   }
   return Status::Ok();
@@ -489,9 +488,10 @@ Status RemoteStream::ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, con
   }
   const uint64_t labels_bytes = ref->head.has_labels ? n * 8 : 0;
   uint64_t data_bytes = 0;
-  GPUFEED_RETURN_IF_ERROR(
-      TakeTable(ref->head, std::span<const std::byte>(at + n * 8 + labels_bytes, ref->head.encoded ? n * daemon::kEncodedEntryBytes : 0), slot,
-                &data_bytes));
+  GPUFEED_RETURN_IF_ERROR(TakeTable(
+      ref->head,
+      std::span<const std::byte>(at + n * 8 + labels_bytes, ref->head.encoded ? n * daemon::kEncodedEntryBytes : 0),
+      slot, &data_bytes));
   if (ref->head.encoded) GPUFEED_RETURN_IF_ERROR(CheckPlans(*slot, n, expect));
   held.erase(it);
   *item = {slot, expect, n};

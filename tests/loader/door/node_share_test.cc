@@ -502,9 +502,9 @@ std::string WriteJpegs(const std::string& dir, uint64_t n) {
     tjhandle tj = tjInitCompress();
     unsigned char* buf = nullptr;
     unsigned long size = 0;
-    EXPECT_EQ(tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420, 90,
-                          k % 5 == 4 ? TJFLAG_PROGRESSIVE : 0),
-              0);
+    EXPECT_EQ(
+        tjCompress2(tj, px.data(), w, 0, h, TJPF_RGB, &buf, &size, TJSAMP_420, 90, k % 5 == 4 ? TJFLAG_PROGRESSIVE : 0),
+        0);
     const std::filesystem::path cls = images / (k % 3 == 0 ? "b" : "a");
     std::filesystem::create_directories(cls);
     std::ofstream(cls / (std::to_string(1000 + k) + ".jpg"), std::ios::binary)

@@ -305,8 +305,7 @@ TEST(ProtocolTest, DeferredDecodingIsAskedAnsweredAndItsTableChecked) {
   EXPECT_TRUE(okd->info.encoded_batches);
   EXPECT_EQ(okd->slot_sample_bytes, 64u);
   ok.slot_sample_bytes = 34;  // smaller than the decoded sample (35)
-  EXPECT_NE(DecodeHelloOk(EncodeHelloOk(ok)).status().message().find("slots of 34 bytes a sample"),
-            std::string::npos);
+  EXPECT_NE(DecodeHelloOk(EncodeHelloOk(ok)).status().message().find("slots of 34 bytes a sample"), std::string::npos);
   ok.slot_sample_bytes = kMaxSampleBytes + 1;
   EXPECT_FALSE(DecodeHelloOk(EncodeHelloOk(ok)).ok());
 
