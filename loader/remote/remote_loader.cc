@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/mutex.h"
 #include "gpufeed/sample_decoder.h"
 #include "loader/remote/address.h"
 #include "loader/remote/conn.h"
@@ -68,7 +69,10 @@ struct RemoteLoader::Impl {
   // for encoded batches, else the sample's.
   uint64_t slot_sample_bytes = 0;
   uint64_t shm_stride = 0;
-  LoaderState state;
+  // The position: written by whichever thread takes the stream's batches
+  // (a feed's fill worker, when batches come encoded), read by state().
+  mutable Mutex state_mu;
+  LoaderState state GUARDED_BY(state_mu);
   struct RemoteStream* active = nullptr;
   // Encoded batches (info.encoded_batches): the host decoder of
   // options.decode, whose header parse and crop plan (PlanDevice) each
@@ -159,8 +163,8 @@ struct RemoteStream final : EpochStream::Impl {
   explicit RemoteStream(RemoteLoader::Impl* l) : loader(l), core(&l->pool) {}
   loader::StreamCore core;  // the ready queue, the first error, Next()'s wait
 
-  // Consumer-side stats.
-  uint64_t batches = 0, samples = 0, bytes = 0;
+  // Consumer-side stats (taken by a feed's fill worker, read by stats()).
+  std::atomic<uint64_t> batches{0}, samples{0}, bytes{0};
   std::chrono::steady_clock::time_point start_time = std::chrono::steady_clock::now();
 
   void Run();
@@ -511,6 +515,7 @@ Result<std::optional<Batch>> RemoteStream::Next() {
   ++batches;
   samples += it.count;
   bytes += it.count * info.sample_bytes;
+  MutexLock lock(&loader->state_mu);
   loader->state.epoch = epoch;
   loader->state.next_batch = it.index + 1;
   return std::optional<Batch>(std::move(b));
@@ -576,7 +581,10 @@ Result<std::unique_ptr<RemoteLoader>> RemoteLoader::Connect(const RemoteLoaderOp
   impl->info.name = addr->ToString() + " " + ok->info.name;
   impl->info.pool_slots = static_cast<uint64_t>(std::max(1, options.loader.prefetch)) + 1;
   impl->num_batches = ok->num_batches;
-  impl->state.seed = options.loader.seed;
+  {
+    MutexLock lock(&impl->state_mu);
+    impl->state.seed = options.loader.seed;
+  }
   return std::unique_ptr<RemoteLoader>(new RemoteLoader(std::move(impl)));
 }
 
@@ -591,8 +599,11 @@ EpochStream RemoteLoader::Epoch(uint64_t epoch, uint64_t start_batch) {
     s->epoch_batches = (share + o.batch_size - 1) / o.batch_size;
   }
   s->peer = impl_->address.ToString();
-  impl_->state.epoch = epoch;
-  impl_->state.next_batch = start_batch;
+  {
+    MutexLock lock(&impl_->state_mu);
+    impl_->state.epoch = epoch;
+    impl_->state.next_batch = start_batch;
+  }
   Status st;
   if (start_batch > impl_->num_batches) {
     st = Status::InvalidArgument(s->peer + ": resume at batch " + std::to_string(start_batch) + " past the epoch's " +
@@ -612,7 +623,11 @@ EpochStream RemoteLoader::Epoch(uint64_t epoch, uint64_t start_batch) {
 }
 
 LoaderState RemoteLoader::state() const {
-  LoaderState s = impl_->state;
+  LoaderState s;
+  {
+    MutexLock lock(&impl_->state_mu);
+    s = impl_->state;
+  }
   DescribeShard(impl_->info.num_samples, sharding(), &s);
   return s;
 }
