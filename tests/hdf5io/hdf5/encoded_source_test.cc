@@ -410,9 +410,10 @@ TEST(EncodedSourceTest, VlenFallbackEqualsDirectPath) {
 }
 
 // share="auto" under torchrun (LOCAL_WORLD_SIZE > 1) takes the node's
-// server, which decodes on its CPU; for encoded images this rank's GPU
-// decoder takes (loader.defer_decode) it reads the file here instead, so
-// each rank decodes on its own GPU.
+// server; for encoded images this rank's GPU decoder takes
+// (loader.defer_decode) it reads the file here instead, so each rank
+// decodes on its own GPU (the node's server would too, but that is not yet
+// measured against a loader per rank: include/gpufeed/open_source.h).
 TEST(EncodedSourceTest, AutoShareReadsImagesHereForThisRanksGpuDecoder) {
   Folder f = MakeFolder("enc_share", 12);
   const std::string path = Convert(f, "x.h5");
