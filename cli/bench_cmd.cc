@@ -207,7 +207,9 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
                             {"samples_per_s", e.seconds > 0 ? e.samples / e.seconds : 0.0},
                             {"chunk_reads", e.stats.chunk_reads}, {"chunk_reads_ahead", e.stats.chunk_reads_ahead},
                             {"hit_rate", e.stats.hit_rate()}, {"bytes_decoded", e.stats.bytes_decoded},
-                            {"minor_faults", e.stats.minor_faults}, {"major_faults", e.stats.major_faults}});
+                            {"minor_faults", e.stats.minor_faults}, {"major_faults", e.stats.major_faults},
+                            {"chunk_bytes_mapped", e.stats.chunk_bytes_mapped},
+                            {"chunk_bytes_held", e.stats.chunk_bytes_held}});
            }
            return arr;
          }()},
@@ -274,11 +276,12 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
   for (const bench::LoaderBenchEpoch& e : r->epochs) {
     std::printf(
         "  epoch %llu: %.0f samples/s, %llu chunk reads (+%llu ahead for the next), hit rate %.3f, "
-        "%.1f MB decoded, %llu minor / %llu major page faults\n",
+        "%.1f MB decoded, %llu minor / %llu major page faults, %.1f MB of chunk buffers mapped (%.1f MB held)\n",
         static_cast<unsigned long long>(e.epoch), e.seconds > 0 ? e.samples / e.seconds : 0.0,
         static_cast<unsigned long long>(e.stats.chunk_reads),
         static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(), e.stats.bytes_decoded / 1e6,
-        static_cast<unsigned long long>(e.stats.minor_faults), static_cast<unsigned long long>(e.stats.major_faults));
+        static_cast<unsigned long long>(e.stats.minor_faults), static_cast<unsigned long long>(e.stats.major_faults),
+        e.stats.chunk_bytes_mapped / 1e6, e.stats.chunk_bytes_held / 1e6);
   }
   if (a.bench.cold) {
     std::printf("  cold: %s (%.2f GB), I/O %s%s%s%s; O_DIRECT sequential ceiling ", r->file.c_str(),

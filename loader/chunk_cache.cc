@@ -12,11 +12,16 @@
 
 namespace gpufeed::loader {
 
-void ChunkBufferPool::Unmap::operator()(std::byte* p) const { ::munmap(p, bytes); }
+void ChunkBufferPool::Unmap::operator()(std::byte* p) const {
+  ::munmap(p, bytes);
+  if (held != nullptr) held->fetch_sub(bytes, std::memory_order_relaxed);
+}
 
 ChunkBufferPool::Buffer ChunkBufferPool::Get() {
   {
     MutexLock lock(&mu_);
+    ++in_use_;
+    peak_in_use_ = std::max(peak_in_use_, in_use_);
     if (!free_.empty()) {
       Buffer b = std::move(free_.back());
       free_.pop_back();
@@ -24,13 +29,30 @@ ChunkBufferPool::Buffer ChunkBufferPool::Get() {
     }
   }
   void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  return Buffer(static_cast<std::byte*>(p), Unmap{bytes_});
+  if (p == MAP_FAILED) {
+    MutexLock lock(&mu_);
+    --in_use_;
+    throw std::bad_alloc();
+  }
+  mapped_.fetch_add(bytes_, std::memory_order_relaxed);
+  held_.fetch_add(bytes_, std::memory_order_relaxed);
+  return Buffer(static_cast<std::byte*>(p), Unmap{bytes_, &held_});
 }
 
 void ChunkBufferPool::Put(Buffer b) {
+  Buffer dropped;  // unmapped after the lock is let go
   MutexLock lock(&mu_);
-  if (free_.size() < max_free_) free_.push_back(std::move(b));
+  if (in_use_ > 0) --in_use_;
+  if (in_use_ + free_.size() < std::max(keep_ + max_free_, peak_in_use_)) {
+    free_.push_back(std::move(b));
+  } else {
+    dropped = std::move(b);
+  }
+}
+
+void ChunkBufferPool::SetKeep(size_t buffers) {
+  MutexLock lock(&mu_);
+  keep_ = buffers;
 }
 
 ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t spare_buffers, uint64_t working_set_cap)
@@ -45,6 +67,10 @@ ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t 
 ChunkCache::~ChunkCache() = default;
 
 uint64_t ChunkCache::ChunkBytes(uint32_t c) const { return source_.chunk_buffer_bytes(c); }
+
+uint64_t ChunkCache::bytes_mapped_this_epoch() const {
+  return buffers_->bytes_mapped() - mapped_at_begin_.load(std::memory_order_relaxed);
+}
 
 uint64_t WorkingSetCap(uint64_t shuffle_window, uint64_t max_chunk_bytes) {
   return SaturatingMul(std::max<uint64_t>(1, shuffle_window) + 2, max_chunk_bytes);
@@ -105,6 +131,11 @@ void ChunkCache::BeginEpoch(const EpochPlan* plan, uint64_t start_batch, const E
   counters_.reads = counters_.bytes_read = counters_.bytes_decoded = 0;
   counters_.hits = counters_.misses = counters_.prefetched = counters_.fetch_ns = 0;
   counters_.shared_hits = counters_.reads_ahead = counters_.bytes_read_ahead = counters_.read_hints = 0;
+  mapped_at_begin_.store(buffers_->bytes_mapped(), std::memory_order_relaxed);
+  // The buffers of the chunks this epoch may cache are kept when evicted:
+  // the next admitted chunks reuse their pages.
+  const uint64_t per_buffer = std::max<uint64_t>(1, buffers_->buffer_bytes());
+  buffers_->SetKeep(static_cast<size_t>(std::min<uint64_t>(Budget() / per_buffer, SIZE_MAX / 2)));
 }
 
 void ChunkCache::Insert(const std::shared_ptr<ChunkEntry>& e) {

@@ -39,12 +39,25 @@ namespace gpufeed::loader {
 // every page faults (and a std::vector would also zero it) — that cost more
 // than a tenth of a deflate decode. Thread-safe; outlives every entry that
 // holds one of its buffers (shared ownership).
-// Buffers are mapped and unmapped directly, so a buffer given back is
-// returned to the OS at once instead of lingering in malloc's arenas.
+// Buffers are mapped and unmapped directly, so a buffer given back and not
+// kept is returned to the OS at once instead of lingering in malloc's arenas.
+// A buffer given back is kept for the next Get while the buffers in use and
+// kept number fewer than SetKeep's count (the cache's budget in buffers: the
+// chunks it evicts are the room of those it admits next) plus `max_free`
+// (the chunks in flight beside the cache), or than the most ever in use at
+// once (the chunks batches in flight hold at their last use: a random
+// order's batches each hold many): so a cache that turns its chunks over (a
+// budget smaller than the data, a block window's working set) reuses pages
+// touched once, in this epoch and the next, instead of zeroing fresh ones
+// at every eviction, and the buffers mapped never pass the larger of the
+// most in use at once and that sum.
+// It counts the bytes it maps (each page zeroed by the kernel at its first
+// touch) and the bytes mapped now, in use or kept.
 class ChunkBufferPool {
  public:
   struct Unmap {
     size_t bytes = 0;
+    std::atomic<uint64_t>* held = nullptr;  // the pool's bytes_held(), lowered on unmap
     void operator()(std::byte* p) const;
   };
   using Buffer = std::unique_ptr<std::byte[], Unmap>;
@@ -52,11 +65,21 @@ class ChunkBufferPool {
   ChunkBufferPool(size_t buffer_bytes, size_t max_free) : bytes_(buffer_bytes), max_free_(max_free) {}
   Buffer Get();  // throws std::bad_alloc when the OS refuses
   void Put(Buffer b);
+  // Buffers (in use + kept) up to which one given back is kept.
+  void SetKeep(size_t buffers);
   size_t buffer_bytes() const { return bytes_; }
+  // Bytes of buffers mapped since the pool was made (fresh pages), and
+  // mapped now (in use, or kept for reuse).
+  uint64_t bytes_mapped() const { return mapped_.load(std::memory_order_relaxed); }
+  uint64_t bytes_held() const { return held_.load(std::memory_order_relaxed); }
 
  private:
   const size_t bytes_, max_free_;
+  std::atomic<uint64_t> mapped_{0}, held_{0};  // before free_: its buffers unmap into held_
   Mutex mu_;
+  size_t keep_ GUARDED_BY(mu_) = 0;
+  size_t in_use_ GUARDED_BY(mu_) = 0;  // handed out by Get, not yet Put back
+  size_t peak_in_use_ GUARDED_BY(mu_) = 0;
   std::vector<Buffer> free_ GUARDED_BY(mu_);
 };
 
@@ -135,9 +158,10 @@ uint64_t WorkingSetCap(uint64_t shuffle_window, uint64_t max_chunk_bytes);
 
 class ChunkCache {
  public:
-  // Keeps up to `spare_buffers` decoded-chunk buffers for reuse beyond the
-  // budget (the loader passes 2 x threads + 4: enough for every thread's
-  // transient chunk and the decodes in flight).
+  // Keeps decoded-chunk buffers for reuse up to the budget's worth (set at
+  // each BeginEpoch: ChunkBufferPool::SetKeep) and `spare_buffers` beyond it
+  // (the loader passes 2 x threads + 4: every thread's transient chunk and
+  // the decodes in flight, loader.h's bound).
   //
   // `working_set_cap` bounds the epoch's working set the cache keeps even
   // past the budget (see working_set_bytes()); 0 keeps none past it.
@@ -181,6 +205,10 @@ class ChunkCache {
   void SetShared(std::shared_ptr<SharedChunks> shared) { shared_ = std::move(shared); }
 
   uint64_t budget_bytes() const { return budget_; }
+  // Bytes of decoded-chunk buffers mapped fresh since the epoch began (their
+  // pages zeroed at first touch), and mapped now (ChunkBufferPool).
+  uint64_t bytes_mapped_this_epoch() const;
+  uint64_t bytes_held() const { return buffers_->bytes_held(); }
   // The epoch's working set: the most decoded bytes of chunks past their
   // first use and before their last in this epoch's plan at any one batch
   // (from the epoch's start batch; at its last use a chunk is held by its
@@ -234,6 +262,7 @@ class ChunkCache {
   // source_.read_ahead_chunks(): how far HintReads hints.
   const uint32_t read_ahead_;
   std::shared_ptr<ChunkBufferPool> buffers_;
+  std::atomic<uint64_t> mapped_at_begin_{0};  // buffers_->bytes_mapped() at BeginEpoch
   CacheCounters counters_;
 
   mutable Mutex mu_;

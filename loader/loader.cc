@@ -145,7 +145,7 @@ struct Loader::Impl {
     }
     state.seed = o.seed;
     if (s.decodes_samples()) decode_stage.emplace(s, s.sample_decoder(), o.logger);
-    cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(threads + 4),
+    cache = std::make_unique<loader::ChunkCache>(source, o.cache_bytes, static_cast<size_t>(2 * threads + 4),
                                                  loader::WorkingSetCap(o.shuffle_window, s.max_chunk_buffer_bytes()));
     info.name = s.name();
     info.dtype = s.dtype();
@@ -526,6 +526,8 @@ LoaderStats LocalStream::stats() const {
   ProcessFaults(&minor, &major);
   st.minor_faults = minor - s.minor_faults0;
   st.major_faults = major - s.major_faults0;
+  st.chunk_bytes_mapped = s.loader->cache->bytes_mapped_this_epoch();
+  st.chunk_bytes_held = s.loader->cache->bytes_held();
   const ChunkSource::OpenCosts oc = s.loader->source.open_costs();
   st.source_probe_seconds = oc.probe_seconds;
   st.source_open_seconds = oc.open_seconds;

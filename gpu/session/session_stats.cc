@@ -78,6 +78,8 @@ std::string SessionStatsJson(const SessionStats& stats) {
   add("skipped_samples", double(s.skipped_samples));
   add("minor_faults", double(s.minor_faults));
   add("major_faults", double(s.major_faults));
+  add("chunk_bytes_mapped", double(s.chunk_bytes_mapped));
+  add("chunk_bytes_held", double(s.chunk_bytes_held));
   add("source_probe_seconds", s.source_probe_seconds);
   add("source_open_seconds", s.source_open_seconds);
   add("source_opens", double(s.source_opens));

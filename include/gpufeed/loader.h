@@ -18,8 +18,12 @@
 // would pass pool_bytes (never fewer than 3). Resident memory is bounded by
 //   CacheBoundBytes() + pool slots x batch bytes + (2 x threads + 4) x chunk bytes
 // plus the chunks whose last use is a batch still in flight (they have left
-// the cache's budget and are freed once copied: at most a shuffle window at a
-// block-order window boundary, a few chunks otherwise). A Dataset read with
+// the cache's budget: at most a shuffle window at a block-order window
+// boundary, a few chunks otherwise). Decoded-chunk buffers are touched once
+// and reused: one given back (evicted, or copied at its last use) is kept
+// for the next chunk up to this bound, or the most in use at once, so the
+// chunk memory stays at its peak instead of being unmapped and zeroed afresh
+// (LoaderStats::chunk_bytes_mapped, chunk_bytes_held). A Dataset read with
 // direct I/O (IoMode::kDirect) adds its read-ahead, DatasetInfo's
 // read_ahead_chunks (one per hardware thread, 4 to 32) x chunk bytes, plus
 // one aligned chunk buffer per reading thread.
@@ -287,6 +291,14 @@ struct LoaderStats {
   // minor ones are mostly fresh pages zeroed at first touch (the cost of
   // keeping chunks in a cache in epoch 1), major ones reads from disk.
   uint64_t minor_faults = 0, major_faults = 0;
+  // The chunk cache's memory: bytes of decoded-chunk buffers mapped fresh
+  // this epoch (each page zeroed by the kernel at its first touch: the
+  // first epoch's cost of a cache, and a later epoch's only where buffers
+  // are not reused), and the bytes of them mapped now (chunks cached,
+  // chunks in flight, buffers kept for reuse). With cache_bytes 0 they stay
+  // within the working set's cap and the threads' chunks in flight
+  // (CacheBoundBytes): nothing is reserved for a cache.
+  uint64_t chunk_bytes_mapped = 0, chunk_bytes_held = 0;
   // The source's ChunkSource::open_costs(), since it was opened (not this
   // epoch's alone): the probe's and the opens' seconds, and the opens (of
   // them, those made from the probe's plan, without HDF5).

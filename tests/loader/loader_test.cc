@@ -586,6 +586,89 @@ TEST(LoaderTest, BlockOrderWithNoCacheDecodesEachChunkOnce) {
   EXPECT_GT(src.reads() - before, 100u * 5);
 }
 
+// Drains `epoch` of `loader`, each sample checked against its index;
+// returns the stream's statistics at the end.
+LoaderStats EpochStats(Loader& loader, const ChunkSource& src, uint64_t epoch) {
+  EpochStream stream = loader.Epoch(epoch);
+  uint64_t samples = 0;
+  for (const Batch& b : stream) {
+    for (uint64_t i = 0; i < b.size(); ++i) {
+      EXPECT_EQ(testing::SampleIndexOf(b.images().subspan(i * b.sample_bytes(), b.sample_bytes())),
+                static_cast<int64_t>(b.indices()[i]));
+    }
+    samples += b.size();
+  }
+  EXPECT_EQ(samples, src.num_samples());
+  return stream.stats();
+}
+
+// A single pass with no cache (issue 46) is cheap: nothing is reserved or
+// zeroed for a cache (the chunk buffers mapped stay within the working
+// set's cap and the chunks in flight, far below the data) and nothing is
+// decoded twice; later epochs reuse the buffers the first one touched.
+TEST(LoaderTest, NoCacheMapsOnlyItsWorkingSetAndDecodesEachChunkOnce) {
+  InMemorySource src(2000, 100, 20);  // 100 chunks of 2000 bytes
+  LoaderOptions o = Opts(Order::kBlock, 2, 4);
+  o.shuffle_window = 5;
+  o.cache_bytes = 0;
+  Loader loader(src, o);
+  const uint64_t bound = CacheBoundBytes(o, 2000) + (2 * 2 + 4) * 2000;  // loader.h's bound, less the batch pool
+  uint64_t mapped = 0;
+  for (uint64_t epoch : {0, 1, 2}) {
+    const uint64_t reads_before = src.reads();
+    const LoaderStats st = EpochStats(loader, src, epoch);
+    // Each chunk once (a later epoch may find its first chunks read ahead
+    // at the last one's end: reads then only fall).
+    EXPECT_LE(src.reads() - reads_before, 100u) << "epoch " << epoch << ": a chunk decoded twice";
+    if (epoch == 0) {
+      EXPECT_EQ(st.chunk_reads, 100u);
+      EXPECT_GT(st.chunk_bytes_mapped, 0u);
+    }
+    EXPECT_LE(st.chunk_bytes_held, bound) << "epoch " << epoch << ": a cache's worth mapped with cache_bytes 0";
+    // No buffer given back and mapped again: whatever was mapped is still
+    // held (a later epoch maps only where more chunks are in flight at once
+    // than ever before, by timing, and stays within the bound).
+    mapped += st.chunk_bytes_mapped;
+    EXPECT_EQ(st.chunk_bytes_held, mapped) << "epoch " << epoch << ": buffers unmapped and mapped afresh";
+    std::printf("[ info ] epoch %llu: %llu bytes of chunk buffers mapped, %llu held\n",
+                static_cast<unsigned long long>(epoch), static_cast<unsigned long long>(st.chunk_bytes_mapped),
+                static_cast<unsigned long long>(st.chunk_bytes_held));
+  }
+}
+
+// A cache smaller than the data turns its chunks over every epoch: the
+// buffers of the chunks it evicts are those of the chunks it admits next,
+// touched once (in epoch 1) and reused, not unmapped and mapped afresh
+// (fresh pages are zeroed at first touch: issue 46's first epochs).
+TEST(LoaderTest, ACacheSmallerThanTheDataReusesItsBuffersAcrossEpochs) {
+  InMemorySource src(2000, 100, 20);  // 100 chunks of 2000 bytes
+  for (Order order : {Order::kRandom, Order::kBlock}) {
+    LoaderOptions o = Opts(order, 2, 4);
+    o.cache_bytes = 25 * 2000;  // a quarter of the data
+    Loader loader(src, o);
+    for (uint64_t epoch : {0, 1, 2}) {
+      const LoaderStats st = EpochStats(loader, src, epoch);
+      const std::string at = std::string(OrderName(order)) + " epoch " + std::to_string(epoch);
+      EXPECT_GT(st.chunk_reads, 25u) << at << ": the cache holds a quarter, it must turn over";
+      // Within the cache and the chunks in flight (a random order's batches
+      // of 32 hold up to 32 chunks each at their last use): never the data.
+      EXPECT_LE(st.chunk_bytes_held, 2 * (CacheBoundBytes(o, 2000) + (2 * 2 + 4) * 2000)) << at;
+      // Epoch 1 maps the cache's buffers and those in flight; a later one
+      // at most a few more (more chunks in flight at once than before, by
+      // timing), not the 75 (block) or about 1,000 (random) chunks it reads.
+      if (epoch == 0) {
+        EXPECT_GE(st.chunk_bytes_mapped, 25u * 2000) << at;
+      } else {
+        EXPECT_LE(st.chunk_bytes_mapped, 8u * 2000) << at << ": buffers mapped afresh, not reused";
+      }
+      std::printf("[ info ] %s: %llu chunk reads, %llu chunk buffers mapped, %llu held\n", at.c_str(),
+                  static_cast<unsigned long long>(st.chunk_reads),
+                  static_cast<unsigned long long>(st.chunk_bytes_mapped / 2000),
+                  static_cast<unsigned long long>(st.chunk_bytes_held / 2000));
+    }
+  }
+}
+
 TEST(LoaderTest, RandomOrderMakesTheBestOfItsBudget) {
   InMemorySource src(2000, 100, 20);
   LoaderOptions o = Opts(Order::kRandom);
