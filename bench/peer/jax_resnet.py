@@ -208,8 +208,10 @@ def main():
                                                                                       drop_last=False))
             parts, lparts = [], []
             for x, y in loader:
-                parts.append(jax.device_put(x, replicated))
-                lparts.append(jax.device_put(y, replicated))
+                # Copies: on one device device_put(x, replicated) is x itself,
+                # which would keep every one of the loader's slots.
+                parts.append(jax.device_put(jnp.copy(x), replicated))
+                lparts.append(jax.device_put(jnp.copy(y), replicated))
             loader.close()
             all_x, all_y = jnp.concatenate(parts), jnp.concatenate(lparts)
             del parts, lparts

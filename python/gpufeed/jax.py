@@ -388,15 +388,23 @@ class Loader:
 
     # -- iteration --------------------------------------------------------------
     def __iter__(self):
+        # The inner iteration is closed here, not left to the garbage
+        # collector: an iterator closed (or abandoned) early must end its
+        # iteration at once, or the next iter() is refused as a second live
+        # one (seen on the GPU host: close() then iter() raised).
         fields = self._feeds[0]._field_names if self._feeds else []
-        if fields:
-            names = tuple(fields)
-            as_dict = self._feeds[0]._fields_dict
-            for arrays in self._iterate(names):
-                yield dict(arrays) if as_dict else tuple(arrays[n] for n in names)
-            return
-        for arrays in self._iterate(("images", "labels")):
-            yield arrays.get("images"), arrays.get("labels")
+        names = tuple(fields) if fields else ("images", "labels")
+        inner = self._iterate(names)
+        try:
+            if fields:
+                as_dict = self._feeds[0]._fields_dict
+                for arrays in inner:
+                    yield dict(arrays) if as_dict else tuple(arrays[n] for n in names)
+                return
+            for arrays in inner:
+                yield arrays.get("images"), arrays.get("labels")
+        finally:
+            inner.close()
 
     def batches(self):
         """Every array of every batch, as dicts {name: jax.Array}."""
