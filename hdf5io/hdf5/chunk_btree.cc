@@ -15,6 +15,8 @@
 #include <unordered_set>
 
 #include "hdf5io/hdf5/h5_util.h"
+#include "hdf5io/hdf5/remote_vfd.h"
+#include "hdf5io/io/object_store.h"
 #include "hdf5io/io/read_file.h"
 
 namespace gpufeed::h5 {
@@ -166,6 +168,17 @@ Result<std::vector<ChunkKey>> WalkChunkBTree(hid_t dset, const std::string& path
     }
   }
   if (sa < 2 || sa > 8 || ss < 2 || ss > 8) return Status::Unsupported(what + ": addresses of " + std::to_string(sa));
+  if (io::IsRemoteUrl(path)) {
+    // An object: its bytes through the remote driver's page cache (the
+    // first MiB, read at open, usually holds the whole index).
+    Id file_id(H5Iget_file_id(dset));
+    const RemoteBytes remote = file_id.valid() ? RemoteBytesOf(file_id.get()) : nullptr;
+    if (!remote) return Status::Unsupported(what + ": not open through gpufeed's remote driver");
+    const ReadBytes read = [&remote, base](uint64_t at, uint64_t n, std::vector<uint8_t>* out) {
+      return at <= UINT64_MAX - base && remote(base + at, n, out);
+    };
+    return WalkChunkBTreeAt(read, oi.addr, sa, ss, max_entries, what);
+  }
   auto opened = io::ReadOnlyFile::Open(path);
   if (!opened.ok()) return Status::Unsupported(what + ": " + opened.status().message());
   const FileBytes file(*opened, base);

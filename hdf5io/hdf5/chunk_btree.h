@@ -24,7 +24,9 @@ namespace gpufeed::h5 {
 // file's coordinates, one per axis of the dataset), its address relative to
 // the file's base address (as HDF5's chunk calls give it), its stored size.
 // `path` is the file `dset` is in (read with pread: no HDF5 call after the
-// object header's address and the file's address and length sizes), `base`
+// object header's address and the file's address and length sizes; an
+// object, s3:// or http(s)://, through the remote driver's page cache,
+// remote_vfd.h's RemoteBytesOf), `base`
 // its base address (the user block's size). The file is hostile input: every
 // node is checked to lie inside the file, to be a raw-data node of the level
 // its parent says, and to be visited once; more than `max_entries` entries

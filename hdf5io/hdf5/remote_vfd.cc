@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,10 @@ struct RemoteH5 {
   std::map<uint64_t, std::vector<std::byte>> pages GUARDED_BY(mu);  // page index -> bytes (short at the end)
 
   // Pages [first, last] fetched in one request where missing.
+  // [addr, addr + size) into dst: pages kept, reads of a page or more
+  // straight through (HDF5's Read, and the chunk index walk's).
+  herr_t ReadInto(haddr_t addr, size_t size, std::byte* dst) EXCLUDES(mu);
+
   herr_t Fill(uint64_t first, uint64_t last) REQUIRES(mu) {
     const uint64_t size = file->size();
     if (pages.size() + (last - first + 1) > kMaxPages) pages.clear();
@@ -135,13 +140,16 @@ haddr_t GetEof(const H5FD_t* file, H5FD_mem_t /*type*/) {
 }
 
 herr_t GetHandle(H5FD_t* file, hid_t /*fapl*/, void** handle) {
-  *handle = reinterpret_cast<RemoteH5*>(file)->file.get();
+  *handle = reinterpret_cast<RemoteH5*>(file);  // RemoteIdentityOf and RemoteBytesOf take it
   return 0;
 }
 
 herr_t Read(H5FD_t* file, H5FD_mem_t /*type*/, hid_t /*dxpl*/, haddr_t addr, size_t size, void* buffer) {
-  auto* f = reinterpret_cast<RemoteH5*>(file);
-  auto* dst = static_cast<std::byte*>(buffer);
+  return reinterpret_cast<RemoteH5*>(file)->ReadInto(addr, size, static_cast<std::byte*>(buffer));
+}
+
+herr_t RemoteH5::ReadInto(haddr_t addr, size_t size, std::byte* dst) {
+  RemoteH5* f = this;
   const uint64_t eof = f->file->size();
   if (addr == HADDR_UNDEF || addr > eof) return -1;
   // Past the end reads as zeros (as HDF5's sec2 driver does).
@@ -229,12 +237,34 @@ Result<Id> FileAccessFor(const std::string& file) {
 
 std::string TakeRemoteOpenError() { return std::exchange(remote_open_error, std::string()); }
 
-std::optional<io::FileIdentity> RemoteIdentityOf(hid_t file) {
+namespace {
+
+// The driver's state of `file`, or null when it is not open through it.
+RemoteH5* RemoteOf(hid_t file) {
   h5::Id fapl(H5Fget_access_plist(file));
-  if (!fapl.valid() || H5Pget_driver(fapl.get()) != DriverId()) return std::nullopt;
+  if (!fapl.valid() || H5Pget_driver(fapl.get()) != DriverId()) return nullptr;
   void* handle = nullptr;
-  if (H5Fget_vfd_handle(file, fapl.get(), &handle) < 0 || handle == nullptr) return std::nullopt;
-  return io::RemoteIdentity(*static_cast<io::RemoteFile*>(handle));
+  if (H5Fget_vfd_handle(file, fapl.get(), &handle) < 0 || handle == nullptr) return nullptr;
+  return static_cast<RemoteH5*>(handle);
+}
+
+}  // namespace
+
+std::optional<io::FileIdentity> RemoteIdentityOf(hid_t file) {
+  RemoteH5* f = RemoteOf(file);
+  if (f == nullptr) return std::nullopt;
+  return io::RemoteIdentity(*f->file);
+}
+
+RemoteBytes RemoteBytesOf(hid_t file) {
+  RemoteH5* f = RemoteOf(file);
+  if (f == nullptr) return nullptr;
+  return [f](uint64_t at, uint64_t n, std::vector<uint8_t>* out) {
+    const uint64_t size = f->file->size();
+    if (at > size || n > size - at) return false;
+    out->resize(n);
+    return n == 0 || f->ReadInto(at, n, reinterpret_cast<std::byte*>(out->data())) >= 0;
+  };
 }
 
 }  // namespace gpufeed::h5

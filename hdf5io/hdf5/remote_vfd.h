@@ -11,8 +11,11 @@
 
 #include <hdf5.h>
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gpufeed/status.h"
 #include "hdf5io/hdf5/h5_util.h"
@@ -33,6 +36,15 @@ std::string TakeRemoteOpenError();
 // as io::RemoteIdentity gives it; nullopt when `file` is not open through
 // the remote driver.
 std::optional<io::FileIdentity> RemoteIdentityOf(hid_t file);
+
+// Reads of `file`'s bytes at absolute addresses through the driver's page
+// cache (the first MiB kept from the open, then 64 KiB pages, each one
+// ranged GET): what the chunk index walk (chunk_btree.h) reads an object
+// with instead of a local file's pread. False past the object's end or when
+// a request failed. Empty when `file` is not open through the remote driver.
+// Valid while `file` is open; any thread (the cache has its own lock).
+using RemoteBytes = std::function<bool(uint64_t at, uint64_t n, std::vector<uint8_t>* out)>;
+RemoteBytes RemoteBytesOf(hid_t file);
 
 }  // namespace gpufeed::h5
 

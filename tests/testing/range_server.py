@@ -23,6 +23,7 @@ import threading
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms wait between them
     root = "."
 
     def log_message(self, *args):  # quiet
@@ -68,6 +69,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # gpufeed opens a connection per request in flight (64): the default 5 drops SYNs
 
 
 def self_signed(directory):
