@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jpeg_peers  # noqa: E402  (the peers, beside this file)
+import step_clock  # noqa: E402
 
 LOADERS = ("gpufeed", "dataloader-pil", "torchvision-gpu")
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
@@ -253,10 +254,14 @@ def main():
         step(xs[i % 8], ys[i % 8])
     sync()
     dist.barrier()
+    clock = step_clock.StepClock(torch, dev)
     t0 = time.perf_counter()
     for i in range(steps):
+        clock.begin()
         step(xs[i % 8], ys[i % 8])
+        clock.end()
     sync()
+    ceiling_steps = clock.epoch()
     wall = torch.tensor([time.perf_counter() - t0], device=dev)
     dist.all_reduce(wall, op=dist.ReduceOp.MAX)
     ceiling = steps * a.batch_size * world / wall.item()
@@ -284,7 +289,9 @@ def main():
             wait += time.perf_counter() - tw
             if first is None:
                 first = time.perf_counter() - t0
+            clock.begin()
             step(x, y)
+            clock.end()
             count += y.numel()
             lsum += y.sum()
             mine += y.numel()
@@ -300,11 +307,11 @@ def main():
                 a.loader, e + 1, int(count), int(lsum), n, want))
         rates.append(n / wall.item())
         st = feed.stats()
-        epochs.append(dict(mon, wall_s=mywall, wait_s=wait, first_batch_s=first, images=mine,
+        epochs.append(dict(mon, wall_s=mywall, wait_s=wait, first_batch_s=first, images=mine, steps=clock.epoch(),
                            images_per_s=mine / mywall, gpufeed=st if a.loader == "gpufeed" else None,
                            peer_times=st if a.loader == "torchvision-gpu" else None,
                            decode_split=decode_split(st, feed.info.get("decode")) if a.loader == "gpufeed" else None))
-    me = {"rank": rank, "epochs": epochs, "peak_rss": vm_hwm_or_rusage(),
+    me = {"rank": rank, "epochs": epochs, "peak_rss": vm_hwm_or_rusage(), "ceiling_steps": ceiling_steps,
           "tree_rss_peak": monitor.job_rss_peak, "nvml_gpu_mem_peak": monitor.job_gpu_mem_peak,
           "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if cuda else None,
           "nvml_error": monitor.nvml_error}
@@ -356,6 +363,13 @@ def report(a, info, n, world, ceiling, rates, ranks, dev):
                   "/".join("%.3f" % (x["first_batch_s"] or 0) for x in ep), r["peak_rss"] / 2**30,
                   r["tree_rss_peak"] / 2**30, gib(r["max_memory_allocated"]), gib(r["nvml_gpu_mem_peak"]),
                   where_time_went(a.loader, ep)), flush=True)
+    for r in ranks:  # a step's host queueing and GPU time (bench/peer/step_clock.py), ceiling / each epoch
+        ms = lambda v: "-" if v is None else "%.1f" % v  # noqa: E731
+        cs = r["ceiling_steps"]
+        print("  rank %d step ms, ceiling then each epoch: host queueing %s | %s; GPU %s | %s; wall %s | %s" % (
+            r["rank"], ms(cs["host_queue_ms"]), "/".join(ms(x["steps"]["host_queue_ms"]) for x in r["epochs"]),
+            ms(cs["gpu_step_ms"]), "/".join(ms(x["steps"]["gpu_step_ms"]) for x in r["epochs"]),
+            ms(cs["wall_step_ms"]), "/".join(ms(x["steps"]["wall_step_ms"]) for x in r["epochs"])), flush=True)
     print("  node: RSS %.2f GiB (each rank's peak with its children, summed), PSS at epochs' ends %s GiB" % (
         node_rss / 2**30, "/".join("%.2f" % (p / 2**30) for p in pss)), flush=True)
     if a.json:

@@ -50,6 +50,11 @@ for rk in r["ranks"]:
         errs.append("rank %d: %d images over 2 epochs, want 256" % (rk["rank"], sum(e["images"] for e in rk["epochs"])))
     if not rk["peak_rss"] or rk["tree_rss_peak"] < rk["peak_rss"] // 2:
         errs.append("rank %d: peak RSS %r, with children %r" % (rk["rank"], rk["peak_rss"], rk["tree_rss_peak"]))
+    steps = [rk["ceiling_steps"]] + [e["steps"] for e in rk["epochs"]]
+    if not all(st["steps"] > 0 and st["host_queue_ms"] > 0 and st["gpu_step_ms"] is None for st in steps):
+        errs.append("rank %d: step times %r (host queueing > 0; no GPU time on the CPU)" % (rk["rank"], steps))
+    if sum(st["steps"] for st in steps[1:]) != 256 // 32:  # batch 32 a rank
+        errs.append("rank %d: %d steps timed, want 8" % (rk["rank"], sum(st["steps"] for st in steps[1:])))
     for e in rk["epochs"]:
         if not (e["wait_s"] >= 0 and e["images_per_s"] > 0 and e["first_batch_s"] is not None):
             errs.append("rank %d epoch: %r" % (rk["rank"], e))
