@@ -500,9 +500,9 @@ Result<RemoteOptions> RemoteOptions::FromEnv() {
 }
 
 std::string UntrustedCertificateHint(const RemoteOptions& options) {
-  const std::string used =
-      options.ca_from.empty() ? std::string("the system's CA store")
-                              : options.ca_from + "=" + (options.ca_file.empty() ? options.ca_dir : options.ca_file);
+  const std::string used = options.ca_from.empty()
+                               ? std::string("the system's CA store")
+                               : options.ca_from + "=" + (options.ca_file.empty() ? options.ca_dir : options.ca_file);
   return "the server's TLS certificate is not signed by a CA in " + used +
          ": set AWS_CA_BUNDLE (or CURL_CA_BUNDLE, SSL_CERT_FILE) to a PEM file holding the CA that signed it";
 }

@@ -35,8 +35,8 @@ Result<long> EnvLong(const char* name, long def, long lo, long hi) {
   errno = 0;
   const long x = std::strtol(v, &end, 10);
   if (*end != '\0' || errno != 0 || x < lo || x > hi) {
-    return Status::InvalidArgument(std::string(name) + "='" + v + "': expected a number from " +
-                                   std::to_string(lo) + " to " + std::to_string(hi));
+    return Status::InvalidArgument(std::string(name) + "='" + v + "': expected a number from " + std::to_string(lo) +
+                                   " to " + std::to_string(hi));
   }
   return x;
 }
@@ -73,11 +73,16 @@ std::string XmlText(std::string_view s) {
     }
     const std::string_view ent = s.substr(i + 1, semi - i - 1);
     unsigned long code = 0;
-    if (ent == "amp") code = '&';
-    else if (ent == "lt") code = '<';
-    else if (ent == "gt") code = '>';
-    else if (ent == "quot") code = '"';
-    else if (ent == "apos") code = '\'';
+    if (ent == "amp")
+      code = '&';
+    else if (ent == "lt")
+      code = '<';
+    else if (ent == "gt")
+      code = '>';
+    else if (ent == "quot")
+      code = '"';
+    else if (ent == "apos")
+      code = '\'';
     else if (ent.size() > 1 && ent[0] == '#') {
       const std::string num(ent.substr(ent[1] == 'x' ? 2 : 1));
       code = std::strtoul(num.c_str(), nullptr, ent[1] == 'x' ? 16 : 10);
@@ -134,10 +139,12 @@ struct Page {
   std::string next;  // the continuation token; empty on the last page
 };
 
-// One ListObjectsV2 page, retried as an object read is.
-Result<Page> ListPage(const ObjectTarget& t, const RemoteOptions& o, const std::string& query,
-                      const std::string& named) {
-  const std::string url = t.bucket_url + "?" + query;
+// A ListObjectsV2 page's body (2xx) into *body, the request retried as an
+// object read is; the HTTP status into *code.
+Status GetPage(const ObjectTarget& t, const RemoteOptions& o, const std::string& url, const std::string& named,
+               std::string* out, long* status) {
+  std::string& body = *out;
+  long& code = *status;
   curl_slist* headers = nullptr;
   if (t.sign) {
     headers = curl_slist_append(headers, (std::string("x-amz-content-sha256: ") + kEmptySha256).c_str());
@@ -148,9 +155,7 @@ Result<Page> ListPage(const ObjectTarget& t, const RemoteOptions& o, const std::
     curl_slist_free_all(headers);
     return Status::Internal(named + ": libcurl: cannot make a handle");
   }
-  std::string body;
   Status failed;
-  long code = 0;
   for (int attempt = 0;; ++attempt) {
     body.clear();
     char errbuf[CURL_ERROR_SIZE] = {};
@@ -176,9 +181,9 @@ Result<Page> ListPage(const ObjectTarget& t, const RemoteOptions& o, const std::
     std::string why;
     bool transient = false;
     if (rc == CURLE_PEER_FAILED_VERIFICATION) {
-      failed = Status::InvalidArgument(named + ": listing the bucket: " + curl_easy_strerror(rc) +
-                                       (errbuf[0] ? std::string(": ") + errbuf : "") + "; " +
-                                       UntrustedCertificateHint(o));
+      failed =
+          Status::InvalidArgument(named + ": listing the bucket: " + curl_easy_strerror(rc) +
+                                  (errbuf[0] ? std::string(": ") + errbuf : "") + "; " + UntrustedCertificateHint(o));
       break;
     }
     if (rc != CURLE_OK) {
@@ -219,7 +224,15 @@ Result<Page> ListPage(const ObjectTarget& t, const RemoteOptions& o, const std::
   }
   curl_easy_cleanup(e);
   curl_slist_free_all(headers);
-  if (!failed.ok()) return failed;
+  return failed;
+}
+
+// One ListObjectsV2 page: its keys and the next page's token.
+Result<Page> ListPage(const ObjectTarget& t, const RemoteOptions& o, const std::string& query,
+                      const std::string& named) {
+  std::string body;
+  long code = 0;
+  GPUFEED_RETURN_IF_ERROR(GetPage(t, o, t.bucket_url + "?" + query, named, &body, &code));
   if (body.find("<ListBucketResult") == std::string::npos) {
     return Status::Corrupt(named + ": listing the bucket: HTTP " + std::to_string(code) +
                            " without a ListBucketResult (is AWS_ENDPOINT_URL an S3-compatible store?)");
@@ -293,8 +306,8 @@ Result<std::vector<std::string>> ListObjects(std::string_view spec) {
     if (!page.ok()) return page.status();
     for (std::string& k : page->keys) {
       ++listed;
-      const bool match = glob ? ::fnmatch(key.c_str(), k.c_str(), FNM_PATHNAME) == 0
-                              : k.size() > prefix.size() && IsHdf5Name(k);
+      const bool match =
+          glob ? ::fnmatch(key.c_str(), k.c_str(), FNM_PATHNAME) == 0 : k.size() > prefix.size() && IsHdf5Name(k);
       if (match) out.push_back("s3://" + target->bucket + "/" + k);
     }
     if (out.size() > max) {
@@ -308,14 +321,16 @@ Result<std::vector<std::string>> ListObjects(std::string_view spec) {
                                      "): name a longer prefix before the pattern's first '*', '?' or '['");
     }
     if (!page->next.empty() && !tokens.insert(page->next).second) {
-      return Status::Corrupt(named + ": listing the bucket: the server repeated a continuation token (a listing "
-                                     "that never ends)");
+      return Status::Corrupt(named +
+                             ": listing the bucket: the server repeated a continuation token (a listing "
+                             "that never ends)");
     }
     token = page->next;
   } while (!token.empty());
   if (out.empty()) {
-    return Status::NotFound(named + (glob ? ": the pattern matches no objects"
-                                          : ": no .h5 / .hdf5 / .hdf / .nc objects directly under the prefix") +
+    return Status::NotFound(named +
+                            (glob ? ": the pattern matches no objects"
+                                  : ": no .h5 / .hdf5 / .hdf / .nc objects directly under the prefix") +
                             " (" + std::to_string(listed) + " keys listed under '" + prefix + "')");
   }
   std::sort(out.begin(), out.end());

@@ -73,8 +73,8 @@ TEST(ObjectStoreTest, WhatNamesManyObjects) {
 }
 
 TEST(ObjectStoreTest, ABucketIsResolvedForItsListing) {
-  AwsEnv env({{"AWS_ENDPOINT_URL", "http://127.0.0.1:9000/"}, {"AWS_ACCESS_KEY_ID", "K"},
-              {"AWS_SECRET_ACCESS_KEY", "S"}});
+  AwsEnv env(
+      {{"AWS_ENDPOINT_URL", "http://127.0.0.1:9000/"}, {"AWS_ACCESS_KEY_ID", "K"}, {"AWS_SECRET_ACCESS_KEY", "S"}});
   auto t = ResolveBucket("s3://data/dir/*.h5");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->bucket_url, "http://127.0.0.1:9000/data");
