@@ -39,6 +39,15 @@ def s3rver_path():
     return path if os.access(path, os.X_OK) and shutil.which("node") and shutil.which("curl") else None
 
 
+def node_major():
+    """The major version of the node that runs s3rver (0 when unknown)."""
+    try:
+        out = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout
+        return int(out.strip().lstrip("v").split(".")[0])
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+
+
 def die_with_parent():
     """preexec_fn: the child is killed when the test process ends, however
     it ends (a timeout's SIGKILL skips every teardown)."""
@@ -177,7 +186,8 @@ class S3Server:
         # Node 17+ (OpenSSL 3) has only in its legacy provider: without it a
         # truncated listing's page is HTTP 500.
         node_env = dict(os.environ)
-        node_env["NODE_OPTIONS"] = (node_env.get("NODE_OPTIONS", "") + " --openssl-legacy-provider").strip()
+        if node_major() >= 17:  # older Node (OpenSSL 1.1) has DES and refuses the flag
+            node_env["NODE_OPTIONS"] = (node_env.get("NODE_OPTIONS", "") + " --openssl-legacy-provider").strip()
         self.proc = subprocess.Popen(
             [exe, "-d", str(self.root), "-a", "127.0.0.1", "-p", str(self.server_port), "--silent"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
