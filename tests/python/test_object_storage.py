@@ -293,8 +293,13 @@ def test_a_glob_of_objects_reads_every_part_once_in_key_order(aws, parts, monkey
     assert sorted(got) == list(range(total)) and got != list(range(total))
 
 
-def test_a_prefix_reads_the_hdf5_objects_directly_under_it(aws, parts):
+def test_a_prefix_reads_the_hdf5_objects_directly_under_it(aws, parts, gpufeed_cli):
     total = sum(n for _, n in PARTS)
+    inspect = subprocess.run([gpufeed_cli, "inspect", "s3://%s/parts/" % BUCKET], capture_output=True, text=True,
+                             env=dict(os.environ), timeout=120)
+    assert inspect.returncode == 0, inspect.stderr
+    assert "4 (first s3://%s/parts/part-00.h5)" % BUCKET in inspect.stdout, inspect.stdout
+    assert "samples      %d" % total in inspect.stdout, inspect.stdout
     assert rows_of("s3://%s/parts/" % BUCKET) == list(range(total))
     labels = [int(x) for _, lab in gpufeed.Loader("s3://%s/parts/" % BUCKET, batch_size=64, order="sequential",
                                                    output="numpy", share="none") for x in lab]
