@@ -393,3 +393,41 @@ def test_encoded_images_in_an_object_decode_as_the_local_file(aws, tmp_path, gpu
         labels = sorted(int(v) for _, lab in got for v in lab)
         assert labels == sorted(k % 4 for k in range(23)), path.name
         assert all(np.asarray(x).shape[1:] == (3, 16, 24) for x, _ in got)
+
+
+# SigV4 checked by an independent signer (issue 48, item 4): a server that
+# recomputes each request's signature with botocore (tests/testing/sigv4_server.py).
+import sigv4_server  # noqa: E402
+
+
+def test_signatures_verify_with_botocores_signer_and_a_wrong_secret_is_refused(tmp_path, monkeypatch):
+    if sigv4_server.botocore_python() is None:
+        pytest.skip("no Python here has botocore (the independent SigV4 signer)")
+    write_index_file(tmp_path / "train.h5", n=300)
+    first = 0
+    for key, n in PARTS:
+        (tmp_path / "parts").mkdir(exist_ok=True)
+        write_part(tmp_path / key, first, n)
+        first += n
+    with sigv4_server.SigV4Server(tmp_path, "AKIDVERIFIED", SECRET) as server:
+        for k in [k for k in os.environ if k.startswith("AWS_")]:
+            monkeypatch.delenv(k)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDVERIFIED")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "a-session-token/+=")  # signed too (x-amz-security-token)
+        assert rows_of("s3://%s/train.h5" % BUCKET) == list(range(300))
+        # The listing's query (prefix, delimiter, a continuation token with
+        # '+', '/' and '=') is signed as botocore signs it.
+        monkeypatch.setenv("GPUFEED_REMOTE_LIST_PAGE", "1")
+        assert rows_of("s3://%s/parts/part-*.h5" % BUCKET) == list(range(first))
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-" + SECRET)
+        for spec in ("s3://%s/train.h5" % BUCKET, "s3://%s/parts/" % BUCKET):
+            with pytest.raises(gpufeed.Error) as e:
+                gpufeed.Loader(spec, batch_size=64, output="numpy", share="none")
+            message = str(e.value)
+            assert "HTTP 403 SignatureDoesNotMatch" in message and spec in message, message
+            assert "AWS_ACCESS_KEY_ID" in message and SECRET not in message, message
