@@ -62,8 +62,9 @@ class Reader {
   std::string path_;
 };
 
-// The tensors a checkpoint holds, in a fixed order, as (address, bytes).
-std::vector<std::pair<void*, size_t>> Tensors(Model* model) {
+}  // namespace
+
+std::vector<std::pair<void*, size_t>> ParamTensors(Model* model) {
   std::vector<std::pair<void*, size_t>> t;
   for (Param& p : model->params()) {
     t.emplace_back(p.master, p.n * 4);
@@ -78,7 +79,21 @@ std::vector<std::pair<void*, size_t>> Tensors(Model* model) {
     t.emplace_back(p.s1, p.n * 4);
     if (p.s2) t.emplace_back(p.s2, p.n * 4);
   }
+  return t;
+}
+
+std::vector<std::pair<void*, size_t>> BufferTensors(Model* model) {
+  std::vector<std::pair<void*, size_t>> t;
   for (auto& [b, n] : model->buffers()) t.emplace_back(b, n * 4);
+  return t;
+}
+
+namespace {
+
+// The tensors a checkpoint of one model holds, in order, as (address, bytes).
+std::vector<std::pair<void*, size_t>> Tensors(Model* model) {
+  auto t = ParamTensors(model);
+  for (auto& b : BufferTensors(model)) t.push_back(b);
   return t;
 }
 
@@ -176,7 +191,7 @@ Status CheckResumeConfig(const std::string& path, const std::string& saved, cons
       " at any number of ranks");
 }
 
-Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& meta) {
+Status WriteCheckpoint(const std::string& path, const CheckpointMeta& meta, const std::vector<std::string>& tensors) {
   Writer w;
   w.Str(meta.model);
   w.Str(meta.config);
@@ -184,14 +199,10 @@ Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   w.Pod<int64_t>(meta.step);
   w.Pod(meta.scaler);
   w.Str(meta.loader.Serialize());
-  const auto tensors = Tensors(model);
   w.Pod<uint32_t>(static_cast<uint32_t>(tensors.size()));
-  std::vector<uint8_t> host;
-  for (auto& [p, bytes] : tensors) {
-    host.resize(bytes);
-    GPUFEED_RETURN_IF_ERROR(ops->Download(host.data(), p, bytes));
-    w.Pod<uint64_t>(bytes);
-    w.Raw(host.data(), bytes);
+  for (const std::string& t : tensors) {
+    w.Pod<uint64_t>(t.size());
+    w.Raw(t.data(), t.size());
   }
   Writer head;
   head.Raw(kMagic, 8);
@@ -207,8 +218,17 @@ Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   return Status::Ok();
 }
 
-Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& expect,
-                      CheckpointMeta* meta) {
+Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& meta) {
+  std::vector<std::string> host;
+  for (auto& [p, bytes] : Tensors(model)) {
+    host.emplace_back(bytes, '\0');
+    GPUFEED_RETURN_IF_ERROR(ops->Download(host.back().data(), p, bytes));
+  }
+  return WriteCheckpoint(path, meta, host);
+}
+
+Status ReadCheckpoint(const std::string& path, const CheckpointMeta& expect, const std::vector<size_t>& sizes,
+                      CheckpointMeta* meta, std::vector<std::string>* tensors) {
   std::string data;
   uint32_t version = 0;
   GPUFEED_RETURN_IF_ERROR(ReadPayload(path, &data, &version));
@@ -229,23 +249,33 @@ Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const Che
   auto state = LoaderState::Deserialize(ls);
   if (!state.ok()) return Status::Corrupt("checkpoint " + path + ": " + state.status().message());
   meta->loader = *state;
-  const auto tensors = Tensors(model);
   uint32_t count;
   GPUFEED_RETURN_IF_ERROR(r.Pod(&count));
-  if (count != tensors.size())
+  if (count != sizes.size())
     return Status::Corrupt("checkpoint " + path + ": " + std::to_string(count) + " tensors, the model has " +
-                           std::to_string(tensors.size()));
-  std::vector<uint8_t> host;
-  for (auto& [p, bytes] : tensors) {
+                           std::to_string(sizes.size()));
+  tensors->clear();
+  for (size_t bytes : sizes) {
     uint64_t len;
     GPUFEED_RETURN_IF_ERROR(r.Pod(&len));
     if (version == 1) len *= 4;  // version 1 counted fp32 values
     if (len != bytes) return Status::Corrupt("checkpoint " + path + ": tensor size mismatch");
-    host.resize(bytes);
-    GPUFEED_RETURN_IF_ERROR(r.Raw(host.data(), bytes));
-    GPUFEED_RETURN_IF_ERROR(ops->Upload(p, host.data(), bytes));
+    tensors->emplace_back(bytes, '\0');
+    GPUFEED_RETURN_IF_ERROR(r.Raw(tensors->back().data(), bytes));
   }
   if (!r.done()) return Status::Corrupt("checkpoint " + path + ": trailing bytes");
+  return Status::Ok();
+}
+
+Status LoadCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& expect,
+                      CheckpointMeta* meta) {
+  const auto tensors = Tensors(model);
+  std::vector<size_t> sizes;
+  for (auto& t : tensors) sizes.push_back(t.second);
+  std::vector<std::string> host;
+  GPUFEED_RETURN_IF_ERROR(ReadCheckpoint(path, expect, sizes, meta, &host));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    GPUFEED_RETURN_IF_ERROR(ops->Upload(tensors[i].first, host[i].data(), tensors[i].second));
   // Compute copies follow the restored masters.
   for (Param& p : model->params())
     if (p.copy && p.copy != p.master) GPUFEED_RETURN_IF_ERROR(ops->Cast(p.master, p.copy, model->spec().dtype, p.n));

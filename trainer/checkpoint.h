@@ -45,6 +45,20 @@ struct CheckpointMeta {
 Status CheckResumeConfig(const std::string& path, const std::string& saved, const std::string& ours);
 
 Status SaveCheckpoint(const std::string& path, Ops* ops, Model* model, const CheckpointMeta& meta);
+
+// The tensors a checkpoint holds, as (backend address, bytes): a model's
+// parameters (each master, then its optimizer state), then its batchnorm
+// buffers. A checkpoint of one model is ParamTensors then BufferTensors; of
+// pipeline stages, every stage's ParamTensors in order, then every stage's
+// BufferTensors: the order of the whole model's, so either resumes the other.
+std::vector<std::pair<void*, size_t>> ParamTensors(Model* model);
+std::vector<std::pair<void*, size_t>> BufferTensors(Model* model);
+// The file with these tensors' bytes, in order (atomically).
+Status WriteCheckpoint(const std::string& path, const CheckpointMeta& meta, const std::vector<std::string>& tensors);
+// The tensors' bytes of a checkpoint whose model and config fit `expect`
+// (as LoadCheckpoint), checked against the `sizes` the run holds.
+Status ReadCheckpoint(const std::string& path, const CheckpointMeta& expect, const std::vector<size_t>& sizes,
+                      CheckpointMeta* meta, std::vector<std::string>* tensors);
 // Restores into `model` (already Init()ed with the same spec) and fills meta.
 // `expect` gives the model that must match and the config that must fit
 // (CheckResumeConfig).

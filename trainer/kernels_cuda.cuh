@@ -319,6 +319,16 @@ __global__ void FinishGradientsKernel(const double* partial, int n, float clip_n
   ScalerFinish(sum, clip_norm, s);
 }
 
+// The two halves of FinishGradientsKernel (Ops::SumSquares and
+// FinishGradientsFrom): the same additions in the same order, from `start`.
+__global__ void SumPartialsKernel(const double* partial, int n, double start, double* out) {
+  double sum = start;
+  for (int i = 0; i < n; ++i) sum += partial[i];
+  *out = sum;
+}
+
+__global__ void ScalerFinishKernel(double sum, float clip_norm, ScalerState* s) { ScalerFinish(sum, clip_norm, s); }
+
 __global__ void OptimizerKernel(OptimizerStep o, bool decay, size_t n, float* master, const float* grad, float* s1,
                                 float* s2, void* copy, DType dt, const ScalerState* scaler, const StepState* st) {
   if (scaler->step_skip) return;

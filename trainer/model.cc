@@ -318,8 +318,10 @@ Status Model::AllocateSlots(void* rc, size_t* widest_io) {
 
 Status Model::SetUpFreezing() {
   const ModelSpec& s = spec_;
-  // Freezing: every name must match a parameter, and something must train.
-  for (const std::string& f : s.freeze) {
+  // Freezing: every name must match a parameter, and something must train
+  // (checked on the whole model: a pipeline stage may hold neither).
+  const bool whole = begin_ == 0 && end_ == static_cast<int>(layers_.size());
+  for (const std::string& f : whole ? s.freeze : std::vector<std::string>{}) {
     if (std::none_of(params_.begin(), params_.end(),
                      [&](const Param& p) { return p.name.compare(0, f.size(), f) == 0; })) {
       std::string names;
@@ -342,7 +344,7 @@ Status Model::SetUpFreezing() {
   }
   // A stage past the first passes its input's gradient back, trainable or not.
   if (begin_ > 0) first_trainable_ = size_t(begin_);
-  if (first_trainable_ == size_t(end_))
+  if (first_trainable_ == size_t(end_) && whole)
     return Status::InvalidArgument("model: --freeze leaves nothing of " + Describe() + " to train");
   if (widest_bn > 0) {
     void* v;
@@ -660,6 +662,20 @@ std::vector<std::pair<float*, size_t>> Model::buffers() {
       b.emplace_back(l.run_var, size_t(l.c));
     }
   return b;
+}
+
+void Quant8Tables(Model& m, std::vector<Quant8Tensor>* tensors, std::vector<Quant8Block>* blocks) {
+  for (auto& p : m.params()) {
+    if (!p.quantized()) continue;
+    Quant8Tensor t;
+    t.master = p.master, t.grad = p.grad, t.q1 = p.q1, t.q2 = p.q2, t.a1 = p.a1, t.a2 = p.a2;
+    t.copy = p.copy != p.master ? p.copy : nullptr;
+    t.n = p.n;
+    t.decay = p.decay ? 1 : 0;
+    const uint32_t count = static_cast<uint32_t>((p.n + kQuantBlock - 1) / kQuantBlock);
+    for (uint32_t b = 0; b < count; ++b) blocks->push_back({static_cast<int32_t>(tensors->size()), b});
+    tensors->push_back(t);
+  }
 }
 
 }  // namespace gpufeed::trainer

@@ -217,6 +217,10 @@ class Model {
   uint64_t weights_ = 0, grads_ = 0, opt_ = 0, acts_bytes_ = 0;
 };
 
+// The tables Ops::ApplyOptimizer8bit walks for `m`'s quantized parameters
+// (one entry a tensor, one a block of kQuantBlock values), in parameter order.
+void Quant8Tables(Model& m, std::vector<Quant8Tensor>* tensors, std::vector<Quant8Block>* blocks);
+
 }  // namespace gpufeed::trainer
 
 #endif  // GPUFEED_TRAINER_MODEL_H_

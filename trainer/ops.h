@@ -195,6 +195,15 @@ class Ops {
   // updates scale/clean_steps/skipped.
   virtual Status FinishGradients(float* const* grads, const size_t* sizes, int count, float clip_norm,
                                  ScalerState* scaler) = 0;
+  // FinishGradients in two halves, for gradients spread over backends
+  // (pipeline stages): SumSquares waits for the device and returns `start`
+  // plus the sum of squares of these gradients, added in the order
+  // FinishGradients adds them, so stages that chain it (each starting from
+  // the last one's result) get FinishGradients' sum over all of them, bit for
+  // bit; FinishGradientsFrom queues the rest (coefficient, skip, norm, scale
+  // update) from such a sum.
+  virtual Result<double> SumSquares(float* const* grads, const size_t* sizes, int count, double start) = 0;
+  virtual Status FinishGradientsFrom(double sum_squares, float clip_norm, ScalerState* scaler) = 0;
   // One optimizer step on an fp32 master tensor with gradient `grad` (scaled:
   // multiplied by scaler->step_coef), skipped when scaler->step_skip; writes
   // the compute copy (`copy`, may be null) in `dtype`. `decay` false for

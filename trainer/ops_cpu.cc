@@ -329,6 +329,16 @@ class CpuOps final : public Ops {
     ScalerFinish(ss, clip_norm, scaler);
     return Status::Ok();
   }
+  Result<double> SumSquares(float* const* grads, const size_t* sizes, int count, double start) override {
+    double ss = start;
+    for (int t = 0; t < count; ++t)
+      for (size_t i = 0; i < sizes[t]; ++i) ss += double(grads[t][i]) * grads[t][i];
+    return ss;
+  }
+  Status FinishGradientsFrom(double sum_squares, float clip_norm, ScalerState* scaler) override {
+    ScalerFinish(sum_squares, clip_norm, scaler);
+    return Status::Ok();
+  }
 
   Status ApplyOptimizer(const OptimizerStep& o, bool decay, size_t n, float* master, const float* grad, float* state1,
                         float* state2, void* copy, DType dt, const ScalerState* scaler, const StepState* st) override {

@@ -204,7 +204,17 @@ class CudaOps final : public Ops {
     }
     return scratch_[id];
   }
-  enum ScratchId { kPartialA, kPartialB, kChannelA, kChannelB, kRowLoss, kRowHit, kFilterGrad, kNormPartial };
+  enum ScratchId {
+    kPartialA,
+    kPartialB,
+    kChannelA,
+    kChannelB,
+    kRowLoss,
+    kRowHit,
+    kFilterGrad,
+    kNormPartial,
+    kNormSum
+  };
 
   Status ConvForward(const ConvShape& s, const void* x, const void* w, void* y) override {
     auto p = plans_.Get(cudnn_, s);
@@ -360,6 +370,28 @@ class CudaOps final : public Ops {
     LAUNCH_CHECK();
     FinishGradientsKernel<<<1, 1, 0, stream_>>>(static_cast<const double*>(*part), count * kNormBlocks, clip_norm,
                                                 scaler);
+    LAUNCH_CHECK();
+    return Status::Ok();
+  }
+
+  Result<double> SumSquares(float* const* grads, const size_t* sizes, int count, double start) override {
+    auto part = Scratch(kNormPartial, size_t(count) * kNormBlocks * 8);
+    if (!part.ok()) return part.status();
+    auto sum = Scratch(kNormSum, 8);
+    if (!sum.ok()) return sum.status();
+    if (count > 0) {
+      SumSquaresKernel<<<dim3(kNormBlocks, count), 256, 0, stream_>>>(grads, sizes, static_cast<double*>(*part));
+      LAUNCH_CHECK();
+    }
+    SumPartialsKernel<<<1, 1, 0, stream_>>>(static_cast<const double*>(*part), count * kNormBlocks, start,
+                                            static_cast<double*>(*sum));
+    LAUNCH_CHECK();
+    double host = 0;
+    GPUFEED_RETURN_IF_ERROR(Download(&host, *sum, 8));
+    return host;
+  }
+  Status FinishGradientsFrom(double sum_squares, float clip_norm, ScalerState* scaler) override {
+    ScalerFinishKernel<<<1, 1, 0, stream_>>>(sum_squares, clip_norm, scaler);
     LAUNCH_CHECK();
     return Status::Ok();
   }

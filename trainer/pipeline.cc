@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "gpufeed/logger.h"
+#include "trainer/elem.h"
 
 namespace gpufeed::trainer {
 
@@ -89,8 +90,10 @@ struct Pipeline::Stage {
   void* sent_grad = nullptr;    // the input gradient's buffers
   std::vector<void*> sent_lab;  // stage 0: by input slot
   // Optimizer: scaler, step state, the gradients' pointer table; the loss
-  // counters on the last stage.
+  // counters on the last stage; 8-bit states' tables (Quant8Tables).
   void *scaler = nullptr, *step = nullptr, *ptrs = nullptr, *counters = nullptr;
+  void *quant_tensors = nullptr, *quant_table = nullptr, *quant_codes = nullptr;
+  int quant_blocks = 0;
   int grads = 0;
   // Timing of probe steps: an event pair a forward or backward, the step's
   // start and the end of its last backward.
@@ -108,6 +111,9 @@ struct Pipeline::Stage {
   std::vector<size_t> bucket_sizes;
   uint64_t bucket_bytes = 0;
   std::vector<float> host;          // kHash: this stage's masters
+  // kSave: this stage's tensors' bytes (ParamTensors, BufferTensors); kLoad:
+  // the bytes to restore.
+  std::vector<std::string> saved_params, saved_buffers;
   Counters read;                    // kRead: the last stage's counters
   std::thread thread;
   ~Stage() {
@@ -142,6 +148,10 @@ struct Pipeline::Shared {
   int done GUARDED_BY(mu) = 0;
   int arrived GUARDED_BY(mu) = 0;
   uint64_t barrier_round GUARDED_BY(mu) = 0;
+  // ChainSumSquares: the stage whose turn it is, and the sum so far (reset
+  // by Step before the stages start).
+  int chain_next GUARDED_BY(mu) = 0;
+  double chain_sum GUARDED_BY(mu) = 0;
   bool failed GUARDED_BY(mu) = false;
   Status failure GUARDED_BY(mu);
 };
@@ -167,7 +177,10 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
                                    " layers, fewer than --pipeline-stages " + std::to_string(P));
   p->describe_ = whole.Describe();
   p->parameters_ = whole.num_parameters();
-  for (const Param& q : whole.params()) p->names_.push_back(q.name);
+  for (const Param& q : whole.params()) {
+    p->names_.push_back(q.name);
+    if (!q.frozen()) p->trainable_ += q.n;
+  }
 
   const size_t es = DTypeSize(setup.whole.dtype);
   const uint64_t batch = uint64_t(setup.whole.max_batch);
@@ -418,6 +431,7 @@ Status Pipeline::SetupStage(Stage& st) {
   GPUFEED_RETURN_IF_ERROR(st.ops->Upload(static_cast<char*>(st.ptrs) + grads.size() * sizeof(float*), sizes.data(),
                                          sizes.size() * sizeof(size_t)));
   if (s + 1 == P) GPUFEED_RETURN_IF_ERROR(st.Alloc(sizeof(Counters), &st.counters, nullptr));
+  GPUFEED_RETURN_IF_ERROR(SetupQuantized(st));
   // This stage's events: what it sends (ready) and receives (freed).
   Shared& sh = *sh_;
   auto event = [&](void** e) -> Status {
@@ -644,18 +658,21 @@ Status Pipeline::StepStage(Stage& st, bool probe) {
   if (probe) GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(st.end));
   // The sums of the replicas' gradients, before they are read.
   if (st.comm) GPUFEED_RETURN_IF_ERROR(st.comm->Join());
-  // This stage's optimizer step (no clipping: each stage sees its own norm).
+  // Its gradients finished (with --clip or fp16 together with the other
+  // stages: the whole model's norm and one skip), then its optimizer step.
   auto* sc = static_cast<ScalerState*>(st.scaler);
-  auto* ss = static_cast<StepState*>(st.step);
   auto* ptrs = static_cast<float* const*>(st.ptrs);
   auto* sizes = reinterpret_cast<const size_t*>(static_cast<char*>(st.ptrs) + size_t(st.grads) * sizeof(float*));
-  GPUFEED_RETURN_IF_ERROR(st.ops->FinishGradients(ptrs, sizes, st.grads, 0.0f, sc));
-  GPUFEED_RETURN_IF_ERROR(st.ops->AdvanceSchedule(setup_.schedule, ss));
-  for (Param& q : st.model->params()) {
-    if (q.frozen()) continue;
-    GPUFEED_RETURN_IF_ERROR(st.ops->ApplyOptimizer(setup_.opt, q.decay, q.n, q.master, q.grad, q.s1, q.s2,
-                                                   q.copy != q.master ? q.copy : nullptr, setup_.whole.dtype, sc, ss));
+  if (SharedFinish()) {
+    auto total = ChainSumSquares(st, ptrs, sizes);
+    if (!total.ok()) return total.status();
+    GPUFEED_RETURN_IF_ERROR(st.ops->FinishGradientsFrom(*total, setup_.clip_norm, sc));
+  } else if (st.grads > 0) {  // else every parameter here is frozen: nothing to step
+    // Each stage on its own (fp32/bf16 without --clip: a non-finite gradient,
+    // a diverged run there, skips the step of the stages whose sum it reached).
+    GPUFEED_RETURN_IF_ERROR(st.ops->FinishGradients(ptrs, sizes, st.grads, 0.0f, sc));
   }
+  if (st.grads > 0) GPUFEED_RETURN_IF_ERROR(OptimizeStage(st));
   if (probe) {
     GPUFEED_RETURN_IF_ERROR(st.ops->Sync());
     st.busy_ms = 0;
@@ -663,6 +680,77 @@ Status Pipeline::StepStage(Stage& st, bool probe) {
     st.span_ms = st.ops->EventMs(st.start, st.end);
   }
   return Status::Ok();
+}
+
+Status Pipeline::OptimizeStage(Stage& st) {
+  auto* sc = static_cast<ScalerState*>(st.scaler);
+  auto* ss = static_cast<StepState*>(st.step);
+  GPUFEED_RETURN_IF_ERROR(st.ops->AdvanceSchedule(setup_.schedule, ss));
+  for (Param& q : st.model->params()) {
+    if (q.frozen() || q.quantized()) continue;
+    GPUFEED_RETURN_IF_ERROR(st.ops->ApplyOptimizer(setup_.opt, q.decay, q.n, q.master, q.grad, q.s1, q.s2,
+                                                   q.copy != q.master ? q.copy : nullptr, setup_.whole.dtype, sc, ss));
+  }
+  if (st.quant_blocks > 0) {
+    const auto* codes = static_cast<const float*>(st.quant_codes);
+    GPUFEED_RETURN_IF_ERROR(st.ops->ApplyOptimizer8bit(
+        setup_.opt, static_cast<const Quant8Tensor*>(st.quant_tensors), static_cast<const Quant8Block*>(st.quant_table),
+        st.quant_blocks, codes, codes + 256, setup_.whole.dtype, sc, ss));
+  }
+  // LoRA: the weights the next step uses, W + scale B A, from the new adapters.
+  return st.model->RefreshLoraWeights();
+}
+
+Status Pipeline::SetupQuantized(Stage& st) {
+  std::vector<Quant8Tensor> tensors;
+  std::vector<Quant8Block> blocks;
+  Quant8Tables(*st.model, &tensors, &blocks);
+  if (tensors.empty()) return Status::Ok();
+  float codes[512];
+  Quant8Code(true, codes);
+  Quant8Code(false, codes + 256);
+  GPUFEED_RETURN_IF_ERROR(st.Alloc(tensors.size() * sizeof tensors[0], &st.quant_tensors, nullptr));
+  GPUFEED_RETURN_IF_ERROR(st.Alloc(blocks.size() * sizeof blocks[0], &st.quant_table, nullptr));
+  GPUFEED_RETURN_IF_ERROR(st.Alloc(sizeof codes, &st.quant_codes, nullptr));
+  GPUFEED_RETURN_IF_ERROR(st.ops->Upload(st.quant_tensors, tensors.data(), tensors.size() * sizeof tensors[0]));
+  GPUFEED_RETURN_IF_ERROR(st.ops->Upload(st.quant_table, blocks.data(), blocks.size() * sizeof blocks[0]));
+  GPUFEED_RETURN_IF_ERROR(st.ops->Upload(st.quant_codes, codes, sizeof codes));
+  st.quant_blocks = int(blocks.size());
+  return Status::Ok();
+}
+
+Result<double> Pipeline::ChainSumSquares(Stage& st, float* const* ptrs, const size_t* sizes) {
+  Shared& sh = *sh_;
+  const int P = int(stages_.size());
+  const Status late = Status::Internal("pipeline stage " + std::to_string(st.index) +
+                                       ": the other stages' gradient norms did not come in " +
+                                       std::to_string(setup_.timeout_s) + " s");
+  double start = 0;
+  {
+    MutexLock lock(&sh.mu);
+    const auto deadline = WaitDeadline(setup_.timeout_s);
+    while (sh.chain_next != st.index && !sh.failed) {  // the previous stages' sum
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return late;
+      sh.cv.WaitFor(&sh.mu, deadline - now);
+    }
+    if (sh.failed) return Status::Internal("pipeline: another stage failed");
+    start = sh.chain_sum;
+  }
+  auto mine = st.ops->SumSquares(ptrs, sizes, st.grads, start);
+  if (!mine.ok()) return mine.status();
+  MutexLock lock(&sh.mu);
+  sh.chain_sum = *mine;
+  ++sh.chain_next;
+  sh.cv.SignalAll();
+  const auto deadline = WaitDeadline(setup_.timeout_s);
+  while (sh.chain_next != P && !sh.failed) {  // the whole model's
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return late;
+    sh.cv.WaitFor(&sh.mu, deadline - now);
+  }
+  if (sh.failed) return Status::Internal("pipeline: another stage failed");
+  return sh.chain_sum;
 }
 
 Status Pipeline::RunStage(Stage& st, Work w, bool probe) {
@@ -702,6 +790,9 @@ Status Pipeline::RunStage(Stage& st, Work w, bool probe) {
       if (!st.comm) return Status::Ok();
       for (auto& [b, n] : st.model->buffers()) GPUFEED_RETURN_IF_ERROR(st.comm->Broadcast(b, n, 0));
       return st.comm->Join();
+    case Work::kSave:
+    case Work::kLoad:
+      return w == Work::kSave ? SaveStage(st) : LoadStage(st);
     case Work::kStop:
       return Status::Ok();
   }
@@ -723,6 +814,10 @@ Status Pipeline::Add(const void* images, const void* labels, int n) {
 
 Status Pipeline::Step(bool probe) {
   if (sizes_.empty()) return Status::Ok();
+  {
+    MutexLock lock(&sh_->mu);  // no stage runs between steps
+    sh_->chain_next = 0, sh_->chain_sum = 0;
+  }
   Status s = Everyone(Work::kStep, probe);
   sizes_.clear();
   GPUFEED_RETURN_IF_ERROR(s);
@@ -746,6 +841,76 @@ Status Pipeline::Evaluate(const void* images, const void* labels, int n) {
 Status Pipeline::ZeroCounters() { return Everyone(Work::kZero); }
 
 Status Pipeline::BroadcastBuffers() { return Everyone(Work::kBroadcast); }
+
+Status Pipeline::SaveStage(Stage& st) {
+  auto save = [&](const std::vector<std::pair<void*, size_t>>& tensors, std::vector<std::string>* out) -> Status {
+    out->clear();
+    for (auto& [p, bytes] : tensors) {
+      out->emplace_back(bytes, '\0');
+      GPUFEED_RETURN_IF_ERROR(st.ops->Download(out->back().data(), p, bytes));
+    }
+    return Status::Ok();
+  };
+  GPUFEED_RETURN_IF_ERROR(save(ParamTensors(st.model.get()), &st.saved_params));
+  return save(BufferTensors(st.model.get()), &st.saved_buffers);
+}
+
+Status Pipeline::LoadStage(Stage& st) {
+  auto load = [&](const std::vector<std::pair<void*, size_t>>& tensors, const std::vector<std::string>& in) -> Status {
+    if (in.size() != tensors.size()) return Status::Internal("pipeline: a stage's checkpoint tensors");
+    for (size_t i = 0; i < tensors.size(); ++i)
+      GPUFEED_RETURN_IF_ERROR(st.ops->Upload(tensors[i].first, in[i].data(), tensors[i].second));
+    return Status::Ok();
+  };
+  GPUFEED_RETURN_IF_ERROR(load(ParamTensors(st.model.get()), st.saved_params));
+  GPUFEED_RETURN_IF_ERROR(load(BufferTensors(st.model.get()), st.saved_buffers));
+  for (Param& p : st.model->params())  // compute copies follow the restored masters
+    if (p.copy && p.copy != p.master)
+      GPUFEED_RETURN_IF_ERROR(st.ops->Cast(p.master, p.copy, st.model->spec().dtype, p.n));
+  GPUFEED_RETURN_IF_ERROR(st.model->RefreshLoraWeights());
+  StepState step;
+  step.step = load_step_;
+  GPUFEED_RETURN_IF_ERROR(st.ops->Upload(st.step, &step, sizeof step));
+  GPUFEED_RETURN_IF_ERROR(st.ops->Upload(st.scaler, &load_scaler_, sizeof load_scaler_));
+  st.saved_params.clear(), st.saved_buffers.clear();
+  return Status::Ok();
+}
+
+Status Pipeline::SaveCheckpoint(const std::string& path, const CheckpointMeta& meta) {
+  GPUFEED_RETURN_IF_ERROR(Everyone(Work::kSave));
+  std::vector<std::string> all;
+  for (auto& st : stages_)
+    for (std::string& t : st->saved_params) all.push_back(std::move(t));
+  for (auto& st : stages_)
+    for (std::string& t : st->saved_buffers) all.push_back(std::move(t));
+  for (auto& st : stages_) st->saved_params.clear(), st->saved_buffers.clear();
+  return WriteCheckpoint(path, meta, all);
+}
+
+Status Pipeline::LoadCheckpoint(const std::string& path, const CheckpointMeta& expect, CheckpointMeta* meta) {
+  // The sizes, from each stage's model (its tensors' addresses are read in
+  // its own thread; sizes are plain numbers).
+  std::vector<size_t> sizes;
+  for (auto& st : stages_)
+    for (auto& t : ParamTensors(st->model.get())) sizes.push_back(t.second);
+  for (auto& st : stages_)
+    for (auto& t : BufferTensors(st->model.get())) sizes.push_back(t.second);
+  std::vector<std::string> all;
+  GPUFEED_RETURN_IF_ERROR(ReadCheckpoint(path, expect, sizes, meta, &all));
+  size_t at = 0;
+  for (auto& st : stages_) {
+    st->saved_params.clear();
+    for (size_t i = 0, n = ParamTensors(st->model.get()).size(); i < n; ++i) st->saved_params.push_back(std::move(all[at++]));
+  }
+  for (auto& st : stages_) {
+    st->saved_buffers.clear();
+    for (size_t i = 0, n = BufferTensors(st->model.get()).size(); i < n; ++i)
+      st->saved_buffers.push_back(std::move(all[at++]));
+  }
+  load_step_ = meta->step;
+  load_scaler_ = meta->scaler;
+  return Everyone(Work::kLoad);
+}
 
 Status Pipeline::ReadCounters(double* loss, int64_t* correct) {
   GPUFEED_RETURN_IF_ERROR(Everyone(Work::kRead));  // waits for the last stage's work

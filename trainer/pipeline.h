@@ -23,6 +23,7 @@
 
 #include "gpufeed/status.h"
 #include "gpufeed/trainer.h"
+#include "trainer/checkpoint.h"
 #include "trainer/comm.h"
 #include "trainer/model.h"
 #include "trainer/ops.h"
@@ -41,6 +42,13 @@ struct PipelineSetup {
   OptimizerStep opt;
   Schedule schedule;
   ScalerState scaler;
+  // Clip the whole model's gradient norm to this (0: off). With clipping or
+  // a dynamic loss scale (fp16) the stages finish their gradients together:
+  // the sum of squares chained through the stages in order (the whole
+  // model's sum, bit for bit), so every stage clips by the whole model's
+  // norm and skips a step, and halves its scale, when any stage's gradients
+  // are not finite; every stage's scaler stays the same.
+  float clip_norm = 0;
   double timeout_s = 300;  // any wait for another stage
   // Data parallel (replicas > 1): this pipeline is replica `replica` of
   // `replicas`, each fed its own shard; each stage's gradients are summed
@@ -85,6 +93,11 @@ class Pipeline {
   Status ZeroCounters();
   // Data parallel: every stage's batchnorm statistics from replica 0's.
   Status BroadcastBuffers();
+  // A checkpoint of every stage, in the whole model's order (trainer/
+  // checkpoint.h): it resumes with these stages, another cut or none. Load
+  // restores the tensors, the step count and the loss scaler of each stage.
+  Status SaveCheckpoint(const std::string& path, const CheckpointMeta& meta);
+  Status LoadCheckpoint(const std::string& path, const CheckpointMeta& expect, CheckpointMeta* meta);
   Status ReadCounters(double* loss, int64_t* correct);
   Status ReadScaler(ScalerState* s);  // stage 0's
   // XXH64 of every stage's fp32 masters, in the whole model's order (the
@@ -93,6 +106,7 @@ class Pipeline {
 
   const std::string& model() const { return describe_; }
   uint64_t parameters() const { return parameters_; }
+  uint64_t trainable_parameters() const { return trainable_; }  // not frozen
   const std::vector<std::string>& parameter_names() const { return names_; }
   MemoryBreakdown memory() const;  // every stage's
   void Report(TrainReport* r) const;
@@ -100,7 +114,7 @@ class Pipeline {
  private:
   struct Stage;
   struct Mailbox;
-  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kBroadcast, kStop };
+  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kBroadcast, kSave, kLoad, kStop };
   Pipeline() = default;
   Status Everyone(Work w, bool probe = false);  // runs w on every stage, stage 0 here
   Status RunStage(Stage& st, Work w, bool probe);
@@ -111,6 +125,16 @@ class Pipeline {
   // summed across the replicas as they are produced).
   Status Backward(Stage& st, int j, bool last);
   Status FlushBucket(Stage& st);
+  // The stage's optimizer step (its gradients finished): ApplyOptimizer, the
+  // 8-bit states' ApplyOptimizer8bit, LoRA's refreshed weights.
+  Status OptimizeStage(Stage& st);
+  Status SetupQuantized(Stage& st);
+  Status SaveStage(Stage& st);
+  Status LoadStage(Stage& st);
+  // The whole model's sum of squares: this stage's added to the previous
+  // stages' (it waits for them), then the last stage's total (it waits for it).
+  Result<double> ChainSumSquares(Stage& st, float* const* ptrs, const size_t* sizes);
+  bool SharedFinish() const { return setup_.clip_norm > 0 || setup_.scaler.dynamic; }
   Status Mark(Stage& st, bool begin);
   Status Send(Stage& st, Mailbox& m, void* dst, const void* src, size_t bytes, int n);
   Status Receive(Stage& st, Mailbox& m);
@@ -128,8 +152,11 @@ class Pipeline {
   int Slots(int s) const { return setup_.one_f_one_b ? std::min(setup_.micro, setup_.stages - s) : setup_.micro; }
   std::vector<int> sizes_;  // the pending micro-batches' sizes
   std::string describe_;
-  uint64_t parameters_ = 0;
+  uint64_t parameters_ = 0, trainable_ = 0;
   std::vector<std::string> names_;
+  // kLoad's step count and scaler, set before the stages run it.
+  int64_t load_step_ = 0;
+  ScalerState load_scaler_;
   std::vector<double> layer_ms_;  // each layer's, measured for the cut (empty: cut by memory)
   double busy_ms_total_ = 0, span_ms_total_ = 0;
   int probes_ = 0;

@@ -147,6 +147,8 @@ class Run {
   std::unique_ptr<trainer::Pipeline> pipeline_;
   int pipeline_probes_ = 8;  // steps timed for the bubble, from the third
   Status SetupPipeline(const trainer::ModelSpec& spec);
+  // TrainReport::lora for a model with these parameters.
+  std::string LoraText(const std::vector<std::string>& names) const;
   // Two loaders over the training split, even and odd epochs, so the next
   // epoch's stream (and its GpuFeeder) starts while this one finishes: no
   // pipeline refill at epoch boundaries. They split the cache budget.

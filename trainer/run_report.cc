@@ -210,7 +210,8 @@ Result<TrainReport> Run::GoRanks() {
     if (!o_.checkpoint_path.empty() && rank() == 0) {
       trainer::CheckpointMeta meta{report_.model, ConfigString(o_), epoch + 1,
                                    step_,         scaler_host_,     EpochStart(o_.seed, uint64_t(epoch + 1))};
-      GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), meta));
+      GPUFEED_RETURN_IF_ERROR(pipeline_ ? pipeline_->SaveCheckpoint(o_.checkpoint_path, meta)
+                                        : trainer::SaveCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), meta));
     }
     if (o_.on_epoch) o_.on_epoch(r);
     if (o_.on_progress) {

@@ -60,14 +60,9 @@ Status Validate(const TrainOptions& o) {
           "train: --accum with --pipeline-stages: a pipelined step's micro-batches are --micro-batches");
     // Not (yet) with stages: each would need a rule of its own across them.
     const std::pair<bool, const char*> unsupported[] = {
-        {!o.checkpoint_path.empty() || o.resume, "--checkpoint/--resume"},
         {!o.init_path.empty(), "--init"},
-        {!o.freeze.empty(), "--freeze"},
-        {o.lora_rank > 0, "--lora-rank"},
-        {o.recompute_blocks, "--recompute blocks"},
-        {o.optimizer == Optimizer::kAdamW8bit || o.optimizer == Optimizer::kSgd8bit, "8-bit optimizer states"},
-        {o.precision == DType::kFloat16, "--precision fp16 (its loss scaler would need every stage's overflow)"},
-        {o.clip_norm > 0, "--clip (the global norm spans the stages)"},
+        {o.recompute_blocks, "--recompute blocks (a stage keeps several micro-batches' activations)"},
+        {!o.merge_lora_path.empty(), "--merge-lora"},
         {o.device_resident_batches > 0, "device-resident batches"},
         {bool(o.train_source), "a batch source other than the file"},
     };
@@ -111,6 +106,15 @@ std::string ConfigString(const TrainOptions& o) {
   for (size_t i = 0; i < o.freeze.size(); ++i) s += (i == 0 ? " freeze=" : ",") + o.freeze[i];
   if (o.lora_rank > 0) s += " lora=" + std::to_string(o.lora_rank) + "/" + std::to_string(o.lora_alpha);
   return s;
+}
+
+std::string Run::LoraText(const std::vector<std::string>& names) const {
+  int layers = 0;
+  for (const std::string& n : names) layers += n.find(".lora_a") != std::string::npos;
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "rank %d, alpha %g, adapters on %d layers", o_.lora_rank,
+                o_.lora_alpha > 0 ? double(o_.lora_alpha) : double(o_.lora_rank), layers);
+  return buf;
 }
 
 Status Run::Setup() {
@@ -255,14 +259,6 @@ Status Run::MakeModel(trainer::ModelSpec* spec_out) {
     report_.model = model_->Describe();
     report_.parameters = model_->num_parameters();
   }
-  if (o_.lora_rank > 0 && !piped) {
-    int layers = 0;
-    for (const auto& p : model_->params()) layers += p.name.find(".lora_a") != std::string::npos;
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "rank %d, alpha %g, adapters on %d layers", o_.lora_rank,
-                  o_.lora_alpha > 0 ? double(o_.lora_alpha) : double(o_.lora_rank), layers);
-    report_.lora = buf;
-  }
   if (!piped) {
     for (auto& p : model_->params()) {
       report_.parameter_names.push_back(p.name);
@@ -272,6 +268,7 @@ Status Run::MakeModel(trainer::ModelSpec* spec_out) {
       grad_sizes_.push_back(p.n);
     }
   }
+  if (o_.lora_rank > 0 && !piped) report_.lora = LoraText(report_.parameter_names);
   if (!o_.init_path.empty() && !o_.resume && !piped) {
     GPUFEED_RETURN_IF_ERROR(trainer::LoadWeights(o_.init_path, ops_.get(), model_.get(), &report_.init));
     GPUFEED_RETURN_IF_ERROR(model_->RefreshLoraWeights());
@@ -391,6 +388,13 @@ Status Run::Resume() {
   trainer::CheckpointMeta expect, meta;
   expect.model = report_.model;
   expect.config = ConfigString(o_);
+  if (pipeline_) {  // every stage's tensors, step count and scaler
+    GPUFEED_RETURN_IF_ERROR(pipeline_->LoadCheckpoint(o_.checkpoint_path, expect, &meta));
+    step_ = meta.step;
+    report_.start_epoch = meta.next_epoch;
+    scaler_host_ = meta.scaler;
+    return Status::Ok();
+  }
   GPUFEED_RETURN_IF_ERROR(trainer::LoadCheckpoint(o_.checkpoint_path, ops_.get(), model_.get(), expect, &meta));
   GPUFEED_RETURN_IF_ERROR(model_->RefreshLoraWeights());
   step_ = meta.step;
@@ -436,6 +440,7 @@ Status Run::SetupPipeline(const trainer::ModelSpec& spec) {
   ps.opt = opt_;
   ps.schedule = schedule_;
   ps.scaler = scaler_host_;
+  ps.clip_norm = o_.clip_norm;
   ps.timeout_s = o_.parallel.timeout_s;
   if (comm_) {
     // Replicas: stage 0's gradients go through this rank's collectives, stage
@@ -455,24 +460,15 @@ Status Run::SetupPipeline(const trainer::ModelSpec& spec) {
   report_.model = pipeline_->model();
   report_.parameters = pipeline_->parameters();
   report_.parameter_names = pipeline_->parameter_names();
-  report_.trainable_parameters = report_.parameters;
+  report_.trainable_parameters = pipeline_->trainable_parameters();
+  if (o_.lora_rank > 0) report_.lora = LoraText(report_.parameter_names);
   return Status::Ok();
 }
 
 Status Run::SetupQuantizedStates() {
   std::vector<trainer::Quant8Tensor> tensors;
   std::vector<trainer::Quant8Block> blocks;
-  for (auto& p : model_->params()) {
-    if (!p.quantized()) continue;
-    trainer::Quant8Tensor t;
-    t.master = p.master, t.grad = p.grad, t.q1 = p.q1, t.q2 = p.q2, t.a1 = p.a1, t.a2 = p.a2;
-    t.copy = p.copy != p.master ? p.copy : nullptr;
-    t.n = p.n;
-    t.decay = p.decay ? 1 : 0;
-    const uint32_t count = static_cast<uint32_t>((p.n + trainer::kQuantBlock - 1) / trainer::kQuantBlock);
-    for (uint32_t b = 0; b < count; ++b) blocks.push_back({static_cast<int32_t>(tensors.size()), b});
-    tensors.push_back(t);
-  }
+  trainer::Quant8Tables(*model_, &tensors, &blocks);
   if (tensors.empty()) return Status::Ok();
   float codes[512];
   trainer::Quant8Code(true, codes);

@@ -307,6 +307,41 @@ TEST(DataParallelTest, PipelineStagesTimesTwoReplicasTrainTheWeightsOfAccumulati
   std::filesystem::remove_all(dir);
 }
 
+// Stages x replicas write one checkpoint (rank 0's, every stage in the whole
+// model's order): resumed by 2 replicas it continues bit for bit; resumed
+// by 1 replica of the same stages with the same global batch it trains on.
+TEST(DataParallelTest, PipelineReplicasWriteOneCheckpointThatResumesAtAnotherWidth) {
+  BarsSource data(1024), test(256);
+  const std::string dir = testing::MakeTempDir("dp-pipe-ckpt");
+  TrainOptions o = Options(16);
+  o.model = ModelKind::kCnn;
+  o.channels = {4, 8};
+  o.epochs = 3;
+  o.pipeline.stages = 2, o.pipeline.micro_batches = 2, o.pipeline.by_memory = true;
+  auto whole = RunRanks(data, &test, o, 2, dir + "/whole");
+  for (auto& r : whole) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  o.checkpoint_path = dir + "/ckpt";
+  o.stop_after_epochs = 1;
+  auto first = RunRanks(data, &test, o, 2, dir + "/first");
+  for (auto& r : first) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::filesystem::copy_file(o.checkpoint_path, dir + "/ckpt-one");
+  o.resume = true, o.stop_after_epochs = 0;
+  auto again = RunRanks(data, &test, o, 2, dir + "/again");
+  for (auto& r : again) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(again[0]->start_epoch, 1);
+  EXPECT_EQ(again[0]->weights_hash, whole[0]->weights_hash);
+  TrainOptions one = o;
+  one.checkpoint_path = dir + "/ckpt-one";
+  one.batch_size = 32;  // 1 x 32 x 2 micro-batches = 2 x 16 x 2
+  auto r = Train(data, &test, one);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->start_epoch, 1);
+  ASSERT_EQ(r->epochs.size(), 2u);
+  EXPECT_EQ(r->epochs[0].samples, 1024u);
+  EXPECT_EQ(r->epochs[0].steps, whole[0]->epochs[1].steps);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DataParallelTest, ARankThatNeverComesEndsTheWaitWithAnError) {
   BarsSource data(256), test(64);
   const std::string dir = testing::MakeTempDir("dp-missing");

@@ -760,9 +760,13 @@ void ExpectPipelineEqualsAccumulation(TrainOptions o, int stages, int micro, boo
     EXPECT_EQ(b->epochs[e].train_loss, a->epochs[e].train_loss) << "epoch " << e;
     EXPECT_EQ(b->epochs[e].test_loss, a->epochs[e].test_loss) << "epoch " << e;
     EXPECT_EQ(b->epochs[e].test_accuracy, a->epochs[e].test_accuracy) << "epoch " << e;
+    EXPECT_EQ(b->epochs[e].skipped_steps, a->epochs[e].skipped_steps) << "epoch " << e;
+    EXPECT_EQ(b->epochs[e].loss_scale, a->epochs[e].loss_scale) << "epoch " << e;
   }
   EXPECT_EQ(b->model, a->model);
   EXPECT_EQ(b->parameters, a->parameters);
+  EXPECT_EQ(b->trainable_parameters, a->trainable_parameters);
+  EXPECT_EQ(b->lora, a->lora);
   ASSERT_EQ(b->stages.size(), size_t(stages));
   uint64_t weights = 0;
   for (const auto& s : b->stages) {
@@ -794,6 +798,120 @@ TEST(TrainerTest, PipelineStagesTrainTheSameWeightsAsAccumulation) {
   mlp.widths = {32, 24};
   mlp.epochs = 2;
   ExpectPipelineEqualsAccumulation(mlp, 2, 2, true, true);
+}
+
+// The memory techniques with stages (issue 51, item 4), each the weights of
+// accumulation without stages: --clip by the whole model's norm (the stages'
+// sums of squares chained in order: the same sum), fp16 with one loss scale
+// (a start far too high overflows in the last stage's loss gradient: every
+// stage skips those steps and halves its scale together).
+TEST(TrainerTest, PipelineStagesTakeClippingAndFp16) {
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 12};
+  o.epochs = 2;
+  o.clip_norm = 0.05f;  // below the norm of most steps: they are clipped
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  ExpectPipelineEqualsAccumulation(o, 3, 2, false, true);
+  o.clip_norm = 0;
+  o.precision = DType::kFloat16;
+  o.init_scale = 1e30f;  // inf in fp16: the first steps are skipped
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  o.pipeline.stages = 2, o.pipeline.micro_batches = 3;
+  BarsSource train(520, 4);
+  auto r = Train(train, nullptr, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GT(r->epochs[0].skipped_steps, 0u);  // the skips above happened
+  EXPECT_LT(r->epochs[0].loss_scale, 1e30);
+  // Without --clip the norm is not bounded: clipping changed the weights.
+  TrainOptions c = Small();
+  c.epochs = 1;
+  c.pipeline.stages = 2, c.pipeline.micro_batches = 2;
+  auto free = Train(train, nullptr, c);
+  c.clip_norm = 0.05f;
+  auto clipped = Train(train, nullptr, c);
+  ASSERT_TRUE(free.ok() && clipped.ok());
+  EXPECT_NE(free->weights_hash, clipped->weights_hash);
+}
+
+// Freezing and LoRA with stages: each stage trains what is not frozen in
+// its layers (a stage with nothing to train steps nothing), the adapters'
+// weights refreshed after each stage's step; the weights of accumulation.
+TEST(TrainerTest, PipelineStagesTakeFreezingAndLora) {
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 12};
+  o.epochs = 2;
+  o.freeze = {"conv0"};  // stage 0's first block
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  o.freeze = {"conv0", "conv3"};  // 3 stages: the first holds nothing that trains
+  ExpectPipelineEqualsAccumulation(o, 3, 2, false, true);
+  o.freeze.clear();
+  o.lora_rank = 2;
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  TrainOptions mlp = Small();
+  mlp.widths = {32, 24};
+  mlp.epochs = 2;
+  mlp.lora_rank = 4;
+  mlp.lora_alpha = 8;
+  ExpectPipelineEqualsAccumulation(mlp, 2, 2, true, true);
+}
+
+// 8-bit optimizer states with stages: each stage's quantized tensors
+// stepped by its own ApplyOptimizer8bit; the weights of accumulation.
+TEST(TrainerTest, PipelineStagesTake8bitStates) {
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 64};  // conv3 (4608 values) has 8-bit states
+  o.epochs = 2;
+  o.optimizer = Optimizer::kAdamW8bit;
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  o.optimizer = Optimizer::kSgd8bit;
+  o.precision = DType::kFloat16;
+  o.clip_norm = 0.5f;
+  ExpectPipelineEqualsAccumulation(o, 3, 2, false, true);
+}
+
+// Checkpoints with stages: written in the whole model's order, so a run
+// stopped after an epoch resumes bit for bit with the same stages, another
+// number of stages, or none (--accum of as many micro-batches); the step
+// count, the fp16 loss scaler and the 8-bit states come back with it.
+TEST(TrainerTest, PipelineCheckpointsResumeWithAnyStages) {
+  BarsSource train(520, 4), test(128, 4);
+  const std::string dir = testing::MakeTempDir("pipe-ckpt");
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 64};
+  o.epochs = 3;
+  o.precision = DType::kFloat16;
+  o.optimizer = Optimizer::kAdamW8bit;
+  o.pipeline.stages = 2, o.pipeline.micro_batches = 3;
+  auto whole = Train(train, &test, o);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  o.checkpoint_path = dir + "/ckpt";
+  o.stop_after_epochs = 1;
+  ASSERT_TRUE(Train(train, &test, o).ok());
+  for (int stages : {2, 3, 1}) {
+    TrainOptions r = o;
+    r.checkpoint_path = dir + "/ckpt-" + std::to_string(stages);
+    std::filesystem::copy_file(o.checkpoint_path, r.checkpoint_path);
+    r.resume = true, r.stop_after_epochs = 0;
+    r.pipeline.stages = stages;
+    if (stages == 1) r.accum = 3;
+    auto resumed = Train(train, &test, r);
+    ASSERT_TRUE(resumed.ok()) << stages << " stages: " << resumed.status().ToString();
+    EXPECT_EQ(resumed->start_epoch, 1);
+    EXPECT_EQ(resumed->weights_hash, whole->weights_hash) << stages << " stages";
+    ASSERT_EQ(resumed->epochs.size(), 2u);
+    EXPECT_EQ(resumed->epochs[1].loss_scale, whole->epochs[2].loss_scale);
+  }
+  // Another run's checkpoint is refused as without stages.
+  TrainOptions other = o;
+  other.resume = true, other.optimizer = Optimizer::kAdamW;
+  auto refused = Train(train, &test, other);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("was trained with"), std::string::npos) << refused.status().ToString();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainerTest, PipelineOnTwoGpusTrainsTheSameWeightsAsAccumulation) {
@@ -875,12 +993,25 @@ TEST(TrainerTest, PipelineOptionsItDoesNotTakeAreNamed) {
   TrainOptions o = Small();
   o.accum = 2;
   expect(o, "--micro-batches");
+  // What stages do not take yet, each named (README and TrainOptions::
+  // Pipeline list the same).
   o = Small();
-  o.precision = DType::kFloat16;
-  expect(o, "fp16");
+  o.init_path = "/nonexistent.ckpt";
+  expect(o, "does not take --init yet");
   o = Small();
-  o.clip_norm = 1;
-  expect(o, "--clip");
+  o.recompute_blocks = true;
+  expect(o, "does not take --recompute blocks");
+  o = Small();
+  o.lora_rank = 2, o.merge_lora_path = "/nonexistent.ckpt";
+  expect(o, "does not take --merge-lora yet");
+  o = Small();
+  o.device_resident_batches = 2;
+  expect(o, "does not take device-resident batches yet");
+  o = Small();
+  o.train_source = [](const LoaderOptions&) -> Result<std::unique_ptr<BatchSource>> {
+    return Status::Internal("never made");
+  };
+  expect(o, "does not take a batch source other than the file yet");
   o = Small();
   o.pipeline.micro_batches = 0;
   expect(o, "--micro-batches");
