@@ -76,7 +76,7 @@ class EchoCheck {
   int echo_;
   bool exact_;
   int last_pass_ = -1;
-  bool started_ = false;     // a batch was added
+  bool started_ = false;      // a batch was added
   uint64_t last_upload_ = 0;  // its upload
   uint64_t uploads_ = 0;
   std::vector<std::vector<uint64_t>> passes_;  // this upload's indices per pass

@@ -46,8 +46,7 @@ static_assert(sizeof(nvjpegBackend_t) == sizeof(int) && sizeof(nvjpegOutputForma
   return nvjpegDecodeBatched(H(h), S(s), data, lengths, reinterpret_cast<nvjpegImage_t*>(out),
                              static_cast<cudaStream_t>(stream));
 };
-[[maybe_unused]] nvj::GetHardwareDecoderInfoFn hw_info = [](nvj::Handle h, unsigned* engines,
-                                                          unsigned* cores) -> int {
+[[maybe_unused]] nvj::GetHardwareDecoderInfoFn hw_info = [](nvj::Handle h, unsigned* engines, unsigned* cores) -> int {
   return nvjpegGetHardwareDecoderInfo(H(h), engines, cores);
 };
 
