@@ -793,6 +793,8 @@ Status Pipeline::RunStage(Stage& st, Work w, bool probe) {
     case Work::kSave:
     case Work::kLoad:
       return w == Work::kSave ? SaveStage(st) : LoadStage(st);
+    case Work::kInit:
+      return InitStage(st);
     case Work::kStop:
       return Status::Ok();
   }
@@ -874,6 +876,35 @@ Status Pipeline::LoadStage(Stage& st) {
   GPUFEED_RETURN_IF_ERROR(st.ops->Upload(st.scaler, &load_scaler_, sizeof load_scaler_));
   st.saved_params.clear(), st.saved_buffers.clear();
   return Status::Ok();
+}
+
+Status Pipeline::InitStage(Stage& st) {
+  Model& m = *st.model;
+  for (Param& p : m.params()) {
+    auto it = init_params_.find(p.name);
+    if (it == init_params_.end() || it->second->n != p.n)
+      return Status::Internal("pipeline: --init's model has no " + p.name + " of this size");
+    GPUFEED_RETURN_IF_ERROR(st.ops->Upload(p.master, it->second->master, p.n * 4));
+    if (p.copy && p.copy != p.master) GPUFEED_RETURN_IF_ERROR(st.ops->Cast(p.master, p.copy, m.spec().dtype, p.n));
+  }
+  // This stage's buffers follow the earlier stages' in the whole model's.
+  size_t at = 0;
+  for (int s = 0; s < st.index; ++s) at += stages_[size_t(s)]->model->buffers().size();
+  for (auto& [b, n] : m.buffers()) {
+    if (at >= init_buffers_.size() || init_buffers_[at].second != n)
+      return Status::Internal("pipeline: --init's batchnorm statistics");
+    GPUFEED_RETURN_IF_ERROR(st.ops->Upload(b, init_buffers_[at++].first, n * 4));
+  }
+  return m.RefreshLoraWeights();
+}
+
+Status Pipeline::InitFrom(Model& whole) {
+  init_params_.clear();
+  for (const Param& p : whole.params()) init_params_[p.name] = &p;
+  init_buffers_ = whole.buffers();
+  Status s = Everyone(Work::kInit);
+  init_params_.clear(), init_buffers_.clear();
+  return s;
 }
 
 Status Pipeline::SaveCheckpoint(const std::string& path, const CheckpointMeta& meta) {

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,10 @@ class Pipeline {
   // restores the tensors, the step count and the loss scaler of each stage.
   Status SaveCheckpoint(const std::string& path, const CheckpointMeta& meta);
   Status LoadCheckpoint(const std::string& path, const CheckpointMeta& expect, CheckpointMeta* meta);
+  // --init: every stage's parameters (by name) and batchnorm statistics from
+  // `whole`, the whole model in host memory (a CPU backend's) that LoadWeights
+  // filled; must outlive the call.
+  Status InitFrom(Model& whole);
   Status ReadCounters(double* loss, int64_t* correct);
   Status ReadScaler(ScalerState* s);  // stage 0's
   // XXH64 of every stage's fp32 masters, in the whole model's order (the
@@ -114,7 +119,7 @@ class Pipeline {
  private:
   struct Stage;
   struct Mailbox;
-  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kBroadcast, kSave, kLoad, kStop };
+  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kBroadcast, kSave, kLoad, kInit, kStop };
   Pipeline() = default;
   Status Everyone(Work w, bool probe = false);  // runs w on every stage, stage 0 here
   Status RunStage(Stage& st, Work w, bool probe);
@@ -131,6 +136,7 @@ class Pipeline {
   Status SetupQuantized(Stage& st);
   Status SaveStage(Stage& st);
   Status LoadStage(Stage& st);
+  Status InitStage(Stage& st);
   // The whole model's sum of squares: this stage's added to the previous
   // stages' (it waits for them), then the last stage's total (it waits for it).
   Result<double> ChainSumSquares(Stage& st, float* const* ptrs, const size_t* sizes);
@@ -154,6 +160,9 @@ class Pipeline {
   std::string describe_;
   uint64_t parameters_ = 0, trainable_ = 0;
   std::vector<std::string> names_;
+  // kInit's source: the whole model's parameters by name, its buffers.
+  std::map<std::string, const Param*> init_params_;
+  std::vector<std::pair<float*, size_t>> init_buffers_;
   // kLoad's step count and scaler, set before the stages run it.
   int64_t load_step_ = 0;
   ScalerState load_scaler_;

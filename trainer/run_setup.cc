@@ -60,7 +60,6 @@ Status Validate(const TrainOptions& o) {
           "train: --accum with --pipeline-stages: a pipelined step's micro-batches are --micro-batches");
     // Not (yet) with stages: each would need a rule of its own across them.
     const std::pair<bool, const char*> unsupported[] = {
-        {!o.init_path.empty(), "--init"},
         {o.recompute_blocks, "--recompute blocks (a stage keeps several micro-batches' activations)"},
         {!o.merge_lora_path.empty(), "--merge-lora"},
         {o.device_resident_batches > 0, "device-resident batches"},
@@ -461,6 +460,17 @@ Status Run::SetupPipeline(const trainer::ModelSpec& spec) {
   report_.parameters = pipeline_->parameters();
   report_.parameter_names = pipeline_->parameter_names();
   report_.trainable_parameters = pipeline_->trainable_parameters();
+  if (!o_.init_path.empty() && !o_.resume) {
+    // --init: the whole model read on the host (LoadWeights' checks and
+    // messages as without stages), then each stage's share of it.
+    auto host = trainer::MakeCpuOps();
+    trainer::ModelSpec ws = spec;
+    ws.memory_limit = 0;
+    Model whole(host.get(), ws);
+    GPUFEED_RETURN_IF_ERROR(whole.Init());
+    GPUFEED_RETURN_IF_ERROR(trainer::LoadWeights(o_.init_path, host.get(), &whole, &report_.init));
+    GPUFEED_RETURN_IF_ERROR(pipeline_->InitFrom(whole));
+  }
   if (o_.lora_rank > 0) report_.lora = LoraText(report_.parameter_names);
   return Status::Ok();
 }

@@ -767,6 +767,7 @@ void ExpectPipelineEqualsAccumulation(TrainOptions o, int stages, int micro, boo
   EXPECT_EQ(b->parameters, a->parameters);
   EXPECT_EQ(b->trainable_parameters, a->trainable_parameters);
   EXPECT_EQ(b->lora, a->lora);
+  EXPECT_EQ(b->init, a->init);
   ASSERT_EQ(b->stages.size(), size_t(stages));
   uint64_t weights = 0;
   for (const auto& s : b->stages) {
@@ -834,9 +835,10 @@ TEST(TrainerTest, PipelineStagesTakeClippingAndFp16) {
   EXPECT_NE(free->weights_hash, clipped->weights_hash);
 }
 
-// Freezing and LoRA with stages: each stage trains what is not frozen in
-// its layers (a stage with nothing to train steps nothing), the adapters'
-// weights refreshed after each stage's step; the weights of accumulation.
+// Freezing, LoRA and --init with stages: each stage trains what is not
+// frozen in its layers (a stage with nothing to train steps nothing), the
+// adapters' weights refreshed after each stage's step, --init's weights
+// taken by name; the weights of accumulation.
 TEST(TrainerTest, PipelineStagesTakeFreezingAndLora) {
   TrainOptions o = Small();
   o.model = ModelKind::kCnn;
@@ -855,6 +857,18 @@ TEST(TrainerTest, PipelineStagesTakeFreezingAndLora) {
   mlp.lora_rank = 4;
   mlp.lora_alpha = 8;
   ExpectPipelineEqualsAccumulation(mlp, 2, 2, true, true);
+  // --init with stages: each stage starts from its share of another run's
+  // weights and batchnorm statistics (a head of other classes starts fresh).
+  const std::string dir = testing::MakeTempDir("pipe-init");
+  BarsSource six(192, 6);
+  TrainOptions first = o;
+  first.lora_rank = 0, first.epochs = 1, first.checkpoint_path = dir + "/first";
+  ASSERT_TRUE(Train(six, nullptr, first).ok());
+  o.lora_rank = 0;
+  o.init_path = first.checkpoint_path;
+  o.freeze = {"conv0"};
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  std::filesystem::remove_all(dir);
 }
 
 // 8-bit optimizer states with stages: each stage's quantized tensors
@@ -995,9 +1009,6 @@ TEST(TrainerTest, PipelineOptionsItDoesNotTakeAreNamed) {
   expect(o, "--micro-batches");
   // What stages do not take yet, each named (README and TrainOptions::
   // Pipeline list the same).
-  o = Small();
-  o.init_path = "/nonexistent.ckpt";
-  expect(o, "does not take --init yet");
   o = Small();
   o.recompute_blocks = true;
   expect(o, "does not take --recompute blocks");
