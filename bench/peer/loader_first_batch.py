@@ -24,7 +24,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data")
     p.add_argument("--field", action="append", default=[], help="NAME=/path (repeatable): named fields")
-    p.add_argument("--device", default="cuda", help="cuda: the GPU feed (bf16 NHWC); cpu: host batches")
+    p.add_argument("--device", default="cuda",
+                   help="cuda: the GPU feed (bf16 NHWC); cpu: host batches; cpu-feed: the feed on its CPU twins (float32)")
     p.add_argument("--decode", default="gpu", help="for encoded images: gpu, auto or cpu")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--threads", type=int, default=4)
@@ -49,6 +50,8 @@ def main():
                 kw["cache_bytes"] = a.cache_bytes
             if a.device == "cuda":
                 kw.update(device="cuda", dtype=torch.bfloat16, layout="NHWC", decode=a.decode)
+            elif a.device == "cpu-feed":
+                kw.update(device="cpu", dtype="float32", output="numpy")
             else:
                 kw.update(output="numpy")
             t = time.perf_counter()
