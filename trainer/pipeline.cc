@@ -114,6 +114,7 @@ struct Pipeline::Stage {
   // kSave: this stage's tensors' bytes (ParamTensors, BufferTensors); kLoad:
   // the bytes to restore.
   std::vector<std::string> saved_params, saved_buffers;
+  std::vector<std::vector<float>> merged, merged_buffers;  // kMerge
   Counters read;                    // kRead: the last stage's counters
   std::thread thread;
   ~Stage() {
@@ -658,21 +659,15 @@ Status Pipeline::StepStage(Stage& st, bool probe) {
   if (probe) GPUFEED_RETURN_IF_ERROR(st.ops->RecordEvent(st.end));
   // The sums of the replicas' gradients, before they are read.
   if (st.comm) GPUFEED_RETURN_IF_ERROR(st.comm->Join());
-  // Its gradients finished (with --clip or fp16 together with the other
-  // stages: the whole model's norm and one skip), then its optimizer step.
+  // Its gradients finished together with the other stages' (the whole
+  // model's norm, one skip, one scale), then its optimizer step.
   auto* sc = static_cast<ScalerState*>(st.scaler);
   auto* ptrs = static_cast<float* const*>(st.ptrs);
   auto* sizes = reinterpret_cast<const size_t*>(static_cast<char*>(st.ptrs) + size_t(st.grads) * sizeof(float*));
-  if (SharedFinish()) {
-    auto total = ChainSumSquares(st, ptrs, sizes);
-    if (!total.ok()) return total.status();
-    GPUFEED_RETURN_IF_ERROR(st.ops->FinishGradientsFrom(*total, setup_.clip_norm, sc));
-  } else if (st.grads > 0) {  // else every parameter here is frozen: nothing to step
-    // Each stage on its own (fp32/bf16 without --clip: a non-finite gradient,
-    // a diverged run there, skips the step of the stages whose sum it reached).
-    GPUFEED_RETURN_IF_ERROR(st.ops->FinishGradients(ptrs, sizes, st.grads, 0.0f, sc));
-  }
-  if (st.grads > 0) GPUFEED_RETURN_IF_ERROR(OptimizeStage(st));
+  auto total = ChainSumSquares(st, ptrs, sizes);
+  if (!total.ok()) return total.status();
+  GPUFEED_RETURN_IF_ERROR(st.ops->FinishGradientsFrom(*total, setup_.clip_norm, sc));
+  if (st.grads > 0) GPUFEED_RETURN_IF_ERROR(OptimizeStage(st));  // else all frozen here: nothing to step
   if (probe) {
     GPUFEED_RETURN_IF_ERROR(st.ops->Sync());
     st.busy_ms = 0;
@@ -795,6 +790,17 @@ Status Pipeline::RunStage(Stage& st, Work w, bool probe) {
       return w == Work::kSave ? SaveStage(st) : LoadStage(st);
     case Work::kInit:
       return InitStage(st);
+    case Work::kMerge: {
+      auto merged = st.model->MergedMasters();
+      if (!merged.ok()) return merged.status();
+      st.merged = std::move(*merged);
+      st.merged_buffers.clear();
+      for (auto& [b, n] : st.model->buffers()) {
+        st.merged_buffers.emplace_back(n);
+        GPUFEED_RETURN_IF_ERROR(st.ops->Download(st.merged_buffers.back().data(), b, n * 4));
+      }
+      return Status::Ok();
+    }
     case Work::kStop:
       return Status::Ok();
   }
@@ -905,6 +911,16 @@ Status Pipeline::InitFrom(Model& whole) {
   Status s = Everyone(Work::kInit);
   init_params_.clear(), init_buffers_.clear();
   return s;
+}
+
+Status Pipeline::MergedLora(std::vector<std::vector<float>>* masters, std::vector<std::vector<float>>* buffers) {
+  GPUFEED_RETURN_IF_ERROR(Everyone(Work::kMerge));
+  for (auto& st : stages_) {
+    for (auto& m : st->merged) masters->push_back(std::move(m));
+    for (auto& b : st->merged_buffers) buffers->push_back(std::move(b));
+    st->merged.clear(), st->merged_buffers.clear();
+  }
+  return Status::Ok();
 }
 
 Status Pipeline::SaveCheckpoint(const std::string& path, const CheckpointMeta& meta) {

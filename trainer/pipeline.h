@@ -43,10 +43,10 @@ struct PipelineSetup {
   OptimizerStep opt;
   Schedule schedule;
   ScalerState scaler;
-  // Clip the whole model's gradient norm to this (0: off). With clipping or
-  // a dynamic loss scale (fp16) the stages finish their gradients together:
-  // the sum of squares chained through the stages in order (the whole
-  // model's sum, bit for bit), so every stage clips by the whole model's
+  // Clip the whole model's gradient norm to this (0: off). The stages finish
+  // their gradients together: the sum of squares chained through the stages
+  // in order (the whole model's sum, bit for bit; each stage waits for its
+  // device once a step for it), so every stage clips by the whole model's
   // norm and skips a step, and halves its scale, when any stage's gradients
   // are not finite; every stage's scaler stays the same.
   float clip_norm = 0;
@@ -103,6 +103,9 @@ class Pipeline {
   // `whole`, the whole model in host memory (a CPU backend's) that LoadWeights
   // filled; must outlive the call.
   Status InitFrom(Model& whole);
+  // --merge-lora: every stage's Model::MergedMasters in the whole model's
+  // order, and its batchnorm statistics (fp32 values, in order).
+  Status MergedLora(std::vector<std::vector<float>>* masters, std::vector<std::vector<float>>* buffers);
   Status ReadCounters(double* loss, int64_t* correct);
   Status ReadScaler(ScalerState* s);  // stage 0's
   // XXH64 of every stage's fp32 masters, in the whole model's order (the
@@ -119,7 +122,7 @@ class Pipeline {
  private:
   struct Stage;
   struct Mailbox;
-  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kBroadcast, kSave, kLoad, kInit, kStop };
+  enum class Work { kSetup, kPeers, kStep, kEval, kZero, kRead, kHash, kBroadcast, kSave, kLoad, kInit, kMerge, kStop };
   Pipeline() = default;
   Status Everyone(Work w, bool probe = false);  // runs w on every stage, stage 0 here
   Status RunStage(Stage& st, Work w, bool probe);
@@ -140,7 +143,6 @@ class Pipeline {
   // The whole model's sum of squares: this stage's added to the previous
   // stages' (it waits for them), then the last stage's total (it waits for it).
   Result<double> ChainSumSquares(Stage& st, float* const* ptrs, const size_t* sizes);
-  bool SharedFinish() const { return setup_.clip_norm > 0 || setup_.scaler.dynamic; }
   Status Mark(Stage& st, bool begin);
   Status Send(Stage& st, Mailbox& m, void* dst, const void* src, size_t bytes, int n);
   Status Receive(Stage& st, Mailbox& m);

@@ -68,31 +68,52 @@ std::string VerdictText(double u, double w, const std::string& telemetry) {
 }
 
 Status Run::WriteMergedLora() {
-  auto merged = model_->MergedMasters();
+  // With stages the merged model is made in host memory (a CPU backend's)
+  // from every stage's merged weights and statistics.
+  std::unique_ptr<Ops> host;
+  Ops* ops = ops_.get();
+  std::vector<std::vector<float>> stage_buffers;
+  Result<std::vector<std::vector<float>>> merged = std::vector<std::vector<float>>{};
+  if (pipeline_) {
+    host = trainer::MakeCpuOps();
+    ops = host.get();
+    GPUFEED_RETURN_IF_ERROR(pipeline_->MergedLora(&*merged, &stage_buffers));
+  } else {
+    merged = model_->MergedMasters();
+  }
   if (!merged.ok()) return merged.status();
   // The same model without adapters, freezing or 8-bit states: what --init
   // and a plain run of these layers read.
   TrainOptions po = o_;
   po.lora_rank = 0, po.lora_alpha = 0, po.freeze.clear(), po.optimizer = Optimizer::kAdamW;
-  trainer::ModelSpec spec = model_->spec();
+  trainer::ModelSpec spec = pipeline_ ? whole_spec_ : model_->spec();
   spec.lora_rank = 0, spec.lora_alpha = 0, spec.freeze.clear();
   spec.optimizer = trainer::OptimizerKind::kAdamW, spec.quantized_states = false;
-  Model plain(ops_.get(), spec);
+  spec.memory_limit = 0;
+  Model plain(ops, spec);
   GPUFEED_RETURN_IF_ERROR(plain.Init());
   if (plain.params().size() != merged->size()) return Status::Internal("--merge-lora: the merged model's parameters");
   for (size_t i = 0; i < merged->size(); ++i) {
     trainer::Param& p = plain.params()[i];
     if ((*merged)[i].size() != p.n) return Status::Internal("--merge-lora: " + p.name + "'s size");
-    GPUFEED_RETURN_IF_ERROR(ops_->Upload(p.master, (*merged)[i].data(), p.n * 4));
+    GPUFEED_RETURN_IF_ERROR(ops->Upload(p.master, (*merged)[i].data(), p.n * 4));
   }
-  auto from = model_->buffers();
   auto to = plain.buffers();
-  for (size_t i = 0; i < from.size() && i < to.size(); ++i)
-    GPUFEED_RETURN_IF_ERROR(ops_->Copy(to[i].first, from[i].first, from[i].second * 4));
+  if (pipeline_) {
+    if (stage_buffers.size() != to.size()) return Status::Internal("--merge-lora: the stages' batchnorm statistics");
+    for (size_t i = 0; i < to.size(); ++i) {
+      if (stage_buffers[i].size() != to[i].second) return Status::Internal("--merge-lora: a statistic's size");
+      GPUFEED_RETURN_IF_ERROR(ops->Upload(to[i].first, stage_buffers[i].data(), to[i].second * 4));
+    }
+  } else {
+    auto from = model_->buffers();
+    for (size_t i = 0; i < from.size() && i < to.size(); ++i)
+      GPUFEED_RETURN_IF_ERROR(ops->Copy(to[i].first, from[i].first, from[i].second * 4));
+  }
   const int epochs = report_.epochs.empty() ? report_.start_epoch : report_.epochs.back().epoch + 1;
   trainer::CheckpointMeta meta{
       plain.Describe(), ConfigString(po), epochs, step_, scaler_host_, EpochStart(o_.seed, uint64_t(epochs))};
-  GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.merge_lora_path, ops_.get(), &plain, meta));
+  GPUFEED_RETURN_IF_ERROR(trainer::SaveCheckpoint(o_.merge_lora_path, ops, &plain, meta));
   report_.lora += "; merged into " + o_.merge_lora_path;
   return Status::Ok();
 }

@@ -61,9 +61,6 @@ Status Validate(const TrainOptions& o) {
     // Not (yet) with stages: each would need a rule of its own across them.
     const std::pair<bool, const char*> unsupported[] = {
         {o.recompute_blocks, "--recompute blocks (a stage keeps several micro-batches' activations)"},
-        {!o.merge_lora_path.empty(), "--merge-lora"},
-        {o.device_resident_batches > 0, "device-resident batches"},
-        {bool(o.train_source), "a batch source other than the file"},
     };
     for (const auto& [on, what] : unsupported)
       if (on) return Status::Unsupported(std::string("train: --pipeline-stages does not take ") + what + " yet");
@@ -424,7 +421,7 @@ Status Run::SetupPipeline(const trainer::ModelSpec& spec) {
                                    std::to_string(QueryGpus().devices.size()));
   }
   trainer::PipelineSetup ps;
-  ps.whole = spec;
+  ps.whole = whole_spec_ = spec;
   ps.stages = stages;
   ps.micro = o_.pipeline.micro_batches;
   ps.one_f_one_b = o_.pipeline.one_f_one_b;

@@ -188,10 +188,10 @@ struct TrainOptions {
   // accum = micro_batches without stages at the same world size.
   // With stages too: clip_norm over the whole model's norm; fp16 with one
   // loss scale (a non-finite gradient in any stage skips the step in all);
-  // 8-bit states; freeze, LoRA and init_path; checkpoint_path/resume (one
+  // 8-bit states; freeze, LoRA (merge_lora_path too) and init_path;
+  // device_resident_batches and train_source; checkpoint_path/resume (one
   // checkpoint in the whole model's order: it resumes with other stages or
-  // none). Refused (Unsupported, naming it): recompute_blocks,
-  // merge_lora_path, device_resident_batches, train_source.
+  // none). Refused (Unsupported, naming it): recompute_blocks.
   struct Pipeline {
     int stages = 1;
     int micro_batches = 4;

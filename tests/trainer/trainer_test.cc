@@ -835,7 +835,7 @@ TEST(TrainerTest, PipelineStagesTakeClippingAndFp16) {
   EXPECT_NE(free->weights_hash, clipped->weights_hash);
 }
 
-// Freezing, LoRA and --init with stages: each stage trains what is not
+// Freezing, LoRA (--merge-lora too) and --init with stages: each stage trains what is not
 // frozen in its layers (a stage with nothing to train steps nothing), the
 // adapters' weights refreshed after each stage's step, --init's weights
 // taken by name; the weights of accumulation.
@@ -868,7 +868,52 @@ TEST(TrainerTest, PipelineStagesTakeFreezingAndLora) {
   o.init_path = first.checkpoint_path;
   o.freeze = {"conv0"};
   ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  // --merge-lora with stages: the same file as without (every stage's merged
+  // weights and statistics in the whole model's order).
+  TrainOptions lora = Small();
+  lora.model = ModelKind::kCnn;
+  lora.channels = {8, 12};
+  lora.epochs = 1;
+  lora.lora_rank = 2;
+  lora.accum = 3;
+  lora.merge_lora_path = dir + "/plain.ckpt";
+  BarsSource train(256, 4);
+  ASSERT_TRUE(Train(train, nullptr, lora).ok());
+  lora.accum = 1;
+  lora.pipeline.stages = 2, lora.pipeline.micro_batches = 3;
+  lora.merge_lora_path = dir + "/piped.ckpt";
+  auto piped = Train(train, nullptr, lora);
+  ASSERT_TRUE(piped.ok()) << piped.status().ToString();
+  EXPECT_NE(piped->lora.find("merged into"), std::string::npos) << piped->lora;
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_GT(bytes(dir + "/plain.ckpt").size(), 1000u);
+  const std::string plain_bytes = bytes(dir + "/plain.ckpt"), piped_bytes = bytes(dir + "/piped.ckpt");
+  EXPECT_TRUE(piped_bytes == plain_bytes) << "the merged checkpoints differ (" << piped_bytes.size() << " and "
+                                          << plain_bytes.size() << " bytes)";
   std::filesystem::remove_all(dir);
+}
+
+// The batches' other ways in with stages: device-resident batches cycled,
+// and a batch source of the caller's (as a daemon's RemoteLoader is).
+TEST(TrainerTest, PipelineStagesTakeResidentBatchesAndABatchSource) {
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 12};
+  o.epochs = 2;
+  o.device_resident_batches = 4;
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  o.device_resident_batches = 0;
+  BarsSource train(520, 4);  // as ExpectPipelineEqualsAccumulation's
+  int made = 0;
+  o.train_source = [&](const LoaderOptions& lo) -> Result<std::unique_ptr<BatchSource>> {
+    ++made;
+    return std::unique_ptr<BatchSource>(std::make_unique<Loader>(train, lo));
+  };
+  ExpectPipelineEqualsAccumulation(o, 2, 3, false, true);
+  EXPECT_EQ(made, 4);  // two loaders a run
 }
 
 // 8-bit optimizer states with stages: each stage's quantized tensors
@@ -1012,17 +1057,6 @@ TEST(TrainerTest, PipelineOptionsItDoesNotTakeAreNamed) {
   o = Small();
   o.recompute_blocks = true;
   expect(o, "does not take --recompute blocks");
-  o = Small();
-  o.lora_rank = 2, o.merge_lora_path = "/nonexistent.ckpt";
-  expect(o, "does not take --merge-lora yet");
-  o = Small();
-  o.device_resident_batches = 2;
-  expect(o, "does not take device-resident batches yet");
-  o = Small();
-  o.train_source = [](const LoaderOptions&) -> Result<std::unique_ptr<BatchSource>> {
-    return Status::Internal("never made");
-  };
-  expect(o, "does not take a batch source other than the file yet");
   o = Small();
   o.pipeline.micro_batches = 0;
   expect(o, "--micro-batches");
