@@ -178,9 +178,9 @@ Result<std::unique_ptr<Session>> Session::Open(SessionOptions options) {
     GPUFEED_RETURN_IF_ERROR(CheckFeedInput(info, fo));
   }
   // Epoch 0 from its start, now: its first batches are read, decoded (and
-  // with a feed uploaded) while the caller builds its model. A daemon's
-  // stream is left to the first start.
-  const bool early = core->options.first_epoch_early && !core->opened->remote();
+  // with a feed uploaded) while the caller builds its model; from a daemon
+  // (the node's server) they are on their way.
+  const bool early = core->options.first_epoch_early;
   if (feed && (info.encoded_batches || early)) {
     // Epoch 0's feeder: its buffers and streams made, its loader stream
     // reading; with JPEGs for the feed's decode stage its worker makes the

@@ -86,8 +86,10 @@ struct SessionOptions {
   // drops what was read ahead and starts what was asked, so no batch of
   // another epoch or position is delivered. false: only the batch buffers
   // and epoch 0's plan are made at Open (BatchSource::Warm), and a feed of
-  // encoded batches is made as before. Not for a daemon's source. The
-  // environment overrides it: GPUFEED_FIRST_EPOCH_EARLY=0 turns it off, =1 on.
+  // encoded batches is made as before. From a daemon (the node's server)
+  // the stream is opened at Open too: the server sends the first batches.
+  // The environment overrides it: GPUFEED_FIRST_EPOCH_EARLY=0 turns it off,
+  // =1 on.
   bool first_epoch_early = true;
 };
 

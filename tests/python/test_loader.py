@@ -386,6 +386,37 @@ def test_daemon_client_equals_local_loader(daemon, index_file, shared_memory):
     assert [b["indices"].tolist() for b in remote.batches()] == rest
 
 
+def test_daemon_client_left_idle_takes_its_first_epoch_or_resumes_exactly(daemon, index_file):
+    """A Loader over a daemon starts epoch 0 when it is made too (the
+    server sends its first batches while the model is built); idled, its
+    epoch 0 equals a local Loader's, and a load_state_dict before the first
+    iteration resumes exactly the saved run's remaining batches."""
+    local = gpufeed.Loader(index_file, **OPTS)
+    want = collect(local)
+    remote = gpufeed.Loader(daemon, dataset=index_file, **OPTS)
+    time.sleep(0.3)
+    got = collect(remote)
+    assert remote.stats()["started_early"] == 1
+    assert len(got) == len(want)
+    for (_, wi, wl, wimg), (_, gi, gl, gimg) in zip(want, got):
+        assert np.array_equal(wi, gi) and np.array_equal(wl, gl) and np.array_equal(wimg, gimg)
+    remote.close()
+    for epoch in (0, 1):
+        local.set_epoch(epoch)
+        it = local.batches()
+        next(it)
+        next(it)
+        state = local.state_dict()
+        rest = [b["indices"].tolist() for b in it]
+        idle = gpufeed.Loader(daemon, dataset=index_file, **OPTS)
+        time.sleep(0.3)
+        idle.load_state_dict(state)
+        assert [b["indices"].tolist() for b in idle.batches()] == rest, "epoch %d" % epoch
+        assert idle.stats()["started_early"] == 0
+        idle.close()
+    local.close()
+
+
 def test_close_keeps_held_tensors_valid(index_file):
     loader = gpufeed.Loader(index_file, **dict(OPTS, order="sequential"))
     images, labels = next(iter(loader))
