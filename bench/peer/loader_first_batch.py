@@ -23,6 +23,7 @@ import gpufeed
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data")
+    p.add_argument("--dataset", default=None, help="with data unix:SOCK: the file a `gpufeed serve` daemon reads")
     p.add_argument("--field", action="append", default=[], help="NAME=/path (repeatable): named fields")
     p.add_argument("--device", default="cuda",
                    help="cuda: the GPU feed (bf16 NHWC); cpu: host batches; cpu-feed: the feed on its CPU twins (float32)")
@@ -46,6 +47,8 @@ def main():
                       pin_memory=pin)
             if a.field:
                 kw["fields"] = a.field
+            if a.dataset:
+                kw["dataset"] = a.dataset
             if a.cache_bytes is not None:
                 kw["cache_bytes"] = a.cache_bytes
             if a.device == "cuda":
