@@ -316,9 +316,10 @@ GPUFEED_C_EXPORT int gpufeed_loader_started_node_server(const gpufeed_loader* l)
  * starting exactly that epoch at batch 0 takes it, any other start begins
  * anew. Until then next returns GPUFEED_END again and the statistics are the
  * ended epoch's. GPUFEED_NEXT_EPOCH_EARLY=0 in the environment turns it off.
- * Likewise a local loader starts epoch 0 at batch 0 when it is opened (its
- * first batches read while the caller builds its model): the first start of
- * exactly that takes it; any other start, or a restore_state, drops it.
+ * Likewise a loader (local, or a daemon's) starts epoch 0 at batch 0 when it
+ * is opened (its first batches read while the caller builds its model): the
+ * first start of exactly that takes it; any other start, or a restore_state,
+ * drops it.
  * GPUFEED_FIRST_EPOCH_EARLY=0 turns that off. */
 GPUFEED_C_EXPORT gpufeed_code gpufeed_loader_start_epoch(gpufeed_loader* l, uint64_t epoch, uint64_t start_batch,
                                                          gpufeed_error** error);
