@@ -123,6 +123,26 @@ Batch::Slot* BatchPool::Acquire() {
   return cancelled_ || !alloc_error_.ok() ? nullptr : PopFree();
 }
 
+Batch::Slot* BatchPool::AcquireUnless(const std::atomic<bool>& give_up, bool* gave_up) {
+  MutexLock lock(&mu_);
+  *gave_up = false;
+  while (MustWait()) {
+    if (give_up.load()) {
+      *gave_up = true;
+      return nullptr;
+    }
+    cv_.Wait(&mu_);
+  }
+  return cancelled_ || !alloc_error_.ok() ? nullptr : PopFree();
+}
+
+void BatchPool::WakeWaiters() {
+  // Under the mutex: a waiter between its check of `give_up` and its wait
+  // holds it, so this signal cannot fall between the two.
+  MutexLock lock(&mu_);
+  cv_.SignalAll();
+}
+
 Batch::Slot* BatchPool::AcquireFor(std::chrono::milliseconds timeout, bool* timed_out) {
   MutexLock lock(&mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;

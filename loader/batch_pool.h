@@ -4,6 +4,7 @@
 #ifndef GPUFEED_LOADER_BATCH_POOL_H_
 #define GPUFEED_LOADER_BATCH_POOL_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -90,6 +91,11 @@ class BatchPool {
 
   Batch::Slot* Acquire();
   Batch::Slot* TryAcquire();  // nullptr when none is free (or cancelled)
+  // Acquire, except that it also ends, with nullptr and *gave_up set, when
+  // `give_up` is true while no slot is free. Whoever sets `give_up` calls
+  // WakeWaiters() after, so a wait in progress sees it at once.
+  Batch::Slot* AcquireUnless(const std::atomic<bool>& give_up, bool* gave_up);
+  void WakeWaiters();  // every Acquire* wait checks its conditions again
   // Acquire, giving up after `timeout` (nullptr; *timed_out says which).
   Batch::Slot* AcquireFor(std::chrono::milliseconds timeout, bool* timed_out);
   void Release(Batch::Slot* s);

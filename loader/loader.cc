@@ -6,6 +6,20 @@
 //     into the slot (parallel over the batch's chunks); a source of encoded
 //     samples goes through the decode stage instead (decode_stage.h)
 //   DeliverBatch (serial, in order): hand the slot to the consumer's queue
+//
+// The plan stage's wait for a slot blocks a TBB thread inside a task, and the
+// batches in flight may be tasks in that very thread's deque: no other thread
+// is promised to take them. The arena's master and the process's few workers
+// (one on 2 cores, shared by every Loader's arena) may all be blocked so,
+// each in its own stream's plan stage. A consumer that holds two of a
+// stream's batches and asks for the next (zip over several loaders, the
+// previous round still held) then waited for a batch that no thread would
+// run, while the thread that held it waited for the consumer: several Loaders
+// of 2 threads iterated together hung. So the plan stage gives up its wait
+// when the consumer asks for a batch that is not ready (StreamCore::starved),
+// the pipeline stops and runs its batches in flight to the end, and the slot
+// is waited for outside the pipeline (LocalStream::Run), which then starts
+// again. One thread alone then finishes every batch the consumer waits for.
 #include "gpufeed/loader.h"
 
 #include <tbb/parallel_for.h>
@@ -24,6 +38,7 @@
 #include <deque>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "common/cores.h"
 #include "common/first_error.h"
@@ -219,9 +234,15 @@ struct LocalStream final : EpochStream::Impl {
     Status status;
   };
   void Run();
-  // The stages (the file's comment). PlanBatch returns null when the epoch
-  // is over, cancelled or failed.
-  std::shared_ptr<Work> PlanBatch(uint64_t batch, tbb::task_group& prefetch_tasks);
+  // One run of the pipeline from batch `next` (advanced past each batch
+  // planned), its first slot `first` if not null; true when it stopped
+  // because the consumer asked for a batch while no slot was free (the
+  // file's comment), false at the epoch's end, a cancel or a failure.
+  bool RunPipeline(uint64_t& next, Batch::Slot* first, tbb::task_group& prefetch_tasks);
+  // The stages (the file's comment). PlanBatch takes `slot` (null: it waits
+  // for one) and returns null when the epoch is over, cancelled or failed,
+  // or (*starved set) when it gave up waiting for a slot.
+  std::shared_ptr<Work> PlanBatch(uint64_t batch, Batch::Slot* slot, bool* starved, tbb::task_group& prefetch_tasks);
   void AssembleBatch(Work& w);
   void DeliverBatch(Work& w);
   // AssembleBatch's decode step: the batch's samples through the decode stage.
@@ -246,25 +267,16 @@ void LocalStream::Run() {
     arena.execute([&] {
       tbb::task_group prefetch_tasks;
       try {
-        tbb::parallel_pipeline(
-            static_cast<size_t>(std::max(1, L.options.prefetch)),
-            tbb::make_filter<void, std::shared_ptr<Work>>(tbb::filter_mode::serial_in_order,
-                                                          [&](tbb::flow_control& fc) -> std::shared_ptr<Work> {
-                                                            auto w = PlanBatch(next, prefetch_tasks);
-                                                            if (w == nullptr) {
-                                                              fc.stop();
-                                                            } else {
-                                                              ++next;
-                                                            }
-                                                            return w;
-                                                          }) &
-                tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(tbb::filter_mode::parallel,
-                                                                               [&](std::shared_ptr<Work> w) {
-                                                                                 AssembleBatch(*w);
-                                                                                 return w;
-                                                                               }) &
-                tbb::make_filter<std::shared_ptr<Work>, void>(tbb::filter_mode::serial_in_order,
-                                                              [&](std::shared_ptr<Work> w) { DeliverBatch(*w); }));
+        Batch::Slot* first = nullptr;
+        while (RunPipeline(next, first, prefetch_tasks)) {
+          // No batch of the stream is in flight now: the slot is waited for
+          // here, outside any task, and no task waits behind this thread.
+          first = L.pool->Acquire();
+          if (first == nullptr) {
+            if (Status why = L.pool->status(); !why.ok()) core.Fail(why);  // a buffer it could not allocate
+            break;
+          }
+        }
       } catch (...) {
         prefetch_tasks.wait();
         throw;
@@ -279,10 +291,47 @@ void LocalStream::Run() {
   core.Finish();
 }
 
-std::shared_ptr<LocalStream::Work> LocalStream::PlanBatch(uint64_t batch, tbb::task_group& prefetch_tasks) {
+bool LocalStream::RunPipeline(uint64_t& next, Batch::Slot* first, tbb::task_group& prefetch_tasks) {
+  bool starved = false;
+  auto plan_stage = [&](tbb::flow_control& fc) -> std::shared_ptr<Work> {
+    auto w = PlanBatch(next, std::exchange(first, nullptr), &starved, prefetch_tasks);
+    if (w == nullptr) {
+      fc.stop();
+    } else {
+      ++next;
+    }
+    return w;
+  };
+  auto assemble_stage = [&](std::shared_ptr<Work> w) {
+    AssembleBatch(*w);
+    return w;
+  };
+  auto deliver_stage = [&](std::shared_ptr<Work> w) { DeliverBatch(*w); };
+  tbb::parallel_pipeline(
+      static_cast<size_t>(std::max(1, loader->options.prefetch)),
+      tbb::make_filter<void, std::shared_ptr<Work>>(tbb::filter_mode::serial_in_order, plan_stage) &
+          tbb::make_filter<std::shared_ptr<Work>, std::shared_ptr<Work>>(tbb::filter_mode::parallel, assemble_stage) &
+          tbb::make_filter<std::shared_ptr<Work>, void>(tbb::filter_mode::serial_in_order, deliver_stage));
+  return starved;
+}
+
+std::shared_ptr<LocalStream::Work> LocalStream::PlanBatch(uint64_t batch, Batch::Slot* slot, bool* starved,
+                                                          tbb::task_group& prefetch_tasks) {
   Loader::Impl& L = *loader;
-  if (batch >= plan.num_batches || cancel.load() || core.failed()) return nullptr;
-  Batch::Slot* slot = L.pool->Acquire();  // back-pressure: waits for the consumer
+  if (batch >= plan.num_batches || cancel.load() || core.failed()) {
+    if (slot != nullptr) L.pool->Release(slot);
+    return nullptr;
+  }
+  if (slot == nullptr) {
+    // Back-pressure: waits for the consumer, unless the consumer waits for
+    // a batch (then this thread may hold it: the file's comment).
+    bool gave_up = false;
+    slot = L.pool->AcquireUnless(core.starved(), &gave_up);
+    if (gave_up) {
+      *starved = true;
+      return nullptr;
+    }
+  }
   if (slot == nullptr) {
     if (Status why = L.pool->status(); !why.ok()) core.Fail(why);  // a buffer it could not allocate
     return nullptr;

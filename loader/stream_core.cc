@@ -7,8 +7,14 @@ void StreamCore::Push(Item it) {
   {
     MutexLock lock(&mu_);
     ready_.push_back(it);
+    starved_ = false;
   }
   cv_.SignalAll();
+}
+
+void StreamCore::MarkStarved() {
+  // The pool's mutex under this one, as ConsumerHoldsAll() takes it.
+  if (!starved_.exchange(true)) pool_->WakeWaiters();
 }
 
 void StreamCore::Fail(Status s) {
@@ -24,6 +30,7 @@ void StreamCore::Finish() {
   {
     MutexLock lock(&mu_);
     done_ = true;
+    starved_ = false;
   }
   cv_.SignalAll();
 }
@@ -44,6 +51,8 @@ WaitResult StreamCore::WaitLocked(std::chrono::steady_clock::time_point deadline
       return WaitResult::kInterrupted;
     }
     if (!ready_.empty() || done_) return WaitResult::kReady;
+    // Asked for and none ready (also by a poll that will not wait).
+    MarkStarved();
     const auto now = Clock::now();
     if (now >= deadline) return WaitResult::kTimeout;
     if (cv_.WaitFor(&mu_, std::min<Clock::duration>(std::chrono::milliseconds(20), deadline - now))) continue;

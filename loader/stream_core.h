@@ -39,6 +39,13 @@ class StreamCore {
 
   // Producer side (any thread).
   void Push(Item it);
+  // True from when the consumer asks for an item and none is ready until the
+  // producer pushes one or the stream ends; each time it turns true the
+  // pool's waits are woken (BatchPool::WakeWaiters). A producer waiting for
+  // a slot gives up on it (BatchPool::AcquireUnless): the consumer may be
+  // waiting for a batch in flight that only the waiting thread can finish
+  // (LocalStream::Run, loader/loader.cc).
+  const std::atomic<bool>& starved() const { return starved_; }
   void Fail(Status s);  // records the first error; the producer should stop
   bool failed() const { return failed_.load(); }
   void Finish();  // no more items (after the last Push or Fail)
@@ -78,6 +85,10 @@ class StreamCore {
   Status error_ GUARDED_BY(mu_);
   bool error_returned_ GUARDED_BY(mu_) = false;
   bool interrupted_ GUARDED_BY(mu_) = false;
+  // starved(): written under mu_ (true only while ready_ is empty), read
+  // without it by the producer's pool wait.
+  std::atomic<bool> starved_{false};
+  void MarkStarved() REQUIRES(mu_);
   // Pop's and WaitReady's wait: until an item or the end, the deadline, an
   // interrupt (when `interruptible`), or the consumer holding every slot for
   // kHoldAllGrace (*holds_all set).
