@@ -120,6 +120,17 @@ Status Model::Init() {
     return Status::InvalidArgument(
         "model: --recompute blocks recomputes the cnn's conv-bn-relu-pool blocks; an mlp "
         "has none (--recompute none)");
+  // Recomputing, a block's conv and batchnorm outputs live in one buffer every
+  // slot shares: a pipeline stage begins and ends at a block's edge (never
+  // after its conv or its batchnorm), so what it passes on is its own.
+  auto inside_block = [&](int i) {
+    return i > 0 && i < static_cast<int>(layers_.size()) &&
+           (layers_[size_t(i - 1)].kind == Kind::kConv || layers_[size_t(i - 1)].kind == Kind::kBnRelu);
+  };
+  if (s.recompute_blocks && (inside_block(begin_) || inside_block(end_)))
+    return Status::InvalidArgument("model: --recompute blocks: a pipeline stage [" + std::to_string(begin_) + ", " +
+                                   std::to_string(end_) + ") of " + Describe() +
+                                   " begins or ends inside a conv-bn-relu-pool block");
   // recompute_blocks: every block's conv output, and its batchnorm-ReLU
   // output in place over it, go to one buffer of the widest block's size,
   // which the backward pass fills again with each block's conv output; that
@@ -164,8 +175,6 @@ Status Model::CheckSpec() {
     if (w <= 0) return Status::InvalidArgument("model: layer widths must be positive");
   if (s.layer_begin < 0 || (s.layer_end >= 0 && s.layer_end <= s.layer_begin) || s.slots < 1)
     return Status::InvalidArgument("model: a stage needs layers [begin, end) with begin < end, and >= 1 slot");
-  if (s.recompute_blocks && (s.slots > 1 || s.layer_begin > 0 || s.layer_end >= 0))
-    return Status::InvalidArgument("model: --recompute blocks runs on a whole model, not on pipeline stages");
   if (s.memory_limit > 0 && !s.plan_only) {
     // Found before anything is allocated, with what the model needs.
     ModelSpec plan = s;
@@ -463,7 +472,7 @@ Status Model::BackwardLayer(size_t i, const void* x, const void* dy_in, void* dx
         ConvShape cs = c.conv;
         cs.n = batch;
         GPUFEED_RETURN_IF_ERROR(
-            ops_->ConvForward(cs, i - 1 == 0 ? x : sl.acts[i - 2], params_[c.p].copy, sl.acts[i - 1]));
+            ops_->ConvForward(cs, i - 1 == size_t(begin_) ? x : sl.acts[i - 2], params_[c.p].copy, sl.acts[i - 1]));
         y = nullptr;
       }
       // A frozen gamma or beta: its gradient goes to scratch, unused.
@@ -489,6 +498,10 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
   // first goes down to its input, whose gradient the previous stage takes.
   for (size_t i = size_t(end_); i-- > first_trainable_;) {
     void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
+    // Recomputing, a pool's input gradient must not go to the recompute
+    // buffer (grad_a_), which its batchnorm refills next: in the whole model
+    // its gradient arrives there; a stage's last pool gets it from outside.
+    if (spec_.recompute_blocks && layers_[i].kind == Kind::kPool && dy != grad_a_) dx = grad_b_;
     // Recomputing blocks, the batchnorm's gradient goes where its output's
     // was: the other buffer holds its recomputed input.
     if (spec_.recompute_blocks && layers_[i].kind == Kind::kBnRelu) dx = const_cast<void*>(dy);
@@ -544,6 +557,10 @@ Result<std::vector<double>> Model::ProfileLayers(const void* x, int batch, int r
     const void* dy = sl.dlogits ? sl.dlogits : grad_b_;
     for (size_t i = size_t(end_); i-- > size_t(begin_);) {
       void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
+    // Recomputing, a pool's input gradient must not go to the recompute
+    // buffer (grad_a_), which its batchnorm refills next: in the whole model
+    // its gradient arrives there; a stage's last pool gets it from outside.
+    if (spec_.recompute_blocks && layers_[i].kind == Kind::kPool && dy != grad_a_) dx = grad_b_;
       GPUFEED_RETURN_IF_ERROR(timed(
           i - begin_, [&] { return BackwardLayer(i, x, dy, dx, i > size_t(begin_) || begin_ > 0, batch, 0.0f, sl); }));
       dy = dx;

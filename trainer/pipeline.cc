@@ -211,8 +211,10 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     }
     return it->second;
   };
-  auto fits = [&](int a, int b, int s) {
-    return setup.memory_limit == 0 || bytes_of(a, b, s) <= double(setup.memory_limit);
+  auto fits = [&](int a, int b, int s) {  // a stage the model refuses (inf) never fits
+    const double bytes = bytes_of(a, b, s);
+    return bytes < std::numeric_limits<double>::infinity() &&
+           (setup.memory_limit == 0 || bytes <= double(setup.memory_limit));
   };
   std::vector<double> layer_ms;
   bool by_memory = setup.by_memory;
@@ -242,6 +244,14 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     return t;
   };
   p->cuts_ = PartitionLayers(L, P, cost, fits);
+  if (p->cuts_.empty() && setup.whole.recompute_blocks && setup.memory_limit == 0) {
+    int pieces = 1;  // recomputing, a stage begins only after a pool or a linear layer
+    for (int i = 1; i < L; ++i) pieces += whole.LayerName(i - 1).rfind("conv", 0) != 0;
+    return Status::InvalidArgument("pipeline: " + p->describe_ + " cannot be cut into " + std::to_string(P) +
+                                   " stages with --recompute blocks, which cuts only at a conv-bn-relu-pool block's "
+                                   "edge: use at most " +
+                                   std::to_string(pieces) + " --pipeline-stages");
+  }
   if (p->cuts_.empty()) {
     char buf[400];
     std::snprintf(buf, sizeof buf,
@@ -538,6 +548,9 @@ Status Pipeline::Forward(Stage& st, int j, bool training) {
   }
   const int n = st.n[size_t(j)];
   GPUFEED_RETURN_IF_ERROR(st.ops->WaitEvent(st.sent_out[size_t(k)]));  // slot k copied out before
+  // Recomputing, the input gradient sent last may be in the recompute buffer,
+  // which this forward writes: copied out first.
+  if (setup_.whole.recompute_blocks && training) GPUFEED_RETURN_IF_ERROR(st.ops->WaitEvent(st.sent_grad));
   GPUFEED_RETURN_IF_ERROR(Mark(st, true));
   GPUFEED_RETURN_IF_ERROR(m.Forward(x, n, training, k));
   if (s + 1 < P) GPUFEED_RETURN_IF_ERROR(Mark(st, false));

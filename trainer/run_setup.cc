@@ -58,12 +58,6 @@ Status Validate(const TrainOptions& o) {
     if (o.accum != 1)
       return Status::InvalidArgument(
           "train: --accum with --pipeline-stages: a pipelined step's micro-batches are --micro-batches");
-    // Not (yet) with stages: each would need a rule of its own across them.
-    const std::pair<bool, const char*> unsupported[] = {
-        {o.recompute_blocks, "--recompute blocks (a stage keeps several micro-batches' activations)"},
-    };
-    for (const auto& [on, what] : unsupported)
-      if (on) return Status::Unsupported(std::string("train: --pipeline-stages does not take ") + what + " yet");
   }
   return Status::Ok();
 }

@@ -191,7 +191,7 @@ struct TrainOptions {
   // 8-bit states; freeze, LoRA (merge_lora_path too) and init_path;
   // device_resident_batches and train_source; checkpoint_path/resume (one
   // checkpoint in the whole model's order: it resumes with other stages or
-  // none). Refused (Unsupported, naming it): recompute_blocks.
+  // none); recompute_blocks (the cut then falls only at a block's edge).
   struct Pipeline {
     int stages = 1;
     int micro_batches = 4;

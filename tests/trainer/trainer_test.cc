@@ -916,6 +916,38 @@ TEST(TrainerTest, PipelineStagesTakeResidentBatchesAndABatchSource) {
   EXPECT_EQ(made, 4);  // two loaders a run
 }
 
+// --recompute blocks with stages: the stages are cut only at blocks' edges
+// (a block's conv and batchnorm outputs share one buffer across the
+// micro-batches in flight), and each recomputes its blocks from its own
+// inputs; the weights of accumulation (which recomputing does not change).
+TEST(TrainerTest, PipelineStagesTakeRecomputation) {
+  TrainOptions o = Small();
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 12, 16};  // 10 layers: blocks at 0-2, 3-5, 6-8
+  o.epochs = 2;
+  o.recompute_blocks = true;
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  ExpectPipelineEqualsAccumulation(o, 3, 4, false, true);
+  ExpectPipelineEqualsAccumulation(o, 4, 2, true, true);  // the head alone
+  o.recompute_blocks = false;
+  TrainOptions plain = o;
+  plain.pipeline.stages = 3, plain.pipeline.micro_batches = 4;
+  BarsSource train(520, 4);
+  auto kept = Train(train, nullptr, plain);
+  plain.recompute_blocks = true;
+  auto recomputed = Train(train, nullptr, plain);
+  ASSERT_TRUE(kept.ok() && recomputed.ok());
+  EXPECT_EQ(recomputed->weights_hash, kept->weights_hash);
+  EXPECT_LT(recomputed->memory.activations, kept->memory.activations);
+  // A stage inside a block is refused by the model: 5 stages of 10 layers
+  // cannot all begin at a block's edge.
+  plain.pipeline.stages = 5;
+  auto refused = Train(train, nullptr, plain);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("use at most 4 --pipeline-stages"), std::string::npos)
+      << refused.status().ToString();
+}
+
 // 8-bit optimizer states with stages: each stage's quantized tensors
 // stepped by its own ApplyOptimizer8bit; the weights of accumulation.
 TEST(TrainerTest, PipelineStagesTake8bitStates) {
@@ -1052,11 +1084,6 @@ TEST(TrainerTest, PipelineOptionsItDoesNotTakeAreNamed) {
   TrainOptions o = Small();
   o.accum = 2;
   expect(o, "--micro-batches");
-  // What stages do not take yet, each named (README and TrainOptions::
-  // Pipeline list the same).
-  o = Small();
-  o.recompute_blocks = true;
-  expect(o, "does not take --recompute blocks");
   o = Small();
   o.pipeline.micro_batches = 0;
   expect(o, "--micro-batches");
