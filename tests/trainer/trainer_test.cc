@@ -1018,6 +1018,49 @@ TEST(TrainerTest, PipelineOnTwoGpusTrainsTheSameWeightsAsAccumulation) {
   }
 }
 
+// The memory techniques with stages on two GPUs (issue 51, item 4): each the
+// weights of accumulation on one GPU, and a checkpoint taken with stages
+// resumed on one GPU without them, bit for bit.
+TEST(TrainerTest, PipelineOnTwoGpusTakesTheMemoryTechniques) {
+  if (QueryGpus().devices.size() < 2) GTEST_SKIP() << "fewer than 2 GPUs here; this test runs on a two-GPU host";
+  TrainOptions o = Small(TrainDevice::kCuda);
+  o.model = ModelKind::kCnn;
+  o.channels = {8, 64};
+  o.epochs = 2;
+  o.precision = DType::kFloat16;
+  o.init_scale = 1e30f;  // overflows: skipped steps in every stage
+  o.clip_norm = 0.05f;
+  o.optimizer = Optimizer::kAdamW8bit;
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  TrainOptions f = Small(TrainDevice::kCuda);
+  f.model = ModelKind::kCnn;
+  f.channels = {8, 12, 16};
+  f.epochs = 2;
+  f.precision = DType::kBFloat16;
+  f.freeze = {"conv0"};
+  f.recompute_blocks = true;
+  ExpectPipelineEqualsAccumulation(f, 2, 4, false, true);
+  f.freeze.clear();
+  f.lora_rank = 2;
+  ExpectPipelineEqualsAccumulation(f, 2, 3, true, false);
+  BarsSource train(520, 4);
+  const std::string dir = testing::MakeTempDir("pipe-gpu-ckpt");
+  o.init_scale = 65536;
+  o.epochs = 3;
+  o.pipeline.stages = 2, o.pipeline.micro_batches = 3;
+  auto whole = Train(train, nullptr, o);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  o.checkpoint_path = dir + "/ckpt";
+  o.stop_after_epochs = 1;
+  ASSERT_TRUE(Train(train, nullptr, o).ok());
+  o.resume = true, o.stop_after_epochs = 0;
+  o.pipeline.stages = 1, o.accum = 3;
+  auto resumed = Train(train, nullptr, o);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ(resumed->weights_hash, whole->weights_hash);
+  std::filesystem::remove_all(dir);
+}
+
 // A model over the memory limit is refused, naming what it needs; split in
 // two stages under the same limit it trains, each stage within the limit,
 // to the weights of the unlimited model with accumulation.
