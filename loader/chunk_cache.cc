@@ -272,7 +272,7 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
     // Whatever happens, the entry must reach kDone: other threads wait on it.
     TraceRange trace("gpufeed read+decode chunk");
     try {
-      e.data = buffers_->Get();
+      e.data = e.pool->Get();  // its own pool (a shared entry may be another cache's): the buffer goes back there
       const uint64_t span_bytes =
           planar_fields_ ? source_.chunk_samples() * source_.sample_bytes() : ChunkBytes(e.chunk);
       e.status = source_.ReadChunk(e.chunk, std::span(e.data.get(), span_bytes));
