@@ -146,7 +146,7 @@ FlagCheck Checked(CLI::Validator v) { return {false, std::move(v)}; }
   X("--micro-batches", o.pipeline.micro_batches, "pipeline: loader batches (each --batch-size) an optimizer step",    \
     true, kAny)                                                                                                       \
   X("--schedule", schedule,                                                                                           \
-    "pipeline: gpipe or simple (all forwards, then all backwards), 1f1b or interleaved (at most "                    \
+    "pipeline: gpipe or simple (all forwards, then all backwards), 1f1b or interleaved (at most "                     \
     "--pipeline-stages micro-batches in flight)",                                                                     \
     true, kAny)                                                                                                       \
   X("--partition-by", partition_by, "pipeline: balance the stages' measured layer time, or their memory", true, kAny) \

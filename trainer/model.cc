@@ -557,10 +557,10 @@ Result<std::vector<double>> Model::ProfileLayers(const void* x, int batch, int r
     const void* dy = sl.dlogits ? sl.dlogits : grad_b_;
     for (size_t i = size_t(end_); i-- > size_t(begin_);) {
       void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
-    // Recomputing, a pool's input gradient must not go to the recompute
-    // buffer (grad_a_), which its batchnorm refills next: in the whole model
-    // its gradient arrives there; a stage's last pool gets it from outside.
-    if (spec_.recompute_blocks && layers_[i].kind == Kind::kPool && dy != grad_a_) dx = grad_b_;
+      // Recomputing, a pool's input gradient must not go to the recompute
+      // buffer (grad_a_), which its batchnorm refills next: in the whole model
+      // its gradient arrives there; a stage's last pool gets it from outside.
+      if (spec_.recompute_blocks && layers_[i].kind == Kind::kPool && dy != grad_a_) dx = grad_b_;
       GPUFEED_RETURN_IF_ERROR(timed(
           i - begin_, [&] { return BackwardLayer(i, x, dy, dx, i > size_t(begin_) || begin_ > 0, batch, 0.0f, sl); }));
       dy = dx;

@@ -204,17 +204,7 @@ class CudaOps final : public Ops {
     }
     return scratch_[id];
   }
-  enum ScratchId {
-    kPartialA,
-    kPartialB,
-    kChannelA,
-    kChannelB,
-    kRowLoss,
-    kRowHit,
-    kFilterGrad,
-    kNormPartial,
-    kNormSum
-  };
+  enum ScratchId { kPartialA, kPartialB, kChannelA, kChannelB, kRowLoss, kRowHit, kFilterGrad, kNormPartial, kNormSum };
 
   Status ConvForward(const ConvShape& s, const void* x, const void* w, void* y) override {
     auto p = plans_.Get(cudnn_, s);

@@ -110,12 +110,12 @@ struct Pipeline::Stage {
   std::vector<float*> bucket;
   std::vector<size_t> bucket_sizes;
   uint64_t bucket_bytes = 0;
-  std::vector<float> host;          // kHash: this stage's masters
+  std::vector<float> host;  // kHash: this stage's masters
   // kSave: this stage's tensors' bytes (ParamTensors, BufferTensors); kLoad:
   // the bytes to restore.
   std::vector<std::string> saved_params, saved_buffers;
   std::vector<std::vector<float>> merged, merged_buffers;  // kMerge
-  Counters read;                    // kRead: the last stage's counters
+  Counters read;                                           // kRead: the last stage's counters
   std::thread thread;
   ~Stage() {
     owned_comm.reset();  // before the backend its stream belongs to
@@ -701,9 +701,9 @@ Status Pipeline::OptimizeStage(Stage& st) {
   }
   if (st.quant_blocks > 0) {
     const auto* codes = static_cast<const float*>(st.quant_codes);
-    GPUFEED_RETURN_IF_ERROR(st.ops->ApplyOptimizer8bit(
-        setup_.opt, static_cast<const Quant8Tensor*>(st.quant_tensors), static_cast<const Quant8Block*>(st.quant_table),
-        st.quant_blocks, codes, codes + 256, setup_.whole.dtype, sc, ss));
+    GPUFEED_RETURN_IF_ERROR(st.ops->ApplyOptimizer8bit(setup_.opt, static_cast<const Quant8Tensor*>(st.quant_tensors),
+                                                       static_cast<const Quant8Block*>(st.quant_table), st.quant_blocks,
+                                                       codes, codes + 256, setup_.whole.dtype, sc, ss));
   }
   // LoRA: the weights the next step uses, W + scale B A, from the new adapters.
   return st.model->RefreshLoraWeights();
@@ -730,9 +730,9 @@ Status Pipeline::SetupQuantized(Stage& st) {
 Result<double> Pipeline::ChainSumSquares(Stage& st, float* const* ptrs, const size_t* sizes) {
   Shared& sh = *sh_;
   const int P = int(stages_.size());
-  const Status late = Status::Internal("pipeline stage " + std::to_string(st.index) +
-                                       ": the other stages' gradient norms did not come in " +
-                                       std::to_string(setup_.timeout_s) + " s");
+  const Status late =
+      Status::Internal("pipeline stage " + std::to_string(st.index) +
+                       ": the other stages' gradient norms did not come in " + std::to_string(setup_.timeout_s) + " s");
   double start = 0;
   {
     MutexLock lock(&sh.mu);
@@ -960,7 +960,8 @@ Status Pipeline::LoadCheckpoint(const std::string& path, const CheckpointMeta& e
   size_t at = 0;
   for (auto& st : stages_) {
     st->saved_params.clear();
-    for (size_t i = 0, n = ParamTensors(st->model.get()).size(); i < n; ++i) st->saved_params.push_back(std::move(all[at++]));
+    for (size_t i = 0, n = ParamTensors(st->model.get()).size(); i < n; ++i)
+      st->saved_params.push_back(std::move(all[at++]));
   }
   for (auto& st : stages_) {
     st->saved_buffers.clear();

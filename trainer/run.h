@@ -146,7 +146,7 @@ class Run {
   std::unique_ptr<Model> model_;  // null with pipeline stages: pipeline_ holds them
   std::unique_ptr<trainer::Pipeline> pipeline_;
   trainer::ModelSpec whole_spec_;  // with stages: the whole model's (--merge-lora)
-  int pipeline_probes_ = 8;  // steps timed for the bubble, from the third
+  int pipeline_probes_ = 8;        // steps timed for the bubble, from the third
   Status SetupPipeline(const trainer::ModelSpec& spec);
   // TrainReport::lora for a model with these parameters.
   std::string LoraText(const std::vector<std::string>& names) const;

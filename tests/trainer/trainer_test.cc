@@ -891,8 +891,8 @@ TEST(TrainerTest, PipelineStagesTakeFreezingAndLora) {
   };
   EXPECT_GT(bytes(dir + "/plain.ckpt").size(), 1000u);
   const std::string plain_bytes = bytes(dir + "/plain.ckpt"), piped_bytes = bytes(dir + "/piped.ckpt");
-  EXPECT_TRUE(piped_bytes == plain_bytes) << "the merged checkpoints differ (" << piped_bytes.size() << " and "
-                                          << plain_bytes.size() << " bytes)";
+  EXPECT_TRUE(piped_bytes == plain_bytes)
+      << "the merged checkpoints differ (" << piped_bytes.size() << " and " << plain_bytes.size() << " bytes)";
   std::filesystem::remove_all(dir);
 }
 
