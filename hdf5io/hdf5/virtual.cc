@@ -253,94 +253,102 @@ Result<std::string> ResolveVirtualSourceFile(const std::string& name, const std:
                           "point HDF5_VDS_PREFIX at its directory");
 }
 
-// long: not split yet (issue 47, item 6): each virtual mapping resolved and checked
-Result<std::vector<VirtualSource>> ResolveVirtualSources(hid_t dcpl, hid_t ftype, const std::vector<uint64_t>& dims,
-                                                         const std::string& vds_file, const std::string& what) {
-  size_t n = 0;
-  if (dims.empty()) return Status::Unsupported(what + ": a scalar virtual dataset; expected [N, ...] samples");
-  if (H5Pget_virtual_count(dcpl, &n) < 0) {
-    return Status::Corrupt(what + ": the virtual dataset's mappings are unreadable: " + LastErrorText());
-  }
-  const uint64_t samples = dims[0];
+namespace {
+
+const char kVirtualHint[] =
+    "; gpufeed reads virtual datasets whose sources each cover a range of axis 0 and every other axis whole "
+    "(what h5py's VirtualLayout builds when it stacks or concatenates files along axis 0)";
+
+// Mapping `which`'s source selection `sb` against its virtual box `vb`: a
+// range of axis 0 with every other axis whole (s->source_first), one whole
+// source as one sample (s->stacked), or all of the source (*all: its own
+// shape decides, CheckSource); anything else is refused.
+Status MapSourceBox(hid_t sspace, const Box& vb, const Box& sb, const std::vector<uint64_t>& dims,
+                    const std::string& which, VirtualSource* s, bool* all) {
+  const std::string hint = kVirtualHint;
   const size_t vrank = dims.size();
-  const std::string hint =
-      "; gpufeed reads virtual datasets whose sources each cover a range of axis 0 and every other axis whole "
-      "(what h5py's VirtualLayout builds when it stacks or concatenates files along axis 0)";
-  std::vector<VirtualSource> out;
-  std::vector<std::pair<uint64_t, bool>> whole;  // (first, the mapping selects the whole source)
-  out.reserve(std::min<uint64_t>(n, samples));   // more mappings than samples fail below, unreserved
-  for (size_t i = 0; i < n; ++i) {
-    std::string which = what + ": mapping " + std::to_string(i) + " of " + std::to_string(n);
-    auto fname = MappingName(H5Pget_virtual_filename, dcpl, i, which);
-    if (!fname.ok()) return fname.status();
-    auto dname = MappingName(H5Pget_virtual_dsetname, dcpl, i, which);
-    if (!dname.ok()) return dname.status();
-    which += " (" + *fname + ":" + *dname + ")";
-    auto file_name = UnescapeName(*fname, which);
-    if (!file_name.ok()) return Status(file_name.status().code(), file_name.status().message() + hint);
-    auto dset_name = UnescapeName(*dname, which);
-    if (!dset_name.ok()) return dset_name.status();
-    h5::Id vspace(H5Pget_virtual_vspace(dcpl, i));
-    h5::Id sspace(H5Pget_virtual_srcspace(dcpl, i));
-    if (!vspace.valid() || !sspace.valid())
-      return Status::Corrupt(which + ": unreadable selection: " + LastErrorText());
-    auto vb = SolidBox(vspace.get(), which + ": the virtual selection");
-    if (!vb.ok()) return Status(vb.status().code(), vb.status().message() + hint);
-    auto sb = SolidBox(sspace.get(), which + ": the source selection");
-    if (!sb.ok()) return Status(sb.status().code(), sb.status().message() + hint);
-    if (vb->start.size() != vrank) {
-      return Status::Corrupt(which + ": the virtual selection has rank " + std::to_string(vb->start.size()) +
-                             ", the dataset " + std::to_string(vrank));
-    }
+  const size_t srank = sb.start.size();
+  bool whole_others = true;
+  *all = H5Sget_select_type(sspace) == H5S_SEL_ALL;
+  if (*all) {
+    // HDF5 keeps no extent for an "all" source selection: the source's own
+    // shape decides (CheckSource).
+  } else if (srank == vrank) {
     for (size_t k = 1; k < vrank; ++k) {
-      if (vb->start[k] != 0 || vb->len[k] != dims[k]) {
-        return Status::Unsupported(which + " maps the virtual box " + BoxText(*vb) + ": part of axis " +
-                                   std::to_string(k) + hint);
-      }
+      whole_others = whole_others && sb.start[k] == 0 && sb.len[k] == dims[k] && sb.extent[k] == dims[k];
     }
-    if (vb->len[0] == 0) return Status::Unsupported(which + " maps no sample (virtual box " + BoxText(*vb) + ")");
-    VirtualSource s;
-    s.file = std::string();
-    s.dataset = dset_name->empty() || (*dset_name)[0] != '/' ? "/" + *dset_name : *dset_name;
-    s.first = vb->start[0];
-    s.count = vb->len[0];
-    const size_t srank = sb->start.size();
-    bool whole_others = true;
-    const bool all = H5Sget_select_type(sspace.get()) == H5S_SEL_ALL;
-    if (all) {
-      // HDF5 keeps no extent for an "all" source selection: the source's own
-      // shape decides (CheckSource).
-    } else if (srank == vrank) {
-      for (size_t k = 1; k < vrank; ++k) {
-        whole_others = whole_others && sb->start[k] == 0 && sb->len[k] == dims[k] && sb->extent[k] == dims[k];
-      }
-      if (!whole_others || sb->len[0] != vb->len[0]) {
-        return Status::Unsupported(which + " maps the source box " + BoxText(*sb) + " to the virtual box " +
-                                   BoxText(*vb) + hint);
-      }
-      s.source_first = sb->start[0];
-    } else if (srank + 1 == vrank && vb->len[0] == 1) {
-      for (size_t k = 0; k < srank; ++k) {
-        whole_others = whole_others && sb->start[k] == 0 && sb->len[k] == dims[k + 1] && sb->extent[k] == dims[k + 1];
-      }
-      if (!whole_others) {
-        return Status::Unsupported(which + " maps the source box " + BoxText(*sb) + " to the virtual sample " +
-                                   BoxText(*vb) + ": not the whole source" + hint);
-      }
-      s.stacked = true;
-    } else {
-      return Status::Unsupported(which + " maps the source box " + BoxText(*sb) + " (rank " + std::to_string(srank) +
-                                 ") to the virtual box " + BoxText(*vb) + " (rank " + std::to_string(vrank) + ")" +
+    if (!whole_others || sb.len[0] != vb.len[0]) {
+      return Status::Unsupported(which + " maps the source box " + BoxText(sb) + " to the virtual box " + BoxText(vb) +
                                  hint);
     }
-    auto file = ResolveVirtualSourceFile(*file_name, vds_file, which);
-    if (!file.ok()) return file.status();
-    s.file = std::move(*file);
-    whole.emplace_back(s.first, all);
-    out.push_back(std::move(s));
+    s->source_first = sb.start[0];
+  } else if (srank + 1 == vrank && vb.len[0] == 1) {
+    for (size_t k = 0; k < srank; ++k) {
+      whole_others = whole_others && sb.start[k] == 0 && sb.len[k] == dims[k + 1] && sb.extent[k] == dims[k + 1];
+    }
+    if (!whole_others) {
+      return Status::Unsupported(which + " maps the source box " + BoxText(sb) + " to the virtual sample " +
+                                 BoxText(vb) + ": not the whole source" + hint);
+    }
+    s->stacked = true;
+  } else {
+    return Status::Unsupported(which + " maps the source box " + BoxText(sb) + " (rank " + std::to_string(srank) +
+                               ") to the virtual box " + BoxText(vb) + " (rank " + std::to_string(vrank) + ")" + hint);
   }
+  return Status::Ok();
+}
+
+// Mapping i of n of the virtual dataset: its names, its two selections,
+// and its source file found.
+Result<VirtualSource> ResolveMapping(hid_t dcpl, size_t i, size_t n, const std::vector<uint64_t>& dims,
+                                     const std::string& vds_file, const std::string& what, bool* all) {
+  const std::string hint = kVirtualHint;
+  const size_t vrank = dims.size();
+  std::string which = what + ": mapping " + std::to_string(i) + " of " + std::to_string(n);
+  auto fname = MappingName(H5Pget_virtual_filename, dcpl, i, which);
+  if (!fname.ok()) return fname.status();
+  auto dname = MappingName(H5Pget_virtual_dsetname, dcpl, i, which);
+  if (!dname.ok()) return dname.status();
+  which += " (" + *fname + ":" + *dname + ")";
+  auto file_name = UnescapeName(*fname, which);
+  if (!file_name.ok()) return Status(file_name.status().code(), file_name.status().message() + hint);
+  auto dset_name = UnescapeName(*dname, which);
+  if (!dset_name.ok()) return dset_name.status();
+  h5::Id vspace(H5Pget_virtual_vspace(dcpl, i));
+  h5::Id sspace(H5Pget_virtual_srcspace(dcpl, i));
+  if (!vspace.valid() || !sspace.valid()) return Status::Corrupt(which + ": unreadable selection: " + LastErrorText());
+  auto vb = SolidBox(vspace.get(), which + ": the virtual selection");
+  if (!vb.ok()) return Status(vb.status().code(), vb.status().message() + hint);
+  auto sb = SolidBox(sspace.get(), which + ": the source selection");
+  if (!sb.ok()) return Status(sb.status().code(), sb.status().message() + hint);
+  if (vb->start.size() != vrank) {
+    return Status::Corrupt(which + ": the virtual selection has rank " + std::to_string(vb->start.size()) +
+                           ", the dataset " + std::to_string(vrank));
+  }
+  for (size_t k = 1; k < vrank; ++k) {
+    if (vb->start[k] != 0 || vb->len[k] != dims[k]) {
+      return Status::Unsupported(which + " maps the virtual box " + BoxText(*vb) + ": part of axis " +
+                                 std::to_string(k) + hint);
+    }
+  }
+  if (vb->len[0] == 0) return Status::Unsupported(which + " maps no sample (virtual box " + BoxText(*vb) + ")");
+  VirtualSource s;
+  s.file = std::string();
+  s.dataset = dset_name->empty() || (*dset_name)[0] != '/' ? "/" + *dset_name : *dset_name;
+  s.first = vb->start[0];
+  s.count = vb->len[0];
+  GPUFEED_RETURN_IF_ERROR(MapSourceBox(sspace.get(), *vb, *sb, dims, which, &s, all));
+  auto file = ResolveVirtualSourceFile(*file_name, vds_file, which);
+  if (!file.ok()) return file.status();
+  s.file = std::move(*file);
+  return s;
+}
+
+// The mappings, sorted by their first sample, cover samples [0, samples)
+// once each: no gap (HDF5's fill value), no overlap.
+Status CheckMappingsCover(std::vector<VirtualSource>& out, uint64_t samples, const std::string& what) {
+  const std::string hint = kVirtualHint;
   std::sort(out.begin(), out.end(), [](const VirtualSource& a, const VirtualSource& b) { return a.first < b.first; });
-  std::sort(whole.begin(), whole.end());
   uint64_t next = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     const VirtualSource& s = out[i];
@@ -367,6 +375,31 @@ Result<std::vector<VirtualSource>> ResolveVirtualSources(hid_t dcpl, hid_t ftype
         (out.empty() ? ", no mapping at all" : ", after " + DescribeVirtualSource(out.back())) +
         "); HDF5 would read the fill value there, gpufeed does not invent samples");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<VirtualSource>> ResolveVirtualSources(hid_t dcpl, hid_t ftype, const std::vector<uint64_t>& dims,
+                                                         const std::string& vds_file, const std::string& what) {
+  size_t n = 0;
+  if (dims.empty()) return Status::Unsupported(what + ": a scalar virtual dataset; expected [N, ...] samples");
+  if (H5Pget_virtual_count(dcpl, &n) < 0) {
+    return Status::Corrupt(what + ": the virtual dataset's mappings are unreadable: " + LastErrorText());
+  }
+  const uint64_t samples = dims[0];
+  std::vector<VirtualSource> out;
+  std::vector<std::pair<uint64_t, bool>> whole;  // (first, the mapping selects the whole source)
+  out.reserve(std::min<uint64_t>(n, samples));   // more mappings than samples fail below, unreserved
+  for (size_t i = 0; i < n; ++i) {
+    bool all = false;
+    auto s = ResolveMapping(dcpl, i, n, dims, vds_file, what, &all);
+    if (!s.ok()) return s.status();
+    whole.emplace_back(s->first, all);
+    out.push_back(std::move(*s));
+  }
+  GPUFEED_RETURN_IF_ERROR(CheckMappingsCover(out, samples, what));
+  std::sort(whole.begin(), whole.end());
   for (size_t i = 0; i < out.size(); ++i)
     GPUFEED_RETURN_IF_ERROR(CheckSource(out[i], whole[i].second, ftype, dims, what));
   return out;
