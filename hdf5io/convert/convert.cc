@@ -40,11 +40,11 @@ struct Work {
   stats::Accumulator stats;
 };
 
-}  // namespace
-
-// long: not split yet (issue 47, item 6): open, plan and write of a conversion
-Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path, const ConvertOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
+// The writer's options for `source`: the source's layout and class names
+// where none were given (checked against its labels), and its own chunking
+// where it has one of a sane size (at most kMaxKeptChunkBytes): each of its
+// chunks is then decoded once.
+Result<WriteOptions> WriteOptionsFor(const SampleSource& source, const ConvertOptions& options) {
   WriteOptions wopt = options.write;
   if (wopt.layout.empty()) wopt.layout = source.layout();
   if (wopt.class_names.empty()) wopt.class_names = source.class_names();
@@ -58,8 +58,6 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
     }
   }
   const uint64_t total = source.num_samples();
-  // The source's own chunking where it has one of a sane size (at most
-  // kMaxKeptChunkBytes): each of its chunks is then decoded once.
   if (wopt.chunk_samples == 0 && source.read_unit_samples() > 0) {
     constexpr uint64_t kMaxKeptChunkBytes = 64ull << 20;
     uint64_t sample_bytes = DTypeSize(source.dtype());
@@ -67,6 +65,36 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
     const uint64_t unit = std::min(source.read_unit_samples(), std::max<uint64_t>(1, total));
     if (sample_bytes > 0 && unit <= kMaxKeptChunkBytes / sample_bytes) wopt.chunk_samples = unit;
   }
+  return wopt;
+}
+
+// The per-channel statistics of the whole conversion into the summary, and
+// into the file where every channel counted a value.
+Status WriteStats(const stats::Accumulator& totals, DatasetWriter& writer, ConvertSummary* summary) {
+  const std::vector<ChannelStats> channels = totals.Result();
+  bool counted = true;
+  for (const ChannelStats& c : channels) counted = counted && c.count > 0;
+  for (const ChannelStats& c : channels) {
+    summary->mean.push_back(c.mean);
+    summary->stddev.push_back(c.stddev);
+  }
+  if (counted) {
+    GPUFEED_RETURN_IF_ERROR(writer.WriteChannelStats(summary->mean, summary->stddev));
+  } else {
+    summary->mean.clear();
+    summary->stddev.clear();
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ConvertSummary> Convert(const SampleSource& source, const std::string& out_path, const ConvertOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto wopt_or = WriteOptionsFor(source, options);
+  if (!wopt_or.ok()) return wopt_or.status();
+  const WriteOptions& wopt = *wopt_or;
+  const uint64_t total = source.num_samples();
   auto writer_or = DatasetWriter::Create(out_path, source.sample_shape(), source.dtype(), total, wopt);
   if (!writer_or.ok()) return writer_or.status().WithContext("converting " + source.description());
   DatasetWriter& writer = *writer_or;
@@ -144,21 +172,7 @@ Result<ConvertSummary> Convert(const SampleSource& source, const std::string& ou
     GPUFEED_RETURN_IF_ERROR(writer.WriteLabels(source.labels()));
   }
   ConvertSummary summary;
-  if (have_stats) {
-    const std::vector<ChannelStats> channels = totals.Result();
-    bool counted = true;
-    for (const ChannelStats& c : channels) counted = counted && c.count > 0;
-    for (const ChannelStats& c : channels) {
-      summary.mean.push_back(c.mean);
-      summary.stddev.push_back(c.stddev);
-    }
-    if (counted) {
-      GPUFEED_RETURN_IF_ERROR(writer.WriteChannelStats(summary.mean, summary.stddev));
-    } else {
-      summary.mean.clear();
-      summary.stddev.clear();
-    }
-  }
+  if (have_stats) GPUFEED_RETURN_IF_ERROR(WriteStats(totals, writer, &summary));
   GPUFEED_RETURN_IF_ERROR(writer.Commit());
   summary.samples = total;
   summary.chunk_samples = k;
