@@ -34,7 +34,7 @@ ConvPlanCache::~ConvPlanCache() {
 }
 
 Result<const ConvPlan*> ConvPlanCache::Get(cudnnHandle_t cudnn, const ConvShape& s) {
-  auto key = std::make_tuple(s.n, s.h, s.w, s.c, s.k, int(s.dtype));
+  auto key = std::make_tuple(s.n, s.h, s.w, s.c, s.k, int(s.dtype), s.r, s.stride, s.pad);
   auto it = plans_.find(key);
   if (it != plans_.end()) return &it->second;
   ConvPlan p;
@@ -43,14 +43,15 @@ Result<const ConvPlan*> ConvPlanCache::Get(cudnnHandle_t cudnn, const ConvShape&
   CUDNN_RETURN(dnn_.create_tensor(&p.y));
   CUDNN_RETURN(dnn_.create_filter(&p.w));
   CUDNN_RETURN(dnn_.set_tensor_4d(p.x, CUDNN_TENSOR_NHWC, dt, s.n, s.c, s.h, s.w));
-  CUDNN_RETURN(dnn_.set_tensor_4d(p.y, CUDNN_TENSOR_NHWC, dt, s.n, s.k, s.h, s.w));
-  CUDNN_RETURN(dnn_.set_filter_4d(p.w, dt, CUDNN_TENSOR_NHWC, s.k, s.c, 3, 3));
+  CUDNN_RETURN(dnn_.set_tensor_4d(p.y, CUDNN_TENSOR_NHWC, dt, s.n, s.k, s.out_h(), s.out_w()));
+  CUDNN_RETURN(dnn_.set_filter_4d(p.w, dt, CUDNN_TENSOR_NHWC, s.k, s.c, s.r, s.r));
   // fp32: plain FMA math (no TF32), so the CPU reference comparison is
   // tight; bf16/fp16: tensor cores, fp32 accumulation.
   const cudnnMathType_t math = s.dtype == DType::kFloat32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
   for (cudnnConvolutionDescriptor_t* d : {&p.fwd, &p.bwd_data, &p.bwd_filter}) {
     CUDNN_RETURN(dnn_.create_conv(d));
-    CUDNN_RETURN(dnn_.set_conv_2d(*d, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_RETURN(
+        dnn_.set_conv_2d(*d, s.pad, s.pad, s.stride, s.stride, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     CUDNN_RETURN(dnn_.set_conv_math(*d, math));
   }
   int got = 0;

@@ -39,7 +39,7 @@ class ConvPlanCache {
 
  private:
   const CudnnApi& dnn_;
-  std::map<std::tuple<int, int, int, int, int, int>, ConvPlan> plans_;
+  std::map<std::tuple<int, int, int, int, int, int, int, int, int>, ConvPlan> plans_;
 };
 
 }  // namespace gpufeed::trainer

@@ -99,8 +99,9 @@ constexpr int kBnRowLanes = 8;
 // The batchnorm-ReLU's mask at i: y > 0 as stored, or (y null) that y made
 // again from x, gamma and beta, rounded to T as the forward stored it.
 template <class T>
-__device__ inline bool ReluOn(const T* x, const T* y, const float* gamma, const float* beta, const float* mean,
-                              const float* invstd, size_t i, int c) {
+__device__ inline bool ReluOn(bool relu, const T* x, const T* y, const float* gamma, const float* beta,
+                              const float* mean, const float* invstd, size_t i, int c) {
+  if (!relu) return true;  // batchnorm alone
   if (y) return ToF(y[i]) > 0;
   const float v = gamma[c] * ((ToF(x[i]) - mean[c]) * invstd[c]) + beta[c];
   return ToF(FromF<T>(v > 0 ? v : 0.f)) > 0;
@@ -111,7 +112,7 @@ __device__ inline bool ReluOn(const T* x, const T* y, const float* gamma, const 
 template <class T, int kMode>
 __global__ void BnPartialKernel(const T* x, const T* y, const T* dy, const float* gamma, const float* beta,
                                 const float* mean, const float* invstd, size_t rows, int C, size_t rows_per_block,
-                                float* partial_a, float* partial_b) {
+                                float* partial_a, float* partial_b, bool relu) {
   const int c = blockIdx.x * 32 + threadIdx.x;
   const size_t r0 = blockIdx.y * rows_per_block;
   const size_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
@@ -125,7 +126,7 @@ __global__ void BnPartialKernel(const T* x, const T* y, const T* dy, const float
         a += v;
         b += v * v;
       } else {
-        const float g = ReluOn(x, y, gamma, beta, mean, invstd, i, c) ? ToF(dy[i]) : 0.f;
+        const float g = ReluOn(relu, x, y, gamma, beta, mean, invstd, i, c) ? ToF(dy[i]) : 0.f;
         a += g * ((v - m) * is);
         b += g;
       }
@@ -167,11 +168,11 @@ __global__ void BnEvalStatsKernel(const float* run_mean, const float* run_var, f
 
 template <class T>
 __global__ void BnReluApplyKernel(const T* x, const float* gamma, const float* beta, const float* mean,
-                                  const float* invstd, size_t n, int C, T* y) {
+                                  const float* invstd, size_t n, int C, T* y, bool relu) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const int c = int(i % C);
     const float v = gamma[c] * ((ToF(x[i]) - mean[c]) * invstd[c]) + beta[c];
-    y[i] = FromF<T>(v > 0 ? v : 0.f);
+    y[i] = FromF<T>(!relu || v > 0 ? v : 0.f);
   }
 }
 
@@ -190,10 +191,10 @@ __global__ void BnBackwardFinishKernel(const float* pa, const float* pb, int gro
 template <class T>
 __global__ void BnReluBackwardApplyKernel(const T* x, const T* y, const T* dy, const float* gamma, const float* beta,
                                           const float* mean, const float* invstd, const float* sum_gx,
-                                          const float* sum_g, size_t n, int C, float inv_m, T* dx) {
+                                          const float* sum_g, size_t n, int C, float inv_m, T* dx, bool relu) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const int c = int(i % C);
-    const float g = ReluOn(x, y, gamma, beta, mean, invstd, i, c) ? ToF(dy[i]) : 0.f;
+    const float g = ReluOn(relu, x, y, gamma, beta, mean, invstd, i, c) ? ToF(dy[i]) : 0.f;
     const float xhat = (ToF(x[i]) - mean[c]) * invstd[c];
     dx[i] = FromF<T>(gamma[c] * invstd[c] * (g - inv_m * sum_g[c] - xhat * inv_m * sum_gx[c]));
   }
@@ -234,6 +235,86 @@ __global__ void MaxPoolBackwardKernel(const T* dy, const uint8_t* argmax, int n,
   const size_t total = size_t(n) * (h / 2) * (w / 2) * C;
   for (size_t o = blockIdx.x * size_t(blockDim.x) + threadIdx.x; o < total; o += size_t(gridDim.x) * blockDim.x) {
     dx[PoolInputIndex(o, h, w, C, argmax[o])] = dy[o];
+  }
+}
+
+// ResNet's stem pooling: 3x3 windows, stride 2, padding 1 (never the winner).
+template <class T>
+__global__ void MaxPool3x3Kernel(const T* x, int n, int h, int w, int C, T* y, uint8_t* argmax) {
+  const int oh = (h + 1) / 2, ow = (w + 1) / 2;
+  const size_t total = size_t(n) * oh * ow * C;
+  for (size_t o = blockIdx.x * size_t(blockDim.x) + threadIdx.x; o < total; o += size_t(gridDim.x) * blockDim.x) {
+    const int c = int(o % C);
+    size_t t = o / C;
+    const int j = int(t % ow);
+    t /= ow;
+    const int i = int(t % oh);
+    const int b = int(t / oh);
+    float best = -INFINITY;
+    int arg = -1;
+    for (int q = 0; q < 9; ++q) {
+      const int iy = 2 * i - 1 + q / 3, ix = 2 * j - 1 + q % 3;
+      if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+      const float v = ToF(x[((size_t(b) * h + iy) * w + ix) * C + c]);
+      if (arg < 0 || v > best) best = v, arg = q;
+    }
+    y[o] = FromF<T>(best);
+    argmax[o] = uint8_t(arg);
+  }
+}
+
+// One thread an input element: the sum of dy over the windows (row-major
+// order) whose winner it is, as the CPU reference adds them.
+template <class T>
+__global__ void MaxPool3x3BackwardKernel(const T* dy, const uint8_t* argmax, int n, int h, int w, int C, T* dx) {
+  const int oh = (h + 1) / 2, ow = (w + 1) / 2;
+  const size_t total = size_t(n) * h * w * C;
+  for (size_t e = blockIdx.x * size_t(blockDim.x) + threadIdx.x; e < total; e += size_t(gridDim.x) * blockDim.x) {
+    const int c = int(e % C);
+    size_t t = e / C;
+    const int ix = int(t % w);
+    t /= w;
+    const int iy = int(t % h);
+    const int b = int(t / h);
+    float g = 0;
+    for (int i = iy / 2; i <= (iy + 1) / 2 && i < oh; ++i)
+      for (int j = ix / 2; j <= (ix + 1) / 2 && j < ow; ++j) {
+        const size_t yi = ((size_t(b) * oh + i) * ow + j) * C + c;
+        const int q = argmax[yi];
+        if (2 * i - 1 + q / 3 == iy && 2 * j - 1 + q % 3 == ix) g += ToF(dy[yi]);
+      }
+    dx[e] = FromF<T>(g);
+  }
+}
+
+// One thread a (sample, channel): the positions summed in order in fp32.
+template <class T>
+__global__ void GlobalAvgPoolKernel(const T* x, int n, int hw, int C, T* y) {
+  const size_t total = size_t(n) * C;
+  for (size_t o = blockIdx.x * size_t(blockDim.x) + threadIdx.x; o < total; o += size_t(gridDim.x) * blockDim.x) {
+    const size_t b = o / C;
+    const int c = int(o % C);
+    float s = 0;
+    for (int p = 0; p < hw; ++p) s += ToF(x[(b * hw + p) * C + c]);
+    y[o] = FromF<T>(s / float(hw));
+  }
+}
+
+template <class T>
+__global__ void GlobalAvgPoolBackwardKernel(const T* dy, int n, int hw, int C, T* dx) {
+  const size_t total = size_t(n) * hw * C;
+  for (size_t e = blockIdx.x * size_t(blockDim.x) + threadIdx.x; e < total; e += size_t(gridDim.x) * blockDim.x) {
+    const int c = int(e % C);
+    const size_t b = e / C / size_t(hw);
+    dx[e] = FromF<T>(ToF(dy[b * C + c]) / float(hw));
+  }
+}
+
+template <class T>
+__global__ void AddActKernel(T* y, const T* x, size_t n, bool relu) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = ToF(y[i]) + ToF(x[i]);
+    y[i] = FromF<T>(relu && !(v > 0) ? 0.f : v);
   }
 }
 

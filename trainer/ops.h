@@ -38,23 +38,33 @@ struct GemmArgs {
   DType ab = DType::kFloat32, c_dtype = DType::kFloat32;
 };
 
-// A 3x3 convolution, stride 1, zero padding 1, no bias (batchnorm follows),
-// NHWC activations and KRSC filters (out channels, 3, 3, in channels).
+// A square r x r convolution with stride `stride` and zero padding `pad`, no
+// bias (batchnorm follows), NHWC activations [n, h, w, c] -> [n, out_h(),
+// out_w(), k] and KRSC filters (out channels, r, r, in channels). The
+// default is the cnn's 3x3, stride 1, padding 1 (the output the input's
+// size); ResNet also uses 7x7/2 pad 3 (stem), 3x3/2 pad 1 and 1x1/2 pad 0
+// (a projection shortcut).
 struct ConvShape {
   int n = 0, h = 0, w = 0, c = 0, k = 0;
   DType dtype = DType::kFloat32;
+  int r = 3, stride = 1, pad = 1;
+  int out_h() const { return (h + 2 * pad - r) / stride + 1; }
+  int out_w() const { return (w + 2 * pad - r) / stride + 1; }
   size_t x_elems() const { return size_t(n) * h * w * c; }
-  size_t y_elems() const { return size_t(n) * h * w * k; }
-  size_t w_elems() const { return size_t(k) * 9 * c; }
+  size_t y_elems() const { return size_t(n) * out_h() * out_w() * k; }
+  size_t w_elems() const { return size_t(k) * r * r * c; }
 };
 
 // Training-mode batchnorm + ReLU over the channel (innermost) axis of
 // `rows` x `c` values: y = relu(gamma * (x - mean) * invstd + beta).
+// `relu` false: batchnorm alone (y = gamma * xhat + beta; a residual
+// block's second batchnorm and its projection's, before the add).
 struct BnArgs {
   size_t rows = 0;
   int c = 0;
   DType dtype = DType::kFloat32;
   float eps = 1e-5f, momentum = 0.1f;  // running = (1 - momentum) * running + momentum * batch
+  bool relu = true;
 };
 
 // Dynamic loss scaling state, kept where the gradients are (no host round
@@ -179,6 +189,24 @@ class Ops {
   // dx (zeroed here) receives dy at each window's winner.
   virtual Status MaxPoolBackward(int n, int h, int w, int c, DType dtype, const void* dy, const uint8_t* argmax,
                                  void* dx) = 0;
+
+  // ResNet's stem pooling: 3x3 max pooling, stride 2, padding 1 (padding
+  // never wins): [n, h, w, c] -> [n, (h + 1) / 2, (w + 1) / 2, c]; argmax
+  // (uint8, 0..8, row-major in the window) remembers the winner.
+  virtual Status MaxPool3x3Forward(int n, int h, int w, int c, DType dtype, const void* x, void* y,
+                                   uint8_t* argmax) = 0;
+  // dx (every element written) = the sum of dy over the windows whose winner
+  // it is, added in the windows' row-major order (windows overlap).
+  virtual Status MaxPool3x3Backward(int n, int h, int w, int c, DType dtype, const void* dy, const uint8_t* argmax,
+                                    void* dx) = 0;
+  // Global average pooling: y[b, ch] = mean of x[b, :, ch] over `hw`
+  // positions (fp32 accumulation), [n, hw, c] -> [n, c].
+  virtual Status GlobalAvgPoolForward(int n, int hw, int c, DType dtype, const void* x, void* y) = 0;
+  // dx[b, p, ch] = dy[b, ch] / hw.
+  virtual Status GlobalAvgPoolBackward(int n, int hw, int c, DType dtype, const void* dy, void* dx) = 0;
+  // y[i] = act(y[i] + x[i]) for n values (relu when `relu`): a residual
+  // block's join (relu), and the sum of a block input's two gradients (not).
+  virtual Status AddAct(void* y, const void* x, size_t n, bool relu, DType dtype) = 0;
 
   // Softmax cross-entropy over `rows` x `classes` logits with int32 labels.
   // Adds sum of the rows' losses to *loss_sum and their correct predictions

@@ -127,20 +127,21 @@ class CpuOps final : public Ops {
     return Status::Ok();
   }
 
-  // im2col of one 3x3/pad 1 window per output pixel: [n*h*w, 9*c], (r, s, c)
-  // order to match KRSC filters.
+  // im2col of one r x r window per output pixel (stride, zero padding):
+  // [n*oh*ow, r*r*c], (r, s, c) order to match KRSC filters.
   static std::vector<float> Im2Col(const ConvShape& s, const void* x) {
-    std::vector<float> col(size_t(s.n) * s.h * s.w * 9 * s.c, 0.0f);
+    const int oh = s.out_h(), ow = s.out_w(), kk = s.r * s.r * s.c;
+    std::vector<float> col(size_t(s.n) * oh * ow * kk, 0.0f);
     for (int b = 0; b < s.n; ++b)
-      for (int y = 0; y < s.h; ++y)
-        for (int xx = 0; xx < s.w; ++xx) {
-          float* row = &col[((size_t(b) * s.h + y) * s.w + xx) * 9 * s.c];
-          for (int r = 0; r < 3; ++r)
-            for (int q = 0; q < 3; ++q) {
-              const int iy = y + r - 1, ix = xx + q - 1;
+      for (int y = 0; y < oh; ++y)
+        for (int xx = 0; xx < ow; ++xx) {
+          float* row = &col[((size_t(b) * oh + y) * ow + xx) * kk];
+          for (int r = 0; r < s.r; ++r)
+            for (int q = 0; q < s.r; ++q) {
+              const int iy = y * s.stride + r - s.pad, ix = xx * s.stride + q - s.pad;
               if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
               const size_t base = ((size_t(b) * s.h + iy) * s.w + ix) * s.c;
-              for (int c = 0; c < s.c; ++c) row[(r * 3 + q) * s.c + c] = LoadAs(x, base + c, s.dtype);
+              for (int c = 0; c < s.c; ++c) row[(r * s.r + q) * s.c + c] = LoadAs(x, base + c, s.dtype);
             }
         }
     return col;
@@ -149,7 +150,7 @@ class CpuOps final : public Ops {
   Status ConvForward(const ConvShape& s, const void* x, const void* w, void* y) override {
     std::vector<float> col = Im2Col(s, x);
     FloatView wv(w, s.w_elems(), s.dtype);
-    const int rows = s.n * s.h * s.w, kk = 9 * s.c;
+    const int rows = s.n * s.out_h() * s.out_w(), kk = s.r * s.r * s.c;
     Eigen::Map<const RowMat> C(col.data(), rows, kk), W(wv.p, s.k, kk);
     RowMat out = C * W.transpose();
     for (size_t i = 0; i < s.y_elems(); ++i) StoreAs(y, i, s.dtype, out.data()[i]);
@@ -158,20 +159,21 @@ class CpuOps final : public Ops {
 
   Status ConvBackwardData(const ConvShape& s, const void* dy, const void* w, void* dx) override {
     FloatView dyv(dy, s.y_elems(), s.dtype), wv(w, s.w_elems(), s.dtype);
-    const int rows = s.n * s.h * s.w, kk = 9 * s.c;
+    const int oh = s.out_h(), ow = s.out_w();
+    const int rows = s.n * oh * ow, kk = s.r * s.r * s.c;
     Eigen::Map<const RowMat> DY(dyv.p, rows, s.k), W(wv.p, s.k, kk);
-    RowMat dcol = DY * W;  // [rows, 9c]
+    RowMat dcol = DY * W;  // [rows, r*r*c]
     std::vector<double> acc(s.x_elems(), 0.0);
     for (int b = 0; b < s.n; ++b)
-      for (int y = 0; y < s.h; ++y)
-        for (int xx = 0; xx < s.w; ++xx) {
-          const float* row = &dcol(((size_t(b) * s.h + y) * s.w + xx), 0);
-          for (int r = 0; r < 3; ++r)
-            for (int q = 0; q < 3; ++q) {
-              const int iy = y + r - 1, ix = xx + q - 1;
+      for (int y = 0; y < oh; ++y)
+        for (int xx = 0; xx < ow; ++xx) {
+          const float* row = &dcol(((size_t(b) * oh + y) * ow + xx), 0);
+          for (int r = 0; r < s.r; ++r)
+            for (int q = 0; q < s.r; ++q) {
+              const int iy = y * s.stride + r - s.pad, ix = xx * s.stride + q - s.pad;
               if (iy < 0 || iy >= s.h || ix < 0 || ix >= s.w) continue;
               const size_t base = ((size_t(b) * s.h + iy) * s.w + ix) * s.c;
-              for (int c = 0; c < s.c; ++c) acc[base + c] += row[(r * 3 + q) * s.c + c];
+              for (int c = 0; c < s.c; ++c) acc[base + c] += row[(r * s.r + q) * s.c + c];
             }
         }
     for (size_t i = 0; i < acc.size(); ++i) StoreAs(dx, i, s.dtype, static_cast<float>(acc[i]));
@@ -181,9 +183,9 @@ class CpuOps final : public Ops {
   Status ConvBackwardFilter(const ConvShape& s, const void* x, const void* dy, float* dw, float beta) override {
     std::vector<float> col = Im2Col(s, x);
     FloatView dyv(dy, s.y_elems(), s.dtype);
-    const int rows = s.n * s.h * s.w, kk = 9 * s.c;
+    const int rows = s.n * s.out_h() * s.out_w(), kk = s.r * s.r * s.c;
     Eigen::Map<const RowMat> C(col.data(), rows, kk), DY(dyv.p, rows, s.k);
-    RowMat g = DY.transpose() * C;  // [k, 9c]
+    RowMat g = DY.transpose() * C;  // [k, r*r*c]
     for (size_t i = 0; i < s.w_elems(); ++i) dw[i] = beta != 0 ? beta * dw[i] + g.data()[i] : g.data()[i];
     return Status::Ok();
   }
@@ -219,7 +221,7 @@ class CpuOps final : public Ops {
       for (int c = 0; c < a.c; ++c) {
         const size_t i = r * a.c + c;
         const float v = gamma[c] * ((LoadAs(x, i, a.dtype) - mean[c]) * invstd[c]) + beta[c];
-        StoreAs(y, i, a.dtype, v > 0 ? v : 0.0f);
+        StoreAs(y, i, a.dtype, !a.relu || v > 0 ? v : 0.0f);
       }
     return Status::Ok();
   }
@@ -229,6 +231,7 @@ class CpuOps final : public Ops {
                         float* dbeta, float beta_acc) override {
     // The ReLU's mask: y > 0 as stored, or (y null) that y made again from x.
     auto on = [&](size_t i, int c) {
+      if (!a.relu) return true;
       if (y) return LoadAs(y, i, a.dtype) > 0;
       const float v = gamma[c] * ((LoadAs(x, i, a.dtype) - save_mean[c]) * save_invstd[c]) + beta[c];
       return RoundTo(a.dtype, v > 0 ? v : 0.0f) > 0;
@@ -292,6 +295,74 @@ class CpuOps final : public Ops {
             const size_t xi = ((size_t(b) * h + 2 * i + t / 2) * w + 2 * j + t % 2) * c + ch;
             StoreAs(dx, xi, dt, LoadAs(dy, yi, dt));
           }
+    return Status::Ok();
+  }
+
+  Status MaxPool3x3Forward(int n, int h, int w, int c, DType dt, const void* x, void* y, uint8_t* argmax) override {
+    const int oh = (h + 1) / 2, ow = (w + 1) / 2;
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < oh; ++i)
+        for (int j = 0; j < ow; ++j)
+          for (int ch = 0; ch < c; ++ch) {
+            float best = -INFINITY;
+            int arg = -1;
+            for (int t = 0; t < 9; ++t) {
+              const int iy = 2 * i - 1 + t / 3, ix = 2 * j - 1 + t % 3;
+              if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+              const float v = LoadAs(x, ((size_t(b) * h + iy) * w + ix) * c + ch, dt);
+              if (arg < 0 || v > best) best = v, arg = t;
+            }
+            const size_t yi = ((size_t(b) * oh + i) * ow + j) * c + ch;
+            StoreAs(y, yi, dt, best);
+            argmax[yi] = static_cast<uint8_t>(arg);
+          }
+    return Status::Ok();
+  }
+
+  // A gather per input element (the windows that may hold it, in row-major
+  // order), as the GPU kernel does, so both add in the same order.
+  Status MaxPool3x3Backward(int n, int h, int w, int c, DType dt, const void* dy, const uint8_t* argmax,
+                            void* dx) override {
+    const int oh = (h + 1) / 2, ow = (w + 1) / 2;
+    for (int b = 0; b < n; ++b)
+      for (int iy = 0; iy < h; ++iy)
+        for (int ix = 0; ix < w; ++ix)
+          for (int ch = 0; ch < c; ++ch) {
+            float g = 0;
+            for (int i = iy / 2; i <= (iy + 1) / 2 && i < oh; ++i)
+              for (int j = ix / 2; j <= (ix + 1) / 2 && j < ow; ++j) {
+                const size_t yi = ((size_t(b) * oh + i) * ow + j) * c + ch;
+                const int t = argmax[yi];
+                if (2 * i - 1 + t / 3 == iy && 2 * j - 1 + t % 3 == ix) g += LoadAs(dy, yi, dt);
+              }
+            StoreAs(dx, ((size_t(b) * h + iy) * w + ix) * c + ch, dt, g);
+          }
+    return Status::Ok();
+  }
+
+  Status GlobalAvgPoolForward(int n, int hw, int c, DType dt, const void* x, void* y) override {
+    for (int b = 0; b < n; ++b)
+      for (int ch = 0; ch < c; ++ch) {
+        float s = 0;
+        for (int p = 0; p < hw; ++p) s += LoadAs(x, (size_t(b) * hw + p) * c + ch, dt);
+        StoreAs(y, size_t(b) * c + ch, dt, s / float(hw));
+      }
+    return Status::Ok();
+  }
+
+  Status GlobalAvgPoolBackward(int n, int hw, int c, DType dt, const void* dy, void* dx) override {
+    for (int b = 0; b < n; ++b)
+      for (int p = 0; p < hw; ++p)
+        for (int ch = 0; ch < c; ++ch)
+          StoreAs(dx, (size_t(b) * hw + p) * c + ch, dt, LoadAs(dy, size_t(b) * c + ch, dt) / float(hw));
+    return Status::Ok();
+  }
+
+  Status AddAct(void* y, const void* x, size_t n, bool relu, DType dt) override {
+    for (size_t i = 0; i < n; ++i) {
+      const float v = LoadAs(y, i, dt) + LoadAs(x, i, dt);
+      StoreAs(y, i, dt, relu && !(v > 0) ? 0.0f : v);
+    }
     return Status::Ok();
   }
 

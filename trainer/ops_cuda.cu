@@ -267,9 +267,9 @@ class CudaOps final : public Ops {
       if (!pb.ok()) return pb.status();
       float *fa = static_cast<float*>(*pa), *fb = static_cast<float*>(*pb);
       DISPATCH(a.dtype, T,
-               BnPartialKernel<T, 0>
-               <<<grid, dim3(32, kBnRowLanes), 0, stream_>>>(static_cast<const T*>(x), nullptr, nullptr, nullptr,
-                                                             nullptr, nullptr, nullptr, a.rows, a.c, rpb, fa, fb);)
+               BnPartialKernel<T, 0><<<grid, dim3(32, kBnRowLanes), 0, stream_>>>(
+                   static_cast<const T*>(x), nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, a.rows, a.c, rpb, fa,
+                   fb, a.relu);)
       LAUNCH_CHECK();
       BnStatsFinishKernel<<<(a.c + 127) / 128, 128, 0, stream_>>>(fa, fb, int(grid.y), a.c, a.rows, a.eps, a.momentum,
                                                                   running_mean, running_var, save_mean, save_invstd);
@@ -281,7 +281,7 @@ class CudaOps final : public Ops {
     }
     DISPATCH(a.dtype, T,
              BnReluApplyKernel<T><<<Blocks(n), 256, 0, stream_>>>(static_cast<const T*>(x), gamma, beta, save_mean,
-                                                                  save_invstd, n, a.c, static_cast<T*>(y));)
+                                                                  save_invstd, n, a.c, static_cast<T*>(y), a.relu);)
     LAUNCH_CHECK();
     return Status::Ok();
   }
@@ -302,7 +302,7 @@ class CudaOps final : public Ops {
     DISPATCH(a.dtype, T,
              BnPartialKernel<T, 1><<<grid, dim3(32, kBnRowLanes), 0, stream_>>>(
                  static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), gamma, beta, save_mean,
-                 save_invstd, a.rows, a.c, rpb, fa, fb);)
+                 save_invstd, a.rows, a.c, rpb, fa, fb, a.relu);)
     LAUNCH_CHECK();
     BnBackwardFinishKernel<<<(a.c + 127) / 128, 128, 0, stream_>>>(fa, fb, int(grid.y), a.c, sgx, sg, dgamma, dbeta,
                                                                    beta_acc);
@@ -311,7 +311,7 @@ class CudaOps final : public Ops {
     DISPATCH(a.dtype, T,
              BnReluBackwardApplyKernel<T><<<Blocks(n), 256, 0, stream_>>>(
                  static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), gamma, beta, save_mean,
-                 save_invstd, sgx, sg, n, a.c, inv_m, static_cast<T*>(dx));)
+                 save_invstd, sgx, sg, n, a.c, inv_m, static_cast<T*>(dx), a.relu);)
     LAUNCH_CHECK();
     return Status::Ok();
   }
@@ -331,6 +331,46 @@ class CudaOps final : public Ops {
     DISPATCH(dt, T,
              MaxPoolBackwardKernel<T>
              <<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(dy), argmax, n, h, w, c, static_cast<T*>(dx));)
+    LAUNCH_CHECK();
+    return Status::Ok();
+  }
+
+  Status MaxPool3x3Forward(int n, int h, int w, int c, DType dt, const void* x, void* y, uint8_t* argmax) override {
+    const size_t total = size_t(n) * ((h + 1) / 2) * ((w + 1) / 2) * c;
+    DISPATCH(dt, T,
+             MaxPool3x3Kernel<T>
+             <<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(x), n, h, w, c, static_cast<T*>(y), argmax);)
+    LAUNCH_CHECK();
+    return Status::Ok();
+  }
+  Status MaxPool3x3Backward(int n, int h, int w, int c, DType dt, const void* dy, const uint8_t* argmax,
+                            void* dx) override {
+    const size_t total = size_t(n) * h * w * c;
+    DISPATCH(dt, T,
+             MaxPool3x3BackwardKernel<T>
+             <<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(dy), argmax, n, h, w, c, static_cast<T*>(dx));)
+    LAUNCH_CHECK();
+    return Status::Ok();
+  }
+  Status GlobalAvgPoolForward(int n, int hw, int c, DType dt, const void* x, void* y) override {
+    const size_t total = size_t(n) * c;
+    DISPATCH(dt, T,
+             GlobalAvgPoolKernel<T>
+             <<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(x), n, hw, c, static_cast<T*>(y));)
+    LAUNCH_CHECK();
+    return Status::Ok();
+  }
+  Status GlobalAvgPoolBackward(int n, int hw, int c, DType dt, const void* dy, void* dx) override {
+    const size_t total = size_t(n) * hw * c;
+    DISPATCH(dt, T,
+             GlobalAvgPoolBackwardKernel<T>
+             <<<Blocks(total), 256, 0, stream_>>>(static_cast<const T*>(dy), n, hw, c, static_cast<T*>(dx));)
+    LAUNCH_CHECK();
+    return Status::Ok();
+  }
+  Status AddAct(void* y, const void* x, size_t n, bool relu, DType dt) override {
+    DISPATCH(dt, T,
+             AddActKernel<T><<<Blocks(n), 256, 0, stream_>>>(static_cast<T*>(y), static_cast<const T*>(x), n, relu);)
     LAUNCH_CHECK();
     return Status::Ok();
   }
