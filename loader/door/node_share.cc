@@ -254,7 +254,32 @@ Result<std::string> NodePrefix(const SourceOptions& o) {
   return prefix;
 }
 
-// long: not split yet (issue 47, item 6): the node server found, checked and attached
+namespace {
+
+// The command line of the node's server (`gpufeed serve`) for `o`: its
+// lease files, and a memory budget for the node's ranks' caches, at least
+// 8 GiB and at most 80% of the machine.
+std::vector<std::string> ServeArgs(const SourceOptions& o, const std::string& cli, const std::string& spec,
+                                   const std::string& address, const std::string& lease_path,
+                                   const std::string& lock_path, const std::string& log, int local, int node_threads) {
+  uint64_t budget = std::max<uint64_t>(
+      8ull << 30, SaturatingAdd(SaturatingMul(2 * static_cast<uint64_t>(local) + 1, o.loader.cache_bytes), 4ull << 30));
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) budget = std::min<uint64_t>(budget, static_cast<uint64_t>(pages) * page / 10 * 8);
+  std::vector<std::string> args{cli, "serve", "--data", spec};
+  for (const std::string& f : o.open.fields) args.insert(args.end(), {"--field", f});
+  if (o.open.no_sample_axis) args.push_back("--no-sample-axis");
+  args.insert(args.end(),
+              {"--listen", address, "--lease-file", lease_path, "--lease-lock", lock_path, "--lease-remove", log,
+               "--cache-bytes", std::to_string(o.loader.cache_bytes), "--prefetch", std::to_string(o.loader.prefetch),
+               "--memory-bytes", std::to_string(budget), "--log-level", "warn"});
+  if (node_threads > 0) args.insert(args.end(), {"--threads", std::to_string(node_threads)});
+  if (o.open.trust_files) args.push_back("--trust-files");
+  return args;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
   Reap();
   auto named = NodePrefix(o);
@@ -306,20 +331,8 @@ Result<std::unique_ptr<NodeLease>> AttachNodeServer(const SourceOptions& o) {
     } unmake{lock_path, lease_path, log, sock, remove_log};
     auto cli = CliPath();
     if (!cli.ok()) return cli.status();
-    uint64_t budget = std::max<uint64_t>(
-        8ull << 30,
-        SaturatingAdd(SaturatingMul(2 * static_cast<uint64_t>(local) + 1, o.loader.cache_bytes), 4ull << 30));
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0) budget = std::min<uint64_t>(budget, static_cast<uint64_t>(pages) * page / 10 * 8);
-    std::vector<std::string> args{*cli, "serve", "--data", spec};
-    for (const std::string& f : o.open.fields) args.insert(args.end(), {"--field", f});
-    if (o.open.no_sample_axis) args.push_back("--no-sample-axis");
-    args.insert(args.end(),
-                {"--listen", lease->address_, "--lease-file", lease_path, "--lease-lock", lock_path, "--lease-remove",
-                 log, "--cache-bytes", std::to_string(o.loader.cache_bytes), "--prefetch",
-                 std::to_string(o.loader.prefetch), "--memory-bytes", std::to_string(budget), "--log-level", "warn"});
-    if (node_threads > 0) args.insert(args.end(), {"--threads", std::to_string(node_threads)});
-    if (o.open.trust_files) args.push_back("--trust-files");
+    const std::vector<std::string> args =
+        ServeArgs(o, *cli, spec, lease->address_, lease_path, lock_path, log, local, node_threads);
     // What a server that died (or failed to start) left goes (the log
     // checked above: ours, not a link); anything else there is not this
     // rank's to remove.
