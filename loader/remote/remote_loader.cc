@@ -169,6 +169,8 @@ struct RemoteStream final : EpochStream::Impl {
 
   void Run();
   Status Receive(Conn& conn, std::deque<Batch::Slot*>& held);
+  Status CheckSameDataset(const daemon::HelloOk& ok) const;
+  Status GrantCredit(Conn& conn, std::deque<Batch::Slot*>& held, bool shm, Status* send_error);
   Status ReadBatch(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
                    Batch::Slot* slot, uint64_t* count);
   Status ReadBatchRef(Conn& conn, const daemon::HeaderBytes& hb, const daemon::FrameHeader& h, uint64_t expect,
@@ -204,16 +206,14 @@ void RemoteStream::Run() {
   core.Finish();
 }
 
-// long: not split yet (issue 47, item 6): one frame of the daemon's wire read and checked
-Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
-  const RemoteLoaderOptions& o = loader->options;
-  auto ok = loader->Handshake(&conn, epoch, start_batch, false, &cancel);
-  if (!ok.ok()) return ok.status();
+// The daemon's answer to this stream's HELLO describes the dataset the
+// loader connected to (Connect): its shape, batches, labels and fields.
+Status RemoteStream::CheckSameDataset(const daemon::HelloOk& ok) const {
   const BatchSourceInfo& want = loader->info;
   auto same_fields = [&] {
-    if (ok->info.fields.size() != want.fields.size()) return false;
+    if (ok.info.fields.size() != want.fields.size()) return false;
     for (size_t i = 0; i < want.fields.size(); ++i) {
-      const FieldInfo &a = ok->info.fields[i], &b = want.fields[i];
+      const FieldInfo &a = ok.info.fields[i], &b = want.fields[i];
       if (a.name != b.name || a.dtype != b.dtype || a.sample_shape != b.sample_shape ||
           a.sample_bytes != b.sample_bytes) {
         return false;
@@ -221,13 +221,58 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
     }
     return true;
   };
-  if (ok->info.sample_bytes != want.sample_bytes || ok->info.batch_size != want.batch_size ||
-      ok->num_batches != epoch_batches || ok->info.has_labels != want.has_labels ||
-      ok->info.encoded_batches != want.encoded_batches ||
-      (want.encoded_batches && ok->slot_sample_bytes != loader->slot_sample_bytes) || !same_fields()) {
-    return Status::InvalidArgument(peer + ": the daemon now serves a different dataset (" + ok->info.name +
+  if (ok.info.sample_bytes != want.sample_bytes || ok.info.batch_size != want.batch_size ||
+      ok.num_batches != epoch_batches || ok.info.has_labels != want.has_labels ||
+      ok.info.encoded_batches != want.encoded_batches ||
+      (want.encoded_batches && ok.slot_sample_bytes != loader->slot_sample_bytes) || !same_fields()) {
+    return Status::InvalidArgument(peer + ": the daemon now serves a different dataset (" + ok.info.name +
                                    ") than at Connect() (" + want.name + ")");
   }
+  return Status::Ok();
+}
+
+// One credit per slot this thread holds: every free slot taken, and at
+// least one waited for, then granted (SLOTS with shared memory, else
+// CREDIT). A failed send is left in *send_error (a frame may still explain
+// it); an error returned ends the stream (cancelled, or a buffer the pool
+// could not allocate).
+Status RemoteStream::GrantCredit(Conn& conn, std::deque<Batch::Slot*>& held, bool shm, Status* send_error) {
+  const RemoteLoaderOptions& o = loader->options;
+  std::vector<uint32_t> grant;
+  while (Batch::Slot* s = loader->pool.TryAcquire()) {
+    held.push_back(s);
+    grant.push_back(s->id);
+  }
+  while (held.empty() && send_error->ok()) {
+    // Woken by a consumer release or Stop(); a consumer that holds every
+    // slot for keepalive_ms gets a PING sent for it.
+    bool timed_out = false;
+    Batch::Slot* s = o.keepalive_ms > 0 ? loader->pool.AcquireFor(std::chrono::milliseconds(o.keepalive_ms), &timed_out)
+                                        : loader->pool.Acquire();
+    if (s != nullptr) {
+      held.push_back(s);
+      grant.push_back(s->id);
+    } else if (!timed_out) {
+      Status why = loader->pool.status();  // a buffer the pool could not allocate
+      return why.ok() ? Status::IOError(peer + ": cancelled") : why;
+    } else {
+      *send_error = conn.SendFrame(FrameType::kPing, {}, o.io_timeout_ms);
+    }
+  }
+  if (!grant.empty()) {
+    *send_error = shm ? conn.SendFrame(FrameType::kSlots, daemon::EncodeSlots(grant), o.io_timeout_ms)
+                      : conn.SendFrame(FrameType::kCredit, daemon::EncodeCredit(static_cast<uint32_t>(grant.size())),
+                                       o.io_timeout_ms);
+  }
+  return Status::Ok();
+}
+
+Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
+  const RemoteLoaderOptions& o = loader->options;
+  auto ok = loader->Handshake(&conn, epoch, start_batch, false, &cancel);
+  if (!ok.ok()) return ok.status();
+  GPUFEED_RETURN_IF_ERROR(CheckSameDataset(*ok));
+  const BatchSourceInfo& want = loader->info;
   const bool shm = ok->shm;
   if (shm && loader->region.fd() < 0) return Status::Corrupt(peer + ": HELLO_OK grants shared memory never offered");
   const uint64_t bs = want.batch_size;
@@ -243,35 +288,7 @@ Status RemoteStream::Receive(Conn& conn, std::deque<Batch::Slot*>& held) {
   for (;;) {
     // One credit per slot this thread holds: the daemon never sends a batch
     // that has no slot to land in.
-    if (send_error.ok()) {
-      std::vector<uint32_t> grant;
-      while (Batch::Slot* s = loader->pool.TryAcquire()) {
-        held.push_back(s);
-        grant.push_back(s->id);
-      }
-      while (held.empty() && send_error.ok()) {
-        // Woken by a consumer release or Stop(); a consumer that holds every
-        // slot for keepalive_ms gets a PING sent for it.
-        bool timed_out = false;
-        Batch::Slot* s = o.keepalive_ms > 0
-                             ? loader->pool.AcquireFor(std::chrono::milliseconds(o.keepalive_ms), &timed_out)
-                             : loader->pool.Acquire();
-        if (s != nullptr) {
-          held.push_back(s);
-          grant.push_back(s->id);
-        } else if (!timed_out) {
-          Status why = loader->pool.status();  // a buffer the pool could not allocate
-          return why.ok() ? Status::IOError(peer + ": cancelled") : why;
-        } else {
-          send_error = conn.SendFrame(FrameType::kPing, {}, o.io_timeout_ms);
-        }
-      }
-      if (!grant.empty()) {
-        send_error = shm ? conn.SendFrame(FrameType::kSlots, daemon::EncodeSlots(grant), o.io_timeout_ms)
-                         : conn.SendFrame(FrameType::kCredit, daemon::EncodeCredit(static_cast<uint32_t>(grant.size())),
-                                          o.io_timeout_ms);
-      }
-    }
+    if (send_error.ok()) GPUFEED_RETURN_IF_ERROR(GrantCredit(conn, held, shm, &send_error));
     daemon::HeaderBytes hb;
     if (Status st = conn.RecvAll(hb, o.io_timeout_ms); !st.ok()) return send_error.ok() ? st : send_error;
     auto h = daemon::ParseHeader(hb, max_payload, max_payload, peer);
