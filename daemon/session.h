@@ -101,8 +101,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleSlots(std::span<const std::byte> payload);
   int ThreadShare(uint64_t* divided_among) const;  // this stream's loader threads
   void StartProducer();
-  bool AwaitPark();  // true: StartProducer runs again in a moment
-  void Produce();    // the producer thread
+  std::string StreamKey() const;  // what identifies a parked Loader this stream may take
+  // The client's memory mapped as the Loader's pool (or a parked mapping of
+  // it reused); false: failed, and Fail was called.
+  bool MapSharedMemory(std::unique_ptr<ShmPool>& parked_shm);
+  bool AwaitPark();                               // true: StartProducer runs again in a moment
+  void Produce();                                 // the producer thread
+  std::shared_ptr<OutFrame> BatchFrame(Batch b);  // the producer thread: a batch as the frame that carries it
   void OnProducerDone();
   void Enqueue(std::shared_ptr<OutFrame> f);
   void EnqueueControl(FrameType type, std::vector<std::byte> payload, bool close_after, uint16_t version = kVersion);

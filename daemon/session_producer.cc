@@ -31,7 +31,51 @@ int Session::ThreadShare(uint64_t* divided_among) const {
   return std::min(share, server_.loader_threads);
 }
 
-// long: not split yet (issue 47, item 6): the daemon stream's producer thread and its error routing
+// The stream's identity: a parked Loader (Server::Take) serves it only if
+// all of this is the same (the order, the rank's share, compression, the
+// shared memory's geometry, an encoded dataset's decode options).
+std::string Session::StreamKey() const {
+  const ChunkSource& src = *served_.source;
+  const LoaderOptions& lo = hello_.loader;
+  std::string key = src.name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
+                    std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
+                    "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
+                    (lo.reshard.world_size > 0
+                         ? "reshard " + std::to_string(lo.reshard.epoch) + "/" + std::to_string(lo.reshard.world_size) +
+                               "/" + std::to_string(lo.reshard.share) + "/" + std::to_string(lo.reshard.consumed) + "|"
+                         : std::string()) +
+                    (hello_.compress ? "z" : "-") +
+                    (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
+  // An encoded dataset's decode options (its decoded samples) too.
+  if (served_.encoded) key += "|decode " + served_.decode_key + (lo.defer_decode ? "|defer" : "");
+  return key;
+}
+
+bool Session::MapSharedMemory(std::unique_ptr<ShmPool>& parked_shm) {
+  const bool reuse = parked_shm && parked_shm->region.inode() == shm_inode_ && parked_shm->Reclaim();
+  if (reuse) {
+    shm_pool_ = std::move(parked_shm);  // this client's memory, mapped already
+  } else {
+    auto p = ShmPool::Map(std::move(hello_fd_), static_cast<uint32_t>(shm_client_holds_.size()), shm_stride_,
+                          hello_.loader.batch_size, slot_sample_bytes_, "client " + peer_);
+    if (!p.ok()) {
+      LoaderInternal::UsePool(*loader_, nullptr);
+      Fail(p.status(), false);
+      return false;
+    }
+    shm_pool_ = std::move(*p);
+  }
+  hello_fd_.Reset();
+  LoaderInternal::UsePool(*loader_, &shm_pool_->pool);
+  for (uint32_t k = 0; k < shm_client_holds_.size(); ++k) {  // granted so far: the Loader's to fill
+    if (!shm_client_holds_[k]) shm_pool_->pool.Release(shm_pool_->pool.slot(k));
+  }
+  Log("info", "shm",
+      Kv("slots", shm_client_holds_.size()) + " " + Kv("stride", shm_stride_) + " " +
+          Kv("mapping", reuse ? "reused" : "new"));
+  return true;
+}
+
 void Session::StartProducer() {
   const ChunkSource& src = *served_.source;
   const LoaderOptions& lo = hello_.loader;
@@ -72,17 +116,7 @@ void Session::StartProducer() {
   };
   uint64_t divided_among = 1;
   int threads = ThreadShare(&divided_among);
-  stream_key_ = src.name() + "|" + std::to_string(lo.batch_size) + "|" + std::string(OrderName(lo.order)) + "|" +
-                std::to_string(lo.seed) + "|" + std::to_string(lo.shuffle_window) + "|" + std::to_string(lo.rank) +
-                "|" + std::to_string(lo.world_size) + "|" + (lo.drop_last ? "1" : "0") + "|" +
-                (lo.reshard.world_size > 0
-                     ? "reshard " + std::to_string(lo.reshard.epoch) + "/" + std::to_string(lo.reshard.world_size) +
-                           "/" + std::to_string(lo.reshard.share) + "/" + std::to_string(lo.reshard.consumed) + "|"
-                     : std::string()) +
-                (hello_.compress ? "z" : "-") +
-                (shm_ ? "|shm" + std::to_string(hello_.shm_slots) + "x" + std::to_string(shm_stride_) : "");
-  // An encoded dataset's decode options (its decoded samples) too.
-  if (served_.encoded) stream_key_ += "|decode " + served_.decode_key + (lo.defer_decode ? "|defer" : "");
+  stream_key_ = StreamKey();
   uint64_t parked_bytes = 0;
   std::unique_ptr<ShmPool> parked_shm;
   auto warm = server_.Take(stream_key_, &parked_bytes, &parked_shm, shm_inode_);
@@ -129,29 +163,7 @@ void Session::StartProducer() {
                                               ? served_.shared_samples
                                               : served_.shared);
   }
-  if (shm_) {
-    const bool reuse = parked_shm && parked_shm->region.inode() == shm_inode_ && parked_shm->Reclaim();
-    if (reuse) {
-      shm_pool_ = std::move(parked_shm);  // this client's memory, mapped already
-    } else {
-      auto p = ShmPool::Map(std::move(hello_fd_), static_cast<uint32_t>(shm_client_holds_.size()), shm_stride_,
-                            hello_.loader.batch_size, slot_sample_bytes_, "client " + peer_);
-      if (!p.ok()) {
-        LoaderInternal::UsePool(*loader_, nullptr);
-        Fail(p.status(), false);
-        return;
-      }
-      shm_pool_ = std::move(*p);
-    }
-    hello_fd_.Reset();
-    LoaderInternal::UsePool(*loader_, &shm_pool_->pool);
-    for (uint32_t k = 0; k < shm_client_holds_.size(); ++k) {  // granted so far: the Loader's to fill
-      if (!shm_client_holds_[k]) shm_pool_->pool.Release(shm_pool_->pool.slot(k));
-    }
-    Log("info", "shm",
-        Kv("slots", shm_client_holds_.size()) + " " + Kv("stride", shm_stride_) + " " +
-            Kv("mapping", reuse ? "reused" : "new"));
-  }
+  if (shm_ && !MapSharedMemory(parked_shm)) return;
   parked_shm.reset();  // someone else's (the Loader no longer points into it)
   held_bytes_ = held_for(threads);
   LoaderInternal::SetThreads(*loader_, threads);
@@ -186,7 +198,40 @@ bool Session::AwaitPark() {
   return true;
 }
 
-// long: not split yet (issue 47, item 6): the daemon stream's batches produced and sent
+// A batch as its frame: BATCH_REF (its fields are in the client's slot
+// already; only the head travels), or BATCH (the head, then each field's
+// rows: docs/protocol.md), compressed or sent from the Loader's slot.
+std::shared_ptr<Session::OutFrame> Session::BatchFrame(Batch b) {
+  auto f = std::make_shared<OutFrame>();
+  f->is_batch = true;
+  f->samples = b.size();
+  if (shm_) {
+    // The fields are in the client's slot already; only the head travels.
+    const auto off = static_cast<uint64_t>(b.images().data() - shm_pool_->region.bytes().data());
+    f->shm_slot = static_cast<int64_t>(off / shm_stride_);
+    f->body = EncodeBatchRef(b, static_cast<uint32_t>(f->shm_slot));
+    f->header = MakeHeader(FrameType::kBatchRef, 0, static_cast<uint32_t>(f->body.size()), {f->body});
+    f->batch = std::move(b);
+  } else {
+    // The head, then each field's rows (docs/protocol.md, BATCH).
+    f->body = EncodeBatchHead(b);
+    std::vector<std::span<const std::byte>> pieces{f->body};
+    for (auto field : BatchFieldBytes(b)) pieces.push_back(field);
+    // Each field's rows, or an encoded batch's used bytes of its slot.
+    uint64_t raw64 = f->body.size();
+    for (size_t k = 1; k < pieces.size(); ++k) raw64 += pieces[k].size();
+    const uint32_t raw = static_cast<uint32_t>(raw64);
+    if (hello_.compress) {
+      f->body = Compress(pieces);
+      f->header = MakeHeader(FrameType::kBatch, kFlagZstd, raw, {f->body});
+    } else {
+      f->header = MakeHeader(FrameType::kBatch, 0, raw, pieces);
+      f->batch = std::move(b);
+    }
+  }
+  return f;
+}
+
 void Session::Produce() {
   // Exceptions must not leave this thread (docs/practices.md, 17): the Loader reports
   // failures as Status; anything else becomes an error frame.
@@ -230,34 +275,7 @@ void Session::Produce() {
         MutexLock lock(&mu_);
         if (stop_producer_) break;  // the batch is not sent; a resuming client asks for it again
       }
-      Batch b = std::move(**r);
-      auto f = std::make_shared<OutFrame>();
-      f->is_batch = true;
-      f->samples = b.size();
-      if (shm_) {
-        // The fields are in the client's slot already; only the head travels.
-        const auto off = static_cast<uint64_t>(b.images().data() - shm_pool_->region.bytes().data());
-        f->shm_slot = static_cast<int64_t>(off / shm_stride_);
-        f->body = EncodeBatchRef(b, static_cast<uint32_t>(f->shm_slot));
-        f->header = MakeHeader(FrameType::kBatchRef, 0, static_cast<uint32_t>(f->body.size()), {f->body});
-        f->batch = std::move(b);
-      } else {
-        // The head, then each field's rows (docs/protocol.md, BATCH).
-        f->body = EncodeBatchHead(b);
-        std::vector<std::span<const std::byte>> pieces{f->body};
-        for (auto field : BatchFieldBytes(b)) pieces.push_back(field);
-        // Each field's rows, or an encoded batch's used bytes of its slot.
-        uint64_t raw64 = f->body.size();
-        for (size_t k = 1; k < pieces.size(); ++k) raw64 += pieces[k].size();
-        const uint32_t raw = static_cast<uint32_t>(raw64);
-        if (hello_.compress) {
-          f->body = Compress(pieces);
-          f->header = MakeHeader(FrameType::kBatch, kFlagZstd, raw, {f->body});
-        } else {
-          f->header = MakeHeader(FrameType::kBatch, 0, raw, pieces);
-          f->batch = std::move(b);
-        }
-      }
+      std::shared_ptr<OutFrame> f = BatchFrame(std::move(**r));
       const LoaderStats st = stream.stats();
       metrics_.loader_samples_per_s = st.samples_per_second();
       metrics_.cache_hit_rate = st.hit_rate();
