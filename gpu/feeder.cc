@@ -55,10 +55,24 @@ struct InputGeometry {
   int C = 0, H = 0, W = 0;      // channels and the rows and columns normalized
 };
 
+// The image's element type is one the feed converts, or the refusal is
+// worded for the device asked for (the CPU twins convert too).
+Status CheckInputDType(const std::string& name, DType image_dtype, const FeedOptions& o) {
+  if (gpu::InputElementBytes(image_dtype) != 0) return Status::Ok();
+  const std::string dtype(DTypeName(image_dtype));
+  if (o.force_cpu) {
+    return Status::Unsupported(name + ": converting samples to " + std::string(DTypeName(o.dtype)) +
+                               " on the CPU takes uint8, uint16, int16, float16 or float32 ones; the dataset's are " +
+                               dtype + " (for them as stored, read without FeedOptions::dtype, crop_padding or flip)");
+  }
+  return Status::Unsupported(name + ": the GPU feed (CUDA device " + std::to_string(o.device) +
+                             ") takes uint8, uint16, int16, float16 or float32 samples; the dataset's are " + dtype +
+                             " (read them as stored on the CPU, without FeedOptions::dtype, or convert the dataset)");
+}
+
 // The checks of a feed over `src` with options `o` that need no device: its
 // input dtype and shape, channels, mean and std (taken into *options from the
 // dataset's attributes where unset), crop and pool. CheckFeedInput and Init.
-// long: not split yet (issue 47, item 6): the feed's input checks in order, each with its message
 Status CheckInput(const BatchSourceInfo& src, FeedOptions* options, InputGeometry* g) {
   FeedOptions& o = *options;
   // Named fields: the first is the image; the others are classes, masks or
@@ -66,19 +80,7 @@ Status CheckInput(const BatchSourceInfo& src, FeedOptions* options, InputGeometr
   g->named = src.fields.size() >= 2;
   const bool named = g->named;
   g->image_dtype = named ? src.fields[0].dtype : src.dtype;
-  if (gpu::InputElementBytes(g->image_dtype) == 0) {
-    // Worded for the device asked for: the CPU twins convert too.
-    const std::string dtype(DTypeName(g->image_dtype));
-    if (o.force_cpu) {
-      return Status::Unsupported(src.name + ": converting samples to " + std::string(DTypeName(o.dtype)) +
-                                 " on the CPU takes uint8, uint16, int16, float16 or float32 ones; the dataset's are " +
-                                 dtype +
-                                 " (for them as stored, read without FeedOptions::dtype, crop_padding or flip)");
-    }
-    return Status::Unsupported(src.name + ": the GPU feed (CUDA device " + std::to_string(o.device) +
-                               ") takes uint8, uint16, int16, float16 or float32 samples; the dataset's are " + dtype +
-                               " (read them as stored on the CPU, without FeedOptions::dtype, or convert the dataset)");
-  }
+  GPUFEED_RETURN_IF_ERROR(CheckInputDType(src.name, g->image_dtype, o));
   const auto& shape = named ? src.fields[0].sample_shape : src.sample_shape;
   if (shape.size() != 3 && shape.size() != 4) {
     return Status::InvalidArgument(src.name +
