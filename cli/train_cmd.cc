@@ -100,7 +100,8 @@ FlagCheck Checked(CLI::Validator v) { return {false, std::move(v)}; }
   X("--test", test, "test split, evaluated after every epoch", false, kAny)                                           \
   X("--model", model, kModelKindNames.List(), true, kAny)                                                             \
   X("--widths", widths, "mlp hidden widths", true, kAny)                                                              \
-  X("--channels", channels, "cnn block channels (conv-bn-relu-pool each)", true, kAny)                                \
+  X("--channels", channels,                                                                                           \
+    "cnn block channels (conv-bn-relu-pool each); resnet18: its 4 stages' (default 64,128,256,512)", true, kAny)      \
   X("--precision", precision, kPrecisionNames.List() + " (mixed, fp32 master weights)", true, kAny)                   \
   X("--optimizer", optimizer, "sgd (momentum), adamw, or adamw8bit / sgd8bit (8-bit states, blockwise quantized)",    \
     true, kAny)                                                                                                       \
@@ -511,6 +512,9 @@ int RunTrain(TrainArgs& a) {
   auto c = ParseList(a.channels, "--channels");
   if (!c.ok()) return fail(c.status());
   o.channels = *c;
+  // resnet18 without --channels: torchvision's widths.
+  if (o.model == ModelKind::kResnet18 && a.channels == JoinList(TrainOptions{}.channels))
+    o.channels = {64, 128, 256, 512};
   auto order = OrderFromName(a.order);
   if (!order.ok()) return fail(order.status());
   o.loader.order = *order;
@@ -604,7 +608,8 @@ int RunTrain(TrainArgs& a) {
 void AddTrainCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<TrainArgs>();
   TrainOptions& o = a->o;
-  CLI::App* cmd = app.add_subcommand("train", "Train an mlp or cnn classifier fed by gpufeed (cuBLAS/cuDNN or CPU)");
+  CLI::App* cmd =
+      app.add_subcommand("train", "Train an mlp, cnn or resnet18 classifier fed by gpufeed (cuBLAS/cuDNN or CPU)");
   // The trainer's own flags: its table.
 #define GPUFEED_ADD_TRAIN_FLAG(flag, target, what, shown, check) \
   AddTrainFlag(cmd, flag, &a->target, what, shown, check);

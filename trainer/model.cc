@@ -116,7 +116,7 @@ Status Model::Init() {
                                    ", which has " + std::to_string(layers_.size()));
   const size_t es = DTypeSize(s.dtype);
   size_t widest = input_elems();
-  if (s.recompute_blocks && s.kind != ModelKind::kCnn)
+  if (s.recompute_blocks && s.kind == ModelKind::kMlp)
     return Status::InvalidArgument(
         "model: --recompute blocks recomputes the cnn's conv-bn-relu-pool blocks; an mlp "
         "has none (--recompute none)");
@@ -143,6 +143,11 @@ Status Model::Init() {
     GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * block * es, &rc, &acts_bytes_));
   }
   GPUFEED_RETURN_IF_ERROR(AllocateSlots(rc, &widest));
+  if (s.kind == ModelKind::kResnet18) {
+    out_grads_.assign(layers_.size(), nullptr);
+    for (size_t i = 0; i + 1 < layers_.size(); ++i)
+      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * layers_[i].out_elems * es, &out_grads_[i], &acts_bytes_));
+  }
   GPUFEED_RETURN_IF_ERROR(SetUpFreezing());
   if (end_ == static_cast<int>(layers_.size()))
     for (Slot& slot : slots_)
@@ -173,6 +178,17 @@ Status Model::CheckSpec() {
       return Status::InvalidArgument("model: an empty name to freeze (--freeze takes names such as conv0)");
   for (int w : s.widths)
     if (w <= 0) return Status::InvalidArgument("model: layer widths must be positive");
+  if (s.kind == ModelKind::kResnet18) {
+    if (s.widths.size() != 4)
+      return Status::InvalidArgument(
+          "model: resnet18 takes its four stages' channels (--channels 64,128,256,512), not " +
+          std::to_string(s.widths.size()));
+    if (s.layer_begin != 0 || s.layer_end >= 0 || s.slots != 1)
+      return Status::InvalidArgument("model: resnet18 runs without --pipeline-stages (not yet supported)");
+    if (s.recompute_blocks)
+      return Status::InvalidArgument("model: resnet18 runs without --recompute blocks (not yet supported)");
+    if (s.lora_rank > 0) return Status::InvalidArgument("model: resnet18 runs without LoRA (not yet supported)");
+  }
   if (s.layer_begin < 0 || (s.layer_end >= 0 && s.layer_end <= s.layer_begin) || s.slots < 1)
     return Status::InvalidArgument("model: a stage needs layers [begin, end) with begin < end, and >= 1 slot");
   if (s.memory_limit > 0 && !s.plan_only) {
@@ -212,8 +228,99 @@ Status Model::BuildLayers() {
     }
     return AddLinear(in, s.classes, false, true);
   }
+  if (s.kind == ModelKind::kResnet18) return BuildResnet();
   for (int k : s.widths) GPUFEED_RETURN_IF_ERROR(AddConvBlock(k, &h, &w, &c));
   return AddLinear(h * w * c, s.classes, false, true);
+}
+
+// torchvision's ResNet-18: a 7x7/2 conv (the first stage's channels), its
+// batchnorm and ReLU, 3x3/2 max pooling; four stages of two basic blocks
+// (the first block of stages 2-4 strided, with a 1x1/2 projection and its
+// batchnorm as the shortcut); global average pooling; the linear head.
+Status Model::BuildResnet() {
+  const ModelSpec& s = spec_;
+  int h = s.in_h, w = s.in_w, c = s.in_c;
+  GPUFEED_RETURN_IF_ERROR(AddConvBn(s.widths[0], 7, 2, 3, true, -2, &h, &w, &c));
+  Layer pool;
+  pool.kind = Kind::kPool3;
+  pool.h = h, pool.w = w, pool.c = c;
+  pool.pbegin = pool.pend = static_cast<int>(params_.size());
+  h = (h + 1) / 2, w = (w + 1) / 2;
+  pool.out_elems = size_t(h) * w * c;
+  layers_.push_back(pool);
+  for (size_t stage = 0; stage < 4; ++stage)
+    for (int block = 0; block < 2; ++block)
+      GPUFEED_RETURN_IF_ERROR(AddBasicBlock(s.widths[stage], stage > 0 && block == 0 ? 2 : 1, &h, &w, &c));
+  Layer gap;
+  gap.kind = Kind::kGap;
+  gap.h = h, gap.w = w, gap.c = c;
+  gap.pbegin = gap.pend = static_cast<int>(params_.size());
+  gap.out_elems = size_t(c);
+  layers_.push_back(gap);
+  return AddLinear(c, s.classes, false, true);
+}
+
+// conv(r x r, stride, pad) of layer `in`'s output, then batchnorm (+ ReLU).
+Status Model::AddConvBn(int k, int r, int stride, int pad, bool relu, int in, int* h_io, int* w_io, int* c_io) {
+  const ModelSpec& s = spec_;
+  int &h = *h_io, &w = *w_io, &c = *c_io;
+  Layer conv;
+  conv.kind = Kind::kConv;
+  conv.in = in;
+  conv.conv = ConvShape{s.max_batch, h, w, c, k, s.dtype};
+  conv.conv.r = r, conv.conv.stride = stride, conv.conv.pad = pad;
+  conv.fan_in = r * r * c, conv.fan_out = k;
+  conv.pbegin = static_cast<int>(params_.size());
+  const std::string name = "conv" + std::to_string(layers_.size());
+  GPUFEED_RETURN_IF_ERROR(
+      AddParam(name + ".weight", conv.conv.w_elems(), true, std::sqrt(6.0f / float(r * r * c)), 0, &conv.p));
+  conv.pend = static_cast<int>(params_.size());
+  h = conv.conv.out_h(), w = conv.conv.out_w(), c = k;
+  conv.out_elems = size_t(h) * w * k;
+  layers_.push_back(conv);
+  Layer bn;
+  bn.kind = Kind::kBnRelu;
+  bn.bn_relu = relu;
+  bn.h = h, bn.w = w, bn.c = k;
+  bn.pbegin = static_cast<int>(params_.size());
+  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
+  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
+  bn.pend = static_cast<int>(params_.size());
+  void* v;
+  for (float** f : {&bn.run_mean, &bn.run_var}) {
+    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
+    *f = static_cast<float*>(v);
+  }
+  std::vector<float> ones(k, 1.0f);
+  if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
+  bn.out_elems = conv.out_elems;
+  layers_.push_back(bn);
+  return Status::Ok();
+}
+
+// conv-bn-relu, conv-bn, the shortcut (the block's input, or a 1x1
+// projection and its batchnorm where the size or channels change), add,
+// ReLU.
+Status Model::AddBasicBlock(int k, int stride, int* h_io, int* w_io, int* c_io) {
+  const int input = static_cast<int>(layers_.size()) - 1;
+  const int h0 = *h_io, w0 = *w_io, c0 = *c_io;
+  GPUFEED_RETURN_IF_ERROR(AddConvBn(k, 3, stride, 1, true, -2, h_io, w_io, c_io));
+  GPUFEED_RETURN_IF_ERROR(AddConvBn(k, 3, 1, 1, false, -2, h_io, w_io, c_io));
+  const int main = static_cast<int>(layers_.size()) - 1;
+  int shortcut = input;
+  if (stride != 1 || c0 != k) {
+    int h = h0, w = w0, c = c0;
+    GPUFEED_RETURN_IF_ERROR(AddConvBn(k, 1, stride, 0, false, input, &h, &w, &c));
+    shortcut = static_cast<int>(layers_.size()) - 1;
+  }
+  Layer add;
+  add.kind = Kind::kAdd;
+  add.in = main, add.in2 = shortcut;
+  add.c = k;
+  add.pbegin = add.pend = static_cast<int>(params_.size());
+  add.out_elems = layers_[size_t(main)].out_elems;
+  layers_.push_back(add);
+  return Status::Ok();
 }
 
 // The last linear layer is the head: it trains whole under LoRA.
@@ -310,7 +417,7 @@ Status Model::AllocateSlots(void* rc, size_t* widest_io) {
         GPUFEED_RETURN_IF_ERROR(Allocate(size_t(l.c) * 4, &v, &weights_));
         slot.save_invstd[i] = static_cast<float*>(v);
       }
-      if (l.kind == Kind::kPool) {
+      if (l.kind == Kind::kPool || l.kind == Kind::kPool3) {
         GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * l.out_elems, &v, &acts_bytes_));
         slot.argmax[i] = static_cast<uint8_t*>(v);
       }
@@ -393,11 +500,21 @@ Status Model::ForwardLayer(size_t i, const void* in, int batch, bool training, S
     }
     case Kind::kBnRelu: {
       BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
+      a.relu = l.bn_relu;
       return ops_->BnReluForward(a, training, in, params_[l.p].master, params_[l.p2].master, l.run_mean, l.run_var,
                                  sl.save_mean[i], sl.save_invstd[i], out);
     }
     case Kind::kPool:
       return ops_->MaxPoolForward(batch, l.h, l.w, l.c, dt, in, out, sl.argmax[i]);
+    case Kind::kPool3:
+      return ops_->MaxPool3x3Forward(batch, l.h, l.w, l.c, dt, in, out, sl.argmax[i]);
+    case Kind::kGap:
+      return ops_->GlobalAvgPoolForward(batch, l.h * l.w, l.c, dt, in, out);
+    case Kind::kAdd: {
+      const size_t n = size_t(batch) * l.out_elems;
+      GPUFEED_RETURN_IF_ERROR(ops_->Copy(out, in, n * DTypeSize(dt)));
+      return ops_->AddAct(out, sl.acts[size_t(l.in2)], n, true, dt);
+    }
   }
   return Status::Ok();
 }
@@ -406,12 +523,15 @@ Status Model::Forward(const void* x, int batch, bool training, int slot) {
   if (batch <= 0 || batch > spec_.max_batch) return Status::InvalidArgument("model: batch size out of range");
   if (spec_.plan_only) return Status::Internal("model: a plan-only model runs nothing");
   Slot& sl = slots_[size_t(slot)];
-  const void* in = x;
-  for (size_t i = size_t(begin_); i < size_t(end_); ++i) {
-    GPUFEED_RETURN_IF_ERROR(ForwardLayer(i, in, batch, training, sl));
-    in = sl.acts[i];
-  }
+  for (size_t i = size_t(begin_); i < size_t(end_); ++i)
+    GPUFEED_RETURN_IF_ERROR(ForwardLayer(i, InputOf(i, x, sl), batch, training, sl));
   return Status::Ok();
+}
+
+const void* Model::InputOf(size_t i, const void* x, const Slot& sl) const {
+  const int in = layers_[i].in;
+  if (in == -2) return i == size_t(begin_) ? x : sl.acts[i - 1];
+  return in < 0 ? x : sl.acts[size_t(in)];
 }
 
 Status Model::BackwardLayer(size_t i, const void* x, const void* dy_in, void* dx, bool need_dx, int batch, float beta,
@@ -419,7 +539,7 @@ Status Model::BackwardLayer(size_t i, const void* x, const void* dy_in, void* dx
   const DType dt = spec_.dtype;
   Layer& l = layers_[i];
   void* dy = const_cast<void*>(dy_in);  // ReluBackward masks it in place
-  const void* in = i == size_t(begin_) ? x : sl.acts[i - 1];
+  const void* in = InputOf(i, x, sl);
   switch (l.kind) {
     case Kind::kLinear: {
       if (l.relu) GPUFEED_RETURN_IF_ERROR(ops_->ReluBackward(dy, sl.acts[i], size_t(batch) * l.out_features, dt));
@@ -462,6 +582,7 @@ Status Model::BackwardLayer(size_t i, const void* x, const void* dy_in, void* dx
     }
     case Kind::kBnRelu: {
       BnArgs a{size_t(batch) * l.h * l.w, l.c, dt};
+      a.relu = l.bn_relu;
       const void* y = sl.acts[i];
       if (spec_.recompute_blocks) {
         // This block's conv output again, from its kept input (the same
@@ -483,6 +604,12 @@ Status Model::BackwardLayer(size_t i, const void* x, const void* dy_in, void* dx
     }
     case Kind::kPool:
       return ops_->MaxPoolBackward(batch, l.h, l.w, l.c, dt, dy, sl.argmax[i], dx);
+    case Kind::kPool3:
+      return ops_->MaxPool3x3Backward(batch, l.h, l.w, l.c, dt, dy, sl.argmax[i], dx);
+    case Kind::kGap:
+      return ops_->GlobalAvgPoolBackward(batch, l.h * l.w, l.c, dt, dy, dx);
+    case Kind::kAdd:  // BackwardGraph passes an add's gradient on itself
+      return Status::Internal("model: an add's backward runs in BackwardGraph");
   }
   return Status::Ok();
 }
@@ -493,6 +620,7 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
   Slot& sl = slots_[size_t(slot)];
   const float beta = accumulate ? 1.0f : 0.0f;
   const void* dy = dy_in ? dy_in : sl.dlogits;
+  if (spec_.kind == ModelKind::kResnet18) return BackwardGraph(x, batch, beta, on_grads, sl, dy);
   // Down to the first layer with a trainable parameter: below it no
   // gradient is needed (frozen layers, ModelSpec::freeze). A stage past the
   // first goes down to its input, whose gradient the previous stage takes.
@@ -515,6 +643,49 @@ Status Model::Backward(const void* x, int batch, bool accumulate, const GradsRea
   return Status::Ok();
 }
 
+// Down from the head: each layer's output gradient complete once every
+// layer reading it has run its backward (they all come later); the first
+// to deliver one writes it, the others add theirs.
+Status Model::BackwardGraph(const void* x, int batch, float beta, const GradsReady& on_grads, Slot& sl,
+                            const void* dy_head) {
+  const DType dt = spec_.dtype;
+  const size_t es = DTypeSize(dt);
+  std::vector<char> written(layers_.size(), 0);
+  auto deliver = [&](int to, const void* g) -> Status {
+    if (to < int(first_trainable_)) return Status::Ok();  // nothing below trains
+    const size_t n = size_t(batch) * layers_[size_t(to)].out_elems;
+    void* dst = out_grads_[size_t(to)];
+    if (written[size_t(to)]) return ops_->AddAct(dst, g, n, false, dt);
+    written[size_t(to)] = 1;
+    return ops_->Copy(dst, g, n * es);
+  };
+  for (size_t i = size_t(end_); i-- > first_trainable_;) {
+    const Layer& l = layers_[i];
+    void* dy = i + 1 == size_t(end_) ? const_cast<void*>(dy_head) : out_grads_[i];
+    if (i + 1 != size_t(end_) && !written[i]) continue;  // feeds nothing that trains
+    const int from = l.in == -2 ? int(i) - 1 : l.in;
+    if (l.kind == Kind::kAdd) {
+      GPUFEED_RETURN_IF_ERROR(ops_->ReluBackward(dy, sl.acts[i], size_t(batch) * l.out_elems, dt));
+      GPUFEED_RETURN_IF_ERROR(deliver(from, dy));
+      GPUFEED_RETURN_IF_ERROR(deliver(l.in2, dy));
+      continue;
+    }
+    const bool need_dx = from >= int(first_trainable_);
+    // A second gradient for `from` goes to scratch first, then is added; so
+    // does one nobody needs (batchnorm and pooling always write theirs).
+    const bool add = need_dx && written[size_t(from)];
+    void* dx = !need_dx || add ? grad_a_ : out_grads_[size_t(from)];
+    GPUFEED_RETURN_IF_ERROR(BackwardLayer(i, x, dy, dx, need_dx, batch, beta, sl));
+    if (add)
+      GPUFEED_RETURN_IF_ERROR(
+          ops_->AddAct(out_grads_[size_t(from)], grad_a_, size_t(batch) * layers_[size_t(from)].out_elems, false, dt));
+    if (need_dx) written[size_t(from)] = 1;
+    if (on_grads && l.pend > l.pbegin) GPUFEED_RETURN_IF_ERROR(on_grads(l.pbegin, l.pend));
+  }
+  input_grad_ = nullptr;
+  return Status::Ok();
+}
+
 size_t Model::input_elems() const {
   return begin_ == 0 ? size_t(spec_.in_h) * spec_.in_w * spec_.in_c : layers_[size_t(begin_ - 1)].out_elems;
 }
@@ -529,13 +700,20 @@ std::string Model::LayerName(int i) const {
     case Kind::kBnRelu:
       return "conv" + std::to_string(i - 1) + ".bn";
     case Kind::kPool:
+    case Kind::kPool3:
       return "pool" + std::to_string(i);
+    case Kind::kGap:
+      return "avgpool" + std::to_string(i);
+    case Kind::kAdd:
+      return "add" + std::to_string(i);
   }
   return "?";
 }
 
 Result<std::vector<double>> Model::ProfileLayers(const void* x, int batch, int reps) {
   if (spec_.plan_only) return Status::Internal("model: a plan-only model runs nothing");
+  if (spec_.kind == ModelKind::kResnet18)
+    return Status::Unsupported("model: resnet18 runs without --pipeline-stages (not yet supported)");
   const size_t n = size_t(end_ - begin_);
   std::vector<std::vector<double>> ms(n);
   Slot& sl = slots_[0];
@@ -650,7 +828,7 @@ Result<std::vector<std::vector<float>>> Model::MergedMasters() {
 }
 
 std::string Model::Describe() const {
-  std::string d = spec_.kind == ModelKind::kMlp ? "mlp " : "cnn ";
+  std::string d = spec_.kind == ModelKind::kMlp ? "mlp " : spec_.kind == ModelKind::kCnn ? "cnn " : "resnet18 ";
   if (spec_.kind == ModelKind::kMlp) {
     d += std::to_string(spec_.in_h * spec_.in_w * spec_.in_c);
     for (int w : spec_.widths) d += "-" + std::to_string(w);

@@ -145,9 +145,15 @@ class Model {
   bool lora() const { return spec_.lora_rank > 0; }
 
  private:
-  enum class Kind { kLinear, kConv, kBnRelu, kPool };
+  // kPool3: the stem's 3x3/2 max pooling; kGap: global average pooling;
+  // kAdd: a residual join, relu(layer in + layer in2).
+  enum class Kind { kLinear, kConv, kBnRelu, kPool, kPool3, kGap, kAdd };
   struct Layer {
     Kind kind = Kind::kLinear;
+    // The layer whose output is the input: -2 the one before (mlp, cnn),
+    // -1 the model's input; in2 the add's shortcut (resnet18).
+    int in = -2, in2 = -1;
+    bool bn_relu = true;                    // bn: followed by its ReLU (not before an add)
     int in_features = 0, out_features = 0;  // linear
     bool relu = false;                      // linear
     ConvShape conv;                         // conv (n = max batch)
@@ -183,6 +189,15 @@ class Model {
   Status BuildLayers();
   Status AddLinear(int in, int out, bool relu, bool head);
   Status AddConvBlock(int k, int* h, int* w, int* c);
+  // resnet18: the stem, four stages of two basic blocks, global pooling and
+  // the head; a conv (r x r, stride, pad) and its batchnorm from layer `in`.
+  Status BuildResnet();
+  Status AddConvBn(int k, int r, int stride, int pad, bool relu, int in, int* h, int* w, int* c);
+  Status AddBasicBlock(int k, int stride, int* h, int* w, int* c);
+  const void* InputOf(size_t i, const void* x, const Slot& s) const;
+  // resnet18's backward: a gradient buffer a layer (out_grads_), two summed
+  // where a layer's output feeds two (a block's input).
+  Status BackwardGraph(const void* x, int batch, float beta, const GradsReady& on_grads, Slot& s, const void* dy);
   Status AllocateSlots(void* rc, size_t* widest);
   // Freezing: every name matches a parameter, something trains; the lowest
   // trained layer, and the scratch frozen batchnorms and LoRA need.
@@ -203,6 +218,7 @@ class Model {
   const void* input_grad_ = nullptr;
   void* grad_a_ = nullptr;  // ping-pong activation gradients
   void* grad_b_ = nullptr;
+  std::vector<void*> out_grads_;  // resnet18: each layer's output gradient
   std::vector<void*> owned_;
   // Layers below this index have no trainable parameter: the backward pass
   // stops there (their input gradients are never needed).

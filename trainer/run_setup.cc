@@ -39,6 +39,9 @@ Status Validate(const TrainOptions& o) {
     return Status::InvalidArgument("train: --precision must be fp32, bf16 or fp16");
   if (o.model == ModelKind::kCnn && o.channels.empty())
     return Status::InvalidArgument("train: a cnn needs at least one block (--channels)");
+  if (o.model == ModelKind::kResnet18 && o.channels.size() != 4)
+    return Status::InvalidArgument(
+        "train: resnet18 takes its four stages' channels (--channels 64,128,256,512, or smaller such as 8,8,16,16)");
   if (o.resume && o.checkpoint_path.empty()) return Status::InvalidArgument("train: --resume needs --checkpoint PATH");
   if (o.growth_interval < 1 || !(o.init_scale >= 1)) return Status::InvalidArgument("train: bad loss scaler options");
   const auto& p = o.parallel;
@@ -52,6 +55,8 @@ Status Validate(const TrainOptions& o) {
   if (o.feed_slots < 2 || o.feed_slots > 64) return Status::InvalidArgument("train: --feed-slots in 2..64");
   const auto& pl = o.pipeline;
   if (pl.stages < 1 || pl.stages > 64) return Status::InvalidArgument("train: --pipeline-stages in 1..64");
+  if (pl.stages > 1 && o.model == ModelKind::kResnet18)
+    return Status::InvalidArgument("train: resnet18 runs without --pipeline-stages (not yet supported)");
   if (pl.stages > 1) {
     if (pl.micro_batches < 1 || pl.micro_batches > 1024)
       return Status::InvalidArgument("train: --micro-batches in 1..1024");

@@ -98,7 +98,8 @@ enum class Share { kAuto, kNode, kNone };
 // kSgd8bit: the same updates with 8-bit states (blockwise dynamic
 // quantization, tensors under 4,096 values in fp32): about a quarter of the
 // optimizer's memory.
-enum class ModelKind { kMlp, kCnn };
+// kResnet18: torchvision's ResNet-18 layout (channels: its four stages').
+enum class ModelKind { kMlp, kCnn, kResnet18 };
 enum class Optimizer { kSgd, kAdamW, kAdamW8bit, kSgd8bit };
 enum class TrainDevice { kAuto, kCpu, kCuda };
 
@@ -184,7 +185,8 @@ inline constexpr NameRow<DecodeDevice> kDecodeDevice[] = {
     {DecodeDevice::kAuto, "auto"}, {DecodeDevice::kCpu, "cpu"}, {DecodeDevice::kGpu, "gpu"}};
 inline constexpr NameRow<Share> kShare[] = {
     {Share::kAuto, "auto", "one decode per node under torchrun"}, {Share::kNode, "node"}, {Share::kNone, "none"}};
-inline constexpr NameRow<ModelKind> kModelKind[] = {{ModelKind::kMlp, "mlp"}, {ModelKind::kCnn, "cnn"}};
+inline constexpr NameRow<ModelKind> kModelKind[] = {
+    {ModelKind::kMlp, "mlp"}, {ModelKind::kCnn, "cnn"}, {ModelKind::kResnet18, "resnet18"}};
 inline constexpr NameRow<Optimizer> kOptimizer[] = {{Optimizer::kSgd, "sgd"},
                                                     {Optimizer::kAdamW, "adamw"},
                                                     {Optimizer::kAdamW8bit, "adamw8bit"},
