@@ -44,7 +44,7 @@ TEST(NamesTest, EveryEnumeratorHasOneNameThatLeadsBackToIt) {
   ExpectRoundTrips(kSourceKindNames, 7);
   ExpectRoundTrips(kDecodeDeviceNames, 3);
   ExpectRoundTrips(kShareNames, 3);
-  ExpectRoundTrips(kModelKindNames, 2);
+  ExpectRoundTrips(kModelKindNames, 3);
   ExpectRoundTrips(kOptimizerNames, 4);
   ExpectRoundTrips(kTrainDeviceNames, 3);
   // The spellings files and state carry.
@@ -66,7 +66,7 @@ TEST(NamesTest, AnUnknownNameIsRefusedWithTheMessageUsersKnow) {
   EXPECT_EQ(Refusal(DecodeDeviceFromName("tpu").status()), "decode 'tpu': auto, cpu or gpu");
   EXPECT_EQ(Refusal(ShareFromName("all").status()),
             "share 'all': auto (one decode per node under torchrun), node or none");
-  EXPECT_EQ(Refusal(ModelKindFromName("rnn").status()), "unknown model 'rnn' (mlp or cnn)");
+  EXPECT_EQ(Refusal(ModelKindFromName("rnn").status()), "unknown model 'rnn' (mlp, cnn or resnet18)");
   EXPECT_EQ(Refusal(OptimizerFromName("lion").status()), "unknown optimizer 'lion' (sgd, adamw, adamw8bit or sgd8bit)");
   EXPECT_EQ(OrderFromName("up").status().code(), StatusCode::kInvalidArgument);
   // Names are matched whole and by case; the name given is quoted as given,
