@@ -49,6 +49,82 @@ constexpr uint64_t kEncodedBatchBytes = 64ull << 20;
 
 namespace {
 
+Status H5Error(const std::string& out_path, const std::string& what) {
+  return Status::IOError(out_path + ": " + what + ": " + h5::LastErrorText());
+}
+
+// The image's header read (its size), and with `skip_corrupt` the whole
+// file decoded (at its smallest DCT scale, which still reads all of it).
+Status CheckImage(const std::vector<unsigned char>& bytes, bool skip_corrupt, std::vector<uint8_t>* rgb, int* h,
+                  int* w) {
+  Status hs = image::ImageSize(bytes, h, w);
+  if (hs.ok() && skip_corrupt) {
+    int dh = 0, dw = 0;
+    hs = image::DecodeCovering(bytes, 1, 1, rgb, &dh, &dw);
+  }
+  return hs;
+}
+
+// One batch of files' bytes appended to /images/bytes at `written`
+// (samples n_first..n - 1, for the message).
+Status AppendBytes(hid_t bytes_ds, const std::vector<unsigned char>& batch, uint64_t written, uint64_t n_first,
+                   uint64_t n, const std::string& out_path) {
+  const hsize_t at = written, count = batch.size(), new_size = written + batch.size();
+  if (count == 0) return Status::Ok();
+  if (H5Dset_extent(bytes_ds, &new_size) < 0) return H5Error(out_path, "growing /images/bytes");
+  h5::Id mem_space(H5Screate_simple(1, &count, nullptr));
+  h5::Id file_space(H5Dget_space(bytes_ds));
+  if (!mem_space.valid() || !file_space.valid() ||
+      H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &at, nullptr, &count, nullptr) < 0 ||
+      H5Dwrite(bytes_ds, H5T_NATIVE_UINT8, mem_space.get(), file_space.get(), H5P_DEFAULT, batch.data()) < 0) {
+    return H5Error(out_path,
+                   "writing /images/bytes for samples " + std::to_string(n_first) + ".." + std::to_string(n - 1));
+  }
+  return Status::Ok();
+}
+
+// The index of the n images written: /images/offsets, /images/sizes and
+// /labels (where there are labels).
+Status WriteIndex(hid_t file, hid_t group, const std::vector<uint64_t>& offsets, const std::vector<uint32_t>& sizes,
+                  const std::vector<int64_t>& labels, uint64_t n, const std::string& out_path) {
+  const hsize_t off_dims = n + 1, size_dims[2] = {n, 2};
+  h5::Id off_space(H5Screate_simple(1, &off_dims, nullptr));
+  h5::Id off_ds(H5Dcreate2(group, "offsets", H5T_STD_U64LE, off_space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (!off_ds.valid() || H5Dwrite(off_ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0) {
+    return H5Error(out_path, "writing /images/offsets");
+  }
+  h5::Id size_space(H5Screate_simple(2, size_dims, nullptr));
+  h5::Id size_ds(H5Dcreate2(group, "sizes", H5T_STD_U32LE, size_space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (!size_ds.valid() || H5Dwrite(size_ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, sizes.data()) < 0) {
+    return H5Error(out_path, "writing /images/sizes");
+  }
+  const hsize_t dims = n;
+  h5::Id space(H5Screate_simple(1, &dims, nullptr));
+  if (!labels.empty()) {
+    int64_t max_label = *std::max_element(labels.begin(), labels.end());
+    h5::Id ds(H5Dcreate2(file, "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    if (!ds.valid() || H5Dwrite(ds.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0) {
+      return H5Error(out_path, "writing /labels");
+    }
+  }
+  return Status::Ok();
+}
+
+// What a conversion of n images (`written` bytes, stored as they came)
+// into out_path, begun at `start`, did.
+ConvertSummary SummaryOf(const std::string& out_path, uint64_t n, uint64_t written,
+                         std::chrono::steady_clock::time_point start) {
+  ConvertSummary summary;
+  summary.samples = n;
+  summary.chunk_samples = 0;  // byte chunks, not sample chunks
+  summary.input_bytes = written;
+  summary.raw_bytes = written;  // stored as they came
+  struct stat st;
+  if (::stat(out_path.c_str(), &st) == 0) summary.output_bytes = static_cast<uint64_t>(st.st_size);
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
 // Writes the encoded-images format (docs/format.md) from n files that `get`
 // yields in order (bytes, and a name for messages), with labels and class
 // names. Atomic. A file whose header is not an image is Corrupt; with
@@ -56,7 +132,6 @@ namespace {
 // still reads all of it) and one that fails is left out and named in
 // *skipped.
 using GetEncoded = std::function<Status(uint64_t k, std::vector<unsigned char>* bytes, std::string* name)>;
-// long: not split yet (issue 47, item 6): encoded images written, checked and indexed
 Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t n_in, const GetEncoded& get,
                                           const std::vector<int64_t>& label_values,
                                           const std::vector<std::string>& class_names, const ConvertOptions& options,
@@ -70,9 +145,7 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
   } listing{kept_labels, class_names};
   AtomicFile out(out_path);  // before `file`: the file closes first
   const std::string& tmp_path = out.tmp_path();
-  auto h5_error = [&](const std::string& what) {
-    return Status::IOError(out_path + ": " + what + ": " + h5::LastErrorText());
-  };
+  auto h5_error = [&](const std::string& what) { return H5Error(out_path, what); };
 
   // docs/format.md "Encoded images": /images is a group of
   //   bytes    uint8 [total], chunked, the files back to back
@@ -114,11 +187,7 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
       GPUFEED_RETURN_IF_ERROR(get(k, &bytes, &path));
       // Headers: cheap, and catches files the loader could never decode.
       int w = 0, h = 0;
-      Status hs = image::ImageSize(bytes, &h, &w);
-      if (hs.ok() && skip_corrupt) {
-        int dh = 0, dw = 0;
-        hs = image::DecodeCovering(bytes, 1, 1, &rgb, &dh, &dw);
-      }
+      const Status hs = CheckImage(bytes, skip_corrupt, &rgb, &h, &w);
       if (!hs.ok()) {
         if (!skip_corrupt) {
           return Status::Corrupt(path + ": " + hs.message() +
@@ -135,20 +204,8 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
       if (!label_values.empty()) kept_labels.push_back(label_values[k]);
       ++n, ++k;
     }
-    (void)n_first;
-    const hsize_t at = written, count = batch.size(), new_size = written + batch.size();
-    if (count > 0) {
-      if (H5Dset_extent(bytes_ds.get(), &new_size) < 0) return h5_error("growing /images/bytes");
-      h5::Id mem_space(H5Screate_simple(1, &count, nullptr));
-      h5::Id file_space(H5Dget_space(bytes_ds.get()));
-      if (!mem_space.valid() || !file_space.valid() ||
-          H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &at, nullptr, &count, nullptr) < 0 ||
-          H5Dwrite(bytes_ds.get(), H5T_NATIVE_UINT8, mem_space.get(), file_space.get(), H5P_DEFAULT, batch.data()) <
-              0) {
-        return h5_error("writing /images/bytes for samples " + std::to_string(n_first) + ".." + std::to_string(n - 1));
-      }
-    }
-    written += count;
+    GPUFEED_RETURN_IF_ERROR(AppendBytes(bytes_ds.get(), batch, written, n_first, n, out_path));
+    written += batch.size();
     first = k;
     if (options.progress) options.progress(first, n_in);
   }
@@ -160,47 +217,13 @@ Result<ConvertSummary> WriteEncodedImages(const std::string& out_path, uint64_t 
   offsets.resize(n + 1);
   sizes.resize(2 * n);
 
-  const hsize_t off_dims = n + 1, size_dims[2] = {n, 2};
-  h5::Id off_space(H5Screate_simple(1, &off_dims, nullptr));
-  h5::Id off_ds(
-      H5Dcreate2(group.get(), "offsets", H5T_STD_U64LE, off_space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-  if (!off_ds.valid() || H5Dwrite(off_ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0) {
-    return h5_error("writing /images/offsets");
-  }
-  h5::Id size_space(H5Screate_simple(2, size_dims, nullptr));
-  h5::Id size_ds(
-      H5Dcreate2(group.get(), "sizes", H5T_STD_U32LE, size_space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-  if (!size_ds.valid() || H5Dwrite(size_ds.get(), H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, sizes.data()) < 0) {
-    return h5_error("writing /images/sizes");
-  }
-
-  const hsize_t dims = n;
-  h5::Id space(H5Screate_simple(1, &dims, nullptr));
-  if (!listing.labels.empty()) {
-    int64_t max_label = *std::max_element(listing.labels.begin(), listing.labels.end());
-    h5::Id labels(
-        H5Dcreate2(file.get(), "labels", LabelFileType(max_label), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-    if (!labels.valid() ||
-        H5Dwrite(labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, listing.labels.data()) < 0) {
-      return h5_error("writing /labels");
-    }
-  }
-  off_ds.Reset();
-  size_ds.Reset();
+  GPUFEED_RETURN_IF_ERROR(WriteIndex(file.get(), group.get(), offsets, sizes, listing.labels, n, out_path));
   bytes_ds.Reset();
   group.Reset();
   if (H5Fclose(file.Release()) < 0) return h5_error("closing " + tmp_path);
   GPUFEED_RETURN_IF_ERROR(out.Commit());
 
-  ConvertSummary summary;
-  summary.samples = n;
-  summary.chunk_samples = 0;  // byte chunks, not sample chunks
-  summary.input_bytes = written;
-  summary.raw_bytes = written;  // stored as they came
-  struct stat st;
-  if (::stat(out_path.c_str(), &st) == 0) summary.output_bytes = static_cast<uint64_t>(st.st_size);
-  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return summary;
+  return SummaryOf(out_path, n, written, start);
 }
 
 }  // namespace
