@@ -227,9 +227,83 @@ struct ShiftedSums {
   double k = 0, s1 = 0, s2 = 0, min = 0, max = 0;
   uint64_t n = 0, nan = 0, inf = 0;
 };
+
+// One channel's run of `inner` values at p added to its sums.
+template <typename T>
+void AddRun(ShiftedSums& a, const T* p, uint64_t inner) {
+  // Value by value: non-finite values counted apart, the shift and
+  // min/max set by the first finite one.
+  auto one_by_one = [&](uint64_t from, uint64_t to) {
+    for (uint64_t k = from; k < to; ++k) {
+      const double v = Value(p[k]);
+      if constexpr (!std::is_integral_v<T>) {
+        if (!std::isfinite(v)) {
+          if (std::isnan(v)) {
+            ++a.nan;
+          } else {
+            ++a.inf;
+          }
+          continue;
+        }
+      }
+      if (!a.have_k) {
+        a.have_k = true;
+        a.k = v;
+      }
+      if (a.n == 0) a.min = a.max = v;
+      const double d = v - a.k;
+      a.s1 += d;
+      a.s2 += d * d;
+      a.min = std::min(a.min, v);
+      a.max = std::max(a.max, v);
+      ++a.n;
+    }
+  };
+  // Long runs: blocks whose values are all finite (checked first) go
+  // through four independent accumulators, which the CPU overlaps.
+  // The order is fixed either way, so results do not vary run to run.
+  constexpr uint64_t kBlock = 1024;
+  uint64_t k = 0;
+  while (k < inner) {
+    if (a.n == 0 || inner - k < kBlock) {
+      const uint64_t to = a.n == 0 ? k + 1 : inner;
+      one_by_one(k, to);
+      k = to;
+      continue;
+    }
+    bool finite = true;
+    if constexpr (!std::is_integral_v<T>) {
+      double probe = 0;
+      for (uint64_t i = k; i < k + kBlock; ++i) probe += Value(p[i]) * 0.0;  // NaN iff a NaN/Inf is there
+      finite = probe == 0.0;
+    }
+    if (!finite) {
+      one_by_one(k, k + kBlock);
+      k += kBlock;
+      continue;
+    }
+    double s1[4] = {0, 0, 0, 0}, s2[4] = {0, 0, 0, 0};
+    double lo[4] = {a.min, a.min, a.min, a.min}, hi[4] = {a.max, a.max, a.max, a.max};
+    for (uint64_t i = k; i < k + kBlock; i += 4) {
+      for (int j = 0; j < 4; ++j) {
+        const double v = Value(p[i + j]);
+        const double d = v - a.k;
+        s1[j] += d;
+        s2[j] += d * d;
+        lo[j] = std::min(lo[j], v);
+        hi[j] = std::max(hi[j], v);
+      }
+    }
+    a.s1 += (s1[0] + s1[1]) + (s1[2] + s1[3]);
+    a.s2 += (s2[0] + s2[1]) + (s2[2] + s2[3]);
+    a.min = std::min(std::min(lo[0], lo[1]), std::min(lo[2], lo[3]));
+    a.max = std::max(std::max(hi[0], hi[1]), std::max(hi[2], hi[3]));
+    a.n += kBlock;
+    k += kBlock;
+  }
+}
 }  // namespace
 
-// long: not split yet (issue 47, item 6): one batch's per-channel sums, value by value and in runs
 template <typename T>
 void Accumulator::AddFloat(const std::byte* data, uint64_t samples) {
   std::vector<ShiftedSums> sums(g_.channels);
@@ -243,77 +317,7 @@ void Accumulator::AddFloat(const std::byte* data, uint64_t samples) {
   for (uint64_t s = 0; s < samples; ++s) {
     for (uint64_t o = 0; o < g_.outer; ++o) {
       for (uint64_t c = 0; c < g_.channels; ++c) {
-        ShiftedSums& a = sums[c];
-        // Value by value: non-finite values counted apart, the shift and
-        // min/max set by the first finite one.
-        auto one_by_one = [&](uint64_t from, uint64_t to) {
-          for (uint64_t k = from; k < to; ++k) {
-            const double v = Value(p[k]);
-            if constexpr (!std::is_integral_v<T>) {
-              if (!std::isfinite(v)) {
-                if (std::isnan(v)) {
-                  ++a.nan;
-                } else {
-                  ++a.inf;
-                }
-                continue;
-              }
-            }
-            if (!a.have_k) {
-              a.have_k = true;
-              a.k = v;
-            }
-            if (a.n == 0) a.min = a.max = v;
-            const double d = v - a.k;
-            a.s1 += d;
-            a.s2 += d * d;
-            a.min = std::min(a.min, v);
-            a.max = std::max(a.max, v);
-            ++a.n;
-          }
-        };
-        // Long runs: blocks whose values are all finite (checked first) go
-        // through four independent accumulators, which the CPU overlaps.
-        // The order is fixed either way, so results do not vary run to run.
-        constexpr uint64_t kBlock = 1024;
-        uint64_t k = 0;
-        while (k < g_.inner) {
-          if (a.n == 0 || g_.inner - k < kBlock) {
-            const uint64_t to = a.n == 0 ? k + 1 : g_.inner;
-            one_by_one(k, to);
-            k = to;
-            continue;
-          }
-          bool finite = true;
-          if constexpr (!std::is_integral_v<T>) {
-            double probe = 0;
-            for (uint64_t i = k; i < k + kBlock; ++i) probe += Value(p[i]) * 0.0;  // NaN iff a NaN/Inf is there
-            finite = probe == 0.0;
-          }
-          if (!finite) {
-            one_by_one(k, k + kBlock);
-            k += kBlock;
-            continue;
-          }
-          double s1[4] = {0, 0, 0, 0}, s2[4] = {0, 0, 0, 0};
-          double lo[4] = {a.min, a.min, a.min, a.min}, hi[4] = {a.max, a.max, a.max, a.max};
-          for (uint64_t i = k; i < k + kBlock; i += 4) {
-            for (int j = 0; j < 4; ++j) {
-              const double v = Value(p[i + j]);
-              const double d = v - a.k;
-              s1[j] += d;
-              s2[j] += d * d;
-              lo[j] = std::min(lo[j], v);
-              hi[j] = std::max(hi[j], v);
-            }
-          }
-          a.s1 += (s1[0] + s1[1]) + (s1[2] + s1[3]);
-          a.s2 += (s2[0] + s2[1]) + (s2[2] + s2[3]);
-          a.min = std::min(std::min(lo[0], lo[1]), std::min(lo[2], lo[3]));
-          a.max = std::max(std::max(hi[0], hi[1]), std::max(hi[2], hi[3]));
-          a.n += kBlock;
-          k += kBlock;
-        }
+        AddRun(sums[c], p, g_.inner);
         p += g_.inner;
       }
     }
