@@ -65,17 +65,10 @@ struct Work {
   std::vector<stats::Accumulator> stats;
 };
 
-}  // namespace
-
-// long: not split yet (issue 47, item 6): open, plan, write and verify of a multi-field conversion
-Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::string& out_path,
-                                          const FieldConvertOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<FieldInfo> fields = source.fields();
-  const uint64_t total = source.num_samples();
-  const std::string what = "converting " + source.name();
-  if (total == 0) return Status::InvalidArgument(what + ": no samples");
-  if (source.decodes_samples()) return Status::Unsupported(what + ": encoded images are converted with --keep-encoded");
+// Each field's layout: the options' (one per field), else the one stored
+// with it, else a guess from its shape.
+Result<std::vector<std::string>> FieldLayouts(const ChunkSource& source, const std::vector<FieldInfo>& fields,
+                                              const FieldConvertOptions& options, const std::string& what) {
   if (!options.layouts.empty() && options.layouts.size() != fields.size()) {
     return Status::InvalidArgument(what + ": " + std::to_string(options.layouts.size()) + " layouts for " +
                                    std::to_string(fields.size()) + " fields");
@@ -92,8 +85,24 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
       layouts.push_back(layout.empty() ? GuessLayout(f.sample_shape) : layout);
     }
   }
+  return layouts;
+}
+
+// How the samples are cut: one chunking for every field (k samples), and
+// shards of shard_samples (whole chunks: the loader's units never straddle
+// shards).
+struct ShardPlan {
+  uint64_t total = 0, k = 0, shard_samples = 0, n_shards = 0;
+  uint64_t samples(uint64_t s) const { return std::min(shard_samples, total - s * shard_samples); }
+  uint64_t chunks(uint64_t s) const { return (samples(s) + k - 1) / k; }
+};
+
+ShardPlan PlanShards(const ChunkSource& source, const std::vector<FieldInfo>& fields,
+                     const FieldConvertOptions& options) {
   // One chunking for every field: the largest field's (its chunk is what
   // the loader reads a unit by), within every shard.
+  ShardPlan plan;
+  const uint64_t total = plan.total = source.num_samples();
   uint64_t largest = 0;
   for (const FieldInfo& f : fields) largest = std::max(largest, f.sample_bytes);
   const uint64_t sample_bytes = source.sample_bytes();
@@ -108,14 +117,18 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
       k = shard_samples;
     }
   }
-  const uint64_t n_shards = (total + shard_samples - 1) / shard_samples;
-  auto shard_n = [&](uint64_t s) { return std::min(shard_samples, total - s * shard_samples); };
-  auto shard_chunks = [&](uint64_t s) { return (shard_n(s) + k - 1) / k; };
+  plan.k = k;
+  plan.shard_samples = shard_samples;
+  plan.n_shards = (total + shard_samples - 1) / shard_samples;
+  return plan;
+}
 
-  // An output that is one of the inputs would replace it: refused before
-  // anything is written.
+// An output that is one of the inputs would replace it: refused before
+// anything is written.
+Status CheckOutputsAreNotInputs(const ChunkSource& source, const ShardPlan& plan, const std::string& out_path,
+                                const FieldConvertOptions& options, const std::string& what) {
   if (const auto* fs = dynamic_cast<const FieldSource*>(&source); fs != nullptr) {
-    for (uint64_t s = 0; s < n_shards; ++s) {
+    for (uint64_t s = 0; s < plan.n_shards; ++s) {
       const std::string path = options.shard_bytes > 0 ? ShardPath(out_path, s) : out_path;
       for (const std::string& in : fs->files()) {
         std::error_code ec;
@@ -125,17 +138,21 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
       }
     }
   }
-  // Every shard's temporary file is created now (so encoding knows each
-  // one's edge chunk) and closed; a shard is reopened while it is written.
-  FieldConvertSummary summary;
-  std::vector<DatasetWriter> writers;
-  for (uint64_t s = 0; s < n_shards; ++s) {
+  return Status::Ok();
+}
+
+// Every shard's temporary file is created now (so encoding knows each
+// one's edge chunk) and closed; a shard is reopened while it is written.
+Status CreateShards(const std::vector<FieldInfo>& fields, const std::vector<std::string>& layouts,
+                    const ShardPlan& plan, const std::string& out_path, const FieldConvertOptions& options,
+                    const std::string& what, std::vector<DatasetWriter>* writers, std::vector<std::string>* outputs) {
+  for (uint64_t s = 0; s < plan.n_shards; ++s) {
     const std::string path = options.shard_bytes > 0 ? ShardPath(out_path, s) : out_path;
     WriteOptions w = options.convert.write;
-    w.chunk_samples = k;
+    w.chunk_samples = plan.k;
     w.dataset_path = fields[0].path.empty() ? "/" + fields[0].name : fields[0].path;
     w.layout = layouts[0];
-    auto writer = DatasetWriter::Create(path, fields[0].sample_shape, fields[0].dtype, shard_n(s), w);
+    auto writer = DatasetWriter::Create(path, fields[0].sample_shape, fields[0].dtype, plan.samples(s), w);
     if (!writer.ok()) return writer.status().WithContext(what);
     for (size_t j = 1; j < fields.size(); ++j) {
       auto added = writer->AddDataset(fields[j].path.empty() ? "/" + fields[j].name : fields[j].path,
@@ -143,25 +160,42 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
       if (!added.ok()) return added.status().WithContext(what);
     }
     GPUFEED_RETURN_IF_ERROR(writer->Close());
-    writers.push_back(std::move(*writer));
-    summary.outputs.push_back(path);
+    writers->push_back(std::move(*writer));
+    outputs->push_back(path);
   }
+  return Status::Ok();
+}
 
-  std::vector<stats::Geometry> geom;
-  std::vector<int> axes;  // the layout's channel axis, or the guess inspect --stats makes
-  std::vector<bool> has_stats;
-  std::vector<stats::Accumulator> totals;
-  for (size_t j = 0; j < fields.size(); ++j) {
-    bool guessed = false;
-    axes.push_back(GuessChannelAxis(layouts[j], fields[j].sample_shape, &guessed));
-    geom.push_back(stats::GeometryOf(fields[j].sample_shape, axes[j]));
-    has_stats.push_back(stats::Accumulator::Supports(fields[j].dtype));
-    totals.emplace_back(fields[j].dtype, geom[j]);
+// The whole dataset's statistics in every shard, then every shard renamed
+// into place: until here a failure leaves no output.
+Status CommitShards(const std::vector<FieldStats>& stats, std::vector<DatasetWriter>& writers) {
+  for (DatasetWriter& w : writers) {
+    for (size_t j = 0; j < stats.size(); ++j) {
+      const FieldStats& fs = stats[j];
+      bool counted = !fs.channels.empty();
+      for (const ChannelStats& c : fs.channels) counted = counted && c.count > 0;
+      if (counted) GPUFEED_RETURN_IF_ERROR(w.WriteChannelStats(fs.means(), fs.stddevs(), j));
+    }
+    GPUFEED_RETURN_IF_ERROR(w.Close());
   }
+  for (DatasetWriter& w : writers) GPUFEED_RETURN_IF_ERROR(w.Commit());
+  return Status::Ok();
+}
+
+// Every chunk of every shard read, its statistics taken and encoded in
+// parallel, and written in order (the statistics merged in order: the same
+// result every run).
+Status WriteShards(const ChunkSource& source, const std::vector<FieldInfo>& fields, const ShardPlan& plan,
+                   const std::vector<stats::Geometry>& geom, const std::vector<bool>& has_stats,
+                   const FieldConvertOptions& options, const std::string& what, const std::string& out_path,
+                   std::vector<DatasetWriter>& writers, std::vector<stats::Accumulator>& totals) {
   const int threads = options.convert.threads > 0 ? options.convert.threads
                                                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   FirstError first_error;  // the workers' first failure stops the others
   auto fail = [&](Status s) { first_error.Set(std::move(s)); };
+  const uint64_t k = plan.k, shard_samples = plan.shard_samples, n_shards = plan.n_shards, total = plan.total;
+  auto shard_n = [&](uint64_t s) { return plan.samples(s); };
+  auto shard_chunks = [&](uint64_t s) { return plan.chunks(s); };
   uint64_t next_shard = 0, next_chunk = 0, done = 0;
   try {
     tbb::task_arena arena(threads);
@@ -232,6 +266,41 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
     return Status::Internal(what + ": " + e.what());
   }
   if (first_error.failed()) return first_error.Get().WithContext(what + " to " + out_path);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::string& out_path,
+                                          const FieldConvertOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<FieldInfo> fields = source.fields();
+  const uint64_t total = source.num_samples();
+  const std::string what = "converting " + source.name();
+  if (total == 0) return Status::InvalidArgument(what + ": no samples");
+  if (source.decodes_samples()) return Status::Unsupported(what + ": encoded images are converted with --keep-encoded");
+  auto layouts_or = FieldLayouts(source, fields, options, what);
+  if (!layouts_or.ok()) return layouts_or.status();
+  const std::vector<std::string>& layouts = *layouts_or;
+  const ShardPlan plan = PlanShards(source, fields, options);
+  const uint64_t sample_bytes = source.sample_bytes();
+  GPUFEED_RETURN_IF_ERROR(CheckOutputsAreNotInputs(source, plan, out_path, options, what));
+  FieldConvertSummary summary;
+  std::vector<DatasetWriter> writers;
+  GPUFEED_RETURN_IF_ERROR(CreateShards(fields, layouts, plan, out_path, options, what, &writers, &summary.outputs));
+
+  std::vector<stats::Geometry> geom;
+  std::vector<int> axes;  // the layout's channel axis, or the guess inspect --stats makes
+  std::vector<bool> has_stats;
+  std::vector<stats::Accumulator> totals;
+  for (size_t j = 0; j < fields.size(); ++j) {
+    bool guessed = false;
+    axes.push_back(GuessChannelAxis(layouts[j], fields[j].sample_shape, &guessed));
+    geom.push_back(stats::GeometryOf(fields[j].sample_shape, axes[j]));
+    has_stats.push_back(stats::Accumulator::Supports(fields[j].dtype));
+    totals.emplace_back(fields[j].dtype, geom[j]);
+  }
+  GPUFEED_RETURN_IF_ERROR(WriteShards(source, fields, plan, geom, has_stats, options, what, out_path, writers, totals));
   // The whole dataset's statistics in every shard, then every shard renamed
   // into place: until here a failure leaves no output.
   for (size_t j = 0; j < fields.size(); ++j) {
@@ -243,20 +312,11 @@ Result<FieldConvertSummary> ConvertFields(const ChunkSource& source, const std::
     if (has_stats[j]) fs.channels = totals[j].Result();
     summary.stats.push_back(std::move(fs));
   }
-  for (DatasetWriter& w : writers) {
-    for (size_t j = 0; j < fields.size(); ++j) {
-      const FieldStats& fs = summary.stats[j];
-      bool counted = !fs.channels.empty();
-      for (const ChannelStats& c : fs.channels) counted = counted && c.count > 0;
-      if (counted) GPUFEED_RETURN_IF_ERROR(w.WriteChannelStats(fs.means(), fs.stddevs(), j));
-    }
-    GPUFEED_RETURN_IF_ERROR(w.Close());
-  }
-  for (DatasetWriter& w : writers) GPUFEED_RETURN_IF_ERROR(w.Commit());
-  summary.shard_samples = shard_samples;
+  GPUFEED_RETURN_IF_ERROR(CommitShards(summary.stats, writers));
+  summary.shard_samples = plan.shard_samples;
   ConvertSummary& t = summary.totals;
   t.samples = total;
-  t.chunk_samples = k;
+  t.chunk_samples = plan.k;
   t.raw_bytes = total * sample_bytes;
   t.input_bytes = 0;
   for (uint64_t c = 0; c < source.num_chunks(); ++c) t.input_bytes += source.stored_chunk_bytes(c);
