@@ -146,7 +146,84 @@ int RunConvertFields(const ConvertArgs& a, const CLI::App& cmd, const SourceDeci
   return 0;
 }
 
-// long: not split yet (issue 47, item 6): the convert command's sources, options and report
+// An option given that does not apply to this input (one file or an image
+// folder, decoded or kept encoded): what to say; empty if none.
+std::string RefusedOption(const ConvertArgs& a, const CLI::App& cmd, bool is_dir) {
+  for (const char* opt : {"--shard-size", "--no-sample-axis"}) {
+    if (cmd.count(opt) > 0) {
+      return std::string(opt) + " applies to named fields / many files (--field NAME=/path, a glob or a list)";
+    }
+  }
+  if (!is_dir) {
+    for (const char* opt : {"--size", "--layout", "--skip-corrupt"}) {
+      if (cmd.count(opt) > 0) return std::string(opt) + " applies to image folders; " + a.input + " is a file";
+    }
+  } else {
+    if (cmd.count("--labels") > 0) {
+      return "--labels does not apply to an image folder: its labels are its class subfolders";
+    }
+    if (a.keep_encoded && cmd.count("--size") > 0) {
+      return "--size does not apply with --keep-encoded (the JPEG files are stored as they are)";
+    }
+  }
+  if (a.codec == "none" && a.shuffle_filter) {
+    return "--shuffle-filter only helps a compressor; choose --codec deflate or zstd";
+  }
+  if (a.keep_encoded) {
+    for (const char* opt : {"--codec", "--level", "--shuffle-filter", "--no-shuffle-filter", "--chunk-samples"}) {
+      if (cmd.count(opt) > 0) return std::string(opt) + " does not apply with --keep-encoded";
+    }
+    if (!is_dir && cmd.count("--skip-corrupt") > 0) {
+      return "--skip-corrupt with --keep-encoded applies to image folders; " + a.input + " is a file";
+    }
+  }
+  return "";
+}
+
+// What the conversion of one input did, as text or JSON (--json).
+void PrintConvertReport(const ConvertArgs& a, const ConvertSummary& s, const std::string& what, size_t skipped) {
+  if (!a.keep_encoded) SayWhatReadersNeed(a.codec, a.output);
+  const double ratio = s.output_bytes ? static_cast<double>(s.raw_bytes) / s.output_bytes : 0;
+  const double mbps = s.seconds > 0 ? s.raw_bytes / s.seconds / 1e6 : 0;
+  if (a.json) {
+    nlohmann::json j = {{"input", a.input},
+                        {"output", a.output},
+                        {"samples", s.samples},
+                        {"chunk_samples", s.chunk_samples},
+                        {"input_bytes", s.input_bytes},
+                        {"raw_bytes", s.raw_bytes},
+                        {"output_bytes", s.output_bytes},
+                        {"ratio", ratio},
+                        {"seconds", s.seconds},
+                        {"mb_per_s", mbps},
+                        {"codec", a.keep_encoded ? "encoded" : a.codec},
+                        {"mean", s.mean},
+                        {"std", s.stddev},
+                        {"skipped", skipped}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("converted %s -> %s\n", what.c_str(), a.output.c_str());
+    if (skipped > 0) std::printf("  skipped %zu files that do not decode (named above)\n", skipped);
+    if (a.keep_encoded) {
+      std::printf(
+          "  samples %llu, stored as they are (/images/bytes + offsets; the loader decodes them: "
+          "--image-size, --transform)\n",
+          static_cast<unsigned long long>(s.samples));
+    } else {
+      std::printf("  samples %llu, chunk %llu samples, codec %s\n", static_cast<unsigned long long>(s.samples),
+                  static_cast<unsigned long long>(s.chunk_samples), a.codec.c_str());
+    }
+    std::printf("  bytes in %.1f MB, raw %.1f MB, out %.1f MB (raw/out %.2fx)\n", s.input_bytes / 1e6,
+                s.raw_bytes / 1e6, s.output_bytes / 1e6, ratio);
+    std::printf("  %.2f s, %.1f MB/s raw\n", s.seconds, mbps);
+    if (!s.mean.empty()) {
+      std::printf("  per-channel mean/std:");
+      for (size_t c = 0; c < s.mean.size(); ++c) std::printf(" %.3f/%.3f", s.mean[c], s.stddev[c]);
+      std::printf("\n");
+    }
+  }
+}
+
 int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   // Options that do not apply to this input are errors, not ignored.
   auto refuse = [](const std::string& m) {
@@ -174,35 +251,8 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
   }
   if (a.input.empty() && !npy) return refuse(kNameInput);
   if (npy || decided->kind == SourceKind::kFields) return RunConvertFields(a, cmd, *decided);
-  for (const char* opt : {"--shard-size", "--no-sample-axis"}) {
-    if (cmd.count(opt) > 0) {
-      return refuse(std::string(opt) + " applies to named fields / many files (--field NAME=/path, a glob or a list)");
-    }
-  }
   const bool is_dir = decided->kind == SourceKind::kImageFolder;
-  if (!is_dir) {
-    for (const char* opt : {"--size", "--layout", "--skip-corrupt"}) {
-      if (cmd.count(opt) > 0) return refuse(std::string(opt) + " applies to image folders; " + a.input + " is a file");
-    }
-  } else {
-    if (cmd.count("--labels") > 0) {
-      return refuse("--labels does not apply to an image folder: its labels are its class subfolders");
-    }
-    if (a.keep_encoded && cmd.count("--size") > 0) {
-      return refuse("--size does not apply with --keep-encoded (the JPEG files are stored as they are)");
-    }
-  }
-  if (a.codec == "none" && a.shuffle_filter) {
-    return refuse("--shuffle-filter only helps a compressor; choose --codec deflate or zstd");
-  }
-  if (a.keep_encoded) {
-    for (const char* opt : {"--codec", "--level", "--shuffle-filter", "--no-shuffle-filter", "--chunk-samples"}) {
-      if (cmd.count(opt) > 0) return refuse(std::string(opt) + " does not apply with --keep-encoded");
-    }
-    if (!is_dir && cmd.count("--skip-corrupt") > 0) {
-      return refuse("--skip-corrupt with --keep-encoded applies to image folders; " + a.input + " is a file");
-    }
-  }
+  if (std::string why = RefusedOption(a, cmd, is_dir); !why.empty()) return refuse(why);
   ConvertOptions opts;
   auto codec = CodecFromName(a.codec);
   if (!codec.ok()) {
@@ -264,47 +314,7 @@ int RunConvert(const ConvertArgs& a, const CLI::App& cmd) {
     std::fprintf(stderr, "gpufeed convert: %s\n", summary.status().ToString().c_str());
     return 1;
   }
-  const ConvertSummary& s = *summary;
-  if (!a.keep_encoded) SayWhatReadersNeed(a.codec, a.output);
-  const double ratio = s.output_bytes ? static_cast<double>(s.raw_bytes) / s.output_bytes : 0;
-  const double mbps = s.seconds > 0 ? s.raw_bytes / s.seconds / 1e6 : 0;
-  if (a.json) {
-    nlohmann::json j = {{"input", a.input},
-                        {"output", a.output},
-                        {"samples", s.samples},
-                        {"chunk_samples", s.chunk_samples},
-                        {"input_bytes", s.input_bytes},
-                        {"raw_bytes", s.raw_bytes},
-                        {"output_bytes", s.output_bytes},
-                        {"ratio", ratio},
-                        {"seconds", s.seconds},
-                        {"mb_per_s", mbps},
-                        {"codec", a.keep_encoded ? "encoded" : a.codec},
-                        {"mean", s.mean},
-                        {"std", s.stddev},
-                        {"skipped", skipped.size()}};
-    std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    std::printf("converted %s -> %s\n", what.c_str(), a.output.c_str());
-    if (!skipped.empty()) std::printf("  skipped %zu files that do not decode (named above)\n", skipped.size());
-    if (a.keep_encoded) {
-      std::printf(
-          "  samples %llu, stored as they are (/images/bytes + offsets; the loader decodes them: "
-          "--image-size, --transform)\n",
-          static_cast<unsigned long long>(s.samples));
-    } else {
-      std::printf("  samples %llu, chunk %llu samples, codec %s\n", static_cast<unsigned long long>(s.samples),
-                  static_cast<unsigned long long>(s.chunk_samples), a.codec.c_str());
-    }
-    std::printf("  bytes in %.1f MB, raw %.1f MB, out %.1f MB (raw/out %.2fx)\n", s.input_bytes / 1e6,
-                s.raw_bytes / 1e6, s.output_bytes / 1e6, ratio);
-    std::printf("  %.2f s, %.1f MB/s raw\n", s.seconds, mbps);
-    if (!s.mean.empty()) {
-      std::printf("  per-channel mean/std:");
-      for (size_t c = 0; c < s.mean.size(); ++c) std::printf(" %.3f/%.3f", s.mean[c], s.stddev[c]);
-      std::printf("\n");
-    }
-  }
+  PrintConvertReport(a, *summary, what, skipped.size());
   return 0;
 }
 
