@@ -210,9 +210,108 @@ int InspectEncoded(const InspectArgs& a, const ProbedSpec& probed, const OpenOpt
   return 0;
 }
 
+// What inspect --stats found, for its report.
+struct StatsReport {
+  const std::string& spec;
+  const std::vector<FieldInfo>& fields;
+  const std::vector<std::string>& layouts;
+  const std::vector<bool>& guesses;  // the channel axis is a guess (no layout attribute)
+  const std::vector<FieldStats>& stats;
+  const std::vector<std::string>& files;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  const nlohmann::json& stored;  // where --store put them
+};
+
+void PrintStatsJson(const StatsReport& r) {
+  const std::string& spec = r.spec;
+  const std::vector<FieldInfo>& fields = r.fields;
+  const std::vector<std::string>& layouts = r.layouts;
+  const std::vector<bool>& guesses = r.guesses;
+  const std::vector<std::string>& files = r.files;
+  const uint64_t bytes = r.bytes;
+  const double seconds = r.seconds;
+  const nlohmann::json& stored = r.stored;
+  nlohmann::json jf = nlohmann::json::array();
+  for (size_t j = 0; j < r.stats.size(); ++j) {
+    const FieldStats& fs = r.stats[j];
+    nlohmann::json ch = nlohmann::json::array();
+    for (const ChannelStats& c : fs.channels) {
+      ch.push_back({{"count", c.count},
+                    {"mean", c.mean},
+                    {"std", c.stddev},
+                    {"min", c.min},
+                    {"max", c.max},
+                    {"nan", c.nan},
+                    {"inf", c.inf}});
+    }
+    jf.push_back({{"name", fs.name},
+                  {"path", fs.path},
+                  {"dtype", DTypeName(fields[j].dtype)},
+                  {"sample_shape", fields[j].sample_shape},
+                  {"layout", layouts[j]},
+                  {"channel_axis_guessed", static_cast<bool>(guesses[j])},
+                  {"channel_axis", fs.channel_axis},
+                  {"samples", fs.samples},
+                  {"mean", fs.means()},
+                  {"std", fs.stddevs()},
+                  {"channels", ch}});
+  }
+  nlohmann::json j = {{"data", spec},
+                      {"files", files.size()},
+                      {"fields", jf},
+                      {"seconds", seconds},
+                      {"bytes", bytes},
+                      {"stored", stored},
+                      {"gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0}};
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+void PrintStatsText(const StatsReport& r) {
+  const std::string& spec = r.spec;
+  const std::vector<FieldInfo>& fields = r.fields;
+  const std::vector<std::string>& layouts = r.layouts;
+  const std::vector<bool>& guesses = r.guesses;
+  const std::vector<std::string>& files = r.files;
+  const uint64_t bytes = r.bytes;
+  const double seconds = r.seconds;
+  const nlohmann::json& stored = r.stored;
+  std::printf("%s: %zu file%s, %.2f GB read in %.2f s (%.2f GB/s)\n", spec.c_str(), files.size(),
+              files.size() == 1 ? "" : "s", bytes / 1e9, seconds, seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+  for (size_t j = 0; j < r.stats.size(); ++j) {
+    const FieldStats& fs = r.stats[j];
+    std::printf("  %s (%s) %s %s, %llu samples, %s\n", fs.name.c_str(), fs.path.c_str(),
+                std::string(DTypeName(fields[j].dtype)).c_str(), ShapeText(fields[j].sample_shape).c_str(),
+                static_cast<unsigned long long>(fs.samples),
+                fs.channel_axis < 0 ? "one channel (the whole sample)"
+                                    : ("channel axis " + std::to_string(fs.channel_axis) +
+                                       (guesses[j]           ? " (no layout attribute: a guess; --channel-axis K)"
+                                        : layouts[j].empty() ? ""
+                                                             : " (" + layouts[j] + ")"))
+                                          .c_str());
+    std::printf("    %7s %14s %14s %14s %14s %14s %10s %10s\n", "channel", "count", "mean", "std", "min", "max", "nan",
+                "inf");
+    uint64_t nan = 0, inf = 0;
+    for (size_t c = 0; c < fs.channels.size(); ++c) {
+      const ChannelStats& x = fs.channels[c];
+      std::printf("    %7zu %14llu %14.6g %14.6g %14.6g %14.6g %10llu %10llu\n", c,
+                  static_cast<unsigned long long>(x.count), x.mean, x.stddev, x.min, x.max,
+                  static_cast<unsigned long long>(x.nan), static_cast<unsigned long long>(x.inf));
+      nan += x.nan;
+      inf += x.inf;
+    }
+    if (nan + inf > 0) {
+      std::printf("    %llu NaN and %llu Inf values, left out of count, mean, std, min and max\n",
+                  static_cast<unsigned long long>(nan), static_cast<unsigned long long>(inf));
+    }
+  }
+  for (const auto& s : stored) {
+    std::printf("  stored for %s: %s\n", s["file"].get<std::string>().c_str(), s["where"].get<std::string>().c_str());
+  }
+}
+
 // --stats: per-channel statistics of every field, over every file, and with
 // --store where the loader finds them.
-// long: not split yet (issue 47, item 6): inspect --stats: its pass, store and report
 int RunStats(const InspectArgs& a) {
   if (a.sidecar && !a.store) {
     std::fprintf(stderr, "gpufeed inspect: --sidecar goes with --store\n");
@@ -297,78 +396,133 @@ int RunStats(const InspectArgs& a) {
       stored.push_back({{"file", f}, {"where", *where}});
     }
   }
+  const StatsReport report{a.spec, fields, layouts, guesses, *stats, files, bytes, seconds, stored};
   if (a.json) {
-    nlohmann::json jf = nlohmann::json::array();
-    for (size_t j = 0; j < stats->size(); ++j) {
-      const FieldStats& fs = (*stats)[j];
-      nlohmann::json ch = nlohmann::json::array();
-      for (const ChannelStats& c : fs.channels) {
-        ch.push_back({{"count", c.count},
-                      {"mean", c.mean},
-                      {"std", c.stddev},
-                      {"min", c.min},
-                      {"max", c.max},
-                      {"nan", c.nan},
-                      {"inf", c.inf}});
-      }
-      jf.push_back({{"name", fs.name},
-                    {"path", fs.path},
-                    {"dtype", DTypeName(fields[j].dtype)},
-                    {"sample_shape", fields[j].sample_shape},
-                    {"layout", layouts[j]},
-                    {"channel_axis_guessed", static_cast<bool>(guesses[j])},
-                    {"channel_axis", fs.channel_axis},
-                    {"samples", fs.samples},
-                    {"mean", fs.means()},
-                    {"std", fs.stddevs()},
-                    {"channels", ch}});
-    }
-    nlohmann::json j = {{"data", a.spec},
-                        {"files", files.size()},
-                        {"fields", jf},
-                        {"seconds", seconds},
-                        {"bytes", bytes},
-                        {"stored", stored},
-                        {"gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0}};
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintStatsJson(report);
     return 0;
   }
-  std::printf("%s: %zu file%s, %.2f GB read in %.2f s (%.2f GB/s)\n", a.spec.c_str(), files.size(),
-              files.size() == 1 ? "" : "s", bytes / 1e9, seconds, seconds > 0 ? bytes / seconds / 1e9 : 0.0);
-  for (size_t j = 0; j < stats->size(); ++j) {
-    const FieldStats& fs = (*stats)[j];
-    std::printf("  %s (%s) %s %s, %llu samples, %s\n", fs.name.c_str(), fs.path.c_str(),
-                std::string(DTypeName(fields[j].dtype)).c_str(), ShapeText(fields[j].sample_shape).c_str(),
-                static_cast<unsigned long long>(fs.samples),
-                fs.channel_axis < 0 ? "one channel (the whole sample)"
-                                    : ("channel axis " + std::to_string(fs.channel_axis) +
-                                       (guesses[j]           ? " (no layout attribute: a guess; --channel-axis K)"
-                                        : layouts[j].empty() ? ""
-                                                             : " (" + layouts[j] + ")"))
-                                          .c_str());
-    std::printf("    %7s %14s %14s %14s %14s %14s %10s %10s\n", "channel", "count", "mean", "std", "min", "max", "nan",
-                "inf");
-    uint64_t nan = 0, inf = 0;
-    for (size_t c = 0; c < fs.channels.size(); ++c) {
-      const ChannelStats& x = fs.channels[c];
-      std::printf("    %7zu %14llu %14.6g %14.6g %14.6g %14.6g %10llu %10llu\n", c,
-                  static_cast<unsigned long long>(x.count), x.mean, x.stddev, x.min, x.max,
-                  static_cast<unsigned long long>(x.nan), static_cast<unsigned long long>(x.inf));
-      nan += x.nan;
-      inf += x.inf;
-    }
-    if (nan + inf > 0) {
-      std::printf("    %llu NaN and %llu Inf values, left out of count, mean, std, min and max\n",
-                  static_cast<unsigned long long>(nan), static_cast<unsigned long long>(inf));
-    }
-  }
-  for (const auto& s : stored) {
-    std::printf("  stored for %s: %s\n", s["file"].get<std::string>().c_str(), s["where"].get<std::string>().c_str());
-  }
+  PrintStatsText(report);
   return 0;
 }
 
-// long: not split yet (issue 47, item 6): what inspect prints, text and JSON, for every kind of source
+// What inspect says of one HDF5 dataset, as JSON (--json).
+void PrintInspectJson(const Dataset& ds, const DatasetInfo& info, const InspectReport& r) {
+  nlohmann::json filters = nlohmann::json::array();
+  for (const FilterInfo& f : info.filters) filters.push_back({{"id", f.id}, {"name", f.name}, {"params", f.params}});
+  nlohmann::json hist = nlohmann::json::object();
+  for (auto [label, n] : r.label_histogram) hist[std::to_string(label)] = n;
+  nlohmann::json j = {
+      {"file", info.file},
+      {"images", info.images_path},
+      {"labels", info.labels_path},
+      {"shape", info.shape},
+      {"dtype", DTypeName(ds.dtype())},
+      {"enum", info.enum_members},
+      {"layout", info.layout},
+      {"storage", info.storage},
+      {"virtual_sources", info.virtual_sources.size()},
+      {"virtual_sources_first", SourcesJson(info.virtual_sources)},
+      {"hdf5_chunk_shape", info.hdf5_chunk_shape},
+      {"hdf5_chunks", r.hdf5_chunks},
+      {"filters", filters},
+      {"stored_bytes", info.stored_bytes},
+      {"raw_bytes", info.raw_bytes},
+      {"compression_ratio", r.compression_ratio},
+      {"read_path", ReadPathName(info.read_path)},
+      {"read_path_reason", info.read_path_reason},
+      {"unreadable", info.unreadable},
+      {"io", info.io},
+      {"io_note", info.io_note},
+      {"read_unit_samples", ds.chunk_samples()},
+      {"read_units", ds.num_chunks()},
+      {"recommended_cache_bytes", r.recommended_cache_bytes},
+      {"label_histogram", hist},
+      {"class_names", info.class_names},
+      {"mean", info.mean},
+      {"std", info.stddev},
+      {"stats_from", info.stats_from},
+  };
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+// What inspect says of one HDF5 dataset, as text.
+void PrintInspectText(const Dataset& ds, const DatasetInfo& info, const InspectReport& r) {
+  std::printf("%s:%s\n", info.file.c_str(), info.images_path.c_str());
+  std::printf("  shape        %s %s%s\n", ShapeText(info.shape).c_str(), std::string(DTypeName(ds.dtype())).c_str(),
+              info.big_endian ? " (big-endian)" : "");
+  if (!info.enum_members.empty()) {
+    std::string members;
+    for (const std::string& m : info.enum_members) members += (members.empty() ? "" : ", ") + m;
+    std::printf("  enum         %s (read as the integers)\n", members.c_str());
+  }
+  std::printf("  layout       %s\n", info.layout.empty() ? "(not recorded)" : info.layout.c_str());
+  std::printf("  storage      %s", info.storage.c_str());
+  if (!info.hdf5_chunk_shape.empty()) {
+    std::printf(", chunks %s, %llu chunks", ShapeText(info.hdf5_chunk_shape).c_str(),
+                static_cast<unsigned long long>(r.hdf5_chunks));
+  }
+  if (!info.virtual_sources.empty()) {
+    std::printf(", %zu sources", info.virtual_sources.size());
+    for (size_t i = 0; i < std::min(info.virtual_sources.size(), kSourcesShown); ++i) {
+      std::printf("\n    %s", SourceText(info.virtual_sources[i]).c_str());
+    }
+    if (info.virtual_sources.size() > kSourcesShown) {
+      std::printf("\n    ... %zu more", info.virtual_sources.size() - kSourcesShown);
+    }
+    std::printf(
+        "\n  loader       reads each source directly (bench loader, Python, the C API); this Dataset, "
+        "`bench read`, `train` and `serve` read through HDF5");
+  }
+  std::printf("\n  filters      ");
+  if (info.filters.empty()) std::printf("none");
+  for (size_t i = 0; i < info.filters.size(); ++i) {
+    std::printf("%s%s", i ? " -> " : "", info.filters[i].name.c_str());
+    if (!info.filters[i].params.empty()) std::printf("(%u)", info.filters[i].params[0]);
+  }
+  std::printf("\n  size         %.2f MB stored, %.2f MB raw (%.2fx)\n", info.stored_bytes / 1e6, info.raw_bytes / 1e6,
+              r.compression_ratio);
+  std::printf("  read path    %s", std::string(ReadPathName(info.read_path)).c_str());
+  if (!info.read_path_reason.empty()) std::printf(" (%s)", info.read_path_reason.c_str());
+  std::printf(", read unit %llu samples (%.2f MiB), %llu units\n", static_cast<unsigned long long>(ds.chunk_samples()),
+              ds.chunk_bytes_max() / 1048576.0, static_cast<unsigned long long>(ds.num_chunks()));
+  if (!info.io.empty()) {
+    std::printf("  I/O          %s%s%s%s\n", info.io.c_str(), info.io_note.empty() ? "" : " (", info.io_note.c_str(),
+                info.io_note.empty() ? "" : ")");
+  }
+  if (!info.unreadable.empty()) {
+    std::printf("  UNREADABLE   %s\n", info.unreadable.c_str());
+    std::fprintf(stderr, "gpufeed inspect: warning: no sample can be read: %s\n", info.unreadable.c_str());
+  }
+  std::printf("  cache        %.1f MiB recommended (a %llu-chunk shuffle window, decoded)\n",
+              r.recommended_cache_bytes / 1048576.0,
+              static_cast<unsigned long long>(InspectReport::kRecommendedWindow));
+  if (!info.mean.empty()) {
+    std::printf("  mean/std     (%s)", info.stats_from.c_str());
+    for (size_t c = 0; c < info.mean.size(); ++c) {
+      std::printf(" %.3f/%.3f", info.mean[c], c < info.stddev.size() ? info.stddev[c] : 0.0);
+    }
+    std::printf("\n");
+  }
+  if (info.labels_path.empty()) {
+    std::printf("  labels       none\n");
+  } else {
+    std::printf("  labels       %s, %zu classes\n", info.labels_path.c_str(), r.label_histogram.size());
+    // The text view lists the first classes (index-like labels would print a
+    // line per sample); --json has them all.
+    constexpr size_t kShown = 40;
+    size_t shown = 0;
+    for (auto [label, n] : r.label_histogram) {
+      if (shown++ == kShown) {
+        std::printf("    ... %zu more classes (--json lists every one)\n", r.label_histogram.size() - kShown);
+        break;
+      }
+      const bool named = label >= 0 && static_cast<size_t>(label) < info.class_names.size();
+      std::printf("    %6lld %-16s %llu\n", static_cast<long long>(label), named ? info.class_names[label].c_str() : "",
+                  static_cast<unsigned long long>(n));
+    }
+  }
+}
+
 int RunInspect(const InspectArgs& a) {
   if (a.stats) return RunStats(a);
   if (a.store || a.sidecar || !a.channel_axis.empty() || a.threads != 0) {
@@ -438,118 +592,10 @@ int RunInspect(const InspectArgs& a) {
   const DatasetInfo& info = ds->info();
   const InspectReport r = Inspect(*ds);
   if (a.json) {
-    nlohmann::json filters = nlohmann::json::array();
-    for (const FilterInfo& f : info.filters) filters.push_back({{"id", f.id}, {"name", f.name}, {"params", f.params}});
-    nlohmann::json hist = nlohmann::json::object();
-    for (auto [label, n] : r.label_histogram) hist[std::to_string(label)] = n;
-    nlohmann::json j = {
-        {"file", info.file},
-        {"images", info.images_path},
-        {"labels", info.labels_path},
-        {"shape", info.shape},
-        {"dtype", DTypeName(ds->dtype())},
-        {"enum", info.enum_members},
-        {"layout", info.layout},
-        {"storage", info.storage},
-        {"virtual_sources", info.virtual_sources.size()},
-        {"virtual_sources_first", SourcesJson(info.virtual_sources)},
-        {"hdf5_chunk_shape", info.hdf5_chunk_shape},
-        {"hdf5_chunks", r.hdf5_chunks},
-        {"filters", filters},
-        {"stored_bytes", info.stored_bytes},
-        {"raw_bytes", info.raw_bytes},
-        {"compression_ratio", r.compression_ratio},
-        {"read_path", ReadPathName(info.read_path)},
-        {"read_path_reason", info.read_path_reason},
-        {"unreadable", info.unreadable},
-        {"io", info.io},
-        {"io_note", info.io_note},
-        {"read_unit_samples", ds->chunk_samples()},
-        {"read_units", ds->num_chunks()},
-        {"recommended_cache_bytes", r.recommended_cache_bytes},
-        {"label_histogram", hist},
-        {"class_names", info.class_names},
-        {"mean", info.mean},
-        {"std", info.stddev},
-        {"stats_from", info.stats_from},
-    };
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintInspectJson(*ds, info, r);
     return 0;
   }
-  std::printf("%s:%s\n", info.file.c_str(), info.images_path.c_str());
-  std::printf("  shape        %s %s%s\n", ShapeText(info.shape).c_str(), std::string(DTypeName(ds->dtype())).c_str(),
-              info.big_endian ? " (big-endian)" : "");
-  if (!info.enum_members.empty()) {
-    std::string members;
-    for (const std::string& m : info.enum_members) members += (members.empty() ? "" : ", ") + m;
-    std::printf("  enum         %s (read as the integers)\n", members.c_str());
-  }
-  std::printf("  layout       %s\n", info.layout.empty() ? "(not recorded)" : info.layout.c_str());
-  std::printf("  storage      %s", info.storage.c_str());
-  if (!info.hdf5_chunk_shape.empty()) {
-    std::printf(", chunks %s, %llu chunks", ShapeText(info.hdf5_chunk_shape).c_str(),
-                static_cast<unsigned long long>(r.hdf5_chunks));
-  }
-  if (!info.virtual_sources.empty()) {
-    std::printf(", %zu sources", info.virtual_sources.size());
-    for (size_t i = 0; i < std::min(info.virtual_sources.size(), kSourcesShown); ++i) {
-      std::printf("\n    %s", SourceText(info.virtual_sources[i]).c_str());
-    }
-    if (info.virtual_sources.size() > kSourcesShown) {
-      std::printf("\n    ... %zu more", info.virtual_sources.size() - kSourcesShown);
-    }
-    std::printf(
-        "\n  loader       reads each source directly (bench loader, Python, the C API); this Dataset, "
-        "`bench read`, `train` and `serve` read through HDF5");
-  }
-  std::printf("\n  filters      ");
-  if (info.filters.empty()) std::printf("none");
-  for (size_t i = 0; i < info.filters.size(); ++i) {
-    std::printf("%s%s", i ? " -> " : "", info.filters[i].name.c_str());
-    if (!info.filters[i].params.empty()) std::printf("(%u)", info.filters[i].params[0]);
-  }
-  std::printf("\n  size         %.2f MB stored, %.2f MB raw (%.2fx)\n", info.stored_bytes / 1e6, info.raw_bytes / 1e6,
-              r.compression_ratio);
-  std::printf("  read path    %s", std::string(ReadPathName(info.read_path)).c_str());
-  if (!info.read_path_reason.empty()) std::printf(" (%s)", info.read_path_reason.c_str());
-  std::printf(", read unit %llu samples (%.2f MiB), %llu units\n", static_cast<unsigned long long>(ds->chunk_samples()),
-              ds->chunk_bytes_max() / 1048576.0, static_cast<unsigned long long>(ds->num_chunks()));
-  if (!info.io.empty()) {
-    std::printf("  I/O          %s%s%s%s\n", info.io.c_str(), info.io_note.empty() ? "" : " (", info.io_note.c_str(),
-                info.io_note.empty() ? "" : ")");
-  }
-  if (!info.unreadable.empty()) {
-    std::printf("  UNREADABLE   %s\n", info.unreadable.c_str());
-    std::fprintf(stderr, "gpufeed inspect: warning: no sample can be read: %s\n", info.unreadable.c_str());
-  }
-  std::printf("  cache        %.1f MiB recommended (a %llu-chunk shuffle window, decoded)\n",
-              r.recommended_cache_bytes / 1048576.0,
-              static_cast<unsigned long long>(InspectReport::kRecommendedWindow));
-  if (!info.mean.empty()) {
-    std::printf("  mean/std     (%s)", info.stats_from.c_str());
-    for (size_t c = 0; c < info.mean.size(); ++c) {
-      std::printf(" %.3f/%.3f", info.mean[c], c < info.stddev.size() ? info.stddev[c] : 0.0);
-    }
-    std::printf("\n");
-  }
-  if (info.labels_path.empty()) {
-    std::printf("  labels       none\n");
-  } else {
-    std::printf("  labels       %s, %zu classes\n", info.labels_path.c_str(), r.label_histogram.size());
-    // The text view lists the first classes (index-like labels would print a
-    // line per sample); --json has them all.
-    constexpr size_t kShown = 40;
-    size_t shown = 0;
-    for (auto [label, n] : r.label_histogram) {
-      if (shown++ == kShown) {
-        std::printf("    ... %zu more classes (--json lists every one)\n", r.label_histogram.size() - kShown);
-        break;
-      }
-      const bool named = label >= 0 && static_cast<size_t>(label) < info.class_names.size();
-      std::printf("    %6lld %-16s %llu\n", static_cast<long long>(label), named ? info.class_names[label].c_str() : "",
-                  static_cast<unsigned long long>(n));
-    }
-  }
+  PrintInspectText(*ds, info, r);
   return 0;
 }
 
