@@ -80,7 +80,12 @@ TEST(ResnetModelTest, FullSizeHasTorchvisionsParameters) {
 
 // Every parameter of a tiny resnet18 (odd input width: the strided convs'
 // and pools' floors) against central differences: the residual sums, the
-// projections, batchnorm with and without ReLU, both poolings.
+// projections, batchnorm with and without ReLU, both poolings. A model this
+// small (batchnorm over a few values, many ReLU and pooling kinks) is smooth
+// only at small scales: a step crosses kinks often (a ReLU of the last
+// stages carries a sixth of the loss), so an element is compared at the
+// largest of three steps whose one-sided differences agree, and left out
+// where none's do.
 TEST(ResnetModelTest, TinyGradientsMatchFiniteDifferences) {
   auto ops = MakeCpuOps();
   ModelSpec s = TinySpec();
@@ -92,30 +97,35 @@ TEST(ResnetModelTest, TinyGradientsMatchFiniteDifferences) {
   LossAndGradients(ops.get(), m, x, labels, true);
   const double center = LossAndGradients(ops.get(), m, x, labels, false);
   int checked = 0, kinks = 0, tensors = 0;
+  const double tol_abs = 3e-3, tol_rel = 0.03;
   for (Param& p : m.params()) {
     ++tensors;
     const std::vector<float> analytic(p.grad, p.grad + p.n);
     for (size_t i = 0; i < p.n; i += std::max<size_t>(1, p.n / 3)) {
       const float saved = p.master[i];
-      const float eps = 1e-3f * std::max(1.0f, std::fabs(saved));
-      p.master[i] = saved + eps;
-      const double up = LossAndGradients(ops.get(), m, x, labels, false);
-      p.master[i] = saved - eps;
-      const double down = LossAndGradients(ops.get(), m, x, labels, false);
-      p.master[i] = saved;
-      const double fwd = (up - center) / eps, bwd = (center - down) / eps;
-      if (std::fabs(fwd - bwd) > 0.2 * std::max(std::fabs(fwd), std::fabs(bwd)) + 2e-3) {
-        ++kinks;
-        continue;
+      bool compared = false;
+      for (float step : {1e-3f, 3e-4f, 1e-4f}) {
+        const float eps = step * std::max(1.0f, std::fabs(saved));
+        p.master[i] = saved + eps;
+        const double up = LossAndGradients(ops.get(), m, x, labels, false);
+        p.master[i] = saved - eps;
+        const double down = LossAndGradients(ops.get(), m, x, labels, false);
+        p.master[i] = saved;
+        const double fwd = (up - center) / eps, bwd = (center - down) / eps;
+        // A kink inside the step moves the central difference by up to half
+        // the one-sided ones' gap: past the tolerance, try a smaller step.
+        if (std::fabs(fwd - bwd) > tol_abs + tol_rel * std::max(std::fabs(fwd), std::fabs(bwd))) continue;
+        const double numeric = (up - down) / (2 * eps);
+        EXPECT_NEAR(analytic[i], numeric, tol_abs + tol_rel * std::fabs(numeric)) << p.name << "[" << i << "]";
+        compared = true;
+        break;
       }
-      const double numeric = (up - down) / (2 * eps);
-      EXPECT_NEAR(analytic[i], numeric, 1e-3 + 0.03 * std::fabs(numeric)) << p.name << "[" << i << "]";
-      ++checked;
+      ++(compared ? checked : kinks);
     }
   }
-  EXPECT_EQ(tensors, 2 * 20 + 2 * 0 + 20 + 2);  // 20 conv weights, 20 bns (gamma, beta), the head's 2
+  EXPECT_EQ(tensors, 20 + 2 * 20 + 2);  // 20 conv weights, 20 bns (gamma, beta), the head's 2
   EXPECT_GT(checked, 100);
-  EXPECT_LE(kinks, checked / 10) << "too many elements at a kink to say anything";
+  EXPECT_LE(kinks, checked / 4) << "too many elements at a kink to say anything (" << kinks << ")";
 }
 
 // Three classes told apart by where channel 0 is bright; SGD with
