@@ -157,7 +157,160 @@ int RunJpegFeedBenchCmd(LoaderArgs& a) {
   return 0;
 }
 
-// long: not split yet (issue 47, item 6): bench loader's open, timed epochs, verification and report
+// bench loader's figures and checks as JSON (--json).
+void PrintLoaderBenchJson(const LoaderArgs& a, const bench::LoaderBenchResult& r, const LoaderOptions& lo) {
+  const LoaderStats& s = r.stats;
+  nlohmann::json j = {
+      {"data", a.bench.data}, {"order", a.order}, {"threads", lo.threads}, {"batch_size", lo.batch_size},
+      {"prefetch", lo.prefetch}, {"cache_bytes", lo.cache_bytes}, {"shuffle_window", lo.shuffle_window},
+      {"samples", r.samples}, {"seconds", r.seconds}, {"samples_per_s", r.samples_per_s()},
+      {"gb_per_s", r.gb_per_s()}, {"epochs", a.bench.epochs}, {"first_epoch_seconds", r.first_epoch_seconds},
+      {"open_seconds", r.open_seconds}, {"first_epoch_first_batch_seconds", r.first_epoch_first_batch_seconds},
+      {"first_batch_seconds", r.first_batch_seconds}, {"full_epoch", r.full_epoch}, {"spot_checked", r.spot_checked},
+      {"verified", true}, {"coverage", r.coverage}, {"checksum_checked", r.checksum_checked},
+      {"world_size", lo.world_size}, {"rank", lo.rank}, {"bytes_verified", r.bytes_verified},
+      {"encoded", r.encoded}, {"stored_bytes", r.stored_bytes}, {"skipped", r.skipped},
+      {"decode_one_core_per_s", r.decode_one_core_per_s},
+      {"transform_one_core_per_s", r.transform_one_core_per_s},
+      {"parallel_decode_per_s", r.parallel_decode_per_s},
+      {"ceiling_per_s", r.ceiling_per_s(lo.threads)},
+      {"ratio_to_ceiling", r.ceiling_per_s(lo.threads) > 0 ? r.samples_per_s() / r.ceiling_per_s(lo.threads) : 0.0},
+      {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
+                  {"assemble_s", s.assemble_seconds}, {"consumer_wait_s", s.consumer_wait_seconds}}},
+      {"mean_queue_depth", s.mean_queue_depth()},
+      {"per_epoch", [&] {
+         nlohmann::json arr = nlohmann::json::array();
+         for (const bench::LoaderBenchEpoch& e : r.epochs) {
+           arr.push_back({{"epoch", e.epoch}, {"samples", e.samples}, {"seconds", e.seconds},
+                          {"samples_per_s", e.seconds > 0 ? e.samples / e.seconds : 0.0},
+                          {"chunk_reads", e.stats.chunk_reads}, {"chunk_reads_ahead", e.stats.chunk_reads_ahead},
+                          {"hit_rate", e.stats.hit_rate()}, {"bytes_decoded", e.stats.bytes_decoded},
+                          {"minor_faults", e.stats.minor_faults}, {"major_faults", e.stats.major_faults},
+                          {"chunk_bytes_mapped", e.stats.chunk_bytes_mapped},
+                          {"chunk_bytes_held", e.stats.chunk_bytes_held}});
+         }
+         return arr;
+       }()},
+      {"max_rss_bytes", r.max_rss_bytes}, {"rss_before_bytes", r.rss_before_bytes},
+      {"memory_bound_bytes", r.memory_bound_bytes},
+      {"cold", a.bench.cold ? nlohmann::json{{"file", r.file}, {"file_bytes", r.file_bytes}, {"io", r.io},
+                                             {"io_note", r.io_note}, {"ceiling_gb_per_s", r.ceiling_gb_per_s}, {"ceiling_runs_gb_per_s", r.ceiling_runs_gb_per_s},
+                                             {"ceiling_note", r.ceiling_note}, {"epochs", [&] {
+                                               nlohmann::json arr = nlohmann::json::array();
+                                               for (const bench::LoaderBenchEpoch& e : r.epochs) {
+                                                 arr.push_back({{"resident_before", e.resident_before},
+                                                                {"resident_after", e.resident_after},
+                                                                {"bytes_read", e.stats.bytes_read},
+                                                                {"seconds", e.seconds}});
+                                               }
+                                               return arr;
+                                             }()}}
+                            : nlohmann::json(nullptr)},
+      {"cache", {{"chunk_reads", s.chunk_reads}, {"hits", s.chunk_hits}, {"misses", s.chunk_misses},
+                 {"prefetched", s.prefetched}, {"hit_rate", s.hit_rate()},
+                 {"read_amplification", s.read_amplification()}, {"bytes_read", s.bytes_read},
+                 {"bytes_decoded", s.bytes_decoded}}}};
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+// bench loader's figures and checks as text.
+void PrintLoaderBenchText(const LoaderArgs& a, const bench::LoaderBenchResult& r, const LoaderOptions& lo) {
+  const LoaderStats& s = r.stats;
+  std::printf("loader %s: order %s, %d threads, batch %llu, prefetch %d, cache %.0f MiB, window %llu\n",
+              a.bench.data.c_str(), a.order.c_str(), lo.threads, static_cast<unsigned long long>(lo.batch_size),
+              lo.prefetch, lo.cache_bytes / 1048576.0, static_cast<unsigned long long>(lo.shuffle_window));
+  if (r.encoded) {
+    std::printf("  encoded images decoded in the loader: %s to %ux%u %s, %.1f MB of files (%.0f KB a sample)%s\n",
+                std::string(ImageTransformName(a.bench.decode.transform)).c_str(), a.bench.decode.height,
+                a.bench.decode.width, a.bench.decode.layout.c_str(), r.stored_bytes / 1e6,
+                r.samples ? r.stored_bytes / 1e3 / r.samples : 0.0,
+                r.skipped ? (", " + std::to_string(r.skipped) + " corrupt samples replaced").c_str() : "");
+  }
+  if (r.encoded) {
+    const double ceiling = r.ceiling_per_s(lo.threads);
+    std::printf(
+        "  ceiling (same run): libjpeg-turbo full-size decode %.0f samples/s on one core (%llu samples) x %d "
+        "threads = %.0f samples/s; the loader's last epoch is %.2fx of it\n",
+        r.decode_one_core_per_s, static_cast<unsigned long long>(r.ceiling_samples), lo.threads, ceiling,
+        ceiling > 0 ? r.samples_per_s() / ceiling : 0.0);
+    std::printf(
+        "  full-size decode on %d threads at once (same run, after the epochs): %.0f samples/s; the loader is "
+        "%.2fx of it\n",
+        lo.threads, r.parallel_decode_per_s,
+        r.parallel_decode_per_s > 0 ? r.samples_per_s() / r.parallel_decode_per_s : 0.0);
+    std::printf("  one core, same files, interleaved: decode + %s %.0f samples/s vs full-size decode %.0f: %.2fx\n",
+                std::string(ImageTransformName(a.bench.decode.transform)).c_str(), r.transform_one_core_per_s,
+                r.decode_one_core_per_s,
+                r.decode_one_core_per_s > 0 ? r.transform_one_core_per_s / r.decode_one_core_per_s : 0.0);
+  }
+  const char* checksum = r.checksum_checked ? ", index/label checksum equal to the file's" : "";
+  if (r.bytes_verified) {
+    std::printf("  verified every epoch: %s, %s%s, labels equal, %llu samples' bytes compared\n",
+                r.full_epoch ? "full epoch" : "partial epoch", r.coverage.c_str(), checksum,
+                static_cast<unsigned long long>(r.spot_checked));
+  } else {
+    std::printf(
+        "  verified every epoch: %s, %s%s (the daemon's file is not readable here: "
+        "labels and bytes not compared)\n",
+        r.full_epoch ? "full epoch" : "partial epoch", r.coverage.c_str(), checksum);
+  }
+  for (const bench::LoaderBenchEpoch& e : r.epochs) {
+    std::printf(
+        "  epoch %llu: %.0f samples/s, %llu chunk reads (+%llu ahead for the next), hit rate %.3f, "
+        "%.1f MB decoded, %llu minor / %llu major page faults, %.1f MB of chunk buffers mapped (%.1f MB held)\n",
+        static_cast<unsigned long long>(e.epoch), e.seconds > 0 ? e.samples / e.seconds : 0.0,
+        static_cast<unsigned long long>(e.stats.chunk_reads),
+        static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(), e.stats.bytes_decoded / 1e6,
+        static_cast<unsigned long long>(e.stats.minor_faults), static_cast<unsigned long long>(e.stats.major_faults),
+        e.stats.chunk_bytes_mapped / 1e6, e.stats.chunk_bytes_held / 1e6);
+  }
+  if (a.bench.cold) {
+    std::printf("  cold: %s (%.2f GB), I/O %s%s%s%s; O_DIRECT sequential ceiling ", r.file.c_str(), r.file_bytes / 1e9,
+                r.io.c_str(), r.io_note.empty() ? "" : " (", r.io_note.c_str(), r.io_note.empty() ? "" : ")");
+    if (r.ceiling_gb_per_s > 0) {
+      std::printf("%.2f GB/s (runs before / after the epochs: %.2f / %.2f)\n", r.ceiling_gb_per_s,
+                  r.ceiling_runs_gb_per_s.at(0), r.ceiling_runs_gb_per_s.at(1));
+    } else {
+      std::printf("not measured (%s)\n", r.ceiling_note.c_str());
+    }
+    for (const bench::LoaderBenchEpoch& e : r.epochs) {
+      const double file_gbs = e.seconds > 0 ? e.stats.bytes_read / e.seconds / 1e9 : 0;
+      const double delivered_gbs = e.seconds > 0 ? e.samples * double(r.sample_bytes) / e.seconds / 1e9 : 0;
+      std::printf(
+          "  cold epoch %llu: in page cache %.1f%% at start, %.1f%% at end; file read at %.2f GB/s, "
+          "samples delivered at %.2f GB/s",
+          static_cast<unsigned long long>(e.epoch), 100 * e.resident_before, 100 * e.resident_after, file_gbs,
+          delivered_gbs);
+      if (r.ceiling_gb_per_s > 0) {
+        std::printf(" (%.2f and %.2f of the ceiling)", file_gbs / r.ceiling_gb_per_s,
+                    delivered_gbs / r.ceiling_gb_per_s);
+      }
+      std::printf("\n");
+    }
+  }
+  std::printf(
+      "  last of %d epochs: %llu samples in %.3f s: %.0f samples/s, %.2f GB/s (first batch after %.3f s; "
+      "the first epoch took %.3f s)\n",
+      a.bench.epochs, static_cast<unsigned long long>(r.samples), r.seconds, r.samples_per_s(), r.gb_per_s(),
+      r.first_batch_seconds, r.first_epoch_seconds);
+  std::printf(
+      "  stages (busy s, summed over threads): plan %.3f, fetch+decode %.3f, assemble %.3f; consumer waited %.3f s; "
+      "mean ready queue %.1f\n",
+      s.plan_seconds, s.fetch_seconds, s.assemble_seconds, s.consumer_wait_seconds, s.mean_queue_depth());
+  std::printf("  memory: peak RSS %.0f MiB, %.0f MiB of it before the loader existed; loader bound %.0f MiB\n",
+              r.max_rss_bytes / 1048576.0, r.rss_before_bytes / 1048576.0, r.memory_bound_bytes / 1048576.0);
+  std::printf("  cache: %llu chunk reads, hit rate %.3f, %llu prefetched, read amplification %.2f\n",
+              static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(),
+              static_cast<unsigned long long>(s.prefetched), s.read_amplification());
+  if (s.source_opens > 0) {
+    std::printf(
+        "  files: %llu opened (%llu from the probe's plan, without HDF5) in %.3f s, probed in %.3f s (since the source "
+        "was opened; summed over threads); the data opened in %.3f s, the first epoch's first batch %.3f s after\n",
+        static_cast<unsigned long long>(s.source_opens), static_cast<unsigned long long>(s.source_planned_opens),
+        s.source_open_seconds, s.source_probe_seconds, r.open_seconds, r.first_epoch_first_batch_seconds);
+  }
+}
+
 int RunLoaderBenchCmd(LoaderArgs& a) {
   auto order = OrderFromName(a.order);
   if (!order.ok()) {
@@ -178,157 +331,13 @@ int RunLoaderBenchCmd(LoaderArgs& a) {
     return 1;
   }
   for (const std::string& w : r->warnings) std::fprintf(stderr, "gpufeed bench loader: warning: %s\n", w.c_str());
-  const LoaderStats& s = r->stats;
   LoaderOptions lo = a.bench.loader;
   lo.batch_size = r->batch_size;
   if (a.json) {
-    nlohmann::json j = {
-        {"data", a.bench.data}, {"order", a.order}, {"threads", lo.threads}, {"batch_size", lo.batch_size},
-        {"prefetch", lo.prefetch}, {"cache_bytes", lo.cache_bytes}, {"shuffle_window", lo.shuffle_window},
-        {"samples", r->samples}, {"seconds", r->seconds}, {"samples_per_s", r->samples_per_s()},
-        {"gb_per_s", r->gb_per_s()}, {"epochs", a.bench.epochs}, {"first_epoch_seconds", r->first_epoch_seconds},
-        {"open_seconds", r->open_seconds}, {"first_epoch_first_batch_seconds", r->first_epoch_first_batch_seconds},
-        {"first_batch_seconds", r->first_batch_seconds}, {"full_epoch", r->full_epoch}, {"spot_checked", r->spot_checked},
-        {"verified", true}, {"coverage", r->coverage}, {"checksum_checked", r->checksum_checked},
-        {"world_size", lo.world_size}, {"rank", lo.rank}, {"bytes_verified", r->bytes_verified},
-        {"encoded", r->encoded}, {"stored_bytes", r->stored_bytes}, {"skipped", r->skipped},
-        {"decode_one_core_per_s", r->decode_one_core_per_s},
-        {"transform_one_core_per_s", r->transform_one_core_per_s},
-        {"parallel_decode_per_s", r->parallel_decode_per_s},
-        {"ceiling_per_s", r->ceiling_per_s(lo.threads)},
-        {"ratio_to_ceiling", r->ceiling_per_s(lo.threads) > 0 ? r->samples_per_s() / r->ceiling_per_s(lo.threads) : 0.0},
-        {"stages", {{"plan_s", s.plan_seconds}, {"fetch_decode_s", s.fetch_seconds},
-                    {"assemble_s", s.assemble_seconds}, {"consumer_wait_s", s.consumer_wait_seconds}}},
-        {"mean_queue_depth", s.mean_queue_depth()},
-        {"per_epoch", [&] {
-           nlohmann::json arr = nlohmann::json::array();
-           for (const bench::LoaderBenchEpoch& e : r->epochs) {
-             arr.push_back({{"epoch", e.epoch}, {"samples", e.samples}, {"seconds", e.seconds},
-                            {"samples_per_s", e.seconds > 0 ? e.samples / e.seconds : 0.0},
-                            {"chunk_reads", e.stats.chunk_reads}, {"chunk_reads_ahead", e.stats.chunk_reads_ahead},
-                            {"hit_rate", e.stats.hit_rate()}, {"bytes_decoded", e.stats.bytes_decoded},
-                            {"minor_faults", e.stats.minor_faults}, {"major_faults", e.stats.major_faults},
-                            {"chunk_bytes_mapped", e.stats.chunk_bytes_mapped},
-                            {"chunk_bytes_held", e.stats.chunk_bytes_held}});
-           }
-           return arr;
-         }()},
-        {"max_rss_bytes", r->max_rss_bytes}, {"rss_before_bytes", r->rss_before_bytes},
-        {"memory_bound_bytes", r->memory_bound_bytes},
-        {"cold", a.bench.cold ? nlohmann::json{{"file", r->file}, {"file_bytes", r->file_bytes}, {"io", r->io},
-                                               {"io_note", r->io_note}, {"ceiling_gb_per_s", r->ceiling_gb_per_s}, {"ceiling_runs_gb_per_s", r->ceiling_runs_gb_per_s},
-                                               {"ceiling_note", r->ceiling_note}, {"epochs", [&] {
-                                                 nlohmann::json arr = nlohmann::json::array();
-                                                 for (const bench::LoaderBenchEpoch& e : r->epochs) {
-                                                   arr.push_back({{"resident_before", e.resident_before},
-                                                                  {"resident_after", e.resident_after},
-                                                                  {"bytes_read", e.stats.bytes_read},
-                                                                  {"seconds", e.seconds}});
-                                                 }
-                                                 return arr;
-                                               }()}}
-                              : nlohmann::json(nullptr)},
-        {"cache", {{"chunk_reads", s.chunk_reads}, {"hits", s.chunk_hits}, {"misses", s.chunk_misses},
-                   {"prefetched", s.prefetched}, {"hit_rate", s.hit_rate()},
-                   {"read_amplification", s.read_amplification()}, {"bytes_read", s.bytes_read},
-                   {"bytes_decoded", s.bytes_decoded}}}};
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintLoaderBenchJson(a, *r, lo);
     return 0;
   }
-  std::printf("loader %s: order %s, %d threads, batch %llu, prefetch %d, cache %.0f MiB, window %llu\n",
-              a.bench.data.c_str(), a.order.c_str(), lo.threads, static_cast<unsigned long long>(lo.batch_size),
-              lo.prefetch, lo.cache_bytes / 1048576.0, static_cast<unsigned long long>(lo.shuffle_window));
-  if (r->encoded) {
-    std::printf("  encoded images decoded in the loader: %s to %ux%u %s, %.1f MB of files (%.0f KB a sample)%s\n",
-                std::string(ImageTransformName(a.bench.decode.transform)).c_str(), a.bench.decode.height,
-                a.bench.decode.width, a.bench.decode.layout.c_str(), r->stored_bytes / 1e6,
-                r->samples ? r->stored_bytes / 1e3 / r->samples : 0.0,
-                r->skipped ? (", " + std::to_string(r->skipped) + " corrupt samples replaced").c_str() : "");
-  }
-  if (r->encoded) {
-    const double ceiling = r->ceiling_per_s(lo.threads);
-    std::printf(
-        "  ceiling (same run): libjpeg-turbo full-size decode %.0f samples/s on one core (%llu samples) x %d "
-        "threads = %.0f samples/s; the loader's last epoch is %.2fx of it\n",
-        r->decode_one_core_per_s, static_cast<unsigned long long>(r->ceiling_samples), lo.threads, ceiling,
-        ceiling > 0 ? r->samples_per_s() / ceiling : 0.0);
-    std::printf(
-        "  full-size decode on %d threads at once (same run, after the epochs): %.0f samples/s; the loader is "
-        "%.2fx of it\n",
-        lo.threads, r->parallel_decode_per_s,
-        r->parallel_decode_per_s > 0 ? r->samples_per_s() / r->parallel_decode_per_s : 0.0);
-    std::printf("  one core, same files, interleaved: decode + %s %.0f samples/s vs full-size decode %.0f: %.2fx\n",
-                std::string(ImageTransformName(a.bench.decode.transform)).c_str(), r->transform_one_core_per_s,
-                r->decode_one_core_per_s,
-                r->decode_one_core_per_s > 0 ? r->transform_one_core_per_s / r->decode_one_core_per_s : 0.0);
-  }
-  const char* checksum = r->checksum_checked ? ", index/label checksum equal to the file's" : "";
-  if (r->bytes_verified) {
-    std::printf("  verified every epoch: %s, %s%s, labels equal, %llu samples' bytes compared\n",
-                r->full_epoch ? "full epoch" : "partial epoch", r->coverage.c_str(), checksum,
-                static_cast<unsigned long long>(r->spot_checked));
-  } else {
-    std::printf(
-        "  verified every epoch: %s, %s%s (the daemon's file is not readable here: "
-        "labels and bytes not compared)\n",
-        r->full_epoch ? "full epoch" : "partial epoch", r->coverage.c_str(), checksum);
-  }
-  for (const bench::LoaderBenchEpoch& e : r->epochs) {
-    std::printf(
-        "  epoch %llu: %.0f samples/s, %llu chunk reads (+%llu ahead for the next), hit rate %.3f, "
-        "%.1f MB decoded, %llu minor / %llu major page faults, %.1f MB of chunk buffers mapped (%.1f MB held)\n",
-        static_cast<unsigned long long>(e.epoch), e.seconds > 0 ? e.samples / e.seconds : 0.0,
-        static_cast<unsigned long long>(e.stats.chunk_reads),
-        static_cast<unsigned long long>(e.stats.chunk_reads_ahead), e.stats.hit_rate(), e.stats.bytes_decoded / 1e6,
-        static_cast<unsigned long long>(e.stats.minor_faults), static_cast<unsigned long long>(e.stats.major_faults),
-        e.stats.chunk_bytes_mapped / 1e6, e.stats.chunk_bytes_held / 1e6);
-  }
-  if (a.bench.cold) {
-    std::printf("  cold: %s (%.2f GB), I/O %s%s%s%s; O_DIRECT sequential ceiling ", r->file.c_str(),
-                r->file_bytes / 1e9, r->io.c_str(), r->io_note.empty() ? "" : " (", r->io_note.c_str(),
-                r->io_note.empty() ? "" : ")");
-    if (r->ceiling_gb_per_s > 0) {
-      std::printf("%.2f GB/s (runs before / after the epochs: %.2f / %.2f)\n", r->ceiling_gb_per_s,
-                  r->ceiling_runs_gb_per_s.at(0), r->ceiling_runs_gb_per_s.at(1));
-    } else {
-      std::printf("not measured (%s)\n", r->ceiling_note.c_str());
-    }
-    for (const bench::LoaderBenchEpoch& e : r->epochs) {
-      const double file_gbs = e.seconds > 0 ? e.stats.bytes_read / e.seconds / 1e9 : 0;
-      const double delivered_gbs = e.seconds > 0 ? e.samples * double(r->sample_bytes) / e.seconds / 1e9 : 0;
-      std::printf(
-          "  cold epoch %llu: in page cache %.1f%% at start, %.1f%% at end; file read at %.2f GB/s, "
-          "samples delivered at %.2f GB/s",
-          static_cast<unsigned long long>(e.epoch), 100 * e.resident_before, 100 * e.resident_after, file_gbs,
-          delivered_gbs);
-      if (r->ceiling_gb_per_s > 0) {
-        std::printf(" (%.2f and %.2f of the ceiling)", file_gbs / r->ceiling_gb_per_s,
-                    delivered_gbs / r->ceiling_gb_per_s);
-      }
-      std::printf("\n");
-    }
-  }
-  std::printf(
-      "  last of %d epochs: %llu samples in %.3f s: %.0f samples/s, %.2f GB/s (first batch after %.3f s; "
-      "the first epoch took %.3f s)\n",
-      a.bench.epochs, static_cast<unsigned long long>(r->samples), r->seconds, r->samples_per_s(), r->gb_per_s(),
-      r->first_batch_seconds, r->first_epoch_seconds);
-  std::printf(
-      "  stages (busy s, summed over threads): plan %.3f, fetch+decode %.3f, assemble %.3f; consumer waited %.3f s; "
-      "mean ready queue %.1f\n",
-      s.plan_seconds, s.fetch_seconds, s.assemble_seconds, s.consumer_wait_seconds, s.mean_queue_depth());
-  std::printf("  memory: peak RSS %.0f MiB, %.0f MiB of it before the loader existed; loader bound %.0f MiB\n",
-              r->max_rss_bytes / 1048576.0, r->rss_before_bytes / 1048576.0, r->memory_bound_bytes / 1048576.0);
-  std::printf("  cache: %llu chunk reads, hit rate %.3f, %llu prefetched, read amplification %.2f\n",
-              static_cast<unsigned long long>(s.chunk_reads), s.hit_rate(),
-              static_cast<unsigned long long>(s.prefetched), s.read_amplification());
-  if (s.source_opens > 0) {
-    std::printf(
-        "  files: %llu opened (%llu from the probe's plan, without HDF5) in %.3f s, probed in %.3f s (since the source "
-        "was opened; summed over threads); the data opened in %.3f s, the first epoch's first batch %.3f s after\n",
-        static_cast<unsigned long long>(s.source_opens), static_cast<unsigned long long>(s.source_planned_opens),
-        s.source_open_seconds, s.source_probe_seconds, r->open_seconds, r->first_epoch_first_batch_seconds);
-  }
+  PrintLoaderBenchText(a, *r, lo);
   return 0;
 }
 
