@@ -365,6 +365,117 @@ struct Child {
   Clock::time_point file_start;
 };
 
+// Files [first, last) for one child; careful: HDF5 restarted after each.
+struct ProbeShare {
+  size_t first, last;
+  bool careful;
+};
+
+void KillChild(const Child& c) {
+  ::kill(c.pid, SIGKILL);
+  ::waitpid(c.pid, nullptr, 0);
+  ::close(c.fd);
+}
+
+// A crash or hang at spec c.next is that file's own when HDF5 saw no
+// other file in the child before it; else the child's files are probed
+// again, each after a restart of HDF5, and the rest go on as before.
+bool OwnFailure(const std::vector<std::string>& specs, const Child& c) {
+  if (c.careful) return true;
+  for (size_t i = c.first; i < c.next; ++i) {
+    if (FileOf(specs[i]) != FileOf(specs[c.next])) return false;
+  }
+  return true;
+}
+
+void AgainCarefully(const Child& c, std::vector<ProbeShare>* respawn) {
+  const size_t end = std::min(c.next + 1, c.last);
+  respawn->push_back({c.first, end, true});
+  if (end < c.last) respawn->push_back({end, c.last, false});
+}
+
+// The child's messages waiting in its pipe: where it is ('S' a spec
+// started, 'D' done) and what it found ('F'). true: it ended (EOF, or a
+// message that makes no sense, after which it is killed).
+bool ReadMessages(Child& c, Clock::time_point now, std::vector<std::optional<SpecFacts>>* facts) {
+  Msg m;
+  ssize_t n;
+  while ((n = ::read(c.fd, &m, sizeof(m))) == static_cast<ssize_t>(sizeof(m))) {
+    if (m.tag == 'S') {
+      c.next = m.index;
+      c.in_file = true;
+      c.file_start = now;
+    } else if (m.tag == 'D') {
+      c.next = m.index + 1;
+      c.in_file = false;
+    } else if (m.tag == 'F') {
+      // The rest of the message is in the pipe already (one write).
+      uint32_t len = 0;
+      std::byte payload[kMaxPayloadBytes];
+      if (::read(c.fd, &len, 4) != 4 || len > kMaxPayloadBytes ||
+          ::read(c.fd, payload, len) != static_cast<ssize_t>(len)) {
+        ::kill(c.pid, SIGKILL);  // a child that writes nonsense is treated as one that died here
+        n = 0;
+        break;
+      }
+      if (facts != nullptr && c.in_file && m.index == c.next) (*facts)[m.index] = ParseFacts(payload, len);
+    }
+    pollfd one{c.fd, POLLIN, 0};
+    if (::poll(&one, 1, 0) <= 0 || !(one.revents & POLLIN)) break;
+  }
+  return n == 0;  // EOF: the child exited or died
+}
+
+// One child after a poll (revents: its pipe's): its messages read, and if
+// it hung or ended, its verdict in *out and what it left to probe in
+// *respawn; a child still at work goes to *still.
+void TendChild(Child c, short revents, Clock::time_point now, std::chrono::milliseconds limit,
+               const std::vector<std::string>& specs, std::vector<std::optional<SpecFacts>>* facts,
+               std::vector<Status>& out, std::vector<Child>* still, std::vector<ProbeShare>* respawn) {
+  bool ended = false;
+  if (revents & (POLLIN | POLLHUP | POLLERR)) ended = ReadMessages(c, now, facts);
+  if (!ended && c.file_start + limit <= now && c.next >= c.last) {
+    // Every answer is in, and the child has not left HDF5 within the
+    // limit: stuck in its shutdown (H5close in a process whose HDF5 has
+    // another user, h5py's hooks waiting for a lock the fork left held).
+    // Its answers stand; without this the parent waited for it forever,
+    // waking at once again and again (its deadline long past).
+    KillChild(c);
+    return;
+  }
+  if (!ended && c.file_start + limit <= now && c.next < c.last) {
+    KillChild(c);
+    if (!OwnFailure(specs, c)) return AgainCarefully(c, respawn);
+    out[c.next] =
+        Status::Corrupt(FileOf(specs[c.next]) + ": HDF5 did not finish reading this file's metadata within " +
+                        std::to_string(limit.count()) +
+                        " ms (in a probe process): damaged or hostile file; if you trust it and it is only slow, pass "
+                        "--trust-files (OpenOptions::trust_files) to skip the probe");
+    if (c.next + 1 < c.last) respawn->push_back({c.next + 1, c.last, c.careful});
+    return;
+  }
+  if (!ended) {
+    still->push_back(c);
+    return;
+  }
+  int status = 0;
+  ::waitpid(c.pid, &status, 0);
+  ::close(c.fd);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && c.next >= c.last) return;
+  if (c.next >= c.last) {
+    // Died in HDF5's shutdown after its last file: careful children
+    // shut down after each file, inside it, so this one was not.
+    if (!c.careful) respawn->push_back({c.first, c.last, true});
+    return;
+  }
+  if (!OwnFailure(specs, c)) return AgainCarefully(c, respawn);
+  // Died: the file it was in (or was about to start) is the culprit.
+  out[c.next] =
+      Status::Corrupt(FileOf(specs[c.next]) + ": HDF5 crashed reading this file's metadata (" + SignalText(status) +
+                      " in a probe process): damaged or hostile file; gpufeed will not open it");
+  if (c.next + 1 < c.last) respawn->push_back({c.next + 1, c.last, c.careful});
+}
+
 }  // namespace
 
 // The one maker of ProbedSpecs (a friend of the class).
@@ -375,7 +486,6 @@ std::atomic<uint64_t> g_specs_probed{0};
 
 uint64_t SpecsProbed() { return g_specs_probed.load(); }
 
-// long: not split yet (issue 47, item 6): the probe of each file in its own process, and its answer
 std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const ProbeOptions& options,
                                std::vector<std::optional<SpecFacts>>* facts) {
   std::vector<Status> out(specs.size());
@@ -384,11 +494,7 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
   g_specs_probed.fetch_add(specs.size());
   const size_t procs = std::clamp<size_t>(static_cast<size_t>(std::max(1, options.processes)), 1, specs.size());
   // Contiguous shares, refilled by a fresh child after a crash or a hang.
-  struct Share {
-    size_t first, last;
-    bool careful;
-  };
-  std::vector<Share> todo;
+  std::vector<ProbeShare> todo;
   for (size_t p = 0; p < procs; ++p) {
     todo.push_back({specs.size() * p / procs, specs.size() * (p + 1) / procs, false});
   }
@@ -411,11 +517,7 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
   for (auto [a, b, careful] : todo) {
     if (a < b) {
       if (Status st = spawn(a, b, careful); !st.ok()) {
-        for (Child& c : live) {
-          ::kill(c.pid, SIGKILL);
-          ::waitpid(c.pid, nullptr, 0);
-          ::close(c.fd);
-        }
+        for (Child& c : live) KillChild(c);
         return std::vector<Status>(specs.size(), st);
       }
     }
@@ -435,103 +537,9 @@ std::vector<Status> ProbeFiles(const std::vector<std::string>& specs, const Prob
     if (r < 0 && errno != EINTR) break;
     now = Clock::now();
     std::vector<Child> still;
-    std::vector<Share> respawn;
-    // A crash or hang at spec c.next is that file's own when HDF5 saw no
-    // other file in the child before it; else the child's files are probed
-    // again, each after a restart of HDF5, and the rest go on as before.
-    auto own = [&](const Child& c) {
-      if (c.careful) return true;
-      for (size_t i = c.first; i < c.next; ++i) {
-        if (FileOf(specs[i]) != FileOf(specs[c.next])) return false;
-      }
-      return true;
-    };
-    auto again_carefully = [&](const Child& c) {
-      const size_t end = std::min(c.next + 1, c.last);
-      respawn.push_back({c.first, end, true});
-      if (end < c.last) respawn.push_back({end, c.last, false});
-    };
+    std::vector<ProbeShare> respawn;
     for (size_t k = 0; k < live.size(); ++k) {
-      Child c = live[k];
-      bool ended = false;
-      if (pfds[k].revents & (POLLIN | POLLHUP | POLLERR)) {
-        Msg m;
-        ssize_t n;
-        while ((n = ::read(c.fd, &m, sizeof(m))) == static_cast<ssize_t>(sizeof(m))) {
-          if (m.tag == 'S') {
-            c.next = m.index;
-            c.in_file = true;
-            c.file_start = now;
-          } else if (m.tag == 'D') {
-            c.next = m.index + 1;
-            c.in_file = false;
-          } else if (m.tag == 'F') {
-            // The rest of the message is in the pipe already (one write).
-            uint32_t len = 0;
-            std::byte payload[kMaxPayloadBytes];
-            if (::read(c.fd, &len, 4) != 4 || len > kMaxPayloadBytes ||
-                ::read(c.fd, payload, len) != static_cast<ssize_t>(len)) {
-              ::kill(c.pid, SIGKILL);  // a child that writes nonsense is treated as one that died here
-              n = 0;
-              break;
-            }
-            if (facts != nullptr && c.in_file && m.index == c.next) (*facts)[m.index] = ParseFacts(payload, len);
-          }
-          pollfd one{c.fd, POLLIN, 0};
-          if (::poll(&one, 1, 0) <= 0 || !(one.revents & POLLIN)) break;
-        }
-        if (n == 0) ended = true;  // EOF: the child exited or died
-      }
-      if (!ended && c.file_start + limit <= now && c.next >= c.last) {
-        // Every answer is in, and the child has not left HDF5 within the
-        // limit: stuck in its shutdown (H5close in a process whose HDF5 has
-        // another user, h5py's hooks waiting for a lock the fork left held).
-        // Its answers stand; without this the parent waited for it forever,
-        // waking at once again and again (its deadline long past).
-        ::kill(c.pid, SIGKILL);
-        ::waitpid(c.pid, nullptr, 0);
-        ::close(c.fd);
-        continue;
-      }
-      if (!ended && c.file_start + limit <= now && c.next < c.last) {
-        ::kill(c.pid, SIGKILL);
-        ::waitpid(c.pid, nullptr, 0);
-        ::close(c.fd);
-        if (!own(c)) {
-          again_carefully(c);
-          continue;
-        }
-        out[c.next] = Status::Corrupt(
-            FileOf(specs[c.next]) + ": HDF5 did not finish reading this file's metadata within " +
-            std::to_string(limit.count()) +
-            " ms (in a probe process): damaged or hostile file; if you trust it and it is only slow, pass "
-            "--trust-files (OpenOptions::trust_files) to skip the probe");
-        if (c.next + 1 < c.last) respawn.push_back({c.next + 1, c.last, c.careful});
-        continue;
-      }
-      if (!ended) {
-        still.push_back(c);
-        continue;
-      }
-      int status = 0;
-      ::waitpid(c.pid, &status, 0);
-      ::close(c.fd);
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && c.next >= c.last) continue;
-      if (c.next >= c.last) {
-        // Died in HDF5's shutdown after its last file: careful children
-        // shut down after each file, inside it, so this one was not.
-        if (!c.careful) respawn.push_back({c.first, c.last, true});
-        continue;
-      }
-      if (!own(c)) {
-        again_carefully(c);
-        continue;
-      }
-      // Died: the file it was in (or was about to start) is the culprit.
-      out[c.next] =
-          Status::Corrupt(FileOf(specs[c.next]) + ": HDF5 crashed reading this file's metadata (" + SignalText(status) +
-                          " in a probe process): damaged or hostile file; gpufeed will not open it");
-      if (c.next + 1 < c.last) respawn.push_back({c.next + 1, c.last, c.careful});
+      TendChild(live[k], pfds[k].revents, now, limit, specs, facts, out, &still, &respawn);
     }
     live = std::move(still);
     // Let the children's messages gather for a millisecond before the next
