@@ -122,11 +122,60 @@ struct Decoded {
   bool partial = false;
 };
 
+// The libjpeg scale (num/8) for a pass: the smallest that keeps the box at
+// least min_h x min_w (0: full size).
+int ScaleFor(const CropRect& b, int min_h, int min_w) {
+  if (min_h > 0 && min_w > 0) {
+    // Only 1/8, 2/8, 4/8 and 8/8: libjpeg-turbo has SIMD IDCTs for those;
+    // the others (7/8, 6/8, ...) run plain C IDCTs of odd sizes (and 14x14,
+    // 12x12 for subsampled chroma) that cost more than they save.
+    for (int n : {1, 2, 4}) {
+      // libjpeg's scaled size is ceil(size * n / 8); the box's scaled extent
+      // is at least floor(extent * n / 8).
+      if (int64_t(b.width) * n / 8 >= min_w && int64_t(b.height) * n / 8 >= min_h) return n;
+    }
+  }
+  return 8;
+}
+
+// Rows [y0, y1) and columns [x0, x1) of the image scaled to sh x sw that
+// cover the box, widened to whole pixels; a pass that is not partial
+// decodes every column and the rows from the top.
+struct ScaledRows {
+  int y0, y1, x0, x1;
+};
+ScaledRows ScaledBox(const CropRect& b, int h, int w, int sh, int sw, bool partial) {
+  int y0 = static_cast<int>(std::floor(double(b.top) * sh / h));
+  int y1 = static_cast<int>(std::ceil(double(b.top + b.height) * sh / h));
+  int x0 = static_cast<int>(std::floor(double(b.left) * sw / w));
+  int x1 = static_cast<int>(std::ceil(double(b.left + b.width) * sw / w));
+  y0 = std::clamp(y0, 0, sh - 1);
+  x0 = std::clamp(x0, 0, sw - 1);
+  y1 = std::clamp(y1, y0 + 1, sh);
+  x1 = std::clamp(x1, x0 + 1, sw);
+  if (!partial) {
+    y0 = 0;
+    x0 = 0;
+    x1 = sw;
+  }
+  return {y0, y1, x0, x1};
+}
+
+// n pixels of CMYK as RGB. Photoshop (the source of nearly all CMYK JPEGs)
+// stores inverted CMYK: R = stored C * stored K / 255 (as OpenCV and Pillow
+// do).
+void CmykToRgb(const std::vector<uint8_t>& cmyk, size_t n, std::vector<uint8_t>* out) {
+  out->resize(n * 3);
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned k = cmyk[i * 4 + 3];
+    for (int c = 0; c < 3; ++c) (*out)[i * 3 + c] = static_cast<uint8_t>((cmyk[i * 4 + c] * k + 127) / 255);
+  }
+}
+
 // One libjpeg pass. `box` in source pixels (null: the whole image);
 // min_h/min_w: the scale picked is the smallest n/8 that keeps the box at
 // least that large (0: full size). partial: crop columns and skip rows.
 // Plain C data only between setjmp and the calls that can longjmp.
-// long: not split yet (issue 47, item 6): libjpeg's decode pass with its error handling (setjmp)
 bool JpegPass(std::span<const uint8_t> bytes, const CropRect* box, int min_h, int min_w, bool partial,
               std::vector<uint8_t>* out, Decoded* d, std::string* why, const DecodeOptions* plan = nullptr,
               uint64_t key = 0, CropRect* planned = nullptr) {
@@ -157,40 +206,15 @@ bool JpegPass(std::span<const uint8_t> bytes, const CropRect* box, int min_h, in
   if (planned) *planned = b;
   d->h = h;
   d->w = w;
-  int num = 8;
-  if (min_h > 0 && min_w > 0) {
-    // Only 1/8, 2/8, 4/8 and 8/8: libjpeg-turbo has SIMD IDCTs for those;
-    // the others (7/8, 6/8, ...) run plain C IDCTs of odd sizes (and 14x14,
-    // 12x12 for subsampled chroma) that cost more than they save.
-    for (int n : {1, 2, 4}) {
-      // libjpeg's scaled size is ceil(size * n / 8); the box's scaled extent
-      // is at least floor(extent * n / 8).
-      if (int64_t(b.width) * n / 8 >= min_w && int64_t(b.height) * n / 8 >= min_h) {
-        num = n;
-        break;
-      }
-    }
-  }
+  const int num = ScaleFor(b, min_h, min_w);
   ci->scale_num = static_cast<unsigned>(num);
   ci->scale_denom = 8;
   const bool cmyk_in = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
   ci->out_color_space = cmyk_in ? JCS_CMYK : JCS_RGB;  // libjpeg-turbo converts greyscale to RGB itself
   jpeg_calc_output_dimensions(ci);
   const int sw = static_cast<int>(ci->output_width), sh = static_cast<int>(ci->output_height);
-  // The box in scaled pixels, widened to whole pixels.
-  int y0 = static_cast<int>(std::floor(double(b.top) * sh / h));
-  int y1 = static_cast<int>(std::ceil(double(b.top + b.height) * sh / h));
-  int x0 = static_cast<int>(std::floor(double(b.left) * sw / w));
-  int x1 = static_cast<int>(std::ceil(double(b.left + b.width) * sw / w));
-  y0 = std::clamp(y0, 0, sh - 1);
-  x0 = std::clamp(x0, 0, sw - 1);
-  y1 = std::clamp(y1, y0 + 1, sh);
-  x1 = std::clamp(x1, x0 + 1, sw);
-  if (!partial) {
-    y0 = 0;
-    x0 = 0;
-    x1 = sw;
-  }
+  const ScaledRows sb = ScaledBox(b, h, w, sh, sw, partial);
+  const int y0 = sb.y0, y1 = sb.y1, x0 = sb.x0, x1 = sb.x1;
   if (uint64_t(y1 - y0) * uint64_t(x1 - x0) > kMaxDecodedPixels) {
     *why = "JPEG of " + std::to_string(w) + "x" + std::to_string(h) + " is too large to decode";
     jpeg_abort_decompress(ci);
@@ -230,16 +254,7 @@ bool JpegPass(std::span<const uint8_t> bytes, const CropRect* box, int min_h, in
   } else {
     jpeg_abort_decompress(ci);
   }
-  if (cmyk_in) {
-    // Photoshop (the source of nearly all CMYK JPEGs) stores inverted CMYK:
-    // R = stored C * stored K / 255 (as OpenCV and Pillow do).
-    const size_t n = size_t(rows) * cols;
-    out->resize(n * 3);
-    for (size_t i = 0; i < n; ++i) {
-      const unsigned k = cmyk[i * 4 + 3];
-      for (int c = 0; c < 3; ++c) (*out)[i * 3 + c] = static_cast<uint8_t>((cmyk[i * 4 + c] * k + 127) / 255);
-    }
-  }
+  if (cmyk_in) CmykToRgb(cmyk, size_t(rows) * cols, out);
   d->sh = sh;
   d->sw = sw;
   d->y0 = y0;
