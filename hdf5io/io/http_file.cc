@@ -32,19 +32,6 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 constexpr size_t kMaxErrorBody = 4096;
 
-Result<long> EnvLong(const char* name, long def, long lo, long hi, const char* what) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] == '\0') return def;
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || errno != 0 || x < lo || x > hi) {
-    return Status::InvalidArgument(std::string(name) + "='" + v + "': expected " + what + " from " +
-                                   std::to_string(lo) + " to " + std::to_string(hi));
-  }
-  return x;
-}
-
 std::string TrimHeader(std::string_view s) {
   size_t a = 0, b = s.size();
   while (a < b && (s[a] == ' ' || s[a] == '\t')) ++a;
@@ -91,6 +78,19 @@ struct Request {
 };
 
 }  // namespace
+
+Result<long> EnvLong(const char* name, long def, long lo, long hi, const char* what) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return def;
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || errno != 0 || x < lo || x > hi) {
+    return Status::InvalidArgument(std::string(name) + "='" + v + "': expected " + what + " from " +
+                                   std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return x;
+}
 
 Status RemoteInit() {
   static CURLcode rc = curl_global_init(CURL_GLOBAL_DEFAULT);

@@ -43,6 +43,11 @@
 
 namespace gpufeed::io {
 
+// The integer environment variable `name` in [lo, hi], or `def` when unset or
+// empty; InvalidArgument naming the variable, its value and `what` it counts
+// ("milliseconds") otherwise. The remote transport's and listing's knobs.
+Result<long> EnvLong(const char* name, long def, long lo, long hi, const char* what);
+
 // libcurl's global state, set up once (any thread, any number of calls).
 Status RemoteInit();
 

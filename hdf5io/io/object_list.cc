@@ -28,19 +28,6 @@ bool IsHdf5Name(std::string_view k) {
   return EndsWith(k, ".h5") || EndsWith(k, ".hdf5") || EndsWith(k, ".hdf") || EndsWith(k, ".nc");
 }
 
-Result<long> EnvLong(const char* name, long def, long lo, long hi) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] == '\0') return def;
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || errno != 0 || x < lo || x > hi) {
-    return Status::InvalidArgument(std::string(name) + "='" + v + "': expected a number from " + std::to_string(lo) +
-                                   " to " + std::to_string(hi));
-  }
-  return x;
-}
-
 // A query value as SigV4's canonical query wants it (RFC 3986 unreserved
 // kept, everything else %XX): sent so, libcurl signs it as sent.
 std::string EncodeQuery(std::string_view v) {
@@ -273,9 +260,9 @@ Result<std::vector<std::string>> ListObjects(std::string_view spec) {
   const std::string named = DisplayUrl(spec);
   auto target = ResolveBucket(spec);
   if (!target.ok()) return target.status();
-  auto max_objects = EnvLong("GPUFEED_REMOTE_MAX_OBJECTS", 100000, 1, 100000000);
+  auto max_objects = EnvLong("GPUFEED_REMOTE_MAX_OBJECTS", 100000, 1, 100000000, "a number");
   if (!max_objects.ok()) return max_objects.status();
-  auto page_keys = EnvLong("GPUFEED_REMOTE_LIST_PAGE", 1000, 1, 1000);
+  auto page_keys = EnvLong("GPUFEED_REMOTE_LIST_PAGE", 1000, 1, 1000, "a number");
   if (!page_keys.ok()) return page_keys.status();
   auto options = RemoteOptions::FromEnv();
   if (!options.ok()) return options.status();
