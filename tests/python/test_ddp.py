@@ -18,12 +18,21 @@ import gpufeed
 from conftest import N_SAMPLES, ROOT, index_of, python_path
 
 CHILD = r"""
-import json, os, signal, sys
+import json, os, signal, sys, time
 import gpufeed
 from conftest import index_of
 path, epochs, die_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 loader = gpufeed.Loader(path, batch_size=32, order="block", seed=3, threads=2, prefetch=2, shuffle_window=2,
                         output="numpy")
+# A barrier, as DDP's init_process_group is: every rank has attached before
+# any reads. Without it a rank that starts late (a loaded machine) finds a
+# first rank already done, its server gone, and starts one of its own.
+node_dir, world = os.environ["GPUFEED_NODE_DIR"], int(os.environ["WORLD_SIZE"])
+open(os.path.join(node_dir, "rank%s.ready" % os.environ["RANK"]), "w").close()
+deadline = time.time() + 120
+while sum(os.path.exists(os.path.join(node_dir, "rank%d.ready" % r)) for r in range(world)) < world:
+    assert time.time() < deadline, "another rank never attached"
+    time.sleep(0.01)
 out = {"share": loader.share, "started_here": loader.started_node_server,
        "batches": len(loader), "epochs": []}
 for epoch in range(epochs):
