@@ -157,7 +157,6 @@ struct Pipeline::Shared {
   Status failure GUARDED_BY(mu);
 };
 
-// long: not split yet (issue 47, item 6): the pipeline's cut, stages and threads made
 Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSetup& setup) {
   std::unique_ptr<Pipeline> p(new Pipeline());
   p->setup_ = setup;
@@ -182,31 +181,50 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
     p->names_.push_back(q.name);
     if (!q.frozen()) p->trainable_ += q.n;
   }
+  GPUFEED_RETURN_IF_ERROR(p->Cut(first, plan, whole));
+  GPUFEED_RETURN_IF_ERROR(p->StartStages(first));
+  return p;
+}
 
-  const size_t es = DTypeSize(setup.whole.dtype);
-  const uint64_t batch = uint64_t(setup.whole.max_batch);
-  // What stage s holds with layers [a, b): the model's bytes (a plan, nothing
-  // allocated) and the pipeline's slots for its inputs, gradients and labels.
-  auto stage_bytes = [&](int a, int b, int s) -> Result<uint64_t> {
-    ModelSpec sp = plan;
-    sp.layer_begin = a, sp.layer_end = b, sp.slots = p->Slots(s);
-    Model m(first, sp);
-    GPUFEED_RETURN_IF_ERROR(m.Init());
-    const uint64_t mb = m.weight_bytes() + m.grad_bytes() + m.optimizer_bytes() + m.activation_bytes();
-    uint64_t extra = 0;
-    if (s == 0) extra += uint64_t(M) * batch * (m.input_elems() * es + 4);
-    if (s > 0) extra += uint64_t(p->Slots(s)) * batch * m.input_elems() * es;
-    if (s + 1 < P) extra += uint64_t(p->Slots(s)) * batch * m.output_elems() * es;
-    if (s + 1 == P) extra += uint64_t(p->Slots(s)) * batch * 4;
-    return mb + extra;
-  };
+Result<uint64_t> Pipeline::StageBytes(Ops* first, const ModelSpec& plan, int a, int b, int s) const {
+  const int P = setup_.stages, M = setup_.micro;
+  const size_t es = DTypeSize(setup_.whole.dtype);
+  const uint64_t batch = uint64_t(setup_.whole.max_batch);
+  ModelSpec sp = plan;
+  sp.layer_begin = a, sp.layer_end = b, sp.slots = Slots(s);
+  Model m(first, sp);
+  GPUFEED_RETURN_IF_ERROR(m.Init());
+  const uint64_t mb = m.weight_bytes() + m.grad_bytes() + m.optimizer_bytes() + m.activation_bytes();
+  uint64_t extra = 0;
+  if (s == 0) extra += uint64_t(M) * batch * (m.input_elems() * es + 4);
+  if (s > 0) extra += uint64_t(Slots(s)) * batch * m.input_elems() * es;
+  if (s + 1 < P) extra += uint64_t(Slots(s)) * batch * m.output_elems() * es;
+  if (s + 1 == P) extra += uint64_t(Slots(s)) * batch * 4;
+  return mb + extra;
+}
+
+Result<std::vector<double>> Pipeline::TimeLayers(Ops* first) const {
+  ModelSpec prof = setup_.whole;
+  prof.memory_limit = 0, prof.slots = 1;
+  Model m(first, prof);
+  GPUFEED_RETURN_IF_ERROR(m.Init());
+  const int batch = setup_.whole.max_batch;
+  void* x = nullptr;
+  GPUFEED_RETURN_IF_ERROR(first->Alloc(uint64_t(batch) * m.input_elems() * DTypeSize(setup_.whole.dtype), &x));
+  auto ms = m.ProfileLayers(x, batch, 7);
+  first->Free(x);
+  return ms;
+}
+
+Status Pipeline::Cut(Ops* first, const ModelSpec& plan, const Model& whole) {
+  const int P = setup_.stages, L = whole.num_layers();
   // Each (first, end, stage) planned once: the cut asks both whether it
   // fits and, by memory, what it costs.
   std::map<std::tuple<int, int, int>, double> planned;
   auto bytes_of = [&](int a, int b, int s) {
     auto [it, fresh] = planned.try_emplace({a, b, s}, 0.0);
     if (fresh) {
-      auto r = stage_bytes(a, b, s);
+      auto r = StageBytes(first, plan, a, b, s);
       it->second = r.ok() ? double(*r) : std::numeric_limits<double>::infinity();
     }
     return it->second;
@@ -214,80 +232,78 @@ Result<std::unique_ptr<Pipeline>> Pipeline::Create(Ops* first, const PipelineSet
   auto fits = [&](int a, int b, int s) {  // a stage the model refuses (inf) never fits
     const double bytes = bytes_of(a, b, s);
     return bytes < std::numeric_limits<double>::infinity() &&
-           (setup.memory_limit == 0 || bytes <= double(setup.memory_limit));
+           (setup_.memory_limit == 0 || bytes <= double(setup_.memory_limit));
   };
-  std::vector<double> layer_ms;
-  bool by_memory = setup.by_memory;
+  bool by_memory = setup_.by_memory;
   std::string why;
-  if (!by_memory && setup.memory_limit > 0 && bytes_of(0, L, 0) > double(setup.memory_limit)) {
+  if (!by_memory && setup_.memory_limit > 0 && bytes_of(0, L, 0) > double(setup_.memory_limit)) {
     by_memory = true;
     why = " (the whole model exceeds --memory-limit, so its layers were not timed on one device)";
   }
-  if (!by_memory) {
-    // Each layer's forward and backward, timed on a model of its own.
-    ModelSpec prof = setup.whole;
-    prof.memory_limit = 0, prof.slots = 1;
-    Model m(first, prof);
-    GPUFEED_RETURN_IF_ERROR(m.Init());
-    void* x = nullptr;
-    GPUFEED_RETURN_IF_ERROR(first->Alloc(batch * m.input_elems() * es, &x));
-    auto ms = m.ProfileLayers(x, int(batch), 7);
-    first->Free(x);
+  if (!by_memory) {  // each layer's forward and backward, timed on a model of its own
+    auto ms = TimeLayers(first);
     if (!ms.ok()) return ms.status();
-    layer_ms = std::move(*ms);
+    layer_ms_ = std::move(*ms);
   }
-  p->layer_ms_ = layer_ms;
   auto cost = [&](int a, int b, int s) {
     if (by_memory) return bytes_of(a, b, s);
     double t = 0;
-    for (int i = a; i < b; ++i) t += layer_ms[size_t(i)];
+    for (int i = a; i < b; ++i) t += layer_ms_[size_t(i)];
     return t;
   };
-  p->cuts_ = PartitionLayers(L, P, cost, fits);
-  if (p->cuts_.empty() && setup.whole.recompute_blocks && setup.memory_limit == 0) {
-    int pieces = 1;  // recomputing, a stage begins only after a pool or a linear layer
-    for (int i = 1; i < L; ++i) pieces += whole.LayerName(i - 1).rfind("conv", 0) != 0;
-    return Status::InvalidArgument("pipeline: " + p->describe_ + " cannot be cut into " + std::to_string(P) +
-                                   " stages with --recompute blocks, which cuts only at a conv-bn-relu-pool block's "
-                                   "edge: use at most " +
-                                   std::to_string(pieces) + " --pipeline-stages");
-  }
-  if (p->cuts_.empty()) {
-    char buf[400];
-    std::snprintf(buf, sizeof buf,
-                  "pipeline: %s does not fit %d stages of --memory-limit %.1f MiB (each stage holds its layers' "
-                  "weights, gradients, optimizer state and up to %d activation sets; the whole model as one stage "
-                  "would need %.1f MiB); raise the limit or add stages",
-                  p->describe_.c_str(), P, setup.memory_limit / 1048576.0, p->Slots(0), bytes_of(0, L, 0) / 1048576.0);
-    return Status::InvalidArgument(buf);
-  }
+  cuts_ = PartitionLayers(L, P, cost, fits);
+  if (cuts_.empty() && setup_.whole.recompute_blocks && setup_.memory_limit == 0) return RecomputeCutRefused(whole);
+  if (cuts_.empty()) return MemoryCutRefused(bytes_of(0, L, 0));
   char buf[200];
   std::snprintf(buf, sizeof buf, "%d stages, %s, %d micro-batches a step, cut by %s%s", P,
-                setup.one_f_one_b ? "1f1b" : "gpipe", M, by_memory ? "memory" : "measured time", why.c_str());
-  p->partition_ = buf;
-  if (setup.replicas > 1)
-    p->partition_ += ", " + std::to_string(setup.replicas) + " replicas (each stage's gradients summed among them)";
+                setup_.one_f_one_b ? "1f1b" : "gpipe", setup_.micro, by_memory ? "memory" : "measured time",
+                why.c_str());
+  partition_ = buf;
+  if (setup_.replicas > 1)
+    partition_ += ", " + std::to_string(setup_.replicas) + " replicas (each stage's gradients summed among them)";
+  return Status::Ok();
+}
 
-  // The hand-offs, and the stages: stage 0 here, the others in their threads.
-  Shared& sh = *p->sh_;
+Status Pipeline::RecomputeCutRefused(const Model& whole) const {
+  const int L = whole.num_layers();
+  int pieces = 1;  // recomputing, a stage begins only after a pool or a linear layer
+  for (int i = 1; i < L; ++i) pieces += whole.LayerName(i - 1).rfind("conv", 0) != 0;
+  return Status::InvalidArgument("pipeline: " + describe_ + " cannot be cut into " + std::to_string(setup_.stages) +
+                                 " stages with --recompute blocks, which cuts only at a conv-bn-relu-pool block's "
+                                 "edge: use at most " +
+                                 std::to_string(pieces) + " --pipeline-stages");
+}
+
+Status Pipeline::MemoryCutRefused(double whole_bytes) const {
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "pipeline: %s does not fit %d stages of --memory-limit %.1f MiB (each stage holds its layers' "
+                "weights, gradients, optimizer state and up to %d activation sets; the whole model as one stage "
+                "would need %.1f MiB); raise the limit or add stages",
+                describe_.c_str(), setup_.stages, setup_.memory_limit / 1048576.0, Slots(0), whole_bytes / 1048576.0);
+  return Status::InvalidArgument(buf);
+}
+
+Status Pipeline::StartStages(Ops* first) {
+  const int P = setup_.stages;
+  Shared& sh = *sh_;
   sh.fwd.resize(size_t(P - 1));
   sh.bwd.resize(size_t(P - 1));
   for (int s = 0; s + 1 < P; ++s) {
-    sh.fwd[size_t(s)].resize(size_t(p->Slots(s + 1)));
-    sh.bwd[size_t(s)].resize(size_t(p->Slots(s)));
+    sh.fwd[size_t(s)].resize(size_t(Slots(s + 1)));
+    sh.bwd[size_t(s)].resize(size_t(Slots(s)));
   }
-  sh.lab.resize(size_t(p->Slots(P - 1)));
+  sh.lab.resize(size_t(Slots(P - 1)));
   for (int s = 0; s < P; ++s) {
     auto st = std::make_unique<Stage>();
     st->index = s;
-    p->stages_.push_back(std::move(st));
+    stages_.push_back(std::move(st));
   }
-  p->stages_[0]->ops = first;
+  stages_[0]->ops = first;
   for (int s = 1; s < P; ++s)
-    p->stages_[size_t(s)]->thread = std::thread(&Pipeline::WorkerLoop, p.get(), p->stages_[size_t(s)].get());
-  GPUFEED_RETURN_IF_ERROR(p->Everyone(Work::kSetup));
-  GPUFEED_RETURN_IF_ERROR(p->Everyone(Work::kPeers));
-  return p;
+    stages_[size_t(s)]->thread = std::thread(&Pipeline::WorkerLoop, this, stages_[size_t(s)].get());
+  GPUFEED_RETURN_IF_ERROR(Everyone(Work::kSetup));
+  return Everyone(Work::kPeers);
 }
 
 Pipeline::~Pipeline() {
