@@ -277,8 +277,114 @@ nlohmann::json ToJson(const TrainReport& r) {
   return j;
 }
 
+// The memory breakdown, as the training starts.
+void PrintMemory(const std::string& backend, const std::string& model, const MemoryBreakdown& m) {
+  std::printf("train: %s on %s\n", model.c_str(), backend.c_str());
+  std::printf("memory   weights %s  gradients %s  optimizer %s\n", Mb(m.weights).c_str(), Mb(m.gradients).c_str(),
+              Mb(m.optimizer).c_str());
+  std::printf("         activations %s  workspace %s  = %s", Mb(m.activations).c_str(), Mb(m.workspace).c_str(),
+              Mb(m.total()).c_str());
+  if (m.device_used) std::printf("  (device reports %s in use)", Mb(m.device_used).c_str());
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// The progress bar on stderr (a terminal's), redrawn each step and cleared
+// at the epoch's end.
+void PrintProgress(const TrainProgress& p) {
+  const int width = 30;
+  const int filled = p.steps_in_epoch ? int(width * p.step_in_epoch / p.steps_in_epoch) : 0;
+  std::string bar(size_t(std::min(filled, width)), '#');
+  bar.resize(width, '.');
+  std::fprintf(stderr, "\repoch %d/%d [%s] %llu/%llu steps  %.0f samples/s", p.epoch + 1, p.epochs, bar.c_str(),
+               (unsigned long long)p.step_in_epoch, (unsigned long long)p.steps_in_epoch, p.samples_per_s);
+  if (p.gpu_util >= 0) std::fprintf(stderr, "  GPU %3.0f%%", p.gpu_util);
+  if (p.step_in_epoch == p.steps_in_epoch) std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+}
+
+// An epoch's line, as it ends (Ctrl-C later keeps the finished ones).
+void PrintEpoch(const EpochReport& e) {
+  std::printf("epoch %3d  loss %.4f acc %.4f", e.epoch + 1, e.train_loss, e.train_accuracy);
+  if (e.test_accuracy >= 0) std::printf("  test loss %.4f acc %.4f", e.test_loss, e.test_accuracy);
+  std::printf("  %.2f s  %.0f samples/s  step %.2f ms  data wait %.2f s", e.seconds, e.samples_per_s, e.step_ms,
+              e.data_wait_seconds);
+  if (e.gpu_util >= 0) std::printf("  GPU %.1f%%", e.gpu_util);
+  if (e.skipped_steps) std::printf("  skipped %llu (scale %g)", (unsigned long long)e.skipped_steps, e.loss_scale);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// Pipeline stages: the cut, each stage's layers, memory and times, the bubble.
+void PrintStages(const TrainReport& r) {
+  std::printf("pipeline: %s\n", r.pipeline.c_str());
+  for (size_t s = 0; s < r.stages.size(); ++s) {
+    const TrainReport::Stage& st = r.stages[s];
+    std::printf("  stage %zu: layers %s on %s; weights%s gradients%s optimizer%s activations%s", s, st.layers.c_str(),
+                st.backend.c_str(), Mb(st.memory.weights).c_str(), Mb(st.memory.gradients).c_str(),
+                Mb(st.memory.optimizer).c_str(), Mb(st.memory.activations).c_str());
+    if (st.busy >= 0) std::printf("; busy %.1f%% of a step", 100 * st.busy);
+    if (st.measured_ms >= 0) std::printf(", %.3f ms a micro-batch", st.measured_ms);
+    if (st.profiled_ms >= 0) std::printf(" (its layers timed alone: %.3f ms)", st.profiled_ms);
+    std::printf("\n");
+  }
+  if (r.bubble >= 0)
+    std::printf(
+        "  bubble: %.3f of a step idle, measured; its bound (stages-1)/(micro-batches+stages-1) %.3f, and %.3f "
+        "for these stages' measured times\n",
+        r.bubble, r.bubble_bound, r.bubble_stage_bound);
+}
+
+// Data parallel: the all-reduce's time and overlap, each rank's throughput.
+void PrintRanks(const TrainReport& r) {
+  std::printf("data parallel: %s", r.parallel.c_str());
+  if (r.allreduce_ms >= 0) {
+    std::printf("; all-reduce %.3f ms a step, %.3f ms of it not overlapped (%.0f%% overlapped)", r.allreduce_ms,
+                r.allreduce_exposed_ms,
+                r.allreduce_ms > 0 ? 100.0 * std::max(0.0, 1.0 - r.allreduce_exposed_ms / r.allreduce_ms) : 0);
+  }
+  std::printf("\n");
+  for (const RankReport& k : r.ranks) {
+    std::printf("  rank %d: %.0f samples/s", k.rank, k.samples_per_s);
+    if (k.gpu_util >= 0) std::printf(", GPU %.1f%%", k.gpu_util);
+    std::printf(", data wait %.1f%%\n", 100 * k.data_wait_fraction);
+  }
+}
+
+// The text report after the last epoch; `freeze` is --freeze as given.
+void PrintSummary(const TrainReport& r, const std::string& freeze) {
+  std::printf("total %.2f s (data loading included); steady state %.0f samples/s", r.wall_seconds,
+              r.steady_samples_per_s);
+  if (r.steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r.steady_gpu_util);
+  std::printf("\nsteps: CUDA graphs %s\n", r.graphs.c_str());
+  if (r.trainable_parameters != r.parameters) {
+    std::printf("parameters: %llu, %llu of them trained (%.1f%%%s%s)\n", (unsigned long long)r.parameters,
+                (unsigned long long)r.trainable_parameters,
+                100.0 * double(r.trainable_parameters) / double(std::max<uint64_t>(1, r.parameters)),
+                freeze.empty() ? "" : "; --freeze ", freeze.c_str());
+  }
+  if (!r.init.empty()) std::printf("init: %s\n", r.init.c_str());
+  if (!r.lora.empty()) std::printf("lora: %s\n", r.lora.c_str());
+  if (!r.pipeline.empty()) PrintStages(r);
+  if (!r.parallel.empty()) PrintRanks(r);
+  std::printf("verdict: %s\n", r.verdict.c_str());
+  if (!r.telemetry.empty()) std::printf("telemetry: %s\n", r.telemetry.c_str());
+}
+
+// --json: the report on stdout ('-') or in the file `path`.
+Status WriteJsonReport(const TrainReport& r, const std::string& path) {
+  const std::string text = ToJson(r).dump(2) + "\n";
+  if (path == "-") {
+    std::fputs(text.c_str(), stdout);
+    return Status::Ok();
+  }
+  std::ofstream f(path);
+  f << text;
+  if (!f) return Status::IOError("cannot write " + path);
+  return Status::Ok();
+}
+
 // Runs the training and prints its report (train and test already open).
-// long: not split yet (issue 47, item 6): the train command's report, text and JSON
 int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
   auto fail = [&a](const Status& s) {
     if (a.o.parallel.world_size > 1) {
@@ -294,100 +400,19 @@ int Finish(TrainArgs& a, const ChunkSource& train, const ChunkSource* test) {
   const bool quiet = (!a.json.empty() && a.json == "-") || o.parallel.rank != 0;
   const bool tty = isatty(fileno(stderr));
   o.on_start = [quiet](const std::string& backend, const std::string& model, const MemoryBreakdown& m) {
-    if (quiet) return;
-    std::printf("train: %s on %s\n", model.c_str(), backend.c_str());
-    std::printf("memory   weights %s  gradients %s  optimizer %s\n", Mb(m.weights).c_str(), Mb(m.gradients).c_str(),
-                Mb(m.optimizer).c_str());
-    std::printf("         activations %s  workspace %s  = %s", Mb(m.activations).c_str(), Mb(m.workspace).c_str(),
-                Mb(m.total()).c_str());
-    if (m.device_used) std::printf("  (device reports %s in use)", Mb(m.device_used).c_str());
-    std::printf("\n");
-    std::fflush(stdout);
+    if (!quiet) PrintMemory(backend, model, m);
   };
   o.on_progress = [tty, quiet](const TrainProgress& p) {
-    if (!tty || quiet) return;
-    const int width = 30;
-    const int filled = p.steps_in_epoch ? int(width * p.step_in_epoch / p.steps_in_epoch) : 0;
-    std::string bar(size_t(std::min(filled, width)), '#');
-    bar.resize(width, '.');
-    std::fprintf(stderr, "\repoch %d/%d [%s] %llu/%llu steps  %.0f samples/s", p.epoch + 1, p.epochs, bar.c_str(),
-                 (unsigned long long)p.step_in_epoch, (unsigned long long)p.steps_in_epoch, p.samples_per_s);
-    if (p.gpu_util >= 0) std::fprintf(stderr, "  GPU %3.0f%%", p.gpu_util);
-    if (p.step_in_epoch == p.steps_in_epoch) std::fprintf(stderr, "\r\033[K");
-    std::fflush(stderr);
+    if (tty && !quiet) PrintProgress(p);
   };
-  // Each epoch's line as it ends (Ctrl-C later keeps the finished ones).
   o.on_epoch = [quiet](const EpochReport& e) {
-    if (quiet) return;
-    std::printf("epoch %3d  loss %.4f acc %.4f", e.epoch + 1, e.train_loss, e.train_accuracy);
-    if (e.test_accuracy >= 0) std::printf("  test loss %.4f acc %.4f", e.test_loss, e.test_accuracy);
-    std::printf("  %.2f s  %.0f samples/s  step %.2f ms  data wait %.2f s", e.seconds, e.samples_per_s, e.step_ms,
-                e.data_wait_seconds);
-    if (e.gpu_util >= 0) std::printf("  GPU %.1f%%", e.gpu_util);
-    if (e.skipped_steps) std::printf("  skipped %llu (scale %g)", (unsigned long long)e.skipped_steps, e.loss_scale);
-    std::printf("\n");
-    std::fflush(stdout);
+    if (!quiet) PrintEpoch(e);
   };
   auto r = Train(train, test, o);
   if (!r.ok()) return fail(r.status());
-  if (!quiet) {
-    std::printf("total %.2f s (data loading included); steady state %.0f samples/s", r->wall_seconds,
-                r->steady_samples_per_s);
-    if (r->steady_gpu_util >= 0) std::printf(", GPU utilization %.1f%%", r->steady_gpu_util);
-    std::printf("\nsteps: CUDA graphs %s\n", r->graphs.c_str());
-    if (r->trainable_parameters != r->parameters) {
-      std::printf("parameters: %llu, %llu of them trained (%.1f%%%s%s)\n", (unsigned long long)r->parameters,
-                  (unsigned long long)r->trainable_parameters,
-                  100.0 * double(r->trainable_parameters) / double(std::max<uint64_t>(1, r->parameters)),
-                  a.freeze.empty() ? "" : "; --freeze ", a.freeze.c_str());
-    }
-    if (!r->init.empty()) std::printf("init: %s\n", r->init.c_str());
-    if (!r->lora.empty()) std::printf("lora: %s\n", r->lora.c_str());
-    if (!r->pipeline.empty()) {
-      std::printf("pipeline: %s\n", r->pipeline.c_str());
-      for (size_t s = 0; s < r->stages.size(); ++s) {
-        const TrainReport::Stage& st = r->stages[s];
-        std::printf("  stage %zu: layers %s on %s; weights%s gradients%s optimizer%s activations%s", s,
-                    st.layers.c_str(), st.backend.c_str(), Mb(st.memory.weights).c_str(),
-                    Mb(st.memory.gradients).c_str(), Mb(st.memory.optimizer).c_str(),
-                    Mb(st.memory.activations).c_str());
-        if (st.busy >= 0) std::printf("; busy %.1f%% of a step", 100 * st.busy);
-        if (st.measured_ms >= 0) std::printf(", %.3f ms a micro-batch", st.measured_ms);
-        if (st.profiled_ms >= 0) std::printf(" (its layers timed alone: %.3f ms)", st.profiled_ms);
-        std::printf("\n");
-      }
-      if (r->bubble >= 0)
-        std::printf(
-            "  bubble: %.3f of a step idle, measured; its bound (stages-1)/(micro-batches+stages-1) %.3f, and %.3f "
-            "for these stages' measured times\n",
-            r->bubble, r->bubble_bound, r->bubble_stage_bound);
-    }
-    if (!r->parallel.empty()) {
-      std::printf("data parallel: %s", r->parallel.c_str());
-      if (r->allreduce_ms >= 0) {
-        std::printf("; all-reduce %.3f ms a step, %.3f ms of it not overlapped (%.0f%% overlapped)", r->allreduce_ms,
-                    r->allreduce_exposed_ms,
-                    r->allreduce_ms > 0 ? 100.0 * std::max(0.0, 1.0 - r->allreduce_exposed_ms / r->allreduce_ms) : 0);
-      }
-      std::printf("\n");
-      for (const RankReport& k : r->ranks) {
-        std::printf("  rank %d: %.0f samples/s", k.rank, k.samples_per_s);
-        if (k.gpu_util >= 0) std::printf(", GPU %.1f%%", k.gpu_util);
-        std::printf(", data wait %.1f%%\n", 100 * k.data_wait_fraction);
-      }
-    }
-    std::printf("verdict: %s\n", r->verdict.c_str());
-    if (!r->telemetry.empty()) std::printf("telemetry: %s\n", r->telemetry.c_str());
-  }
+  if (!quiet) PrintSummary(*r, a.freeze);
   if (!a.json.empty() && o.parallel.rank == 0) {
-    const std::string text = ToJson(*r).dump(2) + "\n";
-    if (a.json == "-") {
-      std::fputs(text.c_str(), stdout);
-    } else {
-      std::ofstream f(a.json);
-      f << text;
-      if (!f) return fail(Status::IOError("cannot write " + a.json));
-    }
+    if (Status s = WriteJsonReport(*r, a.json); !s.ok()) return fail(s);
   }
   return 0;
 }
