@@ -486,7 +486,142 @@ int PlaceRanks(TrainArgs& a, std::optional<TrainDevice> device, bool* launched) 
   return 0;
 }
 
-// long: not split yet (issue 47, item 6): the train command's open, train and report
+// --decode: where encoded images are decoded: the loader's threads (cpu,
+// the default: the same pixels, and so the same weights, every run), or the
+// GPU's JPEG decoder in the feed (gpu; auto: where the GPU has one, the
+// loader taking a share measured to keep pace, which varies from run to
+// run). A daemon decodes them itself.
+Status PlaceTrainDecode(TrainArgs& a) {
+  TrainOptions& o = a.o;
+  auto where = DecodeDeviceFromName(a.decode_where);
+  if (!where.ok()) return where.status().WithContext("--decode");
+  if (IsDaemonAddress(a.data) && *where == DecodeDevice::kGpu) {
+    return Status::InvalidArgument("--decode gpu: " + a.data +
+                                   " decodes the images itself (leave --decode out, or train from the file)");
+  }
+  auto placed =
+      PlaceDecode(IsDaemonAddress(a.data) ? DecodeDevice::kCpu : *where, o.device != TrainDevice::kCpu, o.cuda_device);
+  if (!placed.ok())
+    return placed.status().WithContext("--decode gpu (--decode auto falls back to the loader's threads)");
+  o.loader.defer_decode = placed->defer;
+  o.loader.balance_decode = placed->balance;
+  return Status::Ok();
+}
+
+// --freeze: comma-separated name prefixes, none empty.
+Status ParseFreeze(TrainArgs& a) {
+  for (size_t at = 0; !a.freeze.empty() && at <= a.freeze.size();) {
+    size_t comma = a.freeze.find(',', at);
+    if (comma == std::string::npos) comma = a.freeze.size();
+    const std::string name = a.freeze.substr(at, comma - at);
+    if (name.empty()) return Status::InvalidArgument("--freeze '" + a.freeze + "': an empty name");
+    a.o.freeze.push_back(name);
+    at = comma + 1;
+  }
+  return Status::Ok();
+}
+
+// The flags given by name or as lists, into a.o, in the order they are
+// checked (the first one wrong is the one named). `device`: --device's.
+Status ApplyTrainChoices(TrainArgs& a, std::optional<TrainDevice> device) {
+  TrainOptions& o = a.o;
+  auto model = ModelKindFromName(a.model);
+  if (!model.ok()) return model.status();
+  o.model = *model;
+  auto opt = OptimizerFromName(a.optimizer);
+  if (!opt.ok()) return opt.status();
+  o.optimizer = *opt;
+  auto precision = kPrecisionNames.Parse(a.precision);
+  if (!precision.ok()) return precision.status();
+  o.precision = *precision;
+  if (!device) return Status::InvalidArgument("--device: " + kTrainDeviceNames.List() + ", not '" + a.device + "'");
+  o.device = *device;
+  GPUFEED_RETURN_IF_ERROR(PlaceTrainDecode(a));
+  auto w = ParseList(a.widths, "--widths");
+  if (!w.ok()) return w.status();
+  o.widths = *w;
+  auto c = ParseList(a.channels, "--channels");
+  if (!c.ok()) return c.status();
+  o.channels = *c;
+  // resnet18 without --channels: torchvision's widths.
+  if (o.model == ModelKind::kResnet18 && a.channels == JoinList(TrainOptions{}.channels))
+    o.channels = {64, 128, 256, 512};
+  auto order = OrderFromName(a.order);
+  if (!order.ok()) return order.status();
+  o.loader.order = *order;
+  o.loader.threads = a.threads;
+  o.loader.cache_bytes = a.cache_bytes;
+  o.checkpoint_path = a.checkpoint;
+  auto recompute = kRecomputeNames.Parse(a.recompute);
+  if (!recompute.ok()) return recompute.status();
+  o.recompute_blocks = *recompute;
+  auto schedule = kScheduleNames.Parse(a.schedule);
+  if (!schedule.ok()) return schedule.status();
+  o.pipeline.one_f_one_b = *schedule;
+  auto partition_by = kPartitionNames.Parse(a.partition_by);
+  if (!partition_by.ok()) return partition_by.status();
+  o.pipeline.by_memory = *partition_by;
+  return ParseFreeze(a);
+}
+
+// A daemon's --data: batches from the daemon (two streams: epochs overlap)
+// through a.o.train_source; the model's shape, classes and normalization
+// from the daemon's file, which the trainer needs readable on this host (the
+// daemon's own host): the spec returned.
+Result<std::string> ConnectTrainDaemon(TrainArgs& a, const DecodeOptions& decode) {
+  RemoteLoaderOptions r;
+  r.address = a.data;
+  r.dataset = a.dataset;
+  r.token_file = a.token_file;
+  r.client_name = "train";
+  r.decode = decode;
+  auto probe = RemoteLoader::Connect(r);
+  if (!probe.ok()) return probe.status();
+  const std::string& name = (*probe)->info().name;  // "ADDRESS SPEC"
+  a.o.train_source = [r](const LoaderOptions& lo) -> Result<std::unique_ptr<BatchSource>> {
+    RemoteLoaderOptions ro = r;
+    ro.loader = lo;
+    auto remote = RemoteLoader::Connect(ro);
+    if (!remote.ok()) return remote.status();
+    return std::unique_ptr<BatchSource>(std::move(*remote));
+  };
+  return a.dataset.empty() ? name.substr(name.find(' ') + 1) : a.dataset;
+}
+
+// The training split (a file's, or a daemon's) and the test split, if any.
+Status OpenTrainSources(TrainArgs& a, const DecodeOptions& decode, std::unique_ptr<ChunkSource>* train,
+                        std::unique_ptr<ChunkSource>* test) {
+  std::string train_spec = a.data;
+  if (IsDaemonAddress(a.data)) {
+    auto spec = ConnectTrainDaemon(a, decode);
+    if (!spec.ok()) return spec.status();
+    train_spec = *spec;
+  }
+  OpenOptions open;
+  open.fields = a.fields;
+  // Through the door every local spec takes: a file (encoded images decoded
+  // with --image-size's crop), named fields, many files or a virtual dataset
+  // (its images and labels fields). With a daemon, its file (readable here)
+  // gives the shape and labels; the batches come from the daemon, decoded
+  // there with the same options.
+  auto t = OpenClassifierSource(train_spec, open, decode);
+  if (!t.ok()) {
+    if (a.o.train_source) {
+      return t.status().WithContext("train: the daemon's dataset must be readable here for its labels and shape");
+    }
+    return t.status();
+  }
+  *train = std::move(*t);
+  if (!a.test.empty()) {
+    DecodeOptions eval = decode;  // the test split's images: resize + center crop
+    eval.transform = ImageTransform::kCenterCrop;
+    auto e = OpenClassifierSource(a.test, open, eval);
+    if (!e.ok()) return e.status();
+    *test = std::move(*e);
+  }
+  return Status::Ok();
+}
+
 int RunTrain(TrainArgs& a) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "gpufeed train: %s\n", s.ToString().c_str());
@@ -500,70 +635,7 @@ int RunTrain(TrainArgs& a) {
   // a rank with the same variables set).
   bool launched = false;
   if (const int rc = PlaceRanks(a, device, &launched); rc != 0 || launched) return rc;
-  auto model = ModelKindFromName(a.model);
-  if (!model.ok()) return fail(model.status());
-  o.model = *model;
-  auto opt = OptimizerFromName(a.optimizer);
-  if (!opt.ok()) return fail(opt.status());
-  o.optimizer = *opt;
-  auto precision = kPrecisionNames.Parse(a.precision);
-  if (!precision.ok()) return fail(precision.status());
-  o.precision = *precision;
-  if (!device) {
-    return fail(Status::InvalidArgument("--device: " + kTrainDeviceNames.List() + ", not '" + a.device + "'"));
-  }
-  o.device = *device;
-  // Where encoded images are decoded: the loader's threads (cpu, the
-  // default: the same pixels, and so the same weights, every run), or the
-  // GPU's JPEG decoder in the feed (gpu; auto: where the GPU has one, the
-  // loader taking a share measured to keep pace, which varies from run to
-  // run). A daemon decodes them itself.
-  auto where = DecodeDeviceFromName(a.decode_where);
-  if (!where.ok()) return fail(where.status().WithContext("--decode"));
-  if (IsDaemonAddress(a.data) && *where == DecodeDevice::kGpu) {
-    return fail(Status::InvalidArgument("--decode gpu: " + a.data +
-                                        " decodes the images itself (leave --decode out, or train from the file)"));
-  }
-  auto placed =
-      PlaceDecode(IsDaemonAddress(a.data) ? DecodeDevice::kCpu : *where, o.device != TrainDevice::kCpu, o.cuda_device);
-  if (!placed.ok()) {
-    return fail(placed.status().WithContext("--decode gpu (--decode auto falls back to the loader's threads)"));
-  }
-  o.loader.defer_decode = placed->defer;
-  o.loader.balance_decode = placed->balance;
-  auto w = ParseList(a.widths, "--widths");
-  if (!w.ok()) return fail(w.status());
-  o.widths = *w;
-  auto c = ParseList(a.channels, "--channels");
-  if (!c.ok()) return fail(c.status());
-  o.channels = *c;
-  // resnet18 without --channels: torchvision's widths.
-  if (o.model == ModelKind::kResnet18 && a.channels == JoinList(TrainOptions{}.channels))
-    o.channels = {64, 128, 256, 512};
-  auto order = OrderFromName(a.order);
-  if (!order.ok()) return fail(order.status());
-  o.loader.order = *order;
-  o.loader.threads = a.threads;
-  o.loader.cache_bytes = a.cache_bytes;
-  o.checkpoint_path = a.checkpoint;
-  auto recompute = kRecomputeNames.Parse(a.recompute);
-  if (!recompute.ok()) return fail(recompute.status());
-  o.recompute_blocks = *recompute;
-  auto schedule = kScheduleNames.Parse(a.schedule);
-  if (!schedule.ok()) return fail(schedule.status());
-  o.pipeline.one_f_one_b = *schedule;
-  auto partition_by = kPartitionNames.Parse(a.partition_by);
-  if (!partition_by.ok()) return fail(partition_by.status());
-  o.pipeline.by_memory = *partition_by;
-  for (size_t at = 0; !a.freeze.empty() && at <= a.freeze.size();) {
-    size_t comma = a.freeze.find(',', at);
-    if (comma == std::string::npos) comma = a.freeze.size();
-    const std::string name = a.freeze.substr(at, comma - at);
-    if (name.empty()) return fail(Status::InvalidArgument("--freeze '" + a.freeze + "': an empty name"));
-    o.freeze.push_back(name);
-    at = comma + 1;
-  }
-
+  if (const Status s = ApplyTrainChoices(a, device); !s.ok()) return fail(s);
   if (IsDaemonAddress(a.test)) {
     return fail(Status::Unsupported("train: --test " + a.test + ": the test split is read from a file"));
   }
@@ -578,54 +650,9 @@ int RunTrain(TrainArgs& a) {
     return fail(Status::InvalidArgument("--image-layout " + decode->layout +
                                         ": train decodes encoded images as NCHW (leave --image-layout out)"));
   }
-  std::string train_spec = a.data;
-  if (IsDaemonAddress(a.data)) {
-    // Batches from the daemon (two streams: epochs overlap); the model's
-    // shape, classes and normalization from the daemon's file, which the
-    // trainer needs readable on this host (the daemon's own host).
-    RemoteLoaderOptions r;
-    r.address = a.data;
-    r.dataset = a.dataset;
-    r.token_file = a.token_file;
-    r.client_name = "train";
-    r.decode = *decode;
-    auto probe = RemoteLoader::Connect(r);
-    if (!probe.ok()) return fail(probe.status());
-    const std::string& name = (*probe)->info().name;  // "ADDRESS SPEC"
-    train_spec = a.dataset.empty() ? name.substr(name.find(' ') + 1) : a.dataset;
-    o.train_source = [r](const LoaderOptions& lo) -> Result<std::unique_ptr<BatchSource>> {
-      RemoteLoaderOptions ro = r;
-      ro.loader = lo;
-      auto remote = RemoteLoader::Connect(ro);
-      if (!remote.ok()) return remote.status();
-      return std::unique_ptr<BatchSource>(std::move(*remote));
-    };
-  }
-  OpenOptions open;
-  open.fields = a.fields;
-  // Through the door every local spec takes: a file (encoded images decoded
-  // with --image-size's crop), named fields, many files or a virtual dataset
-  // (its images and labels fields). With a daemon, its file (readable here)
-  // gives the shape and labels; the batches come from the daemon, decoded
-  // there with the same options.
-  auto train = OpenClassifierSource(train_spec, open, *decode);
-  if (!train.ok()) {
-    if (o.train_source) {
-      return fail(
-          train.status().WithContext("train: the daemon's dataset must be readable here for its labels and "
-                                     "shape"));
-    }
-    return fail(train.status());
-  }
-  std::unique_ptr<ChunkSource> test;
-  if (!a.test.empty()) {
-    DecodeOptions eval = *decode;  // the test split's images: resize + center crop
-    eval.transform = ImageTransform::kCenterCrop;
-    auto t = OpenClassifierSource(a.test, open, eval);
-    if (!t.ok()) return fail(t.status());
-    test = std::move(*t);
-  }
-  return Finish(a, **train, test.get());
+  std::unique_ptr<ChunkSource> train, test;
+  if (const Status s = OpenTrainSources(a, *decode, &train, &test); !s.ok()) return fail(s);
+  return Finish(a, *train, test.get());
 }
 
 }  // namespace
