@@ -221,17 +221,10 @@ struct StatsReport {
   uint64_t bytes = 0;
   double seconds = 0;
   const nlohmann::json& stored;  // where --store put them
+  double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0.0; }
 };
 
 void PrintStatsJson(const StatsReport& r) {
-  const std::string& spec = r.spec;
-  const std::vector<FieldInfo>& fields = r.fields;
-  const std::vector<std::string>& layouts = r.layouts;
-  const std::vector<bool>& guesses = r.guesses;
-  const std::vector<std::string>& files = r.files;
-  const uint64_t bytes = r.bytes;
-  const double seconds = r.seconds;
-  const nlohmann::json& stored = r.stored;
   nlohmann::json jf = nlohmann::json::array();
   for (size_t j = 0; j < r.stats.size(); ++j) {
     const FieldStats& fs = r.stats[j];
@@ -247,47 +240,35 @@ void PrintStatsJson(const StatsReport& r) {
     }
     jf.push_back({{"name", fs.name},
                   {"path", fs.path},
-                  {"dtype", DTypeName(fields[j].dtype)},
-                  {"sample_shape", fields[j].sample_shape},
-                  {"layout", layouts[j]},
-                  {"channel_axis_guessed", static_cast<bool>(guesses[j])},
+                  {"dtype", DTypeName(r.fields[j].dtype)},
+                  {"sample_shape", r.fields[j].sample_shape},
+                  {"layout", r.layouts[j]},
+                  {"channel_axis_guessed", static_cast<bool>(r.guesses[j])},
                   {"channel_axis", fs.channel_axis},
                   {"samples", fs.samples},
                   {"mean", fs.means()},
                   {"std", fs.stddevs()},
                   {"channels", ch}});
   }
-  nlohmann::json j = {{"data", spec},
-                      {"files", files.size()},
-                      {"fields", jf},
-                      {"seconds", seconds},
-                      {"bytes", bytes},
-                      {"stored", stored},
-                      {"gb_per_s", seconds > 0 ? bytes / seconds / 1e9 : 0.0}};
+  nlohmann::json j = {{"data", r.spec},          {"files", r.files.size()}, {"fields", jf},
+                      {"seconds", r.seconds},    {"bytes", r.bytes},        {"stored", r.stored},
+                      {"gb_per_s", r.gb_per_s()}};
   std::printf("%s\n", j.dump(2).c_str());
 }
 
 void PrintStatsText(const StatsReport& r) {
-  const std::string& spec = r.spec;
-  const std::vector<FieldInfo>& fields = r.fields;
-  const std::vector<std::string>& layouts = r.layouts;
-  const std::vector<bool>& guesses = r.guesses;
-  const std::vector<std::string>& files = r.files;
-  const uint64_t bytes = r.bytes;
-  const double seconds = r.seconds;
-  const nlohmann::json& stored = r.stored;
-  std::printf("%s: %zu file%s, %.2f GB read in %.2f s (%.2f GB/s)\n", spec.c_str(), files.size(),
-              files.size() == 1 ? "" : "s", bytes / 1e9, seconds, seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+  std::printf("%s: %zu file%s, %.2f GB read in %.2f s (%.2f GB/s)\n", r.spec.c_str(), r.files.size(),
+              r.files.size() == 1 ? "" : "s", r.bytes / 1e9, r.seconds, r.gb_per_s());
   for (size_t j = 0; j < r.stats.size(); ++j) {
     const FieldStats& fs = r.stats[j];
     std::printf("  %s (%s) %s %s, %llu samples, %s\n", fs.name.c_str(), fs.path.c_str(),
-                std::string(DTypeName(fields[j].dtype)).c_str(), ShapeText(fields[j].sample_shape).c_str(),
+                std::string(DTypeName(r.fields[j].dtype)).c_str(), ShapeText(r.fields[j].sample_shape).c_str(),
                 static_cast<unsigned long long>(fs.samples),
                 fs.channel_axis < 0 ? "one channel (the whole sample)"
                                     : ("channel axis " + std::to_string(fs.channel_axis) +
-                                       (guesses[j]           ? " (no layout attribute: a guess; --channel-axis K)"
-                                        : layouts[j].empty() ? ""
-                                                             : " (" + layouts[j] + ")"))
+                                       (r.guesses[j]           ? " (no layout attribute: a guess; --channel-axis K)"
+                                        : r.layouts[j].empty() ? ""
+                                                               : " (" + r.layouts[j] + ")"))
                                           .c_str());
     std::printf("    %7s %14s %14s %14s %14s %14s %10s %10s\n", "channel", "count", "mean", "std", "min", "max", "nan",
                 "inf");
@@ -305,7 +286,7 @@ void PrintStatsText(const StatsReport& r) {
                   static_cast<unsigned long long>(nan), static_cast<unsigned long long>(inf));
     }
   }
-  for (const auto& s : stored) {
+  for (const auto& s : r.stored) {
     std::printf("  stored for %s: %s\n", s["file"].get<std::string>().c_str(), s["where"].get<std::string>().c_str());
   }
 }
