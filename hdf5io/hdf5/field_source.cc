@@ -86,7 +86,19 @@ struct FieldSource::Impl {
   size_t max_open = 256;
 
   // open_costs(): nanoseconds in the probe and in opens, and the opens.
-  mutable std::atomic<uint64_t> probe_ns{0}, open_ns{0}, opens{0}, planned_opens{0};
+  mutable std::atomic<uint64_t> probe_ns{0}, open_ns{0};
+  // The opens, each counted as it ends, both counts at once: open_costs()
+  // may read them while the opener opens a part ahead, and a read between
+  // an open's start (opens counted) and its end (planned_opens counted)
+  // reported a planned open as one through HDF5.
+  mutable Mutex count_mu;
+  mutable uint64_t opens GUARDED_BY(count_mu) = 0;
+  mutable uint64_t planned_opens GUARDED_BY(count_mu) = 0;
+  void CountOpen(bool planned_open) const EXCLUDES(count_mu) {
+    MutexLock lock(&count_mu);
+    opens += 1;
+    if (planned_open) planned_opens += 1;
+  }
   // Per part: every piece has the probe's plan, so a reader opens it on its
   // own thread (no HDF5, nothing to serialize) instead of asking the opener.
   std::vector<uint8_t> planned;
@@ -183,14 +195,17 @@ struct FieldSource::Impl {
   // Opens every field of input file f as named (a virtual dataset opens as
   // one, its mapping resolved and checked) and checks it against the fields.
   Result<OpenFile> OpenFields(size_t f) const {
-    opens.fetch_add(1, std::memory_order_relaxed);
     ScopedNanos timed(&open_ns);
     OpenFile out;
     for (size_t j = 0; j < specs.size(); ++j) {
       auto ds = OpenProbed(files[f] + ":" + specs[j].path);
-      if (!ds.ok()) return ds.status();
+      if (!ds.ok()) {
+        CountOpen(false);
+        return ds.status();
+      }
       out.push_back(std::move(*ds));
     }
+    CountOpen(false);
     return out;
   }
 
@@ -265,7 +280,6 @@ struct FieldSource::Impl {
   // Opens the dataset of every field of part p: from the probe's plan where
   // it made one and the file is still the one it saw, else through HDF5.
   Result<OpenFile> OpenPart(size_t p) const {
-    opens.fetch_add(1, std::memory_order_relaxed);
     ScopedNanos timed(&open_ns);
     OpenFile out;
     bool all_planned = true;
@@ -282,10 +296,13 @@ struct FieldSource::Impl {
         all_planned = false;
         ds = OpenProbed(spec);
       }
-      if (!ds->ok()) return pc.via.empty() ? ds->status() : ds->status().WithContext("source of " + pc.via);
+      if (!ds->ok()) {
+        CountOpen(false);
+        return pc.via.empty() ? ds->status() : ds->status().WithContext("source of " + pc.via);
+      }
       out.push_back(std::move(**ds));
     }
-    if (all_planned) planned_opens.fetch_add(1, std::memory_order_relaxed);
+    CountOpen(all_planned);
     return out;
   }
 
@@ -798,8 +815,9 @@ ChunkSource::OpenCosts FieldSource::open_costs() const {
   OpenCosts c;
   c.probe_seconds = impl_->probe_ns.load(std::memory_order_relaxed) * 1e-9;
   c.open_seconds = impl_->open_ns.load(std::memory_order_relaxed) * 1e-9;
-  c.opens = impl_->opens.load(std::memory_order_relaxed);
-  c.planned_opens = impl_->planned_opens.load(std::memory_order_relaxed);
+  MutexLock lock(&impl_->count_mu);
+  c.opens = impl_->opens;
+  c.planned_opens = impl_->planned_opens;
   return c;
 }
 
