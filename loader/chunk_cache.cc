@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_set>
 
 namespace gpufeed::loader {
 
@@ -60,7 +61,6 @@ ChunkCache::ChunkCache(const ChunkSource& source, uint64_t budget_bytes, size_t 
       budget_(budget_bytes),
       working_set_cap_(working_set_cap),
       planar_fields_(source.fields().size() > 1),
-      read_ahead_(source.read_ahead_chunks()),
       buffers_(
           std::make_shared<ChunkBufferPool>(std::max<uint64_t>(1, source.max_chunk_buffer_bytes()), spare_buffers)) {}
 
@@ -388,26 +388,37 @@ void ChunkCache::Prefetch(uint64_t b, uint64_t max_pending, tbb::task_group& tas
 }
 
 void ChunkCache::HintReads(uint64_t b) {
-  if (read_ahead_ == 0 || shared_) return;
-  // The next read_ahead_ chunks the coming batches read, in the plan's order:
+  // Asked each time: a remote object's window follows its link
+  // (hdf5io/io/remote_window.h).
+  const uint32_t depth = source_.read_ahead_chunks();
+  if (depth == 0 || shared_) return;
+  // The next `depth` chunks the coming batches read, in the plan's order:
   // those not resident (read when their batch or a later prefetch gets
   // them), and those queued for a decode that has not read them yet (their
   // hint at Spawn was dropped if every read-ahead buffer was busy then).
   // Resident chunks being decoded or decoded are read already. The source
   // starts what it has room for and ignores what it started already.
-  std::vector<uint32_t> hinted;
-  hinted.reserve(read_ahead_);
-  const uint64_t horizon = LookaheadEnd(b);
+  // Chunks, not batches, bound how far: past kMaxLookaheadBatches when the
+  // source reads further ahead than they hold (up to `depth` batches,
+  // looking at no more than 8 x depth chunks there: a resident plan costs
+  // no more than the first 64 batches' scan).
+  std::unordered_set<uint32_t> hinted;
+  hinted.reserve(depth);
+  const uint64_t next_batches = next_plan_ != nullptr ? next_plan_->num_batches : 0;
+  const uint64_t near = b + 1 + kMaxLookaheadBatches;
+  const uint64_t horizon =
+      std::min<uint64_t>(plan_->num_batches + next_batches, b + 1 + std::max<uint64_t>(kMaxLookaheadBatches, depth));
+  uint64_t looked_past_near = 0;
   for (uint64_t b2 = b + 1; b2 < horizon; ++b2) {
     for (uint32_t c : ChunksOfBatch(b2)) {
+      if (b2 >= near && ++looked_past_near > 8ull * depth) return;
       if (auto it = resident_.find(c); it != resident_.end() && it->second->state.load() != ChunkEntry::kQueued) {
         continue;
       }
-      if (std::find(hinted.begin(), hinted.end(), c) != hinted.end()) continue;
-      hinted.push_back(c);
+      if (!hinted.insert(c).second) continue;
       source_.WillRead(c);
       counters_.read_hints += 1;
-      if (hinted.size() >= read_ahead_) return;
+      if (hinted.size() >= depth) return;
     }
   }
 }

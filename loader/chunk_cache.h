@@ -186,7 +186,7 @@ class ChunkCache {
   // then prefetches the chunks of the following batches (at most
   // kMaxLookaheadBatches ahead) until `max_pending` decodes are queued or
   // running, or the budget is full. Then, where the source reads ahead
-  // (read_ahead_chunks() > 0), hints it the next that many chunks of the
+  // (read_ahead_chunks() > 0, asked each time), hints it the next that many chunks of the
   // plan still to be read, admitted or not: the reads run ahead of the
   // decodes, bounded by the source's read-ahead buffers, not the budget.
   std::vector<std::shared_ptr<ChunkEntry>> Acquire(uint64_t b, uint64_t max_pending, tbb::task_group& tasks);
@@ -259,8 +259,6 @@ class ChunkCache {
   // Several fields: read units are laid out for chunk_samples() samples
   // (planar, chunk_source.h), also the short last one.
   const bool planar_fields_;
-  // source_.read_ahead_chunks(): how far HintReads hints.
-  const uint32_t read_ahead_;
   std::shared_ptr<ChunkBufferPool> buffers_;
   std::atomic<uint64_t> mapped_at_begin_{0};  // buffers_->bytes_mapped() at BeginEpoch
   CacheCounters counters_;

@@ -450,7 +450,9 @@ Status Dataset::ReadChunk(uint64_t i, std::span<std::byte> dst) const {
 }
 
 uint32_t Dataset::read_ahead_chunks() const {
-  return impl_->info.read_path == ReadPath::kDirect ? impl_->info.read_ahead_chunks : 0;
+  if (impl_->info.read_path != ReadPath::kDirect) return 0;
+  // Asked each time: a remote object's window moves with the link.
+  return impl_->bytes ? impl_->bytes->read_ahead() : impl_->info.read_ahead_chunks;
 }
 
 void Dataset::WillRead(uint64_t i) const {

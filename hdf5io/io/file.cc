@@ -137,7 +137,10 @@ Result<std::unique_ptr<RandomAccessFile>> OpenRandomAccessFile(const std::string
     if (!options.ok()) return options.status();
     auto remote = RemoteFile::Open(path, *options);
     if (!remote.ok()) return remote.status();
-    *note = "ranged GETs, " + std::to_string(options->in_flight) + " in flight ahead of the reader";
+    *note = options->in_flight_fixed ? "ranged GETs, " + std::to_string(options->in_flight) +
+                                           " in flight ahead of the reader (GPUFEED_REMOTE_IN_FLIGHT)"
+                                     : "ranged GETs ahead of the reader, as many in flight as the link holds (from " +
+                                           std::to_string(options->in_flight) + ")";
     if (identity != nullptr) *identity = RemoteIdentity(**remote);
     out = std::move(*remote);
   } else if (direct) {

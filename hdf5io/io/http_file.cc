@@ -3,6 +3,7 @@
 #include "hdf5io/io/http_file.h"
 
 #include <curl/curl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include "common/mutex.h"
 #include "hdf5io/io/object_store.h"
+#include "hdf5io/io/remote_window.h"
 
 namespace gpufeed::io {
 namespace {
@@ -31,6 +33,14 @@ using Clock = std::chrono::steady_clock;
 // S3's empty payload hash: what a GET signs (and S3 requires the header).
 constexpr const char* kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 constexpr size_t kMaxErrorBody = 4096;
+
+// The sized window's share of the open-file limit: each request in flight
+// holds a connection (a descriptor), and the process needs others.
+unsigned OpenFileShare() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return 1024;
+  return static_cast<unsigned>(std::clamp<rlim_t>(r.rlim_cur / 4, 16, 1024));
+}
 
 std::string TrimHeader(std::string_view s) {
   size_t a = 0, b = s.size();
@@ -125,6 +135,16 @@ struct RemoteFile::Impl {
     Clock::time_point started;
   };
   mutable std::unordered_map<uint64_t, std::unique_ptr<Ahead>> ahead GUARDED_BY(mu);
+
+  // The read-ahead's window (hdf5io/io/remote_window.h): re-sized by the
+  // transfer thread as requests complete, unless GPUFEED_REMOTE_IN_FLIGHT
+  // fixed it; read by WillRead and read_ahead() from any thread.
+  WindowSizer sizer{WindowPolicy{}};  // the transfer thread's
+  std::atomic<unsigned> window{64};
+  std::atomic<double> latency_s{0};  // the sizer's last period's mean, for stats()
+  // How many read-aheads of n bytes WillRead keeps: the window and, unless
+  // fixed, the bytes budget (a hard bound: the window follows it a period late).
+  size_t Room(size_t n) const;
 
   // Counters (the transfer thread writes; stats() reads).
   mutable std::atomic<uint64_t> requests{0}, retries{0}, bytes{0}, peak{0};
@@ -368,6 +388,14 @@ bool RemoteFile::Impl::Finish(Request* r, CURLcode rc, Status* out) {
     return transient("got " + std::to_string(r->got) + " of " + std::to_string(expect) + " bytes");
   }
   bytes += r->got;
+  if (!options.in_flight_fixed) {
+    curl_off_t us = 0;  // this attempt, start to end
+    curl_easy_getinfo(r->easy, CURLINFO_TOTAL_TIME_T, &us);
+    if (sizer.Completed(static_cast<double>(us) / 1e6, r->got, busy_seconds.load())) {
+      window.store(sizer.window());
+      latency_s.store(sizer.latency_s());
+    }
+  }
   *out = Status::Ok();
   return false;
 }
@@ -469,6 +497,9 @@ Result<RemoteOptions> RemoteOptions::FromEnv() {
   RemoteOptions o;
   auto in_flight = EnvLong("GPUFEED_REMOTE_IN_FLIGHT", o.in_flight, 1, 1024, "a number of requests");
   if (!in_flight.ok()) return in_flight.status();
+  auto in_flight_mb =
+      EnvLong("GPUFEED_REMOTE_IN_FLIGHT_MB", static_cast<long>(o.in_flight_bytes >> 20), 1, 65536, "MiB");
+  if (!in_flight_mb.ok()) return in_flight_mb.status();
   auto timeout = EnvLong("GPUFEED_REMOTE_TIMEOUT_MS", o.timeout_ms, 100, 3600000, "milliseconds");
   if (!timeout.ok()) return timeout.status();
   auto retries = EnvLong("GPUFEED_REMOTE_RETRIES", o.retries, 0, 100, "a number of retries");
@@ -493,6 +524,9 @@ Result<RemoteOptions> RemoteOptions::FromEnv() {
     if (o.ca_from.empty()) o.ca_from = "SSL_CERT_DIR";
   }
   o.in_flight = static_cast<unsigned>(*in_flight);
+  const char* fixed = std::getenv("GPUFEED_REMOTE_IN_FLIGHT");
+  o.in_flight_fixed = fixed != nullptr && fixed[0] != '\0';
+  o.in_flight_bytes = static_cast<uint64_t>(*in_flight_mb) << 20;
   o.timeout_ms = static_cast<int>(*timeout);
   o.retries = static_cast<int>(*retries);
   o.backoff_ms = static_cast<int>(*backoff);
@@ -520,10 +554,13 @@ RemoteFile::~RemoteFile() {
   }
   if (impl_->stats_on_close) {
     const RemoteStats st = stats();
-    std::fprintf(stderr, "gpufeed: %s: %llu requests, %llu retries, %llu bytes, in flight: peak %llu, mean %.1f\n",
+    std::fprintf(stderr,
+                 "gpufeed: %s: %llu requests, %llu retries, %llu bytes, in flight: peak %llu, mean %.1f, window %u "
+                 "(%s, latency %.1f ms)\n",
                  impl_->target.named.c_str(), static_cast<unsigned long long>(st.requests),
                  static_cast<unsigned long long>(st.retries), static_cast<unsigned long long>(st.bytes),
-                 static_cast<unsigned long long>(st.peak_in_flight), st.mean_in_flight);
+                 static_cast<unsigned long long>(st.peak_in_flight), st.mean_in_flight, st.window,
+                 impl_->options.in_flight_fixed ? "GPUFEED_REMOTE_IN_FLIGHT" : "sized", st.latency_s * 1000);
   }
 }
 
@@ -534,12 +571,18 @@ Result<std::unique_ptr<RemoteFile>> RemoteFile::Open(std::string_view spec, cons
   auto impl = std::make_unique<Impl>();
   impl->target = std::move(*target);
   impl->options = options;
+  WindowPolicy policy;  // fixed: the cap is the window
+  policy.initial = options.in_flight;
+  policy.cap = options.in_flight_fixed ? options.in_flight : std::min(policy.cap, OpenFileShare());
+  policy.budget_bytes = options.in_flight_bytes;
+  impl->sizer = WindowSizer(policy);
+  impl->window.store(options.in_flight_fixed ? options.in_flight : impl->sizer.window());
   const char* st = std::getenv("GPUFEED_REMOTE_STATS");
   impl->stats_on_close = st != nullptr && std::strcmp(st, "1") == 0;
   impl->multi = curl_multi_init();
   if (impl->multi == nullptr) return Status::Internal(impl->target.named + ": libcurl: cannot make a multi handle");
   // Connections kept for reuse: one per request in flight.
-  curl_multi_setopt(impl->multi, CURLMOPT_MAXCONNECTS, static_cast<long>(options.in_flight + 8));
+  curl_multi_setopt(impl->multi, CURLMOPT_MAXCONNECTS, static_cast<long>(impl->sizer.policy().cap + 8));
   if (impl->target.sign) {
     impl->headers = curl_slist_append(impl->headers, (std::string("x-amz-content-sha256: ") + kEmptySha256).c_str());
     if (!impl->target.token.empty()) {
@@ -631,6 +674,12 @@ int64_t RemoteFile::ReadAt(uint64_t key, std::byte* dst, size_t n, uint64_t offs
   return static_cast<int64_t>(*got);
 }
 
+size_t RemoteFile::Impl::Room(size_t n) const {
+  const size_t w = window.load(std::memory_order_relaxed);
+  if (options.in_flight_fixed || n == 0) return w;
+  return std::min<size_t>(w, std::max<uint64_t>(1, options.in_flight_bytes / n));
+}
+
 void RemoteFile::WillRead(uint64_t key, uint64_t offset, size_t n) const {
   Impl& d = *impl_;
   if (n == 0 || offset >= d.size) return;
@@ -638,7 +687,7 @@ void RemoteFile::WillRead(uint64_t key, uint64_t offset, size_t n) const {
   {
     MutexLock lock(&d.mu);
     if (d.stop || d.ahead.count(key) != 0) return;
-    if (d.ahead.size() >= d.options.in_flight) {
+    if (d.ahead.size() >= d.Room(n)) {
       // Full: the oldest finished read nobody claimed gives its place up
       // (hints come in reading order, so it was skipped: a cache hit, an
       // epoch's end); none finished: this hint is dropped.
@@ -666,7 +715,7 @@ void RemoteFile::WillRead(uint64_t key, uint64_t offset, size_t n) const {
   curl_multi_wakeup(d.multi);
 }
 
-unsigned RemoteFile::read_ahead() const { return impl_->options.in_flight; }
+unsigned RemoteFile::read_ahead() const { return impl_->window.load(std::memory_order_relaxed); }
 uint64_t RemoteFile::size() const { return impl_->size; }
 const std::string& RemoteFile::version() const { return impl_->version; }
 const std::string& RemoteFile::named() const { return impl_->target.named; }
@@ -678,6 +727,8 @@ RemoteStats RemoteFile::stats() const {
   s.retries = impl_->retries.load();
   s.bytes = impl_->bytes.load();
   s.peak_in_flight = impl_->peak.load();
+  s.window = impl_->window.load();
+  s.latency_s = impl_->latency_s.load();
   const double busy = impl_->busy_seconds.load();
   s.mean_in_flight = busy > 0 ? impl_->weighted_seconds.load() / busy : 0;
   return s;

@@ -13,11 +13,18 @@
 // the credentials came from (never the credentials).
 //
 // WillRead(key) starts a read the loader will make soon (its plan's order,
-// as the O_DIRECT read-ahead does), up to in_flight of them; ReadAt(key)
+// as the O_DIRECT read-ahead does), up to a window of them; ReadAt(key)
 // takes it when it gets there, waiting only for what is still in flight.
+// The window is sized by what the link holds (hdf5io/io/remote_window.h:
+// twice the measured latency x completion rate, from 64, within 16 and
+// 1024 requests, a quarter of the open-file limit, and the bytes budget);
+// read_ahead() is its current size, which the loader's hints follow.
 //
 // Options from the environment (RemoteOptions::FromEnv):
-//   GPUFEED_REMOTE_IN_FLIGHT   read-ahead requests kept in flight (default 64, 1 to 1024)
+//   GPUFEED_REMOTE_IN_FLIGHT   read-ahead requests kept in flight, fixed (1 to 1024;
+//                              unset: sized by the link, from 64)
+//   GPUFEED_REMOTE_IN_FLIGHT_MB the sized window's bytes budget: requests x
+//                              their size (default 128, 1 to 65536)
 //   GPUFEED_REMOTE_TIMEOUT_MS  per request (default 30000)
 //   GPUFEED_REMOTE_RETRIES     retries of a failed request (default 5)
 //   GPUFEED_REMOTE_BACKOFF_MS  the first retry's wait, doubled each time up to 5 s (default 100)
@@ -52,7 +59,9 @@ Result<long> EnvLong(const char* name, long def, long lo, long hi, const char* w
 Status RemoteInit();
 
 struct RemoteOptions {
-  unsigned in_flight = 64;
+  unsigned in_flight = 64;                         // the window: the first, or always when in_flight_fixed
+  bool in_flight_fixed = false;                    // GPUFEED_REMOTE_IN_FLIGHT was set
+  uint64_t in_flight_bytes = uint64_t{128} << 20;  // the sized window's budget
   int timeout_ms = 30000;
   int connect_timeout_ms = 10000;
   int retries = 5;
@@ -71,6 +80,8 @@ struct RemoteStats {
   uint64_t requests = 0, retries = 0, bytes = 0;
   uint64_t peak_in_flight = 0;
   double mean_in_flight = 0;  // over the time any request was in flight
+  unsigned window = 0;        // the read-ahead's window now
+  double latency_s = 0;       // the mean request latency it was last sized by (0: fixed, or not yet)
 };
 
 class RemoteFile final : public RandomAccessFile {

@@ -228,5 +228,37 @@ TEST(ChunkCacheTest, ReadAheadHintsFollowThePlanBeyondTheBudget) {
   }
 }
 
+// A remote source's read-ahead follows its link (hdf5io/io/remote_window.h):
+// the cache asks its depth at each batch and hints that many chunks, past
+// kMaxLookaheadBatches batches when the depth is larger (here 200 chunks of
+// one batch each: the 64 batches alone would cap it at 64).
+TEST(ChunkCacheTest, ReadAheadHintsReachTheSourcesDepthAskedEachBatch) {
+  std::vector<std::vector<uint32_t>> seq;
+  for (uint32_t c = 0; c < 400; ++c) seq.push_back({c});
+  EpochPlan plan = PlanOf(seq, 400);
+  class MovingDepth : public ReadAheadSource {
+   public:
+    using ReadAheadSource::ReadAheadSource;
+    uint32_t read_ahead_chunks() const override { return depth; }
+    uint32_t depth = 200;
+  } src(400, 0);
+  ChunkCache cache(src, 100 * 400);
+  tbb::task_group tasks;
+  cache.BeginEpoch(&plan, 0);
+  auto hinted = [&](uint64_t b) {
+    auto h = cache.Acquire(b, /*max_pending=*/0, tasks);
+    for (auto& e : h) EXPECT_TRUE(cache.Ensure(*e).ok());
+    return src.TakeHints();
+  };
+  std::vector<uint64_t> want;
+  for (uint64_t c = 1; c <= 200; ++c) want.push_back(c);
+  EXPECT_EQ(hinted(0), want);
+  src.depth = 3;  // the link holds fewer now
+  EXPECT_EQ(hinted(1), (std::vector<uint64_t>{2, 3, 4}));
+  src.depth = 0;  // none
+  EXPECT_EQ(hinted(2), std::vector<uint64_t>{});
+  tasks.wait();
+}
+
 }  // namespace
 }  // namespace gpufeed::loader
