@@ -307,7 +307,15 @@ bool H5pyLoaded() {
 [[noreturn]] void ChildMain(int fd, const std::vector<std::string>& specs, size_t first, size_t last,
                             const ProbeOptions& options, bool careful, bool shutdown) {
   BecomeSacrificialChild();
-  const OpenOptions& o = options.open;
+  OpenOptions o = options.open;
+  // What this child runs in a process of its own (the dataset listing of a
+  // "no such dataset" error, ListDatasetsIsolated) waits past the parent's
+  // limit: the parent's clock, started at 'S', decides that a file hangs.
+  // With one limit for both, a parent late to wake (a loaded machine) let
+  // the listing give up first; the child then finished the spec, the probe
+  // passed a file that hangs HDF5, and the caller's own open hung on it again.
+  o.probe_timeout_ms =
+      static_cast<int>(std::min<int64_t>(INT_MAX, 2 * int64_t{std::max(1, options.timeout_ms)} + 1000));
   for (size_t i = first; i < last; ++i) {
     WriteMsg(fd, 'S', static_cast<uint32_t>(i));
     {
