@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "common/clock.h"
 #include "trainer/checkpoint.h"
@@ -273,16 +274,18 @@ Status Run::HashWeights() {
     report_.weights_hash = *hash;
     pipeline_->Report(&report_);
   } else {
-    XXH64_state_t* h = XXH64_createState();
-    XXH64_reset(h, 0);
+    // Freed on every return: a failed download (a CUDA error) returned
+    // past XXH64_freeState and leaked the state.
+    std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> h(XXH64_createState(), &XXH64_freeState);
+    if (!h) return Status::Internal("weights hash: no memory for xxHash's state");
+    XXH64_reset(h.get(), 0);
     std::vector<float> host;
     for (auto& p : model_->params()) {
       host.resize(p.n);
       GPUFEED_RETURN_IF_ERROR(ops_->Download(host.data(), p.master, p.n * 4));
-      XXH64_update(h, host.data(), p.n * 4);
+      XXH64_update(h.get(), host.data(), p.n * 4);
     }
-    report_.weights_hash = XXH64_digest(h);
-    XXH64_freeState(h);
+    report_.weights_hash = XXH64_digest(h.get());
   }
   return Status::Ok();
 }
