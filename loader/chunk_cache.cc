@@ -1,6 +1,7 @@
 // Belady-managed decoded-chunk cache with prefetch.
 #include "loader/chunk_cache.h"
 
+#include "common/cancel.h"
 #include "common/sizes.h"
 #include "common/trace.h"
 #include "gpufeed/loader.h"
@@ -237,12 +238,18 @@ void ChunkCache::Spawn(const std::shared_ptr<ChunkEntry>& e, tbb::task_group& ta
     pending_.push_back(e);
   }
   // Each task decodes the oldest queued chunk, which is not necessarily `e`:
-  // decodes then start in schedule order whoever runs them.
-  tasks.run([this] { HelpOne(); });
+  // decodes then start in schedule order whoever runs them. Under the
+  // stream's cancel flag, as the stage that spawned it.
+  tasks.run([this, flag = CurrentCancel()] {
+    ScopedCancel scope(flag);
+    HelpOne();
+  });
 }
 
 bool ChunkCache::HelpOne() {
-  while (true) {
+  // A cancelled stream decodes nothing more: what is queued stays queued,
+  // for whoever needs it next (counted pending until then).
+  while (!CurrentCancelled()) {
     std::shared_ptr<ChunkEntry> e;
     {
       MutexLock lock(&pending_mu_);
@@ -251,22 +258,38 @@ bool ChunkCache::HelpOne() {
       pending_.pop_front();
     }
     if (e && TryDecode(*e)) return true;
+    if (e && CurrentCancelled()) {  // cancelled between the two: back where it was
+      MutexLock lock(&pending_mu_);
+      pending_.push_front(e);
+    }
   }
+  return false;
 }
 
 Status ChunkCache::Ensure(ChunkEntry& e) {
+  // A read cut short by a cancel puts `e` back in kQueued (TryDecode): the
+  // loop then decodes it here, unless this thread is cancelled too.
   while (e.state.load() != ChunkEntry::kDone) {
-    if (TryDecode(e)) break;
+    if (CurrentCancelled()) {
+      return Status::IOError(source_.name() + " chunk " + std::to_string(e.chunk) +
+                             ": not read: the loader's stream was stopped");
+    }
+    if (TryDecode(e)) continue;
     if (e.state.load() == ChunkEntry::kDone) break;
     if (HelpOne()) continue;  // useful work while another thread decodes `e`
     MutexLock lock(&e.mu);
-    while (e.state.load() != ChunkEntry::kDone) e.done_cv.Wait(&e.mu);
+    // Slices: a cancel of this thread's stream ends the wait (the decode may
+    // be another stream's, not cancelled).
+    while (e.state.load() == ChunkEntry::kRunning && !CurrentCancelled()) {
+      e.done_cv.WaitFor(&e.mu, std::chrono::milliseconds(50));
+    }
   }
   return e.status;
 }
 
 bool ChunkCache::TryDecode(ChunkEntry& e) {
   int expected = ChunkEntry::kQueued;
+  if (CurrentCancelled()) return false;  // a stopped stream starts no read
   if (e.state.compare_exchange_strong(expected, ChunkEntry::kRunning)) {
     const auto t0 = std::chrono::steady_clock::now();
     // Whatever happens, the entry must reach kDone: other threads wait on it.
@@ -293,9 +316,19 @@ bool ChunkCache::TryDecode(ChunkEntry& e) {
     counters_.fetch_ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     if (e.pending_of) *e.pending_of -= 1;
+    e.pending_of.reset();  // decoded (or given back below): no longer a prefetch pending
+    const bool cut_short = !e.status.ok() && CurrentCancelled();
+    if (cut_short) {
+      // The read failed because this thread's stream was stopped (a remote
+      // read cancelled): that says nothing about the chunk. It goes back to
+      // kQueued, for whoever reads it next (another stream sharing it, the
+      // next epoch), never kDone with this error.
+      if (e.data) e.pool->Put(std::move(e.data));
+      e.status = Status::Ok();
+    }
     {
       MutexLock lock(&e.mu);
-      e.state.store(ChunkEntry::kDone);
+      e.state.store(cut_short ? ChunkEntry::kQueued : ChunkEntry::kDone);
     }
     e.done_cv.SignalAll();
     return true;

@@ -89,12 +89,13 @@ struct ChunkEntry {
   ChunkEntry(uint32_t c, std::shared_ptr<ChunkBufferPool> p) : chunk(c), pool(std::move(p)) {}
   ~ChunkEntry() {
     if (data) pool->Put(std::move(data));
+    if (pending_of) *pending_of -= 1;  // spawned, never decoded (evicted, or its stream stopped)
   }
   const uint32_t chunk;
   const std::shared_ptr<ChunkBufferPool> pool;
   // Set when a prefetch decode was queued for it: the spawning cache's count
-  // of pending decodes, decremented by whichever thread (of any cache sharing
-  // the entry) decodes it.
+  // of pending decodes, decremented (and this reset) by whichever thread (of
+  // any cache sharing the entry) decodes it, or when it goes undecoded.
   std::shared_ptr<std::atomic<uint64_t>> pending_of;
   // Read ahead for the next epoch (near this one's end): counted apart, so
   // an epoch's reads are those its own batches needed.

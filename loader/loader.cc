@@ -40,6 +40,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/cancel.h"
 #include "common/cores.h"
 #include "common/first_error.h"
 #include "common/trace.h"
@@ -214,7 +215,10 @@ struct LocalStream final : EpochStream::Impl {
   loader::EpochPlan plan;
   loader::StreamCore core;  // the ready queue, the first error, Next()'s wait
 
-  std::atomic<bool> cancel{false};
+  // Set by Stop(). Every task of the stream runs under it (ScopedCancel,
+  // common/cancel.h): the reads in flight for batches no one will take end
+  // at once, a remote object's without their retries, and none starts.
+  const std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
   std::thread producer;
   bool stopped = false;
 
@@ -294,6 +298,7 @@ void LocalStream::Run() {
 bool LocalStream::RunPipeline(uint64_t& next, Batch::Slot* first, tbb::task_group& prefetch_tasks) {
   bool starved = false;
   auto plan_stage = [&](tbb::flow_control& fc) -> std::shared_ptr<Work> {
+    ScopedCancel scope(cancel);
     auto w = PlanBatch(next, std::exchange(first, nullptr), &starved, prefetch_tasks);
     if (w == nullptr) {
       fc.stop();
@@ -303,6 +308,7 @@ bool LocalStream::RunPipeline(uint64_t& next, Batch::Slot* first, tbb::task_grou
     return w;
   };
   auto assemble_stage = [&](std::shared_ptr<Work> w) {
+    ScopedCancel scope(cancel);
     AssembleBatch(*w);
     return w;
   };
@@ -318,7 +324,7 @@ bool LocalStream::RunPipeline(uint64_t& next, Batch::Slot* first, tbb::task_grou
 std::shared_ptr<LocalStream::Work> LocalStream::PlanBatch(uint64_t batch, Batch::Slot* slot, bool* starved,
                                                           tbb::task_group& prefetch_tasks) {
   Loader::Impl& L = *loader;
-  if (batch >= plan.num_batches || cancel.load() || core.failed()) {
+  if (batch >= plan.num_batches || cancel->load() || core.failed()) {
     if (slot != nullptr) L.pool->Release(slot);
     return nullptr;
   }
@@ -383,6 +389,8 @@ void LocalStream::AssembleBatch(Work& w) {
   // beneath this batch.
   tbb::this_task_arena::isolate([&] {
     tbb::parallel_for(size_t{0}, w.chunks.size(), [&](size_t j) {
+      ScopedCancel scope(cancel);        // this body may run on another thread
+      if (chunk_error.failed()) return;  // the batch fails: its other chunks are not waited for
       loader::ChunkEntry& e = *w.chunks[j];
       Status st = L.cache->Ensure(e);
       if (!st.ok()) {
@@ -447,8 +455,17 @@ Status LocalStream::DecodeBatch(const Work& w, const std::vector<std::vector<uin
 }
 
 void LocalStream::DeliverBatch(Work& w) {
+  if (cancel->load()) {  // stopping: its reads may have been cut short, and no one takes it
+    loader->pool->Release(w.slot);
+    return;
+  }
   if (!w.status.ok() || core.failed()) {
-    if (!w.status.ok()) core.Fail(w.status.WithContext("batch " + std::to_string(w.batch)));
+    if (!w.status.ok()) {
+      core.Fail(w.status.WithContext("batch " + std::to_string(w.batch)));
+      // No later batch is delivered: the reads of those in flight stop
+      // (a dead server's retries would hold Stop() up), as at Stop().
+      cancel->store(true, std::memory_order_release);
+    }
     loader->pool->Release(w.slot);
     return;
   }
@@ -458,7 +475,7 @@ void LocalStream::DeliverBatch(Work& w) {
 void LocalStream::Stop() {
   if (stopped) return;
   stopped = true;
-  cancel = true;
+  cancel->store(true, std::memory_order_release);
   loader->pool->SetCancelled(true);
   if (producer.joinable()) producer.join();
   core.ReleaseUndelivered();

@@ -21,6 +21,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/cancel.h"
 #include "common/mutex.h"
 #include "hdf5io/io/object_store.h"
 #include "hdf5io/io/remote_window.h"
@@ -29,6 +30,10 @@ namespace gpufeed::io {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How often the transfer thread looks at the cancel flags of its requests
+// (common/cancel.h) while any has one: a cancelled read ends within it.
+constexpr int kCancelCheckMs = 50;
 
 // S3's empty payload hash: what a GET signs (and S3 requires the header).
 constexpr const char* kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
@@ -82,8 +87,12 @@ struct Request {
   // across attempts
   int attempt = 0;
   Clock::time_point not_before{};
+  // The flag of the thread that asked for it (common/cancel.h): once set,
+  // the request ends at once, cancelled, and is not retried.
+  CancelFlag cancel;
   // the outcome (guarded by Impl::mu)
   bool done = false;
+  bool cancelled = false;  // ended by its flag: never a statement about the object
   Status status;
 };
 
@@ -159,12 +168,21 @@ struct RemoteFile::Impl {
 
   ~Impl();
   void Submit(Request* r) const EXCLUDES(mu);
-  Status Wait(Request* r) const EXCLUDES(mu);
+  // Until r ends; or, when `caller` (the waiting thread's flag) is set
+  // first, the cancelled status at once (r stays with the transfer thread).
+  Status Wait(Request* r, const CancelFlag& caller = nullptr) const EXCLUDES(mu);
   void Run();
   void Start(Request* r);
   // The attempt's outcome: Ok, a Status to fail with, or retry (true).
   bool Finish(Request* r, CURLcode rc, Status* out);
   void Complete(Request* r, Status s) EXCLUDES(mu);
+  // Run's steps: the attempts that ended (completed, or retried later), and
+  // the requests whose flag is set ended, cancelled (in flight, waiting for
+  // a retry, or `start`ing).
+  void Reap();
+  void EndCancelled(std::vector<Request*>* start);
+  void CompleteCancelled(Request* r) EXCLUDES(mu);
+  Status CancelledStatus(const Request& r) const;
   Status CheckVersion(const Request& r) const;
 };
 
@@ -229,7 +247,7 @@ void RemoteFile::Impl::Submit(Request* r) const {
   curl_multi_wakeup(multi);
 }
 
-Status RemoteFile::Impl::Wait(Request* r) const {
+Status RemoteFile::Impl::Wait(Request* r, const CancelFlag& caller) const {
   // Every request ends: its attempts have a time limit and are bounded in
   // number; the bound below only guards against a driver that stopped.
   const auto limit = std::chrono::milliseconds(
@@ -237,14 +255,28 @@ Status RemoteFile::Impl::Wait(Request* r) const {
   const auto deadline = Clock::now() + limit;
   MutexLock lock(&mu);
   while (!r->done) {
+    if (IsCancelled(caller)) return CancelledStatus(*r);
     if (Clock::now() >= deadline) {
       return Status::IOError(target.named + ": a read of " + std::to_string(r->n) + " bytes at " +
                              std::to_string(r->off) + " did not end in " + std::to_string(limit.count() / 1000) +
                              " s (the transfer thread is stuck)");
     }
-    cv.WaitFor(&mu, std::chrono::milliseconds(500));
+    cv.WaitFor(&mu, std::chrono::milliseconds(caller != nullptr ? kCancelCheckMs : 500));
   }
   return r->status;
+}
+
+Status RemoteFile::Impl::CancelledStatus(const Request& r) const {
+  return Status::IOError(target.named + ": the read of " + std::to_string(r.n) + " bytes at " + std::to_string(r.off) +
+                         " was cancelled: what read it stopped (a loader closed, an epoch ended)");
+}
+
+void RemoteFile::Impl::CompleteCancelled(Request* r) {
+  MutexLock lock(&mu);
+  r->status = CancelledStatus(*r);
+  r->cancelled = true;
+  r->done = true;
+  cv.SignalAll();
 }
 
 void RemoteFile::Impl::Complete(Request* r, Status s) {
@@ -400,9 +432,60 @@ bool RemoteFile::Impl::Finish(Request* r, CURLcode rc, Status* out) {
   return false;
 }
 
+void RemoteFile::Impl::Reap() {
+  int left = 0;
+  while (CURLMsg* m = curl_multi_info_read(multi, &left)) {
+    if (m->msg != CURLMSG_DONE) continue;
+    CURL* e = m->easy_handle;
+    const CURLcode rc = m->data.result;
+    Request* r = nullptr;
+    curl_easy_getinfo(e, CURLINFO_PRIVATE, reinterpret_cast<char**>(&r));
+    Status s;
+    const bool retry = Finish(r, rc, &s);
+    curl_multi_remove_handle(multi, e);
+    idle_easy.push_back(e);
+    r->easy = nullptr;
+    inflight.erase(r);
+    if (retry && IsCancelled(r->cancel)) {
+      CompleteCancelled(r);  // what asked for it stopped: no retry
+    } else if (retry) {
+      retries += 1;
+      const int base = std::min(5000, options.backoff_ms << std::min(r->attempt, 10));
+      r->attempt += 1;
+      r->not_before = Clock::now() + std::chrono::milliseconds(base / 2 + static_cast<int>(rng() % (base / 2 + 1)));
+      waiting.push_back(r);
+    } else {
+      Complete(r, std::move(s));
+    }
+  }
+}
+
+void RemoteFile::Impl::EndCancelled(std::vector<Request*>* start) {
+  auto cancelled = [](Request* r) { return IsCancelled(r->cancel); };
+  std::vector<Request*> ended;
+  for (std::vector<Request*>* v : {start, &waiting}) {
+    auto cut = std::stable_partition(v->begin(), v->end(), [&](Request* r) { return !cancelled(r); });
+    ended.insert(ended.end(), cut, v->end());
+    v->erase(cut, v->end());
+  }
+  for (auto it = inflight.begin(); it != inflight.end();) {
+    Request* r = *it;
+    if (!cancelled(r)) {
+      ++it;
+      continue;
+    }
+    // Cut off mid-transfer: libcurl closes its connection.
+    curl_multi_remove_handle(multi, r->easy);
+    idle_easy.push_back(r->easy);
+    r->easy = nullptr;
+    it = inflight.erase(it);
+    ended.push_back(r);
+  }
+  for (Request* r : ended) CompleteCancelled(r);
+}
+
 void RemoteFile::Impl::Run() {
   std::vector<Request*> start;
-  int active = 0;
   Clock::time_point last = Clock::now();
   for (;;) {
     {
@@ -414,10 +497,10 @@ void RemoteFile::Impl::Run() {
       }
     }
     const auto now = Clock::now();
-    if (active > 0) {
+    if (!inflight.empty()) {
       const double dt = std::chrono::duration<double>(now - last).count();
       busy_seconds.store(busy_seconds.load() + dt);
-      weighted_seconds.store(weighted_seconds.load() + dt * active);
+      weighted_seconds.store(weighted_seconds.load() + dt * static_cast<double>(inflight.size()));
     }
     last = now;
     for (auto it = waiting.begin(); it != waiting.end();) {
@@ -428,6 +511,7 @@ void RemoteFile::Impl::Run() {
         ++it;
       }
     }
+    EndCancelled(&start);
     for (Request* r : start) {
       Start(r);
       if (const CURLMcode mc = curl_multi_add_handle(multi, r->easy); mc != CURLM_OK) {
@@ -437,41 +521,21 @@ void RemoteFile::Impl::Run() {
         continue;
       }
       inflight.insert(r);
-      ++active;
     }
     start.clear();
-    peak = std::max<uint64_t>(peak.load(), static_cast<uint64_t>(active));
+    peak = std::max<uint64_t>(peak.load(), static_cast<uint64_t>(inflight.size()));
     int running = 0;
     curl_multi_perform(multi, &running);
-    int left = 0;
-    while (CURLMsg* m = curl_multi_info_read(multi, &left)) {
-      if (m->msg != CURLMSG_DONE) continue;
-      CURL* e = m->easy_handle;
-      const CURLcode rc = m->data.result;
-      Request* r = nullptr;
-      curl_easy_getinfo(e, CURLINFO_PRIVATE, reinterpret_cast<char**>(&r));
-      Status s;
-      const bool retry = Finish(r, rc, &s);
-      curl_multi_remove_handle(multi, e);
-      idle_easy.push_back(e);
-      r->easy = nullptr;
-      inflight.erase(r);
-      --active;
-      if (retry) {
-        retries += 1;
-        const int base = std::min(5000, options.backoff_ms << std::min(r->attempt, 10));
-        r->attempt += 1;
-        r->not_before = Clock::now() + std::chrono::milliseconds(base / 2 + static_cast<int>(rng() % (base / 2 + 1)));
-        waiting.push_back(r);
-      } else {
-        Complete(r, std::move(s));
-      }
-    }
+    Reap();
     int wait_ms = 1000;
+    bool flagged = false;  // a request that may be cancelled: its flag is looked at every kCancelCheckMs
     for (Request* r : waiting) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(r->not_before - Clock::now()).count();
       wait_ms = std::clamp<int>(static_cast<int>(ms), 0, wait_ms);
+      flagged = flagged || r->cancel != nullptr;
     }
+    for (Request* r : inflight) flagged = flagged || r->cancel != nullptr;
+    if (flagged) wait_ms = std::min(wait_ms, kCancelCheckMs);
     curl_multi_poll(multi, nullptr, 0, wait_ms, nullptr);
   }
   // Closing: what is still in flight or waiting fails (only read-aheads can
@@ -628,6 +692,8 @@ Result<size_t> RemoteFile::Read(uint64_t offset, std::byte* dst, size_t n) const
   r.off = offset;
   r.n = static_cast<size_t>(std::min<uint64_t>(n, impl_->size - offset));
   r.dst = dst;
+  r.cancel = CurrentCancel();
+  if (IsCancelled(r.cancel)) return impl_->CancelledStatus(r);
   impl_->Submit(&r);
   GPUFEED_RETURN_IF_ERROR(impl_->Wait(&r));
   return r.got;
@@ -646,11 +712,16 @@ int64_t RemoteFile::ReadAt(uint64_t key, std::byte* dst, size_t n, uint64_t offs
     }
   }
   if (claimed != nullptr) {
-    const Status waited = d.Wait(&claimed->req);  // bounded, as every request's wait
+    // Bounded, as every request's wait; at once when this thread's work is
+    // cancelled (the read-ahead may be another stream's, not cancelled).
+    const CancelFlag& caller = CurrentCancel();
+    const Status waited = d.Wait(&claimed->req, caller);
     MutexLock lock(&d.mu);
     if (!waited.ok() && !claimed->req.done) {
       // The transfer thread still holds the request: the read-ahead stays
-      // (claimed, never handed out), this read fails.
+      // (claimed, never handed out, unless this thread was cancelled: then
+      // it is a read-ahead again), this read fails.
+      if (IsCancelled(caller)) claimed->claimed = false;
       SetReadErrorText(waited.message());
       return -EREMOTEIO;
     }
@@ -658,7 +729,7 @@ int64_t RemoteFile::ReadAt(uint64_t key, std::byte* dst, size_t n, uint64_t offs
     taken = std::move(it->second);
     d.ahead.erase(it);
   }
-  if (taken) {
+  if (taken && !taken->req.cancelled) {  // a cancelled read-ahead is read again below
     if (!taken->req.status.ok()) {
       SetReadErrorText(taken->req.status.message());
       return -EREMOTEIO;
@@ -684,9 +755,16 @@ void RemoteFile::WillRead(uint64_t key, uint64_t offset, size_t n) const {
   Impl& d = *impl_;
   if (n == 0 || offset >= d.size) return;
   n = static_cast<size_t>(std::min<uint64_t>(n, d.size - offset));
+  CancelFlag flag = CurrentCancel();
+  if (IsCancelled(flag)) return;
   {
     MutexLock lock(&d.mu);
-    if (d.stop || d.ahead.count(key) != 0) return;
+    if (d.stop) return;
+    if (auto it = d.ahead.find(key); it != d.ahead.end()) {
+      const Impl::Ahead& was = *it->second;
+      if (was.claimed || !was.req.done || !was.req.cancelled) return;
+      d.ahead.erase(it);  // cancelled (its stream stopped): asked for again
+    }
     if (d.ahead.size() >= d.Room(n)) {
       // Full: the oldest finished read nobody claimed gives its place up
       // (hints come in reading order, so it was skipped: a cache hit, an
@@ -708,6 +786,7 @@ void RemoteFile::WillRead(uint64_t key, uint64_t offset, size_t n) const {
     a->req.off = offset;
     a->req.n = n;
     a->req.dst = a->buf.data();
+    a->req.cancel = std::move(flag);
     a->started = Clock::now();
     d.queued.push_back(&a->req);
     d.ahead.emplace(key, std::move(a));

@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -783,6 +784,36 @@ TEST(LoaderTest, EarlyStopAndDestructionMidEpochEndCleanly) {
   loader.reset();
   EXPECT_GT(src->reads(), reads_after_first);
   src.reset();  // a worker still running now reads freed memory
+}
+
+// A stream stopped while its reads stall (a remote object whose server went
+// away: each read held through its retries) cancels them: the stop returns
+// at once, not after every read's retries (issue 48). A read cut short so is
+// no error the cache keeps: the next epoch, the source well again, reads
+// those chunks and delivers every sample with its bytes.
+TEST(LoaderTest, AStopCancelsTheReadsInFlightAndTheNextEpochReadsThemAgain) {
+  using Clock = std::chrono::steady_clock;
+  InMemorySource src(2000, 64, 10);
+  LoaderOptions o = Opts(Order::kSequential, 2, 4);
+  o.cache_bytes = 1 << 20;  // every chunk may stay: those cut short are resident
+  Loader loader(src, o);
+  src.set_stall(true);
+  {
+    EpochStream stream = loader.Epoch(0);
+    const auto give_up = Clock::now() + std::chrono::seconds(3);
+    while (src.stalled_now() < 2 && Clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(src.stalled_now(), 2u);  // both threads in a read
+    const auto t0 = Clock::now();
+    { EpochStream stopped = std::move(stream); }
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_LT(seconds, 1.0) << "a read stalls " << InMemorySource::kStallMs << " ms";
+    EXPECT_EQ(src.stalled_now(), 0u);
+  }
+  src.set_stall(false);
+  const Seen seen = RunEpoch(loader, src, 1);  // checks every sample's bytes and label
+  std::vector<uint64_t> want(2000);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(seen.indices, want);
 }
 
 TEST(LoaderTest, CorruptChunkErrorReachesTheConsumerWithContext) {

@@ -1,13 +1,16 @@
 // ChunkSources for loader tests: index-valued samples in memory, optionally
-// slow, optionally failing at one chunk, counting every read.
+// slow, optionally failing at one chunk, optionally stalled (as a remote
+// object's read with its server gone), counting every read.
 #ifndef GPUFEED_TESTS_TESTING_SOURCES_H_
 #define GPUFEED_TESTS_TESTING_SOURCES_H_
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 
+#include "common/cancel.h"
 #include "gpufeed/chunk_source.h"
 #include "tests/testing/test_data.h"
 
@@ -31,6 +34,7 @@ class InMemorySource : public ChunkSource {
   std::string name() const override { return "memory"; }
   Status ReadChunk(uint64_t i, std::span<std::byte> dst) const override {
     reads_ += 1;
+    if (stall_.load()) return Stalled(i);
     if (const int ms = delay_ms_.load(); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     if (static_cast<int64_t>(i) == fail_chunk_) {
       return Status::Corrupt("memory chunk " + std::to_string(i) + ": injected failure");
@@ -42,6 +46,12 @@ class InMemorySource : public ChunkSource {
   void set_delay_ms(int ms) { delay_ms_ = ms; }  // also while a loader reads
   void set_fail_chunk(int64_t c) { fail_chunk_ = c; }
   uint64_t reads() const { return reads_.load(); }
+  // From now on a read stalls as a remote read whose server is gone: until
+  // its thread's work is cancelled (common/cancel.h), else for kStallMs
+  // (its retries), then it fails. Also while a loader reads.
+  static constexpr int kStallMs = 5000;
+  void set_stall(bool on) { stall_ = on; }
+  uint64_t stalled_now() const { return stalled_.load(); }  // reads stalled at this moment
 
  private:
   uint64_t n_, sb_, k_;
@@ -51,6 +61,20 @@ class InMemorySource : public ChunkSource {
   std::atomic<int> delay_ms_{0};
   int64_t fail_chunk_ = -1;
   mutable std::atomic<uint64_t> reads_{0};
+  std::atomic<bool> stall_{false};
+  mutable std::atomic<uint64_t> stalled_{0};
+
+  Status Stalled(uint64_t i) const {
+    stalled_ += 1;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kStallMs);
+    while (!CurrentCancelled() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    stalled_ -= 1;
+    const std::string what = "memory chunk " + std::to_string(i);
+    if (CurrentCancelled()) return Status::IOError(what + ": the read was cancelled");
+    return Status::IOError(what + ": no answer in " + std::to_string(kStallMs) + " ms");
+  }
 };
 
 }  // namespace gpufeed::testing
