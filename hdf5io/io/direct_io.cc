@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -133,13 +134,18 @@ namespace {
 constexpr auto kIoTimeout = std::chrono::seconds(60);
 constexpr long kReapSliceNs = 100'000'000;  // a reaper re-checks its deadline every 100 ms
 constexpr auto kAbandonedAfter = std::chrono::seconds(2);
+// Hints waiting for a buffer, per buffer (UringReadAhead's queue).
+constexpr size_t kQueuedPerSlot = 4;
 }  // namespace
 
 struct UringReadAhead::Impl {
   enum class State { kFree, kInFlight, kDone, kClaimed };
+  struct Range {
+    uint64_t key = 0, offset = 0, n = 0;  // the range asked for
+  };
   struct Slot {
     State state = State::kFree;
-    uint64_t key = 0, offset = 0, n = 0;            // the range asked for
+    Range range;
     uint64_t start = 0;                             // aligned start of the read
     int64_t res = 0;                                // bytes read from `start`, or -errno
     uint64_t seq = 0;                               // Start order
@@ -156,13 +162,96 @@ struct UringReadAhead::Impl {
   // A slot claimed by Take (kClaimed) is its own until it frees it: its
   // buffer is read without mu.
   std::vector<Slot> slots GUARDED_BY(mu);
+  // Hints not started yet for want of a free buffer, in the order they came
+  // (the plan's): each slot a Take frees starts the oldest.
+  std::deque<Range> queued GUARDED_BY(mu);
+  size_t max_queued = 0;
   bool reaping GUARDED_BY(mu) = false;  // one thread at a time consumes completions
-  unsigned inflight GUARDED_BY(mu) = 0;
+  unsigned inflight GUARDED_BY(mu) = 0, done_untaken GUARDED_BY(mu) = 0, claimed GUARDED_BY(mu) = 0;
   uint64_t seq GUARDED_BY(mu) = 0;
-  // Reads started, taken, and hints dropped with every slot busy (the read
-  // is then made synchronously when it is wanted); GPUFEED_IO_STATS=1 prints
-  // them when the file closes.
-  uint64_t started GUARDED_BY(mu) = 0, taken GUARDED_BY(mu) = 0, dropped GUARDED_BY(mu) = 0;
+  Stats st GUARDED_BY(mu);
+  // The slots' states over time: st's slot-seconds are summed from here.
+  std::chrono::steady_clock::time_point first_start GUARDED_BY(mu), last_change GUARDED_BY(mu);
+  bool any_start GUARDED_BY(mu) = false;
+
+  // Adds the time since the last change of the slots' states to their
+  // slot-seconds; called before every such change.
+  void Account() REQUIRES(mu) {
+    const auto now = std::chrono::steady_clock::now();
+    if (any_start) {
+      const double dt = std::chrono::duration<double>(now - last_change).count();
+      st.in_flight_slot_s += dt * inflight;
+      st.done_untaken_slot_s += dt * done_untaken;
+      st.claimed_slot_s += dt * claimed;
+      st.seconds = std::chrono::duration<double>(now - first_start).count();
+    }
+    last_change = now;
+  }
+
+  // A free slot, or the oldest holding a read completed kAbandonedAfter ago
+  // and never taken (hinted and then not read: a cache hit, an epoch's end),
+  // given up; null if every slot is busy.
+  Slot* FreeSlot() REQUIRES(mu) {
+    for (Slot& s : slots) {
+      if (s.state == State::kFree) return &s;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    Slot* slot = nullptr;
+    for (Slot& s : slots) {
+      if (s.state == State::kDone && now - s.done_at > kAbandonedAfter && (slot == nullptr || s.seq < slot->seq)) {
+        slot = &s;
+      }
+    }
+    if (slot != nullptr) {
+      Account();
+      done_untaken -= 1;
+      slot->state = State::kFree;
+    }
+    return slot;
+  }
+
+  // Submits the read of `r` into `slot` (free). False if it cannot (no
+  // memory for its buffer, the ring refusing): the range is then read
+  // synchronously by its reader.
+  bool Submit(Slot& slot, const Range& r) REQUIRES(mu) {
+    const uint64_t start = r.offset / kDirectAlign * kDirectAlign;
+    const uint64_t stop = (r.offset + r.n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    const size_t span = static_cast<size_t>(stop - start);
+    if (slot.cap < span) {
+      void* p = nullptr;
+      if (posix_memalign(&p, kDirectAlign, span) != 0) return false;
+      slot.buf.reset(static_cast<std::byte*>(p));
+      slot.cap = span;
+    }
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    if (sqe == nullptr) return false;
+    io_uring_prep_read(sqe, fd, slot.buf.get(), static_cast<unsigned>(span), start);
+    io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(&slot - slots.data()));
+    if (io_uring_submit(&ring) < 1) return false;
+    Account();
+    if (!any_start) {
+      any_start = true;
+      first_start = last_change;
+    }
+    slot.state = State::kInFlight;
+    slot.range = r;
+    slot.start = start;
+    slot.seq = ++seq;
+    inflight += 1;
+    st.started += 1;
+    return true;
+  }
+
+  // Starts queued hints, oldest first, while there are buffers for them.
+  void Pump() REQUIRES(mu) {
+    while (!queued.empty()) {
+      Slot* slot = FreeSlot();
+      if (slot == nullptr) return;
+      const Range r = queued.front();
+      queued.pop_front();
+      if (!Submit(*slot, r)) st.dropped += 1;
+    }
+  }
 
   // Marks the slots whose reads completed. Requires the reaper role too.
   void HandleCompletions() REQUIRES(mu) {
@@ -170,6 +259,8 @@ struct UringReadAhead::Impl {
     while (io_uring_peek_cqe(&ring, &cqe) == 0 && cqe != nullptr) {
       const uint64_t idx = io_uring_cqe_get_data64(cqe);
       if (idx < slots.size() && slots[idx].state == State::kInFlight) {
+        Account();
+        done_untaken += 1;
         slots[idx].res = cqe->res;
         slots[idx].state = State::kDone;
         slots[idx].done_at = std::chrono::steady_clock::now();
@@ -177,6 +268,13 @@ struct UringReadAhead::Impl {
       }
       io_uring_cqe_seen(&ring, cqe);
     }
+  }
+
+  // Consumes the completions already there unless a reaper is waiting (it
+  // consumes them when it wakes): the slots' states, and so their
+  // slot-seconds, follow the reads without waiting for a Take to wait.
+  void Reap() REQUIRES(mu) {
+    if (!reaping) HandleCompletions();
   }
 
   // Waits a slice for completions as the reaper, or for the reaper to report.
@@ -195,6 +293,18 @@ struct UringReadAhead::Impl {
     HandleCompletions();
     reaping = false;
     cv.SignalAll();
+  }
+
+  // Under mu: the slot holding `key`'s read covering [offset, offset + n),
+  // in flight or completed; null if none.
+  Slot* Find(uint64_t key, uint64_t offset, size_t n) REQUIRES(mu) {
+    for (Slot& s : slots) {
+      if ((s.state == State::kInFlight || s.state == State::kDone) && s.range.key == key && offset >= s.range.offset &&
+          offset + n <= s.range.offset + s.range.n) {
+        return &s;
+      }
+    }
+    return nullptr;
   }
 };
 
@@ -224,6 +334,7 @@ std::unique_ptr<UringReadAhead> UringReadAhead::Create(int fd, unsigned depth, s
     MutexLock lock(&impl->mu);  // not shared yet: for the analysis
     impl->slots.resize(depth);
   }
+  impl->max_queued = kQueuedPerSlot * depth;
   return std::unique_ptr<UringReadAhead>(new UringReadAhead(std::move(impl)));
 }
 
@@ -231,11 +342,21 @@ UringReadAhead::~UringReadAhead() {
   Impl& d = *impl_;
   {
     MutexLock lock(&d.mu);
+    d.queued.clear();  // nothing more is started
     if (const char* e = std::getenv("GPUFEED_IO_STATS"); e != nullptr && std::string_view(e) == "1") {
+      // Up to the last change of the slots (the time after it, the file left
+      // open idle, is not the reader's).
+      const Stats& s = d.st;
+      const double t = s.seconds > 0 ? s.seconds : 1;
       std::fprintf(stderr,
-                   "gpufeed io_uring read-ahead: %llu reads started, %llu taken, %llu hints dropped (%zu slots)\n",
-                   static_cast<unsigned long long>(d.started), static_cast<unsigned long long>(d.taken),
-                   static_cast<unsigned long long>(d.dropped), d.slots.size());
+                   "gpufeed io_uring read-ahead: %llu reads started, %llu taken, %llu hints dropped (%zu slots, "
+                   "%zu hints queued at most); over %.2f s, slots with a read in flight %.2f, completed and untaken "
+                   "%.2f, being copied out %.2f (means); readers waited %.2f s for reads in flight; %llu reads "
+                   "(%.2f GB) not started\n",
+                   static_cast<unsigned long long>(s.started), static_cast<unsigned long long>(s.taken),
+                   static_cast<unsigned long long>(s.dropped), d.slots.size(), d.max_queued, s.seconds,
+                   s.in_flight_slot_s / t, s.done_untaken_slot_s / t, s.claimed_slot_s / t, s.take_wait_s,
+                   static_cast<unsigned long long>(s.not_started), static_cast<double>(s.not_started_bytes) / 1e9);
     }
     const auto deadline = std::chrono::steady_clock::now() + kIoTimeout;
     while (d.inflight > 0 && std::chrono::steady_clock::now() < deadline) d.WaitSome();
@@ -250,6 +371,13 @@ UringReadAhead::~UringReadAhead() {
   io_uring_queue_exit(&d.ring);
 }
 
+UringReadAhead::Stats UringReadAhead::stats() const {
+  MutexLock lock(&impl_->mu);
+  impl_->Reap();
+  impl_->Account();
+  return impl_->st;
+}
+
 void UringReadAhead::Start(uint64_t key, uint64_t offset, size_t n) {
   Impl& d = *impl_;
   const auto end = CheckedAdd(offset, n);
@@ -257,59 +385,26 @@ void UringReadAhead::Start(uint64_t key, uint64_t offset, size_t n) {
   const uint64_t start = offset / kDirectAlign * kDirectAlign;
   const uint64_t stop = (*end + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
   if (stop - start > (1u << 30)) return;  // one SQE reads at most 1 GiB here; larger reads go synchronously
-  const size_t span = static_cast<size_t>(stop - start);
   MutexLock lock(&d.mu);
-  Impl::Slot* slot = nullptr;
-  for (Impl::Slot& s : d.slots) {
-    if (s.state != Impl::State::kFree && s.key == key) return;  // already under way
+  d.Reap();
+  for (const Impl::Slot& s : d.slots) {
+    if (s.state != Impl::State::kFree && s.range.key == key) return;  // already under way
   }
-  for (Impl::Slot& s : d.slots) {
-    if (s.state == Impl::State::kFree) {
-      slot = &s;
-      break;
-    }
+  for (const Impl::Range& q : d.queued) {
+    if (q.key == key) return;  // already waiting for a buffer
   }
-  // Every slot busy: the hint is dropped. A completed read nobody took yet
-  // is not given up for it while it may still be wanted: hints come in the
-  // order of the reads, so the oldest completed read is the one wanted
-  // soonest (giving it up read the same bytes twice, once here and once
-  // synchronously). One untaken for kAbandonedAfter was hinted and never
-  // read (a cache hit, an epoch's end): its slot is reused.
-  if (slot == nullptr) {
-    const auto now = std::chrono::steady_clock::now();
-    for (Impl::Slot& s : d.slots) {
-      if (s.state == Impl::State::kDone && now - s.done_at > kAbandonedAfter &&
-          (slot == nullptr || s.seq < slot->seq)) {
-        slot = &s;
-      }
-    }
-  }
-  if (slot == nullptr) {
-    d.dropped += 1;
+  // Every buffer busy: the hint waits in the queue for the next buffer a
+  // Take frees (hints come in the order of the reads, so it is wanted after
+  // those in the buffers). A completed read nobody took yet is not given up
+  // for it while it may still be wanted (giving it up read the same bytes
+  // twice, once here and once synchronously). Past the queue's bound the
+  // hint is dropped: its read is made synchronously when it is wanted.
+  if (d.queued.size() >= d.max_queued) {
+    d.st.dropped += 1;
     return;
   }
-  if (slot->cap < span) {
-    void* p = nullptr;
-    if (posix_memalign(&p, kDirectAlign, span) != 0) return;
-    slot->buf.reset(static_cast<std::byte*>(p));
-    slot->cap = span;
-  }
-  io_uring_sqe* sqe = io_uring_get_sqe(&d.ring);
-  if (sqe == nullptr) return;
-  io_uring_prep_read(sqe, d.fd, slot->buf.get(), static_cast<unsigned>(span), start);
-  io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot - d.slots.data()));
-  if (io_uring_submit(&d.ring) < 1) {
-    slot->state = Impl::State::kFree;
-    return;
-  }
-  slot->state = Impl::State::kInFlight;
-  slot->key = key;
-  slot->offset = offset;
-  slot->n = n;
-  slot->start = start;
-  slot->seq = ++d.seq;
-  d.inflight += 1;
-  d.started += 1;
+  d.queued.push_back({key, offset, n});
+  d.Pump();
 }
 
 std::optional<int64_t> UringReadAhead::Take(uint64_t key, std::byte* dst, size_t n, uint64_t offset) {
@@ -319,25 +414,37 @@ std::optional<int64_t> UringReadAhead::Take(uint64_t key, std::byte* dst, size_t
   uint64_t skip = 0;
   {
     MutexLock lock(&d.mu);
-    for (Impl::Slot& s : d.slots) {
-      if ((s.state == Impl::State::kInFlight || s.state == Impl::State::kDone) && s.key == key && offset >= s.offset &&
-          offset + n <= s.offset + s.n) {
-        slot = &s;
-        break;
+    d.Reap();
+    slot = d.Find(key, offset, n);
+    if (slot == nullptr) {
+      // Wanted before a buffer came free for it: read synchronously by the
+      // caller, and not started later.
+      for (auto it = d.queued.begin(); it != d.queued.end(); ++it) {
+        if (it->key == key) {
+          d.queued.erase(it);
+          break;
+        }
       }
+      d.st.not_started += 1;
+      d.st.not_started_bytes += n;
+      return std::nullopt;
     }
-    if (slot == nullptr) return std::nullopt;
     const uint64_t seq = slot->seq;
-    const auto deadline = std::chrono::steady_clock::now() + kIoTimeout;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto deadline = t0 + kIoTimeout;
     while (slot->state == Impl::State::kInFlight && slot->seq == seq) {
       if (std::chrono::steady_clock::now() >= deadline) return -ETIMEDOUT;
       d.WaitSome();
     }
-    // Reused for another read while this thread waited (Start takes a
-    // completed read untaken for kAbandonedAfter): read synchronously instead.
+    d.st.take_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Reused for another read while this thread waited (a completed read
+    // untaken for kAbandonedAfter is given up): read synchronously instead.
     if (slot->state != Impl::State::kDone || slot->seq != seq) return std::nullopt;
+    d.Account();
+    d.done_untaken -= 1;
+    d.claimed += 1;
     slot->state = Impl::State::kClaimed;
-    d.taken += 1;
+    d.st.taken += 1;
     res = slot->res;
     skip = offset - slot->start;
   }
@@ -353,7 +460,10 @@ std::optional<int64_t> UringReadAhead::Take(uint64_t key, std::byte* dst, size_t
     out = static_cast<int64_t>(got);
   }
   MutexLock lock(&d.mu);
+  d.Account();
+  d.claimed -= 1;
   slot->state = Impl::State::kFree;
+  d.Pump();  // the oldest queued hint takes the buffer
   d.cv.SignalAll();
   return out;
 }

@@ -49,12 +49,14 @@ Result<double> ResidentFraction(const std::string& path);
 // flight while the loader's threads decode and assemble, where synchronous
 // preads would leave the device idle.
 //
-// Bounded: at most `depth` buffers (each as large as the largest read); a
+// Bounded: at most `depth` buffers (each as large as the largest read). A
 // Start() that finds every buffer in flight, claimed or holding a read not
-// yet taken is dropped (the read then happens synchronously in Take's
-// caller): hints come in the order of the reads, so the oldest completed
-// read is the one wanted soonest. A completed read untaken for 2 s (hinted,
-// then never read: a cache hit, an epoch's end) gives its buffer up. Thread-safe: any thread may Start or Take;
+// yet taken waits in a queue (4 x depth hints at most, then dropped: the read
+// then happens synchronously in Take's caller) and is started, oldest first,
+// by the Take that frees a buffer: hints come in the order of the reads, so
+// the reads keep to that order and a buffer never idles while a hint waits.
+// A completed read untaken for 2 s (hinted, then never read: a cache hit, an
+// epoch's end) gives its buffer up. Thread-safe: any thread may Start or Take;
 // one mutex guards the slots and the submission queue, and one thread at a
 // time reaps completions. Every wait has a timeout (an I/O that does not
 // complete in 60 s is an error, not a hang). The destructor waits for reads
@@ -69,13 +71,32 @@ class UringReadAhead {
   UringReadAhead(const UringReadAhead&) = delete;
   UringReadAhead& operator=(const UringReadAhead&) = delete;
 
-  // Queues the read of [offset, offset + n) for `key` (a chunk index) unless
-  // it is queued already or no buffer is free. Never blocks on I/O.
+  // Starts the read of [offset, offset + n) for `key` (a chunk index), or
+  // queues it until a buffer is free, unless it is under way or queued
+  // already. Never blocks on I/O.
   void Start(uint64_t key, uint64_t offset, size_t n);
   // If `key` was started with this range: waits for it, copies the bytes to
   // dst and returns their count (< n only at end of file) or -errno. nullopt
-  // if it was not started (the caller reads synchronously).
+  // if it was not started (the caller reads synchronously; a queued hint for
+  // it is forgotten).
   std::optional<int64_t> Take(uint64_t key, std::byte* dst, size_t n, uint64_t offset);
+
+  // What the ring did so far (GPUFEED_IO_STATS=1 prints it when the file
+  // closes). The slot-seconds, divided by `seconds`, are how many buffers
+  // were in each state on average since the first read started.
+  struct Stats {
+    uint64_t started = 0;      // reads submitted
+    uint64_t taken = 0;        // of them, handed to a Take
+    uint64_t dropped = 0;      // hints never started (the queue full, or no memory for a buffer)
+    uint64_t not_started = 0;  // Takes of a range not started (its reader reads it synchronously)
+    uint64_t not_started_bytes = 0;
+    double seconds = 0;              // from the first read started to the last change of a slot
+    double in_flight_slot_s = 0;     // buffers with a read in flight, summed over time
+    double done_untaken_slot_s = 0;  // buffers holding a completed read no Take has claimed yet
+    double claimed_slot_s = 0;       // buffers being copied out by a Take
+    double take_wait_s = 0;          // Takes' waits for reads still in flight, summed
+  };
+  Stats stats() const;
 
   struct Impl;
 
