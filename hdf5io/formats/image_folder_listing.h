@@ -16,11 +16,20 @@ struct FolderListing {
   std::vector<std::string> class_names;
   std::vector<std::string> files;  // class by class, sorted within a class
   std::vector<int64_t> labels;     // parallel to files
-  uint64_t total_bytes = 0;
+  std::vector<uint64_t> sizes;     // parallel to files: bytes when listed (a link's target's)
+  uint64_t total_bytes = 0;        // the sum of sizes
+  // Where the files lie, for a check of what the folder reaches: a plain
+  // file lies in the directory that lists it, so each directory that holds
+  // a listed file is here once (as walked, links in it unresolved), and the
+  // files that are symbolic links (judged by their targets) by index.
+  std::vector<std::string> image_dirs;
+  std::vector<uint64_t> linked_files;
 };
 
-// Lists `dir`'s image files (JPEG, PNG) class by class; NotFound or
-// InvalidArgument naming the folder when it has none.
+// Lists `dir`'s image files (JPEG, PNG) class by class, with one fstatat a
+// file (readdir's d_type says the rest); NotFound or InvalidArgument naming
+// the folder when it has none, InvalidArgument naming a symbolic link that
+// loops back to a folder above it.
 Result<FolderListing> ListImageFolder(const std::string& dir);
 
 // Reads `path` whole into out (a short read or an error names the file).

@@ -156,12 +156,12 @@ Result<std::unique_ptr<SampleSource>> OpenImageFolderSource(const std::string& d
       if (why[i].ok()) {
         kept.files.push_back(l.files[i]);
         kept.labels.push_back(l.labels[i]);
+        kept.sizes.push_back(l.sizes[i]);
+        kept.total_bytes += l.sizes[i];
       } else if (options.skipped_files != nullptr) {
         options.skipped_files->push_back(why[i].message());
       }
     }
-    std::error_code ec;
-    for (const std::string& f : kept.files) kept.total_bytes += std::filesystem::file_size(f, ec);
     if (kept.files.empty()) {
       return Status::InvalidArgument(dir + ": every one of its " + std::to_string(l.files.size()) +
                                      " images is corrupt");

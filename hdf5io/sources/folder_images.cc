@@ -26,7 +26,6 @@ class FolderImages final : public EncodedImageSource {
   struct Index {
     std::string dir;
     image_folder::FolderListing listing;
-    std::vector<uint64_t> sizes;  // each file's bytes at the open
     uint64_t max_size = 0;
   };
 
@@ -50,9 +49,9 @@ class FolderImages final : public EncodedImageSource {
   const DecodeOptions& decode_options() const override { return decode_; }
   std::vector<std::string> class_names() const override { return index_->listing.class_names; }
   uint64_t stored_bytes() const override { return index_->listing.total_bytes; }
-  uint64_t sample_stored_bytes(uint64_t k) const override { return index_->sizes[k]; }
+  uint64_t sample_stored_bytes(uint64_t k) const override { return index_->listing.sizes[k]; }
 
-  uint64_t num_samples() const override { return index_->sizes.size(); }
+  uint64_t num_samples() const override { return index_->listing.sizes.size(); }
   const std::vector<uint64_t>& sample_shape() const override { return shape_; }
   uint64_t sample_bytes() const override { return decoder_->sample_bytes(); }
   DType dtype() const override { return DType::kUInt8; }
@@ -62,7 +61,7 @@ class FolderImages final : public EncodedImageSource {
   uint64_t stored_chunk_bytes(uint64_t i) const override { return chunk_buffer_bytes(i); }
   uint64_t chunk_buffer_bytes(uint64_t i) const override {
     uint64_t bytes = 0;
-    for (uint64_t k = i * group_; k < i * group_ + samples_in_chunk(i); ++k) bytes += index_->sizes[k];
+    for (uint64_t k = i * group_; k < i * group_ + samples_in_chunk(i); ++k) bytes += index_->listing.sizes[k];
     return bytes;
   }
   uint64_t max_chunk_buffer_bytes() const override { return std::max<uint64_t>(1, max_chunk_bytes_); }
@@ -88,14 +87,14 @@ class FolderImages final : public EncodedImageSource {
     uint64_t at = 0;
     for (uint64_t k = i * group_; k < i * group_ + samples_in_chunk(i); ++k) {
       GPUFEED_RETURN_IF_ERROR(ReadFile(k, dst.data() + at));
-      at += index_->sizes[k];
+      at += index_->listing.sizes[k];
     }
     return Status::Ok();
   }
 
   Status ReadEncoded(uint64_t k, std::vector<uint8_t>* out) const override {
     if (k >= num_samples()) return Status::InvalidArgument(name() + ": sample " + std::to_string(k) + " out of range");
-    out->resize(index_->sizes[k]);
+    out->resize(index_->listing.sizes[k]);
     return ReadFile(k, reinterpret_cast<std::byte*>(out->data()));
   }
 
@@ -108,8 +107,8 @@ class FolderImages final : public EncodedImageSource {
                               std::to_string(chunk) + " or mis-sized");
     }
     uint64_t at = 0;
-    for (uint64_t k = first; k < sample; ++k) at += index_->sizes[k];
-    return chunk_bytes.subspan(at, index_->sizes[sample]);
+    for (uint64_t k = first; k < sample; ++k) at += index_->listing.sizes[k];
+    return chunk_bytes.subspan(at, index_->listing.sizes[sample]);
   }
   std::shared_ptr<const SampleDecoder> sample_decoder() const override { return decoder_; }
 
@@ -132,7 +131,7 @@ class FolderImages final : public EncodedImageSource {
   // (hdf5io/io/read_file.h), checked against its size at the open.
   Status ReadFile(uint64_t k, std::byte* dst) const {
     const std::string& path = index_->listing.files[k];
-    const uint64_t want = index_->sizes[k];
+    const uint64_t want = index_->listing.sizes[k];
     return io::ReadWholeFile(path, [&](uint64_t size) -> Result<std::byte*> {
       if (size != want) {
         return Status::Corrupt(path + ": holds " + std::to_string(size) + " bytes, " + std::to_string(want) +
@@ -159,21 +158,21 @@ Result<std::unique_ptr<EncodedImageSource>> OpenFolderImages(const std::string& 
   auto index = std::make_shared<FolderImages::Index>();
   index->dir = dir;
   index->listing = std::move(*listing);
-  // A file reaches only what is under the folder (or allowed): a symbolic
-  // link is judged by its target (the listing follows links).
+  // A file reaches only what is under the folder (or allowed), judged by
+  // where it resolves: a plain file where its directory does (each
+  // directory resolved once, not each file: 100,000 files would cost
+  // 500,000 readlink calls), a symbolic link by its target.
   // Reach takes a file's directory as its own: a name in the folder (which
   // need not exist; an existing one would resolve to the same directory).
   const h5::Reach reach(dir + "/.gpufeed-folder", open);
-  index->sizes.reserve(index->listing.files.size());
-  for (const std::string& path : index->listing.files) {
-    GPUFEED_RETURN_IF_ERROR(reach.Check(path, path, "image file", dir));
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return Status::IOError(path + ": cannot stat: " + std::strerror(errno));
-    index->sizes.push_back(static_cast<uint64_t>(st.st_size));
-    index->max_size = std::max<uint64_t>(index->max_size, static_cast<uint64_t>(st.st_size));
+  for (const std::string& d : index->listing.image_dirs) {
+    GPUFEED_RETURN_IF_ERROR(reach.Check(d, d, "folder of image files", dir));
   }
-  index->listing.total_bytes = 0;
-  for (uint64_t s : index->sizes) index->listing.total_bytes += s;
+  for (uint64_t k : index->listing.linked_files) {
+    const std::string& path = index->listing.files[k];
+    GPUFEED_RETURN_IF_ERROR(reach.Check(path, path, "image file", dir));
+  }
+  for (uint64_t s : index->listing.sizes) index->max_size = std::max(index->max_size, s);
   auto src = std::make_unique<FolderImages>(index, 1);
   GPUFEED_RETURN_IF_ERROR(src->SetDecode(decode));
   return std::unique_ptr<EncodedImageSource>(std::move(src));

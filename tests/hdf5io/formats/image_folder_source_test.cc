@@ -571,3 +571,88 @@ TEST(ImageFolderCorruptTest, SkipCorruptLeavesOutAndNamesBadImages) {
 
 }  // namespace
 }  // namespace gpufeed
+
+#include "hdf5io/formats/image_folder_listing.h"
+
+namespace gpufeed {
+namespace {
+
+// The listing (hdf5io/formats/image_folder_listing.h): one class folder of
+// more files than one stat task takes (sizes are taken in parallel batches
+// of 256), file k holding k + 1 bytes, names that sort differently as
+// strings than as numbers, a nested folder, and entries that are no images.
+TEST(ImageFolderListingTest, SizesAndOrderAcrossParallelStats) {
+  const fs::path dir = fs::path(testing::MakeTempDir("listing_sizes")) / "images";
+  const int n = 700;
+  fs::create_directories(dir / "b" / "deep");
+  fs::create_directories(dir / "a");
+  std::vector<std::pair<std::string, uint64_t>> want_b;  // name under b, size
+  for (int k = 0; k < n; ++k) {
+    const std::string name = std::to_string(k) + (k % 3 == 0 ? ".JPG" : k % 3 == 1 ? ".jpeg" : ".png");
+    WriteFile(dir / "b" / name, Bytes(static_cast<size_t>(k) + 1, static_cast<unsigned char>(k)));
+    want_b.emplace_back(name, k + 1);
+  }
+  WriteFile(dir / "b" / "deep" / "x.jpg", Bytes(5000, 1));
+  want_b.emplace_back("deep/x.jpg", 5000);
+  WriteFile(dir / "b" / "notes.txt", Bytes(9, 1));  // not an image
+  WriteFile(dir / "b" / "._0.jpg", Bytes(9, 1));    // hidden
+  WriteFile(dir / "a" / "only.jpg", Bytes(3, 2));
+  std::sort(want_b.begin(), want_b.end());
+
+  auto listed = image_folder::ListImageFolder(dir.string());
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  const image_folder::FolderListing& l = *listed;
+  EXPECT_EQ(l.class_names, (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(l.files.size(), static_cast<size_t>(n) + 2);
+  ASSERT_EQ(l.sizes.size(), l.files.size());
+  EXPECT_EQ(l.files[0], (dir / "a" / "only.jpg").string());
+  EXPECT_EQ(l.sizes[0], 3u);
+  EXPECT_EQ(l.labels[0], 0);
+  uint64_t total = 3;
+  for (size_t i = 0; i < want_b.size(); ++i) {
+    ASSERT_EQ(l.files[i + 1], (dir / "b" / want_b[i].first).string()) << i;
+    ASSERT_EQ(l.sizes[i + 1], want_b[i].second) << l.files[i + 1];
+    ASSERT_EQ(l.labels[i + 1], 1) << i;
+    total += want_b[i].second;
+  }
+  EXPECT_EQ(l.total_bytes, total);
+  std::vector<std::string> dirs = l.image_dirs;
+  std::sort(dirs.begin(), dirs.end());
+  EXPECT_EQ(dirs,
+            (std::vector<std::string>{(dir / "a").string(), (dir / "b").string(), (dir / "b" / "deep").string()}));
+  EXPECT_TRUE(l.linked_files.empty());
+}
+
+// Symbolic links: a linked image is listed with its target's size and
+// marked as a link; a dangling one is no file; a folder linked back to one
+// above it is a loop, said (not walked until the path is too long).
+TEST(ImageFolderListingTest, LinksAreFollowedAndLoopsSaid) {
+  const fs::path dir = fs::path(testing::MakeTempDir("listing_links")) / "images";
+  fs::create_directories(dir / "c" / "sub");
+  WriteFile(dir / "c" / "real.jpg", Bytes(11, 1));
+  fs::create_symlink(dir / "c" / "real.jpg", dir / "c" / "sub" / "link.jpg");
+  fs::create_symlink(dir / "c" / "missing.jpg", dir / "c" / "dangling.jpg");
+  fs::create_directories(dir / "linked_class_target");
+  WriteFile(dir / "linked_class_target" / "t.png", Bytes(4, 1));
+  fs::create_directory_symlink(dir / "linked_class_target", dir / "d");
+  auto listed = image_folder::ListImageFolder(dir.string());
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  EXPECT_EQ(listed->class_names, (std::vector<std::string>{"c", "d", "linked_class_target"}));
+  EXPECT_EQ(listed->files, (std::vector<std::string>{
+                               (dir / "c" / "real.jpg").string(), (dir / "c" / "sub" / "link.jpg").string(),
+                               (dir / "d" / "t.png").string(), (dir / "linked_class_target" / "t.png").string()}));
+  EXPECT_EQ(listed->sizes, (std::vector<uint64_t>{11, 11, 4, 4}));
+  EXPECT_EQ(listed->labels, (std::vector<int64_t>{0, 0, 1, 2}));
+  EXPECT_EQ(listed->linked_files, (std::vector<uint64_t>{1}));
+
+  fs::create_directory_symlink(dir / "c", dir / "c" / "sub" / "back");
+  auto loop = image_folder::ListImageFolder(dir.string());
+  ASSERT_FALSE(loop.ok());
+  EXPECT_EQ(loop.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(loop.status().message().find("loop"), std::string::npos) << loop.status().ToString();
+  EXPECT_NE(loop.status().message().find((dir / "c" / "sub" / "back").string()), std::string::npos)
+      << loop.status().ToString();
+}
+
+}  // namespace
+}  // namespace gpufeed

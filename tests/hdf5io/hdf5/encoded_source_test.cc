@@ -811,6 +811,27 @@ TEST(FolderImagesTest, AFolderReadsAsTheFileConvertMakesOfIt) {
   auto taken = OpenLocalSource(f.dir.string(), allowed, d);
   ASSERT_TRUE(taken.ok()) << taken.status().ToString();
   EXPECT_EQ(taken->encoded->num_samples(), n + 1);
+
+  // A class folder that is a link out of the folder: its files are judged
+  // by where the folder resolves (once, not file by file).
+  fs::remove(f.dir / "c1" / "zz-link.jpg");
+  fs::create_directories(outside / "cls");
+  WriteFile(outside / "cls" / "a.jpg", f.files[2]);
+  WriteFile(outside / "cls" / "b.jpg", f.files[3]);
+  fs::create_directory_symlink(outside / "cls", f.dir / "c2");
+  auto refused_dir = OpenLocalSource(f.dir.string(), {}, d);
+  ASSERT_FALSE(refused_dir.ok());
+  EXPECT_EQ(refused_dir.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused_dir.status().message().find((f.dir / "c2").string() + "'"), std::string::npos)
+      << refused_dir.status().ToString();
+  EXPECT_NE(refused_dir.status().message().find("allow_paths"), std::string::npos);
+  auto taken_dir = OpenLocalSource(f.dir.string(), allowed, d);
+  ASSERT_TRUE(taken_dir.ok()) << taken_dir.status().ToString();
+  EXPECT_EQ(taken_dir->encoded->num_samples(), n + 2);
+  EXPECT_EQ(taken_dir->encoded->labels().back(), 2);
+  std::vector<uint8_t> stored;
+  ASSERT_TRUE(taken_dir->encoded->ReadEncoded(n + 1, &stored).ok());
+  EXPECT_EQ(Bytes(stored.begin(), stored.end()), f.files[3]);
 }
 
 }  // namespace
