@@ -614,13 +614,17 @@ TEST_F(DaemonTest, HandshakeTimeoutAndConnectionCap) {
 // Issue 49, finding 4: 70 idle TCP connections that never send a HELLO used
 // to fill the 64-connection cap, and a client with the right token was
 // refused until the handshake timeout (5 s) freed a slot. Now it is admitted
-// at once, with the timeout still 5 s.
+// at once. The timeout here is 20 s and the client must be served within
+// half of it (its own limit too): the whole test takes 25 ms in a plain
+// build and 1.1-1.4 s in CI's TSan tree, too near the 1.5 s this wait had
+// on a loaded 2-core machine; a client kept out until the idle ones time
+// out is not served within 10 s.
 TEST_F(DaemonTest, IdleConnectionsDoNotKeepOutAnAuthenticatedClient) {
   ServerOptions o = Options();
   o.listen = "tcp://127.0.0.1:0";
   { std::ofstream(dir_ + "/token") << "correct horse\n"; }
   o.token_file = dir_ + "/token";
-  o.handshake_timeout_ms = 5000;
+  o.handshake_timeout_ms = 20000;
   o.max_connections = 64;
   o.max_pending_handshakes = 16;
   auto server = StartServer(o);
@@ -632,15 +636,16 @@ TEST_F(DaemonTest, IdleConnectionsDoNotKeepOutAnAuthenticatedClient) {
   const auto t0 = std::chrono::steady_clock::now();
   RemoteLoaderOptions c = Client(server->endpoint(), StreamOptions());
   c.token_file = dir_ + "/token";
-  c.io_timeout_ms = 3000;
+  c.io_timeout_ms = o.handshake_timeout_ms / 2;
   auto remote = RemoteLoader::Connect(c);
-  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString() << " (kept out until the idle ones time out?)";
   EpochStream s = (*remote)->Epoch(0);
   Delivered got;
   ASSERT_TRUE(Drain(s, &got, 1).ok());
   ASSERT_EQ(got.batch_index.size(), 1u);
   const auto waited = std::chrono::steady_clock::now() - t0;
-  EXPECT_LT(waited, std::chrono::milliseconds(1500)) << "admitted only after the idle ones timed out?";
+  EXPECT_LT(waited, std::chrono::milliseconds(o.handshake_timeout_ms / 2))
+      << "admitted only after the idle ones timed out?";
   EXPECT_GE(server->stats().handshakes_dropped, 54u);
 }
 
@@ -648,7 +653,9 @@ TEST_F(DaemonTest, IdleConnectionsDoNotKeepOutAnAuthenticatedClient) {
 // version while streaming made the daemon stop reading it; once it closed,
 // its session kept its stream and reservation until the idle timeout. Now
 // the violation ends the session at once and its Loader is not parked: the
-// reservation is back to what it was within a second.
+// reservation is back to what it was long before the idle timeout (30 s):
+// within 5 s (the whole test takes 50 ms in a plain build and 0.4-1.2 s in
+// CI's TSan tree, too near the 1 s each release had on a loaded machine).
 TEST_F(DaemonTest, AVersionMismatchMidStreamEndsTheSessionAndFreesItsReservation) {
   ServerOptions o = Options();
   o.idle_timeout_ms = 30000;
@@ -685,9 +692,9 @@ TEST_F(DaemonTest, AVersionMismatchMidStreamEndsTheSessionAndFreesItsReservation
           const ServerStats st = server->stats();
           return st.reserved_bytes == baseline && st.connections_open == 0 && st.streams_active == 0;
         },
-        1000))
+        5000))
         << server->stats().reserved_bytes << " bytes reserved against " << baseline << " before";
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
     EXPECT_EQ(server->stats().loaders_parked, 0u);  // a violator's Loader is not kept
   }
   EXPECT_GE(server->stats().protocol_errors, 2u);
