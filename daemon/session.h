@@ -105,8 +105,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // The client's memory mapped as the Loader's pool (or a parked mapping of
   // it reused); false: failed, and Fail was called.
   bool MapSharedMemory(std::unique_ptr<ShmPool>& parked_shm);
-  bool AwaitPark();                               // true: StartProducer runs again in a moment
-  void Produce();                                 // the producer thread
+  bool AwaitPark();  // true: StartProducer runs again in a moment
+  void Produce();    // the producer thread
+  // The producer thread: the stream's next batch, or *stopped when the
+  // producer is stopped while it waits (the stream's end then cancels its
+  // reads in flight: an object store's retries are not waited out).
+  Result<std::optional<Batch>> NextBatch(EpochStream& stream, bool* stopped);
   std::shared_ptr<OutFrame> BatchFrame(Batch b);  // the producer thread: a batch as the frame that carries it
   void OnProducerDone();
   void Enqueue(std::shared_ptr<OutFrame> f);

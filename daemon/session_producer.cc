@@ -232,6 +232,21 @@ std::shared_ptr<Session::OutFrame> Session::BatchFrame(Batch b) {
   return f;
 }
 
+Result<std::optional<Batch>> Session::NextBatch(EpochStream& stream, bool* stopped) {
+  // In slices: StopProducer() ends the wait (a batch whose reads retry
+  // against a dead object store is not waited for).
+  for (;;) {
+    auto w = stream.NextFor(milliseconds(100));
+    if (!w.ok()) return w.status();
+    if (w->wait == WaitResult::kReady) return std::move(w->batch);
+    MutexLock lock(&mu_);
+    if (stop_producer_) {
+      *stopped = true;
+      return std::optional<Batch>();
+    }
+  }
+}
+
 void Session::Produce() {
   // Exceptions must not leave this thread (docs/practices.md, 17): the Loader reports
   // failures as Status; anything else becomes an error frame.
@@ -249,7 +264,9 @@ void Session::Produce() {
         }
         if (stop_producer_) break;
       }
-      auto r = stream.Next();
+      bool stopped = false;
+      auto r = NextBatch(stream, &stopped);
+      if (stopped) break;
       if (!r.ok()) {
         loader_ok = false;
         final_frame = std::make_shared<OutFrame>();
