@@ -172,6 +172,52 @@ def test_a_server_killed_mid_epoch_is_retried_then_a_clear_error(tmp_path, monke
         server.stop()
 
 
+def closed_in(loader):
+    start = time.monotonic()
+    loader.close()
+    return time.monotonic() - start
+
+
+def test_a_loader_closed_after_its_server_died_closes_at_once(tmp_path, monkeypatch):
+    # Default retries (5: about 3 s a chunk with the server dead). Batches of
+    # 250 chunks: when the first is delivered the next ones are being read.
+    # Closing cancels those reads; it ran each chunk through its retries
+    # (minutes: issue 48's known issue).
+    for k in ("GPUFEED_REMOTE_RETRIES", "GPUFEED_REMOTE_BACKOFF_MS", "GPUFEED_REMOTE_IN_FLIGHT"):
+        monkeypatch.delenv(k, raising=False)
+    kw = dict(batch_size=4000, order="sequential", output="numpy", share="none", threads=2, prefetch=2,
+              cache_bytes=1 << 16)
+    for run, iterate_on in enumerate((False, True)):
+        (tmp_path / str(run)).mkdir()
+        server, _ = own_server(tmp_path / str(run), 32000)  # 2000 chunks of 16
+        try:
+            for k, v in server.env().items():
+                monkeypatch.setenv(k, v)
+            loader = gpufeed.Loader("s3://%s/big.h5" % BUCKET, **kw)
+            delivered = []
+            batches = iter(loader)
+            images, _ = next(batches)
+            delivered += [index_of(r) for r in images]
+            server.kill()
+            if iterate_on:
+                # The dead server while iterating: retried, then an error
+                # naming the object and the attempts (1 + 5 retries).
+                with pytest.raises(gpufeed.Error) as e:
+                    for images, _ in batches:
+                        delivered += [index_of(r) for r in images]
+                message = str(e.value)
+                assert "s3://%s/big.h5" % BUCKET in message and "6 attempts" in message, message
+                assert "cancel" not in message, message
+            else:
+                time.sleep(0.2)  # the reads in flight meet the dead server
+            assert delivered == list(range(len(delivered))) and len(delivered) >= 4000  # nothing wrong or twice
+            seconds = closed_in(loader)
+            print("closed in %.2f s (iterated on: %s)" % (seconds, iterate_on))
+            assert seconds < 3, "close took %.1f s with the server dead" % seconds
+        finally:
+            server.stop()
+
+
 def test_an_object_overwritten_between_epochs_is_an_error(tmp_path, monkeypatch):
     server, local = own_server(tmp_path, 2000)
     try:
