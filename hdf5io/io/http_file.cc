@@ -151,9 +151,16 @@ struct RemoteFile::Impl {
   WindowSizer sizer{WindowPolicy{}};  // the transfer thread's
   std::atomic<unsigned> window{64};
   std::atomic<double> latency_s{0};  // the sizer's last period's mean, for stats()
-  // How many read-aheads of n bytes WillRead keeps: the window and, unless
-  // fixed, the bytes budget (a hard bound: the window follows it a period late).
+  std::atomic<unsigned> peak_window{64};
+  // The window bounds the read-aheads in the link (asked, not yet done);
+  // finished ones the reader has not taken yet (out of order, or a reader
+  // behind) may hold as many buffers again, within the bytes budget. Fixed
+  // (GPUFEED_REMOTE_IN_FLIGHT): that many buffers, done or not, as always.
+  // Room: how many read-aheads of n bytes WillRead keeps; LinkFull: the
+  // window's requests are all in the link.
   size_t Room(size_t n) const;
+  bool LinkFull() const REQUIRES(mu);
+  size_t Pending() const REQUIRES(mu);
 
   // Counters (the transfer thread writes; stats() reads).
   mutable std::atomic<uint64_t> requests{0}, retries{0}, bytes{0}, peak{0};
@@ -426,6 +433,7 @@ bool RemoteFile::Impl::Finish(Request* r, CURLcode rc, Status* out) {
     if (sizer.Completed(static_cast<double>(us) / 1e6, r->got, busy_seconds.load())) {
       window.store(sizer.window());
       latency_s.store(sizer.latency_s());
+      peak_window.store(std::max(peak_window.load(), sizer.window()));
     }
   }
   *out = Status::Ok();
@@ -620,11 +628,12 @@ RemoteFile::~RemoteFile() {
     const RemoteStats st = stats();
     std::fprintf(stderr,
                  "gpufeed: %s: %llu requests, %llu retries, %llu bytes, in flight: peak %llu, mean %.1f, window %u "
-                 "(%s, latency %.1f ms)\n",
+                 "(%s, at most %u, latency %.1f ms)\n",
                  impl_->target.named.c_str(), static_cast<unsigned long long>(st.requests),
                  static_cast<unsigned long long>(st.retries), static_cast<unsigned long long>(st.bytes),
                  static_cast<unsigned long long>(st.peak_in_flight), st.mean_in_flight, st.window,
-                 impl_->options.in_flight_fixed ? "GPUFEED_REMOTE_IN_FLIGHT" : "sized", st.latency_s * 1000);
+                 impl_->options.in_flight_fixed ? "GPUFEED_REMOTE_IN_FLIGHT" : "sized", st.peak_window,
+                 st.latency_s * 1000);
   }
 }
 
@@ -641,6 +650,7 @@ Result<std::unique_ptr<RemoteFile>> RemoteFile::Open(std::string_view spec, cons
   policy.budget_bytes = options.in_flight_bytes;
   impl->sizer = WindowSizer(policy);
   impl->window.store(options.in_flight_fixed ? options.in_flight : impl->sizer.window());
+  impl->peak_window.store(impl->window.load());
   const char* st = std::getenv("GPUFEED_REMOTE_STATS");
   impl->stats_on_close = st != nullptr && std::strcmp(st, "1") == 0;
   impl->multi = curl_multi_init();
@@ -747,8 +757,21 @@ int64_t RemoteFile::ReadAt(uint64_t key, std::byte* dst, size_t n, uint64_t offs
 
 size_t RemoteFile::Impl::Room(size_t n) const {
   const size_t w = window.load(std::memory_order_relaxed);
-  if (options.in_flight_fixed || n == 0) return w;
-  return std::min<size_t>(w, std::max<uint64_t>(1, options.in_flight_bytes / n));
+  if (options.in_flight_fixed) return w;
+  const uint64_t budget = n == 0 ? w : std::max<uint64_t>(1, options.in_flight_bytes / n);
+  return std::min<uint64_t>(2 * w, budget);
+}
+
+size_t RemoteFile::Impl::Pending() const {
+  size_t pending = 0;
+  for (const auto& [key, a] : ahead) pending += a->req.done ? 0 : 1;
+  return pending;
+}
+
+bool RemoteFile::Impl::LinkFull() const {
+  if (options.in_flight_fixed) return false;
+  const size_t w = window.load(std::memory_order_relaxed);
+  return ahead.size() >= w && Pending() >= w;  // the scan only when it may be
 }
 
 void RemoteFile::WillRead(uint64_t key, uint64_t offset, size_t n) const {
@@ -765,6 +788,7 @@ void RemoteFile::WillRead(uint64_t key, uint64_t offset, size_t n) const {
       if (was.claimed || !was.req.done || !was.req.cancelled) return;
       d.ahead.erase(it);  // cancelled (its stream stopped): asked for again
     }
+    if (d.LinkFull()) return;  // hinted again with the next batch
     if (d.ahead.size() >= d.Room(n)) {
       // Full: the oldest finished read nobody claimed gives its place up
       // (hints come in reading order, so it was skipped: a cache hit, an
@@ -794,7 +818,16 @@ void RemoteFile::WillRead(uint64_t key, uint64_t offset, size_t n) const {
   curl_multi_wakeup(d.multi);
 }
 
-unsigned RemoteFile::read_ahead() const { return impl_->window.load(std::memory_order_relaxed); }
+unsigned RemoteFile::read_ahead() const {
+  // The loader hints this many chunks: the window's in the link and the
+  // finished ones it has not taken yet (up to a window of them).
+  const Impl& d = *impl_;
+  const unsigned w = d.window.load(std::memory_order_relaxed);
+  if (d.options.in_flight_fixed) return w;
+  MutexLock lock(&d.mu);
+  const size_t done = d.ahead.size() - d.Pending();
+  return w + static_cast<unsigned>(std::min<size_t>(done, w));
+}
 uint64_t RemoteFile::size() const { return impl_->size; }
 const std::string& RemoteFile::version() const { return impl_->version; }
 const std::string& RemoteFile::named() const { return impl_->target.named; }
@@ -807,6 +840,7 @@ RemoteStats RemoteFile::stats() const {
   s.bytes = impl_->bytes.load();
   s.peak_in_flight = impl_->peak.load();
   s.window = impl_->window.load();
+  s.peak_window = impl_->peak_window.load();
   s.latency_s = impl_->latency_s.load();
   const double busy = impl_->busy_seconds.load();
   s.mean_in_flight = busy > 0 ? impl_->weighted_seconds.load() / busy : 0;

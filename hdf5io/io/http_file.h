@@ -17,8 +17,10 @@
 // takes it when it gets there, waiting only for what is still in flight.
 // The window is sized by what the link holds (hdf5io/io/remote_window.h:
 // twice the measured latency x completion rate, from 64, within 16 and
-// 1024 requests, a quarter of the open-file limit, and the bytes budget);
-// read_ahead() is its current size, which the loader's hints follow.
+// 1024 requests, a quarter of the open-file limit, and the bytes budget).
+// It bounds the requests in the link; finished reads not yet taken may hold
+// as many buffers again (within the budget), and read_ahead(), which the
+// loader's hints follow, counts both.
 //
 // Options from the environment (RemoteOptions::FromEnv):
 //   GPUFEED_REMOTE_IN_FLIGHT   read-ahead requests kept in flight, fixed (1 to 1024;
@@ -80,7 +82,8 @@ struct RemoteStats {
   uint64_t requests = 0, retries = 0, bytes = 0;
   uint64_t peak_in_flight = 0;
   double mean_in_flight = 0;  // over the time any request was in flight
-  unsigned window = 0;        // the read-ahead's window now
+  unsigned window = 0;        // the read-ahead's window now: requests in the link
+  unsigned peak_window = 0;   // the largest it was
   double latency_s = 0;       // the mean request latency it was last sized by (0: fixed, or not yet)
 };
 
