@@ -5,9 +5,12 @@ the CLI, and through the node's server (share="node"): the same batches as
 the local file's; wrong keys, a missing key, a
 server killed mid-epoch and an object overwritten between epochs are clear
 errors, and nothing wrong is delivered; with 20 ms added to every request
-the loader keeps requests in flight (at least half its rate without the
-latency here; issue 48's 0.9 is not reached on a 2-core machine)."""
+the loader keeps requests in flight (sized by what the link holds: at
+least half its rate without the latency here, the best of four epochs each
+taken in turn; issue 48's 0.9 is not reached on a 2-core machine)."""
+import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -239,17 +242,20 @@ def test_an_object_overwritten_between_epochs_is_an_error(tmp_path, monkeypatch)
         server.stop()
 
 
-def epoch_rate(data, repeats=3):
-    """The best samples/s of `repeats` first epochs (a loader each: every
-    chunk fetched once), block order."""
-    best = 0.0
-    for seed in range(repeats):
-        loader = gpufeed.Loader(data, batch_size=64, order="block", seed=seed, output="numpy", share="none")
-        t0 = time.perf_counter()
-        n = sum(len(images) for images, _ in loader)
-        best = max(best, n / (time.perf_counter() - t0))
-        del loader
-    return best
+def epoch_with_stats(data, seed, capfd):
+    """samples/s of a first epoch (a loader of its own: every chunk fetched
+    once), block order, and the mean requests the data's object kept in
+    flight, from its GPUFEED_REMOTE_STATS line when it closed."""
+    loader = gpufeed.Loader(data, batch_size=64, order="block", seed=seed, output="numpy", share="none")
+    t0 = time.perf_counter()
+    n = sum(len(images) for images, _ in loader)
+    rate = n / (time.perf_counter() - t0)
+    loader.close()
+    lines = [line for line in capfd.readouterr().err.splitlines() if "in flight: peak" in line]
+    assert lines, "no GPUFEED_REMOTE_STATS line when the loader closed"
+    # The data's object: the most requests (the other is the metadata's driver).
+    line = max(lines, key=lambda line: int(re.search(r"(\d+) requests", line).group(1)))
+    return rate, float(re.search(r"mean ([\d.]+)", line).group(1))
 
 
 def write_wide_file(path, n=16384, width=4096, chunk=32):
@@ -264,23 +270,38 @@ def write_wide_file(path, n=16384, width=4096, chunk=32):
         f.create_dataset("images", data=images, chunks=(chunk, width))
 
 
-def test_20ms_per_request_keeps_nine_tenths_of_the_rate(tmp_path, monkeypatch):
+def test_20ms_per_request_keeps_nine_tenths_of_the_rate(tmp_path, monkeypatch, capfd):
     local = tmp_path / "lat.h5"
     write_wide_file(local)  # 512 chunks
-    rates = {}
-    for delay in (0, 20):
-        with s3_server.S3Server(tmp_path / str(delay), delay_ms=delay, proxy=True) as server:
-            server.make_bucket(BUCKET)
-            server.put(BUCKET, "lat.h5", local)
-            for k, v in server.env().items():
-                monkeypatch.setenv(k, v)
-            rates[delay] = epoch_rate("s3://%s/lat.h5" % BUCKET)
-    print("samples/s: %s" % rates)
+    monkeypatch.delenv("GPUFEED_REMOTE_IN_FLIGHT", raising=False)  # the window sized by the link
+    monkeypatch.setenv("GPUFEED_REMOTE_STATS", "1")
+    rates, held = {0: [], 20: []}, {0: [], 20: []}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for delay in rates:
+            servers[delay] = stack.enter_context(
+                s3_server.S3Server(tmp_path / str(delay), delay_ms=delay, proxy=True))
+            servers[delay].make_bucket(BUCKET)
+            servers[delay].put(BUCKET, "lat.h5", local)
+        # In turn (0, 20, 0, 20, ...): a burst of other work on the machine
+        # falls on both, and the best of each is compared.
+        for seed in range(4):
+            for delay, server in servers.items():
+                for k, v in server.env().items():
+                    monkeypatch.setenv(k, v)
+                rate, mean = epoch_with_stats("s3://%s/lat.h5" % BUCKET, seed, capfd)
+                rates[delay].append(round(rate))
+                held[delay].append(mean)
+    with capfd.disabled():
+        print("\nsamples/s: %s; mean requests in flight: %s" % (rates, held))
     # One request at a time would reach 1/20 of the rate here (50 chunks/s
-    # against ~1000); requests in flight are what this checks. Issue 48's
-    # target is 0.9: on the 2-core CI machine, where s3rver, the proxy and
-    # the loader share the cores, 0.5-0.75 was measured (docs/benchmarks.md).
-    assert rates[20] >= 0.5 * rates[0], rates
+    # against ~1000); requests in flight are what this checks. A window stuck
+    # at 4 fails both checks (GPUFEED_REMOTE_IN_FLIGHT=4: 2,732 against
+    # 22,037 samples/s, 2.5-2.7 requests in flight). Issue 48's target is
+    # 0.9: on the 2-core CI machine, where s3rver, the proxy and the loader
+    # share the cores, 0.5-1.2 was measured (docs/benchmarks.md).
+    assert max(rates[20]) >= 0.5 * max(rates[0]), rates
+    assert max(held[20]) >= 16, held
 
 
 def test_the_node_server_serves_the_object(aws, monkeypatch, tmp_path):
