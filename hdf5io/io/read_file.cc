@@ -6,6 +6,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -87,6 +88,21 @@ Status ReadWholeFile(const std::string& path, const PlaceBytes& place, const Rea
   auto dst = place(f->size());
   if (!dst.ok()) return dst.status();
   return f->ReadExactly(0, {*dst, static_cast<size_t>(f->size())});
+}
+
+Result<bool> CachedOrReadAhead(const std::string& path, bool advise) {
+  auto f = ReadOnlyFile::Open(path);
+  if (!f.ok()) return f.status();
+  if (f->size() == 0) return true;
+  char byte;
+  struct iovec v = {&byte, 1};
+  ssize_t got;
+  do {
+    got = ::preadv2(f->fd(), &v, 1, 0, RWF_NOWAIT);
+  } while (got < 0 && errno == EINTR);
+  if (got >= 0 || errno != EAGAIN) return true;  // read from the cache, or no RWF_NOWAIT here (EOPNOTSUPP)
+  if (advise) (void)::posix_fadvise(f->fd(), 0, 0, POSIX_FADV_WILLNEED);  // a hint: its failure changes nothing
+  return false;
 }
 
 Result<MappedFile> MappedFile::Open(const std::string& path, const ReadOptions& options) {

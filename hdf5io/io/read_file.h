@@ -94,6 +94,13 @@ Status ReadWholeFile(const std::string& path, Bytes* out, uint64_t max_bytes = U
       options);
 }
 
+// Whether `path`'s first byte is in the page cache (preadv2 with
+// RWF_NOWAIT: no wait for the disk); when it is not and `advise` is set,
+// asks the kernel to read the whole file ahead (posix_fadvise WILLNEED,
+// which starts the reads and returns). Errors as ReadOnlyFile::Open; an
+// empty file, or a kernel without RWF_NOWAIT, counts as cached.
+Result<bool> CachedOrReadAhead(const std::string& path, bool advise);
+
 // A whole file mapped read-only (MAP_PRIVATE), unmapped when destroyed. An
 // empty file maps to an empty span. Errors as ReadOnlyFile::Open; IOError
 // when the mapping is refused. A file cut short after the mapping is made

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "hdf5io/formats/image_folder_listing.h"
 #include "gpufeed/names.h"
@@ -17,6 +18,69 @@
 #include "hdf5io/io/read_file.h"
 
 namespace gpufeed {
+
+// ---------------------------------------------------------------------------
+// FolderReadAhead
+
+FolderReadAhead::FolderReadAhead(const std::vector<std::string>* files) : files_(files), hinted_(files->size()) {}
+
+FolderReadAhead::~FolderReadAhead() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  if (thread_.joinable()) thread_.join();
+}
+
+void FolderReadAhead::Hint(uint64_t k) {
+  if (k >= hinted_.size() || hinted_[k].exchange(1, std::memory_order_relaxed) != 0) return;
+  // Warm: a probe in kProbeEvery goes to the thread, the rest cost this.
+  const uint64_t n = hints_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n >= cold_until_.load(std::memory_order_relaxed) && n % kProbeEvery != 0) return;
+  MutexLock lock(&mu_);
+  if (stop_ || queue_.size() >= 4 * kDepth) return;  // left marked: hinted again after its read
+  if (!started_) {
+    started_ = true;
+    try {
+      thread_ = std::thread([this] { Run(); });
+    } catch (const std::system_error&) {
+      stop_ = true;  // no thread to be had: the reads go on without read-ahead
+      return;
+    }
+  }
+  queue_.push_back(k);
+  if (queue_.size() == 1) cv_.Signal();  // the thread drains the queue before it waits again
+}
+
+void FolderReadAhead::Run() {
+  try {
+    for (;;) {
+      uint64_t k;
+      {
+        MutexLock lock(&mu_);
+        while (queue_.empty() && !stop_) cv_.Wait(&mu_);
+        if (stop_) return;
+        k = queue_.front();
+        queue_.pop_front();
+      }
+      Check(k);
+    }
+  } catch (...) {  // a thread root: read-ahead is a hint, the reads go on without it
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+}
+
+void FolderReadAhead::Check(uint64_t k) {
+  checked_.fetch_add(1, std::memory_order_relaxed);
+  auto cached = io::CachedOrReadAhead((*files_)[k], /*advise=*/true);
+  if (cached.ok() && !*cached) {
+    advised_.fetch_add(1, std::memory_order_relaxed);
+    cold_until_.store(hints_.load(std::memory_order_relaxed) + kColdFor, std::memory_order_relaxed);
+  }
+}
+
 namespace {
 
 class FolderImages final : public EncodedImageSource {
@@ -27,6 +91,9 @@ class FolderImages final : public EncodedImageSource {
     std::string dir;
     image_folder::FolderListing listing;
     uint64_t max_size = 0;
+    // Over listing.files (destroyed first); shared by the views, as the
+    // page cache is.
+    std::unique_ptr<FolderReadAhead> read_ahead;
   };
 
   FolderImages(std::shared_ptr<const Index> index, uint64_t group) : index_(std::move(index)), group_(group) {
@@ -112,6 +179,16 @@ class FolderImages final : public EncodedImageSource {
   }
   std::shared_ptr<const SampleDecoder> sample_decoder() const override { return decoder_; }
 
+  // The loader's hints of the read units it reads next: their files read
+  // ahead while the page cache lacks them (FolderReadAhead).
+  void WillRead(uint64_t i) const override {
+    if (i >= num_chunks()) return;
+    for (uint64_t k = i * group_; k < i * group_ + samples_in_chunk(i); ++k) index_->read_ahead->Hint(k);
+  }
+  uint32_t read_ahead_chunks() const override {
+    return static_cast<uint32_t>(std::max<uint64_t>(1, FolderReadAhead::kDepth / group_));
+  }
+
   Result<std::unique_ptr<EncodedImageSource>> WithDecodeOptions(const DecodeOptions& decode) const override {
     GPUFEED_RETURN_IF_ERROR(ValidateDecodeOptions(decode));
     auto s = std::make_unique<FolderImages>(index_, group_);
@@ -132,6 +209,7 @@ class FolderImages final : public EncodedImageSource {
   Status ReadFile(uint64_t k, std::byte* dst) const {
     const std::string& path = index_->listing.files[k];
     const uint64_t want = index_->listing.sizes[k];
+    index_->read_ahead->Read(k);
     return io::ReadWholeFile(path, [&](uint64_t size) -> Result<std::byte*> {
       if (size != want) {
         return Status::Corrupt(path + ": holds " + std::to_string(size) + " bytes, " + std::to_string(want) +
@@ -173,6 +251,7 @@ Result<std::unique_ptr<EncodedImageSource>> OpenFolderImages(const std::string& 
     GPUFEED_RETURN_IF_ERROR(reach.Check(path, path, "image file", dir));
   }
   for (uint64_t s : index->listing.sizes) index->max_size = std::max(index->max_size, s);
+  index->read_ahead = std::make_unique<FolderReadAhead>(&index->listing.files);
   auto src = std::make_unique<FolderImages>(index, 1);
   GPUFEED_RETURN_IF_ERROR(src->SetDecode(decode));
   return std::unique_ptr<EncodedImageSource>(std::move(src));

@@ -836,3 +836,110 @@ TEST(FolderImagesTest, AFolderReadsAsTheFileConvertMakesOfIt) {
 
 }  // namespace
 }  // namespace gpufeed
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "hdf5io/sources/folder_images.h"
+
+namespace gpufeed {
+namespace {
+
+// How many of `path`'s pages are in the page cache (mincore: reads nothing).
+size_t ResidentPages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  void* p = size > 0 ? ::mmap(nullptr, size_t(size), PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  if (p == MAP_FAILED) return 0;
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE)), pages = (size_t(size) + page - 1) / page;
+  std::vector<unsigned char> v(pages);
+  size_t n = 0;
+  if (::mincore(p, size_t(size), v.data()) == 0) {
+    for (unsigned char c : v) n += c & 1;
+  }
+  ::munmap(p, size_t(size));
+  return n;
+}
+
+// Waits (up to 10 s) until the read-ahead thread has checked `checked` files.
+bool WaitChecked(const FolderReadAhead& ra, uint64_t checked) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ra.counts().checked < checked) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+std::vector<std::string> WriteFiles(const std::string& tag, int n) {
+  const fs::path dir = fs::path(testing::MakeTempDir(tag));
+  std::vector<std::string> files;
+  for (int k = 0; k < n; ++k) {
+    files.push_back((dir / (std::to_string(k) + ".jpg")).string());
+    WriteFile(files.back(), Bytes(size_t(8192) + size_t(k), uint8_t(k)));  // file k: 8192 + k bytes of k
+  }
+  return files;
+}
+
+// A warm page cache: one hint in kProbeEvery is checked, none is read
+// ahead; a hint is taken once until its file is read.
+TEST(FolderReadAheadTest, WarmFilesAreProbedNotReadAhead) {
+  const int n = 320;
+  const std::vector<std::string> files = WriteFiles("readahead_warm", n);
+  FolderReadAhead ra(&files);
+  for (int k = 0; k < n; ++k) ra.Hint(uint64_t(k));
+  ASSERT_TRUE(WaitChecked(ra, n / FolderReadAhead::kProbeEvery));
+  for (int k = 0; k < n; ++k) ra.Hint(uint64_t(k));  // hinted already: ignored
+  ra.Hint(uint64_t(n));                              // no such file: ignored
+  EXPECT_EQ(ra.counts().hints, uint64_t(n));
+  ra.Read(3);
+  ra.Hint(3);
+  EXPECT_EQ(ra.counts().hints, uint64_t(n) + 1);
+  EXPECT_EQ(ra.counts().checked, n / FolderReadAhead::kProbeEvery);
+  EXPECT_EQ(ra.counts().advised, 0u);
+}
+
+// Files out of the page cache: the probe finds one, and from then every
+// hinted file is checked and read ahead (its pages arrive without a read).
+TEST(FolderReadAheadTest, ColdFilesAreReadAhead) {
+  const int n = 200;
+  const std::vector<std::string> files = WriteFiles("readahead_cold", n);
+  for (const std::string& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << f;
+    ::fsync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  for (const std::string& f : files) {
+    if (ResidentPages(f) != 0) GTEST_SKIP() << f << " stays in memory here (tmpfs?): no cold file to read ahead";
+  }
+  FolderReadAhead ra(&files);
+  const uint64_t probe = FolderReadAhead::kProbeEvery;
+  for (uint64_t k = 0; k < probe; ++k) ra.Hint(k);  // the last is the probe
+  ASSERT_TRUE(WaitChecked(ra, 1));
+  EXPECT_EQ(ra.counts().advised, 1u);
+  for (uint64_t k = probe; k < uint64_t(n); ++k) ra.Hint(k);  // cold now: every one checked
+  ASSERT_TRUE(WaitChecked(ra, 1 + n - probe));
+  EXPECT_EQ(ra.counts().advised, 1 + n - probe);
+  // The files checked were read ahead; those dropped before the probe were not.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  for (uint64_t k = probe - 1; k < uint64_t(n); ++k) {
+    const size_t pages = (8192 + k + page - 1) / page;
+    while (ResidentPages(files[k]) < pages && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(ResidentPages(files[k]), pages) << files[k];
+  }
+  EXPECT_EQ(ResidentPages(files[0]), 0u);
+}
+
+}  // namespace
+}  // namespace gpufeed
