@@ -22,6 +22,13 @@
 // as many buffers again (within the budget), and read_ahead(), which the
 // loader's hints follow, counts both.
 //
+// Cancellation (common/cancel.h): a read or read-ahead takes the cancel
+// flag of the thread that asks for it (a loader's stream sets one). Once it
+// is set the request ends at once, in flight or waiting for a retry, with an
+// error saying it was cancelled; no retry starts, and a read asked for on a
+// cancelled thread is not made. A read-ahead cancelled so is made again when
+// a reader whose work is not cancelled takes or hints it.
+//
 // Options from the environment (RemoteOptions::FromEnv):
 //   GPUFEED_REMOTE_IN_FLIGHT   read-ahead requests kept in flight, fixed (1 to 1024;
 //                              unset: sized by the link, from 64)
