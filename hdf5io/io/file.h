@@ -33,7 +33,8 @@ class RandomAccessFile {
   // may do nothing.
   virtual void WillRead(uint64_t key, uint64_t offset, size_t n) const = 0;
   // Reads kept in flight ahead of the reader (the io_uring ring's depth; 0:
-  // none), for the memory bound.
+  // none), for the memory bound and how far the loader hints. A remote
+  // object's moves with its link (http_file.h): ask again, do not keep it.
   virtual unsigned read_ahead() const = 0;
 };
 

@@ -69,9 +69,11 @@ class ChunkSource {
   // source may start reading it ahead; the default does nothing.
   virtual void WillRead(uint64_t /*i*/) const {}
   // How many chunks' reads the source keeps in flight ahead of its readers
-  // (O_DIRECT's io_uring read-ahead; 0: none, WillRead then at most tells
-  // the kernel). The loader then hints that many chunks of its plan ahead,
-  // not only those its cache can admit yet (ChunkCache::HintReads).
+  // (O_DIRECT's io_uring read-ahead, a remote object's window; 0: none,
+  // WillRead then at most tells the kernel). The loader then hints that many
+  // chunks of its plan ahead, not only those its cache can admit yet
+  // (ChunkCache::HintReads); it may change (a remote object's follows its
+  // link), so the loader asks at each batch.
   virtual uint32_t read_ahead_chunks() const { return 0; }
   // One label per sample; empty when the source has none.
   virtual const std::vector<int64_t>& labels() const = 0;

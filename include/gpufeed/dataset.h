@@ -179,6 +179,8 @@ struct DatasetInfo {
   // Direct I/O's io_uring read-ahead: chunks read ahead of the loader, each
   // in a buffer of the largest chunk's size (0: none). One per hardware
   // thread (4 to 32), so every decoding thread finds its next chunk read.
+  // A remote object: its window when opened (it moves with the link;
+  // Dataset::read_ahead_chunks() says what it is now).
   uint32_t read_ahead_chunks = 0;
   bool big_endian = false;
   // An HDF5 enum's members, "NAME=value" (the samples are its integer base
