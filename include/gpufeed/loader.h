@@ -26,7 +26,9 @@
 // (LoaderStats::chunk_bytes_mapped, chunk_bytes_held). A Dataset read with
 // direct I/O (IoMode::kDirect) adds its read-ahead, DatasetInfo's
 // read_ahead_chunks (one per hardware thread, 4 to 32) x chunk bytes, plus
-// one aligned chunk buffer per reading thread.
+// one aligned chunk buffer per reading thread. An object in S3 or over
+// HTTP(S) adds its read-ahead's buffers: at most GPUFEED_REMOTE_IN_FLIGHT_MB
+// (128 MiB; GPUFEED_REMOTE_IN_FLIGHT x chunk bytes where that is set).
 //
 // Threads. A Loader may run one epoch stream at a time; its methods are not
 // thread-safe with respect to each other. The stream is consumed from one
