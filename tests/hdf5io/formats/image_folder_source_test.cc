@@ -594,6 +594,9 @@ TEST(ImageFolderListingTest, SizesAndOrderAcrossParallelStats) {
   }
   WriteFile(dir / "b" / "deep" / "x.jpg", Bytes(5000, 1));
   want_b.emplace_back("deep/x.jpg", 5000);
+  fs::create_directories(dir / "b" / "1");  // "1/z.jpg" sorts after "1.jpeg", before "10.jpeg"
+  WriteFile(dir / "b" / "1" / "z.jpg", Bytes(6000, 1));
+  want_b.emplace_back("1/z.jpg", 6000);
   WriteFile(dir / "b" / "notes.txt", Bytes(9, 1));  // not an image
   WriteFile(dir / "b" / "._0.jpg", Bytes(9, 1));    // hidden
   WriteFile(dir / "a" / "only.jpg", Bytes(3, 2));
@@ -603,7 +606,7 @@ TEST(ImageFolderListingTest, SizesAndOrderAcrossParallelStats) {
   ASSERT_TRUE(listed.ok()) << listed.status().ToString();
   const image_folder::FolderListing& l = *listed;
   EXPECT_EQ(l.class_names, (std::vector<std::string>{"a", "b"}));
-  ASSERT_EQ(l.files.size(), static_cast<size_t>(n) + 2);
+  ASSERT_EQ(l.files.size(), static_cast<size_t>(n) + 3);
   ASSERT_EQ(l.sizes.size(), l.files.size());
   EXPECT_EQ(l.files[0], (dir / "a" / "only.jpg").string());
   EXPECT_EQ(l.sizes[0], 3u);
@@ -618,8 +621,8 @@ TEST(ImageFolderListingTest, SizesAndOrderAcrossParallelStats) {
   EXPECT_EQ(l.total_bytes, total);
   std::vector<std::string> dirs = l.image_dirs;
   std::sort(dirs.begin(), dirs.end());
-  EXPECT_EQ(dirs,
-            (std::vector<std::string>{(dir / "a").string(), (dir / "b").string(), (dir / "b" / "deep").string()}));
+  EXPECT_EQ(dirs, (std::vector<std::string>{(dir / "a").string(), (dir / "b").string(), (dir / "b" / "1").string(),
+                                            (dir / "b" / "deep").string()}));
   EXPECT_TRUE(l.linked_files.empty());
 }
 
