@@ -221,6 +221,10 @@ struct LocalStream final : EpochStream::Impl {
   const std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
   std::thread producer;
   bool stopped = false;
+  // Run() read the epoch to its end without a failure: nothing of the
+  // stream runs any more, and Stop() leaves its read-aheads (the next
+  // epoch's first chunks, hinted near the end) uncancelled.
+  std::atomic<bool> ran_to_end{false};
 
   // Stats: the delivered ones are written by the thread that takes the
   // batches (the feed's fill worker, when batches come encoded) and read by
@@ -292,6 +296,7 @@ void LocalStream::Run() {
   } catch (...) {
     core.Fail(Status::Internal(L.source.name() + ": loader pipeline: unknown exception"));
   }
+  ran_to_end.store(next >= plan.num_batches && !cancel->load() && !core.failed(), std::memory_order_release);
   core.Finish();
 }
 
@@ -475,7 +480,10 @@ void LocalStream::DeliverBatch(Work& w) {
 void LocalStream::Stop() {
   if (stopped) return;
   stopped = true;
-  cancel->store(true, std::memory_order_release);
+  // Only a stream stopped before its end cancels its reads: one that ran to
+  // its end has none of its own left, and its read-aheads are the next
+  // epoch's (a remote object's would be cut off and asked for again).
+  if (!ran_to_end.load(std::memory_order_acquire)) cancel->store(true, std::memory_order_release);
   loader->pool->SetCancelled(true);
   if (producer.joinable()) producer.join();
   core.ReleaseUndelivered();

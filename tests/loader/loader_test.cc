@@ -14,10 +14,12 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "gpufeed/dataset.h"
 #include "common/cores.h"
@@ -814,6 +816,49 @@ TEST(LoaderTest, AStopCancelsTheReadsInFlightAndTheNextEpochReadsThemAgain) {
   std::vector<uint64_t> want(2000);
   std::iota(want.begin(), want.end(), 0);
   EXPECT_EQ(seen.indices, want);
+}
+
+// The read-aheads a stream hints carry its cancel flag (a remote object's
+// requests end when it is set). An epoch read to its end is not stopped
+// early: its hints (the next epoch's first chunks among them, still in
+// flight when the stream is destroyed) stay uncancelled. A stream stopped
+// before its end cancels its hints.
+TEST(LoaderTest, AnEpochReadToItsEndDoesNotCancelItsReadAheads) {
+  class FlagsOfHints : public InMemorySource {
+   public:
+    using InMemorySource::InMemorySource;
+    uint32_t read_ahead_chunks() const override { return 8; }
+    void WillRead(uint64_t) const override {
+      std::lock_guard<std::mutex> lock(mu_);
+      flags_.push_back(CurrentCancel());
+    }
+    // How many hints were made, and of them how many carry a flag now set.
+    std::pair<size_t, size_t> TakeCounts() const {
+      std::lock_guard<std::mutex> lock(mu_);
+      size_t set = 0;
+      for (const CancelFlag& f : flags_) set += IsCancelled(f) ? 1 : 0;
+      const size_t n = flags_.size();
+      flags_.clear();
+      return {n, set};
+    }
+
+   private:
+    mutable std::mutex mu_;
+    mutable std::vector<CancelFlag> flags_;
+  } src(2000, 64, 10);
+  Loader loader(src, Opts(Order::kSequential, 2, 4));
+  RunEpoch(loader, src, 0);  // to its end; the stream is destroyed there
+  const auto [hints, cancelled] = src.TakeCounts();
+  EXPECT_GT(hints, 0u);
+  EXPECT_EQ(cancelled, 0u) << "of " << hints << " hints, by an epoch read to its end";
+  {
+    EpochStream stream = loader.Epoch(1);
+    auto b = stream.Next();
+    ASSERT_TRUE(b.ok() && b->has_value());
+  }  // stopped early
+  const auto [hints_early, cancelled_early] = src.TakeCounts();
+  EXPECT_GT(hints_early, 0u);
+  EXPECT_EQ(cancelled_early, hints_early);
 }
 
 TEST(LoaderTest, CorruptChunkErrorReachesTheConsumerWithContext) {
