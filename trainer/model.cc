@@ -114,6 +114,12 @@ Status Model::Init() {
   if (end_ > static_cast<int>(layers_.size()))
     return Status::InvalidArgument("model: a stage ends at layer " + std::to_string(end_) + " of " + Describe() +
                                    ", which has " + std::to_string(layers_.size()));
+  if (!StageMayBeginAt(begin_) || !StageMayBeginAt(end_))
+    return Status::InvalidArgument("model: a pipeline stage [" + std::to_string(begin_) + ", " + std::to_string(end_) +
+                                   ") of " + Describe() +
+                                   " begins or ends inside a basic block, whose shortcut would cross to another "
+                                   "stage: a stage of resnet18 begins or ends only where one activation crosses "
+                                   "(in the stem, between basic blocks, before the pooling or the head)");
   const size_t es = DTypeSize(s.dtype);
   size_t widest = input_elems();
   if (s.recompute_blocks && s.kind == ModelKind::kMlp)
@@ -144,8 +150,10 @@ Status Model::Init() {
   }
   GPUFEED_RETURN_IF_ERROR(AllocateSlots(rc, &widest));
   if (s.kind == ModelKind::kResnet18) {
+    // The stage's layers' but its last's (its gradient comes from outside),
+    // and a stage past the first its input's.
     out_grads_.assign(layers_.size(), nullptr);
-    for (size_t i = 0; i + 1 < layers_.size(); ++i)
+    for (size_t i = size_t(std::max(begin_ - 1, 0)); i + 1 < size_t(end_); ++i)
       GPUFEED_RETURN_IF_ERROR(Allocate(size_t(s.max_batch) * layers_[i].out_elems * es, &out_grads_[i], &acts_bytes_));
   }
   GPUFEED_RETURN_IF_ERROR(SetUpFreezing());
@@ -183,8 +191,6 @@ Status Model::CheckSpec() {
       return Status::InvalidArgument(
           "model: resnet18 takes its four stages' channels (--channels 64,128,256,512), not " +
           std::to_string(s.widths.size()));
-    if (s.layer_begin != 0 || s.layer_end >= 0 || s.slots != 1)
-      return Status::InvalidArgument("model: resnet18 runs without --pipeline-stages (not yet supported)");
     if (s.recompute_blocks)
       return Status::InvalidArgument("model: resnet18 runs without --recompute blocks (not yet supported)");
     if (s.lora_rank > 0) return Status::InvalidArgument("model: resnet18 runs without LoRA (not yet supported)");
@@ -270,6 +276,7 @@ Status Model::AddConvBn(int k, int r, int stride, int pad, bool relu, int in, in
   conv.conv = ConvShape{s.max_batch, h, w, c, k, s.dtype};
   conv.conv.r = r, conv.conv.stride = stride, conv.conv.pad = pad;
   conv.fan_in = r * r * c, conv.fan_out = k;
+  building_in_stage_ = InStage(layers_.size());
   conv.pbegin = static_cast<int>(params_.size());
   const std::string name = "conv" + std::to_string(layers_.size());
   GPUFEED_RETURN_IF_ERROR(
@@ -282,17 +289,20 @@ Status Model::AddConvBn(int k, int r, int stride, int pad, bool relu, int in, in
   bn.kind = Kind::kBnRelu;
   bn.bn_relu = relu;
   bn.h = h, bn.w = w, bn.c = k;
+  building_in_stage_ = InStage(layers_.size());
   bn.pbegin = static_cast<int>(params_.size());
   GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
   GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
   bn.pend = static_cast<int>(params_.size());
-  void* v;
-  for (float** f : {&bn.run_mean, &bn.run_var}) {
-    GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
-    *f = static_cast<float*>(v);
+  if (building_in_stage_) {  // another stage's statistics are its own
+    void* v;
+    for (float** f : {&bn.run_mean, &bn.run_var}) {
+      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
+      *f = static_cast<float*>(v);
+    }
+    std::vector<float> ones(k, 1.0f);
+    if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
   }
-  std::vector<float> ones(k, 1.0f);
-  if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
   bn.out_elems = conv.out_elems;
   layers_.push_back(bn);
   return Status::Ok();
@@ -477,9 +487,10 @@ Status Model::SetUpFreezing() {
   return Status::Ok();
 }
 
-Status Model::ForwardLayer(size_t i, const void* in, int batch, bool training, Slot& sl) {
+Status Model::ForwardLayer(size_t i, const void* x, int batch, bool training, Slot& sl) {
   const DType dt = spec_.dtype;
   Layer& l = layers_[i];
+  const void* in = InputOf(i, x, sl);
   void* out = sl.acts[i];
   switch (l.kind) {
     case Kind::kLinear: {
@@ -513,7 +524,7 @@ Status Model::ForwardLayer(size_t i, const void* in, int batch, bool training, S
     case Kind::kAdd: {
       const size_t n = size_t(batch) * l.out_elems;
       GPUFEED_RETURN_IF_ERROR(ops_->Copy(out, in, n * DTypeSize(dt)));
-      return ops_->AddAct(out, sl.acts[size_t(l.in2)], n, true, dt);
+      return ops_->AddAct(out, Act(l.in2, x, sl), n, true, dt);
     }
   }
   return Status::Ok();
@@ -524,14 +535,22 @@ Status Model::Forward(const void* x, int batch, bool training, int slot) {
   if (spec_.plan_only) return Status::Internal("model: a plan-only model runs nothing");
   Slot& sl = slots_[size_t(slot)];
   for (size_t i = size_t(begin_); i < size_t(end_); ++i)
-    GPUFEED_RETURN_IF_ERROR(ForwardLayer(i, InputOf(i, x, sl), batch, training, sl));
+    GPUFEED_RETURN_IF_ERROR(ForwardLayer(i, x, batch, training, sl));
   return Status::Ok();
 }
 
 const void* Model::InputOf(size_t i, const void* x, const Slot& sl) const {
   const int in = layers_[i].in;
-  if (in == -2) return i == size_t(begin_) ? x : sl.acts[i - 1];
-  return in < 0 ? x : sl.acts[size_t(in)];
+  return Act(in == -2 ? int(i) - 1 : in, x, sl);
+}
+
+bool Model::StageMayBeginAt(int c) const {
+  for (size_t i = size_t(std::max(c, 0)); i < layers_.size() && c > 0; ++i) {
+    const Layer& l = layers_[i];
+    const int in = l.in == -2 ? int(i) - 1 : l.in;
+    if (in < c - 1 || (l.kind == Kind::kAdd && l.in2 < c - 1)) return false;
+  }
+  return true;
 }
 
 Status Model::BackwardLayer(size_t i, const void* x, const void* dy_in, void* dx, bool need_dx, int batch, float beta,
@@ -651,26 +670,28 @@ Status Model::BackwardGraph(const void* x, int batch, float beta, const GradsRea
   const DType dt = spec_.dtype;
   const size_t es = DTypeSize(dt);
   std::vector<char> written(layers_.size(), 0);
+  // The lowest layer whose output gradient is needed: a stage past the
+  // first passes its input's back (the layer before it), whole or not.
+  const int lowest = begin_ > 0 ? begin_ - 1 : int(first_trainable_);
   auto deliver = [&](int to, const void* g) -> Status {
-    if (to < int(first_trainable_)) return Status::Ok();  // nothing below trains
+    if (to < lowest) return Status::Ok();  // nothing below trains
     const size_t n = size_t(batch) * layers_[size_t(to)].out_elems;
     void* dst = out_grads_[size_t(to)];
     if (written[size_t(to)]) return ops_->AddAct(dst, g, n, false, dt);
     written[size_t(to)] = 1;
     return ops_->Copy(dst, g, n * es);
   };
-  for (size_t i = size_t(end_); i-- > first_trainable_;) {
+  auto step = [&](size_t i) -> Status {
     const Layer& l = layers_[i];
     void* dy = i + 1 == size_t(end_) ? const_cast<void*>(dy_head) : out_grads_[i];
-    if (i + 1 != size_t(end_) && !written[i]) continue;  // feeds nothing that trains
+    if (i + 1 != size_t(end_) && !written[i]) return Status::Ok();  // feeds nothing that trains
     const int from = l.in == -2 ? int(i) - 1 : l.in;
     if (l.kind == Kind::kAdd) {
       GPUFEED_RETURN_IF_ERROR(ops_->ReluBackward(dy, sl.acts[i], size_t(batch) * l.out_elems, dt));
       GPUFEED_RETURN_IF_ERROR(deliver(from, dy));
-      GPUFEED_RETURN_IF_ERROR(deliver(l.in2, dy));
-      continue;
+      return deliver(l.in2, dy);
     }
-    const bool need_dx = from >= int(first_trainable_);
+    const bool need_dx = from >= lowest;
     // A second gradient for `from` goes to scratch first, then is added; so
     // does one nobody needs (batchnorm and pooling always write theirs).
     const bool add = need_dx && written[size_t(from)];
@@ -681,8 +702,11 @@ Status Model::BackwardGraph(const void* x, int batch, float beta, const GradsRea
           ops_->AddAct(out_grads_[size_t(from)], grad_a_, size_t(batch) * layers_[size_t(from)].out_elems, false, dt));
     if (need_dx) written[size_t(from)] = 1;
     if (on_grads && l.pend > l.pbegin) GPUFEED_RETURN_IF_ERROR(on_grads(l.pbegin, l.pend));
-  }
-  input_grad_ = nullptr;
+    return Status::Ok();
+  };
+  for (size_t i = size_t(end_); i-- > first_trainable_;)
+    GPUFEED_RETURN_IF_ERROR(layer_timer_ ? layer_timer_(i, [&] { return step(i); }) : step(i));
+  input_grad_ = begin_ > 0 ? out_grads_[size_t(begin_ - 1)] : nullptr;
   return Status::Ok();
 }
 
@@ -712,8 +736,6 @@ std::string Model::LayerName(int i) const {
 
 Result<std::vector<double>> Model::ProfileLayers(const void* x, int batch, int reps) {
   if (spec_.plan_only) return Status::Internal("model: a plan-only model runs nothing");
-  if (spec_.kind == ModelKind::kResnet18)
-    return Status::Unsupported("model: resnet18 runs without --pipeline-stages (not yet supported)");
   const size_t n = size_t(end_ - begin_);
   std::vector<std::vector<double>> ms(n);
   Slot& sl = slots_[0];
@@ -727,12 +749,16 @@ Result<std::vector<double>> Model::ProfileLayers(const void* x, int batch, int r
   };
   for (int r = 0; r < reps; ++r) {
     for (auto& m : ms) m.push_back(0);
-    const void* in = x;
-    for (size_t i = size_t(begin_); i < size_t(end_); ++i) {
-      GPUFEED_RETURN_IF_ERROR(timed(i - begin_, [&] { return ForwardLayer(i, in, batch, true, sl); }));
-      in = sl.acts[i];
-    }
+    for (size_t i = size_t(begin_); i < size_t(end_); ++i)
+      GPUFEED_RETURN_IF_ERROR(timed(i - begin_, [&] { return ForwardLayer(i, x, batch, true, sl); }));
     const void* dy = sl.dlogits ? sl.dlogits : grad_b_;
+    if (spec_.kind == ModelKind::kResnet18) {  // each layer's step of the backward pass, timed
+      layer_timer_ = [&](size_t i, const std::function<Status()>& f) { return timed(i - begin_, f); };
+      const Status st = BackwardGraph(x, batch, 0.0f, {}, sl, dy);
+      layer_timer_ = nullptr;
+      GPUFEED_RETURN_IF_ERROR(st);
+      continue;
+    }
     for (size_t i = size_t(end_); i-- > size_t(begin_);) {
       void* dx = (dy == grad_a_) ? grad_b_ : grad_a_;
       // Recomputing, a pool's input gradient must not go to the recompute

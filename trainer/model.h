@@ -118,6 +118,11 @@ class Model {
   size_t input_elems() const;
   size_t output_elems() const { return layers_[size_t(end_ - 1)].out_elems; }
   std::string LayerName(int i) const;  // "conv0", "conv0.bn", "pool2", "linear9"
+  // Whether a pipeline stage may begin at layer i (or the one before end
+  // there): no layer from i on reads an output from before layer i - 1, so
+  // only layer i - 1's output crosses. resnet18: not inside a basic block,
+  // whose shortcut reads the block's input; the mlp and cnn: anywhere.
+  bool StageMayBeginAt(int i) const;
   // Milliseconds of each of this stage's layers, forward and backward, on a
   // batch of `batch` (x as Forward's), the median of `reps` runs, each layer
   // waited for alone. Trains nothing: the gradients are overwritten.
@@ -174,7 +179,8 @@ class Model {
     void* dlogits = nullptr;                     // the last stage
   };
   bool InStage(size_t i) const { return int(i) >= begin_ && (end_ < 0 || int(i) < end_); }
-  Status ForwardLayer(size_t i, const void* in, int batch, bool training, Slot& s);
+  // Layer i's forward pass; x is the stage's input (InputOf).
+  Status ForwardLayer(size_t i, const void* x, int batch, bool training, Slot& s);
   // dy -> dx (when need_dx) and the layer's parameter gradients.
   Status BackwardLayer(size_t i, const void* x, const void* dy, void* dx, bool need_dx, int batch, float beta, Slot& s);
   Status Allocate(size_t bytes, void** p, uint64_t* counter);
@@ -195,6 +201,9 @@ class Model {
   Status AddConvBn(int k, int r, int stride, int pad, bool relu, int in, int* h, int* w, int* c);
   Status AddBasicBlock(int k, int stride, int* h, int* w, int* c);
   const void* InputOf(size_t i, const void* x, const Slot& s) const;
+  // Layer j's output: before the stage (the one before its first layer, the
+  // only one a stage reads from before it), the stage's input x.
+  const void* Act(int j, const void* x, const Slot& s) const { return j < begin_ ? x : s.acts[size_t(j)]; }
   // resnet18's backward: a gradient buffer a layer (out_grads_), two summed
   // where a layer's output feeds two (a block's input).
   Status BackwardGraph(const void* x, int batch, float beta, const GradsReady& on_grads, Slot& s, const void* dy);
@@ -218,7 +227,12 @@ class Model {
   const void* input_grad_ = nullptr;
   void* grad_a_ = nullptr;  // ping-pong activation gradients
   void* grad_b_ = nullptr;
-  std::vector<void*> out_grads_;  // resnet18: each layer's output gradient
+  // resnet18: each layer's output gradient (a stage past the first: also
+  // its input's, the layer before it, which input_grad() returns).
+  std::vector<void*> out_grads_;
+  // ProfileLayers on resnet18: BackwardGraph runs each layer's step through
+  // this (which times it).
+  std::function<Status(size_t, const std::function<Status()>&)> layer_timer_;
   std::vector<void*> owned_;
   // Layers below this index have no trainable parameter: the backward pass
   // stops there (their input gradients are never needed).

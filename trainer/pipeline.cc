@@ -253,6 +253,7 @@ Status Pipeline::Cut(Ops* first, const ModelSpec& plan, const Model& whole) {
   };
   cuts_ = PartitionLayers(L, P, cost, fits);
   if (cuts_.empty() && setup_.whole.recompute_blocks && setup_.memory_limit == 0) return RecomputeCutRefused(whole);
+  if (cuts_.empty() && setup_.memory_limit == 0) return ShortcutCutRefused(whole);
   if (cuts_.empty()) return MemoryCutRefused(bytes_of(0, L, 0));
   char buf[200];
   std::snprintf(buf, sizeof buf, "%d stages, %s, %d micro-batches a step, cut by %s%s", P,
@@ -271,6 +272,16 @@ Status Pipeline::RecomputeCutRefused(const Model& whole) const {
   return Status::InvalidArgument("pipeline: " + describe_ + " cannot be cut into " + std::to_string(setup_.stages) +
                                  " stages with --recompute blocks, which cuts only at a conv-bn-relu-pool block's "
                                  "edge: use at most " +
+                                 std::to_string(pieces) + " --pipeline-stages");
+}
+
+Status Pipeline::ShortcutCutRefused(const Model& whole) const {
+  const int L = whole.num_layers();
+  int pieces = 1;  // a stage begins only where one activation crosses
+  for (int i = 1; i < L; ++i) pieces += whole.StageMayBeginAt(i);
+  return Status::InvalidArgument("pipeline: " + describe_ + " cannot be cut into " + std::to_string(setup_.stages) +
+                                 " stages: a stage begins only where no residual shortcut crosses (in the stem, "
+                                 "between basic blocks, before the pooling or the head), so use at most " +
                                  std::to_string(pieces) + " --pipeline-stages");
 }
 

@@ -129,13 +129,16 @@ class Pipeline {
   // StageBytes: what stage s holds with layers [a, b) (its model's bytes, a
   // plan, and the pipeline's slots for its inputs, gradients and labels);
   // TimeLayers: each layer's forward and backward, timed on a model of its
-  // own on `first`; the *Refused: why no cut fits. StartStages: the
+  // own on `first`; the *Refused: why no cut fits (ShortcutCutRefused:
+  // resnet18's stages begin only between its basic blocks, where no
+  // shortcut crosses, Model::StageMayBeginAt). StartStages: the
   // hand-offs, and the stages (stage 0 on `first` here, the others in their
   // threads), each built and its peers enabled.
   Status Cut(Ops* first, const ModelSpec& plan, const Model& whole);
   Result<uint64_t> StageBytes(Ops* first, const ModelSpec& plan, int a, int b, int s) const;
   Result<std::vector<double>> TimeLayers(Ops* first) const;
   Status RecomputeCutRefused(const Model& whole) const;
+  Status ShortcutCutRefused(const Model& whole) const;
   Status MemoryCutRefused(double whole_bytes) const;
   Status StartStages(Ops* first);
   Status Everyone(Work w, bool probe = false);  // runs w on every stage, stage 0 here

@@ -55,8 +55,6 @@ Status Validate(const TrainOptions& o) {
   if (o.feed_slots < 2 || o.feed_slots > 64) return Status::InvalidArgument("train: --feed-slots in 2..64");
   const auto& pl = o.pipeline;
   if (pl.stages < 1 || pl.stages > 64) return Status::InvalidArgument("train: --pipeline-stages in 1..64");
-  if (pl.stages > 1 && o.model == ModelKind::kResnet18)
-    return Status::InvalidArgument("train: resnet18 runs without --pipeline-stages (not yet supported)");
   if (pl.stages > 1) {
     if (pl.micro_batches < 1 || pl.micro_batches > 1024)
       return Status::InvalidArgument("train: --micro-batches in 1..1024");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -194,14 +195,87 @@ TEST(ResnetModelTest, RefusesWhatItDoesNotRunNamingIt) {
   s.widths = {8, 16};
   refused(s, "four stages' channels");
   s = TinySpec();
-  s.layer_end = 10;
-  refused(s, "--pipeline-stages");
+  s.layer_end = 10;  // block 8-12's add reads its input, layer 7, from the stage before
+  refused(s, "inside a basic block");
+  s = TinySpec();
+  s.layer_begin = 16;  // block 13-19's projection (17) reads layer 12
+  refused(s, "inside a basic block");
   s = TinySpec();
   s.recompute_blocks = true;
   refused(s, "--recompute blocks");
   s = TinySpec();
   s.lora_rank = 2;
   refused(s, "LoRA");
+}
+
+// Pipeline stages (issue 51): a stage begins only where one activation
+// crosses (layers 0-2 the stem, then blocks of 5 layers, or 7 with a
+// projection, from stage 2 of the four on; 49 the pooling, 50 the head).
+// Two stages cut between blocks, the second's input the first's output and
+// its input gradient the first's output gradient, give the whole model's
+// logits and every parameter gradient, bit for bit; so do three, one of
+// them beginning at a projection block (whose shortcut reads the stage's
+// input) and one a single block with an identity shortcut.
+TEST(ResnetModelTest, StagesCutBetweenBlocksGiveTheWholeModelsGradients) {
+  auto ops = MakeCpuOps();
+  ModelSpec s = TinySpec();
+  Model whole(ops.get(), s);
+  ASSERT_TRUE(whole.Init().ok());
+  ASSERT_EQ(whole.num_layers(), 51);
+  std::vector<int> may;
+  for (int i = 1; i < whole.num_layers(); ++i)
+    if (whole.StageMayBeginAt(i)) may.push_back(i);
+  EXPECT_EQ(may, (std::vector<int>{1, 2, 3, 8, 13, 20, 25, 32, 37, 44, 49, 50}));
+  const auto x = Randn(size_t(s.max_batch) * s.in_h * s.in_w * s.in_c, 11);
+  std::vector<int32_t> labels;
+  for (int i = 0; i < s.max_batch; ++i) labels.push_back((i * 2 + 1) % s.classes);
+  LossAndGradients(ops.get(), whole, x, labels, true);
+  const size_t classes = size_t(s.classes) * s.max_batch;
+  const std::vector<float> logits(static_cast<const float*>(whole.logits()),
+                                  static_cast<const float*>(whole.logits()) + classes);
+  std::vector<std::vector<float>> grads;
+  for (Param& p : whole.params()) grads.emplace_back(p.grad, p.grad + p.n);
+  for (const std::vector<int>& cuts : {std::vector<int>{0, 13, 51}, std::vector<int>{0, 8, 20, 51}}) {
+    SCOPED_TRACE("cut at " + std::to_string(cuts[1]) + (cuts.size() > 3 ? ", " + std::to_string(cuts[2]) : ""));
+    std::vector<std::unique_ptr<Model>> st;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      ModelSpec part = s;
+      part.layer_begin = cuts[k], part.layer_end = cuts[k + 1];
+      st.push_back(std::make_unique<Model>(ops.get(), part));
+      ASSERT_TRUE(st.back()->Init().ok());
+    }
+    const void* in = x.data();
+    for (auto& m : st) {
+      ASSERT_TRUE(m->Forward(in, s.max_batch, true).ok());
+      in = m->output();
+    }
+    Model& last = *st.back();
+    double loss = 0;
+    int64_t correct = 0;
+    ScalerState scaler;
+    ASSERT_TRUE(ops->SoftmaxXent(s.max_batch, s.classes, DType::kFloat32, last.logits(), labels.data(), &loss, &correct,
+                                 last.dlogits(), &scaler, float(s.max_batch))
+                    .ok());
+    EXPECT_EQ(std::vector<float>(static_cast<const float*>(last.logits()),
+                                 static_cast<const float*>(last.logits()) + classes),
+              logits);
+    const void* dy = nullptr;
+    for (size_t k = st.size(); k-- > 0;) {
+      const void* input = k == 0 ? x.data() : st[k - 1]->output();
+      ASSERT_TRUE(st[k]->Backward(input, s.max_batch, false, {}, 0, dy).ok());
+      dy = st[k]->input_grad();
+      EXPECT_EQ(dy == nullptr, k == 0);
+    }
+    size_t at = 0;
+    for (auto& m : st)
+      for (Param& p : m->params()) {
+        ASSERT_LT(at, grads.size());
+        EXPECT_EQ(p.name, whole.params()[at].name);
+        EXPECT_EQ(std::vector<float>(p.grad, p.grad + p.n), grads[at]) << p.name;
+        ++at;
+      }
+    EXPECT_EQ(at, grads.size());
+  }
 }
 
 // The whole tiny model on the GPU against its CPU twin (fp32): logits and

@@ -948,6 +948,31 @@ TEST(TrainerTest, PipelineStagesTakeRecomputation) {
       << refused.status().ToString();
 }
 
+// resnet18 in stages (issue 51): cut only between its basic blocks (or in
+// the stem, or before the pooling or the head), the weights of accumulation
+// by measured time and by memory; more stages than there are such places
+// (12 in its 51 layers) is refused, naming how many it takes.
+TEST(TrainerTest, PipelineStagesTrainResnet18AsAccumulation) {
+  TrainOptions o = Small();
+  o.model = ModelKind::kResnet18;
+  o.channels = {4, 4, 6, 6};
+  o.epochs = 2;
+  ExpectPipelineEqualsAccumulation(o, 2, 3, true, false);
+  ExpectPipelineEqualsAccumulation(o, 3, 2, false, true);
+  BarsSource train(128, 4);
+  o.pipeline.stages = 14, o.pipeline.micro_batches = 2;
+  auto refused = Train(train, nullptr, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("use at most 13 --pipeline-stages"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("no residual shortcut crosses"), std::string::npos)
+      << refused.status().ToString();
+  o.pipeline.stages = 13;  // a stage for each piece between the places it may be cut
+  auto most = Train(train, nullptr, o);
+  ASSERT_TRUE(most.ok()) << most.status().ToString();
+  EXPECT_EQ(most->stages.size(), 13u);
+}
+
 // 8-bit optimizer states with stages: each stage's quantized tensors
 // stepped by its own ApplyOptimizer8bit; the weights of accumulation.
 TEST(TrainerTest, PipelineStagesTake8bitStates) {
