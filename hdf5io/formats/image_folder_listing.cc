@@ -98,11 +98,13 @@ struct DirFiles {
 // class too, as torchvision's ImageFolder walks them; symbolic links
 // followed; hidden entries skipped), stat'ing only links and entries whose
 // kind readdir does not say. `ancestors_` are the (device, inode) of the
-// folders above the one listed: a link back to one of them is a loop, said.
+// folders above the one listed, from the image folder's own ancestors
+// (`above`) on: a link back to one of them is a loop, said.
 class ClassWalk {
  public:
-  ClassWalk(std::string class_dir, size_t label, std::vector<DirFiles>* out)
-      : class_dir_(std::move(class_dir)), label_(label), out_(out) {}
+  using Ancestors = std::vector<std::pair<dev_t, ino_t>>;
+  ClassWalk(std::string class_dir, size_t label, std::vector<DirFiles>* out, Ancestors above)
+      : class_dir_(std::move(class_dir)), label_(label), out_(out), ancestors_(std::move(above)) {}
 
   Status Walk(const std::string& rel) {
     const std::string path = rel.empty() ? class_dir_ : class_dir_ + "/" + rel;
@@ -168,8 +170,23 @@ class ClassWalk {
   std::string class_dir_;
   size_t label_;
   std::vector<DirFiles>* out_;
-  std::vector<std::pair<dev_t, ino_t>> ancestors_;
+  Ancestors ancestors_;
 };
+
+// The image folder `root` and every folder above it, to "/": a link in a
+// class to one of them is a loop too, said where the link is (not after
+// walking the other classes, or the whole file system, down to it again).
+ClassWalk::Ancestors FoldersAbove(const std::string& root) {
+  ClassWalk::Ancestors out;
+  std::string p = root;  // ends with '/'
+  for (int depth = 0; depth < 256; ++depth, p += "../") {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) break;
+    if (!out.empty() && out.back() == std::make_pair(st.st_dev, st.st_ino)) break;  // "/" is its own parent
+    out.emplace_back(st.st_dev, st.st_ino);
+  }
+  return out;
+}
 
 // The class folders of `dir` (hidden ones skipped; links to folders taken),
 // sorted: a class's label is its index.
@@ -217,8 +234,9 @@ Status StatFiles(DirFiles* dir, size_t begin, size_t end) {
 Result<std::vector<DirFiles>> ListFiles(const std::string& root, const std::vector<std::string>& class_names) {
   std::vector<std::vector<DirFiles>> per_class(class_names.size());
   FirstError errors;
+  const ClassWalk::Ancestors above = FoldersAbove(root);
   RunInFlight(class_names.size(), &errors, [&](size_t label) {
-    ClassWalk walk(root + class_names[label], label, &per_class[label]);
+    ClassWalk walk(root + class_names[label], label, &per_class[label], above);
     return walk.Walk("");
   });
   GPUFEED_RETURN_IF_ERROR(errors.Get());

@@ -659,3 +659,33 @@ TEST(ImageFolderListingTest, LinksAreFollowedAndLoopsSaid) {
 
 }  // namespace
 }  // namespace gpufeed
+
+namespace gpufeed {
+namespace {
+
+// A link in a class to the image folder or to a folder above it (here the
+// one holding the image folder) is a loop, said where the link is: not
+// walked down to a class folder again first (through the other classes, or
+// from "/" through the whole file system).
+TEST(ImageFolderListingTest, ALinkToAFolderAboveTheImageFolderIsALoopAtTheLink) {
+  const fs::path top = fs::path(testing::MakeTempDir("listing_up"));
+  const fs::path dir = top / "images";
+  fs::create_directories(dir / "a");
+  fs::create_directories(dir / "b" / "sub");
+  WriteFile(dir / "a" / "0.jpg", Bytes(3, 1));
+  WriteFile(dir / "b" / "1.jpg", Bytes(4, 2));
+  for (const fs::path& target : {top, dir}) {
+    SCOPED_TRACE(target.string());
+    const fs::path link = dir / "b" / "sub" / "up";
+    fs::create_directory_symlink(target, link);
+    auto loop = image_folder::ListImageFolder(dir.string());
+    ASSERT_FALSE(loop.ok());
+    EXPECT_EQ(loop.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(loop.status().message().rfind(link.string() + ": ", 0), 0u) << loop.status().ToString();
+    fs::remove(link);
+  }
+  ASSERT_TRUE(image_folder::ListImageFolder(dir.string()).ok());
+}
+
+}  // namespace
+}  // namespace gpufeed
