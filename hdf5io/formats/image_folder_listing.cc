@@ -103,11 +103,19 @@ struct DirFiles {
 class ClassWalk {
  public:
   using Ancestors = std::vector<std::pair<dev_t, ino_t>>;
-  ClassWalk(std::string class_dir, size_t label, std::vector<DirFiles>* out, Ancestors above)
-      : class_dir_(std::move(class_dir)), label_(label), out_(out), ancestors_(std::move(above)) {}
+  ClassWalk(std::string class_dir, size_t label, std::vector<DirFiles>* out, Ancestors above,
+            const EnterCheck& may_enter)
+      : class_dir_(std::move(class_dir)),
+        label_(label),
+        out_(out),
+        ancestors_(std::move(above)),
+        may_enter_(may_enter) {}
 
-  Status Walk(const std::string& rel) {
+  // `checked`: a plain subdirectory of a folder already walked, which lies
+  // where its parent does; anything else is asked of may_enter_ first.
+  Status Walk(const std::string& rel, bool checked = false) {
     const std::string path = rel.empty() ? class_dir_ : class_dir_ + "/" + rel;
+    if (!checked && may_enter_) GPUFEED_RETURN_IF_ERROR(may_enter_(path));
     DirHandle d(::opendir(path.c_str()));
     if (d == nullptr) return CannotList(path, errno);
     const int fd = ::dirfd(d.get());
@@ -119,13 +127,13 @@ class ClassWalk {
       }
     }
     DirFiles files{path, rel, label_, {}, {}, {}, {}};
-    std::vector<std::string> subdirs;
+    std::vector<std::pair<std::string, bool>> subdirs;  // (path under the class, a plain subdirectory)
     errno = 0;
     for (struct dirent* e; (e = ::readdir(d.get())) != nullptr; errno = 0) {
       if (IsHidden(e->d_name)) continue;  // ".", ".." too
       const bool image = IsImageName(e->d_name);
       if (e->d_type == DT_DIR) {
-        subdirs.push_back(rel.empty() ? std::string(e->d_name) : rel + "/" + e->d_name);
+        subdirs.emplace_back(rel.empty() ? std::string(e->d_name) : rel + "/" + e->d_name, true);
         continue;
       }
       if (e->d_type == DT_REG) {
@@ -140,7 +148,7 @@ class ClassWalk {
         return CannotStat(path, e->d_name, errno);
       }
       if (S_ISDIR(st.st_mode)) {
-        subdirs.push_back(rel.empty() ? std::string(e->d_name) : rel + "/" + e->d_name);
+        subdirs.emplace_back(rel.empty() ? std::string(e->d_name) : rel + "/" + e->d_name, false);
       } else if (image && S_ISREG(st.st_mode)) {
         bool link = e->d_type == DT_LNK;
         if (e->d_type == DT_UNKNOWN) {
@@ -154,7 +162,7 @@ class ClassWalk {
     d.reset();
     if (!files.names.empty()) out_->push_back(std::move(files));
     ancestors_.emplace_back(self.st_dev, self.st_ino);
-    for (const std::string& sub : subdirs) GPUFEED_RETURN_IF_ERROR(Walk(sub));
+    for (const auto& [sub, plain] : subdirs) GPUFEED_RETURN_IF_ERROR(Walk(sub, plain));
     ancestors_.pop_back();
     return Status::Ok();
   }
@@ -171,6 +179,7 @@ class ClassWalk {
   size_t label_;
   std::vector<DirFiles>* out_;
   Ancestors ancestors_;
+  const EnterCheck& may_enter_;
 };
 
 // The image folder `root` and every folder above it, to "/": a link in a
@@ -231,12 +240,13 @@ Status StatFiles(DirFiles* dir, size_t begin, size_t end) {
 
 // Every class's files, listed (a class a task), then their sizes taken
 // (kStatBatch files a task), all with many calls in flight.
-Result<std::vector<DirFiles>> ListFiles(const std::string& root, const std::vector<std::string>& class_names) {
+Result<std::vector<DirFiles>> ListFiles(const std::string& root, const std::vector<std::string>& class_names,
+                                        const EnterCheck& may_enter) {
   std::vector<std::vector<DirFiles>> per_class(class_names.size());
   FirstError errors;
   const ClassWalk::Ancestors above = FoldersAbove(root);
   RunInFlight(class_names.size(), &errors, [&](size_t label) {
-    ClassWalk walk(root + class_names[label], label, &per_class[label], above);
+    ClassWalk walk(root + class_names[label], label, &per_class[label], above, may_enter);
     return walk.Walk("");
   });
   GPUFEED_RETURN_IF_ERROR(errors.Get());
@@ -288,7 +298,7 @@ bool JoinedLess(const ListedFile& a, const ListedFile& b) {
 
 }  // namespace
 
-Result<FolderListing> ListImageFolder(const std::string& dir) {
+Result<FolderListing> ListImageFolder(const std::string& dir, const EnterCheck& may_enter) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno == ENOENT || errno == ENOTDIR) {
@@ -305,7 +315,7 @@ Result<FolderListing> ListImageFolder(const std::string& dir) {
     return Status::InvalidArgument(dir + ": no class subfolders (expected " + dir + "/<class>/<image>.jpg)");
   }
   const std::string root = dir.back() == '/' ? dir : dir + "/";
-  auto dirs = ListFiles(root, out.class_names);
+  auto dirs = ListFiles(root, out.class_names, may_enter);
   if (!dirs.ok()) return dirs.status();
   // Class by class (dirs are in class order), sorted by the path under the
   // class folder.

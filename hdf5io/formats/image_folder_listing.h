@@ -5,6 +5,7 @@
 #define GPUFEED_FORMATS_IMAGE_FOLDER_LISTING_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,11 +27,19 @@ struct FolderListing {
   std::vector<uint64_t> linked_files;
 };
 
+// Asked before a folder is listed that the walk reached other than as a
+// plain subdirectory (a class folder, a symbolic link to a directory, an
+// entry whose kind readdir does not say), with its path as walked: a
+// non-ok status ends the listing with it. What a file may reach is judged
+// there, before the walk goes in (a link to "/" is refused at the link, not
+// after the whole file system is listed).
+using EnterCheck = std::function<Status(const std::string& dir)>;
+
 // Lists `dir`'s image files (JPEG, PNG) class by class, with one fstatat a
 // file (readdir's d_type says the rest); NotFound or InvalidArgument naming
 // the folder when it has none, InvalidArgument naming a symbolic link that
-// loops back to a folder above it.
-Result<FolderListing> ListImageFolder(const std::string& dir);
+// loops back to a folder above it, or what `may_enter` (when set) refuses.
+Result<FolderListing> ListImageFolder(const std::string& dir, const EnterCheck& may_enter = nullptr);
 
 // Reads `path` whole into out (a short read or an error names the file).
 Status ReadWholeFile(const std::string& path, std::vector<unsigned char>* out);

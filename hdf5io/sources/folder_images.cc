@@ -231,18 +231,20 @@ class FolderImages final : public EncodedImageSource {
 Result<std::unique_ptr<EncodedImageSource>> OpenFolderImages(const std::string& dir, const OpenOptions& open,
                                                              const DecodeOptions& decode) {
   GPUFEED_RETURN_IF_ERROR(ValidateDecodeOptions(decode));
-  auto listing = image_folder::ListImageFolder(dir);
+  // A file reaches only what is under the folder (or allowed), judged by
+  // where it resolves: a plain file where its directory does (each
+  // directory resolved once, not each file: 100,000 files would cost
+  // 500,000 readlink calls), a symbolic link by its target; a folder the
+  // walk reaches through a link is judged before it is listed.
+  // Reach takes a file's directory as its own: a name in the folder (which
+  // need not exist; an existing one would resolve to the same directory).
+  const h5::Reach reach(dir + "/.gpufeed-folder", open);
+  auto listing = image_folder::ListImageFolder(
+      dir, [&](const std::string& d) { return reach.Check(d, d, "folder of image files", dir); });
   if (!listing.ok()) return listing.status();
   auto index = std::make_shared<FolderImages::Index>();
   index->dir = dir;
   index->listing = std::move(*listing);
-  // A file reaches only what is under the folder (or allowed), judged by
-  // where it resolves: a plain file where its directory does (each
-  // directory resolved once, not each file: 100,000 files would cost
-  // 500,000 readlink calls), a symbolic link by its target.
-  // Reach takes a file's directory as its own: a name in the folder (which
-  // need not exist; an existing one would resolve to the same directory).
-  const h5::Reach reach(dir + "/.gpufeed-folder", open);
   for (const std::string& d : index->listing.image_dirs) {
     GPUFEED_RETURN_IF_ERROR(reach.Check(d, d, "folder of image files", dir));
   }

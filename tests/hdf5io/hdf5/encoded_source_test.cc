@@ -832,6 +832,22 @@ TEST(FolderImagesTest, AFolderReadsAsTheFileConvertMakesOfIt) {
   std::vector<uint8_t> stored;
   ASSERT_TRUE(taken_dir->encoded->ReadEncoded(n + 1, &stored).ok());
   EXPECT_EQ(Bytes(stored.begin(), stored.end()), f.files[3]);
+
+  // A link inside a class to a folder outside is refused at the link,
+  // before the walk goes in: here what lies beyond it is a loop, which a
+  // walk that went in first would report instead (as it would list all of
+  // "/" for a link to it).
+  fs::remove(f.dir / "c2");
+  fs::create_directories(outside / "deep");
+  fs::create_directory_symlink(outside / "deep", outside / "deep" / "again");
+  fs::create_directory_symlink(outside / "deep", f.dir / "c0" / "escape");
+  auto refused_walk = OpenLocalSource(f.dir.string(), {}, d);
+  ASSERT_FALSE(refused_walk.ok());
+  EXPECT_EQ(refused_walk.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused_walk.status().message().find("allow_paths"), std::string::npos) << refused_walk.status().ToString();
+  EXPECT_NE(refused_walk.status().message().find((f.dir / "c0" / "escape").string()), std::string::npos)
+      << refused_walk.status().ToString();
+  EXPECT_EQ(refused_walk.status().message().find("loop"), std::string::npos) << refused_walk.status().ToString();
 }
 
 }  // namespace
