@@ -139,7 +139,11 @@ constexpr size_t kQueuedPerSlot = 4;
 }  // namespace
 
 struct UringReadAhead::Impl {
-  enum class State { kFree, kInFlight, kDone, kClaimed };
+  // kOrphan: a read whose entry is in the submission queue but whose
+  // submit failed; the next submit sends it, so its buffer is the kernel's
+  // until its completion frees the slot (never reused before: two reads
+  // would land in one buffer).
+  enum class State { kFree, kInFlight, kDone, kClaimed, kOrphan };
   struct Range {
     uint64_t key = 0, offset = 0, n = 0;  // the range asked for
   };
@@ -227,7 +231,15 @@ struct UringReadAhead::Impl {
     if (sqe == nullptr) return false;
     io_uring_prep_read(sqe, fd, slot.buf.get(), static_cast<unsigned>(span), start);
     io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(&slot - slots.data()));
-    if (io_uring_submit(&ring) < 1) return false;
+    if (io_uring_submit(&ring) < 1) {
+      // The entry stays queued and goes out with the next submit: the slot
+      // waits for that read's completion, read by no one.
+      Account();
+      slot.state = State::kOrphan;
+      slot.range = Range{};
+      inflight += 1;
+      return false;
+    }
     Account();
     if (!any_start) {
       any_start = true;
@@ -258,7 +270,11 @@ struct UringReadAhead::Impl {
     io_uring_cqe* cqe = nullptr;
     while (io_uring_peek_cqe(&ring, &cqe) == 0 && cqe != nullptr) {
       const uint64_t idx = io_uring_cqe_get_data64(cqe);
-      if (idx < slots.size() && slots[idx].state == State::kInFlight) {
+      if (idx < slots.size() && slots[idx].state == State::kOrphan) {
+        Account();
+        slots[idx].state = State::kFree;
+        inflight -= 1;
+      } else if (idx < slots.size() && slots[idx].state == State::kInFlight) {
         Account();
         done_untaken += 1;
         slots[idx].res = cqe->res;
@@ -359,12 +375,13 @@ UringReadAhead::~UringReadAhead() {
                    static_cast<unsigned long long>(s.not_started), static_cast<double>(s.not_started_bytes) / 1e9);
     }
     const auto deadline = std::chrono::steady_clock::now() + kIoTimeout;
+    if (d.inflight > 0) io_uring_submit(&d.ring);  // an orphan's entry (kOrphan) goes out, to complete
     while (d.inflight > 0 && std::chrono::steady_clock::now() < deadline) d.WaitSome();
     if (d.inflight > 0) {
       // The kernel may still write into these buffers: leak them rather than
       // free memory a read lands in.
       for (Impl::Slot& s : d.slots) {
-        if (s.state == Impl::State::kInFlight) (void)s.buf.release();
+        if (s.state == Impl::State::kInFlight || s.state == Impl::State::kOrphan) (void)s.buf.release();
       }
     }
   }
