@@ -73,12 +73,14 @@ void FolderReadAhead::Run() {
 }
 
 void FolderReadAhead::Check(uint64_t k) {
-  checked_.fetch_add(1, std::memory_order_relaxed);
   auto cached = io::CachedOrReadAhead((*files_)[k], /*advise=*/true);
   if (cached.ok() && !*cached) {
     advised_.fetch_add(1, std::memory_order_relaxed);
     cold_until_.store(hints_.load(std::memory_order_relaxed) + kColdFor, std::memory_order_relaxed);
   }
+  // Last, released: whoever sees a file counted checked sees what its check
+  // did (advised, and the cold spell that makes every hint a check).
+  checked_.fetch_add(1, std::memory_order_release);
 }
 
 namespace {
