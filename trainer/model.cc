@@ -285,6 +285,13 @@ Status Model::AddConvBn(int k, int r, int stride, int pad, bool relu, int in, in
   h = conv.conv.out_h(), w = conv.conv.out_w(), c = k;
   conv.out_elems = size_t(h) * w * k;
   layers_.push_back(conv);
+  return AddBatchNorm(name, h, w, k, relu, conv.out_elems);
+}
+
+// The batchnorm (and, with relu, its ReLU) after conv layer `name`, on an
+// h x w x k output: gamma and beta, and in a stage the running statistics
+// its own (another stage's are not this model's).
+Status Model::AddBatchNorm(const std::string& name, int h, int w, int k, bool relu, size_t out_elems) {
   Layer bn;
   bn.kind = Kind::kBnRelu;
   bn.bn_relu = relu;
@@ -294,16 +301,16 @@ Status Model::AddConvBn(int k, int r, int stride, int pad, bool relu, int in, in
   GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
   GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
   bn.pend = static_cast<int>(params_.size());
-  if (building_in_stage_) {  // another stage's statistics are its own
+  if (building_in_stage_) {
     void* v;
     for (float** f : {&bn.run_mean, &bn.run_var}) {
       GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
       *f = static_cast<float*>(v);
     }
     std::vector<float> ones(k, 1.0f);
-    if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
+    if (!spec_.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
   }
-  bn.out_elems = conv.out_elems;
+  bn.out_elems = out_elems;
   layers_.push_back(bn);
   return Status::Ok();
 }
@@ -375,25 +382,7 @@ Status Model::AddConvBlock(int k, int* h_io, int* w_io, int* c_io) {
   conv.pend = static_cast<int>(params_.size());
   conv.out_elems = size_t(h) * w * k;
   layers_.push_back(conv);
-  Layer bn;
-  bn.kind = Kind::kBnRelu;
-  bn.h = h, bn.w = w, bn.c = k;
-  building_in_stage_ = InStage(layers_.size());
-  bn.pbegin = static_cast<int>(params_.size());
-  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.gamma", k, false, 0, 1, &bn.p));
-  GPUFEED_RETURN_IF_ERROR(AddParam(name + ".bn.beta", k, false, 0, 0, &bn.p2));
-  bn.pend = static_cast<int>(params_.size());
-  if (building_in_stage_) {
-    void* v;
-    for (float** f : {&bn.run_mean, &bn.run_var}) {
-      GPUFEED_RETURN_IF_ERROR(Allocate(size_t(k) * 4, &v, &weights_));
-      *f = static_cast<float*>(v);
-    }
-    std::vector<float> ones(k, 1.0f);
-    if (!s.plan_only) GPUFEED_RETURN_IF_ERROR(ops_->Upload(bn.run_var, ones.data(), size_t(k) * 4));
-  }
-  bn.out_elems = conv.out_elems;
-  layers_.push_back(bn);
+  GPUFEED_RETURN_IF_ERROR(AddBatchNorm(name, h, w, k, /*relu=*/true, conv.out_elems));
   Layer pool;
   pool.kind = Kind::kPool;
   pool.h = h, pool.w = w, pool.c = k;

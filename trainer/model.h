@@ -199,6 +199,7 @@ class Model {
   // the head; a conv (r x r, stride, pad) and its batchnorm from layer `in`.
   Status BuildResnet();
   Status AddConvBn(int k, int r, int stride, int pad, bool relu, int in, int* h, int* w, int* c);
+  Status AddBatchNorm(const std::string& name, int h, int w, int k, bool relu, size_t out_elems);
   Status AddBasicBlock(int k, int stride, int* h, int* w, int* c);
   const void* InputOf(size_t i, const void* x, const Slot& s) const;
   // Layer j's output: before the stage (the one before its first layer, the
