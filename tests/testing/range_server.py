@@ -83,19 +83,19 @@ def self_signed(directory):
     return str(cert), str(key)
 
 
-class RangeServer:
-    def __init__(self, directory, cert=None, key=None):
-        args = [sys.executable, __file__, str(directory)]
-        if cert:
-            args += ["--cert", cert, "--key", key]
+class ChildServer:
+    """A server in a process of its own (its own session: a test's Ctrl-C
+    does not reach it) that prints its port on its first line and runs
+    until its stdin closes."""
+
+    def _start(self, args, name):
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      start_new_session=True)
         line = self.proc.stdout.readline()
         if not line.strip().isdigit():
             self.stop()
-            raise RuntimeError("range_server did not start: %r" % line)
-        self.port = int(line)
-        self.url = "%s://127.0.0.1:%d" % ("https" if cert else "http", self.port)
+            raise RuntimeError("%s did not start: %r" % (name, line))
+        return int(line)
 
     def __enter__(self):
         return self
@@ -112,6 +112,14 @@ class RangeServer:
                 self.proc.kill()
                 self.proc.wait(10)
 
+
+class RangeServer(ChildServer):
+    def __init__(self, directory, cert=None, key=None):
+        args = [sys.executable, __file__, str(directory)]
+        if cert:
+            args += ["--cert", cert, "--key", key]
+        self.port = self._start(args, "range_server")
+        self.url = "%s://127.0.0.1:%d" % ("https" if cert else "http", self.port)
 
 def main():
     import argparse

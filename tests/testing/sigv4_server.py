@@ -24,6 +24,8 @@ import threading
 import urllib.parse
 from xml.sax.saxutils import escape
 
+from range_server import ChildServer
+
 
 def botocore_python():
     """This interpreter, or python3 on PATH, where botocore imports; else None."""
@@ -33,33 +35,13 @@ def botocore_python():
     return None
 
 
-class SigV4Server:
+class SigV4Server(ChildServer):
     def __init__(self, directory, key, secret, region="us-east-1"):
         exe = botocore_python()
         if exe is None:
             raise FileNotFoundError("no Python here has botocore")
-        self.proc = subprocess.Popen([exe, __file__, str(directory), key, secret, region], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
-        line = self.proc.stdout.readline()
-        if not line.strip().isdigit():
-            self.stop()
-            raise RuntimeError("sigv4_server did not start: %r" % line)
-        self.endpoint = "http://127.0.0.1:%d" % int(line)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        port = self._start([exe, __file__, str(directory), key, secret, region], "sigv4_server")
+        self.endpoint = "http://127.0.0.1:%d" % port
 
 
 def serve(directory, key, secret, region):
